@@ -1,0 +1,216 @@
+// CPU backend. Each op becomes a closure on its stream's thread; the closure calls the
+// reference kernel for the backend's element type T. Weights arrive as bf16 and widen.
+#include "engine/backend/cpu_backend.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backend/cpu_stream.h"
+#include "engine/common/check.h"
+#include "engine/kernels/reference/attention.h"
+#include "engine/kernels/reference/cross_entropy.h"
+#include "engine/kernels/reference/embedding.h"
+#include "engine/kernels/reference/linear.h"
+#include "engine/kernels/reference/qkv_prepare.h"
+#include "engine/kernels/reference/rmsnorm.h"
+#include "engine/kernels/reference/swiglu.h"
+
+namespace megatrain {
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename T>
+constexpr DType kDTypeOf = std::is_same<T, double>::value ? DType::kF64 : DType::kF32;
+
+template <typename T>
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  DType weight_dtype() const override { return kDTypeOf<T>; }
+  DType act_dtype() const override { return kDTypeOf<T>; }
+  DType grad_dtype() const override { return kDTypeOf<T>; }
+  DType stat_dtype() const override { return kDTypeOf<T>; }
+
+  absl::StatusOr<void*> Alloc(size_t bytes) override {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cpu backend: cannot allocate ", bytes, " bytes"));
+    }
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+  absl::Status PinHostRange(void*, size_t) override { return absl::OkStatus(); }
+  void UnpinHostRange(void*) override {}
+
+  void* CreateEvent() override { return new CpuEvent; }
+  void DestroyEvent(void* event) override { delete static_cast<CpuEvent*>(event); }
+  void Record(void* event, StreamId s) override {
+    CpuEvent* ev = static_cast<CpuEvent*>(event);
+    uint64_t generation;
+    {
+      std::lock_guard<std::mutex> lock(ev->mu);
+      generation = ++ev->recorded;
+    }
+    On(s, [ev, generation] {
+      {
+        std::lock_guard<std::mutex> lock(ev->mu);
+        if (generation > ev->completed) ev->completed = generation;
+        ev->completed_at_s = NowSeconds();
+      }
+      ev->cv.notify_all();
+    });
+  }
+  void StreamWait(StreamId s, void* event) override {
+    CpuEvent* ev = static_cast<CpuEvent*>(event);
+    uint64_t target = Recorded(ev);
+    On(s, [ev, target] { ev->WaitFor(target); });
+  }
+  void EventSync(void* event) override {
+    CpuEvent* ev = static_cast<CpuEvent*>(event);
+    ev->WaitFor(Recorded(ev));
+  }
+  double ElapsedSeconds(void* start, void* end) override {
+    return static_cast<CpuEvent*>(end)->completed_at_s -
+           static_cast<CpuEvent*>(start)->completed_at_s;
+  }
+  void SyncAll() override {
+    for (CpuStream& s : streams_) s.Drain();
+  }
+
+  void UploadWeights(void* slot, const uint16_t* host_bf16, int64_t n, StreamId s) override {
+    On(s, [=] {
+      T* out = static_cast<T*>(slot);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(Bf16ToFloat(host_bf16[i]));
+    });
+  }
+  void DownloadGrads(float* host, const void* grad, int64_t n, StreamId s) override {
+    On(s, [=] {
+      const T* in = static_cast<const T*>(grad);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(in[i]);
+    });
+  }
+  void CopyToDevice(void* dst, const void* host, size_t bytes, StreamId s) override {
+    On(s, [=] { std::memcpy(dst, host, bytes); });
+  }
+  void CopyToHost(void* host, const void* src, size_t bytes, StreamId s) override {
+    On(s, [=] { std::memcpy(host, src, bytes); });
+  }
+  void CopyOnDevice(void* dst, const void* src, size_t bytes, StreamId s) override {
+    On(s, [=] { std::memmove(dst, src, bytes); });
+  }
+  void Zero(void* dst, size_t bytes, StreamId s) override {
+    On(s, [=] { std::memset(dst, 0, bytes); });
+  }
+
+  void Embedding(void* out, const int32_t* tokens, const void* table, int64_t n, int64_t C,
+                 StreamId s) override {
+    On(s, [=] { ref::Embedding<T>(P(out), tokens, P(table), n, C); });
+  }
+  void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens, int64_t n,
+                         int64_t C, StreamId s) override {
+    On(s, [=] { ref::EmbeddingBackward<T>(P(dtable), P(dout), tokens, n, C); });
+  }
+  void RmsNorm(void* out, void* rstd, const void* in, const void* w, int64_t rows, int64_t C,
+               double eps, StreamId s) override {
+    On(s, [=] { ref::RmsNorm<T>(P(out), P(rstd), P(in), P(w), rows, C, eps); });
+  }
+  void RmsNormBackward(void* din, void* dw, const void* dout, const void* in, const void* w,
+                       const void* rstd, int64_t rows, int64_t C, StreamId s) override {
+    On(s, [=] {
+      ref::RmsNormBackward<T>(P(din), P(dw), P(dout), P(in), P(w), P(rstd), rows, C);
+    });
+  }
+  void Linear(void* out, const void* in, const void* W, const void* bias, int64_t N,
+              int64_t IC, int64_t OC, bool accumulate, StreamId s) override {
+    On(s, [=] { ref::Linear<T>(P(out), P(in), P(W), P(bias), N, IC, OC, accumulate); });
+  }
+  void LinearBackward(void* din, bool din_accumulate, void* dW, void* dbias, const void* dout,
+                      const void* in, const void* W, int64_t N, int64_t IC, int64_t OC,
+                      StreamId s) override {
+    On(s, [=] {
+      ref::LinearBackward<T>(P(din), din_accumulate, P(dW), P(dbias), P(dout), P(in), P(W), N,
+                             IC, OC);
+    });
+  }
+  void QkvPrepare(void* q, void* k, void* v, void* rstd_q, void* rstd_k, const void* qkv,
+                  const void* q_norm_w, const void* k_norm_w, const int32_t* pos,
+                  const float* inv_freq, int64_t n, int64_t H, int64_t KV, int64_t D,
+                  double eps, StreamId s) override {
+    On(s, [=] {
+      ref::QkvPrepare<T>(P(q), P(k), P(v), P(rstd_q), P(rstd_k), P(qkv), P(q_norm_w),
+                         P(k_norm_w), pos, inv_freq, n, H, KV, D, eps);
+    });
+  }
+  void QkvPrepareBackward(void* dqkv, void* dq_norm_w, void* dk_norm_w, const void* dq,
+                          const void* dk, const void* dv, const void* qkv, const void* q_norm_w,
+                          const void* k_norm_w, const void* rstd_q, const void* rstd_k,
+                          const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
+                          int64_t KV, int64_t D, double eps, StreamId s) override {
+    On(s, [=] {
+      ref::QkvPrepareBackward<T>(P(dqkv), P(dq_norm_w), P(dk_norm_w), P(dq), P(dk), P(dv),
+                                 P(qkv), P(q_norm_w), P(k_norm_w), P(rstd_q), P(rstd_k), pos,
+                                 inv_freq, n, H, KV, D, eps);
+    });
+  }
+  void Attention(void* o, void* lse, const void* q, const void* k, const void* v,
+                 const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
+                 StreamId s) override {
+    On(s, [=] { ref::Attention<T>(P(o), P(lse), P(q), P(k), P(v), doc_start, n, H, KV, D); });
+  }
+  void AttentionBackward(void* dq, void* dk, void* dv, const void* dout, const void* q,
+                         const void* k, const void* v, const void* o, const void* lse,
+                         const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
+                         StreamId s) override {
+    On(s, [=] {
+      ref::AttentionBackward<T>(P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(o), P(lse),
+                                doc_start, n, H, KV, D);
+    });
+  }
+  void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) override {
+    On(s, [=] { ref::SwiGlu<T>(P(out), P(gu), N, I); });
+  }
+  void SwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I,
+                      StreamId s) override {
+    On(s, [=] { ref::SwiGluBackward<T>(P(dgu), P(dout), P(gu), N, I); });
+  }
+  void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets,
+                    int64_t N, int64_t V, double scale, StreamId s) override {
+    On(s, [=] { ref::CrossEntropy<T>(P(dlogits), P(loss), P(logits), targets, N, V, scale); });
+  }
+
+ private:
+  static T* P(void* p) { return static_cast<T*>(p); }
+  static const T* P(const void* p) { return static_cast<const T*>(p); }
+  static uint64_t Recorded(CpuEvent* ev) {
+    std::lock_guard<std::mutex> lock(ev->mu);
+    return ev->recorded;
+  }
+  void On(StreamId s, std::function<void()> work) {
+    streams_[static_cast<int>(s)].Enqueue(std::move(work));
+  }
+
+  CpuStream streams_[kNumStreams];
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options) {
+  if (options.precision == CpuBackendOptions::Precision::kF64) {
+    return std::make_unique<CpuBackend<double>>();
+  }
+  return std::make_unique<CpuBackend<float>>();
+}
+
+}  // namespace megatrain

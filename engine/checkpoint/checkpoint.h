@@ -1,0 +1,58 @@
+// Checkpoints: a folder Hugging Face transformers loads as it is, plus what an exact
+// resume needs.
+//
+//   <root>/checkpoint-<step>/
+//     config.json, model[-0000k-of-0000n].safetensors (+ index), bf16, metadata format "pt"
+//     tokenizer files copied from the model folder (when it had them)
+//     optimizer/{master,exp_avg,exp_avg_sq}/model*.safetensors  f32, Hugging Face names
+//     trainer_state.json   step, data position, seeds, schedule, last loss
+//
+// A checkpoint is written under ".checkpoint-<step>.tmp", every file fsynced, then
+// renamed and the parent fsynced: a crash never leaves a half checkpoint that looks whole
+// (loaders only ever look at "checkpoint-<digits>" folders).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/data/packer.h"
+#include "engine/model/config.h"
+#include "engine/store/host_store.h"
+
+namespace megatrain {
+
+struct TrainerState {
+  int64_t step = 0;             // optimizer steps completed
+  DataPosition data;            // where the next step's data starts
+  uint64_t data_seed = 0;
+  uint64_t init_seed = 0;
+  double last_loss = 0;
+  std::string spec_fingerprint;  // the job's training-relevant settings, checked on resume
+};
+
+struct CheckpointOptions {
+  uint64_t max_shard_bytes = 5ull << 30;  // as transformers' default "5GB"
+  std::string tokenizer_dir;              // copy tokenizer files from here ("" = none)
+};
+
+// Writes checkpoint-<state.step> under `root` (created if missing). Returns its path.
+[[nodiscard]] absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
+                                                         const ModelConfig& config,
+                                                         const HostStore& store,
+                                                         const TrainerState& state,
+                                                         const CheckpointOptions& options);
+
+// Restores master, m, v (and the bf16 weights derived from master) and the trainer state.
+[[nodiscard]] absl::Status LoadCheckpoint(const std::string& path, HostStore* store,
+                                          TrainerState* state);
+
+// Complete checkpoints under `root`, oldest first (by step).
+std::vector<std::string> ListCheckpoints(const std::string& root);
+
+// Removes all but the newest `keep_last` checkpoints (keep_last <= 0 keeps all), and any
+// leftover temporary folders of interrupted saves.
+[[nodiscard]] absl::Status PruneCheckpoints(const std::string& root, int64_t keep_last);
+
+}  // namespace megatrain

@@ -1,0 +1,204 @@
+// The backend seam: device memory, three streams, events, copies, and the ops that the
+// layer templates call. The pipeline is written once against this interface; the CPU
+// backend (threads standing in for streams) and the CUDA backend implement it.
+//
+// Element types are the backend's choice, per role, so one pipeline serves both:
+//   weights in device slots   weight_dtype()  (CUDA: bf16; CPU: f32, or f64 for checks)
+//   activations               act_dtype()     (CUDA: bf16; CPU: same as weights)
+//   weight gradients          grad_dtype()    (CUDA: f32;  CPU: same as weights)
+//   per-row statistics        stat_dtype()    (rstd, logsumexp, per-token loss)
+// Ops take untyped device pointers and interpret each argument by its role; the
+// comments give each argument's role and shape. Ints (tokens, positions) are int32.
+//
+// Streams are explicit: every call that enqueues work names its stream and returns at
+// once. Inputs may be reused only after an event recorded behind the work has completed.
+// Thread-compatible: one host thread drives a backend's streams.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/common/dtype.h"
+
+namespace megatrain {
+
+enum class StreamId { kCompute = 0, kH2D = 1, kD2H = 2 };
+constexpr int kNumStreams = 3;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;  // "cpu", "cuda:0"
+  virtual DType weight_dtype() const = 0;
+  virtual DType act_dtype() const = 0;
+  virtual DType grad_dtype() const = 0;
+  virtual DType stat_dtype() const = 0;
+
+  // ---- memory (setup time; never on the hot path) ----
+  [[nodiscard]] virtual absl::StatusOr<void*> Alloc(size_t bytes) = 0;
+  virtual void Free(void* ptr) = 0;
+  // Page-locks a host range for async copies (CUDA: cudaHostRegister); no-op on CPU.
+  [[nodiscard]] virtual absl::Status PinHostRange(void* ptr, size_t bytes) = 0;
+  virtual void UnpinHostRange(void* ptr) = 0;
+
+  // ---- events ----
+  virtual void* CreateEvent() = 0;
+  virtual void DestroyEvent(void* event) = 0;
+  // Marks `event` complete once all work enqueued on `stream` so far is done.
+  virtual void Record(void* event, StreamId stream) = 0;
+  // Work enqueued on `stream` after this call starts after the latest Record of `event`.
+  virtual void StreamWait(StreamId stream, void* event) = 0;
+  // Blocks the calling host thread until the latest Record of `event` completed.
+  virtual void EventSync(void* event) = 0;
+  // Seconds between two completed events (for busy-time accounting).
+  virtual double ElapsedSeconds(void* start, void* end) = 0;
+  virtual void SyncAll() = 0;
+
+  // ---- copies ----
+  // slot (n) weight  <-  host bf16 (n). The host range stays in use until an event
+  // recorded after this call on `stream` completes.
+  virtual void UploadWeights(void* slot, const uint16_t* host_bf16, int64_t n, StreamId s) = 0;
+  // host f32 (n)  <-  grad (n)
+  virtual void DownloadGrads(float* host, const void* grad, int64_t n, StreamId s) = 0;
+  // Raw bytes, host <-> device and device <-> device.
+  virtual void CopyToDevice(void* dst, const void* host, size_t bytes, StreamId s) = 0;
+  virtual void CopyToHost(void* host, const void* src, size_t bytes, StreamId s) = 0;
+  virtual void CopyOnDevice(void* dst, const void* src, size_t bytes, StreamId s) = 0;
+  virtual void Zero(void* dst, size_t bytes, StreamId s) = 0;
+
+  // ---- ops (kernels/reference/*.h documents the exact math of each) ----
+  // out act (n,C) = table weight (V,C) [tokens (n)]
+  virtual void Embedding(void* out, const int32_t* tokens, const void* table, int64_t n,
+                         int64_t C, StreamId s) = 0;
+  // dtable grad (V,C) += scatter(dout act (n,C))
+  virtual void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens,
+                                 int64_t n, int64_t C, StreamId s) = 0;
+  // out act (rows,C), rstd stat (rows) from in act, w weight (C)
+  virtual void RmsNorm(void* out, void* rstd, const void* in, const void* w, int64_t rows,
+                       int64_t C, double eps, StreamId s) = 0;
+  // din act += ..., dw grad += ...
+  virtual void RmsNormBackward(void* din, void* dw, const void* dout, const void* in,
+                               const void* w, const void* rstd, int64_t rows, int64_t C,
+                               StreamId s) = 0;
+  // out act (N,OC) (= or +=) in act (N,IC) . W weight (OC,IC)^T + bias weight (OC)|null
+  virtual void Linear(void* out, const void* in, const void* W, const void* bias, int64_t N,
+                      int64_t IC, int64_t OC, bool accumulate, StreamId s) = 0;
+  // din act (N,IC) (= or +=, null to skip); dW grad (OC,IC) +=; dbias grad (OC) += | null
+  virtual void LinearBackward(void* din, bool din_accumulate, void* dW, void* dbias,
+                              const void* dout, const void* in, const void* W, int64_t N,
+                              int64_t IC, int64_t OC, StreamId s) = 0;
+  // q (n,H,D), k,v (n,KV,D) act; rstd_q (n*H), rstd_k (n*KV) stat; qkv act;
+  // norm weights weight (D) | null; pos (n); inv_freq f32 (D/2), a device buffer.
+  virtual void QkvPrepare(void* q, void* k, void* v, void* rstd_q, void* rstd_k,
+                          const void* qkv, const void* q_norm_w, const void* k_norm_w,
+                          const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
+                          int64_t KV, int64_t D, double eps, StreamId s) = 0;
+  // dqkv act written; dq_norm_w, dk_norm_w grad += | null
+  virtual void QkvPrepareBackward(void* dqkv, void* dq_norm_w, void* dk_norm_w,
+                                  const void* dq, const void* dk, const void* dv,
+                                  const void* qkv, const void* q_norm_w, const void* k_norm_w,
+                                  const void* rstd_q, const void* rstd_k, const int32_t* pos,
+                                  const float* inv_freq, int64_t n, int64_t H, int64_t KV,
+                                  int64_t D, double eps, StreamId s) = 0;
+  // o act (n,H,D), lse stat (n,H); causal within documents given by doc_start (n)
+  virtual void Attention(void* o, void* lse, const void* q, const void* k, const void* v,
+                         const int32_t* doc_start, int64_t n, int64_t H, int64_t KV,
+                         int64_t D, StreamId s) = 0;
+  virtual void AttentionBackward(void* dq, void* dk, void* dv, const void* dout, const void* q,
+                                 const void* k, const void* v, const void* o, const void* lse,
+                                 const int32_t* doc_start, int64_t n, int64_t H, int64_t KV,
+                                 int64_t D, StreamId s) = 0;
+  // out act (N,I) = silu(gate) * up, gu act (N,2I) rows [gate | up]
+  virtual void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) = 0;
+  virtual void SwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I,
+                              StreamId s) = 0;
+  // logits act (N,V) -> loss stat (N); dlogits act (may alias logits) = scale*(p - onehot)
+  virtual void CrossEntropy(void* dlogits, void* loss, const void* logits,
+                            const int32_t* targets, int64_t N, int64_t V, double scale,
+                            StreamId s) = 0;
+};
+
+// Owns one backend event.
+class Event {
+ public:
+  Event() = default;
+  explicit Event(Backend* backend) : backend_(backend), event_(backend->CreateEvent()) {}
+  ~Event() { Reset(); }
+  Event(Event&& o) noexcept : backend_(o.backend_), event_(o.event_) { o.event_ = nullptr; }
+  Event& operator=(Event&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      backend_ = o.backend_;
+      event_ = o.event_;
+      o.event_ = nullptr;
+    }
+    return *this;
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void* get() const { return event_; }
+
+ private:
+  void Reset() {
+    if (event_ != nullptr) backend_->DestroyEvent(event_);
+    event_ = nullptr;
+  }
+  Backend* backend_ = nullptr;
+  void* event_ = nullptr;
+};
+
+// Owns one device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static absl::StatusOr<DeviceBuffer> Allocate(Backend* backend, size_t bytes) {
+    DeviceBuffer b;
+    if (bytes == 0) return b;
+    absl::StatusOr<void*> p = backend->Alloc(bytes);
+    if (!p.ok()) return p.status();
+    b.backend_ = backend;
+    b.ptr_ = *p;
+    b.bytes_ = bytes;
+    return b;
+  }
+  ~DeviceBuffer() { Reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : backend_(o.backend_), ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      backend_ = o.backend_;
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.ptr_ = nullptr;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void Reset() {
+    if (ptr_ != nullptr) backend_->Free(ptr_);
+    ptr_ = nullptr;
+  }
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Pointer `elements` elements of `dtype` past `base`.
+inline void* Offset(void* base, int64_t elements, DType dtype) {
+  return static_cast<char*>(base) + elements * DTypeSize(dtype);
+}
+inline const void* Offset(const void* base, int64_t elements, DType dtype) {
+  return static_cast<const char*>(base) + elements * DTypeSize(dtype);
+}
+
+}  // namespace megatrain

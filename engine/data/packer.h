@@ -1,0 +1,94 @@
+// Sequence packing: tokenized documents -> fixed-shape micro-batches of (rows, seq_len).
+//
+// Documents are laid end to end, each row filled with consecutive documents; a document
+// that does not fit continues at the start of the next row, as a new attention segment
+// whose positions restart at 0. Nothing attends across documents: doc_start tells the
+// attention kernel where each token's segment begins. The order of documents is a
+// permutation per epoch that depends only on (seed, epoch), so the stream of batches is
+// a pure function of (docs, seq_len, seed) and a DataPosition resumes it bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace megatrain {
+
+// The label of a token with no next token: the loss ignores it (PyTorch's ignore_index).
+constexpr int32_t kIgnoreIndex = -100;
+
+// rows * seq_len tokens, each array flattened row-major: element [r * seq_len + j].
+struct MicroBatch {
+  int64_t rows = 0;
+  int64_t seq_len = 0;
+  std::vector<int32_t> tokens;     // (rows*seq_len) input ids
+  std::vector<int32_t> targets;    // (rows*seq_len) the next token of the same document,
+                                   //   or kIgnoreIndex on a document's last token
+  std::vector<int32_t> doc_start;  // (rows*seq_len) flat index of the first token of this
+                                   //   token's segment; always in the same row
+  std::vector<int32_t> positions;  // (rows*seq_len) RoPE position = flat index - doc_start
+
+  // The number of targets that are not kIgnoreIndex: the loss's token count.
+  int64_t num_targets() const;
+};
+
+// Where the packer is in the stream: the next token it emits is token `token_offset` of
+// document DocumentOrder(num_docs, seed, epoch)[doc_cursor]. Saved in checkpoints.
+struct DataPosition {
+  int64_t epoch = 0;
+  int64_t doc_cursor = 0;    // index into this epoch's document order
+  int64_t token_offset = 0;  // tokens of that document already emitted
+};
+
+// {"epoch": E, "doc_cursor": C, "token_offset": T}
+nlohmann::json DataPositionToJson(const DataPosition& position);
+// InvalidArgument naming the field when one is missing, not an integer, or negative.
+absl::StatusOr<DataPosition> DataPositionFromJson(const nlohmann::json& json);
+
+// The order documents are visited in during `epoch`: a permutation of [0, num_docs).
+// Fisher-Yates driven by std::mt19937_64 seeded from (seed, epoch), with our own
+// unbiased bounded draw, so it is the same on every platform and standard library.
+std::vector<int64_t> DocumentOrder(int64_t num_docs, uint64_t seed, int64_t epoch);
+
+// Owns the tokenized documents. Not thread-safe: one packer per data stream.
+class Packer {
+ public:
+  // docs: each document's ids, bos / eos included as the caller wishes (see
+  // TokenizeDocuments). REQUIRES: seq_len >= 1 and at least one token in docs.
+  Packer(std::vector<std::vector<int32_t>> docs, int64_t seq_len, uint64_t seed);
+
+  // Fills `out` with the next rows * seq_len tokens of the stream, crossing into the next
+  // epoch (and its order) when the last document of this one is used up. Reuses out's
+  // buffers, so after the first call with a given shape it allocates nothing except at
+  // an epoch boundary. REQUIRES: rows >= 1, rows * seq_len < 2^31.
+  void Next(int64_t rows, MicroBatch* out);
+
+  // The position after the last Next(); it depends on documents only, not on seq_len.
+  DataPosition position() const;
+  // Continues from `position`, taken from a packer over the same documents and seed.
+  // InvalidArgument when it cannot belong to this dataset (a cursor past the last
+  // document, an offset past the document's end); the packer is unchanged then.
+  [[nodiscard]] absl::Status Seek(const DataPosition& position);
+
+  int64_t num_docs() const { return static_cast<int64_t>(docs_.size()); }
+  int64_t num_tokens() const { return num_tokens_; }
+  int64_t seq_len() const { return seq_len_; }
+
+ private:
+  // Moves to the next document of the order, and to the next epoch after the last one.
+  void AdvanceDocument();
+
+  std::vector<std::vector<int32_t>> docs_;
+  int64_t seq_len_;
+  uint64_t seed_;
+  int64_t num_tokens_ = 0;
+  int64_t epoch_ = 0;
+  int64_t cursor_ = 0;          // index into order_
+  int64_t offset_ = 0;          // within docs_[order_[cursor_]]
+  std::vector<int64_t> order_;  // DocumentOrder(num_docs, seed_, epoch_)
+};
+
+}  // namespace megatrain

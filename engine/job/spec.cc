@@ -1,0 +1,281 @@
+#include "engine/job/spec.h"
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/common/status.h"
+#include "nlohmann/json.hpp"
+#include "yaml-cpp/yaml.h"
+
+namespace megatrain {
+namespace fs = std::filesystem;
+namespace {
+
+// Reads typed fields out of one YAML mapping, remembering which keys were consumed.
+class Section {
+ public:
+  Section(const YAML::Node& node, std::string path) : node_(node), path_(std::move(path)) {}
+
+  std::string Name(const std::string& key) const {
+    return path_.empty() ? key : absl::StrCat(path_, ".", key);
+  }
+  bool Has(const std::string& key) {
+    seen_.insert(key);
+    return node_[key].IsDefined() && !node_[key].IsNull();
+  }
+  YAML::Node Get(const std::string& key) { return node_[key]; }
+
+  absl::Status String(const std::string& key, std::string* out) {
+    if (!Has(key)) return absl::OkStatus();
+    const YAML::Node& n = node_[key];
+    if (!n.IsScalar()) return Error(key, "must be a string");
+    *out = n.Scalar();
+    return absl::OkStatus();
+  }
+  absl::Status Int(const std::string& key, int64_t* out, int64_t min) {
+    if (!Has(key)) return absl::OkStatus();
+    const YAML::Node& n = node_[key];
+    int64_t v = 0;
+    if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) {
+      return Error(key, absl::StrCat("must be an integer, got '", Text(n), "'"));
+    }
+    if (v < min) return Error(key, absl::StrCat("must be >= ", min, ", got ", v));
+    *out = v;
+    return absl::OkStatus();
+  }
+  absl::Status Uint(const std::string& key, uint64_t* out) {
+    int64_t v = static_cast<int64_t>(*out);
+    RETURN_IF_ERROR(Int(key, &v, 0));
+    *out = static_cast<uint64_t>(v);
+    return absl::OkStatus();
+  }
+  absl::Status Double(const std::string& key, double* out, double min, double max) {
+    if (!Has(key)) return absl::OkStatus();
+    const YAML::Node& n = node_[key];
+    double v = 0;
+    if (!n.IsScalar() || !YAML::convert<double>::decode(n, v)) {
+      return Error(key, absl::StrCat("must be a number, got '", Text(n), "'"));
+    }
+    if (!(v >= min && v <= max)) {
+      return Error(key, absl::StrCat("must be in [", min, ", ", max, "], got ", v));
+    }
+    *out = v;
+    return absl::OkStatus();
+  }
+  // Unknown keys are errors: a typo must never silently fall back to a default.
+  absl::Status CheckNoUnknown() const {
+    for (const auto& kv : node_) {
+      const std::string key = kv.first.Scalar();
+      if (seen_.count(key) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unknown field '", Name(key), "' (known here: ", absl::StrJoin(seen_, ", "), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Error(const std::string& key, const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(Name(key), " ", what));
+  }
+
+ private:
+  static std::string Text(const YAML::Node& n) {
+    if (n.IsScalar()) return n.Scalar();
+    std::stringstream ss;
+    ss << n;
+    return ss.str();
+  }
+  YAML::Node node_;
+  std::string path_;
+  std::set<std::string> seen_;
+};
+
+// YAML -> JSON for an inline config.json; scalars keep their natural JSON type.
+nlohmann::json ToJson(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      nlohmann::json j = nlohmann::json::object();
+      for (const auto& kv : n) j[kv.first.Scalar()] = ToJson(kv.second);
+      return j;
+    }
+    case YAML::NodeType::Sequence: {
+      nlohmann::json j = nlohmann::json::array();
+      for (const auto& e : n) j.push_back(ToJson(e));
+      return j;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& s = n.Scalar();
+      if (n.Tag() == "!") return s;  // quoted
+      int64_t i;
+      double d;
+      bool b;
+      if (YAML::convert<int64_t>::decode(n, i)) return i;
+      if (YAML::convert<double>::decode(n, d)) return d;
+      if (YAML::convert<bool>::decode(n, b)) return b;
+      if (s == "null" || s == "~") return nullptr;
+      return s;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+std::string Resolve(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || fs::path(path).is_absolute() || base_dir.empty()) return path;
+  return (fs::path(base_dir) / path).lexically_normal().string();
+}
+
+absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, JobSpec* spec) {
+  if (!root.IsMap()) return absl::InvalidArgumentError("must be a YAML mapping of sections");
+  Section top(root, "");
+  RETURN_IF_ERROR(top.String("name", &spec->name));
+  RETURN_IF_ERROR(top.String("backend", &spec->backend));
+  if (spec->backend != "auto" && spec->backend != "cpu" && spec->backend != "cuda") {
+    return top.Error("backend", absl::StrCat("must be auto, cpu or cuda, got '", spec->backend, "'"));
+  }
+
+  if (!top.Has("model")) return absl::InvalidArgumentError("field 'model' is required");
+  Section model(top.Get("model"), "model");
+  if (!top.Get("model").IsMap()) return top.Error("model", "must be a mapping");
+  RETURN_IF_ERROR(model.String("path", &spec->model_path));
+  std::string config_path;
+  RETURN_IF_ERROR(model.String("config_path", &config_path));
+  if (model.Has("config")) {
+    if (!model.Get("config").IsMap()) return model.Error("config", "must be a mapping of config.json fields");
+    spec->model_config_json = ToJson(model.Get("config")).dump();
+  }
+  RETURN_IF_ERROR(model.Uint("init_seed", &spec->init_seed));
+  RETURN_IF_ERROR(model.CheckNoUnknown());
+  const int sources = !spec->model_path.empty() + !config_path.empty() + !spec->model_config_json.empty();
+  if (sources != 1) {
+    return absl::InvalidArgumentError(
+        "model needs exactly one of model.path (a Hugging Face folder), model.config (inline "
+        "config.json fields) or model.config_path (a config.json for random init)");
+  }
+  spec->model_path = Resolve(base_dir, spec->model_path);
+  if (!config_path.empty()) {
+    std::ifstream in(Resolve(base_dir, config_path));
+    if (!in) return absl::NotFoundError(absl::StrCat("model.config_path: cannot read ", Resolve(base_dir, config_path)));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    spec->model_config_json = ss.str();
+  }
+
+  if (!top.Has("data")) return absl::InvalidArgumentError("field 'data' is required");
+  if (!top.Get("data").IsMap()) return top.Error("data", "must be a mapping");
+  Section data(top.Get("data"), "data");
+  RETURN_IF_ERROR(data.String("path", &spec->data_path));
+  if (spec->data_path.empty()) return data.Error("path", "is required (a JSONL file)");
+  spec->data_path = Resolve(base_dir, spec->data_path);
+  RETURN_IF_ERROR(data.String("format", &spec->data_format));
+  if (spec->data_format != "text") {
+    return data.Error("format", absl::StrCat("must be 'text' (JSONL with a text field), got '",
+                                             spec->data_format, "'"));
+  }
+  RETURN_IF_ERROR(data.String("text_field", &spec->text_field));
+  RETURN_IF_ERROR(data.String("tokenizer", &spec->tokenizer));
+  if (spec->tokenizer != "byte") {
+    return data.Error("tokenizer", absl::StrCat("must be 'byte', got '", spec->tokenizer, "'"));
+  }
+  RETURN_IF_ERROR(data.Int("seq_len", &spec->seq_len, 2));
+  RETURN_IF_ERROR(data.Uint("seed", &spec->data_seed));
+  RETURN_IF_ERROR(data.CheckNoUnknown());
+
+  if (top.Has("train")) {
+    if (!top.Get("train").IsMap()) return top.Error("train", "must be a mapping");
+    Section t(top.Get("train"), "train");
+    RETURN_IF_ERROR(t.Int("steps", &spec->steps, 1));
+    RETURN_IF_ERROR(t.Int("micro_batch_rows", &spec->micro_batch_rows, 1));
+    RETURN_IF_ERROR(t.Int("micro_batches", &spec->micro_batches, 1));
+    RETURN_IF_ERROR(t.Double("lr", &spec->schedule.lr, 0, 1e3));
+    std::string schedule = ScheduleTypeName(spec->schedule.type);
+    RETURN_IF_ERROR(t.String("schedule", &schedule));
+    absl::StatusOr<ScheduleType> type = ParseScheduleType(schedule);
+    if (!type.ok()) return Annotate(type.status(), "train.schedule");
+    spec->schedule.type = *type;
+    RETURN_IF_ERROR(t.Int("warmup_steps", &spec->schedule.warmup_steps, 0));
+    RETURN_IF_ERROR(t.Double("min_lr_ratio", &spec->schedule.min_lr_ratio, 0, 1));
+    RETURN_IF_ERROR(t.Double("weight_decay", &spec->weight_decay, 0, 1e3));
+    RETURN_IF_ERROR(t.Double("beta1", &spec->beta1, 0, 0.999999));
+    RETURN_IF_ERROR(t.Double("beta2", &spec->beta2, 0, 0.999999999));
+    RETURN_IF_ERROR(t.Double("eps", &spec->eps, 0, 1));
+    RETURN_IF_ERROR(t.Double("max_grad_norm", &spec->max_grad_norm, 0, 1e30));
+    RETURN_IF_ERROR(t.Int("activation_checkpoint_every", &spec->activation_checkpoint_every, 1));
+    RETURN_IF_ERROR(t.Int("loss_chunk_tokens", &spec->loss_chunk_tokens, 1));
+    RETURN_IF_ERROR(t.CheckNoUnknown());
+  }
+  spec->schedule.total_steps = spec->steps;
+
+  if (top.Has("checkpoint")) {
+    if (!top.Get("checkpoint").IsMap()) return top.Error("checkpoint", "must be a mapping");
+    Section c(top.Get("checkpoint"), "checkpoint");
+    RETURN_IF_ERROR(c.String("dir", &spec->checkpoint_dir));
+    spec->checkpoint_dir = Resolve(base_dir, spec->checkpoint_dir);
+    RETURN_IF_ERROR(c.Int("every_steps", &spec->checkpoint_every_steps, 0));
+    RETURN_IF_ERROR(c.Int("keep_last", &spec->keep_last, 0));
+    RETURN_IF_ERROR(c.Int("max_shard_bytes", &spec->max_shard_bytes, 1 << 20));
+    RETURN_IF_ERROR(c.CheckNoUnknown());
+  }
+  RETURN_IF_ERROR(top.CheckNoUnknown());
+  if (spec->tokens_per_step() >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError("train: micro_batches * micro_batch_rows * data.seq_len must be < 2^31");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string JobSpec::Fingerprint() const {
+  nlohmann::json j = {{"model_path", model_path},   {"model_config", model_config_json},
+                      {"init_seed", init_seed},     {"data_path", data_path},
+                      {"text_field", text_field},   {"tokenizer", tokenizer},
+                      {"seq_len", seq_len},         {"data_seed", data_seed},
+                      {"rows", micro_batch_rows},   {"micro_batches", micro_batches}};
+  return j.dump();
+}
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& base_dir,
+                                     const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", e.what()));
+  }
+  JobSpec spec;
+  absl::Status s;
+  try {
+    s = ParseSections(root, base_dir, &spec);
+  } catch (const YAML::Exception& e) {
+    s = absl::InvalidArgumentError(e.what());
+  }
+  if (!s.ok()) return Annotate(s, source);
+  return spec;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read job spec ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseJobSpec(ss.str(), fs::path(path).parent_path().string(), path);
+}
+
+absl::StatusOr<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
+  if (!spec.model_path.empty()) {
+    const std::string path = (fs::path(spec.model_path) / "config.json").string();
+    if (!fs::exists(path)) {
+      return absl::NotFoundError(absl::StrCat("model.path: ", spec.model_path,
+                                              " has no config.json (is it a Hugging Face model folder?)"));
+    }
+    return LoadModelConfig(path);
+  }
+  return ParseModelConfig(spec.model_config_json, "model.config");
+}
+
+}  // namespace megatrain

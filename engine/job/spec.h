@@ -1,0 +1,74 @@
+// The job spec: everything one training job needs, parsed once at the edge from YAML.
+// The local runner (megatrain-train) and the daemon take the same document.
+//
+//   name: demo
+//   model:      {path: DIR} | {config: {...config.json fields...}} | {config_path: FILE}
+//               init_seed: 0                      # random init only
+//   data:       {path: FILE.jsonl, format: text, text_field: text, tokenizer: byte,
+//                seq_len: 256, seed: 0}
+//   train:      {steps, micro_batch_rows, micro_batches, lr, schedule, warmup_steps,
+//                min_lr_ratio, weight_decay, beta1, beta2, eps, max_grad_norm,
+//                activation_checkpoint_every, loss_chunk_tokens}
+//   checkpoint: {dir, every_steps, keep_last, max_shard_bytes}
+//   backend:    auto | cpu | cuda
+//
+// Every field is validated here: unknown fields, wrong types and out-of-range values are
+// InvalidArgument naming the field ("train.steps must be a positive integer, got -3").
+// Relative paths resolve against `base_dir` (the spec file's folder).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/model/config.h"
+#include "engine/optim/schedule.h"
+
+namespace megatrain {
+
+struct JobSpec {
+  std::string name = "job";
+  // model: exactly one of model_path / inline config.
+  std::string model_path;        // Hugging Face folder
+  std::string model_config_json; // config.json text for random init
+  uint64_t init_seed = 0;
+
+  std::string data_path;
+  std::string data_format = "text";
+  std::string text_field = "text";
+  std::string tokenizer = "byte";
+  int64_t seq_len = 256;
+  uint64_t data_seed = 0;
+
+  int64_t steps = 100;
+  int64_t micro_batch_rows = 1;  // sequences per micro-batch
+  int64_t micro_batches = 1;     // gradient accumulation per step
+  ScheduleOptions schedule;      // lr, type, warmup, total (= steps), min ratio
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double max_grad_norm = 1.0;    // <= 0 disables clipping
+  int64_t activation_checkpoint_every = 1;  // K
+  int64_t loss_chunk_tokens = 4096;
+
+  std::string checkpoint_dir;    // "" = no checkpoints
+  int64_t checkpoint_every_steps = 0;  // 0 = only at the end
+  int64_t keep_last = 3;
+  int64_t max_shard_bytes = 5ll << 30;
+
+  std::string backend = "auto";
+
+  int64_t tokens_per_step() const { return micro_batches * micro_batch_rows * seq_len; }
+  // The settings a resume must agree with (model, data, batch shape), as a string.
+  std::string Fingerprint() const;
+};
+
+// Parses a YAML job spec. `source` names it in errors.
+[[nodiscard]] absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text,
+                                                   const std::string& base_dir,
+                                                   const std::string& source = "job spec");
+[[nodiscard]] absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+
+// The model config the spec names (from the folder's config.json or the inline one).
+[[nodiscard]] absl::StatusOr<ModelConfig> ResolveModelConfig(const JobSpec& spec);
+
+}  // namespace megatrain

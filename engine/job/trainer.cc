@@ -1,0 +1,147 @@
+#include "engine/job/trainer.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/backend/cpu_backend.h"
+#include "engine/common/status.h"
+#include "engine/data/byte_tokenizer.h"
+#include "engine/data/jsonl.h"
+#include "engine/data/tokenizer.h"
+#include "engine/model/safetensors.h"
+#include "engine/optim/schedule.h"
+#include "engine/store/model_io.h"
+
+namespace megatrain {
+
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
+  std::unique_ptr<Trainer> t(new Trainer);
+  RETURN_IF_ERROR(t->Init(spec));
+  return t;
+}
+
+absl::Status Trainer::Init(const JobSpec& spec) {
+  spec_ = spec;
+  ASSIGN_OR_RETURN(config_, ResolveModelConfig(spec));
+  num_params_ = NumParameters(config_);
+  if (config_.sliding_window > 0 && spec.seq_len > config_.sliding_window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.seq_len ", spec.seq_len, " exceeds the model's sliding_window ",
+        config_.sliding_window, "; sliding-window attention is not implemented"));
+  }
+
+  // Data first: a broken dataset should fail before minutes of model loading.
+  ByteTokenizer tokenizer;
+  if (config_.vocab_size < tokenizer.vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the byte tokenizer needs vocab_size >= ", tokenizer.vocab_size(), "; the model has ",
+        config_.vocab_size));
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadJsonlTexts(spec.data_path, spec.text_field));
+  ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> docs, TokenizeDocuments(texts, tokenizer));
+  packer_ = std::make_unique<Packer>(std::move(docs), spec.seq_len, spec.data_seed);
+
+  if (spec.backend == "cuda") {
+    return absl::FailedPreconditionError("backend 'cuda' requested, but this build has no CUDA backend");
+  }
+  backend_ = CreateCpuBackend(CpuBackendOptions{});
+
+  const ModelLayout layout = BuildLayout(config_);
+  ASSIGN_OR_RETURN(store_, HostStore::Create(layout));
+  const bool clipping = spec.max_grad_norm > 0;
+  int64_t max_unit = 0;
+  for (const UnitLayout& u : layout.units) max_unit = std::max(max_unit, u.num_elements);
+  // Clipping holds every gradient until the norm is known; otherwise a few slabs cycle.
+  const int64_t num_slabs = clipping ? static_cast<int64_t>(layout.units.size()) : 3;
+  ASSIGN_OR_RETURN(slabs_, GradSlabPool::Create(num_slabs, max_unit));
+
+  PipelineOptions po;
+  po.micro_batches = spec.micro_batches;
+  po.tokens_per_micro_batch = spec.micro_batch_rows * spec.seq_len;
+  po.checkpoint_every = std::min(spec.activation_checkpoint_every, config_.num_layers);
+  po.loss_chunk_tokens = spec.loss_chunk_tokens;
+  ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(config_, store_.get(), slabs_.get(),
+                                               backend_.get(), po));
+  HostOptimizerOptions oo;
+  oo.hyper.beta1 = spec.beta1;
+  oo.hyper.beta2 = spec.beta2;
+  oo.hyper.eps = spec.eps;
+  oo.weight_decay = spec.weight_decay;
+  oo.max_grad_norm = spec.max_grad_norm;
+  optimizer_ = std::make_unique<HostOptimizer>(store_.get(), slabs_.get(), backend_.get(), oo);
+  batches_.resize(spec.micro_batches);
+
+  state_.data_seed = spec.data_seed;
+  state_.init_seed = spec.init_seed;
+  state_.spec_fingerprint = spec.Fingerprint();
+  std::vector<std::string> existing;
+  if (!spec.checkpoint_dir.empty()) existing = ListCheckpoints(spec.checkpoint_dir);
+  if (!existing.empty()) {
+    TrainerState saved;
+    RETURN_IF_ERROR(Annotate(LoadCheckpoint(existing.back(), store_.get(), &saved),
+                             absl::StrCat("resuming from ", existing.back())));
+    if (saved.spec_fingerprint != state_.spec_fingerprint) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.dir ", spec.checkpoint_dir, " holds checkpoints of a different job (model, "
+          "data or batch shape differ); use a fresh checkpoint.dir"));
+    }
+    RETURN_IF_ERROR(Annotate(packer_->Seek(saved.data), "resuming the data position"));
+    state_ = saved;
+    resumed_from_ = saved.step;
+    last_saved_step_ = saved.step;
+  } else if (!spec.model_path.empty()) {
+    ASSIGN_OR_RETURN(ModelTensorReader reader, ModelTensorReader::OpenFolder(spec.model_path));
+    RETURN_IF_ERROR(LoadWeights(reader, store_.get()));
+  } else {
+    RandomInitWeights(config_, spec.init_seed, store_.get());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepReport> Trainer::Step() {
+  if (done()) return absl::FailedPreconditionError("the job has already run all its steps");
+  for (MicroBatch& b : batches_) packer_->Next(spec_.micro_batch_rows, &b);
+  const double lr = LearningRate(spec_.schedule, state_.step);
+  optimizer_->BeginStep(lr, state_.step + 1);
+  ASSIGN_OR_RETURN(StepResult r, pipeline_->Step(batches_, optimizer_.get()));
+  state_.step += 1;
+  state_.data = packer_->position();
+  state_.last_loss = r.loss;
+
+  StepReport report;
+  report.step = state_.step;
+  report.total_steps = spec_.steps;
+  report.loss = r.loss;
+  report.lr = lr;
+  report.grad_norm = r.grad_norm;
+  report.tokens = spec_.tokens_per_step();
+  report.seconds = r.seconds;
+  report.tokens_per_second = r.seconds > 0 ? report.tokens / r.seconds : 0;
+  // 6 N per token for the matmuls, plus causal attention: 6 * L * seq * H*D per token
+  // (forward 2 * 2 * L * H*D * seq/2, times 3 for backward).
+  const double attn = 6.0 * config_.num_layers * spec_.seq_len * config_.num_heads * config_.head_dim;
+  report.model_tflops = (6.0 * num_params_ + attn) * report.tokens_per_second / 1e12;
+
+  const bool periodic = spec_.checkpoint_every_steps > 0 &&
+                        state_.step % spec_.checkpoint_every_steps == 0;
+  if (!spec_.checkpoint_dir.empty() && (periodic || done())) {
+    RETURN_IF_ERROR(SaveCheckpoint().status());
+  }
+  return report;
+}
+
+absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
+  if (spec_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("the job has no checkpoint.dir");
+  }
+  CheckpointOptions options;
+  options.max_shard_bytes = static_cast<uint64_t>(spec_.max_shard_bytes);
+  options.tokenizer_dir = spec_.model_path;
+  ASSIGN_OR_RETURN(std::string path,
+                   megatrain::SaveCheckpoint(spec_.checkpoint_dir, config_, *store_, state_, options));
+  last_saved_step_ = state_.step;
+  RETURN_IF_ERROR(PruneCheckpoints(spec_.checkpoint_dir, spec_.keep_last));
+  return path;
+}
+
+}  // namespace megatrain

@@ -1,0 +1,75 @@
+// A training job, end to end: model in the host store, data, pipeline, optimizer,
+// schedule and checkpoints. The local runner and the daemon both drive one of these.
+//
+// Create() loads or initialises the model and tokenizes the data; when the spec's
+// checkpoint folder already holds a checkpoint of this job, it resumes from the newest.
+// Then Step() until done(). Thread-compatible: one thread drives a Trainer; RequestStop()
+// alone may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/common/backend.h"
+#include "engine/data/packer.h"
+#include "engine/job/spec.h"
+#include "engine/pipeline/host_optimizer.h"
+#include "engine/pipeline/pipeline.h"
+
+namespace megatrain {
+
+struct StepReport {
+  int64_t step = 0;          // steps completed, this one included
+  int64_t total_steps = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  int64_t tokens = 0;        // tokens in this step
+  double seconds = 0;
+  double tokens_per_second = 0;
+  double model_tflops = 0;   // 6 * params * tokens (+ attention), per second, / 1e12
+};
+
+class Trainer {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec);
+  ~Trainer();
+
+  // Runs one optimizer step; saves a checkpoint when the spec says so.
+  [[nodiscard]] absl::StatusOr<StepReport> Step();
+  bool done() const { return state_.step >= spec_.steps; }
+  int64_t step() const { return state_.step; }
+  int64_t resumed_from_step() const { return resumed_from_; }
+
+  // Writes a checkpoint of the state after the last completed step and prunes old ones.
+  [[nodiscard]] absl::StatusOr<std::string> SaveCheckpoint();
+
+  const ModelConfig& config() const { return config_; }
+  const JobSpec& spec() const { return spec_; }
+  std::string backend_name() const { return backend_->name(); }
+  const HostStore& store() const { return *store_; }
+  int64_t num_parameters() const { return num_params_; }
+
+ private:
+  Trainer() = default;
+  absl::Status Init(const JobSpec& spec);
+
+  JobSpec spec_;
+  ModelConfig config_;
+  int64_t num_params_ = 0;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<HostStore> store_;
+  std::unique_ptr<GradSlabPool> slabs_;
+  std::unique_ptr<Pipeline> pipeline_;
+  std::unique_ptr<HostOptimizer> optimizer_;
+  std::unique_ptr<Packer> packer_;
+  std::vector<MicroBatch> batches_;
+  TrainerState state_;
+  int64_t resumed_from_ = 0;
+  int64_t last_saved_step_ = -1;
+};
+
+}  // namespace megatrain

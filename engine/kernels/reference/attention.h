@@ -1,0 +1,154 @@
+// Causal grouped-query attention over packed documents, with a flash-style backward.
+//
+// A packed batch holds several documents back to back; doc_start[i] (the first token of
+// query i's document) bounds its keys to [doc_start[i], i], which is both the causal mask
+// and the document mask, so no n x n mask is ever built. The forward keeps only the
+// per-row logsumexp; the backward recomputes the probabilities from it, like
+// FlashAttention-2. For determinism without atomics the backward runs two passes: dq
+// parallel over (query, head), then dk/dv parallel over (key, kv head), each output element
+// summed by one thread in a fixed order. All dot products and sums are in double.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "engine/common/check.h"
+
+namespace megatrain::ref {
+namespace attention_internal {
+
+template <typename T>
+double Dot(const T* a, const T* b, int64_t D) {
+  double sum = 0.0;
+  for (int64_t d = 0; d < D; ++d) sum += static_cast<double>(a[d]) * b[d];
+  return sum;
+}
+
+}  // namespace attention_internal
+
+// q (n,H,D), k (n,KV,D), v (n,KV,D), doc_start (n) -> o (n,H,D), lse (n,H) natural-log
+// logsumexp of the scaled scores. Query head h reads kv head h / (H/KV); scale 1/sqrt(D).
+// REQUIRES: H % KV == 0; 0 <= doc_start[i] <= i.
+template <typename T>
+void Attention(T* o, T* lse, const T* q, const T* k, const T* v, const int32_t* doc_start,
+               int64_t n, int64_t H, int64_t KV, int64_t D) {
+  MT_CHECK(H > 0 && KV > 0 && H % KV == 0 && D > 0);
+  const int64_t group = H / KV;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+#pragma omp parallel
+  {
+    std::vector<double> score(std::max<int64_t>(n, 1));  // (keys of one query)
+    std::vector<double> acc(D);
+#pragma omp for collapse(2) schedule(dynamic, 8)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t j0 = doc_start[i];
+        MT_CHECK(j0 >= 0 && j0 <= i);
+        const int64_t g = h / group;
+        const T* qi = q + (i * H + h) * D;
+        double max_score = -std::numeric_limits<double>::infinity();
+        for (int64_t j = j0; j <= i; ++j) {
+          const double s = scale * attention_internal::Dot(qi, k + (j * KV + g) * D, D);
+          score[j - j0] = s;
+          max_score = std::max(max_score, s);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
+        double sum = 0.0;
+        for (int64_t j = j0; j <= i; ++j) {
+          const double p = std::exp(score[j - j0] - max_score);
+          sum += p;
+          const T* vj = v + (j * KV + g) * D;
+          for (int64_t d = 0; d < D; ++d) acc[d] += p * vj[d];
+        }
+        T* oi = o + (i * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) oi[d] = static_cast<T>(acc[d] / sum);
+        lse[i * H + h] = static_cast<T>(max_score + std::log(sum));
+      }
+    }
+  }
+}
+
+// dq (n,H,D), dk (n,KV,D), dv (n,KV,D) written from dout (n,H,D) and the forward's q, k, v,
+// o (n,H,D), lse (n,H), doc_start (n). dk, dv sum over the query heads of their group.
+//   P_ij = exp(scale q_i.k_j - lse_i), Delta_i = dO_i.O_i, dS_ij = P_ij (dO_i.v_j - Delta_i)
+//   dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,  dv_j = sum_i P_ij dO_i
+template <typename T>
+void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                       const T* o, const T* lse, const int32_t* doc_start, int64_t n, int64_t H,
+                       int64_t KV, int64_t D) {
+  MT_CHECK(H > 0 && KV > 0 && H % KV == 0 && D > 0);
+  const int64_t group = H / KV;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  using attention_internal::Dot;
+
+  std::vector<double> delta(n * H);  // (n, H)
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n * H; ++r) delta[r] = Dot(dout + r * D, o + r * D, D);
+
+    // Pass 1: dq, one (query, head) per task, keys in order.
+#pragma omp parallel
+  {
+    std::vector<double> acc(D);
+#pragma omp for collapse(2) schedule(dynamic, 8)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t j0 = doc_start[i];
+        MT_CHECK(j0 >= 0 && j0 <= i);
+        const int64_t g = h / group;
+        const int64_t r = i * H + h;
+        const T* qi = q + r * D;
+        const T* doi = dout + r * D;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = j0; j <= i; ++j) {
+          const T* kj = k + (j * KV + g) * D;
+          const double p = std::exp(scale * Dot(qi, kj, D) - static_cast<double>(lse[r]));
+          const double ds = p * (Dot(doi, v + (j * KV + g) * D, D) - delta[r]);
+          for (int64_t d = 0; d < D; ++d) acc[d] += ds * kj[d];
+        }
+        T* dqi = dq + r * D;
+        for (int64_t d = 0; d < D; ++d) dqi[d] = static_cast<T>(scale * acc[d]);
+      }
+    }
+  }
+
+  // Pass 2: dk, dv, one (key, kv head) per task; queries i >= j of the same document, in
+  // order, and within a query the heads of the group in order.
+#pragma omp parallel
+  {
+    std::vector<double> acc_k(D), acc_v(D);
+#pragma omp for collapse(2) schedule(dynamic, 8)
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t g = 0; g < KV; ++g) {
+        const T* kj = k + (j * KV + g) * D;
+        const T* vj = v + (j * KV + g) * D;
+        std::fill(acc_k.begin(), acc_k.end(), 0.0);
+        std::fill(acc_v.begin(), acc_v.end(), 0.0);
+        for (int64_t i = j; i < n; ++i) {
+          if (doc_start[i] > j) continue;  // j lies in an earlier document than i
+          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            const int64_t r = i * H + h;
+            const T* qi = q + r * D;
+            const T* doi = dout + r * D;
+            const double p = std::exp(scale * Dot(qi, kj, D) - static_cast<double>(lse[r]));
+            const double ds = p * (Dot(doi, vj, D) - delta[r]);
+            for (int64_t d = 0; d < D; ++d) {
+              acc_k[d] += ds * qi[d];
+              acc_v[d] += p * doi[d];
+            }
+          }
+        }
+        T* dkj = dk + (j * KV + g) * D;
+        T* dvj = dv + (j * KV + g) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          dkj[d] = static_cast<T>(scale * acc_k[d]);
+          dvj[d] = static_cast<T>(acc_v[d]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace megatrain::ref

@@ -1,0 +1,102 @@
+// The decoder block template (Llama / Mistral / Qwen2 / Qwen3): stateless code that runs
+// on whichever weight slot holds a layer now. Binding is pointer arithmetic against the
+// unit layout; the backward is written out op by op (no autograd).
+//
+//   h   = RMSNorm(x) * w_in                               (n, C)
+//   qkv = h Wqkv^T (+ b_qkv)                               (n, (H+2KV)*D)
+//   q,k,v = split, QK-norm (Qwen3), RoPE                   (n,H,D) (n,KV,D) (n,KV,D)
+//   o   = causal GQA attention within documents            (n, H*D)
+//   x2  = x + o Wo^T                                       (n, C)
+//   h2  = RMSNorm(x2) * w_post                             (n, C)
+//   gu  = h2 [Wgate; Wup]^T                                (n, 2I)
+//   a   = silu(gate) * up                                  (n, I)
+//   out = x2 + a Wdown^T                                   (n, C)
+//
+// One instance serves every decoder layer: all share one unit layout.
+// Thread-compatible; every call enqueues on the given stream and returns.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/common/backend.h"
+#include "engine/layers/batch.h"
+#include "engine/model/config.h"
+#include "engine/model/layout.h"
+
+namespace megatrain {
+
+// Pointers into one slot (weights) or one gradient buffer, by role.
+struct DecoderTensors {
+  void* input_norm = nullptr;  // (C)
+  void* qkv = nullptr;         // ((H+2KV)*D, C)
+  void* qkv_bias = nullptr;    // ((H+2KV)*D) or null
+  void* q_norm = nullptr;      // (D) or null
+  void* k_norm = nullptr;      // (D) or null
+  void* o_proj = nullptr;      // (C, H*D)
+  void* post_norm = nullptr;   // (C)
+  void* gate_up = nullptr;     // (2I, C)
+  void* down = nullptr;        // (C, I)
+};
+
+// Activations saved by Forward(save=true) for Backward, for one micro-batch of n tokens.
+struct DecoderSaved {
+  void* h;       // act (n, C)
+  void* rstd1;   // stat (n)
+  void* qkv;     // act (n, QKV)
+  void* q;       // act (n, H*D)
+  void* k;       // act (n, KV*D)
+  void* v;       // act (n, KV*D)
+  void* rstd_q;  // stat (n*H)
+  void* rstd_k;  // stat (n*KV)
+  void* o;       // act (n, H*D)
+  void* lse;     // stat (n*H)
+  void* x2;      // act (n, C)
+  void* h2;      // act (n, C)
+  void* rstd2;   // stat (n)
+  void* gu;      // act (n, 2I)
+  void* a;       // act (n, I)
+  // backward scratch
+  void* dh;      // act (n, C)
+  void* dqkv;    // act (n, QKV)
+  void* dq;      // act (n, H*D)
+  void* dk;      // act (n, KV*D)
+  void* dv;      // act (n, KV*D)
+  void* dout;    // act (n, H*D)
+  void* dgu;     // act (n, 2I)
+  void* da;      // act (n, I)
+};
+
+class DecoderLayer {
+ public:
+  DecoderLayer(const ModelConfig& config, const UnitLayout& unit, Backend* backend);
+
+  // Views of a weight slot (weight dtype) or gradient buffer (grad dtype).
+  DecoderTensors BindWeights(void* slot) const;
+  DecoderTensors BindGrads(void* grads) const;
+
+  // Workspace bytes for micro-batches of up to n tokens.
+  int64_t WorkspaceBytes(int64_t n) const;
+  // Lays the workspace out from `base` (null: only count `bytes`).
+  DecoderSaved CarveWorkspace(void* base, int64_t n, int64_t* bytes = nullptr) const;
+
+  // out act (n,C) = block(x act (n,C)). Intermediates go to `ws` (kept for Backward).
+  // inv_freq: f32 (D/2) device buffer of RoPE frequencies.
+  void Forward(const DecoderTensors& w, const void* x, void* out, const DecoderSaved& ws,
+               const DeviceBatch& batch, const float* inv_freq, StreamId s) const;
+
+  // dres act (n,C): on entry dL/d(out), on exit dL/dx. Weight gradients accumulate into
+  // g. REQUIRES: ws holds Forward's intermediates for this x and these weights.
+  void Backward(const DecoderTensors& w, const DecoderTensors& g, const void* x, void* dres,
+                const DecoderSaved& ws, const DeviceBatch& batch, const float* inv_freq,
+                StreamId s) const;
+
+ private:
+  DecoderTensors Bind(void* base, DType dtype) const;
+
+  ModelConfig config_;
+  UnitLayout unit_;  // offsets are the same for every decoder layer
+  Backend* backend_;
+  int64_t qkv_dim_;  // (H + 2*KV) * D
+};
+
+}  // namespace megatrain

@@ -1,0 +1,68 @@
+#include "engine/layers/head.h"
+
+#include <algorithm>
+
+namespace megatrain {
+
+LossHead::LossHead(const ModelConfig& config, const ModelLayout& layout, Backend* backend,
+                   int64_t chunk_tokens)
+    : config_(config),
+      final_norm_offset_(layout.units[layout.HeadUnit()].OffsetOf(TensorRole::kFinalNorm)),
+      lm_head_offset_(layout.units[layout.HeadUnit()].OffsetOf(TensorRole::kLmHead)),
+      embedding_offset_(layout.units[ModelLayout::EmbeddingUnit()].OffsetOf(TensorRole::kEmbedding)),
+      backend_(backend),
+      chunk_tokens_(chunk_tokens) {}
+
+HeadTensors LossHead::Bind(void* head, void* embedding, DType dtype) const {
+  HeadTensors t;
+  t.final_norm = Offset(head, final_norm_offset_, dtype);
+  t.lm_head = lm_head_offset_ >= 0 ? Offset(head, lm_head_offset_, dtype)
+                                   : Offset(embedding, embedding_offset_, dtype);
+  return t;
+}
+
+HeadTensors LossHead::BindWeights(void* head_slot, void* embedding_slot) const {
+  return Bind(head_slot, embedding_slot, backend_->weight_dtype());
+}
+
+HeadTensors LossHead::BindGrads(void* head_grads, void* embedding_grads) const {
+  return Bind(head_grads, embedding_grads, backend_->grad_dtype());
+}
+
+int64_t LossHead::WorkspaceBytes(int64_t n) const {
+  Carver c(nullptr);
+  const int64_t act = DTypeSize(backend_->act_dtype());
+  c.Take(n * config_.hidden_size * act);                              // hf
+  c.Take(n * config_.hidden_size * act);                              // dhf
+  c.Take(n * DTypeSize(backend_->stat_dtype()));                      // rstd
+  c.Take(std::min(n, chunk_tokens_) * config_.vocab_size * act);      // logits chunk
+  return c.used();
+}
+
+void LossHead::ForwardBackward(const HeadTensors& w, const HeadTensors& g, const void* x,
+                               void* dx, void* loss, void* workspace, const DeviceBatch& b,
+                               double scale, StreamId s) const {
+  Backend& be = *backend_;
+  const int64_t n = b.num_tokens, C = config_.hidden_size, V = config_.vocab_size;
+  const DType act = be.act_dtype();
+  Carver c(workspace);
+  void* hf = c.Take(n * C * DTypeSize(act));
+  void* dhf = c.Take(n * C * DTypeSize(act));
+  void* rstd = c.Take(n * DTypeSize(be.stat_dtype()));
+  void* logits = c.Take(std::min(n, chunk_tokens_) * V * DTypeSize(act));
+
+  be.RmsNorm(hf, rstd, x, w.final_norm, n, C, config_.rms_norm_eps, s);  // hf = norm(x)
+  for (int64_t r = 0; r < n; r += chunk_tokens_) {
+    const int64_t rows = std::min(chunk_tokens_, n - r);
+    const void* hf_r = Offset(hf, r * C, act);
+    be.Linear(logits, hf_r, w.lm_head, nullptr, rows, C, V, false, s);  // logits = hf Wlm^T
+    be.CrossEntropy(logits, Offset(loss, r, be.stat_dtype()), logits, b.targets + r, rows, V,
+                    scale, s);                                          // loss, dlogits in place
+    be.LinearBackward(Offset(dhf, r * C, act), false, g.lm_head, nullptr, logits, hf_r,
+                      w.lm_head, rows, C, V, s);                        // dhf, dWlm
+  }
+  be.Zero(dx, n * C * DTypeSize(act), s);
+  be.RmsNormBackward(dx, g.final_norm, dhf, x, w.final_norm, rstd, n, C, s);
+}
+
+}  // namespace megatrain

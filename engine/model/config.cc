@@ -1,0 +1,367 @@
+// config.json parsing for the decoder-only architectures the engine trains.
+//
+// The reader is strict where a wrong guess would train a different model (architecture,
+// activation, biases, rope scaling, head geometry) and lenient elsewhere: Hugging Face
+// configs carry dozens of fields we do not use, and those are ignored. Defaults follow
+// transformers' config classes, so a field left out means what it means to transformers.
+#include "engine/model/config.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/common/status.h"
+#include "engine/model/posix_file.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr Architecture kAllArchitectures[] = {Architecture::kLlama, Architecture::kMistral,
+                                              Architecture::kQwen2, Architecture::kQwen3};
+
+// A short rendering of a JSON value for error messages.
+std::string Describe(const Json& v) {
+  std::string text = v.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return absl::StrCat(text, " (", v.type_name(), ")");
+}
+
+// Typed access to the fields of one JSON object. Every error names the source file and
+// the field, with `prefix` for nested objects ("rope_scaling.").
+class FieldReader {
+ public:
+  FieldReader(const Json& object, absl::string_view source, absl::string_view prefix = "")
+      : object_(object), source_(source), prefix_(prefix) {}
+
+  // The field, or nullptr when it is missing or JSON null.
+  const Json* Get(absl::string_view name) const {
+    auto it = object_.find(std::string(name));
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  absl::Status Error(absl::string_view name, absl::string_view what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": field '", prefix_, name, "' ", what));
+  }
+
+  // An integer >= `min_value` (1 unless said otherwise).
+  absl::StatusOr<int64_t> Int(absl::string_view name, const int64_t* default_value,
+                              int64_t min_value = 1) const {
+    const char* kind = min_value == 1 ? "a positive integer" : "a non-negative integer";
+    const Json* v = Get(name);
+    if (v == nullptr) {
+      if (default_value != nullptr) return *default_value;
+      return Error(name, absl::StrCat("is missing; it must be ", kind));
+    }
+    const bool too_big = v->is_number_unsigned() &&
+                         v->get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()};
+    if (!v->is_number_integer() || too_big || v->get<int64_t>() < min_value) {
+      return Error(name, absl::StrCat("must be ", kind, ", got ", Describe(*v)));
+    }
+    return v->get<int64_t>();
+  }
+  absl::StatusOr<int64_t> RequiredPositiveInt(absl::string_view name) const {
+    return Int(name, nullptr);
+  }
+  absl::StatusOr<int64_t> OptionalPositiveInt(absl::string_view name, int64_t default_value) const {
+    return Int(name, &default_value);
+  }
+
+  // A number > 0 (or >= 0 when `allow_zero`).
+  absl::StatusOr<double> Number(absl::string_view name, const double* default_value,
+                                bool allow_zero = false) const {
+    const Json* v = Get(name);
+    if (v == nullptr) {
+      if (default_value != nullptr) return *default_value;
+      return Error(name, "is missing; it must be a positive number");
+    }
+    if (!v->is_number() || v->get<double>() < 0 || (!allow_zero && v->get<double>() == 0)) {
+      return Error(name, absl::StrCat("must be a ", allow_zero ? "non-negative" : "positive",
+                                      " number, got ", Describe(*v)));
+    }
+    return v->get<double>();
+  }
+  absl::StatusOr<double> OptionalNumber(absl::string_view name, double default_value,
+                                        bool allow_zero = false) const {
+    return Number(name, &default_value, allow_zero);
+  }
+  absl::StatusOr<double> RequiredNumber(absl::string_view name) const {
+    return Number(name, nullptr);
+  }
+
+  absl::StatusOr<bool> OptionalBool(absl::string_view name, bool default_value) const {
+    const Json* v = Get(name);
+    if (v == nullptr) return default_value;
+    if (!v->is_boolean()) {
+      return Error(name, absl::StrCat("must be true or false, got ", Describe(*v)));
+    }
+    return v->get<bool>();
+  }
+
+  absl::StatusOr<std::string> OptionalString(absl::string_view name,
+                                             absl::string_view default_value) const {
+    const Json* v = Get(name);
+    if (v == nullptr) return std::string(default_value);
+    if (!v->is_string()) {
+      return Error(name, absl::StrCat("must be a string, got ", Describe(*v)));
+    }
+    return v->get<std::string>();
+  }
+
+  // bos/eos ids: an int, a list of ints (the first is taken) or null; -1 when absent.
+  absl::StatusOr<int64_t> TokenId(absl::string_view name) const {
+    const Json* v = Get(name);
+    if (v != nullptr && v->is_array()) v = v->empty() ? nullptr : &(*v)[0];
+    if (v == nullptr || v->is_null()) return int64_t{-1};
+    if (!v->is_number_integer()) {
+      return Error(name, absl::StrCat("must be an integer, a list of integers or null, got ",
+                                      Describe(*v)));
+    }
+    if (v->is_number_unsigned() || v->get<int64_t>() >= 0) return v->get<int64_t>();
+    return int64_t{-1};  // some configs use -1 for "none"
+  }
+
+ private:
+  const Json& object_;
+  std::string source_;
+  std::string prefix_;
+};
+
+absl::StatusOr<Architecture> ParseArchitecture(const FieldReader& f, absl::string_view source) {
+  std::string name;
+  if (const Json* archs = f.Get("architectures")) {
+    if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+      return f.Error("architectures",
+                     absl::StrCat("must be a non-empty list of class names, got ",
+                                  Describe(*archs)));
+    }
+    name = (*archs)[0].get<std::string>();
+  }
+  ASSIGN_OR_RETURN(std::string model_type, f.OptionalString("model_type", ""));
+  if (name.empty() && model_type.empty()) {
+    return f.Error("architectures",
+                   "and field 'model_type' are both missing; add \"architectures\": "
+                   "[\"LlamaForCausalLM\"] (or the model's class)");
+  }
+  for (Architecture a : kAllArchitectures) {
+    const bool match = name.empty() ? model_type == ArchitectureModelType(a)
+                                    : name == ArchitectureClassName(a);
+    if (!match) continue;
+    if (!model_type.empty() && model_type != ArchitectureModelType(a)) {
+      return f.Error("model_type",
+                     absl::StrCat("is '", model_type, "' but architectures[0] is '", name,
+                                  "' (model_type '", ArchitectureModelType(a),
+                                  "'); make the two agree"));
+    }
+    return a;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ": field '", name.empty() ? "model_type" : "architectures", "' names '",
+      name.empty() ? model_type : name,
+      "', which megatrain does not implement; supported: LlamaForCausalLM (llama), "
+      "MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3)"));
+}
+
+// rope_scaling (transformers 4.x) or rope_parameters (transformers 5.x). As in
+// transformers 5, a non-null rope_scaling wins, and a rope_theta inside the object wins
+// over the top-level one.
+absl::Status ParseRope(const FieldReader& top, absl::string_view source, ModelConfig& c) {
+  const char* key = top.Get("rope_scaling") != nullptr ? "rope_scaling" : "rope_parameters";
+  const Json* rope = top.Get(key);
+  ASSIGN_OR_RETURN(c.rope_theta, top.OptionalNumber("rope_theta", 10000.0));
+  c.rope_scaling = RopeScaling{};
+  if (rope == nullptr) return absl::OkStatus();
+  if (!rope->is_object()) {
+    return top.Error(key, absl::StrCat("must be an object or null, got ", Describe(*rope)));
+  }
+  FieldReader f(*rope, source, absl::StrCat(key, "."));
+  ASSIGN_OR_RETURN(c.rope_theta, f.OptionalNumber("rope_theta", c.rope_theta));
+  const char* type_key = f.Get("rope_type") != nullptr ? "rope_type" : "type";
+  ASSIGN_OR_RETURN(std::string type, f.OptionalString(type_key, ""));
+  if (type.empty()) {
+    return f.Error("rope_type", "is missing; megatrain supports \"llama3\" or no scaling");
+  }
+  if (type == "default") return absl::OkStatus();
+  if (type != "llama3") {
+    return f.Error(type_key, absl::StrCat("is \"", type,
+                                          "\"; megatrain implements only \"llama3\" rope "
+                                          "scaling (or none: null / \"default\")"));
+  }
+  RopeScaling& r = c.rope_scaling;
+  r.type = RopeScaling::Type::kLlama3;
+  ASSIGN_OR_RETURN(r.factor, f.RequiredNumber("factor"));
+  ASSIGN_OR_RETURN(r.low_freq_factor, f.RequiredNumber("low_freq_factor"));
+  ASSIGN_OR_RETURN(r.high_freq_factor, f.RequiredNumber("high_freq_factor"));
+  ASSIGN_OR_RETURN(r.original_max_position_embeddings,
+                   f.RequiredPositiveInt("original_max_position_embeddings"));
+  if (r.high_freq_factor <= r.low_freq_factor) {
+    return f.Error("high_freq_factor",
+                   absl::StrFormat("(%g) must be greater than low_freq_factor (%g)",
+                                   r.high_freq_factor, r.low_freq_factor));
+  }
+  return absl::OkStatus();
+}
+
+// Mistral: sliding_window (transformers' default 4096 when the field is absent, null =
+// none). Qwen2/3: only when use_sliding_window is true, and only if some layer slides
+// (layers >= max_window_layers do). Llama has none.
+absl::StatusOr<int64_t> ParseSlidingWindow(const FieldReader& f, const ModelConfig& c,
+                                           const Json& root) {
+  if (c.architecture == Architecture::kLlama) return int64_t{0};
+  auto window = [&]() -> absl::StatusOr<int64_t> {
+    if (root.contains("sliding_window") && root["sliding_window"].is_null()) return int64_t{0};
+    return f.OptionalPositiveInt("sliding_window", 4096);
+  };
+  if (c.architecture == Architecture::kMistral) return window();
+  ASSIGN_OR_RETURN(bool use, f.OptionalBool("use_sliding_window", false));
+  if (!use) return int64_t{0};
+  const int64_t default_max_window_layers = 28;  // transformers' Qwen2Config / Qwen3Config
+  ASSIGN_OR_RETURN(int64_t max_window_layers,
+                   f.Int("max_window_layers", &default_max_window_layers, /*min_value=*/0));
+  if (max_window_layers >= c.num_layers) return int64_t{0};
+  return window();
+}
+
+absl::Status ParseBiasesAndActivation(const FieldReader& f, ModelConfig& c) {
+  ASSIGN_OR_RETURN(std::string act, f.OptionalString("hidden_act", "silu"));
+  if (act != "silu") {
+    return f.Error("hidden_act", absl::StrCat("is \"", act,
+                                              "\"; megatrain implements only \"silu\" (SwiGLU)"));
+  }
+  ASSIGN_OR_RETURN(bool mlp_bias, f.OptionalBool("mlp_bias", false));
+  if (mlp_bias) return f.Error("mlp_bias", "is true; MLP biases are not supported");
+  ASSIGN_OR_RETURN(bool attention_bias, f.OptionalBool("attention_bias", false));
+  switch (c.architecture) {
+    case Architecture::kQwen2:  // q/k/v always carry a bias; attention_bias is not read
+      c.qkv_bias = true;
+      break;
+    case Architecture::kQwen3:
+    case Architecture::kLlama:
+    case Architecture::kMistral:
+      if (attention_bias) {
+        return f.Error("attention_bias",
+                       "is true; that adds a bias to o_proj as well as q/k/v, which megatrain "
+                       "does not support");
+      }
+      c.qkv_bias = false;
+      break;
+  }
+  c.qk_norm = c.architecture == Architecture::kQwen3;
+  return absl::OkStatus();
+}
+
+int64_t DefaultMaxPositions(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama: return 2048;
+    case Architecture::kMistral: return 4096 * 32;
+    case Architecture::kQwen2:
+    case Architecture::kQwen3: return 32768;
+  }
+  return 2048;
+}
+
+absl::StatusOr<ModelConfig> ParseObject(const Json& root, absl::string_view source) {
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": expected a JSON object, got ", root.type_name()));
+  }
+  FieldReader f(root, source);
+  ModelConfig c;
+  ASSIGN_OR_RETURN(c.architecture, ParseArchitecture(f, source));
+  ASSIGN_OR_RETURN(c.hidden_size, f.RequiredPositiveInt("hidden_size"));
+  ASSIGN_OR_RETURN(c.num_layers, f.RequiredPositiveInt("num_hidden_layers"));
+  ASSIGN_OR_RETURN(c.num_heads, f.RequiredPositiveInt("num_attention_heads"));
+  ASSIGN_OR_RETURN(c.intermediate_size, f.RequiredPositiveInt("intermediate_size"));
+  ASSIGN_OR_RETURN(c.vocab_size, f.RequiredPositiveInt("vocab_size"));
+  ASSIGN_OR_RETURN(c.num_kv_heads, f.OptionalPositiveInt("num_key_value_heads", c.num_heads));
+  if (f.Get("head_dim") == nullptr && c.hidden_size % c.num_heads != 0) {
+    return f.Error("hidden_size",
+                   absl::StrFormat("(%d) is not divisible by num_attention_heads (%d) and "
+                                   "there is no head_dim; add \"head_dim\"",
+                                   c.hidden_size, c.num_heads));
+  }
+  ASSIGN_OR_RETURN(c.head_dim, f.OptionalPositiveInt("head_dim", c.hidden_size / c.num_heads));
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return f.Error("num_key_value_heads",
+                   absl::StrFormat("(%d) must divide num_attention_heads (%d)", c.num_kv_heads,
+                                   c.num_heads));
+  }
+  if (c.head_dim % 2 != 0) {
+    return f.Error("head_dim", absl::StrFormat("(%d) must be even for rotary embeddings",
+                                               c.head_dim));
+  }
+  ASSIGN_OR_RETURN(c.max_position_embeddings,
+                   f.OptionalPositiveInt("max_position_embeddings",
+                                         DefaultMaxPositions(c.architecture)));
+  ASSIGN_OR_RETURN(c.rms_norm_eps, f.OptionalNumber("rms_norm_eps", 1e-6));
+  ASSIGN_OR_RETURN(c.initializer_range,
+                   f.OptionalNumber("initializer_range", 0.02, /*allow_zero=*/true));
+  ASSIGN_OR_RETURN(c.tie_word_embeddings, f.OptionalBool("tie_word_embeddings", false));
+  RETURN_IF_ERROR(ParseBiasesAndActivation(f, c));
+  RETURN_IF_ERROR(ParseRope(f, source, c));
+  ASSIGN_OR_RETURN(c.sliding_window, ParseSlidingWindow(f, c, root));
+  ASSIGN_OR_RETURN(c.bos_token_id, f.TokenId("bos_token_id"));
+  ASSIGN_OR_RETURN(c.eos_token_id, f.TokenId("eos_token_id"));
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
+                                             absl::string_view source) {
+  // nlohmann-json reports through exceptions; none may leave this function.
+  try {
+    Json root = Json::parse(json_text.begin(), json_text.end());
+    return ParseObject(root, source);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not valid JSON (", e.what(), "); fix or re-download the file"));
+  }
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  return ParseModelConfig(text, path);
+}
+
+const char* ArchitectureClassName(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama: return "LlamaForCausalLM";
+    case Architecture::kMistral: return "MistralForCausalLM";
+    case Architecture::kQwen2: return "Qwen2ForCausalLM";
+    case Architecture::kQwen3: return "Qwen3ForCausalLM";
+  }
+  return "?";
+}
+
+const char* ArchitectureModelType(Architecture a) {
+  switch (a) {
+    case Architecture::kLlama: return "llama";
+    case Architecture::kMistral: return "mistral";
+    case Architecture::kQwen2: return "qwen2";
+    case Architecture::kQwen3: return "qwen3";
+  }
+  return "?";
+}
+
+int64_t NumParameters(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
+  int64_t per_layer = 2 * C;                       // input + post-attention RMSNorm
+  per_layer += C * H * D + 2 * C * KV * D;         // q, k, v
+  per_layer += H * D * C;                          // o
+  if (c.qkv_bias) per_layer += H * D + 2 * KV * D;
+  if (c.qk_norm) per_layer += 2 * D;               // q_norm, k_norm
+  per_layer += 3 * C * c.intermediate_size;        // gate, up, down
+  int64_t total = c.vocab_size * C + c.num_layers * per_layer + C;
+  if (!c.tie_word_embeddings) total += c.vocab_size * C;
+  return total;
+}
+
+}  // namespace megatrain

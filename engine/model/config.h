@@ -1,0 +1,73 @@
+// ModelConfig: the architecture hyperparameters of a decoder-only model, parsed from a
+// Hugging Face config.json.
+//
+// Only what the engine implements is accepted. An unknown architecture, an unsupported
+// field value (rope_scaling other than "llama3", hidden_act other than "silu", an MLP or
+// o_proj bias, ...) is an InvalidArgument naming the field, never a silent guess.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace megatrain {
+
+enum class Architecture {
+  kLlama,    // LlamaForCausalLM: Llama 2 / 3 / 3.1 (rope_scaling "llama3")
+  kMistral,  // MistralForCausalLM
+  kQwen2,    // Qwen2ForCausalLM: Qwen2 / 2.5, QKV bias
+  kQwen3,    // Qwen3ForCausalLM: QK-norm, explicit head_dim
+};
+
+struct RopeScaling {
+  enum class Type { kNone, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
+  int64_t hidden_size = 0;         // C
+  int64_t num_layers = 0;          // L, num_hidden_layers
+  int64_t num_heads = 0;           // H, num_attention_heads
+  int64_t num_kv_heads = 0;        // KV, num_key_value_heads (defaults to H)
+  int64_t head_dim = 0;            // D (defaults to C / H)
+  int64_t intermediate_size = 0;   // I
+  int64_t vocab_size = 0;          // V
+  int64_t max_position_embeddings = 0;
+  int64_t sliding_window = 0;      // 0 = none; sequences longer than it are refused
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;           // Qwen2 always; Llama/Mistral "attention_bias" is refused
+  bool qk_norm = false;            // Qwen3
+  double initializer_range = 0.02;
+  int64_t bos_token_id = -1;       // -1 = absent
+  int64_t eos_token_id = -1;
+};
+
+// Parses config.json text. `source` names the file in error messages.
+[[nodiscard]] absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
+                                                           absl::string_view source);
+
+// Reads and parses `path` (a config.json).
+[[nodiscard]] absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
+
+// A config.json that Hugging Face transformers loads as this architecture
+// (architectures, model_type, torch_dtype "bfloat16", and every field above).
+std::string ModelConfigToJson(const ModelConfig& config);
+
+// "LlamaForCausalLM", ... and "llama", ...
+const char* ArchitectureClassName(Architecture a);
+const char* ArchitectureModelType(Architecture a);
+
+// Parameter count of the whole model (embeddings counted once when tied).
+int64_t NumParameters(const ModelConfig& config);
+
+}  // namespace megatrain

@@ -1,0 +1,76 @@
+// ModelConfigToJson: the config.json a saved checkpoint carries.
+//
+// Written for transformers 4.x and 5.x alike: both dtype spellings, and rope in both the
+// 4.x fields (rope_theta, rope_scaling) and the 5.x rope_parameters. Every value is one
+// ParseModelConfig reads back to the same ModelConfig.
+#include <string>
+
+#include "engine/model/config.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain {
+
+using Json = nlohmann::json;
+
+std::string ModelConfigToJson(const ModelConfig& c) {
+  Json j = Json::object();
+  j["architectures"] = Json::array({ArchitectureClassName(c.architecture)});
+  j["model_type"] = ArchitectureModelType(c.architecture);
+  // transformers 5 reads "dtype", 4.x "torch_dtype"; both accept either.
+  j["torch_dtype"] = "bfloat16";
+  j["dtype"] = "bfloat16";
+  j["hidden_act"] = "silu";
+  j["hidden_size"] = c.hidden_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["intermediate_size"] = c.intermediate_size;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["initializer_range"] = c.initializer_range;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["attention_bias"] = false;  // Qwen2's q/k/v bias is implied by its class
+  j["attention_dropout"] = 0.0;
+  j["mlp_bias"] = false;
+  j["use_cache"] = true;
+
+  // Rope in both spellings: rope_theta + rope_scaling (transformers 4.x, still read by
+  // 5.x) and rope_parameters (5.x). They always agree.
+  j["rope_theta"] = c.rope_theta;
+  Json params = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+  if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
+    const RopeScaling& r = c.rope_scaling;
+    Json scaling = {{"rope_type", "llama3"},
+                    {"factor", r.factor},
+                    {"low_freq_factor", r.low_freq_factor},
+                    {"high_freq_factor", r.high_freq_factor},
+                    {"original_max_position_embeddings", r.original_max_position_embeddings}};
+    j["rope_scaling"] = scaling;
+    params = scaling;
+    params["rope_theta"] = c.rope_theta;
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["rope_parameters"] = params;
+
+  const Json window = c.sliding_window > 0 ? Json(c.sliding_window) : Json(nullptr);
+  switch (c.architecture) {
+    case Architecture::kLlama: break;
+    case Architecture::kMistral: j["sliding_window"] = window; break;
+    case Architecture::kQwen2:
+    case Architecture::kQwen3:
+      // Every layer slides when a window is set (layers >= max_window_layers do); for
+      // the sequences the engine accepts (<= window) that equals full attention anyway.
+      j["use_sliding_window"] = c.sliding_window > 0;
+      j["sliding_window"] = window;
+      j["max_window_layers"] = c.sliding_window > 0 ? 0 : c.num_layers;
+      break;
+  }
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace megatrain

@@ -1,0 +1,124 @@
+#include "engine/model/layout.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace megatrain {
+namespace {
+
+constexpr int64_t kGroupAlign = 64;
+
+class UnitBuilder {
+ public:
+  UnitBuilder(UnitKind kind, int64_t layer, std::string name) {
+    unit_.kind = kind;
+    unit_.layer = layer;
+    unit_.name = std::move(name);
+  }
+  // Starts a group of adjacent tensors on an aligned offset.
+  void Align() { cursor_ = (cursor_ + kGroupAlign - 1) / kGroupAlign * kGroupAlign; }
+  void Add(TensorRole role, std::string name, std::vector<int64_t> shape, bool decay) {
+    TensorSlot t;
+    t.role = role;
+    t.name = std::move(name);
+    t.shape = std::move(shape);
+    t.num_elements = 1;
+    for (int64_t d : t.shape) t.num_elements *= d;
+    t.offset = cursor_;
+    t.weight_decay = decay;
+    cursor_ += t.num_elements;
+    unit_.tensors.push_back(std::move(t));
+  }
+  UnitLayout Finish() {
+    Align();
+    unit_.num_elements = cursor_;
+    return std::move(unit_);
+  }
+
+ private:
+  UnitLayout unit_;
+  int64_t cursor_ = 0;
+};
+
+}  // namespace
+
+const TensorSlot* UnitLayout::Find(TensorRole role) const {
+  for (const TensorSlot& t : tensors) {
+    if (t.role == role) return &t;
+  }
+  return nullptr;
+}
+
+int64_t UnitLayout::OffsetOf(TensorRole role) const {
+  const TensorSlot* t = Find(role);
+  return t == nullptr ? -1 : t->offset;
+}
+
+int64_t ModelLayout::MaxDecoderElements() const {
+  int64_t m = 0;
+  for (const UnitLayout& u : units) {
+    if (u.kind == UnitKind::kDecoder) m = std::max(m, u.num_elements);
+  }
+  return m;
+}
+
+int64_t ModelLayout::TotalElements() const {
+  int64_t total = 0;
+  for (const UnitLayout& u : units) total += u.num_elements;
+  return total;
+}
+
+ModelLayout BuildLayout(const ModelConfig& c) {
+  const int64_t C = c.hidden_size, H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
+  const int64_t I = c.intermediate_size, V = c.vocab_size;
+  ModelLayout layout;
+  layout.num_layers = c.num_layers;
+
+  UnitBuilder embed(UnitKind::kEmbedding, -1, "embedding");
+  embed.Add(TensorRole::kEmbedding, "model.embed_tokens.weight", {V, C}, true);
+  layout.units.push_back(embed.Finish());
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    UnitBuilder u(UnitKind::kDecoder, l, absl::StrCat("layer.", l));
+    u.Add(TensorRole::kInputNorm, p + "input_layernorm.weight", {C}, false);
+    u.Align();
+    u.Add(TensorRole::kQ, p + "self_attn.q_proj.weight", {H * D, C}, true);
+    u.Add(TensorRole::kK, p + "self_attn.k_proj.weight", {KV * D, C}, true);
+    u.Add(TensorRole::kV, p + "self_attn.v_proj.weight", {KV * D, C}, true);
+    if (c.qkv_bias) {
+      u.Align();
+      u.Add(TensorRole::kQBias, p + "self_attn.q_proj.bias", {H * D}, false);
+      u.Add(TensorRole::kKBias, p + "self_attn.k_proj.bias", {KV * D}, false);
+      u.Add(TensorRole::kVBias, p + "self_attn.v_proj.bias", {KV * D}, false);
+    }
+    if (c.qk_norm) {
+      u.Align();
+      u.Add(TensorRole::kQNorm, p + "self_attn.q_norm.weight", {D}, false);
+      u.Align();
+      u.Add(TensorRole::kKNorm, p + "self_attn.k_norm.weight", {D}, false);
+    }
+    u.Align();
+    u.Add(TensorRole::kOProj, p + "self_attn.o_proj.weight", {C, H * D}, true);
+    u.Align();
+    u.Add(TensorRole::kPostNorm, p + "post_attention_layernorm.weight", {C}, false);
+    u.Align();
+    u.Add(TensorRole::kGate, p + "mlp.gate_proj.weight", {I, C}, true);
+    u.Add(TensorRole::kUp, p + "mlp.up_proj.weight", {I, C}, true);
+    u.Align();
+    u.Add(TensorRole::kDown, p + "mlp.down_proj.weight", {C, I}, true);
+    layout.units.push_back(u.Finish());
+  }
+
+  UnitBuilder head(UnitKind::kHead, -1, "head");
+  head.Add(TensorRole::kFinalNorm, "model.norm.weight", {C}, false);
+  if (!c.tie_word_embeddings) {
+    head.Align();
+    head.Add(TensorRole::kLmHead, "lm_head.weight", {V, C}, true);
+  }
+  layout.units.push_back(head.Finish());
+  return layout;
+}
+
+}  // namespace megatrain

@@ -1,0 +1,69 @@
+// The tensor layout of a model in units: what the host store holds per unit, what
+// crosses to the device in one transfer, and how a layer template finds its weights.
+//
+// Unit 0 is the embedding, units 1..L the decoder layers, unit L+1 the head (final norm,
+// and lm_head when untied; a tied lm_head reads the embedding unit). Within a unit,
+// tensors are packed at element offsets; q/k/v are adjacent (one fused QKV matrix of
+// ((H+2*KV)*D, C)), and so are gate/up ((2*I, C)), so each is one GEMM. Groups start on
+// 64-element boundaries. The same layout serves weights (bf16, f32, f64) and gradients.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model/config.h"
+
+namespace megatrain {
+
+enum class TensorRole {
+  kEmbedding,   // (V, C)
+  kInputNorm,   // (C)
+  kQ, kK, kV,   // (H*D, C), (KV*D, C), (KV*D, C), adjacent
+  kQBias, kKBias, kVBias,  // (H*D), (KV*D), (KV*D), adjacent
+  kQNorm, kKNorm,          // (D)
+  kOProj,       // (C, H*D)
+  kPostNorm,    // (C)
+  kGate, kUp,   // (I, C), (I, C), adjacent
+  kDown,        // (C, I)
+  kFinalNorm,   // (C)
+  kLmHead,      // (V, C)
+};
+
+struct TensorSlot {
+  TensorRole role;
+  std::string name;             // Hugging Face name, e.g. "model.layers.3.mlp.up_proj.weight"
+  std::vector<int64_t> shape;
+  int64_t offset = 0;           // elements from the unit's start
+  int64_t num_elements = 0;
+  bool weight_decay = false;    // matrices decay; norms and biases do not (HF Trainer rule)
+};
+
+enum class UnitKind { kEmbedding, kDecoder, kHead };
+
+struct UnitLayout {
+  UnitKind kind;
+  int64_t layer = -1;           // decoder index, -1 otherwise
+  std::string name;             // "embedding", "layer.3", "head"
+  std::vector<TensorSlot> tensors;
+  int64_t num_elements = 0;     // including alignment padding
+
+  // The slot with `role`, or nullptr.
+  const TensorSlot* Find(TensorRole role) const;
+  int64_t OffsetOf(TensorRole role) const;  // -1 when absent
+};
+
+struct ModelLayout {
+  std::vector<UnitLayout> units;
+  int64_t num_layers = 0;
+
+  static int64_t EmbeddingUnit() { return 0; }
+  int64_t DecoderUnit(int64_t layer) const { return 1 + layer; }
+  int64_t HeadUnit() const { return num_layers + 1; }
+  int64_t MaxDecoderElements() const;
+  int64_t TotalElements() const;
+};
+
+ModelLayout BuildLayout(const ModelConfig& config);
+
+}  // namespace megatrain

@@ -1,0 +1,137 @@
+// POSIX file helpers; see posix_file.h.
+#include "engine/model/posix_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/status.h"
+
+namespace megatrain {
+namespace {
+
+// Linux moves at most ~2 GiB per read/write call; stay well below it.
+constexpr uint64_t kIoChunkBytes = uint64_t{64} << 20;
+
+}  // namespace
+
+ScopedFd& ScopedFd::operator=(ScopedFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.Release();
+  }
+  return *this;
+}
+
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status ScopedFd::Close(absl::string_view path) {
+  const int fd = Release();
+  if (fd >= 0 && ::close(fd) != 0) return ErrnoError(errno, absl::StrCat("closing ", path));
+  return absl::OkStatus();
+}
+
+absl::Status ErrnoError(int err, absl::string_view context) {
+  return absl::ErrnoToStatus(err, context);
+}
+
+absl::Status PreadAll(int fd, uint64_t offset, uint64_t num_bytes, void* out,
+                      absl::string_view context) {
+  char* dst = static_cast<char*>(out);
+  while (num_bytes > 0) {
+    const size_t want = static_cast<size_t>(std::min(num_bytes, kIoChunkBytes));
+    const ssize_t got = ::pread(fd, dst, want, static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, context);
+    }
+    if (got == 0) {
+      return absl::DataLossError(absl::StrCat(
+          context, ": unexpected end of file at byte ", offset,
+          "; the file was truncated or replaced while open"));
+    }
+    dst += got;
+    offset += static_cast<uint64_t>(got);
+    num_bytes -= static_cast<uint64_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, const void* data, uint64_t num_bytes, absl::string_view context) {
+  const char* src = static_cast<const char*>(data);
+  while (num_bytes > 0) {
+    const size_t want = static_cast<size_t>(std::min(num_bytes, kIoChunkBytes));
+    const ssize_t put = ::write(fd, src, want);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, context);
+    }
+    src += put;
+    num_bytes -= static_cast<uint64_t>(put);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsyncDir(const std::string& dir) {
+  ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("opening folder ", dir));
+  if (::fsync(fd.get()) != 0) return ErrnoError(errno, absl::StrCat("fsync of folder ", dir));
+  return fd.Close(dir);
+}
+
+absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {
+  const std::string tmp = path + ".tmp";
+  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("creating ", tmp));
+  absl::Status status = WriteAll(fd.get(), contents.data(), contents.size(),
+                                 absl::StrCat("writing ", tmp));
+  if (status.ok() && ::fsync(fd.get()) != 0) {
+    status = ErrnoError(errno, absl::StrCat("fsync of ", tmp));
+  }
+  if (status.ok()) status = fd.Close(tmp);
+  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    status = ErrnoError(errno, absl::StrCat("renaming ", tmp, " to ", path));
+  }
+  if (!status.ok()) {
+    ::unlink(tmp.c_str());
+    return status;
+  }
+  return FsyncDir(DirName(path));
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("opening ", path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, absl::StrCat("stat of ", path));
+  std::string contents(static_cast<size_t>(st.st_size), '\0');
+  RETURN_IF_ERROR(PreadAll(fd.get(), 0, contents.size(), contents.data(),
+                           absl::StrCat("reading ", path)));
+  return contents;
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string JoinPath(absl::string_view dir, absl::string_view name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+std::string DirName(absl::string_view path) {
+  const size_t slash = path.rfind('/');
+  if (slash == absl::string_view::npos) return ".";
+  if (slash == 0) return "/";
+  return std::string(path.substr(0, slash));
+}
+
+}  // namespace megatrain

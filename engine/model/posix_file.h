@@ -1,0 +1,66 @@
+// POSIX file helpers for the model layer: full-length pread/write loops, durable
+// (fsync + rename) writes, and errno turned into absl::Status.
+//
+// Internal to engine/model/; other folders use safetensors.h and config.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace megatrain {
+
+// An owned file descriptor; closes on destruction. Move-only.
+class ScopedFd {
+ public:
+  ScopedFd() = default;
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(ScopedFd&& other) noexcept : fd_(other.Release()) {}
+  ScopedFd& operator=(ScopedFd&& other) noexcept;
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  ~ScopedFd();
+
+  int get() const { return fd_; }
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  // Closes now, reporting the error close() can return after a failed delayed write.
+  [[nodiscard]] absl::Status Close(absl::string_view path);
+
+ private:
+  int fd_ = -1;
+};
+
+// "<context>: <strerror(err)>", with the absl code errno maps to (ENOENT -> NotFound,
+// ENOSPC -> ResourceExhausted, ...).
+absl::Status ErrnoError(int err, absl::string_view context);
+
+// Reads exactly `num_bytes` at `offset`, in chunks, retrying EINTR and short reads. A read
+// that hits end of file is DataLoss. Thread-safe (pread has no shared file position).
+[[nodiscard]] absl::Status PreadAll(int fd, uint64_t offset, uint64_t num_bytes, void* out,
+                                    absl::string_view context);
+
+// Writes all `num_bytes`, in chunks, retrying EINTR and short writes.
+[[nodiscard]] absl::Status WriteAll(int fd, const void* data, uint64_t num_bytes,
+                                    absl::string_view context);
+
+// fsyncs the directory, making a rename inside it durable.
+[[nodiscard]] absl::Status FsyncDir(const std::string& dir);
+
+// Writes `contents` to "<path>.tmp", fsyncs it, renames it onto `path`, fsyncs the folder.
+[[nodiscard]] absl::Status WriteFileDurably(const std::string& path, absl::string_view contents);
+
+// The whole file (meant for small files: indexes, configs).
+[[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+
+bool FileExists(const std::string& path);
+std::string JoinPath(absl::string_view dir, absl::string_view name);
+std::string DirName(absl::string_view path);
+
+}  // namespace megatrain

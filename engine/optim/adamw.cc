@@ -1,0 +1,97 @@
+// AdamW element loop. Scalars are hoisted and rounded to float exactly where PyTorch
+// rounds them (a Python float passed to an fp32 tensor op becomes a float), so the loop
+// body is plain fp32 math the compiler can vectorise.
+#include "engine/optim/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "engine/common/check.h"
+
+namespace megatrain {
+namespace {
+
+// Elements per OpenMP work item: large enough to amortise scheduling, small enough to
+// balance across cores on a layer of a few million parameters.
+constexpr int64_t kChunk = 1 << 14;
+
+// FloatToBf16 without a branch, so the loop below stays vectorised; same bits.
+inline uint16_t RoundToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+// The loop over [begin, end). kLerpSmall selects torch.lerp's branch for weight < 0.5.
+template <bool kLerpSmall>
+void AdamWChunk(float* __restrict master, float* __restrict m, float* __restrict v,
+                uint16_t* __restrict bf16_out, const float* __restrict grad, int64_t begin,
+                int64_t end, float grad_scale, float decay, float lerp_weight,
+                float one_minus_lerp_weight, float beta2, float one_minus_beta2,
+                float bias_correction2_sqrt, float eps, float neg_step_size) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = grad[i] * grad_scale;
+    float p = master[i] * decay;
+    const float mi = m[i];
+    const float m_new =
+        kLerpSmall ? mi + lerp_weight * (g - mi) : g - (g - mi) * one_minus_lerp_weight;
+    const float v_new = v[i] * beta2 + one_minus_beta2 * g * g;
+    const float denom = std::sqrt(v_new) / bias_correction2_sqrt + eps;
+    p = p + neg_step_size * m_new / denom;
+    m[i] = m_new;
+    v[i] = v_new;
+    master[i] = p;
+  }
+  if (bf16_out != nullptr) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) bf16_out[i] = RoundToBf16(master[i]);
+  }
+}
+
+}  // namespace
+
+void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const float* grad,
+                 int64_t n, int64_t step, double lr, double weight_decay, float grad_scale,
+                 const AdamWHyper& hyper) {
+  MT_CHECK(n >= 0);
+  MT_CHECK(step >= 1);
+  if (n == 0) return;
+  MT_CHECK(master != nullptr && m != nullptr && v != nullptr && grad != nullptr);
+
+  // Python-side scalars, in double as torch/optim/adam.py computes them.
+  const double bias_correction1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
+  const double step_size = lr / bias_correction1;
+  const double lerp_weight = 1.0 - hyper.beta1;
+
+  // Each becomes a float where it meets an fp32 tensor.
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  const float lerp_w = static_cast<float>(lerp_weight);
+  const float one_minus_lerp_w = 1.0f - lerp_w;  // torch.lerp computes 1 - weight in fp32
+  const float beta2 = static_cast<float>(hyper.beta2);
+  const float one_minus_beta2 = static_cast<float>(1.0 - hyper.beta2);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  const float eps = static_cast<float>(hyper.eps);
+  const float neg_step_size = static_cast<float>(-step_size);
+  const bool lerp_small = std::abs(lerp_w) < 0.5f;
+
+  const int64_t num_chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (num_chunks > 1)
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const int64_t begin = c * kChunk;
+    const int64_t end = std::min(n, begin + kChunk);
+    if (lerp_small) {
+      AdamWChunk<true>(master, m, v, bf16_out, grad, begin, end, grad_scale, decay, lerp_w,
+                       one_minus_lerp_w, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size);
+    } else {
+      AdamWChunk<false>(master, m, v, bf16_out, grad, begin, end, grad_scale, decay, lerp_w,
+                        one_minus_lerp_w, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size);
+    }
+  }
+}
+
+}  // namespace megatrain

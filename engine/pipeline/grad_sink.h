@@ -1,0 +1,21 @@
+// Where the pipeline hands each unit's finished gradient: the host optimizer in
+// training, a recorder in tests.
+#pragma once
+
+#include <cstdint>
+
+namespace megatrain {
+
+class GradSink {
+ public:
+  virtual ~GradSink() = default;
+  // Called on the pipeline's host thread, in the order gradients complete (backward
+  // order). `slab` (f32, the unit's elements) is valid once `ready` (a backend event)
+  // has completed; the sink owns the slab until it returns it to the pool.
+  virtual void Submit(int64_t unit, float* slab, void* ready) = 0;
+  // Blocks until every submitted gradient is consumed. Returns the global L2 norm of the
+  // step's gradient (before clipping).
+  virtual double Finish() = 0;
+};
+
+}  // namespace megatrain

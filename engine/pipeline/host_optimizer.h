@@ -1,0 +1,70 @@
+// The host optimizer: a worker thread that consumes gradients as they land in host
+// memory and applies AdamW to the unit's fp32 master, m and v, writing the bf16 copy the
+// next step streams.
+//
+// Without clipping a unit is updated as soon as its gradient lands, overlapping the rest
+// of the backward pass. With global-norm clipping every gradient must be seen first: the
+// norm accumulates as they land, they wait in their slabs, and Finish() applies the
+// updates in forward order. Weight decay applies to matrices only (TensorSlot).
+//
+// Thread-safe: Submit() and Finish() are called from the pipeline thread.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/common/backend.h"
+#include "engine/optim/adamw.h"
+#include "engine/pipeline/grad_sink.h"
+#include "engine/store/grad_slab_pool.h"
+#include "engine/store/host_store.h"
+
+namespace megatrain {
+
+struct HostOptimizerOptions {
+  AdamWHyper hyper;
+  double weight_decay = 0.0;
+  double max_grad_norm = 0.0;  // <= 0: no clipping
+};
+
+class HostOptimizer final : public GradSink {
+ public:
+  HostOptimizer(HostStore* store, GradSlabPool* pool, Backend* backend,
+                const HostOptimizerOptions& options);
+  ~HostOptimizer() override;
+
+  // Sets the learning rate and 1-based step count for the next step's updates.
+  void BeginStep(double lr, int64_t step);
+  void Submit(int64_t unit, float* slab, void* ready) override;
+  double Finish() override;
+
+ private:
+  struct Item {
+    int64_t unit;
+    float* slab;
+    void* ready;
+  };
+  void Loop();
+  void Update(int64_t unit, const float* grad, float grad_scale);
+
+  HostStore* store_;
+  GradSlabPool* pool_;
+  Backend* backend_;
+  HostOptimizerOptions options_;
+  double lr_ = 0.0;
+  int64_t step_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  int64_t in_flight_ = 0;   // submitted, not yet consumed by the worker
+  double sum_squares_ = 0;  // this step's, worker-only until Finish
+  std::vector<Item> held_;  // clipping: waiting for the norm
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace megatrain

@@ -1,0 +1,332 @@
+#include "engine/pipeline/pipeline.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/check.h"
+#include "engine/common/status.h"
+#include "engine/kernels/reference/rope.h"
+
+namespace megatrain {
+namespace {
+
+double ReadStat(const char* p, DType dtype) {
+  if (dtype == DType::kF64) {
+    double d;
+    std::memcpy(&d, p, 8);
+    return d;
+  }
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
+}  // namespace
+
+Pipeline::Pipeline(const ModelConfig& config, HostStore* store, GradSlabPool* slabs,
+                   Backend* backend, const PipelineOptions& options)
+    : config_(config),
+      store_(store),
+      slabs_(slabs),
+      backend_(backend),
+      options_(options),
+      decoder_(config, store->layout().units[store->layout().DecoderUnit(0)], backend),
+      head_(config, store->layout(), backend, options.loss_chunk_tokens),
+      num_slots_(std::max<int64_t>(2, options.checkpoint_every + 1)),
+      act_row_bytes_(config.hidden_size * DTypeSize(backend->act_dtype())) {}
+
+Pipeline::~Pipeline() {
+  if (backend_ != nullptr) backend_->SyncAll();
+}
+
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const ModelConfig& config,
+                                                           HostStore* store,
+                                                           GradSlabPool* slabs,
+                                                           Backend* backend,
+                                                           const PipelineOptions& options) {
+  if (options.micro_batches < 1 || options.tokens_per_micro_batch < 1 ||
+      options.checkpoint_every < 1 || options.loss_chunk_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: micro_batches (", options.micro_batches, "), tokens_per_micro_batch (",
+        options.tokens_per_micro_batch, "), checkpoint_every (", options.checkpoint_every,
+        ") and loss_chunk_tokens (", options.loss_chunk_tokens, ") must all be >= 1"));
+  }
+  if (config.num_layers < 1) return absl::InvalidArgumentError("model has no layers");
+  int64_t max_unit = 0;
+  for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
+  if (slabs->slab_elements() < max_unit) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient slabs hold ", slabs->slab_elements(),
+                                                   " elements; the largest unit has ", max_unit));
+  }
+  std::unique_ptr<Pipeline> p(new Pipeline(config, store, slabs, backend, options));
+  RETURN_IF_ERROR(p->Allocate());
+  return p;
+}
+
+absl::Status Pipeline::Allocate() {
+  Backend* be = backend_;
+  const ModelLayout& layout = store_->layout();
+  const int64_t M = options_.micro_batches, n = options_.tokens_per_micro_batch;
+  const int64_t L = config_.num_layers, K = options_.checkpoint_every;
+  const int64_t wsize = DTypeSize(be->weight_dtype()), gsize = DTypeSize(be->grad_dtype());
+  auto alloc = [&](DeviceBuffer* b, int64_t bytes, const char* what) -> absl::Status {
+    absl::StatusOr<DeviceBuffer> r = DeviceBuffer::Allocate(be, bytes);
+    if (!r.ok()) return Annotate(r.status(), absl::StrCat("allocating ", what));
+    *b = std::move(*r);
+    device_bytes_ += bytes;
+    return absl::OkStatus();
+  };
+  const int64_t max_layer = layout.MaxDecoderElements();
+  slots_.resize(num_slots_);
+  for (int64_t s = 0; s < num_slots_; ++s) {
+    RETURN_IF_ERROR(alloc(&slots_[s], max_layer * wsize, "a weight slot"));
+    slot_loaded_.emplace_back(be);
+    slot_free_.emplace_back(be);
+  }
+  slot_layer_.assign(num_slots_, -1);
+  const int64_t embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
+  const int64_t head_n = layout.units[layout.HeadUnit()].num_elements;
+  RETURN_IF_ERROR(alloc(&embed_slot_, embed_n * wsize, "the embedding"));
+  RETURN_IF_ERROR(alloc(&head_slot_, head_n * wsize, "the head"));
+  RETURN_IF_ERROR(alloc(&embed_grad_, embed_n * gsize, "the embedding gradient"));
+  RETURN_IF_ERROR(alloc(&head_grad_, head_n * gsize, "the head gradient"));
+  for (int i = 0; i < 2; ++i) {
+    RETURN_IF_ERROR(alloc(&layer_grad_[i], max_layer * gsize, "a layer gradient buffer"));
+    grad_ready_[i] = Event(be);
+    grad_free_[i] = Event(be);
+  }
+  const int64_t mb_bytes = M * n * act_row_bytes_;
+  const int64_t num_ckpt = (L + K - 1) / K + 1;
+  ckpt_.resize(num_ckpt);
+  for (DeviceBuffer& b : ckpt_) RETURN_IF_ERROR(alloc(&b, mb_bytes, "layer-input checkpoints"));
+  seg_.resize(K - 1);
+  for (DeviceBuffer& b : seg_) RETURN_IF_ERROR(alloc(&b, mb_bytes, "recomputed layer inputs"));
+  if (K > 1) {
+    for (DeviceBuffer& b : cur_) RETURN_IF_ERROR(alloc(&b, mb_bytes, "forward activations"));
+  }
+  RETURN_IF_ERROR(alloc(&dres_, mb_bytes, "residual gradients"));
+  RETURN_IF_ERROR(alloc(&scratch_out_, n * act_row_bytes_, "a scratch activation"));
+  RETURN_IF_ERROR(alloc(&layer_ws_, decoder_.WorkspaceBytes(n), "the layer workspace"));
+  saved_ = decoder_.CarveWorkspace(layer_ws_.get(), n);
+  RETURN_IF_ERROR(alloc(&head_ws_, head_.WorkspaceBytes(n), "the loss workspace"));
+  RETURN_IF_ERROR(alloc(&batch_ints_, M * 4 * n * sizeof(int32_t), "token arrays"));
+  RETURN_IF_ERROR(alloc(&losses_, M * n * DTypeSize(be->stat_dtype()), "per-token losses"));
+  host_losses_.resize(M * n * DTypeSize(be->stat_dtype()));
+
+  const int64_t half = config_.head_dim / 2;
+  std::vector<float> inv_freq(half);
+  const RopeScaling& rs = config_.rope_scaling;
+  ref::RopeInvFreq(inv_freq.data(), config_.head_dim, config_.rope_theta,
+                   rs.type == RopeScaling::Type::kLlama3, rs.factor, rs.low_freq_factor,
+                   rs.high_freq_factor, rs.original_max_position_embeddings);
+  RETURN_IF_ERROR(alloc(&inv_freq_, half * sizeof(float), "RoPE frequencies"));
+  be->CopyToDevice(inv_freq_.get(), inv_freq.data(), half * sizeof(float), StreamId::kH2D);
+  be->SyncAll();
+
+  embed_loaded_ = Event(be);
+  head_loaded_ = Event(be);
+  inputs_loaded_ = Event(be);
+  losses_ready_ = Event(be);
+  step_start_ = Event(be);
+  step_end_ = Event(be);
+  for (size_t u = 0; u < layout.units.size(); ++u) unit_done_.emplace_back(be);
+  return absl::OkStatus();
+}
+
+void Pipeline::EnsureLoaded(int64_t layer) {
+  const int64_t s = layer % num_slots_;
+  if (slot_layer_[s] == layer) return;
+  const int64_t unit = store_->layout().DecoderUnit(layer);
+  backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());
+  backend_->UploadWeights(slots_[s].get(), store_->weights(unit), store_->unit_elements(unit),
+                          StreamId::kH2D);
+  backend_->Record(slot_loaded_[s].get(), StreamId::kH2D);
+  slot_layer_[s] = layer;
+}
+
+void* Pipeline::UseSlot(int64_t layer) {
+  const int64_t s = layer % num_slots_;
+  MT_CHECK(slot_layer_[s] == layer);
+  backend_->StreamWait(StreamId::kCompute, slot_loaded_[s].get());
+  return slots_[s].get();
+}
+
+void Pipeline::ReleaseSlot(int64_t layer) {
+  backend_->Record(slot_free_[layer % num_slots_].get(), StreamId::kCompute);
+}
+
+void* Pipeline::Act(std::vector<DeviceBuffer>& v, int64_t i, int64_t m) {
+  return static_cast<char*>(v[i].get()) + m * options_.tokens_per_micro_batch * act_row_bytes_;
+}
+
+void* Pipeline::Checkpoint(int64_t layer, int64_t m) {
+  const int64_t K = options_.checkpoint_every;
+  MT_CHECK(layer % K == 0 || layer == config_.num_layers);
+  const int64_t index = layer == config_.num_layers ? static_cast<int64_t>(ckpt_.size()) - 1
+                                                    : layer / K;
+  return Act(ckpt_, index, m);
+}
+
+void* Pipeline::ForwardInput(int64_t layer, int64_t m) {
+  if (layer % options_.checkpoint_every == 0 || layer == config_.num_layers) {
+    return Checkpoint(layer, m);
+  }
+  return static_cast<char*>(cur_[layer % 2].get()) +
+         m * options_.tokens_per_micro_batch * act_row_bytes_;
+}
+
+void Pipeline::DrainGradient(int64_t unit, void* device_grad, void* done_event,
+                             void* free_event, GradSink* sink) {
+  float* slab = slabs_->Acquire();
+  backend_->StreamWait(StreamId::kD2H, done_event);
+  backend_->DownloadGrads(slab, device_grad, store_->unit_elements(unit), StreamId::kD2H);
+  if (free_event != nullptr) backend_->Record(free_event, StreamId::kD2H);
+  backend_->Record(unit_done_[unit].get(), StreamId::kD2H);
+  sink->Submit(unit, slab, unit_done_[unit].get());
+}
+
+absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches,
+                                          GradSink* sink) {
+  Backend& be = *backend_;
+  const ModelLayout& layout = store_->layout();
+  const int64_t M = options_.micro_batches, n = options_.tokens_per_micro_batch;
+  const int64_t L = config_.num_layers, K = options_.checkpoint_every;
+  if (static_cast<int64_t>(batches.size()) != M) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step got ", batches.size(), " micro-batches, the plan has ", M));
+  }
+  int64_t num_targets = 0;
+  for (const MicroBatch& b : batches) {
+    if (b.rows * b.seq_len != n || static_cast<int64_t>(b.tokens.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "micro-batch of ", b.tokens.size(), " tokens; the plan has ", n));
+    }
+    num_targets += b.num_targets();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const double scale = num_targets > 0 ? 1.0 / num_targets : 0.0;
+  std::fill(slot_layer_.begin(), slot_layer_.end(), -1);  // the optimizer changed weights
+
+  // Inputs, embedding and head weights.
+  std::vector<DeviceBatch> db(M);
+  int32_t* ints = static_cast<int32_t*>(batch_ints_.get());
+  for (int64_t m = 0; m < M; ++m) {
+    int32_t* base = ints + m * 4 * n;
+    const MicroBatch& b = batches[m];
+    be.CopyToDevice(base, b.tokens.data(), n * 4, StreamId::kH2D);
+    be.CopyToDevice(base + n, b.targets.data(), n * 4, StreamId::kH2D);
+    be.CopyToDevice(base + 2 * n, b.doc_start.data(), n * 4, StreamId::kH2D);
+    be.CopyToDevice(base + 3 * n, b.positions.data(), n * 4, StreamId::kH2D);
+    db[m] = DeviceBatch{n, base, base + n, base + 2 * n, base + 3 * n};
+  }
+  be.Record(inputs_loaded_.get(), StreamId::kH2D);
+  const int64_t eu = ModelLayout::EmbeddingUnit(), hu = layout.HeadUnit();
+  be.UploadWeights(embed_slot_.get(), store_->weights(eu), store_->unit_elements(eu),
+                   StreamId::kH2D);
+  be.Record(embed_loaded_.get(), StreamId::kH2D);
+  EnsureLoaded(0);
+  be.UploadWeights(head_slot_.get(), store_->weights(hu), store_->unit_elements(hu),
+                   StreamId::kH2D);
+  be.Record(head_loaded_.get(), StreamId::kH2D);
+
+  // Forward: embedding, then layer by layer for all micro-batches.
+  be.Record(step_start_.get(), StreamId::kCompute);
+  be.StreamWait(StreamId::kCompute, inputs_loaded_.get());
+  be.StreamWait(StreamId::kCompute, embed_loaded_.get());
+  be.Zero(embed_grad_.get(), embed_grad_.bytes(), StreamId::kCompute);
+  be.Zero(head_grad_.get(), head_grad_.bytes(), StreamId::kCompute);
+  const void* embed_table =
+      Offset(embed_slot_.get(), layout.units[eu].OffsetOf(TensorRole::kEmbedding),
+             be.weight_dtype());
+  for (int64_t m = 0; m < M; ++m) {
+    be.Embedding(Checkpoint(0, m), db[m].tokens, embed_table, n, config_.hidden_size,
+                 StreamId::kCompute);
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    EnsureLoaded(l);
+    if (l + 1 < L) EnsureLoaded(l + 1);  // prefetch
+    DecoderTensors w = decoder_.BindWeights(UseSlot(l));
+    for (int64_t m = 0; m < M; ++m) {
+      decoder_.Forward(w, ForwardInput(l, m), ForwardInput(l + 1, m), saved_, db[m],
+                       static_cast<const float*>(inv_freq_.get()), StreamId::kCompute);
+    }
+    ReleaseSlot(l);
+  }
+
+  // Head: loss forward + backward, per micro-batch.
+  be.StreamWait(StreamId::kCompute, head_loaded_.get());
+  const HeadTensors hw = head_.BindWeights(head_slot_.get(), embed_slot_.get());
+  const HeadTensors hg = head_.BindGrads(head_grad_.get(), embed_grad_.get());
+  const int64_t stat = DTypeSize(be.stat_dtype());
+  for (int64_t m = 0; m < M; ++m) {
+    head_.ForwardBackward(hw, hg, Checkpoint(L, m),
+                          static_cast<char*>(dres_.get()) + m * n * act_row_bytes_,
+                          static_cast<char*>(losses_.get()) + m * n * stat, head_ws_.get(),
+                          db[m], scale, StreamId::kCompute);
+  }
+  be.Record(losses_ready_.get(), StreamId::kCompute);
+  be.StreamWait(StreamId::kD2H, losses_ready_.get());
+  be.CopyToHost(host_losses_.data(), losses_.get(), host_losses_.size(), StreamId::kD2H);
+  // Complete here even when tied: the tied lm_head gradient lands in the embedding's.
+  DrainGradient(hu, head_grad_.get(), losses_ready_.get(), nullptr, sink);
+
+  // Backward, one checkpoint segment at a time from the top.
+  int64_t grad_turn = 0;
+  const float* inv_freq = static_cast<const float*>(inv_freq_.get());
+  for (int64_t c = ((L - 1) / K) * K; c >= 0; c -= K) {
+    const int64_t e = std::min(c + K, L);
+    for (int64_t l = c; l < e; ++l) EnsureLoaded(l);
+    if (c > 0) EnsureLoaded(c - 1);  // prefetch the top of the segment below
+    auto input = [&](int64_t l, int64_t m) -> void* {
+      return l == c ? Checkpoint(c, m) : Act(seg_, l - c - 1, m);
+    };
+    // Recompute the segment's inputs from its checkpoint.
+    for (int64_t l = c; l + 1 < e; ++l) {
+      DecoderTensors w = decoder_.BindWeights(UseSlot(l));
+      for (int64_t m = 0; m < M; ++m) {
+        decoder_.Forward(w, input(l, m), input(l + 1, m), saved_, db[m], inv_freq,
+                         StreamId::kCompute);
+      }
+    }
+    for (int64_t l = e - 1; l >= c; --l) {
+      const int g = grad_turn++ % 2;
+      DecoderTensors w = decoder_.BindWeights(UseSlot(l));
+      DecoderTensors gw = decoder_.BindGrads(layer_grad_[g].get());
+      be.StreamWait(StreamId::kCompute, grad_free_[g].get());
+      be.Zero(layer_grad_[g].get(), layer_grad_[g].bytes(), StreamId::kCompute);
+      for (int64_t m = 0; m < M; ++m) {
+        void* dres = static_cast<char*>(dres_.get()) + m * n * act_row_bytes_;
+        decoder_.Forward(w, input(l, m), scratch_out_.get(), saved_, db[m], inv_freq,
+                         StreamId::kCompute);
+        decoder_.Backward(w, gw, input(l, m), dres, saved_, db[m], inv_freq,
+                          StreamId::kCompute);
+      }
+      ReleaseSlot(l);
+      be.Record(grad_ready_[g].get(), StreamId::kCompute);
+      const int64_t unit = layout.DecoderUnit(l);
+      DrainGradient(unit, layer_grad_[g].get(), grad_ready_[g].get(), grad_free_[g].get(),
+                    sink);
+    }
+  }
+  // Embedding backward.
+  for (int64_t m = 0; m < M; ++m) {
+    be.EmbeddingBackward(embed_grad_.get(), static_cast<char*>(dres_.get()) + m * n * act_row_bytes_,
+                         db[m].tokens, n, config_.hidden_size, StreamId::kCompute);
+  }
+  be.Record(step_end_.get(), StreamId::kCompute);
+  DrainGradient(eu, embed_grad_.get(), step_end_.get(), nullptr, sink);
+
+  StepResult result;
+  result.grad_norm = sink->Finish();
+  be.EventSync(losses_ready_.get());
+  be.SyncAll();
+  double loss_sum = 0;
+  for (int64_t i = 0; i < M * n; ++i) loss_sum += ReadStat(&host_losses_[i * stat], be.stat_dtype());
+  result.num_targets = num_targets;
+  result.loss = num_targets > 0 ? loss_sum / num_targets : 0.0;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace megatrain

@@ -1,0 +1,41 @@
+#include "engine/store/grad_slab_pool.h"
+
+#include <algorithm>
+
+#include "engine/common/check.h"
+#include "engine/common/status.h"
+
+namespace megatrain {
+
+absl::StatusOr<std::unique_ptr<GradSlabPool>> GradSlabPool::Create(int64_t num_slabs,
+                                                                  int64_t slab_elements) {
+  std::unique_ptr<GradSlabPool> pool(new GradSlabPool);
+  const size_t slab_bytes = (slab_elements * sizeof(float) + 4095) / 4096 * 4096;
+  ASSIGN_OR_RETURN(pool->arena_, HostArena::Map(slab_bytes * num_slabs, "gradient slabs"));
+  pool->slab_elements_ = slab_elements;
+  for (int64_t i = 0; i < num_slabs; ++i) {
+    float* slab = reinterpret_cast<float*>(pool->arena_.data() + i * slab_bytes);
+    pool->slabs_.push_back(slab);
+    pool->free_.push_back(slab);
+  }
+  return pool;
+}
+
+float* GradSlabPool::Acquire() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !free_.empty(); });
+  float* slab = free_.back();
+  free_.pop_back();
+  return slab;
+}
+
+void GradSlabPool::Release(float* slab) {
+  MT_CHECK(std::find(slabs_.begin(), slabs_.end(), slab) != slabs_.end());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(slab);
+  }
+  cv_.notify_one();
+}
+
+}  // namespace megatrain

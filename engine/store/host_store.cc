@@ -1,0 +1,94 @@
+#include "engine/store/host_store.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/dtype.h"
+#include "engine/common/status.h"
+
+namespace megatrain {
+namespace {
+
+constexpr size_t kPage = 4096;
+size_t RoundUp(size_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+}  // namespace
+
+absl::StatusOr<HostArena> HostArena::Map(size_t bytes, const char* what) {
+  HostArena arena;
+  if (bytes == 0) return arena;
+  bytes = RoundUp(bytes);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot map ", bytes / double(1 << 30), " GiB of host memory for the ", what, ": ",
+        std::strerror(errno)));
+  }
+  arena.data_ = static_cast<char*>(p);
+  arena.bytes_ = bytes;
+  return arena;
+}
+
+HostArena::~HostArena() {
+  if (data_ != nullptr) munmap(data_, bytes_);
+}
+
+HostArena::HostArena(HostArena&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
+  o.data_ = nullptr;
+}
+
+HostArena& HostArena::operator=(HostArena&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) munmap(data_, bytes_);
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    o.data_ = nullptr;
+  }
+  return *this;
+}
+
+absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout) {
+  std::unique_ptr<HostStore> store(new HostStore(layout));
+  size_t transfer_bytes = 0, state_bytes = 0;
+  for (const UnitLayout& u : layout.units) {
+    store->transfer_offset_.push_back(transfer_bytes);
+    store->state_offset_.push_back(state_bytes);
+    transfer_bytes += RoundUp(u.num_elements * sizeof(uint16_t));
+    state_bytes += 3 * RoundUp(u.num_elements * sizeof(float));
+  }
+  ASSIGN_OR_RETURN(store->transfer_, HostArena::Map(transfer_bytes, "bf16 weights"));
+  ASSIGN_OR_RETURN(store->state_, HostArena::Map(state_bytes, "fp32 master weights and AdamW moments"));
+  return store;
+}
+
+uint16_t* HostStore::weights(int64_t unit) const {
+  return reinterpret_cast<uint16_t*>(transfer_.data() + transfer_offset_[unit]);
+}
+
+float* HostStore::master(int64_t unit) const {
+  return reinterpret_cast<float*>(state_.data() + state_offset_[unit]);
+}
+
+float* HostStore::exp_avg(int64_t unit) const {
+  return reinterpret_cast<float*>(state_.data() + state_offset_[unit] +
+                                  RoundUp(unit_elements(unit) * sizeof(float)));
+}
+
+float* HostStore::exp_avg_sq(int64_t unit) const {
+  return reinterpret_cast<float*>(state_.data() + state_offset_[unit] +
+                                  2 * RoundUp(unit_elements(unit) * sizeof(float)));
+}
+
+void HostStore::RefreshWeightsFromMaster(int64_t unit) {
+  const float* m = master(unit);
+  uint16_t* w = weights(unit);
+  const int64_t n = unit_elements(unit);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) w[i] = FloatToBf16(m[i]);
+}
+
+}  // namespace megatrain

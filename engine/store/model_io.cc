@@ -1,0 +1,90 @@
+#include "engine/store/model_io.h"
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+#include "engine/common/status.h"
+
+namespace megatrain {
+namespace {
+
+uint64_t Fnv1a(const std::string& s, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+bool IsNorm(TensorRole r) {
+  return r == TensorRole::kInputNorm || r == TensorRole::kPostNorm ||
+         r == TensorRole::kQNorm || r == TensorRole::kKNorm || r == TensorRole::kFinalNorm;
+}
+
+bool IsBias(TensorRole r) {
+  return r == TensorRole::kQBias || r == TensorRole::kKBias || r == TensorRole::kVBias;
+}
+
+void ResetUnitState(HostStore* store, int64_t unit) {
+  const size_t bytes = store->unit_elements(unit) * sizeof(float);
+  std::memset(store->exp_avg(unit), 0, bytes);
+  std::memset(store->exp_avg_sq(unit), 0, bytes);
+  store->RefreshWeightsFromMaster(unit);
+}
+
+}  // namespace
+
+absl::Status LoadWeights(const ModelTensorReader& reader, HostStore* store) {
+  const ModelLayout& layout = store->layout();
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    std::memset(store->master(u), 0, store->unit_elements(u) * sizeof(float));
+  }
+  // Units in parallel: each read is a pread into disjoint memory.
+  absl::Status first_error;
+  std::mutex mu;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    for (const TensorSlot& t : layout.units[u].tensors) {
+      absl::Status s = reader.ReadAsFloat(t.name, t.shape, store->master(u) + t.offset);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.ok()) first_error = s;
+        break;
+      }
+    }
+    ResetUnitState(store, u);
+  }
+  return first_error;
+}
+
+void RandomInitWeights(const ModelConfig& config, uint64_t seed, HostStore* store) {
+  const ModelLayout& layout = store->layout();
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    float* master = store->master(u);
+    std::memset(master, 0, store->unit_elements(u) * sizeof(float));
+    for (const TensorSlot& t : layout.units[u].tensors) {
+      float* p = master + t.offset;
+      if (IsNorm(t.role)) {
+        for (int64_t i = 0; i < t.num_elements; ++i) p[i] = 1.0f;
+      } else if (!IsBias(t.role)) {
+        // Box-Muller written out: std::normal_distribution differs between libraries.
+        std::mt19937_64 gen(Fnv1a(t.name, seed));
+        const double kTwoPi = 6.283185307179586;
+        for (int64_t i = 0; i < t.num_elements; i += 2) {
+          const double u1 = ((gen() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+          const double u2 = (gen() >> 11) * 0x1.0p-53;
+          const double r = std::sqrt(-2.0 * std::log(u1)) * config.initializer_range;
+          p[i] = static_cast<float>(r * std::cos(kTwoPi * u2));
+          if (i + 1 < t.num_elements) p[i + 1] = static_cast<float>(r * std::sin(kTwoPi * u2));
+        }
+      }
+    }
+    ResetUnitState(store, u);
+  }
+}
+
+}  // namespace megatrain

@@ -1,0 +1,24 @@
+// Filling the host store: from a Hugging Face model folder, or by random initialisation.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/model/config.h"
+#include "engine/model/safetensors.h"
+#include "engine/store/host_store.h"
+
+namespace megatrain {
+
+// Reads every tensor the layout names straight into the units' fp32 master (bf16, f16 or
+// f32 on disk), zeroes m and v, and derives the bf16 weights. A missing tensor or a shape
+// that disagrees with config.json is an error naming the tensor and the file.
+// lm_head.weight is ignored when the config ties embeddings.
+[[nodiscard]] absl::Status LoadWeights(const ModelTensorReader& reader, HostStore* store);
+
+// Random init as transformers does for these models: matrices and embeddings
+// N(0, initializer_range), norms 1, biases 0. Deterministic in `seed` and independent of
+// thread count (every tensor has its own generator seeded from seed and its name).
+void RandomInitWeights(const ModelConfig& config, uint64_t seed, HostStore* store);
+
+}  // namespace megatrain

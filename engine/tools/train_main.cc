@@ -1,0 +1,86 @@
+// megatrain-train: runs one job spec locally, in this process, to the end.
+//
+//   megatrain-train job.yaml        train; resumes when checkpoint.dir has a checkpoint
+//   megatrain-train --demo [DIR]    write and run the embedded demo job
+//
+// Exit codes: 0 done, 1 training failed, 2 bad command line or job spec.
+#include <cstdio>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "engine/engine.h"
+#include "engine/tools/demo.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"megatrain-train: run one megatrain job locally"};
+  std::string spec_path;
+  std::string demo_dir = "megatrain-demo";
+  bool demo = false;
+  int64_t demo_steps = 200;
+  int64_t max_steps = 0;
+  app.add_option("spec", spec_path, "job spec (YAML)");
+  app.add_flag("--demo", demo, "write the embedded demo job into --demo-dir and run it");
+  app.add_option("--demo-dir", demo_dir, "folder for the demo job")->capture_default_str();
+  app.add_option("--demo-steps", demo_steps, "steps of the demo job")->capture_default_str();
+  app.add_option("--max-steps", max_steps, "stop after this many steps in this run (0 = all)");
+  CLI11_PARSE(app, argc, argv);
+
+  if (demo) {
+    absl::StatusOr<std::string> p = megatrain::WriteDemoJob(demo_dir, demo_steps);
+    if (!p.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(p.status().message()).c_str());
+      return 1;
+    }
+    spec_path = *p;
+  }
+  if (spec_path.empty()) {
+    std::fprintf(stderr, "error: give a job spec, or --demo\n%s", app.help().c_str());
+    return 2;
+  }
+  absl::StatusOr<megatrain::JobSpec> spec = megatrain::LoadJobSpec(spec_path);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "error: %s\n", spec.status().ToString().c_str());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<megatrain::Trainer>> trainer = megatrain::Trainer::Create(*spec);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "error: %s\n", trainer.status().ToString().c_str());
+    return 2;
+  }
+  megatrain::Trainer& t = **trainer;
+  std::printf("job %s: %s, %.2fM parameters, %s backend, %lld tokens/step, %lld steps%s\n",
+              spec->name.c_str(), megatrain::ArchitectureClassName(t.config().architecture),
+              t.num_parameters() / 1e6, t.backend_name().c_str(),
+              static_cast<long long>(spec->tokens_per_step()), static_cast<long long>(spec->steps),
+              t.resumed_from_step() > 0
+                  ? (", resumed at step " + std::to_string(t.resumed_from_step())).c_str()
+                  : "");
+  int64_t ran = 0;
+  while (!t.done() && (max_steps == 0 || ran < max_steps)) {
+    absl::StatusOr<megatrain::StepReport> r = t.Step();
+    if (!r.ok()) {
+      std::fprintf(stderr, "error at step %lld: %s\n", static_cast<long long>(t.step() + 1),
+                   r.status().ToString().c_str());
+      return 1;
+    }
+    ++ran;
+    if (r->step % 10 == 0 || r->step == 1 || r->step == r->total_steps) {
+      std::printf("step %5lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  %.3f TFLOP/s\n",
+                  static_cast<long long>(r->step), static_cast<long long>(r->total_steps), r->loss,
+                  r->lr, r->grad_norm, r->tokens_per_second, r->model_tflops);
+      std::fflush(stdout);
+    }
+  }
+  if (!t.done() && !spec->checkpoint_dir.empty()) {
+    absl::StatusOr<std::string> path = t.SaveCheckpoint();
+    if (!path.ok()) {
+      std::fprintf(stderr, "error: %s\n", path.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("stopped at step %lld, checkpoint %s\n", static_cast<long long>(t.step()),
+                path->c_str());
+  } else if (!spec->checkpoint_dir.empty()) {
+    std::printf("done; checkpoints in %s\n", spec->checkpoint_dir.c_str());
+  }
+  return 0;
+}

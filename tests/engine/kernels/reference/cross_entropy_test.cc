@@ -1,0 +1,156 @@
+#include "engine/kernels/reference/cross_entropy.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "tests/engine/kernels/reference/test_util.h"
+
+namespace megatrain::ref {
+namespace {
+
+using testutil::Vec;
+using testutil::VecF;
+
+constexpr int64_t kN = 5;
+constexpr int64_t kV = 7;
+
+// Mean-over-tokens style scale, as the loss layer passes it.
+constexpr double kScale = 1.0 / 3.0;
+
+// Row 2 is ignored.
+std::vector<int32_t> Targets() { return {3, 0, kIgnoreIndex, 6, 3}; }
+
+// loss (N) and, when dlogits is given, scale * (softmax - onehot) (N, V); textbook formulas.
+Vec NaiveCrossEntropy(const Vec& logits, const std::vector<int32_t>& targets, int64_t N, int64_t V,
+                      Vec* dlogits = nullptr) {
+  Vec loss(N, 0.0);
+  if (dlogits != nullptr) dlogits->assign(N * V, 0.0);
+  for (int64_t i = 0; i < N; ++i) {
+    if (targets[i] == kIgnoreIndex) continue;
+    double sum = 0.0;
+    for (int64_t c = 0; c < V; ++c) sum += std::exp(logits[i * V + c]);
+    loss[i] = -std::log(std::exp(logits[i * V + targets[i]]) / sum);
+    if (dlogits == nullptr) continue;
+    for (int64_t c = 0; c < V; ++c) {
+      const double onehot = c == targets[i] ? 1.0 : 0.0;
+      (*dlogits)[i * V + c] = kScale * (std::exp(logits[i * V + c]) / sum - onehot);
+    }
+  }
+  return loss;
+}
+
+TEST(CrossEntropyTest, LossAndGradientMatchNaive) {
+  std::mt19937_64 rng(70);
+  const auto targets = Targets();
+  const Vec logits = testutil::RandomVec(rng, kN * kV, -3.0, 3.0);
+  Vec want_dlogits;
+  const Vec want_loss = NaiveCrossEntropy(logits, targets, kN, kV, &want_dlogits);
+  Vec dlogits(kN * kV), loss(kN);
+  CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), kN, kV, kScale);
+  testutil::ExpectAllNear(loss, want_loss, 1e-13, 1e-14, "loss");
+  testutil::ExpectAllNear(dlogits, want_dlogits, 1e-13, 1e-14, "dlogits");
+}
+
+// dlogits is the gradient of scale * sum(loss).
+TEST(CrossEntropyTest, GradientMatchesFiniteDifferencesOfScaledLoss) {
+  std::mt19937_64 rng(71);
+  const auto targets = Targets();
+  Vec logits = testutil::RandomVec(rng, kN * kV, -3.0, 3.0);
+  Vec dlogits(kN * kV), loss(kN);
+  CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), kN, kV, kScale);
+  const Vec scale(kN, kScale);
+  testutil::ExpectGradientMatches(
+      &logits, dlogits,
+      [&] { return testutil::WeightedSum(NaiveCrossEntropy(logits, targets, kN, kV), scale); },
+      "dlogits");
+}
+
+TEST(CrossEntropyTest, IgnoredRowsGiveZeroLossAndZeroGradient) {
+  std::mt19937_64 rng(72);
+  const std::vector<int32_t> targets = {kIgnoreIndex, 2, kIgnoreIndex};
+  const Vec logits = testutil::RandomVec(rng, 3 * kV, -3.0, 3.0);
+  Vec dlogits(3 * kV, 9.0), loss(3, 9.0);  // stale values must be overwritten
+  CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), 3, kV, kScale);
+  EXPECT_EQ(loss[0], 0.0);
+  EXPECT_EQ(loss[2], 0.0);
+  EXPECT_GT(loss[1], 0.0);
+  for (int64_t c = 0; c < kV; ++c) {
+    EXPECT_EQ(dlogits[c], 0.0);
+    EXPECT_EQ(dlogits[2 * kV + c], 0.0);
+  }
+}
+
+TEST(CrossEntropyTest, InPlaceOverLogitsMatchesSeparateOutput) {
+  std::mt19937_64 rng(73);
+  const auto targets = Targets();
+  const VecF logits = testutil::ToFloat(testutil::RandomVec(rng, kN * kV, -3.0, 3.0));
+  VecF dlogits(kN * kV), loss(kN), loss_in_place(kN);
+  CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), kN, kV, kScale);
+  VecF buffer = logits;
+  CrossEntropy(buffer.data(), loss_in_place.data(), buffer.data(), targets.data(), kN, kV, kScale);
+  EXPECT_TRUE(testutil::BitIdentical(buffer, dlogits));
+  EXPECT_TRUE(testutil::BitIdentical(loss_in_place, loss));
+}
+
+TEST(CrossEntropyTest, NullDlogitsComputesLossOnly) {
+  std::mt19937_64 rng(74);
+  const auto targets = Targets();
+  const Vec logits = testutil::RandomVec(rng, kN * kV, -3.0, 3.0);
+  Vec loss(kN);
+  CrossEntropy<double>(nullptr, loss.data(), logits.data(), targets.data(), kN, kV, kScale);
+  testutil::ExpectAllNear(loss, NaiveCrossEntropy(logits, targets, kN, kV), 1e-13, 1e-14, "loss");
+}
+
+// exp(1e4) overflows even in double; the row max keeps everything finite.
+TEST(CrossEntropyTest, HugeLogitsStayFinite) {
+  const std::vector<int32_t> targets = {1};
+  const VecF logits = {10000.0f, 9999.0f, -10000.0f};
+  VecF dlogits(3), loss(1);
+  CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), 1, 3, 1.0);
+  const double lse = 10000.0 + std::log(1.0 + std::exp(-1.0));
+  EXPECT_NEAR(loss[0], lse - 9999.0, 1e-6);
+  EXPECT_NEAR(dlogits[0], 1.0 / (1.0 + std::exp(-1.0)), 1e-6);
+  EXPECT_NEAR(dlogits[1], std::exp(-1.0) / (1.0 + std::exp(-1.0)) - 1.0, 1e-6);
+  EXPECT_EQ(dlogits[2], 0.0f);
+}
+
+TEST(CrossEntropyTest, FloatMatchesDouble) {
+  std::mt19937_64 rng(75);
+  const int64_t N = 6, V = 1000;
+  std::vector<int32_t> targets(N);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
+  targets[4] = kIgnoreIndex;
+  const Vec logits = testutil::RandomVec(rng, N * V, -8.0, 8.0);
+  Vec dlogits(N * V), loss(N);
+  CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), N, V, kScale);
+  const VecF logits_f = testutil::ToFloat(logits);
+  VecF dlogits_f(N * V), loss_f(N);
+  CrossEntropy(dlogits_f.data(), loss_f.data(), logits_f.data(), targets.data(), N, V, kScale);
+  testutil::ExpectAllNear(loss_f, loss, 1e-6, 1e-6, "loss");
+  testutil::ExpectAllNear(dlogits_f, dlogits, 1e-5, 1e-9, "dlogits");
+}
+
+TEST(CrossEntropyTest, BitIdenticalAcrossThreadCounts) {
+  std::mt19937_64 rng(76);
+  const int64_t N = 37, V = 300;
+  std::vector<int32_t> targets(N);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
+  targets[5] = kIgnoreIndex;
+  const VecF logits = testutil::ToFloat(testutil::RandomVec(rng, N * V, -8.0, 8.0));
+  std::vector<VecF> results;
+  for (int threads : {1, 2, 3}) {
+    VecF dlogits(N * V), loss(N);
+    testutil::WithThreads(threads, [&] {
+      CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), N, V, kScale);
+    });
+    results.push_back(testutil::Concat({dlogits, loss}));
+  }
+  EXPECT_TRUE(testutil::BitIdentical(results[0], results[1]));
+  EXPECT_TRUE(testutil::BitIdentical(results[0], results[2]));
+}
+
+}  // namespace
+}  // namespace megatrain::ref

@@ -1,0 +1,100 @@
+#include "engine/kernels/reference/embedding.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "tests/engine/kernels/reference/test_util.h"
+
+namespace megatrain::ref {
+namespace {
+
+using testutil::Vec;
+
+constexpr int64_t kVocab = 7;
+constexpr int64_t kC = 5;
+
+std::vector<int32_t> Tokens() { return {3, 0, 3, 6, 1, 3}; }  // repeats token 3
+
+Vec NaiveEmbedding(const std::vector<int32_t>& tokens, const Vec& table) {
+  Vec out(tokens.size() * kC);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    for (int64_t c = 0; c < kC; ++c) out[i * kC + c] = table[tokens[i] * kC + c];
+  }
+  return out;
+}
+
+TEST(EmbeddingTest, ForwardCopiesTheTokensTableRows) {
+  std::mt19937_64 rng(1);
+  const auto tokens = Tokens();
+  const int64_t n = tokens.size();
+  Vec table = testutil::RandomVec(rng, kVocab * kC);
+  Vec out(n * kC);
+  Embedding(out.data(), tokens.data(), table.data(), n, kC);
+  EXPECT_EQ(out, NaiveEmbedding(tokens, table));
+}
+
+TEST(EmbeddingTest, BackwardMatchesFiniteDifferencesWithRepeatedTokens) {
+  std::mt19937_64 rng(2);
+  const auto tokens = Tokens();
+  const int64_t n = tokens.size();
+  Vec table = testutil::RandomVec(rng, kVocab * kC);
+  const Vec g = testutil::RandomVec(rng, n * kC);
+  Vec dtable(kVocab * kC, 0.0);
+  EmbeddingBackward(dtable.data(), g.data(), tokens.data(), n, kC);
+  testutil::ExpectGradientMatches(
+      &table, dtable, [&] { return testutil::WeightedSum(NaiveEmbedding(tokens, table), g); },
+      "dtable");
+}
+
+TEST(EmbeddingTest, BackwardAccumulatesIntoExistingGradient) {
+  std::mt19937_64 rng(3);
+  const auto tokens = Tokens();
+  const int64_t n = tokens.size();
+  const Vec g = testutil::RandomVec(rng, n * kC);
+  const Vec initial = testutil::RandomVec(rng, kVocab * kC);
+  Vec expected = initial;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t c = 0; c < kC; ++c) expected[tokens[i] * kC + c] += g[i * kC + c];
+  }
+  Vec dtable = initial;
+  EmbeddingBackward(dtable.data(), g.data(), tokens.data(), n, kC);
+  testutil::ExpectAllNear(dtable, expected, 1e-15, 1e-15, "dtable");
+}
+
+TEST(EmbeddingTest, FloatMatchesDouble) {
+  std::mt19937_64 rng(4);
+  const auto tokens = Tokens();
+  const int64_t n = tokens.size();
+  const Vec table = testutil::RandomVec(rng, kVocab * kC);
+  const Vec g = testutil::RandomVec(rng, n * kC);
+  Vec dtable(kVocab * kC, 0.0);
+  EmbeddingBackward(dtable.data(), g.data(), tokens.data(), n, kC);
+  const auto table_f = testutil::ToFloat(table), g_f = testutil::ToFloat(g);
+  testutil::VecF out_f(n * kC), dtable_f(kVocab * kC, 0.0f);
+  Embedding(out_f.data(), tokens.data(), table_f.data(), n, kC);
+  EmbeddingBackward(dtable_f.data(), g_f.data(), tokens.data(), n, kC);
+  testutil::ExpectAllNear(out_f, NaiveEmbedding(tokens, table), 1e-7, 0, "out");
+  testutil::ExpectAllNear(dtable_f, dtable, 1e-6, 1e-6, "dtable");
+}
+
+TEST(EmbeddingTest, BackwardIsBitIdenticalAcrossThreadCounts) {
+  std::mt19937_64 rng(5);
+  const int64_t n = 300, vocab = 11, C = 200;  // many repeats, several column blocks
+  std::vector<int32_t> tokens(n);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+  const auto g = testutil::ToFloat(testutil::RandomVec(rng, n * C));
+  std::vector<testutil::VecF> results;
+  for (int threads : {1, 2, 3}) {
+    testutil::VecF dtable(vocab * C, 0.5f);
+    testutil::WithThreads(threads,
+                          [&] { EmbeddingBackward(dtable.data(), g.data(), tokens.data(), n, C); });
+    results.push_back(dtable);
+  }
+  EXPECT_TRUE(testutil::BitIdentical(results[0], results[1]));
+  EXPECT_TRUE(testutil::BitIdentical(results[0], results[2]));
+}
+
+}  // namespace
+}  // namespace megatrain::ref

@@ -1,0 +1,239 @@
+// Tests for config.json parsing: one realistic config per architecture, the defaults,
+// and ToJson -> Parse round trips. Refusals are in config_refusal_test.cc.
+#include "engine/model/config.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/engine/model/sample_configs.h"
+
+namespace megatrain {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace testing_configs;  // NOLINT: the samples
+
+ModelConfig MustParse(const std::string& text) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(text, "config.json");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : ModelConfig{};
+}
+
+void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.architecture, b.architecture);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.num_heads, b.num_heads);
+  EXPECT_EQ(a.num_kv_heads, b.num_kv_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.rope_scaling.type, b.rope_scaling.type);
+  EXPECT_EQ(a.rope_scaling.factor, b.rope_scaling.factor);
+  EXPECT_EQ(a.rope_scaling.low_freq_factor, b.rope_scaling.low_freq_factor);
+  EXPECT_EQ(a.rope_scaling.high_freq_factor, b.rope_scaling.high_freq_factor);
+  EXPECT_EQ(a.rope_scaling.original_max_position_embeddings,
+            b.rope_scaling.original_max_position_embeddings);
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_EQ(a.qkv_bias, b.qkv_bias);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.initializer_range, b.initializer_range);
+  EXPECT_EQ(a.bos_token_id, b.bos_token_id);
+  EXPECT_EQ(a.eos_token_id, b.eos_token_id);
+}
+
+TEST(ModelConfigTest, ParsesLlama31WithLlama3RopeScaling) {
+  ModelConfig c = MustParse(kLlama31);
+  EXPECT_EQ(c.architecture, Architecture::kLlama);
+  EXPECT_EQ(c.hidden_size, 4096);
+  EXPECT_EQ(c.num_layers, 32);
+  EXPECT_EQ(c.num_heads, 32);
+  EXPECT_EQ(c.num_kv_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.intermediate_size, 14336);
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(c.bos_token_id, 128000);
+  EXPECT_EQ(c.eos_token_id, 128001);
+  EXPECT_EQ(NumParameters(c), 8030261248);  // the published Llama-3.1-8B count
+}
+
+TEST(ModelConfigTest, ParsesLlama2WithoutHeadDimOrRopeScaling) {
+  ModelConfig c = MustParse(kLlama2);
+  EXPECT_EQ(c.architecture, Architecture::kLlama);
+  EXPECT_EQ(c.num_kv_heads, 32);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(NumParameters(c), 6738415616);  // Llama-2-7b
+}
+
+TEST(ModelConfigTest, ParsesMistralWithSlidingWindow) {
+  ModelConfig c = MustParse(kMistral);
+  EXPECT_EQ(c.architecture, Architecture::kMistral);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.num_kv_heads, 8);
+  EXPECT_EQ(NumParameters(c), 7241732096);  // Mistral-7B-v0.1
+}
+
+TEST(ModelConfigTest, MistralNullSlidingWindowMeansNone) {
+  EXPECT_EQ(MustParse(Patched(kMistral, {{"sliding_window", nullptr}})).sliding_window, 0);
+}
+
+TEST(ModelConfigTest, MistralWithoutSlidingWindowFieldGetsTransformersDefault4096) {
+  EXPECT_EQ(MustParse(Without(kMistral, "sliding_window")).sliding_window, 4096);
+}
+
+TEST(ModelConfigTest, ParsesQwen25AlwaysWithQkvBias) {
+  ModelConfig c = MustParse(kQwen25);
+  EXPECT_EQ(c.architecture, Architecture::kQwen2);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.sliding_window, 0);  // use_sliding_window is false
+  EXPECT_EQ(NumParameters(c), 7615616512);  // Qwen2.5-7B
+}
+
+TEST(ModelConfigTest, Qwen2SlidingWindowOnlyWhenUseSlidingWindowAndSomeLayerSlides) {
+  EXPECT_EQ(MustParse(Patched(kQwen25, {{"use_sliding_window", true},
+                                        {"max_window_layers", 28}}))
+                .sliding_window,
+            0);  // layers >= 28 slide: none of 28
+  EXPECT_EQ(MustParse(Patched(kQwen25, {{"use_sliding_window", true},
+                                        {"max_window_layers", 21},
+                                        {"sliding_window", 32768}}))
+                .sliding_window,
+            32768);
+}
+
+TEST(ModelConfigTest, ParsesQwen3WithExplicitHeadDimAndTiedEmbeddings) {
+  ModelConfig c = MustParse(kQwen3);
+  EXPECT_EQ(c.architecture, Architecture::kQwen3);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_NE(c.head_dim, c.hidden_size / c.num_heads);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);  // an integer in the file
+  EXPECT_EQ(c.sliding_window, 0);
+  const int64_t C = 1024, D = 128, layer = 2 * C + C * 16 * D + 2 * C * 8 * D + 16 * D * C +
+                                           2 * D + 3 * C * 3072;
+  EXPECT_EQ(NumParameters(c), 151936 * C + 28 * layer + C);  // lm_head tied: counted once
+}
+
+TEST(ModelConfigTest, MinimalConfigGetsDefaults) {
+  ModelConfig c = MustParse(kMinimal);
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.initializer_range, 0.02);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(c.max_position_embeddings, 2048);
+  EXPECT_EQ(c.bos_token_id, -1);
+  EXPECT_EQ(c.eos_token_id, -1);
+}
+
+TEST(ModelConfigTest, ArchitectureFallsBackToModelType) {
+  ModelConfig c = MustParse(Without(kQwen25, "architectures"));
+  EXPECT_EQ(c.architecture, Architecture::kQwen2);
+}
+
+TEST(ModelConfigTest, TokenIdsMayBeListsOrNull) {
+  ModelConfig c = MustParse(Patched(kLlama31, {{"eos_token_id", {128001, 128008, 128009}},
+                                               {"bos_token_id", nullptr}}));
+  EXPECT_EQ(c.eos_token_id, 128001);
+  EXPECT_EQ(c.bos_token_id, -1);
+}
+
+TEST(ModelConfigTest, Transformers5RopeParametersAreRead) {
+  Json rope = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0},
+               {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+               {"original_max_position_embeddings", 8192}};
+  ModelConfig c = MustParse(Patched(Without(Without(kLlama31, "rope_scaling"), "rope_theta"),
+                                    {{"rope_parameters", rope}}));
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+}
+
+TEST(ModelConfigTest, UnknownExtraFieldsAreIgnored) {
+  MustParse(Patched(kLlama31, {{"quirky_new_field", {{"a", 1}}}, {"pad_token_id", nullptr}}));
+}
+
+TEST(ModelConfigTest, ToJsonRoundTripsThroughParseForEveryArchitecture) {
+  for (const char* sample : {kLlama31, kLlama2, kMistral, kQwen25, kQwen3, kMinimal}) {
+    ModelConfig c = MustParse(sample);
+    ModelConfig back = MustParse(ModelConfigToJson(c));
+    SCOPED_TRACE(ArchitectureClassName(c.architecture));
+    ExpectSameConfig(c, back);
+  }
+}
+
+TEST(ModelConfigTest, ToJsonRoundTripsSlidingWindows) {
+  for (const std::string& sample :
+       {std::string(kMistral), Patched(kQwen25, {{"use_sliding_window", true},
+                                                 {"max_window_layers", 0},
+                                                 {"sliding_window", 4096}})}) {
+    ModelConfig c = MustParse(sample);
+    EXPECT_EQ(c.sliding_window, 4096);
+    ExpectSameConfig(c, MustParse(ModelConfigToJson(c)));
+  }
+}
+
+TEST(ModelConfigTest, ToJsonWritesWhatTransformersNeeds) {
+  Json j = Json::parse(ModelConfigToJson(MustParse(kLlama31)));
+  EXPECT_EQ(j["architectures"], Json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "llama");
+  EXPECT_EQ(j["torch_dtype"], "bfloat16");
+  EXPECT_EQ(j["hidden_act"], "silu");
+  EXPECT_EQ(j["head_dim"], 128);
+  EXPECT_EQ(j["num_key_value_heads"], 8);
+  EXPECT_EQ(j["attention_bias"], false);
+  EXPECT_EQ(j["mlp_bias"], false);
+  EXPECT_EQ(j["use_cache"], true);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(j["rope_scaling"]["original_max_position_embeddings"], 8192);
+  EXPECT_EQ(j["rope_parameters"]["rope_theta"], 500000.0);
+  EXPECT_EQ(j["bos_token_id"], 128000);
+  EXPECT_EQ(j["eos_token_id"], 128001);
+}
+
+TEST(ModelConfigTest, ToJsonWritesNullRopeScalingAndOmitsAbsentTokenIds) {
+  Json j = Json::parse(ModelConfigToJson(MustParse(kMinimal)));
+  EXPECT_TRUE(j["rope_scaling"].is_null());
+  EXPECT_EQ(j["rope_parameters"]["rope_type"], "default");
+  EXPECT_FALSE(j.contains("bos_token_id"));
+  EXPECT_FALSE(j.contains("eos_token_id"));
+}
+
+TEST(ModelConfigTest, ToJsonForQwen3KeepsHeadDimAndTying) {
+  Json j = Json::parse(ModelConfigToJson(MustParse(kQwen3)));
+  EXPECT_EQ(j["architectures"], Json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "qwen3");
+  EXPECT_EQ(j["head_dim"], 128);
+  EXPECT_EQ(j["tie_word_embeddings"], true);
+  EXPECT_EQ(j["use_sliding_window"], false);
+}
+
+}  // namespace
+}  // namespace megatrain
