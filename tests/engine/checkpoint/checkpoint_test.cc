@@ -1,0 +1,560 @@
+// Tests for checkpoints: the folder Hugging Face loads (config.json, bf16 safetensors with
+// format "pt", tokenizer files), the optimizer state and trainer state a resume restores
+// bit for bit, sharding, and the listing / pruning that only trusts complete folders.
+#include "engine/checkpoint/checkpoint.h"
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/common/dtype.h"
+#include "engine/model/layout.h"
+#include "engine/model/safetensors.h"
+#include "engine/store/model_io.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A fresh folder under the test temp dir, removed with everything in it at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "mt_ckpt_XXXXXX").string();
+    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr) << "mkdtemp " << tmpl;
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string Join(const std::string& rel) const { return (fs::path(path_) / rel).string(); }
+
+ private:
+  std::string path_;
+};
+
+void WriteFile(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  ASSERT_TRUE(out.good()) << "writing " << path;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Tiny llama: C=32, I=64, L=2, H=4, KV=2 (D=8), V=300. `scale` multiplies C, I and V.
+ModelConfig TinyConfig(bool tied, int64_t scale = 1) {
+  ModelConfig c;
+  c.architecture = Architecture::kLlama;
+  c.hidden_size = 32 * scale;
+  c.intermediate_size = 64 * scale;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = c.hidden_size / c.num_heads;
+  c.vocab_size = 300 * scale;
+  c.max_position_embeddings = 2048;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// A store holding random weights and distinct, seeded values in m and v, so that a file
+// swapped between master, exp_avg and exp_avg_sq would be noticed.
+std::unique_ptr<HostStore> FilledStore(const ModelConfig& config, uint64_t seed) {
+  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(BuildLayout(config));
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (!store.ok()) return nullptr;
+  RandomInitWeights(config, seed, store->get());
+  std::mt19937_64 gen(seed ^ 0x5eed);
+  std::uniform_real_distribution<float> m_dist(-1e-2f, 1e-2f), v_dist(1.0f, 2.0f);
+  for (int64_t u = 0; u < (*store)->num_units(); ++u) {
+    for (const TensorSlot& t : (*store)->layout().units[u].tensors) {
+      for (int64_t i = 0; i < t.num_elements; ++i) {
+        (*store)->exp_avg(u)[t.offset + i] = m_dist(gen);
+        (*store)->exp_avg_sq(u)[t.offset + i] = v_dist(gen);
+      }
+    }
+  }
+  return std::move(*store);
+}
+
+std::unique_ptr<HostStore> EmptyStore(const ModelConfig& config) {
+  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(BuildLayout(config));
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? std::move(*store) : nullptr;
+}
+
+TrainerState SampleState() {
+  TrainerState s;
+  s.step = 7;
+  s.data.epoch = 2;
+  s.data.doc_cursor = 13;
+  s.data.token_offset = 5;
+  s.data_seed = 0xfedcba9876543210ull;  // above INT64_MAX: must survive JSON as unsigned
+  s.init_seed = 42;
+  s.last_loss = 3.25;
+  s.spec_fingerprint = "{\"seq_len\":64}";
+  return s;
+}
+
+// Expects `a` and `b` to hold the same bits in every tensor element of every unit, for
+// the part `get` selects (master, exp_avg or exp_avg_sq).
+void ExpectSameState(const HostStore& a, const HostStore& b,
+                     float* (HostStore::*get)(int64_t) const, const char* what) {
+  ASSERT_EQ(a.num_units(), b.num_units());
+  for (int64_t u = 0; u < a.num_units(); ++u) {
+    for (const TensorSlot& t : a.layout().units[u].tensors) {
+      EXPECT_EQ(std::memcmp((a.*get)(u) + t.offset, (b.*get)(u) + t.offset,
+                            t.num_elements * sizeof(float)),
+                0)
+          << what << " of " << t.name;
+    }
+  }
+}
+
+class CheckpointTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    config_ = TinyConfig(/*tied=*/GetParam());
+    store_ = FilledStore(config_, /*seed=*/1234);
+    ASSERT_NE(store_, nullptr);
+    WriteFile(tokenizer_.Join("tokenizer.json"), "{\"version\": \"1.0\", \"model\": {}}");
+    WriteFile(tokenizer_.Join("notes.txt"), "not a tokenizer file");
+    options_.tokenizer_dir = tokenizer_.path();
+  }
+
+  std::string Save() {
+    absl::StatusOr<std::string> path =
+        SaveCheckpoint(root_.path(), config_, *store_, SampleState(), options_);
+    EXPECT_TRUE(path.ok()) << path.status();
+    return path.ok() ? *path : std::string();
+  }
+
+  TempDir root_, tokenizer_;
+  ModelConfig config_;
+  std::unique_ptr<HostStore> store_;
+  CheckpointOptions options_;
+};
+
+TEST_P(CheckpointTest, SaveWritesCheckpointFolderNamedByStepAndNoTmpRemains) {
+  const std::string path = Save();
+  ASSERT_FALSE(path.empty());
+  EXPECT_EQ(path, root_.Join("checkpoint-7"));
+  EXPECT_TRUE(fs::is_directory(path));
+  EXPECT_FALSE(fs::exists(root_.Join(".checkpoint-7.tmp")));
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(root_.path())) {
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  }
+}
+
+TEST_P(CheckpointTest, ConfigJsonParsesBackToTheSameArchitecture) {
+  const std::string path = Save();
+  ASSERT_FALSE(path.empty());
+  absl::StatusOr<ModelConfig> c = LoadModelConfig(path + "/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, config_.architecture);
+  EXPECT_EQ(c->hidden_size, config_.hidden_size);
+  EXPECT_EQ(c->intermediate_size, config_.intermediate_size);
+  EXPECT_EQ(c->num_layers, config_.num_layers);
+  EXPECT_EQ(c->num_heads, config_.num_heads);
+  EXPECT_EQ(c->num_kv_heads, config_.num_kv_heads);
+  EXPECT_EQ(c->head_dim, config_.head_dim);
+  EXPECT_EQ(c->vocab_size, config_.vocab_size);
+  EXPECT_EQ(c->max_position_embeddings, config_.max_position_embeddings);
+  EXPECT_EQ(c->tie_word_embeddings, config_.tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, config_.rms_norm_eps);
+  EXPECT_DOUBLE_EQ(c->rope_theta, config_.rope_theta);
+}
+
+TEST_P(CheckpointTest, ModelSafetensorsHoldTheStoresBf16WeightsWithFormatPt) {
+  const std::string path = Save();
+  ASSERT_FALSE(path.empty());
+  ASSERT_TRUE(fs::exists(path + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(path + "/model.safetensors.index.json"));
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(path + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata().count("format"), 1u);
+  EXPECT_EQ(file->metadata().at("format"), "pt");
+
+  absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  size_t expected_tensors = 0;
+  for (int64_t u = 0; u < store_->num_units(); ++u) {
+    for (const TensorSlot& t : store_->layout().units[u].tensors) {
+      ++expected_tensors;
+      const TensorInfo* info = file->Find(t.name);
+      ASSERT_NE(info, nullptr) << t.name;
+      EXPECT_EQ(info->dtype, DType::kBF16) << t.name;
+      EXPECT_EQ(info->shape, t.shape) << t.name;
+      std::vector<uint16_t> bits(t.num_elements);
+      ASSERT_TRUE(file->ReadRaw(*info, bits.data()).ok()) << t.name;
+      EXPECT_EQ(std::memcmp(bits.data(), store_->weights(u) + t.offset,
+                            t.num_elements * sizeof(uint16_t)),
+                0)
+          << t.name;
+    }
+  }
+  EXPECT_EQ(file->tensors().size(), expected_tensors);
+  EXPECT_EQ(file->Find("lm_head.weight") != nullptr, !config_.tie_word_embeddings);
+}
+
+TEST_P(CheckpointTest, OptimizerFoldersHoldF32MasterAndMoments) {
+  const std::string path = Save();
+  ASSERT_FALSE(path.empty());
+  struct Part {
+    const char* name;
+    float* (HostStore::*get)(int64_t) const;
+  };
+  for (const Part& part : {Part{"master", &HostStore::master}, Part{"exp_avg", &HostStore::exp_avg},
+                           Part{"exp_avg_sq", &HostStore::exp_avg_sq}}) {
+    const std::string dir = path + "/optimizer/" + part.name;
+    absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(dir + "/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status();
+    for (int64_t u = 0; u < store_->num_units(); ++u) {
+      for (const TensorSlot& t : store_->layout().units[u].tensors) {
+        const TensorInfo* info = file->Find(t.name);
+        ASSERT_NE(info, nullptr) << part.name << " " << t.name;
+        EXPECT_EQ(info->dtype, DType::kF32) << part.name << " " << t.name;
+        EXPECT_EQ(info->shape, t.shape) << part.name << " " << t.name;
+        std::vector<float> values(t.num_elements);
+        ASSERT_TRUE(file->ReadRaw(*info, values.data()).ok());
+        EXPECT_EQ(std::memcmp(values.data(), ((*store_).*part.get)(u) + t.offset,
+                              t.num_elements * sizeof(float)),
+                  0)
+            << part.name << " " << t.name;
+      }
+    }
+  }
+}
+
+TEST_P(CheckpointTest, TrainerStateJsonAndTokenizerFilesAreWritten) {
+  const std::string path = Save();
+  ASSERT_FALSE(path.empty());
+  const nlohmann::json js = nlohmann::json::parse(ReadFile(path + "/trainer_state.json"));
+  EXPECT_EQ(js.at("step").get<int64_t>(), 7);
+  EXPECT_EQ(js.at("data_seed").get<uint64_t>(), 0xfedcba9876543210ull);
+  EXPECT_EQ(js.at("spec_fingerprint").get<std::string>(), "{\"seq_len\":64}");
+  EXPECT_EQ(ReadFile(path + "/tokenizer.json"), ReadFile(tokenizer_.Join("tokenizer.json")));
+  EXPECT_FALSE(fs::exists(path + "/notes.txt"));
+}
+
+TEST_P(CheckpointTest, LoadRestoresStateBitExactlyAndDerivesBf16FromMaster) {
+  const std::string path = Save();
+  ASSERT_FALSE(path.empty());
+  std::unique_ptr<HostStore> fresh = EmptyStore(config_);
+  ASSERT_NE(fresh, nullptr);
+  TrainerState state;
+  ASSERT_TRUE(LoadCheckpoint(path, fresh.get(), &state).ok());
+
+  ExpectSameState(*store_, *fresh, &HostStore::master, "master");
+  ExpectSameState(*store_, *fresh, &HostStore::exp_avg, "exp_avg");
+  ExpectSameState(*store_, *fresh, &HostStore::exp_avg_sq, "exp_avg_sq");
+  for (int64_t u = 0; u < fresh->num_units(); ++u) {
+    for (const TensorSlot& t : fresh->layout().units[u].tensors) {
+      for (int64_t i = 0; i < t.num_elements; ++i) {
+        ASSERT_EQ(fresh->weights(u)[t.offset + i], FloatToBf16(fresh->master(u)[t.offset + i]))
+            << t.name << "[" << i << "]";
+      }
+    }
+  }
+
+  const TrainerState want = SampleState();
+  EXPECT_EQ(state.step, want.step);
+  EXPECT_EQ(state.data.epoch, want.data.epoch);
+  EXPECT_EQ(state.data.doc_cursor, want.data.doc_cursor);
+  EXPECT_EQ(state.data.token_offset, want.data.token_offset);
+  EXPECT_EQ(state.data_seed, want.data_seed);
+  EXPECT_EQ(state.init_seed, want.init_seed);
+  EXPECT_EQ(state.last_loss, want.last_loss);
+  EXPECT_EQ(state.spec_fingerprint, want.spec_fingerprint);
+}
+
+TEST_P(CheckpointTest, ModelFolderLoadsAsPretrainedWeights) {
+  const std::string path = Save();
+  ASSERT_FALSE(path.empty());
+  absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::unique_ptr<HostStore> fresh = EmptyStore(config_);
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_TRUE(LoadWeights(*reader, fresh.get()).ok());
+  for (int64_t u = 0; u < fresh->num_units(); ++u) {
+    for (const TensorSlot& t : fresh->layout().units[u].tensors) {
+      EXPECT_EQ(std::memcmp(fresh->weights(u) + t.offset, store_->weights(u) + t.offset,
+                            t.num_elements * sizeof(uint16_t)),
+                0)
+          << t.name;
+    }
+  }
+}
+
+TEST_P(CheckpointTest, ResavingTheSameStepReplacesTheCheckpoint) {
+  ASSERT_FALSE(Save().empty());
+  // A second save of step 7 with other optimizer moments must win.
+  for (int64_t u = 0; u < store_->num_units(); ++u) {
+    for (int64_t i = 0; i < store_->unit_elements(u); ++i) store_->exp_avg(u)[i] = 0.5f;
+  }
+  const std::string path = Save();
+  ASSERT_FALSE(path.empty());
+  std::unique_ptr<HostStore> fresh = EmptyStore(config_);
+  ASSERT_NE(fresh, nullptr);
+  TrainerState state;
+  ASSERT_TRUE(LoadCheckpoint(path, fresh.get(), &state).ok());
+  EXPECT_EQ(fresh->exp_avg(0)[0], 0.5f);
+  EXPECT_THAT(ListCheckpoints(root_.path()), ElementsAre(path));
+}
+
+INSTANTIATE_TEST_SUITE_P(TiedAndUntied, CheckpointTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Tied" : "Untied";
+                         });
+
+TEST(CheckpointShardingTest, SmallMaxShardBytesWritesNumberedShardsAndIndexThatLoad) {
+  TempDir root;
+  const ModelConfig config = TinyConfig(/*tied=*/false, /*scale=*/2);
+  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/99);
+  ASSERT_NE(store, nullptr);
+  CheckpointOptions options;
+  options.max_shard_bytes = 64 << 10;
+  absl::StatusOr<std::string> path =
+      SaveCheckpoint(root.path(), config, *store, SampleState(), options);
+  ASSERT_TRUE(path.ok()) << path.status();
+
+  // bf16: embedding and lm_head are 75 KiB each, every layer 72 KiB: at least 4 shards.
+  std::vector<std::string> shards;
+  for (const fs::directory_entry& e : fs::directory_iterator(*path)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("model-", 0) == 0) shards.push_back(name);
+  }
+  ASSERT_GE(shards.size(), 4u);
+  for (size_t k = 1; k <= shards.size(); ++k) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", k, shards.size());
+    EXPECT_TRUE(fs::exists(*path + "/" + name)) << name;
+  }
+  EXPECT_TRUE(fs::exists(*path + "/model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(*path + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(*path + "/optimizer/master/model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(*path + "/optimizer/exp_avg_sq/model.safetensors.index.json"));
+
+  std::unique_ptr<HostStore> fresh = EmptyStore(config);
+  ASSERT_NE(fresh, nullptr);
+  TrainerState state;
+  absl::Status loaded = LoadCheckpoint(*path, fresh.get(), &state);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  ExpectSameState(*store, *fresh, &HostStore::master, "master");
+  ExpectSameState(*store, *fresh, &HostStore::exp_avg, "exp_avg");
+  ExpectSameState(*store, *fresh, &HostStore::exp_avg_sq, "exp_avg_sq");
+  EXPECT_EQ(state.step, 7);
+}
+
+TEST(CheckpointLoadTest, StoreOfAnotherShapeIsRefusedNamingTheTensor) {
+  TempDir root;
+  const ModelConfig tied = TinyConfig(/*tied=*/true);
+  std::unique_ptr<HostStore> store = FilledStore(tied, /*seed=*/5);
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::string> path =
+      SaveCheckpoint(root.path(), tied, *store, SampleState(), CheckpointOptions{});
+  ASSERT_TRUE(path.ok()) << path.status();
+
+  std::unique_ptr<HostStore> untied = EmptyStore(TinyConfig(/*tied=*/false));
+  ASSERT_NE(untied, nullptr);
+  TrainerState state;
+  absl::Status s = LoadCheckpoint(*path, untied.get(), &state);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("lm_head.weight"));
+
+  std::unique_ptr<HostStore> wider = EmptyStore(TinyConfig(/*tied=*/true, /*scale=*/2));
+  ASSERT_NE(wider, nullptr);
+  s = LoadCheckpoint(*path, wider.get(), &state);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("model.embed_tokens.weight"));
+}
+
+TEST(CheckpointLoadTest, CorruptTrainerStateIsAnErrorNamingTheFile) {
+  TempDir root;
+  const ModelConfig config = TinyConfig(/*tied=*/true);
+  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::string> path =
+      SaveCheckpoint(root.path(), config, *store, SampleState(), CheckpointOptions{});
+  ASSERT_TRUE(path.ok()) << path.status();
+  TrainerState state;
+
+  WriteFile(*path + "/trainer_state.json", "{\"step\": 7, \"data_pos");
+  absl::Status s = LoadCheckpoint(*path, store.get(), &state);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("trainer_state.json"));
+
+  WriteFile(*path + "/trainer_state.json", "{\"step\": 7}");  // valid JSON, fields missing
+  s = LoadCheckpoint(*path, store.get(), &state);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("trainer_state.json"));
+
+  fs::remove(*path + "/trainer_state.json");
+  s = LoadCheckpoint(*path, store.get(), &state);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("trainer_state.json"));
+}
+
+TEST(CheckpointLoadTest, TruncatedOptimizerMasterFileIsAnErrorNamingTheFile) {
+  TempDir root;
+  const ModelConfig config = TinyConfig(/*tied=*/false);
+  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::string> path =
+      SaveCheckpoint(root.path(), config, *store, SampleState(), CheckpointOptions{});
+  ASSERT_TRUE(path.ok()) << path.status();
+  const std::string master = *path + "/optimizer/master/model.safetensors";
+  fs::resize_file(master, fs::file_size(master) / 2);
+
+  std::unique_ptr<HostStore> fresh = EmptyStore(config);
+  ASSERT_NE(fresh, nullptr);
+  TrainerState state;
+  absl::Status s = LoadCheckpoint(*path, fresh.get(), &state);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("optimizer/master/model.safetensors"));
+}
+
+TEST(CheckpointLoadTest, NanLastLossSurvivesTheRoundTrip) {
+  GTEST_SKIP() << "bug: engine/checkpoint/checkpoint.cc SaveCheckpoint writes last_loss with "
+                  "nlohmann::json, which dumps NaN/inf as null; LoadCheckpoint's "
+                  "js.at(\"last_loss\").get<double>() then throws and the checkpoint of a "
+                  "diverged run cannot be loaded (DataLoss)";
+  TempDir root;
+  const ModelConfig config = TinyConfig(/*tied=*/true);
+  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
+  ASSERT_NE(store, nullptr);
+  TrainerState saved = SampleState();
+  saved.last_loss = std::numeric_limits<double>::quiet_NaN();
+  absl::StatusOr<std::string> path =
+      SaveCheckpoint(root.path(), config, *store, saved, CheckpointOptions{});
+  ASSERT_TRUE(path.ok()) << path.status();
+  TrainerState state;
+  absl::Status s = LoadCheckpoint(*path, store.get(), &state);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(state.step, 7);
+  EXPECT_TRUE(std::isnan(state.last_loss));
+}
+
+// Makes `root/name` a folder; with a trainer_state.json when `complete`.
+void MakeFakeCheckpoint(const std::string& root, const std::string& name, bool complete) {
+  fs::create_directories(fs::path(root) / name);
+  if (complete) WriteFile((fs::path(root) / name / "trainer_state.json").string(), "{}");
+}
+
+TEST(ListCheckpointsTest, OrdersByStepNumericallyAndSkipsIncompleteFolders) {
+  TempDir root;
+  MakeFakeCheckpoint(root.path(), "checkpoint-10", true);
+  MakeFakeCheckpoint(root.path(), "checkpoint-9", true);
+  MakeFakeCheckpoint(root.path(), "checkpoint-100", true);
+  MakeFakeCheckpoint(root.path(), "checkpoint-2", true);
+  MakeFakeCheckpoint(root.path(), ".checkpoint-11.tmp", true);  // interrupted save
+  MakeFakeCheckpoint(root.path(), "checkpoint-12", false);      // no trainer_state.json
+  MakeFakeCheckpoint(root.path(), "checkpoint-13a", true);
+  MakeFakeCheckpoint(root.path(), "checkpoint-", true);
+  MakeFakeCheckpoint(root.path(), "old-checkpoint-14", true);
+  WriteFile(root.Join("checkpoint-15"), "a file, not a folder");
+  EXPECT_THAT(ListCheckpoints(root.path()),
+              ElementsAre(root.Join("checkpoint-2"), root.Join("checkpoint-9"),
+                          root.Join("checkpoint-10"), root.Join("checkpoint-100")));
+}
+
+TEST(ListCheckpointsTest, MissingRootListsNothing) {
+  TempDir root;
+  EXPECT_TRUE(ListCheckpoints(root.Join("never-created")).empty());
+}
+
+TEST(ListCheckpointsTest, StepTooLargeForInt64IsIgnored) {
+  GTEST_SKIP() << "bug: engine/checkpoint/checkpoint.cc StepOf() calls std::stoll on any "
+                  "all-digit suffix; a folder 'checkpoint-99999999999999999999' makes it "
+                  "throw std::out_of_range out of ListCheckpoints/PruneCheckpoints "
+                  "(std::terminate) instead of ignoring the folder";
+  TempDir root;
+  MakeFakeCheckpoint(root.path(), "checkpoint-3", true);
+  MakeFakeCheckpoint(root.path(), "checkpoint-99999999999999999999", true);
+  EXPECT_THAT(ListCheckpoints(root.path()), ElementsAre(root.Join("checkpoint-3")));
+}
+
+TEST(PruneCheckpointsTest, KeepLastTwoLeavesTheNewestTwoAndRemovesTmpLeftovers) {
+  TempDir root;
+  for (const char* name : {"checkpoint-1", "checkpoint-9", "checkpoint-10", "checkpoint-20"}) {
+    MakeFakeCheckpoint(root.path(), name, true);
+  }
+  MakeFakeCheckpoint(root.path(), ".checkpoint-21.tmp", false);
+  MakeFakeCheckpoint(root.path(), "checkpoint-5", false);  // not ours to judge: kept
+  WriteFile(root.Join("notes.txt"), "kept");
+
+  ASSERT_TRUE(PruneCheckpoints(root.path(), 2).ok());
+  EXPECT_THAT(ListCheckpoints(root.path()),
+              ElementsAre(root.Join("checkpoint-10"), root.Join("checkpoint-20")));
+  EXPECT_FALSE(fs::exists(root.Join("checkpoint-1")));
+  EXPECT_FALSE(fs::exists(root.Join("checkpoint-9")));
+  EXPECT_FALSE(fs::exists(root.Join(".checkpoint-21.tmp")));
+  EXPECT_TRUE(fs::exists(root.Join("checkpoint-5")));
+  EXPECT_TRUE(fs::exists(root.Join("notes.txt")));
+}
+
+TEST(PruneCheckpointsTest, KeepLastZeroKeepsAllButStillRemovesTmpLeftovers) {
+  TempDir root;
+  MakeFakeCheckpoint(root.path(), "checkpoint-1", true);
+  MakeFakeCheckpoint(root.path(), "checkpoint-2", true);
+  MakeFakeCheckpoint(root.path(), ".checkpoint-3.tmp", true);
+  ASSERT_TRUE(PruneCheckpoints(root.path(), 0).ok());
+  EXPECT_THAT(ListCheckpoints(root.path()),
+              ElementsAre(root.Join("checkpoint-1"), root.Join("checkpoint-2")));
+  EXPECT_FALSE(fs::exists(root.Join(".checkpoint-3.tmp")));
+}
+
+TEST(PruneCheckpointsTest, KeepLastAboveCountRemovesNothing) {
+  TempDir root;
+  MakeFakeCheckpoint(root.path(), "checkpoint-1", true);
+  MakeFakeCheckpoint(root.path(), "checkpoint-2", true);
+  ASSERT_TRUE(PruneCheckpoints(root.path(), 5).ok());
+  EXPECT_EQ(ListCheckpoints(root.path()).size(), 2u);
+}
+
+TEST(PruneCheckpointsTest, RealSavesPrunedToTheNewestTwoStillLoad) {
+  TempDir root;
+  const ModelConfig config = TinyConfig(/*tied=*/true);
+  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/8);
+  ASSERT_NE(store, nullptr);
+  TrainerState state = SampleState();
+  for (int64_t step : {3, 6, 9}) {
+    state.step = step;
+    ASSERT_TRUE(SaveCheckpoint(root.path(), config, *store, state, CheckpointOptions{}).ok());
+  }
+  ASSERT_TRUE(PruneCheckpoints(root.path(), 2).ok());
+  const std::vector<std::string> left = ListCheckpoints(root.path());
+  ASSERT_THAT(left, ElementsAre(root.Join("checkpoint-6"), root.Join("checkpoint-9")));
+  std::unique_ptr<HostStore> fresh = EmptyStore(config);
+  ASSERT_NE(fresh, nullptr);
+  TrainerState loaded;
+  ASSERT_TRUE(LoadCheckpoint(left.back(), fresh.get(), &loaded).ok());
+  EXPECT_EQ(loaded.step, 9);
+}
+
+}  // namespace
+}  // namespace megatrain

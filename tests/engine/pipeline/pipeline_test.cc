@@ -1,0 +1,146 @@
+// The streaming pipeline computes the same gradients as the layers run directly, for any
+// recompute interval and any split of the step into micro-batches.
+#include "engine/pipeline/pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "engine/store/model_io.h"
+#include "tests/engine/pipeline/direct_model.h"
+#include "tests/engine/pipeline/recording_sink.h"
+
+namespace megatrain::testing {
+namespace {
+
+struct Harness {
+  Harness(const ModelConfig& c, int64_t micro_batches, int64_t tokens, int64_t k) {
+    be = CreateCpuBackend(CpuBackendOptions{});
+    store = std::move(*HostStore::Create(BuildLayout(c)));
+    RandomInitWeights(c, 11, store.get());
+    int64_t max_unit = 0;
+    for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
+    pool = std::move(*GradSlabPool::Create(2, max_unit));
+    PipelineOptions o;
+    o.micro_batches = micro_batches;
+    o.tokens_per_micro_batch = tokens;
+    o.checkpoint_every = k;
+    o.loss_chunk_tokens = 7;
+    absl::StatusOr<std::unique_ptr<Pipeline>> p =
+        Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
+    EXPECT_TRUE(p.ok()) << p.status();
+    pipeline = std::move(*p);
+  }
+  StepResult Run(const std::vector<MicroBatch>& batches, RecordingSink* sink) {
+    absl::StatusOr<StepResult> r = pipeline->Step(batches, sink);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  }
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<HostStore> store;
+  std::unique_ptr<GradSlabPool> pool;
+  std::unique_ptr<Pipeline> pipeline;
+};
+
+double MaxAbs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
+  return m;
+}
+
+TEST(Pipeline, GradientsMatchTheLayersRunDirectlyInDouble) {
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  Harness h(c, 1, 24, 2);
+  const MicroBatch b = RandomBatch(2, 12, c.vocab_size, 5);
+  RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
+  const StepResult r = h.Run({b}, &sink);
+
+  std::unique_ptr<Backend> f64 =
+      CreateCpuBackend(CpuBackendOptions{CpuBackendOptions::Precision::kF64});
+  DirectModel direct(c, f64.get(), 24);
+  for (int64_t u = 0; u < h.store->num_units(); ++u) {
+    for (int64_t i = 0; i < h.store->unit_elements(u); ++i) {
+      direct.Set(u, i, Bf16ToFloat(h.store->weights(u)[i]));  // what the device saw
+    }
+  }
+  std::vector<std::vector<double>> want;
+  const double loss = direct.Run(b, &want);
+  EXPECT_NEAR(r.loss, loss, 1e-5 * loss);
+  EXPECT_EQ(r.num_targets, b.num_targets());
+  for (int64_t u = 0; u < h.store->num_units(); ++u) {
+    const double scale = MaxAbs(sink.grads[u]);
+    ASSERT_GT(scale, 0) << "unit " << u << " got no gradient";
+    for (int64_t i = 0; i < h.store->unit_elements(u); ++i) {
+      ASSERT_NEAR(sink.grads[u][i], want[u][i], 1e-4 * scale) << "unit " << u << " element " << i;
+    }
+  }
+}
+
+TEST(Pipeline, GradientsAreHandedOverInBackwardOrder) {
+  const ModelConfig c = TinyConfig(Variant::kLlamaTiedGqa);
+  Harness h(c, 1, 12, 1);
+  RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
+  h.Run({RandomBatch(1, 12, c.vocab_size, 1)}, &sink);
+  // head, layers top-down, embedding last.
+  const std::vector<int64_t> want = {4, 3, 2, 1, 0};
+  EXPECT_EQ(sink.order, want);
+}
+
+TEST(Pipeline, RecomputeIntervalDoesNotChangeAnyBit) {
+  const ModelConfig c = TinyConfig(Variant::kQwen3QkNorm);
+  const std::vector<MicroBatch> batches = {RandomBatch(1, 10, c.vocab_size, 1),
+                                           RandomBatch(1, 10, c.vocab_size, 2)};
+  std::vector<std::vector<float>> reference;
+  double reference_loss = 0;
+  for (int64_t k : {1, 2, 3}) {
+    Harness h(c, 2, 10, k);
+    RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
+    const StepResult r = h.Run(batches, &sink);
+    if (k == 1) {
+      reference = sink.grads;
+      reference_loss = r.loss;
+      continue;
+    }
+    EXPECT_EQ(r.loss, reference_loss) << "K=" << k;
+    for (size_t u = 0; u < reference.size(); ++u) {
+      EXPECT_EQ(sink.grads[u], reference[u]) << "K=" << k << " unit " << u;
+    }
+  }
+}
+
+TEST(Pipeline, FourMicroBatchesEqualOneBatchOfTheSameTokens) {
+  const ModelConfig c = TinyConfig(Variant::kLlama3RopeMha);
+  std::vector<MicroBatch> parts;
+  for (int i = 0; i < 4; ++i) parts.push_back(RandomBatch(1, 9, c.vocab_size, 40 + i));
+  // Unequal target counts per micro-batch: a mean of means would differ.
+  for (int i = 0; i < 4; ++i) parts[0].targets[i] = -100;
+
+  Harness four(c, 4, 9, 2);
+  RecordingSink sink4(four.be.get(), four.pool.get(), four.store->num_units());
+  const StepResult r4 = four.Run(parts, &sink4);
+  Harness one(c, 1, 36, 2);
+  RecordingSink sink1(one.be.get(), one.pool.get(), one.store->num_units());
+  const StepResult r1 = one.Run({Concat(parts)}, &sink1);
+
+  EXPECT_EQ(r4.num_targets, r1.num_targets);
+  EXPECT_NEAR(r4.loss, r1.loss, 1e-6 * r1.loss);
+  EXPECT_NEAR(r4.grad_norm, r1.grad_norm, 1e-5 * r1.grad_norm);
+  for (size_t u = 0; u < sink1.grads.size(); ++u) {
+    const double scale = MaxAbs(sink1.grads[u]);
+    for (size_t i = 0; i < sink1.grads[u].size(); ++i) {
+      ASSERT_NEAR(sink4.grads[u][i], sink1.grads[u][i], 1e-5 * scale) << "unit " << u;
+    }
+  }
+}
+
+TEST(Pipeline, StepRejectsMicroBatchesThatDoNotMatchThePlan) {
+  const ModelConfig c = TinyConfig(Variant::kLlamaTiedGqa);
+  Harness h(c, 2, 8, 1);
+  RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
+  absl::StatusOr<StepResult> r = h.pipeline->Step({RandomBatch(1, 8, c.vocab_size, 1)}, &sink);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("micro-batches"), std::string::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace megatrain::testing

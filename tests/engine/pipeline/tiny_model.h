@@ -1,0 +1,97 @@
+// Tiny models and batches for the pipeline's numerical tests, and a direct driver that
+// runs the layer templates without the streaming pipeline (the reference it must match).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "engine/backend/cpu_backend.h"
+#include "engine/data/packer.h"
+#include "engine/layers/decoder.h"
+#include "engine/layers/head.h"
+#include "engine/model/config.h"
+#include "engine/model/layout.h"
+
+namespace megatrain::testing {
+
+enum class Variant { kLlamaTiedGqa, kQwen2UntiedBias, kQwen3QkNorm, kLlama3RopeMha };
+
+inline ModelConfig TinyConfig(Variant v) {
+  ModelConfig c;
+  c.architecture = Architecture::kLlama;
+  c.hidden_size = 16;
+  c.num_layers = 3;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 4;
+  c.intermediate_size = 24;
+  c.vocab_size = 19;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000;
+  c.tie_word_embeddings = true;
+  switch (v) {
+    case Variant::kLlamaTiedGqa:
+      break;
+    case Variant::kQwen2UntiedBias:
+      c.architecture = Architecture::kQwen2;
+      c.qkv_bias = true;
+      c.tie_word_embeddings = false;
+      break;
+    case Variant::kQwen3QkNorm:
+      c.architecture = Architecture::kQwen3;
+      c.qk_norm = true;
+      c.head_dim = 6;  // != hidden / heads, as Qwen3 allows
+      break;
+    case Variant::kLlama3RopeMha:
+      c.num_kv_heads = 4;
+      c.tie_word_embeddings = false;
+      c.rope_theta = 500000;
+      c.rope_scaling.type = RopeScaling::Type::kLlama3;
+      c.rope_scaling.factor = 8;
+      c.rope_scaling.original_max_position_embeddings = 8;
+      break;
+  }
+  return c;
+}
+
+// `rows` rows of `seq_len` tokens, two documents per row, a few ignored targets.
+inline MicroBatch RandomBatch(int64_t rows, int64_t seq_len, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  MicroBatch b;
+  b.rows = rows;
+  b.seq_len = seq_len;
+  const int64_t n = rows * seq_len;
+  b.tokens.resize(n);
+  b.targets.resize(n);
+  b.doc_start.resize(n);
+  b.positions.resize(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t split = r * seq_len + seq_len / 3 + static_cast<int64_t>(gen() % 3);
+    for (int64_t i = r * seq_len; i < (r + 1) * seq_len; ++i) {
+      b.tokens[i] = static_cast<int32_t>(gen() % vocab);
+      b.doc_start[i] = static_cast<int32_t>(i < split ? r * seq_len : split);
+      b.positions[i] = static_cast<int32_t>(i - b.doc_start[i]);
+      b.targets[i] = (gen() % 5 == 0) ? -100 : static_cast<int32_t>(gen() % vocab);
+    }
+  }
+  return b;
+}
+
+// Concatenates micro-batches' rows into one batch (same tokens, one micro-batch).
+inline MicroBatch Concat(const std::vector<MicroBatch>& parts) {
+  MicroBatch out;
+  out.seq_len = parts[0].seq_len;
+  for (const MicroBatch& p : parts) {
+    const int32_t base = static_cast<int32_t>(out.tokens.size());
+    out.rows += p.rows;
+    out.tokens.insert(out.tokens.end(), p.tokens.begin(), p.tokens.end());
+    out.targets.insert(out.targets.end(), p.targets.begin(), p.targets.end());
+    out.positions.insert(out.positions.end(), p.positions.begin(), p.positions.end());
+    for (int32_t d : p.doc_start) out.doc_start.push_back(d + base);
+  }
+  return out;
+}
+
+}  // namespace megatrain::testing
