@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -79,6 +80,7 @@ int64_t StepOf(const std::string& name) {
   for (size_t i = prefix.size(); i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return -1;
   }
+  if (name.size() - prefix.size() > 18) return -1;  // beyond int64: not one of ours
   return std::stoll(name.substr(prefix.size()));
 }
 
@@ -150,7 +152,9 @@ absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerSt
     ASSIGN_OR_RETURN(state->data, DataPositionFromJson(js.at("data_position")));
     state->data_seed = js.at("data_seed").get<uint64_t>();
     state->init_seed = js.at("init_seed").get<uint64_t>();
-    state->last_loss = js.at("last_loss").get<double>();
+    // JSON has no NaN: a diverged loss is written as null.
+    const nlohmann::json& loss = js.at("last_loss");
+    state->last_loss = loss.is_null() ? std::nan("") : loss.get<double>();
     state->spec_fingerprint = js.value("spec_fingerprint", "");
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat(path, "/trainer_state.json: ", e.what()));

@@ -222,7 +222,10 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     RETURN_IF_ERROR(c.CheckNoUnknown());
   }
   RETURN_IF_ERROR(top.CheckNoUnknown());
-  if (spec->tokens_per_step() >= (int64_t{1} << 31)) {
+  // In 128 bits: each factor may be up to 2^63 on its own.
+  const __int128 tokens = static_cast<__int128>(spec->micro_batches) * spec->micro_batch_rows *
+                          spec->seq_len;
+  if (tokens >= (__int128{1} << 31)) {
     return absl::InvalidArgumentError("train: micro_batches * micro_batch_rows * data.seq_len must be < 2^31");
   }
   return absl::OkStatus();

@@ -5,6 +5,7 @@
 //
 // Exit codes: 0 done, 1 training failed, 2 bad command line or job spec.
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -26,6 +27,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (demo) {
+    std::error_code ec;  // the demo always starts fresh
+    std::filesystem::remove_all(std::filesystem::path(demo_dir) / "checkpoints", ec);
     absl::StatusOr<std::string> p = megatrain::WriteDemoJob(demo_dir, demo_steps);
     if (!p.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(p.status().message()).c_str());

@@ -360,9 +360,6 @@ TEST(JobSpecTest, TokensPerStepOf2To31IsRefused) {
 }
 
 TEST(JobSpecTest, TokensPerStepWhoseProductOverflowsInt64IsRefused) {
-  GTEST_SKIP() << "bug: engine/job/spec.cc ParseSections checks tokens_per_step() >= 2^31 "
-                  "after computing micro_batches * micro_batch_rows * seq_len in int64_t; "
-                  "2^32 * 2^32 * 256 overflows (UB, wraps to 0) and the spec is accepted";
   // 2^32 * 2^32 * 256 wraps to 0 in two's complement int64 arithmetic.
   ExpectInvalid(MinimalSpec() +
                     "train:\n  micro_batches: 4294967296\n  micro_batch_rows: 4294967296\n",
@@ -431,6 +428,44 @@ TEST(ResolveModelConfigTest, InlineConfigErrorsNameModelConfig) {
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("model.config"));
   EXPECT_THAT(std::string(config.status().message()), HasSubstr("num_hidden_layers"));
+}
+
+TEST(ResolveModelConfigTest, QuotedNumberInInlineConfigStaysAString) {
+  TempDir dir;
+  const std::string yaml =
+      "model:\n  config:\n    architectures: [LlamaForCausalLM]\n    hidden_size: \"32\"\n"
+      "    intermediate_size: 64\n    num_hidden_layers: 2\n    num_attention_heads: 4\n"
+      "    vocab_size: 300\n"
+      "data:\n  path: d.jsonl\n";
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<ModelConfig> config = ResolveModelConfig(*spec);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("hidden_size"));
+}
+
+TEST(LoadJobSpecTest, RelativePathsResolveAgainstTheSpecFilesFolder) {
+  TempDir dir;
+  WriteFile(dir.Join("jobs/run.yaml"), MinimalSpec() + "checkpoint:\n  dir: out\n");
+  absl::StatusOr<JobSpec> spec = LoadJobSpec(dir.Join("jobs/run.yaml"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data_path, dir.Join("jobs/train.jsonl"));
+  EXPECT_EQ(spec->checkpoint_dir, dir.Join("jobs/out"));
+}
+
+TEST(LoadJobSpecTest, MissingFileIsNotFoundAndErrorsNameTheFile) {
+  TempDir dir;
+  absl::StatusOr<JobSpec> missing = LoadJobSpec(dir.Join("nope.yaml"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr(dir.Join("nope.yaml")));
+
+  WriteFile(dir.Join("bad.yaml"), WithTrain("steps: -3"));
+  absl::StatusOr<JobSpec> bad = LoadJobSpec(dir.Join("bad.yaml"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr(dir.Join("bad.yaml")));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("train.steps"));
 }
 
 TEST(JobSpecFingerprintTest, ChangesWithSeqLenButNotWithSteps) {

@@ -202,7 +202,9 @@ TEST(LayoutTest, GroupsStartOn64ElementBoundariesAndTensorsDoNotOverlap) {
         const bool follows_in_group = t.role == TensorRole::kK || t.role == TensorRole::kV ||
                                       t.role == TensorRole::kKBias ||
                                       t.role == TensorRole::kVBias || t.role == TensorRole::kUp;
-        if (!follows_in_group) EXPECT_EQ(t.offset % 64, 0) << t.name;
+        if (!follows_in_group) {
+          EXPECT_EQ(t.offset % 64, 0) << t.name;
+        }
       }
       EXPECT_LE(end, u.num_elements) << u.name;
     }
@@ -325,6 +327,30 @@ TEST(HostStoreTest, FreshStoreIsZeroed) {
   }
 }
 
+TEST(HostArenaTest, MapOfZeroBytesIsEmptyAndImpossibleSizeIsResourceExhausted) {
+  absl::StatusOr<HostArena> empty = HostArena::Map(0, "nothing");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->data(), nullptr);
+  EXPECT_EQ(empty->bytes(), 0u);
+
+  absl::StatusOr<HostArena> huge = HostArena::Map(size_t{1} << 60, "test tensors");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(huge.status().message()), HasSubstr("test tensors"));
+}
+
+TEST(HostArenaTest, SizeIsRoundedUpToWholePagesAndMoveTransfersOwnership) {
+  absl::StatusOr<HostArena> arena = HostArena::Map(5000, "test");
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  EXPECT_EQ(arena->bytes(), 2 * kPage);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(arena->data()) % kPage, 0u);
+  char* data = arena->data();
+  data[arena->bytes() - 1] = 1;  // the rounded-up tail is usable
+  HostArena moved = std::move(*arena);
+  EXPECT_EQ(moved.data(), data);
+  EXPECT_EQ(arena->data(), nullptr);  // NOLINT(bugprone-use-after-move): checks the move
+}
+
 float FromBits(uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, 4);
@@ -380,7 +406,9 @@ TEST(GradSlabPoolTest, AcquireReturnsDistinctAlignedSlabsInsideThePool) {
     EXPECT_EQ(a % kPage, 0u);
     EXPECT_GE(a, begin);
     EXPECT_LE(a + 1000 * sizeof(float), end);
-    if (i > 0) EXPECT_GE(a, reinterpret_cast<uintptr_t>(sorted[i - 1] + 1000));
+    if (i > 0) {
+      EXPECT_GE(a, reinterpret_cast<uintptr_t>(sorted[i - 1] + 1000));
+    }
   }
   // Every element of every slab is writable.
   for (float* s : slabs) std::fill(s, s + 1000, 1.0f);
@@ -526,7 +554,9 @@ TEST(RandomInitTest, NormsAreOneBiasesZeroAndPaddingZero) {
         }
       }
       for (int64_t i = 0; i < s->unit_elements(u); ++i) {
-        if (!covered[i]) ASSERT_EQ(s->master(u)[i], 0.0f) << "padding " << i << " of unit " << u;
+        if (!covered[i]) {
+          ASSERT_EQ(s->master(u)[i], 0.0f) << "padding " << i << " of unit " << u;
+        }
       }
     }
   }

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs what the build needs, builds everything, and runs the whole test suite.
+# GPU tests skip cleanly where there is no GPU. Usage: tests/run.sh [ctest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash deploy/install-deps.sh
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$BUILD_DIR" -j"$(nproc)"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
