@@ -269,6 +269,51 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   return ParseJobSpec(ss.str(), fs::path(path).parent_path().string(), path);
 }
 
+std::string JobSpecToYaml(const JobSpec& s) {
+  YAML::Emitter out;
+  out.SetDoublePrecision(15);
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << YAML::DoubleQuoted << s.name;
+  out << YAML::Key << "backend" << YAML::Value << s.backend;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  if (!s.model_path.empty()) {
+    out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.model_path;
+  } else {
+    // Flow-style JSON is valid YAML, and keeps config.json's own types.
+    out << YAML::Key << "config" << YAML::Value << YAML::Load(s.model_config_json);
+  }
+  out << YAML::Key << "init_seed" << YAML::Value << s.init_seed << YAML::EndMap;
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.data_path;
+  out << YAML::Key << "format" << YAML::Value << s.data_format;
+  out << YAML::Key << "text_field" << YAML::Value << YAML::DoubleQuoted << s.text_field;
+  out << YAML::Key << "tokenizer" << YAML::Value << s.tokenizer;
+  out << YAML::Key << "seq_len" << YAML::Value << s.seq_len;
+  out << YAML::Key << "seed" << YAML::Value << s.data_seed << YAML::EndMap;
+  out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "steps" << YAML::Value << s.steps;
+  out << YAML::Key << "micro_batch_rows" << YAML::Value << s.micro_batch_rows;
+  out << YAML::Key << "micro_batches" << YAML::Value << s.micro_batches;
+  out << YAML::Key << "lr" << YAML::Value << s.schedule.lr;
+  out << YAML::Key << "schedule" << YAML::Value << ScheduleTypeName(s.schedule.type);
+  out << YAML::Key << "warmup_steps" << YAML::Value << s.schedule.warmup_steps;
+  out << YAML::Key << "min_lr_ratio" << YAML::Value << s.schedule.min_lr_ratio;
+  out << YAML::Key << "weight_decay" << YAML::Value << s.weight_decay;
+  out << YAML::Key << "beta1" << YAML::Value << s.beta1;
+  out << YAML::Key << "beta2" << YAML::Value << s.beta2;
+  out << YAML::Key << "eps" << YAML::Value << s.eps;
+  out << YAML::Key << "max_grad_norm" << YAML::Value << s.max_grad_norm;
+  out << YAML::Key << "activation_checkpoint_every" << YAML::Value << s.activation_checkpoint_every;
+  out << YAML::Key << "loss_chunk_tokens" << YAML::Value << s.loss_chunk_tokens << YAML::EndMap;
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << s.checkpoint_dir;
+  out << YAML::Key << "every_steps" << YAML::Value << s.checkpoint_every_steps;
+  out << YAML::Key << "keep_last" << YAML::Value << s.keep_last;
+  out << YAML::Key << "max_shard_bytes" << YAML::Value << s.max_shard_bytes << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
 absl::StatusOr<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
   if (!spec.model_path.empty()) {
     const std::string path = (fs::path(spec.model_path) / "config.json").string();

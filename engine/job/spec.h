@@ -68,6 +68,10 @@ struct JobSpec {
                                                    const std::string& source = "job spec");
 [[nodiscard]] absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 
+// The spec as a complete YAML document (every field, absolute paths): what the daemon
+// stores and runs. ParseJobSpec(JobSpecToYaml(s), "") == s.
+std::string JobSpecToYaml(const JobSpec& spec);
+
 // The model config the spec names (from the folder's config.json or the inline one).
 [[nodiscard]] absl::StatusOr<ModelConfig> ResolveModelConfig(const JobSpec& spec);
 

@@ -20,6 +20,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   return t;
 }
 
+int64_t Trainer::EstimateHostBytes(const ModelConfig& config, const JobSpec& spec) {
+  const ModelLayout layout = BuildLayout(config);
+  int64_t total = 0, max_unit = 0;
+  for (const UnitLayout& u : layout.units) {
+    total += u.num_elements;
+    max_unit = std::max(max_unit, u.num_elements);
+  }
+  const int64_t slabs = spec.max_grad_norm > 0 ? static_cast<int64_t>(layout.units.size()) : 3;
+  int64_t bytes = 14 * total + 4 * max_unit * slabs;
+  if (spec.backend == "cpu" || spec.backend == "auto") {
+    // CPU "device" memory: f32 weight slots and gradients, and activations.
+    const int64_t K = std::max<int64_t>(1, spec.activation_checkpoint_every);
+    const int64_t slots = std::max<int64_t>(2, K + 1);
+    const int64_t tokens = spec.tokens_per_step();
+    bytes += 4 * max_unit * (slots + 2) + 8 * (total - (layout.num_layers * layout.MaxDecoderElements()));
+    bytes += 4 * tokens * config.hidden_size * ((config.num_layers + K - 1) / K + K + 3);
+  }
+  return bytes;
+}
+
 absl::Status Trainer::Init(const JobSpec& spec) {
   spec_ = spec;
   ASSIGN_OR_RETURN(config_, ResolveModelConfig(spec));

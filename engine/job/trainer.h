@@ -36,6 +36,10 @@ struct StepReport {
 class Trainer {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec);
+
+  // Host memory the job will hold: the store (2 + 12 bytes per parameter), the gradient
+  // slabs (every unit's when clipping), and the backend's buffers when it is the CPU.
+  static int64_t EstimateHostBytes(const ModelConfig& config, const JobSpec& spec);
   ~Trainer();
 
   // Runs one optimizer step; saves a checkpoint when the spec says so.

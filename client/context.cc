@@ -1,0 +1,151 @@
+// Channel setup, per-call metadata and deadlines, and the error reporting every command
+// ends with. The "cannot reach" case gets its own message because it is by far the most
+// common failure and gRPC's own text ("failed to connect to all addresses") does not say
+// what to do.
+#include "client/context.h"
+
+#include <pwd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "client/exit_codes.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace megatrain::client {
+namespace {
+
+std::chrono::system_clock::time_point DeadlineAfter(double seconds) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(
+             std::chrono::duration<double>(seconds));
+}
+
+const char* CodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {
+      "OK",        "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS",    "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",       "DATA_LOSS",
+      "UNAUTHENTICATED",
+  };
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < static_cast<int>(sizeof(kNames) / sizeof(kNames[0])) ? kNames[i]
+                                                                             : "UNKNOWN";
+}
+
+int ReportUnreachable(const Context& ctx, const std::string& detail) {
+  std::fprintf(stderr,
+               "error: cannot reach megatraind at %s: is it running? (set --addr or "
+               "MEGATRAIN_ADDR)\n",
+               ctx.address.c_str());
+  if (!detail.empty()) std::fprintf(stderr, "  (%s)\n", detail.c_str());
+  return kExitUnreachable;
+}
+
+}  // namespace
+
+Context MakeContext(const std::string& address, Output output, std::string user,
+                    double timeout_s, bool timeout_given) {
+  Context ctx;
+  ctx.address = address;
+  grpc::ChannelArguments args;
+  args.SetUserAgentPrefix("megatrain-cli/" MEGATRAIN_VERSION);
+  ctx.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  ctx.jobs = v1::JobService::NewStub(ctx.channel);
+  ctx.node = v1::NodeService::NewStub(ctx.channel);
+  ctx.output = output;
+  ctx.user = std::move(user);
+  ctx.timeout_s = timeout_s;
+  ctx.timeout_given = timeout_given;
+  return ctx;
+}
+
+std::string CurrentUser() {
+  const uid_t uid = ::geteuid();
+  const struct passwd* pw = ::getpwuid(uid);
+  if (pw != nullptr && pw->pw_name != nullptr && pw->pw_name[0] != '\0') return pw->pw_name;
+  return std::to_string(uid);
+}
+
+std::unique_ptr<grpc::ClientContext> NewCall(const Context& ctx, CallKind kind) {
+  auto call = std::make_unique<grpc::ClientContext>();
+  call->AddMetadata(kUserMetadataKey, ctx.user);
+  if (kind == CallKind::kReply || (kind == CallKind::kLong && ctx.timeout_given)) {
+    call->set_deadline(DeadlineAfter(ctx.timeout_s));
+  }
+  return call;
+}
+
+bool WaitForConnection(const Context& ctx) {
+  const auto deadline = DeadlineAfter(ctx.timeout_s);
+  grpc_connectivity_state state = ctx.channel->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY) {
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) return true;
+    if (!ctx.channel->WaitForStateChange(state, deadline)) {
+      ReportUnreachable(ctx, absl::StrCat("still connecting after ", ctx.timeout_s,
+                                          " s; raise --timeout if the network is slow"));
+      return false;
+    }
+    state = ctx.channel->GetState(/*try_to_connect=*/true);
+  }
+  return true;
+}
+
+int ReportRpcError(const Context& ctx, const grpc::Status& status) {
+  const grpc::StatusCode code = status.error_code();
+  const std::string& message = status.error_message();
+  if (code == grpc::StatusCode::UNAVAILABLE) return ReportUnreachable(ctx, message);
+  if (code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    // Only a channel that connected has a daemon that was too slow; otherwise the
+    // deadline ran out while connecting.
+    if (ctx.channel->GetState(false) != GRPC_CHANNEL_READY) {
+      return ReportUnreachable(ctx, message);
+    }
+    std::fprintf(stderr,
+                 "error: megatraind at %s did not answer within %g s; it may be busy: retry, "
+                 "or raise --timeout\n",
+                 ctx.address.c_str(), ctx.timeout_s);
+    return kExitInternal;
+  }
+  if (code == grpc::StatusCode::UNIMPLEMENTED && message.empty()) {
+    std::fprintf(stderr,
+                 "error: megatraind at %s does not implement this call; it may be older than "
+                 "this CLI (`megatrain node` shows its version)\n",
+                 ctx.address.c_str());
+    return kExitInternal;
+  }
+  if (message.empty()) {
+    std::fprintf(stderr, "error: megatraind failed with %s and no message; see its log\n",
+                 CodeName(code));
+  } else {
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+  }
+  return ExitCodeFor(code);
+}
+
+bool PrintJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) {
+    std::fprintf(stderr, "error: cannot print the reply as JSON: %s\n",
+                 status.ToString().c_str());
+    return false;
+  }
+  json += '\n';
+  std::fwrite(json.data(), 1, json.size(), stdout);
+  std::fflush(stdout);
+  return true;
+}
+
+void PrintLine(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  if (text.empty() || text.back() != '\n') std::fputc('\n', stdout);
+}
+
+}  // namespace megatrain::client

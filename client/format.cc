@@ -1,0 +1,192 @@
+// Formatting rules of format.h. Widths count UTF-8 code points, not bytes, so that a job
+// name like "müller-7b" does not push its row out of line.
+#include "client/format.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace megatrain::client {
+namespace {
+
+constexpr v1::JobState kStates[] = {
+    v1::JOB_STATE_QUEUED,    v1::JOB_STATE_HELD,   v1::JOB_STATE_RUNNING,
+    v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED,
+};
+
+size_t DisplayWidth(absl::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+void AppendPadded(std::string* out, absl::string_view cell, size_t width, bool right) {
+  const std::string pad(width - std::min(width, DisplayWidth(cell)), ' ');
+  if (right) absl::StrAppend(out, pad, cell);
+  else absl::StrAppend(out, cell, pad);
+}
+
+}  // namespace
+
+std::string StateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_QUEUED: return "queued";
+    case v1::JOB_STATE_HELD: return "held";
+    case v1::JOB_STATE_RUNNING: return "running";
+    case v1::JOB_STATE_SUCCEEDED: return "succeeded";
+    case v1::JOB_STATE_FAILED: return "failed";
+    case v1::JOB_STATE_CANCELLED: return "cancelled";
+    default: return "unknown";
+  }
+}
+
+bool ParseStateName(absl::string_view name, v1::JobState* state) {
+  for (v1::JobState s : kStates) {
+    if (name == StateName(s)) {
+      *state = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> StateNames() {
+  std::vector<std::string> names;
+  for (v1::JobState s : kStates) names.push_back(StateName(s));
+  return names;
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+std::string FormatHumanNumber(double value) {
+  if (!(value >= 0) || std::isinf(value)) return "-";
+  if (value < 999.5) return absl::StrFormat("%.0f", value);
+  constexpr char kUnits[] = "kMGT";
+  double scaled = value;
+  for (int i = 0; i < 4; ++i) {
+    scaled /= 1000;
+    // Three significant digits at most; 999.96k rounds up into the next unit.
+    if (scaled < 99.95) return absl::StrFormat("%.1f%c", scaled, kUnits[i]);
+    if (scaled < 999.5 || i == 3) return absl::StrFormat("%.0f%c", scaled, kUnits[i]);
+  }
+  return "-";  // not reached
+}
+
+std::string FormatGiB(int64_t bytes) {
+  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+}
+
+std::string FormatDuration(double seconds) {
+  // 1e12 s keeps llround in range; an ETA that large is noise anyway.
+  if (!(seconds >= 0) || seconds > 1e12) return "-";
+  const long long total = std::llround(seconds);
+  return absl::StrFormat("%d:%02d:%02d", total / 3600, total / 60 % 60, total % 60);
+}
+
+std::string FormatAge(int64_t age_ms) {
+  const int64_t s = std::max<int64_t>(age_ms, 0) / 1000;
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrCat(s / 60, "m");
+  if (s < 86400) return absl::StrCat(s / 3600, "h");
+  return absl::StrCat(s / 86400, "d");
+}
+
+std::string FormatLocalTime(int64_t unix_ms, absl::TimeZone tz) {
+  if (unix_ms == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms), tz);
+}
+
+std::string FormatCpuList(std::vector<int> cpus) {
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  std::vector<std::string> ranges;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    ranges.push_back(j == i ? absl::StrCat(cpus[i]) : absl::StrCat(cpus[i], "-", cpus[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(ranges, ",");
+}
+
+std::string FormatStep(const v1::Progress& p) {
+  if (p.total_steps() > 0) return absl::StrCat(p.step(), "/", p.total_steps());
+  if (p.step() > 0) return absl::StrCat(p.step());
+  return "-";
+}
+
+std::string FormatLoss(const v1::Progress& p) {
+  if (p.step() == 0) return "-";
+  return absl::StrFormat("%.4f", p.loss());
+}
+
+std::string FormatProgressLine(const v1::Progress& p) {
+  const bool done = p.total_steps() > 0 && p.step() >= p.total_steps();
+  const std::string eta = done ? FormatDuration(0)
+                          : p.eta_seconds() > 0 ? FormatDuration(p.eta_seconds())
+                                                : "-";
+  const std::string rate =
+      p.tokens_per_second() > 0 ? FormatHumanNumber(p.tokens_per_second()) : "-";
+  return absl::StrCat("step ", FormatStep(p), "  loss ", FormatLoss(p), "  ", rate,
+                      " tok/s  ETA ", eta);
+}
+
+std::string FormatProgressBar(const v1::Progress& p, int width) {
+  width = std::max(width, 1);
+  double fraction = p.total_steps() > 0
+                        ? static_cast<double>(p.step()) / static_cast<double>(p.total_steps())
+                        : 0.0;
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  const int filled = static_cast<int>(fraction * width);
+  return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '.'), "] ",
+                      FormatProgressLine(p));
+}
+
+std::string FormatTable(const std::vector<Column>& columns,
+                        const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const Column& c : columns) widths.push_back(DisplayWidth(c.title));
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size() && i < widths.size(); ++i) {
+      widths[i] = std::max(widths[i], DisplayWidth(row[i]));
+    }
+  }
+  std::string out;
+  auto append_line = [&](auto cell_at) {
+    std::string line;
+    for (size_t i = 0; i < columns.size(); ++i) {
+      if (i > 0) line += "  ";
+      AppendPadded(&line, cell_at(i), widths[i], columns[i].right_aligned);
+    }
+    line.erase(line.find_last_not_of(' ') + 1);
+    absl::StrAppend(&out, line, "\n");
+  };
+  append_line([&](size_t i) -> absl::string_view { return columns[i].title; });
+  for (const auto& row : rows) {
+    append_line([&](size_t i) -> absl::string_view {
+      return i < row.size() ? absl::string_view(row[i]) : absl::string_view();
+    });
+  }
+  return out;
+}
+
+std::string FormatKeyValues(const std::vector<std::pair<std::string, std::string>>& items) {
+  size_t width = 0;
+  for (const auto& [key, value] : items) width = std::max(width, DisplayWidth(key));
+  std::string out;
+  for (const auto& [key, value] : items) {
+    std::string line = absl::StrCat(key, ":");
+    AppendPadded(&line, "", width - DisplayWidth(key) + 2, false);
+    absl::StrAppend(&line, value.empty() ? "-" : value, "\n");
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace megatrain::client

@@ -1,0 +1,155 @@
+// megatrain: the command-line client of megatraind.
+//
+// Defines the command line with CLI11, builds the Context from the global options and
+// runs one subcommand (commands.h). CLI11 reports bad usage by throwing; those exceptions
+// are caught here, the only place in the client that sees any, and become exit code 2.
+#include <cstdio>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "client/address.h"
+#include "client/commands.h"
+#include "client/context.h"
+#include "client/exit_codes.h"
+#include "client/format.h"
+
+namespace megatrain::client {
+namespace {
+
+// Everything the command line sets.
+struct CommandLine {
+  std::string addr;
+  std::string output = "table";
+  double timeout_s = 30;
+  bool timeout_given = false;
+  std::string command;  // the subcommand's name
+  SubmitArgs submit;
+  ListArgs list;
+  int64_t job_id = 0;
+  bool follow = false;
+};
+
+std::string Footer() {
+  return std::string(kExitCodesHelp) +
+         "\nThe daemon's address: --addr, else $MEGATRAIN_ADDR, else " + DefaultAddress() +
+         ".\nEvery call names you (" + CurrentUser() + ") to megatraind.\n";
+}
+
+void AddJobId(CLI::App* sub, CommandLine& cl) {
+  static const CLI::Validator kJobId(
+      [](std::string& s) -> std::string {
+        // At most 18 digits: always fits an int64 (CLI11 would wrap a longer one).
+        const bool digits = !s.empty() && s.size() <= 18 &&
+                            s.find_first_not_of("0123456789") == std::string::npos;
+        if (digits && s.find_first_not_of('0') != std::string::npos) return "";
+        return "'" + s + "' is not a job id; ids are positive integers (see `megatrain list`)";
+      },
+      "ID");
+  sub->add_option("id", cl.job_id, "the job's id (see `megatrain list`)")
+      ->required()
+      ->check(kJobId);
+}
+
+// Defines the command line on `app`, binding every option into `cl`.
+void DefineCommandLine(CLI::App& app, CommandLine& cl) {
+  app.name("megatrain");
+  app.set_version_flag("--version", "megatrain " MEGATRAIN_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough();  // so global options may also follow the subcommand
+  // Subcommands inherit the footer they are created with; the full one is set last.
+  app.footer("Global options (--addr, --output, --timeout): see `megatrain --help`.");
+  app.add_option("--addr", cl.addr,
+                 "megatraind's address: unix:/path, unix:///path or host:port");
+  app.add_option("--output,-o", cl.output, "table (for people) or json (one object per line)")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  app.add_option("--timeout", cl.timeout_s,
+                 "seconds to wait for a reply (cancel, checkpoint, hold: no limit unless "
+                 "given; watch, logs: bounds the connect only)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
+  CLI::App* submit = app.add_subcommand("submit", "submit a job spec (YAML) to the queue");
+  submit->add_option("spec", cl.submit.spec_path,
+                     "the job spec; its relative paths resolve against its folder")
+      ->required();
+  submit->add_option("--priority", cl.submit.priority, "higher runs first; FIFO within one")
+      ->capture_default_str();
+  submit->add_flag("--hold", cl.submit.hold, "keep it out of the queue until `release`");
+  submit->add_flag("--watch", cl.submit.watch, "then watch it (exit code as `watch`)");
+
+  CLI::App* list = app.add_subcommand("list", "list jobs, newest first");
+  list->add_option("--state", cl.list.states, "only jobs in these states (repeat, or a,b)")
+      ->check(CLI::IsMember(StateNames()))
+      ->delimiter(',');
+  CLI::Option* owner = list->add_option("--owner", cl.list.owner, "only this user's jobs");
+  list->add_flag("--mine", cl.list.mine, "only your jobs")->excludes(owner);
+  list->add_option("--limit", cl.list.limit, "jobs per page (one page without --all-pages)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  list->add_flag("--all-pages", cl.list.all_pages, "fetch every page");
+
+  AddJobId(app.add_subcommand("status", "show one job in detail"), cl);
+  CLI::App* watch = app.add_subcommand(
+      "watch", "follow a job's progress until it ends; exit 0 succeeded, 10 failed, "
+               "11 cancelled");
+  AddJobId(watch, cl);
+  CLI::App* logs = app.add_subcommand("logs", "print a job's log");
+  AddJobId(logs, cl);
+  logs->add_flag("-f,--follow", cl.follow, "keep printing until the job ends");
+  AddJobId(app.add_subcommand("cancel", "cancel a queued, held or running job"), cl);
+  AddJobId(app.add_subcommand("checkpoint", "checkpoint a running job now; prints the path"),
+           cl);
+  AddJobId(app.add_subcommand("hold", "keep a job out of the queue (a running one "
+                                      "checkpoints and steps aside)"),
+           cl);
+  AddJobId(app.add_subcommand("release", "put a held job back in the queue"), cl);
+  app.add_subcommand("node", "show the machine: memory, GPUs, NUMA nodes, versions");
+  app.footer(Footer());
+}
+
+int Dispatch(const Context& ctx, const CommandLine& cl) {
+  const std::string& c = cl.command;
+  if (c == "submit") return Submit(ctx, cl.submit);
+  if (c == "list") return List(ctx, cl.list);
+  if (c == "status") return Status(ctx, cl.job_id);
+  if (c == "watch") return Watch(ctx, cl.job_id);
+  if (c == "logs") return Logs(ctx, cl.job_id, cl.follow);
+  if (c == "cancel") return Cancel(ctx, cl.job_id);
+  if (c == "checkpoint") return Checkpoint(ctx, cl.job_id);
+  if (c == "hold") return Hold(ctx, cl.job_id);
+  if (c == "release") return Release(ctx, cl.job_id);
+  if (c == "node") return Node(ctx);
+  std::fprintf(stderr, "error: subcommand '%s' is not implemented (a bug)\n", c.c_str());
+  return kExitInternal;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"megatrain: submit, watch and manage training jobs on megatraind"};
+  CommandLine cl;
+  try {
+    DefineCommandLine(app, cl);
+    if (argc <= 1) {
+      std::fputs(app.help().c_str(), stderr);
+      return kExitUsage;
+    }
+    app.parse(argc, argv);
+    cl.command = app.get_subcommands().front()->get_name();
+    cl.timeout_given = app.get_option("--timeout")->count() > 0;
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitUsage;  // --help and --version exit 0
+  } catch (const CLI::Error& e) {
+    std::fprintf(stderr, "error: the command line is defined wrongly (a bug): %s\n", e.what());
+    return kExitInternal;
+  }
+  const Context ctx =
+      MakeContext(ResolveAddress(cl.addr),
+                  cl.output == "json" ? Output::kJson : Output::kTable, CurrentUser(),
+                  cl.timeout_s, cl.timeout_given);
+  return Dispatch(ctx, cl);
+}
+
+}  // namespace
+}  // namespace megatrain::client
+
+int main(int argc, char** argv) { return megatrain::client::Run(argc, argv); }

@@ -1,0 +1,272 @@
+#include "server/job_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "engine/engine.h"
+
+namespace megatrain::server {
+namespace {
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+bool Terminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+}  // namespace
+
+JobRunner::JobRunner(JobStore* store, EventHub* hub, const JobRunnerOptions& options)
+    : store_(store), hub_(hub), options_(options) {}
+
+JobRunner::~JobRunner() { Shutdown(); }
+
+void JobRunner::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void JobRunner::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void JobRunner::Wake() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+}
+
+int64_t JobRunner::running_job() const {
+  absl::MutexLock lock(&mu_);
+  return running_;
+}
+
+absl::Status JobRunner::SetState(v1::Job* job, v1::JobState state, const std::string& why) {
+  job->set_state(state);
+  if (state == v1::JOB_STATE_RUNNING && job->started_unix_ms() == 0) job->set_started_unix_ms(NowMs());
+  if (Terminal(state)) job->set_finished_unix_ms(NowMs());
+  absl::Status s = store_->Update(*job);
+  if (!s.ok()) return s;
+  v1::JobEvent event;
+  *event.mutable_state_change() = *job;
+  s = store_->AppendEvent(job->id(), &event).status();
+  if (!why.empty()) Log(job->id(), why);
+  hub_->Notify(job->id());
+  return s;
+}
+
+absl::StatusOr<v1::Job> JobRunner::Transition(int64_t id,
+                                              std::initializer_list<v1::JobState> from,
+                                              v1::JobState to, const std::string& why) {
+  absl::MutexLock lock(&transition_mu_);
+  absl::StatusOr<v1::Job> job = store_->Get(id);
+  if (!job.ok()) return job.status();
+  if (std::find(from.begin(), from.end(), job->state()) == from.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, " is ", absl::AsciiStrToLower(v1::JobState_Name(job->state()).substr(10)),
+        "; cannot make it ", absl::AsciiStrToLower(v1::JobState_Name(to).substr(10))));
+  }
+  absl::Status s = SetState(&*job, to, why);
+  if (!s.ok()) return s;
+  return job;
+}
+
+void JobRunner::Log(int64_t job_id, const std::string& text) {
+  v1::LogLine line;
+  line.set_text(text);
+  (void)store_->AppendLog(job_id, &line);
+  hub_->Notify(job_id);
+}
+
+absl::Status JobRunner::CancelRunning(int64_t job_id) {
+  absl::MutexLock lock(&mu_);
+  if (running_ != job_id) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running"));
+  request_ = Request::kCancel;
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::HoldRunning(int64_t job_id) {
+  absl::MutexLock lock(&mu_);
+  if (running_ != job_id) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running"));
+  request_ = Request::kHold;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::CheckpointJobResponse> JobRunner::CheckpointRunning(int64_t job_id) {
+  absl::MutexLock lock(&mu_);
+  if (running_ != job_id) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is not running"));
+  }
+  const int64_t ticket = checkpoints_done_ + 1;
+  ++checkpoint_requests_;
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return checkpoints_done_ >= ticket || running_ != job_id;
+  };
+  mu_.Await(absl::Condition(&done));
+  if (checkpoints_done_ < ticket) {
+    return absl::AbortedError(absl::StrCat("job ", job_id, " stopped before the checkpoint"));
+  }
+  return last_checkpoint_;
+}
+
+bool JobRunner::PickNext(v1::Job* job) {
+  for (;;) {
+    absl::StatusOr<std::vector<v1::Job>> queued = store_->ListInState(v1::JOB_STATE_QUEUED);
+    if (!queued.ok() || queued->empty()) return false;
+    // Oldest first; the first of the highest priority wins.
+    const v1::Job* best = &(*queued)[0];
+    for (const v1::Job& j : *queued) {
+      if (j.priority() > best->priority()) best = &j;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      running_ = best->id();  // from here on, requests for it reach this runner
+      request_ = Request::kNone;
+      checkpoint_requests_ = 0;
+    }
+    absl::StatusOr<v1::Job> claimed =
+        Transition(best->id(), {v1::JOB_STATE_QUEUED}, v1::JOB_STATE_RUNNING, "");
+    if (claimed.ok()) {
+      *job = *claimed;
+      return true;
+    }
+    absl::MutexLock lock(&mu_);
+    running_ = 0;  // cancelled or held meanwhile: look again
+  }
+}
+
+void JobRunner::Loop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stop_) return;
+      wake_ = false;
+    }
+    v1::Job job;
+    while (PickNext(&job)) {
+      Run(job);
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+    }
+  }
+}
+
+void JobRunner::Run(v1::Job job) {
+  auto finish = [&](v1::JobState state, const std::string& why) {
+    (void)SetState(&job, state, why);
+    absl::MutexLock lock(&mu_);
+    running_ = 0;
+  };
+  job.set_device(options_.device);
+  job.clear_error();
+  (void)store_->Update(job);
+  Log(job.id(), absl::StrCat("running on ", options_.device));
+
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml(), "", "stored job spec");
+  if (!spec.ok()) {
+    job.set_error(std::string(spec.status().message()));
+    return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", spec.status().ToString()));
+  }
+  spec->checkpoint_dir = job.checkpoint_dir();
+  if (options_.device == "cpu") spec->backend = spec->backend == "cuda" ? "cuda" : "cpu";
+  absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(*spec);
+  if (!created.ok()) {
+    job.set_error(std::string(created.status().message()));
+    return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", created.status().ToString()));
+  }
+  Trainer& t = **created;
+  if (t.resumed_from_step() > 0) {
+    job.set_resumed_from_step(t.resumed_from_step());
+    Log(job.id(), absl::StrCat("resumed from the checkpoint of step ", t.resumed_from_step()));
+  }
+  Log(job.id(), absl::StrFormat("%s, %.2fM parameters, %s backend, %d tokens/step, %d steps",
+                                ArchitectureClassName(t.config().architecture),
+                                t.num_parameters() / 1e6, t.backend_name(),
+                                spec->tokens_per_step(), spec->steps));
+  auto save = [&]() -> absl::StatusOr<std::string> {
+    absl::StatusOr<std::string> path = t.SaveCheckpoint();
+    if (path.ok()) {
+      job.set_last_checkpoint(*path);
+      Log(job.id(), absl::StrCat("checkpoint ", *path));
+    }
+    return path;
+  };
+  double seconds_sum = 0;
+  int64_t timed_steps = 0;
+  while (!t.done()) {
+    Request request;
+    int64_t checkpoint_requests;
+    bool stop;
+    {
+      absl::MutexLock lock(&mu_);
+      request = request_;
+      checkpoint_requests = checkpoint_requests_;
+      stop = stop_;
+    }
+    if (checkpoint_requests > 0) {
+      absl::StatusOr<std::string> path = save();
+      absl::MutexLock lock(&mu_);
+      if (path.ok()) {
+        v1::CheckpointJobResponse r;
+        r.set_path(*path);
+        r.set_step(t.step());
+        last_checkpoint_ = r;
+      } else {
+        last_checkpoint_ = path.status();
+      }
+      checkpoint_requests_ = 0;
+      ++checkpoints_done_;
+    }
+    if (request == Request::kCancel) return finish(v1::JOB_STATE_CANCELLED, "cancelled");
+    if (request == Request::kHold || stop) {
+      absl::StatusOr<std::string> path = save();
+      if (!path.ok()) Log(job.id(), absl::StrCat("checkpoint failed: ", path.status().ToString()));
+      return finish(stop ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_HELD,
+                    stop ? "daemon stopping: checkpointed, will resume" : "held: checkpointed");
+    }
+    absl::StatusOr<StepReport> r = t.Step();
+    if (!r.ok()) {
+      job.set_error(std::string(r.status().message()));
+      return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", r.status().ToString()));
+    }
+    if (r->step > 1) {  // the first step includes warm-up; leave it out of the ETA
+      seconds_sum += r->seconds;
+      ++timed_steps;
+    }
+    const double mean = timed_steps > 0 ? seconds_sum / timed_steps : r->seconds;
+    v1::Progress* p = job.mutable_progress();
+    p->set_step(r->step);
+    p->set_total_steps(r->total_steps);
+    p->set_loss(r->loss);
+    p->set_learning_rate(r->lr);
+    p->set_grad_norm(r->grad_norm);
+    p->set_tokens_per_second(r->tokens_per_second);
+    p->set_tflops(r->model_tflops);
+    p->set_step_seconds(r->seconds);
+    p->set_eta_seconds(mean * (r->total_steps - r->step));
+    (void)store_->Update(job);
+    v1::JobEvent event;
+    *event.mutable_progress() = *p;
+    (void)store_->AppendEvent(job.id(), &event);
+    if (r->step == 1 || r->step % 10 == 0 || r->step == r->total_steps) {
+      Log(job.id(), absl::StrFormat("step %d/%d loss %.4f lr %.3e grad_norm %.3f %.0f tok/s",
+                                    r->step, r->total_steps, r->loss, r->lr, r->grad_norm,
+                                    r->tokens_per_second));
+    }
+    hub_->Notify(job.id());
+  }
+  if (!spec->checkpoint_dir.empty()) {
+    std::vector<std::string> all = ListCheckpoints(spec->checkpoint_dir);
+    if (!all.empty()) job.set_last_checkpoint(all.back());
+  }
+  finish(v1::JOB_STATE_SUCCEEDED, "succeeded");
+}
+
+}  // namespace megatrain::server

@@ -1,0 +1,80 @@
+// JobRunner: the worker that owns one device and runs its queue, one job at a time,
+// highest priority first, FIFO within a priority.
+//
+// A job runs on the engine's Trainer in this process. Between steps the runner honours
+// requests: cancel, checkpoint now, hold (checkpoint and step aside), and shutdown
+// (checkpoint and requeue, so the next daemon resumes it). Every state change and step is
+// committed to the job store before watchers are woken.
+//
+// Thread-safe: requests come from RPC threads; the loop runs on the runner's own thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <initializer_list>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "megatrain/v1/jobs.pb.h"
+#include "server/event_hub.h"
+#include "server/job_store.h"
+
+namespace megatrain::server {
+
+struct JobRunnerOptions {
+  std::string device = "cpu";  // "cpu" or "cuda:N"
+  std::string state_dir;       // default checkpoints: state_dir/jobs/<id>/checkpoints
+};
+
+class JobRunner {
+ public:
+  JobRunner(JobStore* store, EventHub* hub, const JobRunnerOptions& options);
+  ~JobRunner();  // stops as Shutdown() does
+
+  void Start();
+  // Checkpoints the running job (if any) and requeues it, then stops the loop.
+  void Shutdown();
+  // A job was queued or released: look at the queue again.
+  void Wake();
+
+  // Requests against the running job; NotFound when it is not the running one.
+  absl::Status CancelRunning(int64_t job_id);
+  absl::Status HoldRunning(int64_t job_id);
+  // Blocks until the checkpoint after the current step is written.
+  absl::StatusOr<v1::CheckpointJobResponse> CheckpointRunning(int64_t job_id);
+  int64_t running_job() const;
+
+  // Commits a state change and tells watchers. REQUIRES: the caller owns the job's
+  // state (the runner while it runs the job; otherwise use Transition).
+  absl::Status SetState(v1::Job* job, v1::JobState state, const std::string& why);
+  // Atomically (with respect to other transitions) moves job `id` from one of `from` to
+  // `to`: FailedPrecondition naming the current state otherwise.
+  absl::StatusOr<v1::Job> Transition(int64_t id, std::initializer_list<v1::JobState> from,
+                                     v1::JobState to, const std::string& why);
+  void Log(int64_t job_id, const std::string& text);
+
+ private:
+  enum class Request { kNone, kCancel, kHold };
+  void Loop();
+  bool PickNext(v1::Job* job);
+  void Run(v1::Job job);
+
+  JobStore* store_;
+  EventHub* hub_;
+  JobRunnerOptions options_;
+  std::thread thread_;
+
+  absl::Mutex transition_mu_;  // serialises Transition() calls
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  Request request_ ABSL_GUARDED_BY(mu_) = Request::kNone;
+  int64_t checkpoint_requests_ ABSL_GUARDED_BY(mu_) = 0;  // pending
+  int64_t checkpoints_done_ ABSL_GUARDED_BY(mu_) = 0;     // completed request rounds
+  absl::StatusOr<v1::CheckpointJobResponse> last_checkpoint_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace megatrain::server

@@ -1,0 +1,73 @@
+#include "server/node_service.h"
+
+#include <numa.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "google/protobuf/stubs/common.h"
+#include "grpcpp/grpcpp.h"
+
+namespace megatrain::server {
+
+HostMemory ReadHostMemory() {
+  HostMemory m;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemTotal:") m.total_bytes = kib * 1024;
+    if (key == "MemAvailable:") m.available_bytes = kib * 1024;
+  }
+  return m;
+}
+
+NodeServiceImpl::NodeServiceImpl(JobStore* store, std::string backend, int64_t admissible_bytes)
+    : store_(store), backend_(std::move(backend)), admissible_bytes_(admissible_bytes) {}
+
+grpc::Status NodeServiceImpl::GetNode(grpc::ServerContext*, const v1::GetNodeRequest*,
+                                      v1::Node* resp) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  resp->set_hostname(host);
+  resp->set_cpu_count(static_cast<int32_t>(sysconf(_SC_NPROCESSORS_ONLN)));
+  const HostMemory mem = ReadHostMemory();
+  resp->set_host_memory_total_bytes(mem.total_bytes);
+  int64_t reserved = 0;
+  for (v1::JobState s : {v1::JOB_STATE_RUNNING, v1::JOB_STATE_QUEUED}) {
+    absl::StatusOr<std::vector<v1::Job>> jobs = store_->ListInState(s);
+    if (jobs.ok()) for (const v1::Job& j : *jobs) reserved += j.host_bytes_estimate();
+  }
+  resp->set_host_memory_reserved_bytes(reserved);
+  resp->set_host_memory_free_bytes(std::max<int64_t>(0, admissible_bytes_ - reserved));
+  resp->set_backend(backend_);
+  resp->set_version("0.1.0");
+  (*resp->mutable_versions())["grpc"] = grpc::Version();
+  (*resp->mutable_versions())["protobuf"] =
+      google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION);
+  (*resp->mutable_versions())["sqlite"] = sqlite3_libversion();
+  if (numa_available() >= 0) {
+    for (int node = 0; node <= numa_max_node(); ++node) {
+      long long free_bytes = 0;
+      const long long size = numa_node_size64(node, &free_bytes);
+      if (size <= 0) continue;
+      v1::NumaNode* n = resp->add_numa_nodes();
+      n->set_id(node);
+      n->set_memory_total_bytes(size);
+      n->set_memory_free_bytes(free_bytes);
+      struct bitmask* cpus = numa_allocate_cpumask();
+      if (numa_node_to_cpus(node, cpus) == 0) {
+        for (unsigned i = 0; i < cpus->size; ++i) {
+          if (numa_bitmask_isbitset(cpus, i)) n->add_cpus(static_cast<int32_t>(i));
+        }
+      }
+      numa_free_cpumask(cpus);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace megatrain::server
