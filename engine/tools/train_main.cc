@@ -1,7 +1,8 @@
 // megatrain-train: runs one job spec locally, in this process, to the end.
 //
 //   megatrain-train job.yaml        train; resumes when checkpoint.dir has a checkpoint
-//   megatrain-train --demo [DIR]    write and run the embedded demo job
+//   megatrain-train --demo          write and run the embedded demo job (--demo-dir)
+//   megatrain-train --demo --write-only   only write it (for `megatrain submit`)
 //
 // Exit codes: 0 done, 1 training failed, 2 bad command line or job spec.
 #include <cstdio>
@@ -17,12 +18,14 @@ int main(int argc, char** argv) {
   std::string spec_path;
   std::string demo_dir = "megatrain-demo";
   bool demo = false;
+  bool write_only = false;
   int64_t demo_steps = 200;
   int64_t max_steps = 0;
   app.add_option("spec", spec_path, "job spec (YAML)");
   app.add_flag("--demo", demo, "write the embedded demo job into --demo-dir and run it");
   app.add_option("--demo-dir", demo_dir, "folder for the demo job")->capture_default_str();
   app.add_option("--demo-steps", demo_steps, "steps of the demo job")->capture_default_str();
+  app.add_flag("--write-only", write_only, "with --demo: write the demo job's files and exit");
   app.add_option("--max-steps", max_steps, "stop after this many steps in this run (0 = all)");
   CLI11_PARSE(app, argc, argv);
 
@@ -35,6 +38,10 @@ int main(int argc, char** argv) {
       return 1;
     }
     spec_path = *p;
+    if (write_only) {
+      std::printf("%s\n", spec_path.c_str());
+      return 0;
+    }
   }
   if (spec_path.empty()) {
     std::fprintf(stderr, "error: give a job spec, or --demo\n%s", app.help().c_str());
