@@ -118,8 +118,7 @@ int List(const Context& ctx, const ListArgs& args) {
     } else {
       jobs.insert(jobs.end(), response.jobs().begin(), response.jobs().end());
     }
-    if (!response.next_page_token().empty() &&
-        response.next_page_token() == request.page_token()) {
+    if (!response.next_page_token().empty() && response.next_page_token() == request.page_token()) {
       std::fprintf(stderr, "error: megatraind returned the same page twice; stopping\n");
       return kExitInternal;
     }

@@ -25,15 +25,26 @@ std::chrono::system_clock::time_point DeadlineAfter(double seconds) {
 
 const char* CodeName(grpc::StatusCode code) {
   static const char* const kNames[] = {
-      "OK",        "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",       "DATA_LOSS",
+      "OK",
+      "CANCELLED",
+      "UNKNOWN",
+      "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED",
+      "NOT_FOUND",
+      "ALREADY_EXISTS",
+      "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED",
+      "FAILED_PRECONDITION",
+      "ABORTED",
+      "OUT_OF_RANGE",
+      "UNIMPLEMENTED",
+      "INTERNAL",
+      "UNAVAILABLE",
+      "DATA_LOSS",
       "UNAUTHENTICATED",
   };
   const int i = static_cast<int>(code);
-  return i >= 0 && i < static_cast<int>(sizeof(kNames) / sizeof(kNames[0])) ? kNames[i]
-                                                                             : "UNKNOWN";
+  return i >= 0 && i < static_cast<int>(sizeof(kNames) / sizeof(kNames[0])) ? kNames[i] : "UNKNOWN";
 }
 
 int ReportUnreachable(const Context& ctx, const std::string& detail) {
@@ -47,8 +58,8 @@ int ReportUnreachable(const Context& ctx, const std::string& detail) {
 
 }  // namespace
 
-Context MakeContext(const std::string& address, Output output, std::string user,
-                    double timeout_s, bool timeout_given) {
+Context MakeContext(const std::string& address, Output output, std::string user, double timeout_s,
+                    bool timeout_given) {
   Context ctx;
   ctx.address = address;
   grpc::ChannelArguments args;
@@ -133,8 +144,7 @@ bool PrintJson(const google::protobuf::Message& message) {
   std::string json;
   const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
   if (!status.ok()) {
-    std::fprintf(stderr, "error: cannot print the reply as JSON: %s\n",
-                 status.ToString().c_str());
+    std::fprintf(stderr, "error: cannot print the reply as JSON: %s\n", status.ToString().c_str());
     return false;
   }
   json += '\n';

@@ -30,14 +30,14 @@ struct Context {
   std::unique_ptr<v1::JobService::Stub> jobs;
   std::unique_ptr<v1::NodeService::Stub> node;
   Output output = Output::kTable;
-  std::string user;              // sent as kUserMetadataKey
-  double timeout_s = 30;         // --timeout
-  bool timeout_given = false;    // --timeout was on the command line
+  std::string user;            // sent as kUserMetadataKey
+  double timeout_s = 30;       // --timeout
+  bool timeout_given = false;  // --timeout was on the command line
 };
 
 // A Context with an (insecure) channel to `address`. Nothing connects until the first call.
-Context MakeContext(const std::string& address, Output output, std::string user,
-                    double timeout_s, bool timeout_given);
+Context MakeContext(const std::string& address, Output output, std::string user, double timeout_s,
+                    bool timeout_given);
 
 // The login name of the effective uid (getpwuid), or the uid in digits if it has none.
 std::string CurrentUser();

@@ -25,21 +25,27 @@ size_t DisplayWidth(absl::string_view s) {
 
 void AppendPadded(std::string* out, absl::string_view cell, size_t width, bool right) {
   const std::string pad(width - std::min(width, DisplayWidth(cell)), ' ');
-  if (right) absl::StrAppend(out, pad, cell);
-  else absl::StrAppend(out, cell, pad);
+  absl::StrAppend(out, right ? pad : "", cell, right ? "" : pad);
 }
 
 }  // namespace
 
 std::string StateName(v1::JobState state) {
   switch (state) {
-    case v1::JOB_STATE_QUEUED: return "queued";
-    case v1::JOB_STATE_HELD: return "held";
-    case v1::JOB_STATE_RUNNING: return "running";
-    case v1::JOB_STATE_SUCCEEDED: return "succeeded";
-    case v1::JOB_STATE_FAILED: return "failed";
-    case v1::JOB_STATE_CANCELLED: return "cancelled";
-    default: return "unknown";
+    case v1::JOB_STATE_QUEUED:
+      return "queued";
+    case v1::JOB_STATE_HELD:
+      return "held";
+    case v1::JOB_STATE_RUNNING:
+      return "running";
+    case v1::JOB_STATE_SUCCEEDED:
+      return "succeeded";
+    case v1::JOB_STATE_FAILED:
+      return "failed";
+    case v1::JOB_STATE_CANCELLED:
+      return "cancelled";
+    default:
+      return "unknown";
   }
 }
 
@@ -127,14 +133,16 @@ std::string FormatLoss(const v1::Progress& p) {
 }
 
 std::string FormatProgressLine(const v1::Progress& p) {
-  const bool done = p.total_steps() > 0 && p.step() >= p.total_steps();
-  const std::string eta = done ? FormatDuration(0)
-                          : p.eta_seconds() > 0 ? FormatDuration(p.eta_seconds())
-                                                : "-";
+  std::string eta = "-";
+  if (p.total_steps() > 0 && p.step() >= p.total_steps()) {
+    eta = FormatDuration(0);
+  } else if (p.eta_seconds() > 0) {
+    eta = FormatDuration(p.eta_seconds());
+  }
   const std::string rate =
       p.tokens_per_second() > 0 ? FormatHumanNumber(p.tokens_per_second()) : "-";
-  return absl::StrCat("step ", FormatStep(p), "  loss ", FormatLoss(p), "  ", rate,
-                      " tok/s  ETA ", eta);
+  return absl::StrCat("step ", FormatStep(p), "  loss ", FormatLoss(p), "  ", rate, " tok/s  ETA ",
+                      eta);
 }
 
 std::string FormatProgressBar(const v1::Progress& p, int width) {

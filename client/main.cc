@@ -39,8 +39,8 @@ void AddJobId(CLI::App* sub, CommandLine& cl) {
   static const CLI::Validator kJobId(
       [](std::string& s) -> std::string {
         // At most 18 digits: always fits an int64 (CLI11 would wrap a longer one).
-        const bool digits = !s.empty() && s.size() <= 18 &&
-                            s.find_first_not_of("0123456789") == std::string::npos;
+        const bool digits =
+            !s.empty() && s.size() <= 18 && s.find_first_not_of("0123456789") == std::string::npos;
         if (digits && s.find_first_not_of('0') != std::string::npos) return "";
         return "'" + s + "' is not a job id; ids are positive integers (see `megatrain list`)";
       },
@@ -58,8 +58,7 @@ void DefineCommandLine(CLI::App& app, CommandLine& cl) {
   app.fallthrough();  // so global options may also follow the subcommand
   // Subcommands inherit the footer they are created with; the full one is set last.
   app.footer("Global options (--addr, --output, --timeout): see `megatrain --help`.");
-  app.add_option("--addr", cl.addr,
-                 "megatraind's address: unix:/path, unix:///path or host:port");
+  app.add_option("--addr", cl.addr, "megatraind's address: unix:/path, unix:///path or host:port");
   app.add_option("--output,-o", cl.output, "table (for people) or json (one object per line)")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
@@ -70,8 +69,9 @@ void DefineCommandLine(CLI::App& app, CommandLine& cl) {
       ->capture_default_str();
 
   CLI::App* submit = app.add_subcommand("submit", "submit a job spec (YAML) to the queue");
-  submit->add_option("spec", cl.submit.spec_path,
-                     "the job spec; its relative paths resolve against its folder")
+  submit
+      ->add_option("spec", cl.submit.spec_path,
+                   "the job spec; its relative paths resolve against its folder")
       ->required();
   submit->add_option("--priority", cl.submit.priority, "higher runs first; FIFO within one")
       ->capture_default_str();
@@ -90,18 +90,19 @@ void DefineCommandLine(CLI::App& app, CommandLine& cl) {
   list->add_flag("--all-pages", cl.list.all_pages, "fetch every page");
 
   AddJobId(app.add_subcommand("status", "show one job in detail"), cl);
-  CLI::App* watch = app.add_subcommand(
-      "watch", "follow a job's progress until it ends; exit 0 succeeded, 10 failed, "
-               "11 cancelled");
+  CLI::App* watch =
+      app.add_subcommand("watch",
+                         "follow a job's progress until it ends; exit 0 succeeded, 10 failed, "
+                         "11 cancelled");
   AddJobId(watch, cl);
   CLI::App* logs = app.add_subcommand("logs", "print a job's log");
   AddJobId(logs, cl);
   logs->add_flag("-f,--follow", cl.follow, "keep printing until the job ends");
   AddJobId(app.add_subcommand("cancel", "cancel a queued, held or running job"), cl);
-  AddJobId(app.add_subcommand("checkpoint", "checkpoint a running job now; prints the path"),
-           cl);
-  AddJobId(app.add_subcommand("hold", "keep a job out of the queue (a running one "
-                                      "checkpoints and steps aside)"),
+  AddJobId(app.add_subcommand("checkpoint", "checkpoint a running job now; prints the path"), cl);
+  AddJobId(app.add_subcommand("hold",
+                              "keep a job out of the queue (a running one "
+                              "checkpoints and steps aside)"),
            cl);
   AddJobId(app.add_subcommand("release", "put a held job back in the queue"), cl);
   app.add_subcommand("node", "show the machine: memory, GPUs, NUMA nodes, versions");
@@ -143,9 +144,8 @@ int Run(int argc, char** argv) {
     return kExitInternal;
   }
   const Context ctx =
-      MakeContext(ResolveAddress(cl.addr),
-                  cl.output == "json" ? Output::kJson : Output::kTable, CurrentUser(),
-                  cl.timeout_s, cl.timeout_given);
+      MakeContext(ResolveAddress(cl.addr), cl.output == "json" ? Output::kJson : Output::kTable,
+                  CurrentUser(), cl.timeout_s, cl.timeout_given);
   return Dispatch(ctx, cl);
 }
 

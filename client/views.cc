@@ -23,8 +23,8 @@ std::string TimeWithAge(int64_t unix_ms, int64_t now_unix_ms, absl::TimeZone tz)
 
 std::string LastStepStats(const v1::Progress& p) {
   if (p.step() == 0) return "";
-  return absl::StrFormat("lr %.3e  grad norm %.3f  %.2f TFLOP/s  %.2f s/step",
-                         p.learning_rate(), p.grad_norm(), p.tflops(), p.step_seconds());
+  return absl::StrFormat("lr %.3e  grad norm %.3f  %.2f TFLOP/s  %.2f s/step", p.learning_rate(),
+                         p.grad_norm(), p.tflops(), p.step_seconds());
 }
 
 std::string Indented(const std::string& text) {
@@ -39,18 +39,17 @@ std::string Indented(const std::string& text) {
 
 std::string FormatJobTable(const std::vector<v1::Job>& jobs, int64_t now_unix_ms) {
   const std::vector<Column> columns = {
-      {"ID", true},    {"NAME"},         {"OWNER"},        {"STATE"},
-      {"STEP", true},  {"LOSS", true},   {"TOK/S", true},  {"AGE", true},
+      {"ID", true},   {"NAME"},       {"OWNER"},       {"STATE"},
+      {"STEP", true}, {"LOSS", true}, {"TOK/S", true}, {"AGE", true},
   };
   std::vector<std::vector<std::string>> rows;
   for (const v1::Job& job : jobs) {
     const v1::Progress& p = job.progress();
-    rows.push_back({absl::StrCat(job.id()), job.name().empty() ? "-" : job.name(),
-                    job.owner().empty() ? "-" : job.owner(), StateName(job.state()),
-                    FormatStep(p), FormatLoss(p),
-                    p.tokens_per_second() > 0 ? FormatHumanNumber(p.tokens_per_second()) : "-",
-                    job.created_unix_ms() == 0 ? "-"
-                                               : FormatAge(now_unix_ms - job.created_unix_ms())});
+    rows.push_back(
+        {absl::StrCat(job.id()), job.name().empty() ? "-" : job.name(),
+         job.owner().empty() ? "-" : job.owner(), StateName(job.state()), FormatStep(p),
+         FormatLoss(p), p.tokens_per_second() > 0 ? FormatHumanNumber(p.tokens_per_second()) : "-",
+         job.created_unix_ms() == 0 ? "-" : FormatAge(now_unix_ms - job.created_unix_ms())});
   }
   return FormatTable(columns, rows);
 }
@@ -99,8 +98,7 @@ std::string FormatSubmitted(const v1::Job& job) {
 }
 
 std::string FormatNode(const v1::Node& node) {
-  const std::map<std::string, std::string> sorted(node.versions().begin(),
-                                                  node.versions().end());
+  const std::map<std::string, std::string> sorted(node.versions().begin(), node.versions().end());
   std::vector<std::string> libs;
   for (const auto& [lib, version] : sorted) libs.push_back(absl::StrCat(lib, " ", version));
   std::string version = node.version();
@@ -110,10 +108,10 @@ std::string FormatNode(const v1::Node& node) {
       {"backend", node.backend()},
       {"version", version},
       {"cpus", node.cpu_count() > 0 ? absl::StrCat(node.cpu_count()) : ""},
-      {"host memory", absl::StrCat(FormatGiB(node.host_memory_total_bytes()), " total, ",
-                                   FormatGiB(node.host_memory_reserved_bytes()),
-                                   " reserved by jobs, ",
-                                   FormatGiB(node.host_memory_free_bytes()), " free")},
+      {"host memory",
+       absl::StrCat(FormatGiB(node.host_memory_total_bytes()), " total, ",
+                    FormatGiB(node.host_memory_reserved_bytes()), " reserved by jobs, ",
+                    FormatGiB(node.host_memory_free_bytes()), " free")},
   });
 
   out += "\n";
@@ -127,9 +125,9 @@ std::string FormatNode(const v1::Node& node) {
                       g.pcie_link().empty() ? "-" : g.pcie_link(),
                       g.pci_bus_id().empty() ? "-" : g.pci_bus_id()});
     }
-    out += FormatTable({{"GPU", true}, {"NAME"}, {"MEMORY", true}, {"NUMA", true},
-                        {"PCIE LINK"}, {"PCI BUS ID"}},
-                       rows);
+    out += FormatTable(
+        {{"GPU", true}, {"NAME"}, {"MEMORY", true}, {"NUMA", true}, {"PCIE LINK"}, {"PCI BUS ID"}},
+        rows);
   }
 
   if (!node.numa_nodes().empty()) {

@@ -31,8 +31,9 @@ class WatchDisplay {
  public:
   explicit WatchDisplay(bool tty) : tty_(tty) {}
 
+  // Keeps the last bar (ends its line) and prints the state on a line of its own.
   void ShowState(const v1::Job& job) {
-    ClearBar();
+    Finish();
     PrintLine(FormatJobState(job));
     if (job.state() == v1::JOB_STATE_RUNNING && job.progress().step() > 0) {
       ShowProgress(job.progress());
@@ -62,11 +63,6 @@ class WatchDisplay {
   }
 
  private:
-  void ClearBar() {
-    if (bar_shown_) std::fputs("\r\033[K", stdout);
-    bar_shown_ = false;
-  }
-
   const bool tty_;
   bool bar_shown_ = false;
 };

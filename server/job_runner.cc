@@ -47,15 +47,21 @@ int64_t JobRunner::running_job() const {
 }
 
 absl::Status JobRunner::SetState(v1::Job* job, v1::JobState state, const std::string& why) {
+  // The log line first: a follower that sees the terminal state has every line by then.
+  if (!why.empty()) {
+    v1::LogLine line;
+    line.set_text(why);
+    (void)store_->AppendLog(job->id(), &line);
+  }
   job->set_state(state);
   if (state == v1::JOB_STATE_RUNNING && job->started_unix_ms() == 0) job->set_started_unix_ms(NowMs());
   if (Terminal(state)) job->set_finished_unix_ms(NowMs());
   absl::Status s = store_->Update(*job);
-  if (!s.ok()) return s;
-  v1::JobEvent event;
-  *event.mutable_state_change() = *job;
-  s = store_->AppendEvent(job->id(), &event).status();
-  if (!why.empty()) Log(job->id(), why);
+  if (s.ok()) {
+    v1::JobEvent event;
+    *event.mutable_state_change() = *job;
+    s = store_->AppendEvent(job->id(), &event).status();
+  }
   hub_->Notify(job->id());
   return s;
 }

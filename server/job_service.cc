@@ -55,7 +55,8 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   job.set_name(spec->name);
   job.set_owner(CallerUser(*ctx));
   job.set_priority(req->priority());
-  job.set_state(req->hold() ? v1::JOB_STATE_HELD : v1::JOB_STATE_QUEUED);
+  // Stored unqueued until its spec is complete, so the runner cannot claim it early.
+  job.set_state(v1::JOB_STATE_UNSPECIFIED);
   job.set_host_bytes_estimate(need);
   job.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
   absl::StatusOr<int64_t> id = store_->Insert(&job);
@@ -68,9 +69,10 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   job.set_checkpoint_dir(spec->checkpoint_dir);
   job.set_spec_yaml(JobSpecToYaml(*spec));
   job.mutable_progress()->set_total_steps(spec->steps);
-  absl::Status s = runner_->SetState(&job, job.state(), "");
+  absl::Status s =
+      runner_->SetState(&job, req->hold() ? v1::JOB_STATE_HELD : v1::JOB_STATE_QUEUED,
+                        absl::StrCat("submitted by ", job.owner(), req->hold() ? ", held" : ""));
   if (!s.ok()) return ToGrpc(s);
-  runner_->Log(job.id(), absl::StrCat("submitted by ", job.owner(), req->hold() ? ", held" : ""));
   (void)store_->Audit(job.owner(), "submit", job.id(), spec->name);
   runner_->Wake();
   *resp = job;

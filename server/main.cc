@@ -19,6 +19,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "client/address.h"
 #include "server/config.h"
 #include "server/event_hub.h"
 #include "server/job_runner.h"
@@ -28,13 +29,6 @@
 
 namespace megatrain::server {
 namespace {
-
-// "unix:/x", "unix:///x" -> "/x"; "" for TCP addresses.
-std::string SocketPath(const std::string& listen) {
-  if (absl::StartsWith(listen, "unix://")) return listen.substr(7);
-  if (absl::StartsWith(listen, "unix:")) return listen.substr(5);
-  return "";
-}
 
 int Run(const DaemonConfig& config) {
   namespace fs = std::filesystem;
@@ -74,7 +68,7 @@ int Run(const DaemonConfig& config) {
   JobServiceImpl jobs(store->get(), &hub, &runner, JobServiceOptions{config.state_dir, admissible});
   NodeServiceImpl node(store->get(), device, admissible);
 
-  const std::string socket = SocketPath(config.listen);
+  const std::string socket = UnixSocketPath(config.listen).value_or("");
   if (!socket.empty()) {
     fs::create_directories(fs::path(socket).parent_path(), ec);
     fs::remove(socket, ec);  // a stale socket from a crashed daemon

@@ -1,5 +1,6 @@
 #include "server/spec_convert.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,7 @@ std::string SpecMessageToYaml(const v1::JobSpec& s) {
   };
   str("name", s.name());
   str("backend", s.backend());
+  num("device_memory_cap_bytes", s.device_memory_cap_bytes());
   if (s.has_model()) {
     out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
     str("path", s.model().path());
@@ -102,6 +104,11 @@ absl::Status CheckSpecInputs(const JobSpec& spec) {
   if (!spec.model_path.empty()) {
     absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(spec.model_path);
     if (!reader.ok()) return Annotate(reader.status(), "model.path");
+  }
+  std::error_code ec;
+  if (std::filesystem::is_directory(spec.data_path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.path: ", spec.data_path, " is a directory; expected a .jsonl file"));
   }
   std::ifstream data(spec.data_path);
   if (!data) {

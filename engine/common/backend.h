@@ -57,6 +57,10 @@ class Backend {
   virtual double ElapsedSeconds(void* start, void* end) = 0;
   virtual void SyncAll() = 0;
 
+  // Device memory held now and at most since creation, through Alloc (0 on the CPU).
+  virtual int64_t device_bytes_in_use() const { return 0; }
+  virtual int64_t device_bytes_peak() const { return 0; }
+
   // ---- copies ----
   // slot (n) weight  <-  host bf16 (n). The host range stays in use until an event
   // recorded after this call on `stream` completes.

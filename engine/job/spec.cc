@@ -135,6 +135,7 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   Section top(root, "");
   RETURN_IF_ERROR(top.String("name", &spec->name));
   RETURN_IF_ERROR(top.String("backend", &spec->backend));
+  RETURN_IF_ERROR(top.Int("device_memory_cap_bytes", &spec->device_memory_cap_bytes, 0));
   if (spec->backend != "auto" && spec->backend != "cpu" && spec->backend != "cuda") {
     return top.Error("backend", absl::StrCat("must be auto, cpu or cuda, got '", spec->backend, "'"));
   }
@@ -275,6 +276,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::BeginMap;
   out << YAML::Key << "name" << YAML::Value << YAML::DoubleQuoted << s.name;
   out << YAML::Key << "backend" << YAML::Value << s.backend;
+  out << YAML::Key << "device_memory_cap_bytes" << YAML::Value << s.device_memory_cap_bytes;
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   if (!s.model_path.empty()) {
     out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.model_path;

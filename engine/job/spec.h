@@ -11,6 +11,7 @@
 //                activation_checkpoint_every, loss_chunk_tokens}
 //   checkpoint: {dir, every_steps, keep_last, max_shard_bytes}
 //   backend:    auto | cpu | cuda
+//   device_memory_cap_bytes: 0      # the most device memory the job may take; 0 = all free
 //
 // Every field is validated here: unknown fields, wrong types and out-of-range values are
 // InvalidArgument naming the field ("train.steps must be a positive integer, got -3").
@@ -56,6 +57,7 @@ struct JobSpec {
   int64_t max_shard_bytes = 5ll << 30;
 
   std::string backend = "auto";
+  int64_t device_memory_cap_bytes = 0;  // 0: the device's free memory
 
   int64_t tokens_per_step() const { return micro_batches * micro_batch_rows * seq_len; }
   // The settings a resume must agree with (model, data, batch shape), as a string.

@@ -1,7 +1,7 @@
 #include "engine/job/trainer.h"
 
 #include "absl/strings/str_cat.h"
-#include "engine/backend/cpu_backend.h"
+#include "engine/backend/factory.h"
 #include "engine/common/status.h"
 #include "engine/data/byte_tokenizer.h"
 #include "engine/data/jsonl.h"
@@ -12,7 +12,11 @@
 
 namespace megatrain {
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  pipeline_.reset();  // drains the streams
+  optimizer_.reset();
+  for (void* p : pinned_) backend_->UnpinHostRange(p);
+}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
   std::unique_ptr<Trainer> t(new Trainer);
@@ -61,25 +65,31 @@ absl::Status Trainer::Init(const JobSpec& spec) {
   ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> docs, TokenizeDocuments(texts, tokenizer));
   packer_ = std::make_unique<Packer>(std::move(docs), spec.seq_len, spec.data_seed);
 
-  if (spec.backend == "cuda") {
-    return absl::FailedPreconditionError("backend 'cuda' requested, but this build has no CUDA backend");
-  }
-  backend_ = CreateCpuBackend(CpuBackendOptions{});
+  const BackendRequest request{spec.backend, spec.device_memory_cap_bytes};
+  ASSIGN_OR_RETURN(backend_, CreateBackend(request));
+  const int numa_node = BackendNumaNode(request);
 
   const ModelLayout layout = BuildLayout(config_);
-  ASSIGN_OR_RETURN(store_, HostStore::Create(layout));
+  ASSIGN_OR_RETURN(store_, HostStore::Create(layout, numa_node));
   const bool clipping = spec.max_grad_norm > 0;
   int64_t max_unit = 0;
   for (const UnitLayout& u : layout.units) max_unit = std::max(max_unit, u.num_elements);
   // Clipping holds every gradient until the norm is known; otherwise a few slabs cycle.
   const int64_t num_slabs = clipping ? static_cast<int64_t>(layout.units.size()) : 3;
-  ASSIGN_OR_RETURN(slabs_, GradSlabPool::Create(num_slabs, max_unit));
+  ASSIGN_OR_RETURN(slabs_, GradSlabPool::Create(num_slabs, max_unit, numa_node));
+  // What crosses PCIe is page-locked once, here: the bf16 weights and the gradient slabs.
+  RETURN_IF_ERROR(backend_->PinHostRange(store_->transfer_base(), store_->transfer_bytes()));
+  pinned_.push_back(store_->transfer_base());
+  RETURN_IF_ERROR(backend_->PinHostRange(slabs_->base(), slabs_->bytes()));
+  pinned_.push_back(slabs_->base());
 
   PipelineOptions po;
   po.micro_batches = spec.micro_batches;
   po.tokens_per_micro_batch = spec.micro_batch_rows * spec.seq_len;
   po.checkpoint_every = std::min(spec.activation_checkpoint_every, config_.num_layers);
   po.loss_chunk_tokens = spec.loss_chunk_tokens;
+  // On a GPU the device working set must not grow with depth.
+  po.checkpoints_on_host = backend_->name() != "cpu";
   ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(config_, store_.get(), slabs_.get(),
                                                backend_.get(), po));
   HostOptimizerOptions oo;
@@ -141,6 +151,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   // (forward 2 * 2 * L * H*D * seq/2, times 3 for backward).
   const double attn = 6.0 * config_.num_layers * spec_.seq_len * config_.num_heads * config_.head_dim;
   report.model_tflops = (6.0 * num_params_ + attn) * report.tokens_per_second / 1e12;
+  report.device_bytes_peak = backend_->device_bytes_peak();
 
   const bool periodic = spec_.checkpoint_every_steps > 0 &&
                         state_.step % spec_.checkpoint_every_steps == 0;

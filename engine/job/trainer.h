@@ -31,6 +31,7 @@ struct StepReport {
   double seconds = 0;
   double tokens_per_second = 0;
   double model_tflops = 0;   // 6 * params * tokens (+ attention), per second, / 1e12
+  int64_t device_bytes_peak = 0;  // device memory high-water mark (0 on the CPU backend)
 };
 
 class Trainer {
@@ -74,6 +75,7 @@ class Trainer {
   TrainerState state_;
   int64_t resumed_from_ = 0;
   int64_t last_saved_step_ = -1;
+  std::vector<void*> pinned_;  // host ranges page-locked for this job
 };
 
 }  // namespace megatrain

@@ -37,7 +37,9 @@ Pipeline::Pipeline(const ModelConfig& config, HostStore* store, GradSlabPool* sl
       act_row_bytes_(config.hidden_size * DTypeSize(backend->act_dtype())) {}
 
 Pipeline::~Pipeline() {
-  if (backend_ != nullptr) backend_->SyncAll();
+  if (backend_ == nullptr) return;
+  backend_->SyncAll();
+  if (host_ckpt_.data() != nullptr) backend_->UnpinHostRange(host_ckpt_.data());
 }
 
 absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const ModelConfig& config,
@@ -98,11 +100,22 @@ absl::Status Pipeline::Allocate() {
   }
   const int64_t mb_bytes = M * n * act_row_bytes_;
   const int64_t num_ckpt = (L + K - 1) / K + 1;
-  ckpt_.resize(num_ckpt);
-  for (DeviceBuffer& b : ckpt_) RETURN_IF_ERROR(alloc(&b, mb_bytes, "layer-input checkpoints"));
+  if (options_.checkpoints_on_host) {
+    ASSIGN_OR_RETURN(host_ckpt_, HostArena::Map(num_ckpt * mb_bytes, "layer-input checkpoints"));
+    RETURN_IF_ERROR(be->PinHostRange(host_ckpt_.data(), host_ckpt_.bytes()));
+    for (int i = 0; i < 2; ++i) {
+      RETURN_IF_ERROR(alloc(&seg_in_[i], mb_bytes, "checkpoint staging"));
+      cur_saved_[i] = Event(be);
+      seg_in_loaded_[i] = Event(be);
+      seg_in_free_[i] = Event(be);
+    }
+  } else {
+    ckpt_.resize(num_ckpt);
+    for (DeviceBuffer& b : ckpt_) RETURN_IF_ERROR(alloc(&b, mb_bytes, "layer-input checkpoints"));
+  }
   seg_.resize(K - 1);
   for (DeviceBuffer& b : seg_) RETURN_IF_ERROR(alloc(&b, mb_bytes, "recomputed layer inputs"));
-  if (K > 1) {
+  if (K > 1 || options_.checkpoints_on_host) {
     for (DeviceBuffer& b : cur_) RETURN_IF_ERROR(alloc(&b, mb_bytes, "forward activations"));
   }
   RETURN_IF_ERROR(alloc(&dres_, mb_bytes, "residual gradients"));
@@ -134,13 +147,32 @@ absl::Status Pipeline::Allocate() {
   return absl::OkStatus();
 }
 
+int Pipeline::SpanBegin(StreamId s, std::string label) {
+  if (!options_.record_timeline) return -1;
+  if (num_spans_ == static_cast<int>(spans_.size())) {
+    spans_.push_back(Span{s, "", Event(backend_), Event(backend_)});
+  }
+  Span& span = spans_[num_spans_];
+  span.stream = s;
+  span.label = std::move(label);
+  backend_->Record(span.begin.get(), s);
+  return num_spans_++;
+}
+
+void Pipeline::SpanEnd(int span) {
+  if (span < 0) return;
+  backend_->Record(spans_[span].end.get(), spans_[span].stream);
+}
+
 void Pipeline::EnsureLoaded(int64_t layer) {
   const int64_t s = layer % num_slots_;
   if (slot_layer_[s] == layer) return;
   const int64_t unit = store_->layout().DecoderUnit(layer);
   backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());
+  const int span = SpanBegin(StreamId::kH2D, "h2d w " + std::to_string(layer));
   backend_->UploadWeights(slots_[s].get(), store_->weights(unit), store_->unit_elements(unit),
                           StreamId::kH2D);
+  SpanEnd(span);
   backend_->Record(slot_loaded_[s].get(), StreamId::kH2D);
   slot_layer_[s] = layer;
 }
@@ -160,27 +192,65 @@ void* Pipeline::Act(std::vector<DeviceBuffer>& v, int64_t i, int64_t m) {
   return static_cast<char*>(v[i].get()) + m * options_.tokens_per_micro_batch * act_row_bytes_;
 }
 
+bool Pipeline::IsCheckpoint(int64_t layer) const {
+  return layer % options_.checkpoint_every == 0 || layer == config_.num_layers;
+}
+
 void* Pipeline::Checkpoint(int64_t layer, int64_t m) {
-  const int64_t K = options_.checkpoint_every;
-  MT_CHECK(layer % K == 0 || layer == config_.num_layers);
+  MT_CHECK(IsCheckpoint(layer) && !options_.checkpoints_on_host);
   const int64_t index = layer == config_.num_layers ? static_cast<int64_t>(ckpt_.size()) - 1
-                                                    : layer / K;
+                                                    : layer / options_.checkpoint_every;
   return Act(ckpt_, index, m);
 }
 
-void* Pipeline::ForwardInput(int64_t layer, int64_t m) {
-  if (layer % options_.checkpoint_every == 0 || layer == config_.num_layers) {
-    return Checkpoint(layer, m);
-  }
+void* Pipeline::HostCheckpoint(int64_t layer) {
+  const int64_t mb_bytes = options_.micro_batches * options_.tokens_per_micro_batch * act_row_bytes_;
+  return host_ckpt_.data() + (layer / options_.checkpoint_every) * mb_bytes;
+}
+
+void* Pipeline::X(int64_t layer, int64_t m) {
+  if (!options_.checkpoints_on_host && IsCheckpoint(layer)) return Checkpoint(layer, m);
   return static_cast<char*>(cur_[layer % 2].get()) +
          m * options_.tokens_per_micro_batch * act_row_bytes_;
+}
+
+void Pipeline::SaveCheckpointToHost(int64_t layer) {
+  if (!options_.checkpoints_on_host || !IsCheckpoint(layer) || layer == config_.num_layers) return;
+  Event& saved = cur_saved_[layer % 2];
+  backend_->Record(saved.get(), StreamId::kCompute);  // x_layer is complete
+  backend_->StreamWait(StreamId::kD2H, saved.get());
+  const int span = SpanBegin(StreamId::kD2H, "d2h x " + std::to_string(layer));
+  backend_->CopyToHost(HostCheckpoint(layer), cur_[layer % 2].get(), cur_[layer % 2].bytes(),
+                       StreamId::kD2H);
+  SpanEnd(span);
+  backend_->Record(saved.get(), StreamId::kD2H);  // cur_[layer % 2] may be overwritten
+}
+
+void Pipeline::LoadSegmentInput(int64_t c) {
+  if (!options_.checkpoints_on_host || c < 0) return;
+  const int i = (c / options_.checkpoint_every) % 2;
+  if (seg_in_layer_[i] == c) return;
+  backend_->StreamWait(StreamId::kH2D, seg_in_free_[i].get());
+  const int span = SpanBegin(StreamId::kH2D, "h2d x " + std::to_string(c));
+  backend_->CopyToDevice(seg_in_[i].get(), HostCheckpoint(c), seg_in_[i].bytes(), StreamId::kH2D);
+  SpanEnd(span);
+  backend_->Record(seg_in_loaded_[i].get(), StreamId::kH2D);
+  seg_in_layer_[i] = c;
+}
+
+void* Pipeline::SegmentInput(int64_t c, int64_t m) {
+  if (!options_.checkpoints_on_host) return Checkpoint(c, m);
+  const int i = (c / options_.checkpoint_every) % 2;
+  return static_cast<char*>(seg_in_[i].get()) + m * options_.tokens_per_micro_batch * act_row_bytes_;
 }
 
 void Pipeline::DrainGradient(int64_t unit, void* device_grad, void* done_event,
                              void* free_event, GradSink* sink) {
   float* slab = slabs_->Acquire();
   backend_->StreamWait(StreamId::kD2H, done_event);
+  const int span = SpanBegin(StreamId::kD2H, "d2h g " + std::to_string(unit));
   backend_->DownloadGrads(slab, device_grad, store_->unit_elements(unit), StreamId::kD2H);
+  SpanEnd(span);
   if (free_event != nullptr) backend_->Record(free_event, StreamId::kD2H);
   backend_->Record(unit_done_[unit].get(), StreamId::kD2H);
   sink->Submit(unit, slab, unit_done_[unit].get());
@@ -207,6 +277,11 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   const auto t0 = std::chrono::steady_clock::now();
   const double scale = num_targets > 0 ? 1.0 / num_targets : 0.0;
   std::fill(slot_layer_.begin(), slot_layer_.end(), -1);  // the optimizer changed weights
+  num_spans_ = 0;
+  if (options_.record_timeline) {
+    if (timeline_zero_.get() == nullptr) timeline_zero_ = Event(backend_);
+    be.Record(timeline_zero_.get(), StreamId::kH2D);
+  }
 
   // Inputs, embedding and head weights.
   std::vector<DeviceBatch> db(M);
@@ -239,19 +314,26 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   const void* embed_table =
       Offset(embed_slot_.get(), layout.units[eu].OffsetOf(TensorRole::kEmbedding),
              be.weight_dtype());
+  seg_in_layer_[0] = seg_in_layer_[1] = -1;
   for (int64_t m = 0; m < M; ++m) {
-    be.Embedding(Checkpoint(0, m), db[m].tokens, embed_table, n, config_.hidden_size,
-                 StreamId::kCompute);
+    be.Embedding(X(0, m), db[m].tokens, embed_table, n, config_.hidden_size, StreamId::kCompute);
   }
+  SaveCheckpointToHost(0);
   for (int64_t l = 0; l < L; ++l) {
     EnsureLoaded(l);
     if (l + 1 < L) EnsureLoaded(l + 1);  // prefetch
     DecoderTensors w = decoder_.BindWeights(UseSlot(l));
+    if (options_.checkpoints_on_host) {
+      be.StreamWait(StreamId::kCompute, cur_saved_[(l + 1) % 2].get());  // its D2H is done
+    }
+    const int span = SpanBegin(StreamId::kCompute, "fwd " + std::to_string(l));
     for (int64_t m = 0; m < M; ++m) {
-      decoder_.Forward(w, ForwardInput(l, m), ForwardInput(l + 1, m), saved_, db[m],
+      decoder_.Forward(w, X(l, m), X(l + 1, m), saved_, db[m],
                        static_cast<const float*>(inv_freq_.get()), StreamId::kCompute);
     }
+    SpanEnd(span);
     ReleaseSlot(l);
+    SaveCheckpointToHost(l + 1);
   }
 
   // Head: loss forward + backward, per micro-batch.
@@ -259,12 +341,14 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   const HeadTensors hw = head_.BindWeights(head_slot_.get(), embed_slot_.get());
   const HeadTensors hg = head_.BindGrads(head_grad_.get(), embed_grad_.get());
   const int64_t stat = DTypeSize(be.stat_dtype());
+  const int head_span = SpanBegin(StreamId::kCompute, "head");
   for (int64_t m = 0; m < M; ++m) {
-    head_.ForwardBackward(hw, hg, Checkpoint(L, m),
+    head_.ForwardBackward(hw, hg, X(L, m),
                           static_cast<char*>(dres_.get()) + m * n * act_row_bytes_,
                           static_cast<char*>(losses_.get()) + m * n * stat, head_ws_.get(),
                           db[m], scale, StreamId::kCompute);
   }
+  SpanEnd(head_span);
   be.Record(losses_ready_.get(), StreamId::kCompute);
   be.StreamWait(StreamId::kD2H, losses_ready_.get());
   be.CopyToHost(host_losses_.data(), losses_.get(), host_losses_.size(), StreamId::kD2H);
@@ -277,17 +361,25 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   for (int64_t c = ((L - 1) / K) * K; c >= 0; c -= K) {
     const int64_t e = std::min(c + K, L);
     for (int64_t l = c; l < e; ++l) EnsureLoaded(l);
+    LoadSegmentInput(c);
     if (c > 0) EnsureLoaded(c - 1);  // prefetch the top of the segment below
+    LoadSegmentInput(c - K);          // and its checkpoint
+    const int seg_slot = static_cast<int>((c / K) % 2);
+    if (options_.checkpoints_on_host) {
+      be.StreamWait(StreamId::kCompute, seg_in_loaded_[seg_slot].get());
+    }
     auto input = [&](int64_t l, int64_t m) -> void* {
-      return l == c ? Checkpoint(c, m) : Act(seg_, l - c - 1, m);
+      return l == c ? SegmentInput(c, m) : Act(seg_, l - c - 1, m);
     };
     // Recompute the segment's inputs from its checkpoint.
     for (int64_t l = c; l + 1 < e; ++l) {
       DecoderTensors w = decoder_.BindWeights(UseSlot(l));
+      const int span = SpanBegin(StreamId::kCompute, "recompute " + std::to_string(l));
       for (int64_t m = 0; m < M; ++m) {
         decoder_.Forward(w, input(l, m), input(l + 1, m), saved_, db[m], inv_freq,
                          StreamId::kCompute);
       }
+      SpanEnd(span);
     }
     for (int64_t l = e - 1; l >= c; --l) {
       const int g = grad_turn++ % 2;
@@ -295,6 +387,7 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
       DecoderTensors gw = decoder_.BindGrads(layer_grad_[g].get());
       be.StreamWait(StreamId::kCompute, grad_free_[g].get());
       be.Zero(layer_grad_[g].get(), layer_grad_[g].bytes(), StreamId::kCompute);
+      const int span = SpanBegin(StreamId::kCompute, "bwd " + std::to_string(l));
       for (int64_t m = 0; m < M; ++m) {
         void* dres = static_cast<char*>(dres_.get()) + m * n * act_row_bytes_;
         decoder_.Forward(w, input(l, m), scratch_out_.get(), saved_, db[m], inv_freq,
@@ -302,12 +395,14 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
         decoder_.Backward(w, gw, input(l, m), dres, saved_, db[m], inv_freq,
                           StreamId::kCompute);
       }
+      SpanEnd(span);
       ReleaseSlot(l);
       be.Record(grad_ready_[g].get(), StreamId::kCompute);
       const int64_t unit = layout.DecoderUnit(l);
       DrainGradient(unit, layer_grad_[g].get(), grad_ready_[g].get(), grad_free_[g].get(),
                     sink);
     }
+    if (options_.checkpoints_on_host) be.Record(seg_in_free_[seg_slot].get(), StreamId::kCompute);
   }
   // Embedding backward.
   for (int64_t m = 0; m < M; ++m) {
@@ -326,6 +421,13 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   result.num_targets = num_targets;
   result.loss = num_targets > 0 ? loss_sum / num_targets : 0.0;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int i = 0; i < num_spans_; ++i) {
+    const Span& span = spans_[i];
+    result.timeline.push_back(
+        TimelineSpan{span.stream, span.label,
+                     1e3 * be.ElapsedSeconds(timeline_zero_.get(), span.begin.get()),
+                     1e3 * be.ElapsedSeconds(timeline_zero_.get(), span.end.get())});
+  }
   return result;
 }
 

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -41,6 +42,21 @@ struct PipelineOptions {
   int64_t tokens_per_micro_batch = 0; // n = rows * seq_len
   int64_t checkpoint_every = 1;       // K: keep the input of every K-th layer
   int64_t loss_chunk_tokens = 4096;   // rows of logits materialised at once
+  // Keep layer-input checkpoints in pinned host memory instead of on the device: the
+  // device working set no longer grows with depth (each checkpoint crosses PCIe once
+  // each way per step). Meaningless on the CPU backend.
+  bool checkpoints_on_host = false;
+  // Record a span (two events) around every transfer and every layer's compute, and
+  // return the step's timeline. Costs a little; for benchmarks and diagnosis.
+  bool record_timeline = false;
+};
+
+// One piece of work on one stream, in milliseconds from the start of the step.
+struct TimelineSpan {
+  StreamId stream;
+  std::string label;  // "fwd 3", "bwd 3", "h2d w 4", "d2h g 4", "head", ...
+  double start_ms = 0;
+  double end_ms = 0;
 };
 
 struct StepResult {
@@ -48,6 +64,7 @@ struct StepResult {
   int64_t num_targets = 0;
   double grad_norm = 0;       // global L2 norm before clipping
   double seconds = 0;
+  std::vector<TimelineSpan> timeline;  // when PipelineOptions::record_timeline
 };
 
 class Pipeline {
@@ -75,11 +92,20 @@ class Pipeline {
   void* UseSlot(int64_t layer);              // compute waits for the upload
   void ReleaseSlot(int64_t layer);           // compute is done with the slot
   void* Act(std::vector<DeviceBuffer>& v, int64_t i, int64_t m);
-  void* ForwardInput(int64_t layer, int64_t m);   // x_layer of micro-batch m in forward
-  void* Checkpoint(int64_t layer, int64_t m);     // layer % K == 0 or layer == L
+  bool IsCheckpoint(int64_t layer) const;
+  void* X(int64_t layer, int64_t m);              // x_layer of micro-batch m in forward
+  void* Checkpoint(int64_t layer, int64_t m);     // device checkpoints only
+  void* HostCheckpoint(int64_t layer);            // host checkpoints: all micro-batches
+  void SaveCheckpointToHost(int64_t layer);       // after x_layer is computed
+  void LoadSegmentInput(int64_t c);               // H2D of checkpoint c (host mode)
+  void* SegmentInput(int64_t c, int64_t m);       // x_c in backward
   // D2H of a finished gradient into a slab, then hands it to the sink.
   void DrainGradient(int64_t unit, void* device_grad, void* done_event, void* free_event,
                      GradSink* sink);
+
+  // Timeline spans (no-ops unless record_timeline).
+  int SpanBegin(StreamId s, std::string label);
+  void SpanEnd(int span);
 
   ModelConfig config_;
   HostStore* store_;
@@ -103,6 +129,11 @@ class Pipeline {
   std::vector<DeviceBuffer> ckpt_;        // [ckpt index] -> M x (n, C)
   std::vector<DeviceBuffer> seg_;         // [K-1] recomputed inputs, M x (n, C)
   DeviceBuffer cur_[2];                   // forward ping-pong, M x (n, C)
+  Event cur_saved_[2];                    // host mode: cur_[i] has been copied to the host
+  HostArena host_ckpt_;                   // host mode: [ckpt index] x M x (n, C)
+  DeviceBuffer seg_in_[2];                // host mode: x_c of a segment, M x (n, C)
+  Event seg_in_loaded_[2], seg_in_free_[2];
+  int64_t seg_in_layer_[2] = {-1, -1};    // which checkpoint each holds
   DeviceBuffer dres_;                     // M x (n, C)
   DeviceBuffer scratch_out_;              // (n, C)
   DeviceBuffer layer_ws_, head_ws_;
@@ -112,6 +143,14 @@ class Pipeline {
   DeviceBuffer inv_freq_;                 // (D/2) f32
   Event inputs_loaded_, losses_ready_, step_start_, step_end_;
   std::vector<char> host_losses_;
+  struct Span {
+    StreamId stream;
+    std::string label;
+    Event begin, end;
+  };
+  std::vector<Span> spans_;  // reused across steps; grows on the first
+  int num_spans_ = 0;
+  Event timeline_zero_;
 };
 
 }  // namespace megatrain

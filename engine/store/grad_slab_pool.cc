@@ -8,10 +8,11 @@
 namespace megatrain {
 
 absl::StatusOr<std::unique_ptr<GradSlabPool>> GradSlabPool::Create(int64_t num_slabs,
-                                                                  int64_t slab_elements) {
+                                                                  int64_t slab_elements,
+                                                                  int numa_node) {
   std::unique_ptr<GradSlabPool> pool(new GradSlabPool);
   const size_t slab_bytes = (slab_elements * sizeof(float) + 4095) / 4096 * 4096;
-  ASSIGN_OR_RETURN(pool->arena_, HostArena::Map(slab_bytes * num_slabs, "gradient slabs"));
+  ASSIGN_OR_RETURN(pool->arena_, HostArena::Map(slab_bytes * num_slabs, "gradient slabs", numa_node));
   pool->slab_elements_ = slab_elements;
   for (int64_t i = 0; i < num_slabs; ++i) {
     float* slab = reinterpret_cast<float*>(pool->arena_.data() + i * slab_bytes);

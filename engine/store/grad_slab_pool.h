@@ -20,8 +20,8 @@ namespace megatrain {
 class GradSlabPool {
  public:
   // `num_slabs` slabs of `slab_elements` f32 each.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<GradSlabPool>> Create(int64_t num_slabs,
-                                                                           int64_t slab_elements);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<GradSlabPool>> Create(
+      int64_t num_slabs, int64_t slab_elements, int numa_node = -1);
 
   float* Acquire();
   void Release(float* slab);

@@ -1,5 +1,6 @@
 #include "engine/store/host_store.h"
 
+#include <numa.h>
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -18,7 +19,7 @@ size_t RoundUp(size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
 }  // namespace
 
-absl::StatusOr<HostArena> HostArena::Map(size_t bytes, const char* what) {
+absl::StatusOr<HostArena> HostArena::Map(size_t bytes, const char* what, int numa_node) {
   HostArena arena;
   if (bytes == 0) return arena;
   bytes = RoundUp(bytes);
@@ -27,6 +28,9 @@ absl::StatusOr<HostArena> HostArena::Map(size_t bytes, const char* what) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot map ", bytes / double(1 << 30), " GiB of host memory for the ", what, ": ",
         std::strerror(errno)));
+  }
+  if (numa_node >= 0 && numa_available() >= 0 && numa_node <= numa_max_node()) {
+    numa_tonode_memory(p, bytes, numa_node);
   }
   arena.data_ = static_cast<char*>(p);
   arena.bytes_ = bytes;
@@ -51,7 +55,8 @@ HostArena& HostArena::operator=(HostArena&& o) noexcept {
   return *this;
 }
 
-absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout) {
+absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout,
+                                                             int numa_node) {
   std::unique_ptr<HostStore> store(new HostStore(layout));
   size_t transfer_bytes = 0, state_bytes = 0;
   for (const UnitLayout& u : layout.units) {
@@ -60,8 +65,8 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& 
     transfer_bytes += RoundUp(u.num_elements * sizeof(uint16_t));
     state_bytes += 3 * RoundUp(u.num_elements * sizeof(float));
   }
-  ASSIGN_OR_RETURN(store->transfer_, HostArena::Map(transfer_bytes, "bf16 weights"));
-  ASSIGN_OR_RETURN(store->state_, HostArena::Map(state_bytes, "fp32 master weights and AdamW moments"));
+  ASSIGN_OR_RETURN(store->transfer_, HostArena::Map(transfer_bytes, "bf16 weights", numa_node));
+  ASSIGN_OR_RETURN(store->state_, HostArena::Map(state_bytes, "fp32 master weights and AdamW moments", numa_node));
   return store;
 }
 

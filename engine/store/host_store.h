@@ -25,7 +25,9 @@ namespace megatrain {
 class HostArena {
  public:
   HostArena() = default;
-  [[nodiscard]] static absl::StatusOr<HostArena> Map(size_t bytes, const char* what);
+  // numa_node >= 0 binds the pages to that node (libnuma), before they are touched.
+  [[nodiscard]] static absl::StatusOr<HostArena> Map(size_t bytes, const char* what,
+                                                     int numa_node = -1);
   ~HostArena();
   HostArena(HostArena&& o) noexcept;
   HostArena& operator=(HostArena&& o) noexcept;
@@ -41,7 +43,9 @@ class HostArena {
 
 class HostStore {
  public:
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostStore>> Create(const ModelLayout& layout);
+  // numa_node: where both arenas live (the node nearest the GPU), -1 = default policy.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostStore>> Create(
+      const ModelLayout& layout, int numa_node = -1);
 
   const ModelLayout& layout() const { return layout_; }
   int64_t num_units() const { return static_cast<int64_t>(layout_.units.size()); }

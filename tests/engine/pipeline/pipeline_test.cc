@@ -14,7 +14,8 @@ namespace megatrain::testing {
 namespace {
 
 struct Harness {
-  Harness(const ModelConfig& c, int64_t micro_batches, int64_t tokens, int64_t k) {
+  Harness(const ModelConfig& c, int64_t micro_batches, int64_t tokens, int64_t k,
+          bool host_checkpoints = false) {
     be = CreateCpuBackend(CpuBackendOptions{});
     store = std::move(*HostStore::Create(BuildLayout(c)));
     RandomInitWeights(c, 11, store.get());
@@ -26,6 +27,7 @@ struct Harness {
     o.tokens_per_micro_batch = tokens;
     o.checkpoint_every = k;
     o.loss_chunk_tokens = 7;
+    o.checkpoints_on_host = host_checkpoints;
     absl::StatusOr<std::unique_ptr<Pipeline>> p =
         Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
     EXPECT_TRUE(p.ok()) << p.status();
@@ -86,17 +88,17 @@ TEST(Pipeline, GradientsAreHandedOverInBackwardOrder) {
   EXPECT_EQ(sink.order, want);
 }
 
-TEST(Pipeline, RecomputeIntervalDoesNotChangeAnyBit) {
+TEST(Pipeline, RecomputeIntervalAndCheckpointPlacementDoNotChangeAnyBit) {
   const ModelConfig c = TinyConfig(Variant::kQwen3QkNorm);
   const std::vector<MicroBatch> batches = {RandomBatch(1, 10, c.vocab_size, 1),
                                            RandomBatch(1, 10, c.vocab_size, 2)};
   std::vector<std::vector<float>> reference;
   double reference_loss = 0;
-  for (int64_t k : {1, 2, 3}) {
-    Harness h(c, 2, 10, k);
+  for (int64_t k : {1, 2, 3, -1, -2, -3}) {  // negative: checkpoints kept on the host
+    Harness h(c, 2, 10, std::abs(k), k < 0);
     RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
     const StepResult r = h.Run(batches, &sink);
-    if (k == 1) {
+    if (k == 1) {  // the reference: K=1, checkpoints on the device
       reference = sink.grads;
       reference_loss = r.loss;
       continue;

@@ -1,0 +1,336 @@
+// CUDA backend: host-side orchestration. Kernels live in kernels/cuda/*.cu; this file
+// only sees their plain-C++ launchers.
+#include "engine/backend/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/kernels/cuda/ops.h"
+
+#define MT_CUDA_CHECK(expr)                                                               \
+  do {                                                                                   \
+    cudaError_t mt_e_ = (expr);                                                           \
+    if (mt_e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                  \
+                   cudaGetErrorString(mt_e_));                                            \
+      std::abort();                                                                       \
+    }                                                                                    \
+  } while (0)
+
+#define MT_CUBLAS_CHECK(expr)                                                             \
+  do {                                                                                   \
+    cublasStatus_t mt_s_ = (expr);                                                        \
+    if (mt_s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
+      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr,    \
+                   static_cast<int>(mt_s_));                                              \
+      std::abort();                                                                       \
+    }                                                                                    \
+  } while (0)
+
+namespace megatrain {
+namespace {
+
+using cuda::bf16;
+
+double GiB(int64_t b) { return b / double(1ll << 30); }
+
+class CudaBackend final : public Backend {
+ public:
+  ~CudaBackend() override {
+    cudaDeviceSynchronize();
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (workspace_ != nullptr) cudaFree(workspace_);
+    for (cudaStream_t s : streams_) {
+      if (s != nullptr) cudaStreamDestroy(s);
+    }
+  }
+
+  absl::Status Init(const CudaBackendOptions& o) {
+    device_ = o.device;
+    cudaError_t e = cudaSetDevice(device_);
+    if (e != cudaSuccess) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot use CUDA device ", device_, ": ", cudaGetErrorString(e)));
+    }
+    cudaDeviceProp prop;
+    MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    name_ = absl::StrCat("cuda:", device_, " (", prop.name, ")");
+    size_t free_bytes = 0, total_bytes = 0;
+    MT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    cap_ = o.device_memory_cap_bytes > 0 ? o.device_memory_cap_bytes
+                                         : static_cast<int64_t>(free_bytes);
+    for (cudaStream_t& s : streams_) MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    MT_CUBLAS_CHECK(cublasCreate(&cublas_));
+    MT_CUBLAS_CHECK(cublasSetStream(cublas_, S(StreamId::kCompute)));
+    constexpr size_t kWorkspace = 32ull << 20;
+    MT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
+    MT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kWorkspace));
+    MT_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    return absl::OkStatus();
+  }
+
+  std::string name() const override { return name_; }
+  DType weight_dtype() const override { return DType::kBF16; }
+  DType act_dtype() const override { return DType::kBF16; }
+  DType grad_dtype() const override { return DType::kF32; }
+  DType stat_dtype() const override { return DType::kF32; }
+
+  absl::StatusOr<void*> Alloc(size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_use_ + static_cast<int64_t>(bytes) > cap_) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "device memory: %.2f GiB more would exceed the job's cap of %.2f GiB (%.2f GiB in "
+          "use); lower tokens per micro-batch or raise the cap",
+          GiB(bytes), GiB(cap_), GiB(in_use_)));
+    }
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cudaMalloc of %.2f GiB failed (%s); %.2f of %.2f GiB free on %s", GiB(bytes),
+          cudaGetErrorString(e), GiB(free_bytes), GiB(total_bytes), name_));
+    }
+    sizes_[p] = bytes;
+    in_use_ += bytes;
+    peak_ = std::max(peak_, in_use_);
+    return p;
+  }
+  void Free(void* ptr) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sizes_.find(ptr);
+    if (it != sizes_.end()) {
+      in_use_ -= it->second;
+      sizes_.erase(it);
+    }
+    MT_CUDA_CHECK(cudaFree(ptr));
+  }
+  int64_t device_bytes_in_use() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_use_;
+  }
+  int64_t device_bytes_peak() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+
+  absl::Status PinHostRange(void* ptr, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "cannot pin %.2f GiB of host memory for transfers (%s): raise the locked-memory "
+          "limit (ulimit -l unlimited; LimitMEMLOCK=infinity under systemd) or free memory",
+          GiB(bytes), cudaGetErrorString(e)));
+    }
+    return absl::OkStatus();
+  }
+  void UnpinHostRange(void* ptr) override { cudaHostUnregister(ptr); }
+
+  void* CreateEvent() override {
+    cudaEvent_t e;
+    MT_CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
+  void DestroyEvent(void* event) override { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+  void Record(void* event, StreamId s) override {
+    MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), S(s)));
+  }
+  void StreamWait(StreamId s, void* event) override {
+    MT_CUDA_CHECK(cudaStreamWaitEvent(S(s), static_cast<cudaEvent_t>(event), 0));
+  }
+  void EventSync(void* event) override {
+    MT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+  }
+  double ElapsedSeconds(void* start, void* end) override {
+    float ms = 0;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
+                                       static_cast<cudaEvent_t>(end)));
+    return ms / 1e3;
+  }
+  void SyncAll() override {
+    for (cudaStream_t s : streams_) MT_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+
+  void UploadWeights(void* slot, const uint16_t* host_bf16, int64_t n, StreamId s) override {
+    MT_CUDA_CHECK(cudaMemcpyAsync(slot, host_bf16, n * 2, cudaMemcpyHostToDevice, S(s)));
+  }
+  void DownloadGrads(float* host, const void* grad, int64_t n, StreamId s) override {
+    MT_CUDA_CHECK(cudaMemcpyAsync(host, grad, n * 4, cudaMemcpyDeviceToHost, S(s)));
+  }
+  void CopyToDevice(void* dst, const void* host, size_t bytes, StreamId s) override {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, S(s)));
+  }
+  void CopyToHost(void* host, const void* src, size_t bytes, StreamId s) override {
+    MT_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, S(s)));
+  }
+  void CopyOnDevice(void* dst, const void* src, size_t bytes, StreamId s) override {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, S(s)));
+  }
+  void Zero(void* dst, size_t bytes, StreamId s) override {
+    MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, S(s)));
+  }
+
+  void Embedding(void* out, const int32_t* tokens, const void* table, int64_t n, int64_t C,
+                 StreamId s) override {
+    cuda::Embedding(B(out), tokens, B(table), n, C, S(s));
+  }
+  void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens, int64_t n,
+                         int64_t C, StreamId s) override {
+    cuda::EmbeddingBackward(F(dtable), B(dout), tokens, n, C, S(s));
+  }
+  void RmsNorm(void* out, void* rstd, const void* in, const void* w, int64_t rows, int64_t C,
+               double eps, StreamId s) override {
+    cuda::RmsNorm(B(out), F(rstd), B(in), B(w), rows, C, static_cast<float>(eps), S(s));
+  }
+  void RmsNormBackward(void* din, void* dw, const void* dout, const void* in, const void* w,
+                       const void* rstd, int64_t rows, int64_t C, StreamId s) override {
+    cuda::RmsNormBackward(B(din), F(dw), B(dout), B(in), B(w), F(rstd), rows, C, S(s));
+  }
+  // Row-major out (N,OC) = in (N,IC) W^T: column-major out^T = W^T' in^T, i.e.
+  // gemm(m=OC, n=N, k=IC, A=W (op T, lda=IC), B=in (op N, ldb=IC)).
+  void Linear(void* out, const void* in, const void* W, const void* bias, int64_t N,
+              int64_t IC, int64_t OC, bool accumulate, StreamId s) override {
+    MT_CHECK_COMPUTE(s);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, I(OC), I(N), I(IC), &alpha, W,
+                                 CUDA_R_16BF, I(IC), in, CUDA_R_16BF, I(IC), &beta, out,
+                                 CUDA_R_16BF, I(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias != nullptr) cuda::AddBias(B(out), B(bias), N, OC, S(s));
+  }
+  void LinearBackward(void* din, bool din_accumulate, void* dW, void* dbias, const void* dout,
+                      const void* in, const void* W, int64_t N, int64_t IC, int64_t OC,
+                      StreamId s) override {
+    MT_CHECK_COMPUTE(s);
+    const float one = 1.0f, zero = 0.0f;
+    if (din != nullptr) {
+      // din^T (IC,N) = W^T (IC,OC) dout^T (OC,N)
+      MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, I(IC), I(N), I(OC), &one, W,
+                                   CUDA_R_16BF, I(IC), dout, CUDA_R_16BF, I(OC),
+                                   din_accumulate ? &one : &zero, din, CUDA_R_16BF, I(IC),
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    // dW^T (IC,OC) += in^T (IC,N) dout (N,OC), in fp32.
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, I(IC), I(OC), I(N), &one, in,
+                                 CUDA_R_16BF, I(IC), dout, CUDA_R_16BF, I(OC), &one, dW,
+                                 CUDA_R_32F, I(IC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (dbias != nullptr) cuda::BiasGrad(F(dbias), B(dout), N, OC, S(s));
+  }
+  void QkvPrepare(void* q, void* k, void* v, void* rstd_q, void* rstd_k, const void* qkv,
+                  const void* q_norm_w, const void* k_norm_w, const int32_t* pos,
+                  const float* inv_freq, int64_t n, int64_t H, int64_t KV, int64_t D,
+                  double eps, StreamId s) override {
+    cuda::QkvPrepare(B(q), B(k), B(v), F(rstd_q), F(rstd_k), B(qkv), B(q_norm_w), B(k_norm_w),
+                     pos, inv_freq, n, H, KV, D, static_cast<float>(eps), S(s));
+  }
+  void QkvPrepareBackward(void* dqkv, void* dq_norm_w, void* dk_norm_w, const void* dq,
+                          const void* dk, const void* dv, const void* qkv, const void* q_norm_w,
+                          const void* k_norm_w, const void* rstd_q, const void* rstd_k,
+                          const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
+                          int64_t KV, int64_t D, double eps, StreamId s) override {
+    cuda::QkvPrepareBackward(B(dqkv), F(dq_norm_w), F(dk_norm_w), B(dq), B(dk), B(dv), B(qkv),
+                             B(q_norm_w), B(k_norm_w), F(rstd_q), F(rstd_k), pos, inv_freq, n,
+                             H, KV, D, S(s));
+  }
+  void Attention(void* o, void* lse, const void* q, const void* k, const void* v,
+                 const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
+                 StreamId s) override {
+    cuda::Attention(B(o), F(lse), B(q), B(k), B(v), doc_start, n, H, KV, D, S(s));
+  }
+  void AttentionBackward(void* dq, void* dk, void* dv, const void* dout, const void* q,
+                         const void* k, const void* v, const void* o, const void* lse,
+                         const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
+                         StreamId s) override {
+    cuda::AttentionBackward(B(dq), B(dk), B(dv), B(dout), B(q), B(k), B(v), B(o), F(lse),
+                            doc_start, n, H, KV, D, S(s));
+  }
+  void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) override {
+    cuda::SwiGlu(B(out), B(gu), N, I, S(s));
+  }
+  void SwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I,
+                      StreamId s) override {
+    cuda::SwiGluBackward(B(dgu), B(dout), B(gu), N, I, S(s));
+  }
+  void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets,
+                    int64_t N, int64_t V, double scale, StreamId s) override {
+    cuda::CrossEntropy(B(dlogits), F(loss), B(logits), targets, N, V, static_cast<float>(scale),
+                       S(s));
+  }
+
+ private:
+  cudaStream_t S(StreamId s) const { return streams_[static_cast<int>(s)]; }
+  static bf16* B(void* p) { return static_cast<bf16*>(p); }
+  static const bf16* B(const void* p) { return static_cast<const bf16*>(p); }
+  static float* F(void* p) { return static_cast<float*>(p); }
+  static const float* F(const void* p) { return static_cast<const float*>(p); }
+  static int I(int64_t v) {
+    if (v > INT32_MAX) {
+      std::fprintf(stderr, "cuda backend: GEMM dimension %lld exceeds int\n", static_cast<long long>(v));
+      std::abort();
+    }
+    return static_cast<int>(v);
+  }
+  // cuBLAS is bound to the compute stream.
+  void MT_CHECK_COMPUTE(StreamId s) const {
+    if (s != StreamId::kCompute) {
+      std::fprintf(stderr, "cuda backend: GEMMs run on the compute stream only\n");
+      std::abort();
+    }
+  }
+
+  int device_ = 0;
+  std::string name_;
+  cudaStream_t streams_[kNumStreams] = {};
+  cublasHandle_t cublas_ = nullptr;
+  void* workspace_ = nullptr;
+  mutable std::mutex mu_;
+  std::unordered_map<void*, size_t> sizes_;
+  int64_t cap_ = 0;
+  int64_t in_use_ = 0;
+  int64_t peak_ = 0;
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
+  if (options.device >= CudaDeviceCount()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device ", options.device, " (", CudaDeviceCount(), " found)"));
+  }
+  auto backend = std::make_unique<CudaBackend>();
+  absl::Status s = backend->Init(options);
+  if (!s.ok()) return s;
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+int CudaDeviceNumaNode(int device) {
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) return -1;
+  std::string id(bus);
+  for (char& c : id) c = static_cast<char>(std::tolower(c));
+  std::ifstream in("/sys/bus/pci/devices/" + id + "/numa_node");
+  int node = -1;
+  if (!(in >> node)) return -1;
+  return node;
+}
+
+}  // namespace megatrain

@@ -1,0 +1,32 @@
+// The CUDA backend: three CUDA streams (compute, H2D, D2H) ordered by events only;
+// kernels from kernels/cuda/, matmuls through cuBLAS in bf16 with fp32 accumulation.
+// Weights and activations are bf16 on the device, weight gradients and statistics fp32.
+//
+// Device memory is taken only through Alloc(), at setup, and never beyond the job's cap:
+// an allocation that would exceed it is ResourceExhausted with the numbers. The peak is
+// reported. Host ranges the pipeline streams from are page-locked with PinHostRange().
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/common/backend.h"
+
+namespace megatrain {
+
+struct CudaBackendOptions {
+  int device = 0;
+  int64_t device_memory_cap_bytes = 0;  // 0: whatever the device has free
+};
+
+// Number of CUDA devices (0 when the driver or a device is missing).
+int CudaDeviceCount();
+
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
+    const CudaBackendOptions& options);
+
+// The NUMA node nearest the device (from its PCI address), or -1 when unknown.
+int CudaDeviceNumaNode(int device);
+
+}  // namespace megatrain

@@ -1,0 +1,65 @@
+// Device helpers shared by the CUDA kernels: bf16 conversions, warp and block reductions,
+// and the launch check. Included only by .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace megatrain::cuda {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float ToF(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 ToB(float x) { return __float2bfloat16(x); }
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds >= 32 floats.
+// REQUIRES: blockDim.x is a multiple of 32; all threads call it.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = WarpSum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return WarpSum(v);
+}
+
+__device__ __forceinline__ float BlockMax(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return WarpMax(v);
+}
+
+}  // namespace megatrain::cuda
+
+// Launch errors are bugs (bad shapes reached a launcher): abort with file:line.
+#define MT_CUDA_LAUNCH_CHECK()                                                          \
+  do {                                                                                 \
+    cudaError_t mt_err_ = cudaGetLastError();                                           \
+    if (mt_err_ != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "%s:%d: CUDA launch failed: %s\n", __FILE__, __LINE__,       \
+                   cudaGetErrorString(mt_err_));                                        \
+      std::abort();                                                                     \
+    }                                                                                   \
+  } while (0)

@@ -1,0 +1,67 @@
+// Launchers of the CUDA kernels, in plain C++: raw pointers, integer shapes, a stream.
+// Each enqueues on `stream` and returns; inputs may be reused once work recorded after
+// it on that stream has completed. The math of each op is the CPU reference's
+// (kernels/reference/<op>.h); here activations and weights are bf16, statistics (rstd,
+// logsumexp, loss) and weight gradients are fp32, and every reduction accumulates in fp32.
+// One op per .cu file.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace megatrain::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// embedding.cu
+void Embedding(bf16* out, const int32_t* tokens, const bf16* table, int64_t n, int64_t C,
+               cudaStream_t stream);
+// dtable f32 (V,C) += scatter of dout (n,C).
+void EmbeddingBackward(float* dtable, const bf16* dout, const int32_t* tokens, int64_t n,
+                       int64_t C, cudaStream_t stream);
+
+// rmsnorm.cu
+void RmsNorm(bf16* out, float* rstd, const bf16* in, const bf16* w, int64_t rows, int64_t C,
+             float eps, cudaStream_t stream);
+// din bf16 (rows,C) +=, dw f32 (C) +=.
+void RmsNormBackward(bf16* din, float* dw, const bf16* dout, const bf16* in, const bf16* w,
+                     const float* rstd, int64_t rows, int64_t C, cudaStream_t stream);
+
+// qkv_prepare.cu: split + QK-norm (norm weights may be null) + RoPE.
+void QkvPrepare(bf16* q, bf16* k, bf16* v, float* rstd_q, float* rstd_k, const bf16* qkv,
+                const bf16* q_norm_w, const bf16* k_norm_w, const int32_t* pos,
+                const float* inv_freq, int64_t n, int64_t H, int64_t KV, int64_t D, float eps,
+                cudaStream_t stream);
+// dqkv written; dq_norm_w, dk_norm_w f32 (D) += (null when norms are off).
+void QkvPrepareBackward(bf16* dqkv, float* dq_norm_w, float* dk_norm_w, const bf16* dq,
+                        const bf16* dk, const bf16* dv, const bf16* qkv, const bf16* q_norm_w,
+                        const bf16* k_norm_w, const float* rstd_q, const float* rstd_k,
+                        const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
+                        int64_t KV, int64_t D, cudaStream_t stream);
+
+// attention.cu: causal GQA within documents; memory linear in n (lse kept, P recomputed).
+void Attention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
+               const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
+               cudaStream_t stream);
+// dq, dk, dv written.
+void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                       const bf16* k, const bf16* v, const bf16* o, const float* lse,
+                       const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
+                       cudaStream_t stream);
+
+// swiglu.cu
+void SwiGlu(bf16* out, const bf16* gu, int64_t N, int64_t I, cudaStream_t stream);
+void SwiGluBackward(bf16* dgu, const bf16* dout, const bf16* gu, int64_t N, int64_t I,
+                    cudaStream_t stream);
+
+// cross_entropy.cu: loss f32 (N); dlogits bf16 (may alias logits).
+void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t* targets,
+                  int64_t N, int64_t V, float scale, cudaStream_t stream);
+
+// bias.cu: out (N,OC) += bias (OC) per row; dbias f32 (OC) += column sums of dout (N,OC).
+void AddBias(bf16* out, const bf16* bias, int64_t N, int64_t OC, cudaStream_t stream);
+void BiasGrad(float* dbias, const bf16* dout, int64_t N, int64_t OC, cudaStream_t stream);
+
+}  // namespace megatrain::cuda

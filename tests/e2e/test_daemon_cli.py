@@ -1,0 +1,994 @@
+"""End-to-end tests of megatraind driven through the megatrain CLI.
+
+Every test starts a real megatraind on a Unix socket in a fresh temporary folder
+(`--listen unix:<tmp>/sock --state-dir <tmp>/state`), talks to it only through the real
+`megatrain` binary (MEGATRAIN_ADDR), and stops it afterwards (SIGTERM, then SIGKILL).
+Jobs are tiny random-init Llama models (hidden 64, 2 layers) on a small JSONL written by
+the test, so that a step takes tens of milliseconds on a CPU and the file runs in well
+under five minutes on two cores.
+
+The binaries are found under $MEGATRAIN_BIN_DIR (the CMake build folder):
+server/megatraind, client/megatrain and engine/tools/megatrain-train. ctest sets it; to run
+by hand: `MEGATRAIN_BIN_DIR=build python3 -m unittest -v test_daemon_cli` in tests/e2e.
+Set MEGATRAIN_E2E_KEEP=1 to keep the temporary folders (daemon logs, state, checkpoints).
+
+Only the Python standard library is used.
+"""
+
+import json
+import os
+import pwd
+import random
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+import unittest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+BIN_DIR = os.path.abspath(
+    os.environ.get("MEGATRAIN_BIN_DIR") or os.path.join(_HERE, "..", "..", "build"))
+MEGATRAIND = os.path.join(BIN_DIR, "server", "megatraind")
+MEGATRAIN = os.path.join(BIN_DIR, "client", "megatrain")
+MEGATRAIN_TRAIN = os.path.join(BIN_DIR, "engine", "tools", "megatrain-train")
+KEEP = os.environ.get("MEGATRAIN_E2E_KEEP") == "1"
+
+# Exit codes of `megatrain` (megatrain --help).
+EXIT_OK = 0
+EXIT_USAGE = 2  # also INVALID_ARGUMENT
+EXIT_NOT_FOUND = 3
+EXIT_FAILED_PRECONDITION = 7
+EXIT_WATCH_CANCELLED = 11
+
+# The tiny model every job trains: random init, tied embeddings, byte tokenizer.
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 258,
+    "tie_word_embeddings": True,
+}
+
+# Files of a checkpoint that must be identical between an interrupted and an
+# uninterrupted run of the same spec.
+CHECKPOINT_FILES = [
+    "config.json",
+    "model.safetensors",
+    "optimizer/master/model.safetensors",
+    "optimizer/exp_avg/model.safetensors",
+    "optimizer/exp_avg_sq/model.safetensors",
+    "trainer_state.json",
+]
+
+# A bounded wait for things that take well under a second when all is well.
+WAIT_S = 60
+
+
+def setUpModule():
+    for path in (MEGATRAIND, MEGATRAIN, MEGATRAIN_TRAIN):
+        if not os.access(path, os.X_OK):
+            raise RuntimeError(
+                f"{path} is not built; build megatraind, megatrain and megatrain-train, "
+                f"and set MEGATRAIN_BIN_DIR to the build folder (now {BIN_DIR})")
+
+
+# ---------------------------------------------------------------------------------------
+# Job specs and data
+
+
+def write_dataset(path, docs=200, seed=0):
+    """Writes a JSONL of `docs` short random-word documents (deterministic)."""
+    rng = random.Random(seed)
+    words = ("the quick brown fox jumps over a lazy dog while alpha beta gamma delta "
+             "epsilon zeta eta theta iota kappa lambda sing along").split()
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(docs):
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(5, 40)))
+            f.write(json.dumps({"text": text}) + "\n")
+
+
+def _yaml_scalar(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a double-quoted YAML string
+    return json.dumps(value)  # lists and mappings: JSON is YAML flow style
+
+
+def to_yaml(spec, indent=""):
+    """Block-style YAML of nested dicts; other values in flow style."""
+    lines = []
+    for key, value in spec.items():
+        if isinstance(value, dict) and key != "config":
+            lines.append(f"{indent}{key}:")
+            lines.append(to_yaml(value, indent + "  "))
+        else:
+            lines.append(f"{indent}{key}: {_yaml_scalar(value)}")
+    return "\n".join(lines)
+
+
+def make_spec(steps=20, name="tiny", checkpoint=None, data="data.jsonl", data_seed=0):
+    """A job spec (as a dict) for the tiny model; relative paths resolve against the
+    folder the spec file is written to."""
+    spec = {
+        "name": name,
+        "model": {"config": MODEL_CONFIG, "init_seed": 0},
+        "data": {"path": data, "tokenizer": "byte", "seq_len": 32, "seed": data_seed},
+        "train": {
+            "steps": steps,
+            "micro_batch_rows": 2,
+            "micro_batches": 2,
+            "lr": 1.0e-3,
+            "warmup_steps": 2,
+        },
+    }
+    if checkpoint:
+        spec["checkpoint"] = dict(checkpoint)
+    return spec
+
+
+def write_spec(path, spec):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(spec if isinstance(spec, str) else to_yaml(spec) + "\n")
+    os.chmod(path, 0o644)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# safetensors
+
+
+def read_safetensors_header(path):
+    """Returns (header dict, file size); checks the layout of the file."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise AssertionError(f"{path}: shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", raw[:8])
+    if 8 + n > len(raw):
+        raise AssertionError(f"{path}: header length {n} runs past the end ({len(raw)} bytes)")
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    return header, len(raw) - 8 - n
+
+
+# ---------------------------------------------------------------------------------------
+# The daemon and the CLI
+
+
+class Daemon:
+    """One megatraind process on a Unix socket and a state folder under `root`."""
+
+    def __init__(self, root):
+        self.root = root
+        self.socket = os.path.join(root, "sock")
+        self.state_dir = os.path.join(root, "state")
+        self.addr = "unix:" + self.socket
+        self.log_path = os.path.join(root, "megatraind.log")
+        self.proc = None
+        self.starts = 0
+
+    def start(self):
+        assert self.proc is None, "megatraind is already running"
+        self.starts += 1
+        with open(self.log_path, "ab") as log:
+            log.write(f"=== start {self.starts}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                [MEGATRAIND, "--listen", self.addr, "--state-dir", self.state_dir],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            if self.proc.poll() is not None:
+                rc = self.proc.returncode
+                self.proc = None
+                raise AssertionError(f"megatraind exited with {rc} while starting:\n{self.log()}")
+            r = subprocess.run([MEGATRAIN, "--addr", self.addr, "--timeout", "2", "node"],
+                               capture_output=True, text=True, timeout=30)
+            if r.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                self.stop(timeout=10)
+                raise AssertionError(
+                    f"megatraind did not answer `megatrain node` within {WAIT_S} s "
+                    f"(last: rc {r.returncode}, {r.stderr.strip()}):\n{self.log()}")
+            time.sleep(0.05)
+
+    def stop(self, timeout=WAIT_S):
+        """SIGTERM, then SIGKILL if it does not exit in time. Returns its exit status
+        (negative: killed by that signal), or None if it was not running."""
+        if self.proc is None:
+            return None
+        proc, self.proc = self.proc, None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                return -signal.SIGKILL
+        return proc.returncode
+
+    def kill9(self):
+        assert self.proc is not None
+        proc, self.proc = self.proc, None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return proc.returncode
+
+    def log(self):
+        try:
+            with open(self.log_path, "r", encoding="utf-8", errors="replace") as f:
+                return f.read()[-4000:]
+        except OSError:
+            return "(no log)"
+
+
+class DaemonTestCase(unittest.TestCase):
+    """Starts a fresh megatraind for each test, in its own temporary folder, with a
+    dataset `data.jsonl` beside it; stops it afterwards."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="megatrain-e2e-")
+        # Readable by other users: one test runs the CLI as `nobody`.
+        os.chmod(self.tmp, 0o755)
+        self.data_path = os.path.join(self.tmp, "data.jsonl")
+        write_dataset(self.data_path)
+        os.chmod(self.data_path, 0o644)
+        self.daemon = Daemon(self.tmp)
+        # A cleanup, not tearDown: it runs even when setUp fails after this point.
+        self.addCleanup(self._stop_daemon_and_clean)
+        self.daemon.start()
+
+    def _stop_daemon_and_clean(self):
+        rc = self.daemon.stop()
+        if rc not in (None, 0):
+            print(f"\nmegatraind exited with {rc} at tearDown:\n{self.daemon.log()}")
+        if KEEP:
+            print(f"\nkept {self.tmp}")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # --- the CLI ---
+
+    def cli(self, *args, timeout=120, user=None):
+        """Runs `megatrain ARGS` against this test's daemon (MEGATRAIN_ADDR)."""
+        env = dict(os.environ, MEGATRAIN_ADDR=self.daemon.addr)
+        kwargs = {}
+        if user is not None:
+            kwargs = {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
+        try:
+            return subprocess.run([MEGATRAIN, *map(str, args)], capture_output=True, text=True,
+                                  env=env, timeout=timeout, cwd=self.tmp, **kwargs)
+        except subprocess.TimeoutExpired as e:
+            self.fail(f"`megatrain {' '.join(map(str, args))}` did not end within {timeout} s "
+                      f"(stdout {e.stdout!r}, stderr {e.stderr!r})\n{self.daemon.log()}")
+
+    def cli_ok(self, *args, **kwargs):
+        r = self.cli(*args, **kwargs)
+        self.assertEqual(r.returncode, EXIT_OK,
+                         f"`megatrain {' '.join(map(str, args))}` exited {r.returncode}\n"
+                         f"stdout: {r.stdout}\nstderr: {r.stderr}")
+        return r
+
+    def cli_json(self, *args, **kwargs):
+        """Runs `megatrain --output json ARGS`, expects exit 0 and one JSON document."""
+        r = self.cli_ok("--output", "json", *args, **kwargs)
+        try:
+            return json.loads(r.stdout)
+        except ValueError as e:
+            self.fail(f"`megatrain -o json {' '.join(map(str, args))}` printed no single JSON "
+                      f"document ({e}):\n{r.stdout}")
+
+    def cli_json_lines(self, *args, **kwargs):
+        """Runs `megatrain --output json ARGS` (a stream), expects one JSON per line."""
+        r = self.cli_ok("--output", "json", *args, **kwargs)
+        docs = []
+        for line in r.stdout.splitlines():
+            try:
+                docs.append(json.loads(line))
+            except ValueError as e:
+                self.fail(f"`megatrain -o json {' '.join(map(str, args))}`: a line is not "
+                          f"JSON ({e}): {line!r}\n{r.stdout}")
+        return docs
+
+    # --- jobs ---
+
+    def spec_file(self, spec, name="job.yaml"):
+        return write_spec(os.path.join(self.tmp, name), spec)
+
+    def submit(self, spec, *flags, name="job.yaml", user=None):
+        """Submits `spec` (dict or YAML text) and returns the job's id."""
+        job = self.cli_json("submit", self.spec_file(spec, name), *flags, user=user)
+        return int(job["id"])
+
+    def status(self, job_id):
+        return self.cli_json("status", job_id)
+
+    def wait_for(self, job_id, predicate, what, timeout=WAIT_S, interval=0.03):
+        """Polls `status -o json` until predicate(job) holds; returns the job."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.status(job_id)
+            if predicate(job):
+                return job
+            if time.monotonic() > deadline:
+                self.fail(f"job {job_id}: not {what} within {timeout} s; now "
+                          f"{job['state']} at step {step_of(job)}\n{self.daemon.log()}")
+            time.sleep(interval)
+
+    def wait_state(self, job_id, *states, timeout=WAIT_S):
+        wanted = {state_enum(s) for s in states}
+        return self.wait_for(job_id, lambda j: j["state"] in wanted, "/".join(states),
+                             timeout=timeout)
+
+    def wait_running_at(self, job_id, min_step, timeout=WAIT_S):
+        return self.wait_for(
+            job_id, lambda j: j["state"] == "JOB_STATE_RUNNING" and step_of(j) >= min_step,
+            f"running at step >= {min_step}", timeout=timeout, interval=0.01)
+
+    def watch_ok(self, job_id, timeout=WAIT_S * 3):
+        """`megatrain watch ID` must exit 0 (the job succeeded)."""
+        r = self.cli("watch", job_id, timeout=timeout)
+        self.assertEqual(r.returncode, EXIT_OK,
+                         f"watch {job_id} exited {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr}\n"
+                         f"logs:\n{self.cli('logs', job_id).stdout}")
+        return r
+
+    def log_texts(self, job_id):
+        return [line["text"] for line in self.cli_json_lines("logs", job_id)]
+
+    def run_local(self, spec, name, timeout=WAIT_S * 3):
+        """Runs `megatrain-train` on `spec` written to `name` beside data.jsonl."""
+        path = self.spec_file(spec, name)
+        r = subprocess.run([MEGATRAIN_TRAIN, path], capture_output=True, text=True,
+                           timeout=timeout, cwd=self.tmp)
+        self.assertEqual(r.returncode, 0,
+                         f"megatrain-train {name} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def assert_same_checkpoint(self, got, want):
+        for rel in CHECKPOINT_FILES:
+            with open(os.path.join(got, rel), "rb") as f:
+                a = f.read()
+            with open(os.path.join(want, rel), "rb") as f:
+                b = f.read()
+            self.assertTrue(a == b, f"{rel} differs between {got} and {want} "
+                                    f"({len(a)} vs {len(b)} bytes)")
+
+
+def state_enum(name):
+    return "JOB_STATE_" + name.upper()
+
+
+def step_of(job):
+    return int(job.get("progress", {}).get("step", 0))
+
+
+def checkpoint_step(path):
+    m = re.search(r"checkpoint-(\d+)$", path.rstrip("/"))
+    return int(m.group(1)) if m else None
+
+
+def resumed_step(texts):
+    """The step of the last "resumed from the checkpoint of step N" log line, or None."""
+    found = None
+    for t in texts:
+        m = re.search(r"resumed from the checkpoint of step (\d+)", t)
+        if m:
+            found = int(m.group(1))
+    return found
+
+
+# ---------------------------------------------------------------------------------------
+# The tests
+
+
+class SubmitAndSucceedTest(DaemonTestCase):
+    """1. A job runs to success; its checkpoint is complete and loads."""
+
+    def test_watch_exits_0_and_checkpoint_is_complete_and_loads(self):
+        steps = 20
+        job_id = self.submit(make_spec(steps=steps))
+        r = self.watch_ok(job_id)
+        self.assertIn("succeeded", r.stdout)
+
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(step_of(job), steps)
+        self.assertEqual(int(job["progress"]["total_steps"]), steps)
+        self.assertEqual(job["error"], "")
+        self.assertNotEqual(int(job["finished_unix_ms"]), 0)
+        table = self.cli_ok("status", job_id).stdout
+        self.assertRegex(table, r"state:\s+succeeded")
+        self.assertIn(f"step {steps}/{steps}", table)
+
+        ckpt = job["last_checkpoint"]
+        self.assertEqual(ckpt, os.path.join(job["checkpoint_dir"], f"checkpoint-{steps}"))
+        self.assertTrue(os.path.isdir(ckpt), ckpt)
+
+        with open(os.path.join(ckpt, "config.json")) as f:
+            config = json.load(f)
+        for key, value in MODEL_CONFIG.items():
+            self.assertEqual(config[key], value, f"config.json {key}")
+
+        header, data_bytes = read_safetensors_header(os.path.join(ckpt, "model.safetensors"))
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        self.assertTrue(tensors)
+        for name, t in tensors.items():
+            self.assertEqual(t["dtype"], "BF16", name)
+        end = max(t["data_offsets"][1] for t in tensors.values())
+        self.assertEqual(end, data_bytes, "tensor data must fill the file")
+        for name, shape in {
+            "model.embed_tokens.weight": [258, 64],
+            "model.layers.0.self_attn.q_proj.weight": [64, 64],
+            "model.layers.0.self_attn.k_proj.weight": [32, 64],
+            "model.layers.1.mlp.down_proj.weight": [64, 160],
+            "model.norm.weight": [64],
+        }.items():
+            self.assertIn(name, tensors)
+            self.assertEqual(tensors[name]["shape"], shape, name)
+            start, stop = tensors[name]["data_offsets"]
+            n = 1
+            for d in shape:
+                n *= d
+            self.assertEqual(stop - start, 2 * n, name)
+
+        master, _ = read_safetensors_header(
+            os.path.join(ckpt, "optimizer", "master", "model.safetensors"))
+        master = {k: v for k, v in master.items() if k != "__metadata__"}
+        self.assertEqual(set(master), set(tensors))
+        for name, t in master.items():
+            self.assertEqual(t["dtype"], "F32", name)
+        for part in ("exp_avg", "exp_avg_sq"):
+            self.assertTrue(os.path.isfile(os.path.join(ckpt, "optimizer", part,
+                                                        "model.safetensors")), part)
+
+        with open(os.path.join(ckpt, "trainer_state.json")) as f:
+            state = json.load(f)
+        self.assertEqual(state["step"], steps)
+
+        # The checkpoint loads: megatrain-train on a copy of it finds the job done...
+        copy = os.path.join(self.tmp, "copy")
+        shutil.copytree(ckpt, os.path.join(copy, os.path.basename(ckpt)))
+        r = self.run_local(make_spec(steps=steps, checkpoint={"dir": "copy"}), "local.yaml")
+        self.assertIn(f"resumed at step {steps}", r.stdout)
+        self.assertIn("done", r.stdout)
+        self.assertFalse(os.path.exists(os.path.join(copy, f"checkpoint-{steps + 1}")))
+        # ...and trains on from it when given more steps.
+        r = self.run_local(make_spec(steps=steps + 3, checkpoint={"dir": "copy"}), "local.yaml")
+        self.assertIn(f"resumed at step {steps}", r.stdout)
+        self.assertTrue(os.path.isdir(os.path.join(copy, f"checkpoint-{steps + 3}")))
+
+
+class CancelTest(DaemonTestCase):
+    """2. Cancelling a running job; cancelling a finished one is refused."""
+
+    def test_cancel_running_job_then_cancel_finished_job_exits_7(self):
+        job_id = self.submit(make_spec(steps=100000, name="long"))
+        self.wait_running_at(job_id, 2)
+        r = self.cli("cancel", job_id)
+        self.assertEqual(r.returncode, EXIT_OK, r.stderr)
+        self.assertIn("cancelled", r.stdout)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_CANCELLED")
+        self.assertLess(step_of(job), 100000)
+        self.assertNotEqual(int(job["finished_unix_ms"]), 0)
+        self.assertIn("cancelled", self.log_texts(job_id))
+        # watch on a cancelled job says so.
+        self.assertEqual(self.cli("watch", job_id).returncode, EXIT_WATCH_CANCELLED)
+
+        # Cancelling it again, or cancelling a job that succeeded: FAILED_PRECONDITION.
+        r = self.cli("cancel", job_id)
+        self.assertEqual(r.returncode, EXIT_FAILED_PRECONDITION, r.stderr)
+        self.assertIn("cancelled", r.stderr)
+        done_id = self.submit(make_spec(steps=3, name="short"), name="short.yaml")
+        self.watch_ok(done_id)
+        r = self.cli("cancel", done_id)
+        self.assertEqual(r.returncode, EXIT_FAILED_PRECONDITION, r.stderr)
+        self.assertIn("succeeded", r.stderr)
+        self.assertEqual(self.status(done_id)["state"], "JOB_STATE_SUCCEEDED")
+
+    def test_cancel_queued_and_held_jobs(self):
+        held = self.submit(make_spec(steps=5, name="held"), "--hold", name="held.yaml")
+        r = self.cli("cancel", held)
+        self.assertEqual(r.returncode, EXIT_OK, r.stderr)
+        self.assertIn("cancelled", r.stdout)
+        self.assertEqual(self.status(held)["state"], "JOB_STATE_CANCELLED")
+        # A queued job behind a long running one.
+        long_id = self.submit(make_spec(steps=100000, name="long"), name="long.yaml")
+        self.wait_running_at(long_id, 1)
+        queued = self.submit(make_spec(steps=5, name="queued"), name="queued.yaml")
+        self.assertEqual(self.status(queued)["state"], "JOB_STATE_QUEUED")
+        self.assertEqual(self.cli("cancel", queued).returncode, EXIT_OK)
+        self.assertEqual(self.status(queued)["state"], "JOB_STATE_CANCELLED")
+        self.assertEqual(int(self.status(queued)["started_unix_ms"]), 0)
+        self.assertEqual(self.cli("cancel", long_id).returncode, EXIT_OK)
+
+
+class HoldReleaseTest(DaemonTestCase):
+    """3. Held jobs stay out of the queue; holding a running job checkpoints it."""
+
+    def test_submit_hold_never_runs_until_released(self):
+        job_id = self.submit(make_spec(steps=10), "--hold")
+        self.assertEqual(self.status(job_id)["state"], "JOB_STATE_HELD")
+        time.sleep(2.5)  # the runner looks for work at least once a second
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_HELD")
+        self.assertEqual(int(job["started_unix_ms"]), 0)
+        self.assertEqual(step_of(job), 0)
+        # Releasing it twice: the second is refused.
+        r = self.cli("release", job_id)
+        self.assertEqual(r.returncode, EXIT_OK, r.stderr)
+        self.assertRegex(r.stdout, r"queued|running")
+        self.watch_ok(job_id)
+        self.assertEqual(self.status(job_id)["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(self.cli("release", job_id).returncode, EXIT_FAILED_PRECONDITION)
+
+    def test_hold_running_job_checkpoints_and_release_resumes(self):
+        steps = 200
+        job_id = self.submit(make_spec(steps=steps, name="holdme"))
+        self.wait_running_at(job_id, 5)
+        r = self.cli("hold", job_id)
+        self.assertEqual(r.returncode, EXIT_OK, r.stderr)
+        self.assertIn("held", r.stdout)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_HELD")
+        held_at = step_of(job)
+        self.assertGreaterEqual(held_at, 5)
+        self.assertLess(held_at, steps, "the job ended before the hold; make it longer")
+        ckpt = job["last_checkpoint"]
+        self.assertEqual(checkpoint_step(ckpt), held_at)
+        self.assertTrue(os.path.isfile(os.path.join(ckpt, "trainer_state.json")), ckpt)
+        with open(os.path.join(ckpt, "trainer_state.json")) as f:
+            self.assertEqual(json.load(f)["step"], held_at)
+        self.assertIn("held: checkpointed", self.log_texts(job_id))
+        # It stays held.
+        time.sleep(1.5)
+        self.assertEqual(self.status(job_id)["state"], "JOB_STATE_HELD")
+        self.assertEqual(step_of(self.status(job_id)), held_at)
+
+        self.cli_ok("release", job_id)
+        self.watch_ok(job_id)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(step_of(job), steps)
+        self.assertEqual(int(job["resumed_from_step"]), held_at)
+        texts = self.log_texts(job_id)
+        self.assertEqual(resumed_step(texts), held_at, texts)
+
+        # Holding and resuming changed nothing: same result as one uninterrupted run.
+        self.run_local(make_spec(steps=steps, name="holdme", checkpoint={"dir": "ref"}),
+                       "ref.yaml")
+        self.assert_same_checkpoint(job["last_checkpoint"],
+                                    os.path.join(self.tmp, "ref", f"checkpoint-{steps}"))
+
+    def test_checkpoint_command_on_running_job(self):
+        job_id = self.submit(make_spec(steps=100000, name="long"))
+        self.wait_running_at(job_id, 2)
+        resp = self.cli_json("checkpoint", job_id)
+        path, step = resp["path"], int(resp["step"])
+        self.assertGreaterEqual(step, 2)
+        self.assertEqual(checkpoint_step(path), step)
+        self.assertTrue(os.path.isfile(os.path.join(path, "model.safetensors")), path)
+        r = self.cli_ok("checkpoint", job_id)  # table mode: the path alone
+        self.assertTrue(os.path.isdir(r.stdout.strip()), r.stdout)
+        self.cli_ok("cancel", job_id)
+        r = self.cli("checkpoint", job_id)
+        self.assertEqual(r.returncode, EXIT_FAILED_PRECONDITION, r.stderr)
+
+
+class ListFiltersTest(DaemonTestCase):
+    """4. `list` filters by state and owner and pages."""
+
+    def ids(self, *args, user=None):
+        pages = self.cli_json_lines("list", *args, user=user)
+        return [int(j["id"]) for page in pages for j in page.get("jobs", [])]
+
+    def test_list_by_state_owner_mine_and_pages(self):
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        succeeded = [self.submit(make_spec(steps=2, name=f"ok{i}"), name=f"ok{i}.yaml")
+                     for i in range(2)]
+        for job_id in succeeded:
+            self.watch_ok(job_id)
+        held = [self.submit(make_spec(steps=2, name=f"held{i}"), "--hold",
+                            name=f"held{i}.yaml") for i in range(2)]
+        cancelled = self.submit(make_spec(steps=2, name="gone"), "--hold", name="gone.yaml")
+        self.cli_ok("cancel", cancelled)
+
+        other_user, other = None, []
+        if os.geteuid() == 0:
+            try:
+                other_user = pwd.getpwuid(65534).pw_name  # nobody
+            except KeyError:
+                other_user = None
+        if other_user is not None:
+            other = [self.submit(make_spec(steps=2, name="theirs"), "--hold",
+                                 name="theirs.yaml", user=other_user)]
+            self.assertEqual(self.status(other[0])["owner"], other_user)
+        mine = succeeded + held + [cancelled]
+        everything = sorted(mine + other, reverse=True)
+
+        self.assertEqual(self.ids(), everything)  # newest first
+        self.assertEqual(self.ids("--state", "succeeded"), sorted(succeeded, reverse=True))
+        self.assertEqual(self.ids("--state", "held"), sorted(held + other, reverse=True))
+        self.assertEqual(self.ids("--state", "cancelled"), [cancelled])
+        self.assertEqual(self.ids("--state", "succeeded,cancelled"),
+                         sorted(succeeded + [cancelled], reverse=True))
+        self.assertEqual(self.ids("--state", "succeeded", "--state", "held"),
+                         sorted(succeeded + held + other, reverse=True))
+        self.assertEqual(self.ids("--state", "running"), [])
+        self.assertEqual(self.ids("--owner", me), sorted(mine, reverse=True))
+        self.assertEqual(self.ids("--mine"), sorted(mine, reverse=True))
+        self.assertEqual(self.ids("--owner", "no-such-user"), [])
+        self.assertEqual(self.ids("--owner", me, "--state", "held"), sorted(held, reverse=True))
+        if other_user is not None:
+            self.assertEqual(self.ids("--owner", other_user), other)
+            self.assertEqual(self.ids("--mine", user=other_user), other)
+
+        # Paging: one page of 2 with a token; --all-pages walks every page.
+        pages = self.cli_json_lines("list", "--limit", "2")
+        self.assertEqual(len(pages), 1)
+        self.assertEqual([int(j["id"]) for j in pages[0]["jobs"]], everything[:2])
+        self.assertNotEqual(pages[0]["next_page_token"], "")
+        pages = self.cli_json_lines("list", "--limit", "2", "--all-pages")
+        self.assertEqual(len(pages), (len(everything) + 1) // 2)
+        self.assertEqual([int(j["id"]) for p in pages for j in p["jobs"]], everything)
+        self.assertEqual(pages[-1]["next_page_token"], "")
+        for p in pages:
+            self.assertLessEqual(len(p["jobs"]), 2)
+        pages = self.cli_json_lines("list", "--limit", "1", "--all-pages", "--state", "held")
+        self.assertEqual([int(j["id"]) for p in pages for j in p["jobs"]],
+                         sorted(held + other, reverse=True))
+        # Exactly a multiple of the page size: no empty trailing page needed, none wrong.
+        pages = self.cli_json_lines("list", "--limit", "2", "--all-pages", "--state", "succeeded")
+        self.assertEqual([int(j["id"]) for p in pages for j in p["jobs"]],
+                         sorted(succeeded, reverse=True))
+
+        # Table output names the same jobs; a bad state name is a usage error.
+        table = self.cli_ok("list", "--state", "held").stdout
+        for job_id in held:
+            self.assertRegex(table, rf"(?m)^\s*{job_id}\s+held")
+        self.assertNotRegex(table, rf"(?m)^\s*{succeeded[0]}\s")
+        self.assertEqual(self.cli("list", "--state", "bogus").returncode, EXIT_USAGE)
+        self.assertIn("no jobs", self.cli_ok("list", "--state", "running").stdout)
+
+
+class JsonOutputTest(DaemonTestCase):
+    """5. Every read command prints valid JSON with --output json."""
+
+    def test_every_read_command_prints_json(self):
+        node = self.cli_json("node")
+        self.assertIsInstance(node, dict)
+        self.assertEqual(node["backend"], "cpu")
+
+        self.assertEqual(self.cli_json("list"), {"jobs": [], "next_page_token": ""})
+
+        job_id = self.submit(make_spec(steps=5))
+        # watch of a live job: one event per line, state changes and progress.
+        events = self.cli_json_lines("watch", job_id, timeout=WAIT_S * 3)
+        self.assertGreaterEqual(len(events), 2)
+        for e in events:
+            self.assertEqual(int(e["job_id"]), job_id)
+            self.assertTrue("state_change" in e or "progress" in e, e)
+        self.assertEqual(events[-1]["state_change"]["state"], "JOB_STATE_SUCCEEDED")
+        seqs = [int(e["seq"]) for e in events[1:]]
+        self.assertEqual(seqs, sorted(seqs))
+        self.assertTrue(any("progress" in e for e in events) or events[0]["state_change"]
+                        ["state"] == "JOB_STATE_SUCCEEDED")
+
+        # watch of a finished job: its state, one line.
+        events = self.cli_json_lines("watch", job_id)
+        self.assertEqual(len(events), 1)
+        self.assertEqual(events[0]["state_change"]["state"], "JOB_STATE_SUCCEEDED")
+
+        job = self.cli_json("status", job_id)
+        self.assertEqual(int(job["id"]), job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+
+        listing = self.cli_json("list")
+        self.assertEqual([int(j["id"]) for j in listing["jobs"]], [job_id])
+        self.assertEqual(self.cli_json("list", "--state", "succeeded", "--mine",
+                                       "--limit", "5")["jobs"][0]["id"], str(job_id))
+
+        for follow in ([], ["--follow"]):
+            lines = self.cli_json_lines("logs", job_id, *follow)
+            self.assertGreater(len(lines), 2)
+            seqs = [int(line["seq"]) for line in lines]
+            self.assertEqual(seqs, list(range(1, len(lines) + 1)))
+            self.assertTrue(all(isinstance(line["text"], str) for line in lines))
+            self.assertEqual(lines[-1]["text"], "succeeded")
+
+        # logs --follow of a live job streams JSON lines until the job ends. (Whether the
+        # last line is there: test_logs_follow_ends_with_the_final_line.)
+        live = self.submit(make_spec(steps=30, name="live"), name="live.yaml")
+        lines = self.cli_json_lines("logs", "--follow", live, timeout=WAIT_S * 3)
+        self.assertGreater(len(lines), 2)
+        self.assertTrue(any(line["text"].startswith("step 30/30") for line in lines), lines)
+        self.assertEqual(self.status(live)["state"], "JOB_STATE_SUCCEEDED")
+
+        # The change commands print the job as JSON too.
+        held = self.submit(make_spec(steps=2, name="h"), "--hold", name="h.yaml")
+        self.assertIn(self.cli_json("release", held)["state"],
+                      ("JOB_STATE_QUEUED", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED"))
+        self.watch_ok(held)
+
+
+class LogsFollowTest(DaemonTestCase):
+    """`logs --follow` of a live job prints every line, the last one included."""
+
+    def test_logs_follow_ends_with_the_final_line(self):
+        for i in range(6):
+            job_id = self.submit(make_spec(steps=5, name=f"f{i}"), name=f"f{i}.yaml")
+            r = self.cli_ok("logs", "--follow", job_id, timeout=WAIT_S * 3)
+            followed = r.stdout.splitlines()
+            self.assertEqual(self.status(job_id)["state"], "JOB_STATE_SUCCEEDED")
+            later = self.cli_ok("logs", job_id).stdout.splitlines()
+            self.assertEqual(later[-1], "succeeded")
+            self.assertEqual(followed, later, f"job {job_id}: `logs -f` lost lines")
+
+
+class PriorityTest(DaemonTestCase):
+    """Higher priority runs first; FIFO within a priority; a held job is passed over."""
+
+    def test_priority_then_fifo(self):
+        blocker = self.submit(make_spec(steps=100000, name="blocker"), name="blocker.yaml")
+        self.wait_running_at(blocker, 1)
+        low1 = self.submit(make_spec(steps=2, name="low1"), name="low1.yaml")
+        low2 = self.submit(make_spec(steps=2, name="low2"), name="low2.yaml")
+        high = self.submit(make_spec(steps=2, name="high"), "--priority", "5", name="high.yaml")
+        held = self.submit(make_spec(steps=2, name="held"), "--priority", "9", "--hold",
+                           name="held.yaml")
+        # Hold a queued job: it leaves the queue.
+        self.assertEqual(self.cli_json("hold", low1)["state"], "JOB_STATE_HELD")
+        self.cli_ok("cancel", blocker)
+        for job_id in (high, low2):
+            self.watch_ok(job_id)
+        # The high one ran (and ended) before the low one started.
+        self.assertLessEqual(int(self.status(high)["finished_unix_ms"]),
+                             int(self.status(low2)["started_unix_ms"]))
+        for job_id in (low1, held):
+            self.assertEqual(self.status(job_id)["state"], "JOB_STATE_HELD")
+        self.cli_ok("release", low1)
+        self.watch_ok(low1)
+        self.assertEqual(self.status(held)["state"], "JOB_STATE_HELD")
+
+
+class BadSpecTest(DaemonTestCase):
+    """6. Bad specs are refused with a message naming the field; the daemon serves on."""
+
+    def submit_bad(self, text, name="bad.yaml"):
+        path = write_spec(os.path.join(self.tmp, name), text)
+        return self.cli("submit", path)
+
+    def assert_refused(self, text, code, *words):
+        r = self.submit_bad(text)
+        self.assertEqual(r.returncode, code,
+                         f"exit {r.returncode}, stdout {r.stdout!r}, stderr {r.stderr!r}\n{text}")
+        for w in words:
+            self.assertIn(w, r.stderr)
+        self.assertEqual(r.stdout.strip(), "")
+
+    def test_bad_specs_are_refused_and_daemon_keeps_serving(self):
+        good = to_yaml(make_spec(steps=3)) + "\n"
+
+        self.assert_refused(good.replace("  lr:", "  lrr:"), EXIT_USAGE, "train.lrr")
+        self.assert_refused(good.replace("  steps: 3", "  steps: abc"), EXIT_USAGE,
+                            "train.steps", "abc")
+        self.assert_refused(good.replace("  steps: 3", "  steps: -5"), EXIT_USAGE,
+                            "train.steps", "-5")
+        self.assert_refused(good.replace("  steps: 3", "  steps: 0"), EXIT_USAGE, "train.steps")
+        self.assert_refused(good.replace("  seq_len: 32", "  seq_len: [1, 2]"), EXIT_USAGE,
+                            "data.seq_len")
+        self.assert_refused(good.replace("  lr: 0.001", "  lr: -1"), EXIT_USAGE, "train.lr")
+        self.assert_refused(good.replace('"data.jsonl"', '"missing.jsonl"'), EXIT_NOT_FOUND,
+                            "data.path", "missing.jsonl")
+        self.assert_refused(good + "bogus: 1\n", EXIT_USAGE, "bogus")
+        self.assert_refused(good.replace("tokenizer: \"byte\"", "tokenizer: \"bpe\""),
+                            EXIT_USAGE, "data.tokenizer")
+        self.assertNotIn("model:\n  path", good)
+        missing_model = to_yaml({"model": {"path": "no-such-model"},
+                                 "data": {"path": "data.jsonl"}}) + "\n"
+        self.assert_refused(missing_model, EXIT_NOT_FOUND, "model.path", "no-such-model")
+        os.mkdir(os.path.join(self.tmp, "empty-model"))
+        empty_model = to_yaml({"model": {"path": "empty-model"},
+                               "data": {"path": "data.jsonl"}}) + "\n"
+        self.assert_refused(empty_model, EXIT_NOT_FOUND, "model.path", "empty-model")
+        self.assert_refused("data:\n  path: data.jsonl\n", EXIT_USAGE, "model")
+        self.assert_refused("[1, 2]\n", EXIT_USAGE)
+        both = good.replace("model:\n", "model:\n  path: \"x\"\n", 1)
+        self.assert_refused(both, EXIT_USAGE, "model.path")
+
+        # Not a file at all: the CLI says so (usage).
+        r = self.cli("submit", os.path.join(self.tmp, "no-such-spec.yaml"))
+        self.assertEqual(r.returncode, EXIT_USAGE)
+        self.assertIn("no-such-spec.yaml", r.stderr)
+
+        # Nothing was stored; the daemon still runs a good job.
+        self.assertEqual(self.cli_json("list")["jobs"], [])
+        job_id = self.submit(good)
+        self.watch_ok(job_id)
+        self.assertEqual(self.status(job_id)["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(job_id, 1)
+
+    def test_data_path_that_is_a_directory_is_refused_at_submit(self):
+        os.mkdir(os.path.join(self.tmp, "a-folder"))
+        r = self.cli("submit", self.spec_file(make_spec(steps=2, data="a-folder")))
+        self.assertIn(r.returncode, (EXIT_USAGE, EXIT_NOT_FOUND), r.stdout + r.stderr)
+        self.assertIn("data.path", r.stderr)
+        self.assertEqual(self.cli_json("list")["jobs"], [])
+
+    def test_unknown_job_id_exits_3(self):
+        for command in ("status", "watch", "logs", "cancel", "hold", "release", "checkpoint"):
+            r = self.cli(command, 4242)
+            self.assertEqual(r.returncode, EXIT_NOT_FOUND, f"{command}: {r.stderr}")
+            self.assertIn("4242", r.stderr, command)
+        r = self.cli("status", "abc")
+        self.assertEqual(r.returncode, EXIT_USAGE, r.stderr)
+
+    def test_job_with_bad_dataset_fails_and_watch_exits_10(self):
+        bad = os.path.join(self.tmp, "notjson.jsonl")
+        with open(bad, "w") as f:
+            f.write("this is not json\n")
+        r = self.cli("submit", self.spec_file(make_spec(steps=3, data="notjson.jsonl")))
+        if r.returncode != EXIT_OK:  # refusing it at submit is fine too
+            self.assertEqual(r.returncode, EXIT_USAGE, r.stderr)
+            self.assertIn("notjson.jsonl", r.stderr)
+            return
+        job_id = int(re.search(r"job (\d+)", r.stdout).group(1))
+        r = self.cli("watch", job_id)
+        self.assertEqual(r.returncode, 10, r.stdout + r.stderr)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_FAILED")
+        self.assertNotEqual(job["error"], "")
+        # The daemon keeps serving.
+        self.watch_ok(self.submit(make_spec(steps=2), name="good.yaml"))
+
+
+class CrashRecoveryTest(DaemonTestCase):
+    """7. kill -9 mid-job: the restarted daemon resumes the job from its last checkpoint
+    and produces the same final checkpoint as an uninterrupted run."""
+
+    def test_kill9_mid_job_then_restart_resumes_bit_exactly(self):
+        steps = 60
+        spec = make_spec(steps=steps, name="crashy", data_seed=7,
+                         checkpoint={"every_steps": 10})
+        job_id = self.submit(spec)
+        held = self.submit(make_spec(steps=2, name="held"), "--hold", name="held.yaml")
+        queued = self.submit(make_spec(steps=2, name="queued"), name="queued.yaml")
+        self.wait_running_at(job_id, 25)
+        before = self.status(job_id)
+        logs_before = self.cli_json_lines("logs", job_id)
+        self.daemon.kill9()
+        self.assertLess(step_of(before), steps, "the job ended before the kill; make it longer")
+
+        self.daemon.start()
+        # Jobs that were not running keep their states.
+        self.assertEqual(self.status(held)["state"], "JOB_STATE_HELD")
+        self.assertIn(self.status(queued)["state"],
+                      ("JOB_STATE_QUEUED", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED"))
+        after = self.status(job_id)
+        for key in ("id", "name", "owner", "spec_yaml", "created_unix_ms", "checkpoint_dir",
+                    "priority", "host_bytes_estimate", "started_unix_ms"):
+            self.assertEqual(after[key], before[key], key)
+        # The logs from before the crash are still there, in order.
+        logs_now = self.cli_json_lines("logs", job_id)
+        self.assertEqual(logs_now[:len(logs_before)], logs_before)
+
+        self.watch_ok(job_id)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(step_of(job), steps)
+        texts = self.log_texts(job_id)
+        resumed = resumed_step(texts)
+        self.assertIsNotNone(resumed, texts)
+        self.assertGreaterEqual(resumed, 20)
+        self.assertLess(resumed, steps)
+        self.assertEqual(resumed % 10, 0)
+        self.assertEqual(int(job["resumed_from_step"]), resumed)
+        self.assertTrue(any("daemon restarted" in t for t in texts), texts)
+        self.assertEqual(self.cli_json_lines("logs", job_id)[:len(logs_before)], logs_before)
+
+        # An uninterrupted run of the same spec (other checkpoint.dir) ends identically.
+        ref = dict(spec, checkpoint={"every_steps": 10, "dir": "ref"})
+        self.run_local(ref, "ref.yaml")
+        final = os.path.join(job["checkpoint_dir"], f"checkpoint-{steps}")
+        self.assertEqual(job["last_checkpoint"], final)
+        self.assert_same_checkpoint(final, os.path.join(self.tmp, "ref", f"checkpoint-{steps}"))
+
+        # The queued job runs after it; the held one stays held.
+        self.watch_ok(queued)
+        self.assertEqual(self.status(held)["state"], "JOB_STATE_HELD")
+
+    def test_kill9_before_first_checkpoint_restarts_from_scratch(self):
+        steps = 30
+        spec = make_spec(steps=steps, name="early", data_seed=3)  # checkpoint only at the end
+        job_id = self.submit(spec)
+        self.wait_running_at(job_id, 5)
+        self.daemon.kill9()
+        self.daemon.start()
+        self.watch_ok(job_id)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(int(job["resumed_from_step"]), 0)
+        texts = self.log_texts(job_id)
+        self.assertIsNone(resumed_step(texts), texts)
+        self.assertTrue(any("daemon restarted" in t for t in texts), texts)
+        self.run_local(dict(spec, checkpoint={"dir": "ref"}), "ref.yaml")
+        self.assert_same_checkpoint(job["last_checkpoint"],
+                                    os.path.join(self.tmp, "ref", f"checkpoint-{steps}"))
+
+
+class GracefulStopTest(DaemonTestCase):
+    """8. SIGTERM mid-job: the daemon checkpoints, requeues the job and exits 0; the next
+    start resumes and finishes it."""
+
+    def test_sigterm_requeues_running_job_and_restart_finishes_it(self):
+        steps = 80
+        spec = make_spec(steps=steps, name="stopme")
+        job_id = self.submit(spec)
+        self.wait_running_at(job_id, 10)
+        # A watch attached while the daemon stops sees the job requeued, then its stream
+        # ends (the daemon is gone) instead of hanging.
+        env = dict(os.environ, MEGATRAIN_ADDR=self.daemon.addr)
+        watch = subprocess.Popen([MEGATRAIN, "-o", "json", "watch", str(job_id)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=env)
+        self.wait_running_at(job_id, 12)
+        t0 = time.monotonic()
+        rc = self.daemon.stop()
+        stop_s = time.monotonic() - t0
+        self.assertEqual(rc, 0, self.daemon.log())
+        self.assertLess(stop_s, 20, "megatraind took too long to stop")
+        self.assertIn("SIGTERM", self.daemon.log())
+        self.assertFalse(os.path.exists(self.daemon.socket), "the socket is left behind")
+        try:
+            out, err = watch.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            watch.kill()
+            watch.communicate()
+            self.fail("`megatrain watch` hangs after megatraind stopped")
+        self.assertNotEqual(watch.returncode, 0, err)
+        states = [json.loads(line)["state_change"]["state"] for line in out.splitlines()
+                  if "state_change" in json.loads(line)]
+        self.assertEqual(states[-1], "JOB_STATE_QUEUED", out[-2000:])
+
+        self.daemon.start()
+        self.watch_ok(job_id)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(step_of(job), steps)
+        texts = self.log_texts(job_id)
+        self.assertIn("daemon stopping: checkpointed, will resume", texts)
+        stopped_at = resumed_step(texts)
+        self.assertIsNotNone(stopped_at, texts)
+        self.assertGreaterEqual(stopped_at, 10)
+        self.assertLess(stopped_at, steps)
+        self.assertEqual(int(job["resumed_from_step"]), stopped_at)
+        i = texts.index("daemon stopping: checkpointed, will resume")
+        self.assertFalse(any("daemon restarted" in t for t in texts),
+                         "a graceful stop is not a crash")
+        self.assertIn(f"resumed from the checkpoint of step {stopped_at}", texts[i:])
+        self.assertEqual(texts.count("succeeded"), 1)
+
+        self.run_local(dict(spec, checkpoint={"dir": "ref"}), "ref.yaml")
+        self.assert_same_checkpoint(job["last_checkpoint"],
+                                    os.path.join(self.tmp, "ref", f"checkpoint-{steps}"))
+
+    def test_sigterm_while_idle_exits_0(self):
+        self.watch_ok(self.submit(make_spec(steps=2)))
+        self.assertEqual(self.daemon.stop(), 0, self.daemon.log())
+        self.daemon.start()
+        self.assertEqual(len(self.cli_json("list")["jobs"]), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()

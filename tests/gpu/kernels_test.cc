@@ -1,0 +1,196 @@
+// Every CUDA op against the CPU backend on fresh random inputs, within bf16 tolerances.
+// Inputs are bf16-exact, so the two differ only by the GPU's bf16 intermediate rounding.
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_util.h"
+
+namespace megatrain::testing {
+namespace {
+
+// Runs `op` on both backends over the same inputs and compares the named outputs.
+struct Pair {
+  Backend* cpu;
+  Backend* gpu;
+  DeviceBuffer c, g;
+  DType ct, gt;
+  size_t n;
+  Pair(Backend* cb, Backend* gb, DType ctype, DType gtype, const std::vector<float>& v)
+      : cpu(cb), gpu(gb), c(Upload(cb, ctype, v)), g(Upload(gb, gtype, v)), ct(ctype), gt(gtype),
+        n(v.size()) {}
+  double Err() const { return RelErr(Download(gpu, gt, g, n), Download(cpu, ct, c, n)); }
+};
+
+class Kernels : public GpuTest {
+ protected:
+  Pair Act(const std::vector<float>& v) { return Pair(cpu_.get(), gpu_.get(), cpu_->act_dtype(), gpu_->act_dtype(), v); }
+  Pair Weight(const std::vector<float>& v) { return Pair(cpu_.get(), gpu_.get(), cpu_->weight_dtype(), gpu_->weight_dtype(), v); }
+  Pair Grad(const std::vector<float>& v) { return Pair(cpu_.get(), gpu_.get(), cpu_->grad_dtype(), gpu_->grad_dtype(), v); }
+  Pair Stat(size_t n) { return Pair(cpu_.get(), gpu_.get(), cpu_->stat_dtype(), gpu_->stat_dtype(), std::vector<float>(n, 0.0f)); }
+  struct Ints {
+    DeviceBuffer c, g;
+  };
+  Ints Int(const std::vector<int32_t>& v) { return Ints{UploadInts(cpu_.get(), v), UploadInts(gpu_.get(), v)}; }
+  template <typename Fn>
+  void Both(Fn fn) {
+    fn(cpu_.get(), true);
+    fn(gpu_.get(), false);
+    cpu_->SyncAll();
+    gpu_->SyncAll();
+  }
+};
+
+static std::vector<int32_t> DocStarts(int64_t n, std::vector<int64_t> starts) {
+  std::vector<int32_t> d(n);
+  int64_t cur = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t s : starts) if (i >= s) cur = s;
+    d[i] = static_cast<int32_t>(cur);
+  }
+  return d;
+}
+
+TEST_F(Kernels, EmbeddingForwardAndBackward) {
+  const int64_t n = 300, C = 136, V = 50;
+  std::vector<int32_t> tok(n);
+  for (int64_t i = 0; i < n; ++i) tok[i] = static_cast<int32_t>((i * 7919) % V);
+  Ints t = Int(tok);
+  Pair table = Weight(RandomBf16(V * C, 1)), out = Act(std::vector<float>(n * C)),
+       dout = Act(RandomBf16(n * C, 2)), dtable = Grad(RandomBf16(V * C, 3));
+  Both([&](Backend* b, bool c) {
+    b->Embedding(c ? out.c.get() : out.g.get(), static_cast<int32_t*>(c ? t.c.get() : t.g.get()),
+                 c ? table.c.get() : table.g.get(), n, C, StreamId::kCompute);
+    b->EmbeddingBackward(c ? dtable.c.get() : dtable.g.get(), c ? dout.c.get() : dout.g.get(),
+                         static_cast<int32_t*>(c ? t.c.get() : t.g.get()), n, C, StreamId::kCompute);
+  });
+  EXPECT_EQ(out.Err(), 0.0);
+  EXPECT_LT(dtable.Err(), 1e-5);
+}
+
+TEST_F(Kernels, RmsNormForwardAndBackward) {
+  for (int64_t C : {96, 4096, 1000}) {
+    const int64_t rows = 77;
+    Pair x = Act(RandomBf16(rows * C, 4)), w = Weight(RandomBf16(C, 5, 0.2f, 1.0f));
+    Pair out = Act(std::vector<float>(rows * C)), rstd = Stat(rows);
+    Pair dout = Act(RandomBf16(rows * C, 6)), din = Act(RandomBf16(rows * C, 7)),
+         dw = Grad(RandomBf16(C, 8));
+    Both([&](Backend* b, bool c) {
+      auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
+      b->RmsNorm(P(out), P(rstd), P(x), P(w), rows, C, 1e-5, StreamId::kCompute);
+      b->RmsNormBackward(P(din), P(dw), P(dout), P(x), P(w), P(rstd), rows, C, StreamId::kCompute);
+    });
+    EXPECT_LT(out.Err(), 8e-3) << C;
+    EXPECT_LT(rstd.Err(), 1e-5) << C;
+    EXPECT_LT(din.Err(), 1e-2) << C;
+    EXPECT_LT(dw.Err(), 1e-2) << C;
+  }
+}
+
+TEST_F(Kernels, LinearForwardAndBackwardWithBias) {
+  const int64_t N = 130, IC = 96, OC = 200;
+  Pair x = Act(RandomBf16(N * IC, 9)), W = Weight(RandomBf16(OC * IC, 10, 0.1f)),
+       bias = Weight(RandomBf16(OC, 11)), out = Act(RandomBf16(N * OC, 12)),
+       dout = Act(RandomBf16(N * OC, 13)), din = Act(RandomBf16(N * IC, 14)),
+       dW = Grad(RandomBf16(OC * IC, 15)), db = Grad(RandomBf16(OC, 16));
+  Both([&](Backend* b, bool c) {
+    auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
+    b->Linear(P(out), P(x), P(W), P(bias), N, IC, OC, /*accumulate=*/true, StreamId::kCompute);
+    b->LinearBackward(P(din), /*din_accumulate=*/true, P(dW), P(db), P(dout), P(x), P(W), N, IC,
+                      OC, StreamId::kCompute);
+  });
+  EXPECT_LT(out.Err(), 8e-3);
+  EXPECT_LT(din.Err(), 8e-3);
+  EXPECT_LT(dW.Err(), 1e-4);
+  EXPECT_LT(db.Err(), 1e-4);
+}
+
+TEST_F(Kernels, SwiGluForwardAndBackward) {
+  const int64_t N = 65, I = 328;
+  Pair gu = Act(RandomBf16(N * 2 * I, 17, 2.0f)), out = Act(std::vector<float>(N * I)),
+       dout = Act(RandomBf16(N * I, 18)), dgu = Act(std::vector<float>(N * 2 * I));
+  Both([&](Backend* b, bool c) {
+    auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
+    b->SwiGlu(P(out), P(gu), N, I, StreamId::kCompute);
+    b->SwiGluBackward(P(dgu), P(dout), P(gu), N, I, StreamId::kCompute);
+  });
+  EXPECT_LT(out.Err(), 8e-3);
+  EXPECT_LT(dgu.Err(), 8e-3);
+}
+
+TEST_F(Kernels, CrossEntropyInPlaceWithIgnoredRows) {
+  const int64_t N = 37, V = 5003;
+  std::vector<int32_t> targets(N);
+  for (int64_t i = 0; i < N; ++i) targets[i] = i % 5 == 0 ? -100 : static_cast<int32_t>((i * 131) % V);
+  Ints t = Int(targets);
+  Pair logits = Act(RandomBf16(N * V, 19, 3.0f)), loss = Stat(N);
+  Both([&](Backend* b, bool c) {
+    auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
+    b->CrossEntropy(P(logits), P(loss), P(logits), static_cast<int32_t*>(c ? t.c.get() : t.g.get()),
+                    N, V, 1.0 / 30, StreamId::kCompute);
+  });
+  EXPECT_LT(loss.Err(), 1e-4);
+  EXPECT_LT(logits.Err(), 1e-2);  // now dlogits
+}
+
+struct AttnShape {
+  int64_t n, H, KV, D;
+  bool qk_norm;
+};
+
+class AttentionKernels : public Kernels, public ::testing::WithParamInterface<AttnShape> {};
+
+TEST_P(AttentionKernels, QkvPrepareAndAttentionForwardAndBackward) {
+  const AttnShape a = GetParam();
+  const int64_t QKV = (a.H + 2 * a.KV) * a.D;
+  const std::vector<int32_t> docs = DocStarts(a.n, {0, a.n / 3, a.n / 3 + 1, (2 * a.n) / 3});
+  std::vector<int32_t> pos(a.n);
+  for (int64_t i = 0; i < a.n; ++i) pos[i] = static_cast<int32_t>(i - docs[i]);
+  Ints d = Int(docs), p = Int(pos);
+  std::vector<float> inv_freq(a.D / 2);
+  for (int64_t j = 0; j < a.D / 2; ++j) inv_freq[j] = std::pow(10000.0f, -2.0f * j / a.D);
+  DeviceBuffer fc = Upload(cpu_.get(), DType::kF32, inv_freq), fg = Upload(gpu_.get(), DType::kF32, inv_freq);
+  Pair qkv = Act(RandomBf16(a.n * QKV, 20)), qn = Weight(RandomBf16(a.D, 21, 0.2f, 1.0f)),
+       kn = Weight(RandomBf16(a.D, 22, 0.2f, 1.0f));
+  Pair q = Act(std::vector<float>(a.n * a.H * a.D)), k = Act(std::vector<float>(a.n * a.KV * a.D)),
+       v = Act(std::vector<float>(a.n * a.KV * a.D)), rq = Stat(a.n * a.H), rk = Stat(a.n * a.KV);
+  Pair o = Act(std::vector<float>(a.n * a.H * a.D)), lse = Stat(a.n * a.H);
+  Pair dout = Act(RandomBf16(a.n * a.H * a.D, 23)), dq = Act(std::vector<float>(a.n * a.H * a.D)),
+       dk = Act(std::vector<float>(a.n * a.KV * a.D)), dv = Act(std::vector<float>(a.n * a.KV * a.D));
+  Pair dqkv = Act(std::vector<float>(a.n * QKV)), dqn = Grad(std::vector<float>(a.D)),
+       dkn = Grad(std::vector<float>(a.D));
+  Both([&](Backend* b, bool c) {
+    auto P = [&](Pair& x) { return c ? x.c.get() : x.g.get(); };
+    auto NP = [&](Pair& x) -> void* { return a.qk_norm ? P(x) : nullptr; };
+    const int32_t* ds = static_cast<int32_t*>(c ? d.c.get() : d.g.get());
+    const int32_t* ps = static_cast<int32_t*>(c ? p.c.get() : p.g.get());
+    const float* f = static_cast<float*>(c ? fc.get() : fg.get());
+    b->QkvPrepare(P(q), P(k), P(v), P(rq), P(rk), P(qkv), NP(qn), NP(kn), ps, f, a.n, a.H, a.KV,
+                  a.D, 1e-6, StreamId::kCompute);
+    b->Attention(P(o), P(lse), P(q), P(k), P(v), ds, a.n, a.H, a.KV, a.D, StreamId::kCompute);
+    b->AttentionBackward(P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(o), P(lse), ds, a.n,
+                         a.H, a.KV, a.D, StreamId::kCompute);
+    b->QkvPrepareBackward(P(dqkv), NP(dqn), NP(dkn), P(dq), P(dk), P(dv), P(qkv), NP(qn), NP(kn),
+                          P(rq), P(rk), ps, f, a.n, a.H, a.KV, a.D, 1e-6, StreamId::kCompute);
+  });
+  EXPECT_LT(q.Err(), 8e-3);
+  EXPECT_LT(k.Err(), 8e-3);
+  EXPECT_LT(v.Err(), 1e-6);
+  EXPECT_LT(o.Err(), 1.5e-2);
+  EXPECT_LT(lse.Err(), 1e-3);
+  EXPECT_LT(dq.Err(), 3e-2);
+  EXPECT_LT(dk.Err(), 3e-2);
+  EXPECT_LT(dv.Err(), 3e-2);
+  EXPECT_LT(dqkv.Err(), 3e-2);
+  if (a.qk_norm) {
+    EXPECT_LT(dqn.Err(), 3e-2);
+    EXPECT_LT(dkn.Err(), 3e-2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernels,
+                         ::testing::Values(AttnShape{67, 4, 2, 32, false},
+                                           AttnShape{300, 8, 8, 64, true},
+                                           AttnShape{1030, 8, 2, 128, false},
+                                           AttnShape{129, 16, 4, 128, true},
+                                           AttnShape{96, 2, 1, 256, false}));
+
+}  // namespace
+}  // namespace megatrain::testing

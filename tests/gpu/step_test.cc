@@ -1,0 +1,141 @@
+// A whole training step on the GPU against the CPU backend: loss, every unit's gradient,
+// the AdamW-updated weights; and the device working set does not grow with depth.
+#include <algorithm>
+
+#include "engine/pipeline/host_optimizer.h"
+#include "engine/pipeline/pipeline.h"
+#include "engine/store/model_io.h"
+#include "tests/engine/pipeline/recording_sink.h"
+#include "tests/engine/pipeline/tiny_model.h"
+#include "tests/gpu/gpu_util.h"
+
+namespace megatrain::testing {
+namespace {
+
+ModelConfig StepConfig(Variant v, int64_t layers) {
+  ModelConfig c = TinyConfig(v);
+  c.hidden_size = 256;
+  c.num_heads = 8;
+  c.num_kv_heads = v == Variant::kLlama3RopeMha ? 8 : 2;
+  c.head_dim = c.qk_norm ? 64 : 32;
+  c.intermediate_size = 704;
+  c.num_layers = layers;
+  c.vocab_size = 1000;
+  c.max_position_embeddings = 1024;
+  return c;
+}
+
+struct Trained {
+  std::unique_ptr<HostStore> store;
+  std::unique_ptr<GradSlabPool> pool;
+  std::unique_ptr<Pipeline> pipeline;
+};
+
+Trained Make(const ModelConfig& c, Backend* be, int64_t micro_batches, int64_t tokens, int64_t k) {
+  Trained r;
+  r.store = std::move(*HostStore::Create(BuildLayout(c)));
+  RandomInitWeights(c, 5, r.store.get());
+  int64_t max_unit = 0;
+  for (const UnitLayout& u : r.store->layout().units) max_unit = std::max(max_unit, u.num_elements);
+  r.pool = std::move(*GradSlabPool::Create(r.store->num_units(), max_unit));
+  EXPECT_TRUE(be->PinHostRange(r.store->transfer_base(), r.store->transfer_bytes()).ok());
+  EXPECT_TRUE(be->PinHostRange(r.pool->base(), r.pool->bytes()).ok());
+  PipelineOptions o;
+  o.micro_batches = micro_batches;
+  o.tokens_per_micro_batch = tokens;
+  o.checkpoint_every = k;
+  o.loss_chunk_tokens = 100;
+  absl::StatusOr<std::unique_ptr<Pipeline>> p = Pipeline::Create(c, r.store.get(), r.pool.get(), be, o);
+  EXPECT_TRUE(p.ok()) << p.status();
+  r.pipeline = std::move(*p);
+  return r;
+}
+
+class Step : public GpuTest, public ::testing::WithParamInterface<Variant> {};
+
+TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
+  const ModelConfig c = StepConfig(GetParam(), 4);
+  std::vector<MicroBatch> batches = {RandomBatch(2, 64, c.vocab_size, 1),
+                                     RandomBatch(2, 64, c.vocab_size, 2)};
+  Trained cr = Make(c, cpu_.get(), 2, 128, 2);
+  Trained gr = Make(c, gpu_.get(), 2, 128, 2);
+  RecordingSink cs(cpu_.get(), cr.pool.get(), cr.store->num_units());
+  RecordingSink gs(gpu_.get(), gr.pool.get(), gr.store->num_units());
+  absl::StatusOr<StepResult> cl = cr.pipeline->Step(batches, &cs);
+  absl::StatusOr<StepResult> gl = gr.pipeline->Step(batches, &gs);
+  ASSERT_TRUE(cl.ok() && gl.ok());
+  EXPECT_NEAR(gl->loss, cl->loss, 5e-3 * cl->loss);
+  for (int64_t u = 0; u < cr.store->num_units(); ++u) {
+    const double e = RelErr(gs.grads[u], cs.grads[u]);
+    EXPECT_LT(e, 3e-2) << "unit " << u;
+    RecordProperty("grad_rel_err_unit_" + std::to_string(u), std::to_string(e));
+  }
+  // One AdamW step from the same weights with each backend's gradients.
+  HostOptimizerOptions oo;
+  oo.weight_decay = 0.1;
+  oo.max_grad_norm = 1.0;
+  HostOptimizer copt(cr.store.get(), cr.pool.get(), cpu_.get(), oo);
+  HostOptimizer gopt(gr.store.get(), gr.pool.get(), gpu_.get(), oo);
+  copt.BeginStep(1e-3, 1);
+  gopt.BeginStep(1e-3, 1);
+  std::vector<float> before(cr.store->master(1), cr.store->master(1) + cr.store->unit_elements(1));
+  ASSERT_TRUE(cr.pipeline->Step(batches, &copt).ok());
+  ASSERT_TRUE(gr.pipeline->Step(batches, &gopt).ok());
+  for (int64_t u = 0; u < cr.store->num_units(); ++u) {
+    std::vector<float> cu, gu;
+    const float* b0 = u == 1 ? before.data() : nullptr;
+    (void)b0;
+    for (int64_t i = 0; i < cr.store->unit_elements(u); ++i) {
+      cu.push_back(cr.store->master(u)[i]);
+      gu.push_back(gr.store->master(u)[i]);
+    }
+    EXPECT_LT(RelErr(gu, cu), 2e-3) << "updated weights of unit " << u;
+  }
+  // The update itself (Adam's first step is ~lr * sign(g): tiny gradients may flip).
+  std::vector<float> du_c, du_g;
+  for (int64_t i = 0; i < cr.store->unit_elements(1); ++i) {
+    du_c.push_back(cr.store->master(1)[i] - before[i]);
+    du_g.push_back(gr.store->master(1)[i] - before[i]);
+  }
+  EXPECT_LT(RelErr(du_g, du_c), 0.2);
+  cpu_->UnpinHostRange(cr.store->transfer_base());
+  gpu_->UnpinHostRange(gr.store->transfer_base());
+  gpu_->UnpinHostRange(gr.pool->base());
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, Step,
+                         ::testing::Values(Variant::kLlamaTiedGqa, Variant::kQwen2UntiedBias,
+                                           Variant::kQwen3QkNorm, Variant::kLlama3RopeMha));
+
+class DeviceMemory : public GpuTest {};
+
+TEST_F(DeviceMemory, PeakDoesNotGrowWithDepth) {
+  std::vector<int64_t> peaks;
+  for (int64_t layers : {8, 16, 32}) {
+    absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{"cuda"});
+    ASSERT_TRUE(be.ok());
+    ModelConfig c = StepConfig(Variant::kLlamaTiedGqa, layers);
+    c.hidden_size = 1024;
+    c.intermediate_size = 2816;
+    c.num_heads = 16;
+    c.num_kv_heads = 4;
+    c.head_dim = 64;
+    Trained r = Make(c, be->get(), 2, 1024, 1);
+    RecordingSink s(be->get(), r.pool.get(), r.store->num_units());
+    std::vector<MicroBatch> batches = {RandomBatch(2, 512, c.vocab_size, 1),
+                                       RandomBatch(2, 512, c.vocab_size, 2)};
+    ASSERT_TRUE(r.pipeline->Step(batches, &s).ok());
+    peaks.push_back((*be)->device_bytes_peak());
+    RecordProperty("peak_bytes_" + std::to_string(layers), std::to_string(peaks.back()));
+    std::printf("layers %lld: peak device memory %.1f MiB\n", static_cast<long long>(layers),
+                peaks.back() / 1048576.0);
+    (*be)->UnpinHostRange(r.store->transfer_base());
+    (*be)->UnpinHostRange(r.pool->base());
+  }
+  const int64_t lo = *std::min_element(peaks.begin(), peaks.end());
+  const int64_t hi = *std::max_element(peaks.begin(), peaks.end());
+  EXPECT_LT(double(hi - lo) / lo, 0.05);
+}
+
+}  // namespace
+}  // namespace megatrain::testing
