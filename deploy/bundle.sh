@@ -13,7 +13,8 @@ BUILD_DIR=${1:-build}
 OUT=${2:-bundle}
 BINARIES=(
   server/megatraind client/megatrain engine/tools/megatrain-train
-  tests/gpu/gpu_test tests/hf/export_reference bench/daemon_load bench/train_bench
+  tests/gpu/gpu_test tests/hf/export_reference tests/hf/gpu_reference bench/daemon_load
+  bench/train_bench
 )
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/libexec" "$OUT/lib"
@@ -31,8 +32,8 @@ for rel in "${BINARIES[@]}"; do
   cp "$bin" "$OUT/libexec/$name"
   strip --strip-debug "$OUT/libexec/$name"
   ldd "$bin" | awk '/=>/ {print $1, $3}' | while read -r lib path; do
-    [[ "$lib" =~ $skip ]] && continue
-    [ -f "$path" ] && [ ! -e "$OUT/lib/$lib" ] && cp -L "$path" "$OUT/lib/$lib"
+    if [[ "$lib" =~ $skip ]]; then continue; fi
+    if [ -f "$path" ] && [ ! -e "$OUT/lib/$lib" ]; then cp -L "$path" "$OUT/lib/$lib"; fi
   done
   cat > "$OUT/bin/$name" <<WRAP
 #!/usr/bin/env bash
