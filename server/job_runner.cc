@@ -181,7 +181,8 @@ void JobRunner::Run(v1::Job job) {
     return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", spec.status().ToString()));
   }
   spec->checkpoint_dir = job.checkpoint_dir();
-  if (options_.device == "cpu") spec->backend = spec->backend == "cuda" ? "cuda" : "cpu";
+  // The runner's device decides where "auto" jobs run.
+  if (spec->backend == "auto") spec->backend = options_.device == "cpu" ? "cpu" : "cuda";
   absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(*spec);
   if (!created.ok()) {
     job.set_error(std::string(created.status().message()));

@@ -20,6 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "client/address.h"
+#include "engine/backend/factory.h"
 #include "server/config.h"
 #include "server/event_hub.h"
 #include "server/job_runner.h"
@@ -46,12 +47,19 @@ int Run(const DaemonConfig& config) {
     return 1;
   }
   EventHub hub;
-  const std::string device = config.device == "auto" ? "cpu" : config.device;
-  if (device != "cpu") {
-    std::fprintf(stderr, "megatraind: device '%s' is not available in this build (cpu only)\n",
+  std::string device = config.device;
+  if (device == "auto") device = CudaAvailable() ? "cuda:0" : "cpu";
+  if (device != "cpu" && device != "cuda:0" && device != "cuda") {
+    std::fprintf(stderr, "megatraind: device must be auto, cpu or cuda:0, got '%s'\n",
                  device.c_str());
     return 2;
   }
+  if (device != "cpu" && !CudaAvailable()) {
+    std::fprintf(stderr, "megatraind: device %s requested, but no CUDA device is usable\n",
+                 device.c_str());
+    return 2;
+  }
+  if (device == "cuda") device = "cuda:0";
   JobRunner runner(store->get(), &hub, JobRunnerOptions{device, config.state_dir});
 
   // Jobs that were running when the last daemon died resume from their checkpoints.
@@ -66,7 +74,7 @@ int Run(const DaemonConfig& config) {
   const HostMemory mem = ReadHostMemory();
   const int64_t admissible = static_cast<int64_t>(mem.total_bytes * config.host_memory_fraction);
   JobServiceImpl jobs(store->get(), &hub, &runner, JobServiceOptions{config.state_dir, admissible});
-  NodeServiceImpl node(store->get(), device, admissible);
+  NodeServiceImpl node(store->get(), device == "cpu" ? "cpu" : "cuda", admissible);
 
   const std::string socket = UnixSocketPath(config.listen).value_or("");
   if (!socket.empty()) {

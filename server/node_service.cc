@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "google/protobuf/stubs/common.h"
+#include "engine/backend/factory.h"
 #include "grpcpp/grpcpp.h"
 
 namespace megatrain::server {
@@ -24,6 +25,20 @@ HostMemory ReadHostMemory() {
   }
   return m;
 }
+
+namespace {
+
+// "32.0 GT/s PCIe x16" from sysfs, "" when unknown.
+std::string PcieLink(std::string bus_id) {
+  for (char& c : bus_id) c = static_cast<char>(std::tolower(c));
+  const std::string dir = "/sys/bus/pci/devices/" + bus_id + "/";
+  std::ifstream speed(dir + "current_link_speed"), width(dir + "current_link_width");
+  std::string s, w;
+  if (!std::getline(speed, s) || !std::getline(width, w)) return "";
+  return s + " x" + w;
+}
+
+}  // namespace
 
 NodeServiceImpl::NodeServiceImpl(JobStore* store, std::string backend, int64_t admissible_bytes)
     : store_(store), backend_(std::move(backend)), admissible_bytes_(admissible_bytes) {}
@@ -49,6 +64,15 @@ grpc::Status NodeServiceImpl::GetNode(grpc::ServerContext*, const v1::GetNodeReq
   (*resp->mutable_versions())["protobuf"] =
       google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION);
   (*resp->mutable_versions())["sqlite"] = sqlite3_libversion();
+  for (const GpuInfo& g : ListGpus()) {
+    v1::Gpu* gpu = resp->add_gpus();
+    gpu->set_index(g.index);
+    gpu->set_name(g.name);
+    gpu->set_memory_bytes(g.memory_bytes);
+    gpu->set_numa_node(g.numa_node);
+    gpu->set_pci_bus_id(g.pci_bus_id);
+    gpu->set_pcie_link(PcieLink(g.pci_bus_id));
+  }
   if (numa_available() >= 0) {
     for (int node = 0; node <= numa_max_node(); ++node) {
       long long free_bytes = 0;

@@ -322,6 +322,18 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
+absl::StatusOr<CudaDeviceInfo> DescribeCudaDevice(int device) {
+  cudaDeviceProp prop;
+  cudaError_t e = cudaGetDeviceProperties(&prop, device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::UnavailableError(absl::StrCat("CUDA device ", device, ": ", cudaGetErrorString(e)));
+  }
+  char bus[32] = {};
+  cudaDeviceGetPCIBusId(bus, sizeof(bus), device);
+  return CudaDeviceInfo{prop.name, static_cast<int64_t>(prop.totalGlobalMem), bus};
+}
+
 int CudaDeviceNumaNode(int device) {
   char bus[32] = {};
   if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) return -1;

@@ -26,6 +26,13 @@ int CudaDeviceCount();
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
     const CudaBackendOptions& options);
 
+struct CudaDeviceInfo {
+  std::string name;
+  int64_t memory_bytes = 0;
+  std::string pci_bus_id;
+};
+[[nodiscard]] absl::StatusOr<CudaDeviceInfo> DescribeCudaDevice(int device);
+
 // The NUMA node nearest the device (from its PCI address), or -1 when unknown.
 int CudaDeviceNumaNode(int device);
 

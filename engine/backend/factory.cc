@@ -37,4 +37,16 @@ int BackendNumaNode(const BackendRequest& request) {
   return -1;
 }
 
+std::vector<GpuInfo> ListGpus() {
+  std::vector<GpuInfo> gpus;
+#ifdef MEGATRAIN_HAS_CUDA
+  for (int i = 0; i < CudaDeviceCount(); ++i) {
+    absl::StatusOr<CudaDeviceInfo> d = DescribeCudaDevice(i);
+    if (!d.ok()) continue;
+    gpus.push_back(GpuInfo{i, d->name, d->memory_bytes, CudaDeviceNumaNode(i), d->pci_bus_id});
+  }
+#endif
+  return gpus;
+}
+
 }  // namespace megatrain

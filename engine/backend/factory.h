@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
@@ -22,5 +23,15 @@ bool CudaAvailable();
 
 // The NUMA node nearest the device the backend uses, or -1 (CPU backend, unknown).
 int BackendNumaNode(const BackendRequest& request);
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  int64_t memory_bytes = 0;
+  int numa_node = -1;
+  std::string pci_bus_id;
+};
+// The CUDA devices this build can use (empty without CUDA).
+std::vector<GpuInfo> ListGpus();
 
 }  // namespace megatrain

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 STEPS = 50
-LR, WARMUP, WD, CLIP = 1e-3, 5, 0.01, 1.0
+LR, WARMUP, WD, CLIP = 3e-4, 10, 0.01, 1.0
 
 
 def configs():
@@ -129,6 +129,9 @@ def check(bin_path, work, name, config):
               "curve_first_last_ours": [our_losses[0], our_losses[-1]],
               "curve_first_last_transformers": [hf_losses[0], hf_losses[-1]],
               "curve_max_rel_diff": max(curve_errs),
+              "curve_max_rel_diff_step": curve_errs.index(max(curve_errs)),
+              "curve_ours": [round(x, 4) for x in our_losses],
+              "curve_transformers": [round(x, 4) for x in hf_losses],
               "logits_rel_err": logit_err, "problems": problems}
     print(json.dumps(result), flush=True)
     return not problems
