@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -49,6 +50,43 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   const int warps = blockDim.x / 32;
   v = lane < warps ? scratch[lane] : -INFINITY;
   return WarpMax(v);
+}
+
+
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// kWidth bf16 values from p into fp32 registers: one 16-byte load when kWidth == 8.
+// REQUIRES (kWidth == 8): p is 16-byte aligned.
+template <int kWidth>
+__device__ __forceinline__ void Load(const bf16* p, float (&v)[kWidth]) {
+  if constexpr (kWidth == 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) v[i] = ToF(p[i]);
+  }
+}
+
+// kWidth fp32 values rounded to bf16 into p (one 16-byte store when kWidth == 8).
+template <int kWidth>
+__device__ __forceinline__ void Store(bf16* p, const float (&v)[kWidth]) {
+  if constexpr (kWidth == 8) {
+    uint4 raw;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) p[i] = ToB(v[i]);
+  }
 }
 
 }  // namespace megatrain::cuda

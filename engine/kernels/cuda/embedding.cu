@@ -20,8 +20,6 @@ namespace {
 
 constexpr int64_t kMaxRowBlocks = 1 << 15;
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Threads per block: one column vector per thread, at most 256, a whole number of warps.
 int ThreadsFor(int64_t vecs) {
   return static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (vecs + 31) / 32 * 32)));

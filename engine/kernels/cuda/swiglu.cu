@@ -17,39 +17,6 @@ namespace {
 
 constexpr int64_t kMaxRowBlocks = 1 << 15;
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-template <int kWidth>
-__device__ __forceinline__ void Load(const bf16* p, float (&v)[kWidth]) {
-  if constexpr (kWidth == 8) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      v[2 * i] = f.x;
-      v[2 * i + 1] = f.y;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kWidth; ++i) v[i] = ToF(p[i]);
-  }
-}
-
-template <int kWidth>
-__device__ __forceinline__ void Store(bf16* p, const float (&v)[kWidth]) {
-  if constexpr (kWidth == 8) {
-    uint4 raw;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  } else {
-#pragma unroll
-    for (int i = 0; i < kWidth; ++i) p[i] = ToB(v[i]);
-  }
-}
-
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 template <int kWidth>
