@@ -84,8 +84,6 @@ TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
   ASSERT_TRUE(gr.pipeline->Step(batches, &gopt).ok());
   for (int64_t u = 0; u < cr.store->num_units(); ++u) {
     std::vector<float> cu, gu;
-    const float* b0 = u == 1 ? before.data() : nullptr;
-    (void)b0;
     for (int64_t i = 0; i < cr.store->unit_elements(u); ++i) {
       cu.push_back(cr.store->master(u)[i]);
       gu.push_back(gr.store->master(u)[i]);
