@@ -139,7 +139,8 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
 
 grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogsRequest* req,
                                         grpc::ServerWriter<v1::LogLine>* writer) {
-  if (!store_->Get(req->id()).ok()) return ToGrpc(store_->Get(req->id()).status());
+  absl::StatusOr<v1::Job> exists = store_->Get(req->id());
+  if (!exists.ok()) return ToGrpc(exists.status());
   int64_t seq = 0;
   int64_t version = hub_->Version(req->id());
   while (!ctx->IsCancelled()) {
