@@ -165,6 +165,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   if (spec_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError("the job has no checkpoint.dir");
   }
+  optimizer_->Drain();  // the last step's updates are in the store
   CheckpointOptions options;
   options.max_shard_bytes = static_cast<uint64_t>(spec_.max_shard_bytes);
   options.tokenizer_dir = spec_.model_path;

@@ -13,9 +13,13 @@ class GradSink {
   // order). `slab` (f32, the unit's elements) is valid once `ready` (a backend event)
   // has completed; the sink owns the slab until it returns it to the pool.
   virtual void Submit(int64_t unit, float* slab, void* ready) = 0;
-  // Blocks until every submitted gradient is consumed. Returns the global L2 norm of the
-  // step's gradient (before clipping).
+  // Blocks until every submitted gradient has been read (not necessarily applied).
+  // Returns the global L2 norm of the step's gradient (before clipping).
   virtual double Finish() = 0;
+  // Blocks until `unit`'s host weights are final for the next step (its pending update,
+  // if any, is applied). The pipeline calls it before uploading the unit, so the next
+  // step's forward waits only for the layers it needs.
+  virtual void AwaitUnit(int64_t unit) {}
 };
 
 }  // namespace megatrain

@@ -13,6 +13,7 @@ HostOptimizer::HostOptimizer(HostStore* store, GradSlabPool* pool, Backend* back
       worker_([this] { Loop(); }) {}
 
 HostOptimizer::~HostOptimizer() {
+  Drain();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -31,7 +32,15 @@ void HostOptimizer::BeginStep(double lr, int64_t step) {
 void HostOptimizer::Submit(int64_t unit, float* slab, void* ready) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Item{unit, slab, ready});
+    if (pending_.empty()) pending_.assign(store_->num_units(), false);
+    pending_[unit] = true;
+    Item item;
+    item.unit = unit;
+    item.slab = slab;
+    item.ready = ready;
+    item.lr = lr_;
+    item.step = step_;
+    queue_.push_back(item);
     ++in_flight_;
   }
   cv_.notify_all();
@@ -44,51 +53,77 @@ void HostOptimizer::Loop() {
     if (queue_.empty()) return;
     Item item = queue_.front();
     queue_.pop_front();
+    if (item.slab == nullptr) {  // clipping: apply the held updates in forward order
+      std::vector<Item> held;
+      held.swap(held_);
+      lock.unlock();
+      std::sort(held.begin(), held.end(),
+                [](const Item& a, const Item& b) { return a.unit < b.unit; });
+      for (const Item& h : held) {
+        Update(h, h.slab, item.coef);
+        pool_->Release(h.slab);
+        std::lock_guard<std::mutex> done(mu_);
+        pending_[h.unit] = false;
+        cv_.notify_all();
+      }
+      lock.lock();
+      --in_flight_;
+      cv_.notify_all();
+      continue;
+    }
     lock.unlock();
     backend_->EventSync(item.ready);
     const double ss = SumOfSquares(item.slab, store_->unit_elements(item.unit));
     const bool clipping = options_.max_grad_norm > 0;
     if (!clipping) {
-      Update(item.unit, item.slab, 1.0f);
+      Update(item, item.slab, 1.0f);
       pool_->Release(item.slab);
     }
     lock.lock();
     sum_squares_ += ss;
-    if (clipping) held_.push_back(item);
+    if (clipping) {
+      held_.push_back(item);
+    } else {
+      pending_[item.unit] = false;
+    }
     --in_flight_;
     cv_.notify_all();
   }
 }
 
 double HostOptimizer::Finish() {
-  std::vector<Item> held;
-  double norm;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return in_flight_ == 0; });
-    held.swap(held_);
-    norm = std::sqrt(sum_squares_);
-  }
-  if (options_.max_grad_norm > 0) {
-    const float coef = ClipCoefficient(norm, options_.max_grad_norm);
-    std::sort(held.begin(), held.end(),
-              [](const Item& a, const Item& b) { return a.unit < b.unit; });
-    for (const Item& item : held) {
-      Update(item.unit, item.slab, coef);
-      pool_->Release(item.slab);
-    }
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return in_flight_ == 0; });
+  const double norm = std::sqrt(sum_squares_);
+  if (options_.max_grad_norm > 0 && !held_.empty()) {
+    Item apply;
+    apply.coef = ClipCoefficient(norm, options_.max_grad_norm);
+    queue_.push_back(apply);
+    ++in_flight_;
+    cv_.notify_all();
   }
   return norm;
 }
 
-void HostOptimizer::Update(int64_t unit, const float* grad, float grad_scale) {
+void HostOptimizer::AwaitUnit(int64_t unit) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return pending_.empty() || !pending_[unit]; });
+}
+
+void HostOptimizer::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return in_flight_ == 0; });
+}
+
+void HostOptimizer::Update(const Item& item, const float* grad, float grad_scale) {
+  const int64_t unit = item.unit;
   float* master = store_->master(unit);
   float* m = store_->exp_avg(unit);
   float* v = store_->exp_avg_sq(unit);
   uint16_t* bf16 = store_->weights(unit);
   for (const TensorSlot& t : store_->layout().units[unit].tensors) {
     const int64_t o = t.offset;
-    AdamWUpdate(master + o, m + o, v + o, bf16 + o, grad + o, t.num_elements, step_, lr_,
+    AdamWUpdate(master + o, m + o, v + o, bf16 + o, grad + o, t.num_elements, item.step, item.lr,
                 t.weight_decay ? options_.weight_decay : 0.0, grad_scale, options_.hyper);
   }
 }

@@ -4,8 +4,10 @@
 //
 // Without clipping a unit is updated as soon as its gradient lands, overlapping the rest
 // of the backward pass. With global-norm clipping every gradient must be seen first: the
-// norm accumulates as they land, they wait in their slabs, and Finish() applies the
-// updates in forward order. Weight decay applies to matrices only (TensorSlot).
+// norm accumulates as they land, they wait in their slabs, and after Finish() the worker
+// applies the updates in forward order while the next step's forward runs: the pipeline
+// waits (AwaitUnit) only for the unit it is about to upload. Weight decay applies to
+// matrices only (TensorSlot).
 //
 // Thread-safe: Submit() and Finish() are called from the pipeline thread.
 #pragma once
@@ -40,15 +42,21 @@ class HostOptimizer final : public GradSink {
   void BeginStep(double lr, int64_t step);
   void Submit(int64_t unit, float* slab, void* ready) override;
   double Finish() override;
+  void AwaitUnit(int64_t unit) override;
+  // Blocks until every update is applied (before reading the store: checkpoints).
+  void Drain();
 
  private:
   struct Item {
-    int64_t unit;
-    float* slab;
-    void* ready;
+    int64_t unit = 0;
+    float* slab = nullptr;  // null: apply the held updates (clipping), scaled by coef
+    void* ready = nullptr;
+    double lr = 0;
+    int64_t step = 0;
+    float coef = 1.0f;
   };
   void Loop();
-  void Update(int64_t unit, const float* grad, float grad_scale);
+  void Update(const Item& item, const float* grad, float grad_scale);
 
   HostStore* store_;
   GradSlabPool* pool_;
@@ -61,6 +69,7 @@ class HostOptimizer final : public GradSink {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   int64_t in_flight_ = 0;   // submitted, not yet consumed by the worker
+  std::vector<bool> pending_;  // per unit: an update is owed
   double sum_squares_ = 0;  // this step's, worker-only until Finish
   std::vector<Item> held_;  // clipping: waiting for the norm
   bool stop_ = false;

@@ -168,6 +168,7 @@ void Pipeline::EnsureLoaded(int64_t layer) {
   const int64_t s = layer % num_slots_;
   if (slot_layer_[s] == layer) return;
   const int64_t unit = store_->layout().DecoderUnit(layer);
+  sink_->AwaitUnit(unit);  // the previous step's update of this layer is applied
   backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());
   const int span = SpanBegin(StreamId::kH2D, "h2d w " + std::to_string(layer));
   backend_->UploadWeights(slots_[s].get(), store_->weights(unit), store_->unit_elements(unit),
@@ -297,10 +298,13 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   }
   be.Record(inputs_loaded_.get(), StreamId::kH2D);
   const int64_t eu = ModelLayout::EmbeddingUnit(), hu = layout.HeadUnit();
+  sink_ = sink;
+  sink->AwaitUnit(eu);
   be.UploadWeights(embed_slot_.get(), store_->weights(eu), store_->unit_elements(eu),
                    StreamId::kH2D);
   be.Record(embed_loaded_.get(), StreamId::kH2D);
   EnsureLoaded(0);
+  sink->AwaitUnit(hu);
   be.UploadWeights(head_slot_.get(), store_->weights(hu), store_->unit_elements(hu),
                    StreamId::kH2D);
   be.Record(head_loaded_.get(), StreamId::kH2D);

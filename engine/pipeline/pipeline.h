@@ -75,8 +75,9 @@ class Pipeline {
   ~Pipeline();
 
   // Runs forward and backward over `batches` (exactly micro_batches of them, each of
-  // tokens_per_micro_batch tokens) and hands every unit's gradient to `sink`.
-  // Returns after sink->Finish().
+  // tokens_per_micro_batch tokens) and hands every unit's gradient to `sink`. Before
+  // uploading a unit it waits for sink->AwaitUnit(unit), so updates of the previous step
+  // may still run during this step's forward. Returns after sink->Finish().
   [[nodiscard]] absl::StatusOr<StepResult> Step(const std::vector<MicroBatch>& batches,
                                                 GradSink* sink);
 
@@ -108,6 +109,7 @@ class Pipeline {
   void SpanEnd(int span);
 
   ModelConfig config_;
+  GradSink* sink_ = nullptr;  // of the step in progress
   HostStore* store_;
   GradSlabPool* slabs_;
   Backend* backend_;

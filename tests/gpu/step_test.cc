@@ -82,6 +82,8 @@ TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
   std::vector<float> before(cr.store->master(1), cr.store->master(1) + cr.store->unit_elements(1));
   ASSERT_TRUE(cr.pipeline->Step(batches, &copt).ok());
   ASSERT_TRUE(gr.pipeline->Step(batches, &gopt).ok());
+  copt.Drain();
+  gopt.Drain();
   for (int64_t u = 0; u < cr.store->num_units(); ++u) {
     std::vector<float> cu, gu;
     for (int64_t i = 0; i < cr.store->unit_elements(u); ++i) {

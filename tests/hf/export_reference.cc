@@ -88,6 +88,7 @@ int Export(const std::string& out, const std::string& name, const ModelConfig& c
   HostOptimizer opt(store.get(), pool.get(), be.get(), oo);
   opt.BeginStep(lr, 1);
   if (!pipeline->Step({batch}, &opt).ok()) return 1;
+  opt.Drain();
   state.step = 1;
   if (!SaveCheckpoint(dir, c, *store, state, co).ok()) return 1;
   fs::rename(fs::path(dir) / "checkpoint-1", fs::path(dir) / "step1");

@@ -147,6 +147,7 @@ int Main(int argc, char** argv) {
     opt.BeginStep(LearningRate(sched, step), step + 1);
     losses.push_back(p->Step({batches[step % batches.size()]}, &opt)->loss);
   }
+  opt.Drain();
   std::ofstream(out + "/curve.json") << nlohmann::json{{"losses", losses}}.dump();
   TrainerState state;
   state.step = steps;

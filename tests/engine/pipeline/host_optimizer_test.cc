@@ -62,6 +62,7 @@ void RunSteps(double max_grad_norm) {
       opt.Submit(u, slab, events[u].get());
     }
     const double norm = opt.Finish();
+    opt.Drain();
     EXPECT_NEAR(norm, std::sqrt(ss), 1e-9 * std::sqrt(ss));
     const double coef =
         max_grad_norm > 0 ? std::min(1.0, max_grad_norm / (std::sqrt(ss) + 1e-6)) : 1.0;
