@@ -98,6 +98,7 @@ absl::Status Trainer::Init(const JobSpec& spec) {
   oo.hyper.eps = spec.eps;
   oo.weight_decay = spec.weight_decay;
   oo.max_grad_norm = spec.max_grad_norm;
+  oo.numa_node = numa_node;
   optimizer_ = std::make_unique<HostOptimizer>(store_.get(), slabs_.get(), backend_.get(), oo);
   batches_.resize(spec.micro_batches);
 

@@ -1,5 +1,7 @@
 #include "engine/pipeline/host_optimizer.h"
 
+#include <numa.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -47,6 +49,9 @@ void HostOptimizer::Submit(int64_t unit, float* slab, void* ready) {
 }
 
 void HostOptimizer::Loop() {
+  // Near the GPU: the slabs and the store are bound to this node. Threads this one
+  // creates (the OpenMP team) inherit the affinity.
+  if (options_.numa_node >= 0 && numa_available() >= 0) numa_run_on_node(options_.numa_node);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });

@@ -30,6 +30,7 @@ struct HostOptimizerOptions {
   AdamWHyper hyper;
   double weight_decay = 0.0;
   double max_grad_norm = 0.0;  // <= 0: no clipping
+  int numa_node = -1;          // run the optimizer (and its OpenMP team) on this node's cores
 };
 
 class HostOptimizer final : public GradSink {

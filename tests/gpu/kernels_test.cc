@@ -190,7 +190,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernels,
                                            AttnShape{300, 8, 8, 64, true},
                                            AttnShape{1030, 8, 2, 128, false},
                                            AttnShape{129, 16, 4, 128, true},
-                                           AttnShape{96, 2, 1, 256, false}));
+                                           AttnShape{96, 2, 1, 256, false}),
+                         [](const ::testing::TestParamInfo<AttnShape>& info) {
+                           const AttnShape& a = info.param;
+                           return "n" + std::to_string(a.n) + "_H" + std::to_string(a.H) + "_KV" +
+                                  std::to_string(a.KV) + "_D" + std::to_string(a.D) +
+                                  (a.qk_norm ? "_qknorm" : "");
+                         });
 
 }  // namespace
 }  // namespace megatrain::testing

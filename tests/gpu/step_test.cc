@@ -107,7 +107,12 @@ TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, Step,
                          ::testing::Values(Variant::kLlamaTiedGqa, Variant::kQwen2UntiedBias,
-                                           Variant::kQwen3QkNorm, Variant::kLlama3RopeMha));
+                                           Variant::kQwen3QkNorm, Variant::kLlama3RopeMha),
+                         [](const ::testing::TestParamInfo<Variant>& info) {
+                           const char* names[] = {"LlamaTiedGqa", "Qwen2UntiedQkvBias",
+                                                  "Qwen3QkNorm", "Llama3RopeScalingMha"};
+                           return std::string(names[static_cast<int>(info.param)]);
+                         });
 
 class DeviceMemory : public GpuTest {};
 
