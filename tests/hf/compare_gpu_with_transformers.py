@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 STEPS = 50
-LR, WARMUP, WD, CLIP = 3e-4, 10, 0.01, 1.0
+LR = float(os.environ.get("MEGATRAIN_CMP_LR", "3e-4"))
+WARMUP, WD, CLIP = 10, 0.01, 1.0
 
 
 def configs():
@@ -48,7 +49,7 @@ def lr_at(step):
     return LR * step / WARMUP if step < WARMUP else LR
 
 
-def hf_train(model, batches):
+def hf_train(model, batches, bf16_autocast=False):
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD},
@@ -58,7 +59,8 @@ def hf_train(model, batches):
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         ids = batches[step % len(batches)].cuda()
-        loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16_autocast):
+            loss = model(input_ids=ids, labels=ids).loss
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
@@ -102,8 +104,14 @@ def check(bin_path, work, name, config):
             problems.append(f"gradient of {n}: relative error {grad_errs[n]:.3e}")
     model.zero_grad()
 
-    # 50 AdamW steps on the same data.
+    # 50 AdamW steps on the same data; and, as a yardstick of what bf16 compute alone
+    # does to the curve, transformers itself under bf16 autocast from the same start.
+    start = {k: v.clone() for k, v in model.state_dict().items()}
     hf_losses = hf_train(model, batches)
+    model.load_state_dict(start)
+    hf_bf16_losses = hf_train(model, batches, bf16_autocast=True)
+    model.load_state_dict(start)
+    bf16_spread = max(abs(a - b) / b for a, b in zip(hf_bf16_losses, hf_losses))
     our_losses = json.load(open(os.path.join(out, "curve.json")))["losses"]
     curve_errs = [abs(a - b) / b for a, b in zip(our_losses, hf_losses)]
     if max(curve_errs) > 1e-2:
@@ -128,7 +136,9 @@ def check(bin_path, work, name, config):
               "grad_worst": worst,
               "curve_first_last_ours": [our_losses[0], our_losses[-1]],
               "curve_first_last_transformers": [hf_losses[0], hf_losses[-1]],
+              "lr": LR,
               "curve_max_rel_diff": max(curve_errs),
+              "transformers_bf16_autocast_vs_fp32_max_rel_diff": bf16_spread,
               "curve_max_rel_diff_step": curve_errs.index(max(curve_errs)),
               "curve_ours": [round(x, 4) for x in our_losses],
               "curve_transformers": [round(x, 4) for x in hf_losses],
