@@ -418,8 +418,9 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
 
   StepResult result;
   result.grad_norm = sink->Finish();
-  be.EventSync(losses_ready_.get());
-  be.SyncAll();
+  // The D2H stream is in order: its last work (the embedding gradient) is after the loss
+  // copy, and after every other stream's work of this step.
+  be.EventSync(unit_done_[eu].get());
   double loss_sum = 0;
   for (int64_t i = 0; i < M * n; ++i) loss_sum += ReadStat(&host_losses_[i * stat], be.stat_dtype());
   result.num_targets = num_targets;
