@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/temp_dir.h"
 
 namespace megatrain {
 namespace {
@@ -18,31 +19,9 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// A fresh folder under the test temp dir, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "mt_spec_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr) << "mkdtemp " << tmpl;
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string Join(const std::string& rel) const { return (fs::path(path_) / rel).string(); }
+using ::megatrain::testing::TempDir;
 
- private:
-  std::string path_;
-};
-
-void WriteFile(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  ASSERT_TRUE(out.good()) << "writing " << path;
-}
+using ::megatrain::testing::WriteFile;
 
 // The smallest spec that parses: an inline tiny llama and a data file.
 constexpr char kTinyConfigYaml[] = R"(

@@ -28,6 +28,7 @@
 #include "engine/store/model_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/temp_dir.h"
 
 namespace megatrain {
 namespace {
@@ -38,24 +39,7 @@ using ::testing::HasSubstr;
 
 constexpr uintptr_t kPage = 4096;
 
-// A fresh folder under the test temp dir, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "mt_store_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr) << "mkdtemp " << tmpl;
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string Join(const std::string& rel) const { return (fs::path(path_) / rel).string(); }
-
- private:
-  std::string path_;
-};
+using ::megatrain::testing::TempDir;
 
 // Tiny llama: C=32, I=64, L=2, H=4, KV=2 (D=8), V=300.
 ModelConfig TinyLlama(bool tied = false) {
