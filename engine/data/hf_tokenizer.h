@@ -1,0 +1,121 @@
+// Hugging Face tokenizer.json BPE tokenizers (Llama 2 / 3, Qwen3, GPT-OSS style) behind
+// the Tokenizer interface.
+//
+// Ids match the JavaScript reference (@huggingface/transformers' PreTrainedTokenizer,
+// encode with add_special_tokens=false) byte for byte; tests/tokenizer/ holds the harness
+// that checks it. Encode runs, per text:
+//   1. added tokens (special or not) are cut out first: at each position the longest
+//      added token that matches there; they are never split or normalized;
+//   2. each remaining section is normalized (NFC, Prepend, Replace), pre-tokenized
+//      (Split by regex, then the ByteLevel byte alphabet) and BPE-merged, pre-token by
+//      pre-token (bpe_model.h); fuse_unk merges runs of unknown ids in a section.
+// Supported components are exactly those listed in LoadHfTokenizer's comment; anything
+// else is rejected at load, never ignored, so an id mismatch cannot come from a silently
+// skipped step. The post_processor, truncation and padding are ignored: they only apply
+// when special tokens are added, which Encode never does.
+//
+// Invalid UTF-8 in the input is first replaced by U+FFFD per maximal subpart (what a JS
+// TextDecoder would give the reference).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "engine/data/bpe_model.h"
+#include "engine/data/bpe_text.h"
+#include "engine/data/tokenizer.h"
+
+namespace megatrain {
+
+// Immutable after Load(); safe to use from many threads.
+class HfTokenizer final : public Tokenizer {
+ public:
+  // See LoadHfTokenizer.
+  static absl::StatusOr<std::unique_ptr<HfTokenizer>> Load(
+      const std::string& tokenizer_json_path, const std::string& tokenizer_config_json_path);
+
+  std::vector<int32_t> Encode(absl::string_view text) const override;
+  // max(id) + 1 over the vocab and the added tokens.
+  int64_t vocab_size() const override { return vocab_size_; }
+  int32_t bos_id() const override { return bos_id_; }
+  int32_t eos_id() const override { return eos_id_; }
+  // "hf-bpe:" + the tokenizer.json path.
+  std::string name() const override { return name_; }
+
+  // The text of `ids` through the tokenizer.json decoder, special tokens included and
+  // without clean_up_tokenization_spaces. decode(encode(x)) == x for the texts on which
+  // the reference round-trips. OutOfRange for an id outside [0, vocab_size()).
+  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const;
+
+ private:
+  struct NormalizerStep {
+    enum Kind { kNfc, kPrepend, kReplace } kind;
+    std::string from, to;  // kPrepend: `to` is prepended; kReplace: every `from` -> `to`
+  };
+  struct DecoderStep {
+    enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip } kind;
+    std::string from, to;     // kReplace; kStrip: `from` is the stripped code point
+    int start = 0, stop = 0;  // kStrip: at most this many leading / trailing
+  };
+  struct AddedToken {
+    std::string content;
+    int32_t id;
+  };
+
+  HfTokenizer() = default;
+  void EncodeSection(absl::string_view section, std::vector<int32_t>* ids) const;
+  // Longest added token at the start of `text`, or nullptr.
+  const AddedToken* MatchAddedToken(absl::string_view text) const;
+  static void ApplyDecoderStep(const DecoderStep& step,
+                               const absl::flat_hash_set<std::string>& added_contents,
+                               std::vector<std::string>* tokens);
+
+  // Pipeline, in order.
+  std::vector<NormalizerStep> normalizers_;
+  std::optional<RegexSplitter> split_;  // Split pre-tokenizer, if any
+  bool byte_level_ = false;             // ByteLevel pre-tokenizer
+  std::optional<BpeModel> model_;
+  bool fuse_unk_ = false;
+  int32_t unk_id_ = -1;
+  bool has_decoder_ = false;  // no decoder: tokens are joined with ' ', as the reference does
+  std::vector<DecoderStep> decoders_;
+
+  std::vector<AddedToken> added_;
+  std::vector<std::vector<int32_t>> added_by_first_byte_;  // [256] -> indices, longest first
+  absl::flat_hash_set<std::string> added_contents_;
+  std::vector<std::string> id_to_token_;  // [vocab_size_]
+
+  int64_t vocab_size_ = 0;
+  int32_t bos_id_ = -1;
+  int32_t eos_id_ = -1;
+  std::string name_;
+};
+
+// Loads a tokenizer.json (and optionally its tokenizer_config.json; pass "" for none).
+//
+// Supported: normalizer null | NFC | Prepend | Replace(String) | Sequence of those;
+// pre_tokenizer null | Split(Regex, behavior Isolated, invert false) |
+// ByteLevel(add_prefix_space false, use_regex false) | Sequence[Split, ByteLevel];
+// model BPE (vocab, merges as "a b" or [a, b], byte_fallback, ignore_merges, fuse_unk,
+// unk_token; no dropout, continuing_subword_prefix or end_of_word_suffix);
+// decoder null | ByteLevel | Replace(String) | ByteFallback | Fuse | Strip | Sequence;
+// added_tokens with single_word, lstrip, rstrip and normalized all false.
+//
+// bos_id: the id of tokenizer_config's bos_token, or -1 when it has none or sets
+// add_bos_token false. eos_id: the id of eos_token, or -1 when it has none (whatever
+// add_eos_token says: packing needs a document separator). Both are -1 without a config.
+//
+// NotFound when a file is missing; InvalidArgument naming the file and the component for
+// malformed JSON or an unsupported component ("tokenizer.json: pre_tokenizer type
+// 'Whitespace' is not supported").
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(
+    const std::string& tokenizer_json_path, const std::string& tokenizer_config_json_path);
+
+}  // namespace megatrain

@@ -1,0 +1,149 @@
+// HfTokenizer on small hand-written tokenizer.json files: the errors a user can cause,
+// bos / eos from tokenizer_config.json, and BPE merge order. No node needed.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/data/hf_tokenizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// A byte-level tokenizer over "a", "b", "c" and " " (Ġ), with merges a+b then ab+c.
+Json TinyByteLevel() {
+  return Json::parse(R"({
+    "normalizer": null,
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": " ?\\p{L}+|\\s+"}, "behavior": "Isolated",
+       "invert": false},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+       "use_regex": false}]},
+    "model": {"type": "BPE", "dropout": null, "unk_token": null, "fuse_unk": false,
+              "byte_fallback": false, "ignore_merges": false,
+              "vocab": {"a": 0, "b": 1, "c": 2, "Ġ": 3, "ab": 4, "abc": 5, "Ġa": 6},
+              "merges": ["a b", ["ab", "c"], "Ġ a"]},
+    "decoder": {"type": "ByteLevel"},
+    "added_tokens": [{"id": 7, "content": "<eos>", "special": true, "normalized": false,
+                      "lstrip": false, "rstrip": false, "single_word": false}]
+  })");
+}
+
+absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadJson(const Json& doc,
+                                                      const std::string& config = "") {
+  const std::string path = WriteFile("tokenizer.json", doc.dump());
+  return HfTokenizer::Load(path, config.empty() ? "" : WriteFile("tokenizer_config.json", config));
+}
+
+TEST(HfTokenizerLoadTest, MissingFileIsNotFoundNamingThePath) {
+  auto tok = HfTokenizer::Load("/nonexistent/tokenizer.json", "");
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(tok.status().message(), HasSubstr("/nonexistent/tokenizer.json"));
+}
+
+TEST(HfTokenizerLoadTest, MissingConfigIsNotFound) {
+  const std::string path = WriteFile("tokenizer.json", TinyByteLevel().dump());
+  auto tok = HfTokenizer::Load(path, "/nonexistent/tokenizer_config.json");
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(tok.status().message(), HasSubstr("tokenizer_config.json"));
+}
+
+TEST(HfTokenizerLoadTest, BadJsonIsInvalidArgumentNamingTheFile) {
+  auto tok = HfTokenizer::Load(WriteFile("tokenizer.json", "{\"model\": "), "");
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(tok.status().message(), HasSubstr("tokenizer.json: not valid JSON"));
+}
+
+TEST(HfTokenizerLoadTest, FieldOfWrongTypeIsInvalidArgument) {
+  Json doc = TinyByteLevel();
+  doc["model"]["vocab"]["a"] = "zero";
+  auto tok = LoadJson(doc);
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(tok.status().message(), HasSubstr("tokenizer.json: unexpected structure"));
+}
+
+TEST(HfTokenizerLoadTest, UnsupportedPreTokenizerNamesComponentAndFile) {
+  Json doc = TinyByteLevel();
+  doc["pre_tokenizer"] = {{"type", "Whitespace"}};
+  auto tok = LoadJson(doc);
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(tok.status().message(),
+              HasSubstr("tokenizer.json: pre_tokenizer type 'Whitespace' is not supported"));
+}
+
+TEST(HfTokenizerLoadTest, UnsupportedNormalizerModelAndDecoderAreRejected) {
+  Json doc = TinyByteLevel();
+  doc["normalizer"] = {{"type", "Lowercase"}};
+  EXPECT_THAT(LoadJson(doc).status().message(),
+              HasSubstr("normalizer type 'Lowercase' is not supported"));
+  doc = TinyByteLevel();
+  doc["model"]["type"] = "WordPiece";
+  EXPECT_THAT(LoadJson(doc).status().message(),
+              HasSubstr("model type 'WordPiece' is not supported"));
+  doc = TinyByteLevel();
+  doc["decoder"] = {{"type", "Metaspace"}};
+  EXPECT_THAT(LoadJson(doc).status().message(),
+              HasSubstr("decoder type 'Metaspace' is not supported"));
+  doc = TinyByteLevel();
+  doc["added_tokens"][0]["lstrip"] = true;
+  EXPECT_THAT(LoadJson(doc).status().message(), HasSubstr("with lstrip true is not supported"));
+}
+
+TEST(HfTokenizerLoadTest, MergeOutsideTheVocabIsInvalidArgument) {
+  Json doc = TinyByteLevel();
+  doc["model"]["merges"].push_back("b c");
+  auto tok = LoadJson(doc);
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(tok.status().message(), HasSubstr("merge 3 ('b' 'c')"));
+}
+
+TEST(HfTokenizerLoadTest, MergesApplyByRankAndAddedTokensAreNeverSplit) {
+  auto tok = LoadJson(TinyByteLevel());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->vocab_size(), 8);
+  EXPECT_EQ((*tok)->Encode("abc"), (std::vector<int32_t>{5}));
+  EXPECT_EQ((*tok)->Encode("cab"), (std::vector<int32_t>{2, 4}));
+  // "Ġa" ranks after "ab", so " ab" is Ġ + ab, not Ġa + b.
+  EXPECT_EQ((*tok)->Encode(" ab"), (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ((*tok)->Encode("ab<eos>c"), (std::vector<int32_t>{4, 7, 2}));
+  EXPECT_EQ((*tok)->Encode(""), (std::vector<int32_t>{}));
+  EXPECT_EQ(*(*tok)->Decode({3, 4, 7, 2}), " ab<eos>c");
+  EXPECT_EQ((*tok)->Decode({8}).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(HfTokenizerLoadTest, BosAndEosComeFromTheConfig) {
+  auto tok = LoadJson(TinyByteLevel(), R"({"bos_token": {"content": "a"}, "eos_token": "<eos>"})");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->bos_id(), 0);
+  EXPECT_EQ((*tok)->eos_id(), 7);
+  tok =
+      LoadJson(TinyByteLevel(), R"({"bos_token": "a", "add_bos_token": false, "eos_token": null})");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->bos_id(), -1);
+  EXPECT_EQ((*tok)->eos_id(), -1);
+  tok = LoadJson(TinyByteLevel(), R"({"eos_token": "<missing>"})");
+  EXPECT_THAT(tok.status().message(), HasSubstr("special token '<missing>' is not in"));
+}
+
+TEST(HfTokenizerLoadTest, LoadHfTokenizerReturnsTheInterface) {
+  const std::string path = WriteFile("tokenizer.json", TinyByteLevel().dump());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadHfTokenizer(path, "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Encode("abc"), (std::vector<int32_t>{5}));
+  EXPECT_EQ((*tok)->name(), absl::StrCat("hf-bpe:", path));
+}
+
+}  // namespace
+}  // namespace megatrain
