@@ -105,6 +105,9 @@ absl::Status CheckSpecInputs(const JobSpec& spec) {
     absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(spec.model_path);
     if (!reader.ok()) return Annotate(reader.status(), "model.path");
   }
+  std::string tokenizer_dir;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadJobTokenizer(spec, &tokenizer_dir);
+  if (!tokenizer.ok()) return tokenizer.status();
   std::error_code ec;
   if (std::filesystem::is_directory(spec.data_path, ec)) {
     return absl::InvalidArgumentError(

@@ -180,8 +180,14 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   }
   RETURN_IF_ERROR(data.String("text_field", &spec->text_field));
   RETURN_IF_ERROR(data.String("tokenizer", &spec->tokenizer));
-  if (spec->tokenizer != "byte") {
-    return data.Error("tokenizer", absl::StrCat("must be 'byte', got '", spec->tokenizer, "'"));
+  if (spec->tokenizer.empty()) {
+    return data.Error("tokenizer", "must be 'byte', 'model', or a tokenizer.json path");
+  }
+  if (spec->tokenizer == "model" && spec->model_path.empty()) {
+    return data.Error("tokenizer", "is 'model', but model.path names no model folder");
+  }
+  if (spec->tokenizer != "byte" && spec->tokenizer != "model") {
+    spec->tokenizer = Resolve(base_dir, spec->tokenizer);
   }
   RETURN_IF_ERROR(data.Int("seq_len", &spec->seq_len, 2));
   RETURN_IF_ERROR(data.Uint("seed", &spec->data_seed));

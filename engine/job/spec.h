@@ -4,7 +4,7 @@
 //   name: demo
 //   model:      {path: DIR} | {config: {...config.json fields...}} | {config_path: FILE}
 //               init_seed: 0                      # random init only
-//   data:       {path: FILE.jsonl, format: text, text_field: text, tokenizer: byte,
+//   data:       {path: FILE.jsonl, format: text, text_field: text, tokenizer: byte|model|PATH,
 //                seq_len: 256, seed: 0}
 //   train:      {steps, micro_batch_rows, micro_batches, lr, schedule, warmup_steps,
 //                min_lr_ratio, weight_decay, beta1, beta2, eps, max_grad_norm,
@@ -37,6 +37,8 @@ struct JobSpec {
   std::string data_path;
   std::string data_format = "text";
   std::string text_field = "text";
+  // "byte" (UTF-8 bytes, bos 256, eos 257), "model" (the model folder's tokenizer.json
+  // and tokenizer_config.json), or a path to a tokenizer.json or the folder holding it.
   std::string tokenizer = "byte";
   int64_t seq_len = 256;
   uint64_t data_seed = 0;

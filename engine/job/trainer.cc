@@ -1,9 +1,12 @@
 #include "engine/job/trainer.h"
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "engine/backend/factory.h"
 #include "engine/common/status.h"
 #include "engine/data/byte_tokenizer.h"
+#include "engine/data/hf_tokenizer.h"
 #include "engine/data/jsonl.h"
 #include "engine/data/tokenizer.h"
 #include "engine/model/safetensors.h"
@@ -11,6 +14,22 @@
 #include "engine/store/model_io.h"
 
 namespace megatrain {
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(const JobSpec& spec, std::string* dir) {
+  namespace fs = std::filesystem;
+  if (spec.tokenizer == "byte") {
+    *dir = spec.model_path;  // a model folder's own tokenizer files still travel along
+    return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>());
+  }
+  fs::path json = spec.tokenizer == "model" ? fs::path(spec.model_path) : fs::path(spec.tokenizer);
+  if (json.extension() != ".json") json /= "tokenizer.json";
+  const fs::path config = json.parent_path() / "tokenizer_config.json";
+  *dir = json.parent_path().string();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t =
+      LoadHfTokenizer(json.string(), fs::exists(config) ? config.string() : "");
+  if (!t.ok()) return Annotate(t.status(), "data.tokenizer");
+  return t;
+}
 
 Trainer::~Trainer() {
   pipeline_.reset();  // drains the streams
@@ -55,14 +74,14 @@ absl::Status Trainer::Init(const JobSpec& spec) {
   }
 
   // Data first: a broken dataset should fail before minutes of model loading.
-  ByteTokenizer tokenizer;
-  if (config_.vocab_size < tokenizer.vocab_size()) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir_));
+  if (config_.vocab_size < tokenizer->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the byte tokenizer needs vocab_size >= ", tokenizer.vocab_size(), "; the model has ",
-        config_.vocab_size));
+        "data.tokenizer: the ", tokenizer->name(), " tokenizer has ", tokenizer->vocab_size(),
+        " ids; the model's vocab_size is ", config_.vocab_size));
   }
   ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadJsonlTexts(spec.data_path, spec.text_field));
-  ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> docs, TokenizeDocuments(texts, tokenizer));
+  ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> docs, TokenizeDocuments(texts, *tokenizer));
   packer_ = std::make_unique<Packer>(std::move(docs), spec.seq_len, spec.data_seed);
 
   const BackendRequest request{spec.backend, spec.device_memory_cap_bytes};
@@ -169,7 +188,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   optimizer_->Drain();  // the last step's updates are in the store
   CheckpointOptions options;
   options.max_shard_bytes = static_cast<uint64_t>(spec_.max_shard_bytes);
-  options.tokenizer_dir = spec_.model_path;
+  options.tokenizer_dir = tokenizer_dir_;
   ASSIGN_OR_RETURN(std::string path,
                    megatrain::SaveCheckpoint(spec_.checkpoint_dir, config_, *store_, state_, options));
   last_saved_step_ = state_.step;

@@ -15,6 +15,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/common/backend.h"
 #include "engine/data/packer.h"
+#include "engine/data/tokenizer.h"
 #include "engine/job/spec.h"
 #include "engine/pipeline/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
@@ -33,6 +34,11 @@ struct StepReport {
   double model_tflops = 0;   // 6 * params * tokens (+ attention), per second, / 1e12
   int64_t device_bytes_peak = 0;  // device memory high-water mark (0 on the CPU backend)
 };
+
+// The tokenizer data.tokenizer names; *dir is the folder whose tokenizer files
+// checkpoints copy. Errors name data.tokenizer and the file.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(const JobSpec& spec,
+                                                                         std::string* dir);
 
 class Trainer {
  public:
@@ -76,6 +82,7 @@ class Trainer {
   int64_t resumed_from_ = 0;
   int64_t last_saved_step_ = -1;
   std::vector<void*> pinned_;  // host ranges page-locked for this job
+  std::string tokenizer_dir_;  // tokenizer files to copy into checkpoints
 };
 
 }  // namespace megatrain

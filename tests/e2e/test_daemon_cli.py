@@ -793,7 +793,7 @@ class BadSpecTest(DaemonTestCase):
                             "data.path", "missing.jsonl")
         self.assert_refused(good + "bogus: 1\n", EXIT_USAGE, "bogus")
         self.assert_refused(good.replace("tokenizer: \"byte\"", "tokenizer: \"bpe\""),
-                            EXIT_USAGE, "data.tokenizer")
+                            EXIT_NOT_FOUND, "data.tokenizer")
         self.assertNotIn("model:\n  path", good)
         missing_model = to_yaml({"model": {"path": "no-such-model"},
                                  "data": {"path": "data.jsonl"}}) + "\n"

@@ -281,10 +281,20 @@ TEST(JobSpecTest, UnsupportedDataFormatIsRefused) {
                 "data.format");
 }
 
-TEST(JobSpecTest, UnsupportedTokenizerIsRefused) {
+TEST(JobSpecTest, ModelTokenizerWithoutModelFolderIsRefused) {
   ExpectInvalid(std::string("model:\n  config:") + kTinyConfigYaml +
-                    "data:\n  path: d.jsonl\n  tokenizer: sentencepiece\n",
+                    "data:\n  path: d.jsonl\n  tokenizer: model\n",
                 "data.tokenizer");
+}
+
+TEST(JobSpecTest, TokenizerPathResolvesAgainstTheSpecFolder) {
+  TempDir dir;
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      std::string("model:\n  config:") + kTinyConfigYaml +
+          "data:\n  path: d.jsonl\n  tokenizer: tok/tokenizer.json\n",
+      dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->tokenizer, dir.Join("tok/tokenizer.json"));
 }
 
 TEST(JobSpecTest, BadBackendIsRefused) {
