@@ -105,20 +105,10 @@ TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
   gpu_->UnpinHostRange(gr.pool->base());
 }
 
-std::string VariantName(const ::testing::TestParamInfo<Variant>& info) {
-  switch (info.param) {
-    case Variant::kLlamaTiedGqa: return "LlamaTiedGqa";
-    case Variant::kQwen2UntiedBias: return "Qwen2UntiedQkvBias";
-    case Variant::kQwen3QkNorm: return "Qwen3QkNorm";
-    case Variant::kLlama3RopeMha: return "Llama3RopeScalingMha";
-  }
-  return "unknown";
-}
-
 INSTANTIATE_TEST_SUITE_P(Variants, Step,
                          ::testing::Values(Variant::kLlamaTiedGqa, Variant::kQwen2UntiedBias,
                                            Variant::kQwen3QkNorm, Variant::kLlama3RopeMha),
-                         VariantName);
+                         VariantName<::testing::TestParamInfo<Variant>>);
 
 class DeviceMemory : public GpuTest {};
 

@@ -58,15 +58,7 @@ TEST_P(GradientCheck, AnalyticGradientsEqualCentralDifferencesForEveryTensor) {
 INSTANTIATE_TEST_SUITE_P(Variants, GradientCheck,
                          ::testing::Values(Variant::kLlamaTiedGqa, Variant::kQwen2UntiedBias,
                                            Variant::kQwen3QkNorm, Variant::kLlama3RopeMha),
-                         [](const ::testing::TestParamInfo<Variant>& info) {
-                           switch (info.param) {
-                             case Variant::kLlamaTiedGqa: return "LlamaTiedGqa";
-                             case Variant::kQwen2UntiedBias: return "Qwen2UntiedQkvBias";
-                             case Variant::kQwen3QkNorm: return "Qwen3QkNorm";
-                             case Variant::kLlama3RopeMha: return "Llama3RopeScalingMha";
-                           }
-                           return "unknown";
-                         });
+                         VariantName<::testing::TestParamInfo<Variant>>);
 
 }  // namespace
 }  // namespace megatrain::testing

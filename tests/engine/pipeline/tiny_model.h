@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/backend/cpu_backend.h"
@@ -16,6 +17,18 @@
 namespace megatrain::testing {
 
 enum class Variant { kLlamaTiedGqa, kQwen2UntiedBias, kQwen3QkNorm, kLlama3RopeMha };
+
+// Test-name suffix of a variant, for INSTANTIATE_TEST_SUITE_P.
+template <typename ParamInfo>
+std::string VariantName(const ParamInfo& info) {
+  switch (info.param) {
+    case Variant::kLlamaTiedGqa: return "LlamaTiedGqa";
+    case Variant::kQwen2UntiedBias: return "Qwen2UntiedQkvBias";
+    case Variant::kQwen3QkNorm: return "Qwen3QkNorm";
+    case Variant::kLlama3RopeMha: return "Llama3RopeScalingMha";
+  }
+  return "unknown";
+}
 
 inline ModelConfig TinyConfig(Variant v) {
   ModelConfig c;
