@@ -13,7 +13,8 @@ BUILD_DIR=${1:-build}
 OUT=${2:-bundle}
 BINARIES=(
   server/megatraind client/megatrain engine/tools/megatrain-train
-  tests/gpu/gpu_test tests/hf/export_reference tests/hf/gpu_reference bench/daemon_load
+  tests/gpu/gpu_test tests/engine/backend/pci_numa_test tests/hf/export_reference
+  tests/hf/gpu_reference bench/daemon_load
   bench/train_bench
 )
 rm -rf "$OUT"

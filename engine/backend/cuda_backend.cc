@@ -1,12 +1,12 @@
 // CUDA backend: host-side orchestration. Kernels live in kernels/cuda/*.cu; this file
 // only sees their plain-C++ launchers.
 #include "engine/backend/cuda_backend.h"
+#include "engine/backend/pci_numa.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <fstream>
 #include <mutex>
 #include <unordered_map>
 
@@ -337,12 +337,8 @@ absl::StatusOr<CudaDeviceInfo> DescribeCudaDevice(int device) {
 int CudaDeviceNumaNode(int device) {
   char bus[32] = {};
   if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) return -1;
-  std::string id(bus);
-  for (char& c : id) c = static_cast<char>(std::tolower(c));
-  std::ifstream in("/sys/bus/pci/devices/" + id + "/numa_node");
-  int node = -1;
-  if (!(in >> node)) return -1;
-  return node;
+  absl::StatusOr<int> node = NumaNodeOfPciDevice(bus);
+  return node.ok() ? *node : -1;
 }
 
 }  // namespace megatrain
