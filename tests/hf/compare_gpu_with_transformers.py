@@ -138,8 +138,9 @@ def check(bin_path, work, name, config, data):
     our_losses = json.load(open(os.path.join(out, "curve.json")))["losses"]
     curve_errs = [abs(a - b) / b for a, b in zip(our_losses, hf_losses)]
     vs_bf16 = max(abs(a - b) / b for a, b in zip(our_losses, hf_bf16_losses))
-    if max(curve_errs) > 1e-2 and data == "text":
-        problems.append(f"loss curves differ by up to {max(curve_errs):.3%}")
+    if max(curve_errs) > 1e-2:
+        problems.append(f"loss curves differ by up to {max(curve_errs):.3%} (transformers "
+                        f"under bf16 autocast: {bf16_spread:.3%} from its fp32 curve)")
 
     # Our checkpoint in transformers: same logits as our forward.
     ck = os.path.join(out, f"checkpoint-{STEPS}")
@@ -175,7 +176,7 @@ def check(bin_path, work, name, config, data):
 
 def main():
     bin_path, work = sys.argv[1], sys.argv[2]
-    datas = os.environ.get("MEGATRAIN_CMP_DATA", "text,random").split(",")
+    datas = os.environ.get("MEGATRAIN_CMP_DATA", "random,text").split(",")
     ok = all([check(bin_path, work, name, cfg, data)
               for data in datas for name, cfg in configs()])
     sys.exit(0 if ok else 1)
