@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/status.h"
+#include "engine/data/dataset.h"
+#include "engine/job/trainer.h"
 #include "engine/model/safetensors.h"
 #include "yaml-cpp/yaml.h"
 
@@ -39,6 +41,13 @@ std::string SpecMessageToYaml(const v1::JobSpec& s) {
     str("format", d.format());
     str("text_field", d.text_field());
     str("tokenizer", d.tokenizer());
+    str("chat_template", d.chat_template());
+    str("chat_date", d.chat_date());
+    str("packing", d.packing());
+    str("truncation", d.truncation());
+    str("on_bad_line", d.on_bad_line());
+    str("cache_dir", d.cache_dir());
+    num("tokenize_threads", d.tokenize_threads());
     num("seq_len", d.seq_len());
     num("seed", static_cast<int64_t>(d.seed()));
     out << YAML::EndMap;
@@ -98,6 +107,9 @@ absl::StatusOr<JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request) {
   return ParseJobSpec(yaml, request.base_dir(), "job spec");
 }
 
+// Lines of the dataset read through the tokenizer when a job is submitted.
+constexpr int64_t kLinesCheckedAtSubmit = 64;
+
 absl::Status CheckSpecInputs(const JobSpec& spec) {
   absl::StatusOr<ModelConfig> config = ResolveModelConfig(spec);
   if (!config.ok()) return config.status();
@@ -116,6 +128,24 @@ absl::Status CheckSpecInputs(const JobSpec& spec) {
   std::ifstream data(spec.data_path);
   if (!data) {
     return absl::NotFoundError(absl::StrCat("data.path: cannot read ", spec.data_path));
+  }
+  // The first lines, through the job's own format and tokenizer: a wrong format or field
+  // name fails here, naming the line, instead of when the job starts.
+  absl::StatusOr<DatasetOptions> options = JobDatasetOptions(spec, tokenizer_dir);
+  if (!options.ok()) return options.status();
+  std::string line;
+  int64_t line_number = 0, checked = 0;
+  while (checked < kLinesCheckedAtSubmit && std::getline(data, line)) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    ++checked;
+    absl::StatusOr<Example> example = ExampleFromLine(line, *options, **tokenizer);
+    if (!example.ok() && !options->skip_bad_lines) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.path: ", spec.data_path, ":", line_number, ": ", example.status().message(),
+          " (data.format is '", spec.data_format, "'; set data.on_bad_line: skip to leave "
+          "such lines out)"));
+    }
   }
   return absl::OkStatus();
 }

@@ -93,11 +93,21 @@ std::vector<int64_t> DocumentOrder(int64_t num_docs, uint64_t seed, int64_t epoc
 }
 
 Packer::Packer(std::vector<std::vector<int32_t>> docs, int64_t seq_len, uint64_t seed)
-    : docs_(std::move(docs)), seq_len_(seq_len), seed_(seed) {
+    : Packer(TokenDocs::FromVectors(std::move(docs)), seq_len, seed) {}
+
+Packer::Packer(std::shared_ptr<const TokenDocs> docs, int64_t seq_len, uint64_t seed,
+               PackOptions options)
+    : docs_(std::move(docs)), seq_len_(seq_len), seed_(seed), options_(options) {
   MT_CHECK(seq_len_ >= 1);
-  for (const std::vector<int32_t>& doc : docs_) num_tokens_ += static_cast<int64_t>(doc.size());
-  MT_CHECK_MSG(num_tokens_ > 0, "Packer needs at least one token (%zu documents)", docs_.size());
+  num_tokens_ = docs_->num_tokens();
+  MT_CHECK_MSG(num_tokens_ > 0, "Packer needs at least one token (%lld documents)",
+               static_cast<long long>(docs_->num_docs()));
   FillDocumentOrder(num_docs(), seed_, epoch_, &order_);
+}
+
+int64_t Packer::EmittedLength(int64_t doc) const {
+  const int64_t n = docs_->size(doc);
+  return options_.truncation == PackOptions::Truncation::kTruncate ? std::min(n, seq_len_) : n;
 }
 
 void Packer::Next(int64_t rows, MicroBatch* out) {
@@ -110,23 +120,40 @@ void Packer::Next(int64_t rows, MicroBatch* out) {
   out->targets.resize(n);
   out->doc_start.resize(n);
   out->positions.resize(n);
+  const bool whole = options_.truncation == PackOptions::Truncation::kTruncate;
+  const bool one_per_row = options_.mode == PackOptions::Mode::kPad;
   for (int64_t r = 0; r < rows; ++r) {
     int64_t col = 0;
     while (col < seq_len_) {
-      const std::vector<int32_t>& doc = docs_[order_[cursor_]];
-      const int64_t doc_len = static_cast<int64_t>(doc.size());
+      const int64_t d = order_[cursor_];
+      const int64_t doc_len = EmittedLength(d);
+      if (doc_len == 0) {  // nothing to emit: skip it wherever it is
+        AdvanceDocument();
+        continue;
+      }
+      // A row holds one document (kPad), or documents kept whole (kTruncate): the rest of
+      // the row is padding when the next one does not fit.
+      if (col > 0 && (one_per_row || (whole && doc_len - offset_ > seq_len_ - col))) break;
+      const absl::Span<const int32_t> ids = docs_->ids(d);
+      const absl::Span<const uint8_t> trained = docs_->trained(d);
       const int64_t take = std::min(doc_len - offset_, seq_len_ - col);
       const int64_t start = r * seq_len_ + col;  // this segment's first flat index
       for (int64_t k = 0; k < take; ++k) {
         const int64_t t = offset_ + k;  // index within the document
-        out->tokens[start + k] = doc[t];
-        out->targets[start + k] = t + 1 < doc_len ? doc[t + 1] : kIgnoreIndex;
+        out->tokens[start + k] = ids[t];
+        out->targets[start + k] = t + 1 < doc_len && trained[t + 1] ? ids[t + 1] : kIgnoreIndex;
         out->doc_start[start + k] = static_cast<int32_t>(start);
         out->positions[start + k] = static_cast<int32_t>(k);
       }
       col += take;
       offset_ += take;
-      if (offset_ == doc_len) AdvanceDocument();  // empty documents are skipped here too
+      if (offset_ == doc_len) AdvanceDocument();
+    }
+    for (int64_t j = r * seq_len_ + col; j < (r + 1) * seq_len_; ++j) {  // padding
+      out->tokens[j] = options_.pad_id;
+      out->targets[j] = kIgnoreIndex;
+      out->doc_start[j] = static_cast<int32_t>(j);
+      out->positions[j] = 0;
     }
   }
 }
@@ -154,7 +181,7 @@ absl::Status Packer::Seek(const DataPosition& position) {
   std::vector<int64_t> order;
   FillDocumentOrder(num_docs(), seed_, position.epoch, &order);
   const int64_t doc = order[position.doc_cursor];
-  const int64_t doc_len = static_cast<int64_t>(docs_[doc].size());
+  const int64_t doc_len = EmittedLength(doc);
   if (position.token_offset < 0 || position.token_offset > doc_len) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data position token_offset is ", position.token_offset, " but document ", doc, " (cursor ",

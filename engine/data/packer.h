@@ -1,18 +1,24 @@
 // Sequence packing: tokenized documents -> fixed-shape micro-batches of (rows, seq_len).
 //
-// Documents are laid end to end, each row filled with consecutive documents; a document
-// that does not fit continues at the start of the next row, as a new attention segment
-// whose positions restart at 0. Nothing attends across documents: doc_start tells the
-// attention kernel where each token's segment begins. The order of documents is a
+// kPack lays documents end to end, each row filled with consecutive documents; kPad puts
+// one document per row. What does not fit depends on the truncation policy: kSplit
+// continues the document at the start of the next row, as a new attention segment whose
+// positions restart at 0; kTruncate keeps each document whole in one row (the rest of a
+// row is padded when the next document does not fit) and drops the tokens of a document
+// past seq_len. Nothing attends across documents: doc_start tells the attention kernel
+// where each token's segment begins; a padding token is its own segment and no target.
+// A token is a target only where the document marks it trained (SFT loss masks). The order of documents is a
 // permutation per epoch that depends only on (seed, epoch), so the stream of batches is
 // a pure function of (docs, seq_len, seed) and a DataPosition resumes it bit for bit.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/data/token_docs.h"
 #include "nlohmann/json_fwd.hpp"
 
 namespace megatrain {
@@ -26,7 +32,8 @@ struct MicroBatch {
   int64_t seq_len = 0;
   std::vector<int32_t> tokens;     // (rows*seq_len) input ids
   std::vector<int32_t> targets;    // (rows*seq_len) the next token of the same document,
-                                   //   or kIgnoreIndex on a document's last token
+                                   //   or kIgnoreIndex on a document's last token, before
+                                   //   an untrained token, and on padding
   std::vector<int32_t> doc_start;  // (rows*seq_len) flat index of the first token of this
                                    //   token's segment; always in the same row
   std::vector<int32_t> positions;  // (rows*seq_len) RoPE position = flat index - doc_start
@@ -53,12 +60,20 @@ absl::StatusOr<DataPosition> DataPositionFromJson(const nlohmann::json& json);
 // unbiased bounded draw, so it is the same on every platform and standard library.
 std::vector<int64_t> DocumentOrder(int64_t num_docs, uint64_t seed, int64_t epoch);
 
-// Owns the tokenized documents. Not thread-safe: one packer per data stream.
+struct PackOptions {
+  enum class Mode { kPack, kPad } mode = Mode::kPack;
+  enum class Truncation { kSplit, kTruncate } truncation = Truncation::kSplit;
+  int32_t pad_id = 0;  // the input id of padding tokens (never a target)
+};
+
+// Reads shared, immutable documents. Not thread-safe: one packer per data stream.
 class Packer {
  public:
   // docs: each document's ids, bos / eos included as the caller wishes (see
   // TokenizeDocuments). REQUIRES: seq_len >= 1 and at least one token in docs.
   Packer(std::vector<std::vector<int32_t>> docs, int64_t seq_len, uint64_t seed);
+  Packer(std::shared_ptr<const TokenDocs> docs, int64_t seq_len, uint64_t seed,
+         PackOptions options = {});
 
   // Fills `out` with the next rows * seq_len tokens of the stream, crossing into the next
   // epoch (and its order) when the last document of this one is used up. Reuses out's
@@ -73,17 +88,20 @@ class Packer {
   // document, an offset past the document's end); the packer is unchanged then.
   [[nodiscard]] absl::Status Seek(const DataPosition& position);
 
-  int64_t num_docs() const { return static_cast<int64_t>(docs_.size()); }
+  int64_t num_docs() const { return docs_->num_docs(); }
   int64_t num_tokens() const { return num_tokens_; }
   int64_t seq_len() const { return seq_len_; }
 
  private:
   // Moves to the next document of the order, and to the next epoch after the last one.
   void AdvanceDocument();
+  // Tokens of `doc` the packer emits: all, or at most seq_len under kTruncate.
+  int64_t EmittedLength(int64_t doc) const;
 
-  std::vector<std::vector<int32_t>> docs_;
+  std::shared_ptr<const TokenDocs> docs_;
   int64_t seq_len_;
   uint64_t seed_;
+  PackOptions options_;
   int64_t num_tokens_ = 0;
   int64_t epoch_ = 0;
   int64_t cursor_ = 0;          // index into order_

@@ -49,6 +49,14 @@ class Section {
     *out = v;
     return absl::OkStatus();
   }
+  absl::Status OneOf(const std::string& key, const std::string& value,
+                     std::initializer_list<const char*> allowed) {
+    for (const char* a : allowed) {
+      if (value == a) return absl::OkStatus();
+    }
+    return Error(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", "), "; got '",
+                                   value, "'"));
+  }
   absl::Status Uint(const std::string& key, uint64_t* out) {
     int64_t v = static_cast<int64_t>(*out);
     RETURN_IF_ERROR(Int(key, &v, 0));
@@ -174,11 +182,22 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   if (spec->data_path.empty()) return data.Error("path", "is required (a JSONL file)");
   spec->data_path = Resolve(base_dir, spec->data_path);
   RETURN_IF_ERROR(data.String("format", &spec->data_format));
-  if (spec->data_format != "text") {
-    return data.Error("format", absl::StrCat("must be 'text' (JSONL with a text field), got '",
-                                             spec->data_format, "'"));
-  }
+  RETURN_IF_ERROR(data.OneOf("format", spec->data_format,
+                             {"text", "alpaca", "sharegpt", "messages", "tokens"}));
   RETURN_IF_ERROR(data.String("text_field", &spec->text_field));
+  RETURN_IF_ERROR(data.String("chat_template", &spec->chat_template));
+  RETURN_IF_ERROR(data.OneOf("chat_template", spec->chat_template,
+                             {"auto", "plain", "llama2", "llama3", "qwen3", "gptoss"}));
+  RETURN_IF_ERROR(data.String("chat_date", &spec->chat_date));
+  RETURN_IF_ERROR(data.String("packing", &spec->packing));
+  RETURN_IF_ERROR(data.OneOf("packing", spec->packing, {"pack", "pad"}));
+  RETURN_IF_ERROR(data.String("truncation", &spec->truncation));
+  RETURN_IF_ERROR(data.OneOf("truncation", spec->truncation, {"auto", "split", "truncate"}));
+  RETURN_IF_ERROR(data.String("on_bad_line", &spec->on_bad_line));
+  RETURN_IF_ERROR(data.OneOf("on_bad_line", spec->on_bad_line, {"fail", "skip"}));
+  RETURN_IF_ERROR(data.String("cache_dir", &spec->data_cache_dir));
+  if (!spec->data_cache_dir.empty()) spec->data_cache_dir = Resolve(base_dir, spec->data_cache_dir);
+  RETURN_IF_ERROR(data.Int("tokenize_threads", &spec->tokenize_threads, 0));
   RETURN_IF_ERROR(data.String("tokenizer", &spec->tokenizer));
   if (spec->tokenizer.empty()) {
     return data.Error("tokenizer", "must be 'byte', 'model', or a tokenizer.json path");
@@ -244,6 +263,9 @@ std::string JobSpec::Fingerprint() const {
   nlohmann::json j = {{"model_path", model_path},   {"model_config", model_config_json},
                       {"init_seed", init_seed},     {"data_path", data_path},
                       {"text_field", text_field},   {"tokenizer", tokenizer},
+                      {"format", data_format},      {"chat_template", chat_template},
+                      {"chat_date", chat_date},     {"packing", packing},
+                      {"truncation", truncation},   {"on_bad_line", on_bad_line},
                       {"seq_len", seq_len},         {"data_seed", data_seed},
                       {"rows", micro_batch_rows},   {"micro_batches", micro_batches}};
   return j.dump();
@@ -296,6 +318,13 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "format" << YAML::Value << s.data_format;
   out << YAML::Key << "text_field" << YAML::Value << YAML::DoubleQuoted << s.text_field;
   out << YAML::Key << "tokenizer" << YAML::Value << s.tokenizer;
+  out << YAML::Key << "chat_template" << YAML::Value << s.chat_template;
+  out << YAML::Key << "chat_date" << YAML::Value << YAML::DoubleQuoted << s.chat_date;
+  out << YAML::Key << "packing" << YAML::Value << s.packing;
+  out << YAML::Key << "truncation" << YAML::Value << s.truncation;
+  out << YAML::Key << "on_bad_line" << YAML::Value << s.on_bad_line;
+  out << YAML::Key << "cache_dir" << YAML::Value << YAML::DoubleQuoted << s.data_cache_dir;
+  out << YAML::Key << "tokenize_threads" << YAML::Value << s.tokenize_threads;
   out << YAML::Key << "seq_len" << YAML::Value << s.seq_len;
   out << YAML::Key << "seed" << YAML::Value << s.data_seed << YAML::EndMap;
   out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;

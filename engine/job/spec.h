@@ -4,7 +4,11 @@
 //   name: demo
 //   model:      {path: DIR} | {config: {...config.json fields...}} | {config_path: FILE}
 //               init_seed: 0                      # random init only
-//   data:       {path: FILE.jsonl, format: text, text_field: text, tokenizer: byte|model|PATH,
+//   data:       {path: FILE.jsonl, format: text|alpaca|sharegpt|messages|tokens,
+//                text_field: text, tokenizer: byte|model|PATH,
+//                chat_template: auto|plain|llama2|llama3|qwen3|gptoss, chat_date: "",
+//                packing: pack|pad, truncation: auto|split|truncate,
+//                on_bad_line: fail|skip, cache_dir: "", tokenize_threads: 0,
 //                seq_len: 256, seed: 0}
 //   train:      {steps, micro_batch_rows, micro_batches, lr, schedule, warmup_steps,
 //                min_lr_ratio, weight_decay, beta1, beta2, eps, max_grad_norm,
@@ -40,6 +44,19 @@ struct JobSpec {
   // "byte" (UTF-8 bytes, bos 256, eos 257), "model" (the model folder's tokenizer.json
   // and tokenizer_config.json), or a path to a tokenizer.json or the folder holding it.
   std::string tokenizer = "byte";
+  // Chat formats: "auto" (the family of tokenizer_config.json's chat_template, else
+  // plain), "plain" ("User: ..\n\nAssistant: ..<eos>"), or a family name.
+  std::string chat_template = "auto";
+  std::string chat_date;              // gpt-oss "Current date"; "" = the day it tokenizes
+  std::string packing = "pack";       // pack | pad
+  // split: a long document continues in the next row; truncate: each document whole in
+  // one row, cut at seq_len. auto: truncate for chat formats, split for text and tokens.
+  std::string truncation = "auto";
+  std::string on_bad_line = "fail";   // fail | skip
+  // Where the tokenized dataset is kept and reused; "" = <checkpoint.dir>/data-cache,
+  // or the temporary folder when the job has no checkpoint.dir.
+  std::string data_cache_dir;
+  int64_t tokenize_threads = 0;       // 0 = one per core
   int64_t seq_len = 256;
   uint64_t data_seed = 0;
 

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/common/backend.h"
+#include "engine/data/dataset.h"
 #include "engine/data/packer.h"
 #include "engine/data/tokenizer.h"
 #include "engine/job/spec.h"
@@ -40,6 +41,15 @@ struct StepReport {
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(const JobSpec& spec,
                                                                          std::string* dir);
 
+// The dataset settings of the spec: format, chat template ("auto" reads the family from
+// tokenizer_config.json in `tokenizer_dir`, with its bos / eos strings), bad-line policy.
+[[nodiscard]] absl::StatusOr<DatasetOptions> JobDatasetOptions(const JobSpec& spec,
+                                                               const std::string& tokenizer_dir);
+// Where the job's tokenized dataset is cached (data.cache_dir or its default).
+std::string JobDataCacheDir(const JobSpec& spec);
+// Packing settings of the spec for this tokenizer (padding id: eos, else 0).
+PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer);
+
 class Trainer {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec);
@@ -63,6 +73,8 @@ class Trainer {
   std::string backend_name() const { return backend_->name(); }
   const HostStore& store() const { return *store_; }
   int64_t num_parameters() const { return num_params_; }
+  // What building (or reusing) the tokenized dataset found.
+  const DatasetStats& dataset_stats() const { return dataset_stats_; }
 
  private:
   Trainer() = default;
@@ -77,6 +89,7 @@ class Trainer {
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<HostOptimizer> optimizer_;
   std::unique_ptr<Packer> packer_;
+  DatasetStats dataset_stats_;
   std::vector<MicroBatch> batches_;
   TrainerState state_;
   int64_t resumed_from_ = 0;

@@ -1,0 +1,555 @@
+// Datasets. nlohmann::json throws on malformed input; every parse is caught here and
+// becomes a Status naming the line.
+#include "engine/data/dataset.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "engine/common/status.h"
+
+namespace megatrain {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int kMaxReportedErrors = 5;
+constexpr size_t kChunkLines = 512;
+constexpr size_t kChunkBytes = 1 << 20;
+
+bool IsBlank(absl::string_view line) {
+  for (char c : line) {
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::string> StringField(const json& object, const char* field, bool optional,
+                                        absl::string_view what) {
+  const std::string where = what.empty() ? "field" : absl::StrCat(what, " field");
+  const auto it = object.find(field);
+  if (it == object.end() || (optional && it->is_null())) {
+    if (optional) return std::string();
+    return absl::InvalidArgumentError(absl::StrCat(where, " '", field, "' missing"));
+  }
+  if (!it->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " '", field, "' is a ", it->type_name(), ", expected a string"));
+  }
+  return it->get<std::string>();
+}
+
+absl::StatusOr<const json*> ArrayField(const json& object, const char* field) {
+  const auto it = object.find(field);
+  if (it == object.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("field '", field, "' missing"));
+  }
+  if (!it->is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field '", field, "' is a ", it->type_name(), ", expected an array"));
+  }
+  return &*it;
+}
+
+absl::StatusOr<std::vector<ChatMessage>> ShareGptMessages(const json& doc) {
+  ASSIGN_OR_RETURN(const json* turns, ArrayField(doc, "conversations"));
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < turns->size(); ++i) {
+    const json& turn = (*turns)[i];
+    const std::string where = absl::StrCat("conversations[", i, "]");
+    if (!turn.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " is a ", turn.type_name(),
+                                                     ", expected an object {from, value}"));
+    }
+    ASSIGN_OR_RETURN(std::string from, StringField(turn, "from", false, where));
+    ASSIGN_OR_RETURN(std::string value, StringField(turn, "value", false, where));
+    std::string role;
+    if (from == "system") {
+      role = "system";
+    } else if (from == "human" || from == "user") {
+      role = "user";
+    } else if (from == "gpt" || from == "assistant" || from == "chatgpt") {
+      role = "assistant";
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".from is '", from, "'; expected system, human, user, gpt or assistant"));
+    }
+    messages.push_back({std::move(role), std::move(value)});
+  }
+  return messages;
+}
+
+absl::StatusOr<std::vector<ChatMessage>> MessagesField(const json& doc) {
+  ASSIGN_OR_RETURN(const json* turns, ArrayField(doc, "messages"));
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < turns->size(); ++i) {
+    const json& turn = (*turns)[i];
+    const std::string where = absl::StrCat("messages[", i, "]");
+    if (!turn.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " is a ", turn.type_name(),
+                                                     ", expected an object {role, content}"));
+    }
+    ASSIGN_OR_RETURN(std::string role, StringField(turn, "role", false, where));
+    ASSIGN_OR_RETURN(std::string content, StringField(turn, "content", false, where));
+    if (role != "system" && role != "user" && role != "assistant") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".role is '", role, "'; expected system, user or assistant"));
+    }
+    messages.push_back({std::move(role), std::move(content)});
+  }
+  return messages;
+}
+
+absl::StatusOr<std::vector<ChatMessage>> AlpacaMessages(const json& doc) {
+  ASSIGN_OR_RETURN(std::string instruction, StringField(doc, "instruction", false, ""));
+  ASSIGN_OR_RETURN(std::string input, StringField(doc, "input", true, ""));
+  ASSIGN_OR_RETURN(std::string output, StringField(doc, "output", false, ""));
+  std::string prompt = std::move(instruction);
+  if (!input.empty()) absl::StrAppend(&prompt, "\n\n", input);
+  return std::vector<ChatMessage>{{"user", std::move(prompt)}, {"assistant", std::move(output)}};
+}
+
+void Append(std::vector<int32_t> ids, bool trained, Example* e) {
+  e->trained.insert(e->trained.end(), ids.size(), trained ? 1 : 0);
+  e->ids.insert(e->ids.end(), ids.begin(), ids.end());
+}
+
+// Without a model chat template: "<system>\n\n" "User: <u>\n\n" "Assistant: " <a> <eos>,
+// pieces encoded one by one; the assistant text and its eos are trained.
+absl::StatusOr<Example> PlainChat(const std::vector<ChatMessage>& messages,
+                                  const Tokenizer& tokenizer) {
+  bool any_assistant = false;
+  Example e;
+  if (tokenizer.bos_id() >= 0) Append({tokenizer.bos_id()}, false, &e);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "system") {
+      if (i != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("message ", i, " is a system message; only the first may be"));
+      }
+      Append(tokenizer.Encode(m.content + "\n\n"), false, &e);
+    } else if (m.role == "user") {
+      Append(tokenizer.Encode("User: " + m.content + "\n\n"), false, &e);
+    } else {
+      any_assistant = true;
+      Append(tokenizer.Encode("Assistant: "), false, &e);
+      Append(tokenizer.Encode(m.content), true, &e);
+      if (tokenizer.eos_id() >= 0) Append({tokenizer.eos_id()}, true, &e);
+      Append(tokenizer.Encode("\n\n"), false, &e);
+    }
+  }
+  if (!any_assistant) {
+    return absl::InvalidArgumentError("the conversation has no assistant message to train on");
+  }
+  return e;
+}
+
+absl::StatusOr<Example> TokensExample(const json& doc, const Tokenizer& tokenizer) {
+  ASSIGN_OR_RETURN(const json* ids, ArrayField(doc, "input_ids"));
+  const int64_t vocab = tokenizer.vocab_size();
+  Example e;
+  e.ids.reserve(ids->size());
+  for (size_t i = 0; i < ids->size(); ++i) {
+    const json& v = (*ids)[i];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("input_ids[", i, "] is ", v.dump(),
+                                                     ", expected an id in [0, ", vocab, ")"));
+    }
+    e.ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  if (doc.contains("labels")) {
+    ASSIGN_OR_RETURN(const json* labels, ArrayField(doc, "labels"));
+    if (labels->size() != ids->size()) {
+      return absl::InvalidArgumentError(absl::StrCat("labels has ", labels->size(),
+                                                     " entries, input_ids ", ids->size()));
+    }
+    e.trained.resize(ids->size());
+    for (size_t i = 0; i < labels->size(); ++i) {
+      const json& v = (*labels)[i];
+      if (!v.is_number_integer()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("labels[", i, "] is ", v.dump(), ", expected an integer"));
+      }
+      e.trained[i] = v.get<int64_t>() == -100 ? 0 : 1;
+    }
+  }
+  return e;
+}
+
+// The index of the first token of `ids` (the tokenization of `text`) that is not part of
+// the tokenization of text[0, byte): where a byte offset falls in token space.
+size_t TokenIndexAt(const std::string& text, size_t byte, const std::vector<int32_t>& ids,
+                    const Tokenizer& tokenizer) {
+  if (byte == 0) return 0;
+  if (byte >= text.size()) return ids.size();
+  const std::vector<int32_t> prefix = tokenizer.Encode(absl::string_view(text).substr(0, byte));
+  size_t k = 0;
+  while (k < prefix.size() && k < ids.size() && prefix[k] == ids[k]) ++k;
+  return k;
+}
+
+// File identity for the cache key.
+json FileIdentity(const std::string& path) {
+  struct stat st;
+  std::error_code ec;
+  const std::string absolute = fs::absolute(path, ec).string();
+  if (::stat(path.c_str(), &st) != 0) return json{{"path", absolute}};
+  return json{{"path", absolute},
+              {"bytes", static_cast<int64_t>(st.st_size)},
+              {"mtime_ns", static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
+                               static_cast<int64_t>(st.st_mtim.tv_nsec)}};
+}
+
+uint64_t Fnv1a64(absl::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+struct LineResult {
+  int64_t line = 0;  // 1-based
+  absl::StatusOr<Example> example;
+};
+
+struct Chunk {
+  std::vector<std::pair<int64_t, std::string>> lines;  // (line number, text)
+  std::vector<LineResult> results;
+  bool done = false;
+};
+
+}  // namespace
+
+absl::StatusOr<DataFormat> DataFormatFromName(absl::string_view name) {
+  if (name == "text") return DataFormat::kText;
+  if (name == "alpaca") return DataFormat::kAlpaca;
+  if (name == "sharegpt") return DataFormat::kShareGpt;
+  if (name == "messages") return DataFormat::kMessages;
+  if (name == "tokens") return DataFormat::kTokens;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.format '", name, "' is not one of text, alpaca, sharegpt, messages, tokens"));
+}
+
+const char* DataFormatName(DataFormat format) {
+  switch (format) {
+    case DataFormat::kText: return "text";
+    case DataFormat::kAlpaca: return "alpaca";
+    case DataFormat::kShareGpt: return "sharegpt";
+    case DataFormat::kMessages: return "messages";
+    case DataFormat::kTokens: return "tokens";
+  }
+  return "?";
+}
+
+bool IsChatFormat(DataFormat format) {
+  return format == DataFormat::kAlpaca || format == DataFormat::kShareGpt ||
+         format == DataFormat::kMessages;
+}
+
+json DatasetStats::ToJson() const {
+  return json{{"lines", lines},           {"examples", examples},
+              {"bad_lines", bad_lines},   {"tokens", tokens},
+              {"trained_tokens", trained_tokens}, {"first_errors", first_errors},
+              {"seconds", seconds},       {"reused", reused}};
+}
+
+Example TextExample(absl::string_view text, const Tokenizer& tokenizer) {
+  Example e;
+  std::vector<int32_t> ids = tokenizer.Encode(text);
+  e.ids.reserve(ids.size() + 2);
+  if (tokenizer.bos_id() >= 0) e.ids.push_back(tokenizer.bos_id());
+  e.ids.insert(e.ids.end(), ids.begin(), ids.end());
+  if (tokenizer.eos_id() >= 0) e.ids.push_back(tokenizer.eos_id());
+  return e;
+}
+
+Example EncodeWithTrainedSpans(const std::string& text,
+                               const std::vector<std::pair<size_t, size_t>>& trained,
+                               const Tokenizer& tokenizer) {
+  Example e;
+  e.ids = tokenizer.Encode(text);
+  e.trained.assign(e.ids.size(), 0);
+  for (const auto& [begin, end] : trained) {
+    const size_t first = TokenIndexAt(text, begin, e.ids, tokenizer);
+    const size_t last = TokenIndexAt(text, end, e.ids, tokenizer);
+    for (size_t i = first; i < last && i < e.ids.size(); ++i) e.trained[i] = 1;
+  }
+  return e;
+}
+
+absl::StatusOr<Example> ExampleFromLine(absl::string_view line, const DatasetOptions& options,
+                                        const Tokenizer& tokenizer) {
+  json doc;
+  try {
+    doc = json::parse(line.begin(), line.end());
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("not valid JSON: ", e.what()));
+  }
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a JSON object, got a ", doc.type_name()));
+  }
+  std::vector<ChatMessage> messages;
+  switch (options.format) {
+    case DataFormat::kText: {
+      ASSIGN_OR_RETURN(std::string text,
+                       StringField(doc, options.text_field.c_str(), false, ""));
+      return TextExample(text, tokenizer);
+    }
+    case DataFormat::kTokens:
+      return TokensExample(doc, tokenizer);
+    case DataFormat::kAlpaca: {
+      ASSIGN_OR_RETURN(messages, AlpacaMessages(doc));
+      break;
+    }
+    case DataFormat::kShareGpt: {
+      ASSIGN_OR_RETURN(messages, ShareGptMessages(doc));
+      break;
+    }
+    case DataFormat::kMessages: {
+      ASSIGN_OR_RETURN(messages, MessagesField(doc));
+      break;
+    }
+  }
+  if (!options.chat.has_value()) return PlainChat(messages, tokenizer);
+  ASSIGN_OR_RETURN(ChatRendering r, RenderChat(*options.chat, messages, options.chat_options));
+  if (r.trained.empty()) {
+    return absl::InvalidArgumentError("the conversation has no assistant message to train on");
+  }
+  return EncodeWithTrainedSpans(r.text, r.trained, tokenizer);
+}
+
+json DatasetSource(const DatasetOptions& options, const Tokenizer& tokenizer) {
+  json source{{"file", FileIdentity(options.path)},
+              {"format", DataFormatName(options.format)},
+              {"tokenizer", tokenizer.name()},
+              {"vocab_size", tokenizer.vocab_size()},
+              {"bos_id", tokenizer.bos_id()},
+              {"eos_id", tokenizer.eos_id()},
+              {"skip_bad_lines", options.skip_bad_lines}};
+  // The tokenizer file's identity, when the name is a path to one.
+  const std::string name = tokenizer.name();
+  if (const size_t colon = name.find(':'); colon != std::string::npos) {
+    source["tokenizer_file"] = FileIdentity(name.substr(colon + 1));
+  }
+  if (options.format == DataFormat::kText) source["text_field"] = options.text_field;
+  if (IsChatFormat(options.format)) {
+    source["chat"] = options.chat ? std::string(ChatFormatName(*options.chat)) : "plain";
+    if (options.chat) {
+      const ChatOptions& c = options.chat_options;
+      source["chat_options"] = {{"bos", c.bos_token}, {"eos", c.eos_token},
+                                {"date", c.date_string}, {"effort", c.reasoning_effort},
+                                {"identity", c.model_identity}};
+    }
+  }
+  return source;
+}
+
+absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
+                                             const Tokenizer& tokenizer, const std::string& dir,
+                                             const json& source) {
+  const auto started = std::chrono::steady_clock::now();
+  std::error_code ec;
+  if (fs::is_directory(options.path, ec)) {
+    return absl::NotFoundError(absl::StrCat(
+        "data.path: ", options.path, " is a directory; expected a .jsonl file"));
+  }
+  std::ifstream in(options.path, std::ios::binary);
+  if (!in.is_open()) {
+    return absl::NotFoundError(absl::StrCat("data.path: cannot open ", options.path));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<TokenStoreWriter> writer, TokenStoreWriter::Create(dir));
+
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const size_t max_in_flight = static_cast<size_t>(2 * threads + 1);
+  std::mutex mu;
+  std::condition_variable work_cv, done_cv;
+  std::deque<std::shared_ptr<Chunk>> todo;       // waiting for a tokenizer
+  std::deque<std::shared_ptr<Chunk>> in_order;   // every chunk not yet written, in order
+  bool closing = false;
+
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (;;) {
+        std::shared_ptr<Chunk> chunk;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          work_cv.wait(lock, [&] { return closing || !todo.empty(); });
+          if (todo.empty()) return;
+          chunk = todo.front();
+          todo.pop_front();
+        }
+        chunk->results.reserve(chunk->lines.size());
+        for (auto& [number, text] : chunk->lines) {
+          chunk->results.push_back({number, ExampleFromLine(text, options, tokenizer)});
+          std::string().swap(text);
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          chunk->done = true;
+        }
+        done_cv.notify_all();
+      }
+    });
+  }
+
+  DatasetStats stats;
+  absl::Status failure;
+  // Writes finished chunks at the front, in file order. `all`: wait for every chunk.
+  auto drain = [&](bool all) {
+    for (;;) {
+      std::shared_ptr<Chunk> chunk;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (in_order.empty()) return;
+        if (all || in_order.size() >= max_in_flight) {
+          done_cv.wait(lock, [&] { return in_order.front()->done; });
+        } else if (!in_order.front()->done) {
+          return;
+        }
+        chunk = in_order.front();
+        in_order.pop_front();
+      }
+      for (LineResult& r : chunk->results) {
+        if (!failure.ok()) break;
+        ++stats.lines;
+        if (!r.example.ok()) {
+          const std::string message = absl::StrCat(options.path, ":", r.line, ": ",
+                                                   r.example.status().message());
+          if (!options.skip_bad_lines) {
+            failure = absl::InvalidArgumentError(absl::StrCat(
+                message, " (set data.on_bad_line: skip to leave such lines out)"));
+            break;
+          }
+          ++stats.bad_lines;
+          if (stats.first_errors.size() < kMaxReportedErrors) stats.first_errors.push_back(message);
+          continue;
+        }
+        const Example& e = *r.example;
+        if (absl::Status s = writer->Add(e); !s.ok()) {
+          failure = s;
+          break;
+        }
+        ++stats.examples;
+        stats.tokens += static_cast<int64_t>(e.ids.size());
+        stats.trained_tokens += e.trained.empty()
+                                    ? static_cast<int64_t>(e.ids.size())
+                                    : std::count(e.trained.begin(), e.trained.end(), 1);
+      }
+    }
+  };
+
+  int64_t line_number = 0;
+  std::string line;
+  auto chunk = std::make_shared<Chunk>();
+  size_t chunk_bytes = 0;
+  auto submit = [&] {
+    if (chunk->lines.empty()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      todo.push_back(chunk);
+      in_order.push_back(chunk);
+    }
+    work_cv.notify_one();
+    chunk = std::make_shared<Chunk>();
+    chunk_bytes = 0;
+    drain(false);
+  };
+  while (failure.ok() && std::getline(in, line)) {
+    ++line_number;
+    if (IsBlank(line)) continue;
+    chunk_bytes += line.size();
+    chunk->lines.emplace_back(line_number, std::move(line));
+    if (chunk->lines.size() >= kChunkLines || chunk_bytes >= kChunkBytes) submit();
+  }
+  const bool read_failed = in.bad();
+  submit();
+  drain(true);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    closing = true;
+    todo.clear();
+  }
+  work_cv.notify_all();
+  for (std::thread& t : pool) t.join();
+  in_order.clear();
+
+  RETURN_IF_ERROR(failure);
+  if (read_failed) {
+    return absl::DataLossError(absl::StrCat("data.path: reading ", options.path,
+                                            " failed after line ", line_number));
+  }
+  if (stats.examples == 0 || stats.tokens == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.path: ", options.path, " holds no examples to train on (", stats.lines,
+        " lines, ", stats.bad_lines, " malformed",
+        stats.first_errors.empty() ? "" : absl::StrCat("; first: ", stats.first_errors[0]), ")"));
+  }
+  if (stats.trained_tokens == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.path: ", options.path, ": no token of any example is trained (every label is "
+        "masked)"));
+  }
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  json full_source = source;
+  full_source["stats"] = stats.ToJson();
+  RETURN_IF_ERROR(writer->Finish(full_source));
+  return stats;
+}
+
+absl::StatusOr<std::shared_ptr<const TokenDocs>> OpenOrBuildTokenStore(
+    const DatasetOptions& options, const Tokenizer& tokenizer, const std::string& cache_dir,
+    DatasetStats* stats) {
+  const json source = DatasetSource(options, tokenizer);
+  const std::string key = absl::StrFormat("%016x", Fnv1a64(source.dump()));
+  const std::string dir = (fs::path(cache_dir) / ("tokens-" + key)).string();
+  absl::StatusOr<std::shared_ptr<const TokenDocs>> docs = TokenDocs::Open(dir);
+  if (docs.ok()) {
+    json stored = (*docs)->source();
+    json recorded_stats = stored.value("stats", json::object());
+    stored.erase("stats");
+    if (stored == source) {
+      if (stats != nullptr) {
+        *stats = DatasetStats{};
+        stats->lines = recorded_stats.value("lines", int64_t{0});
+        stats->examples = recorded_stats.value("examples", int64_t{0});
+        stats->bad_lines = recorded_stats.value("bad_lines", int64_t{0});
+        stats->tokens = recorded_stats.value("tokens", int64_t{0});
+        stats->trained_tokens = recorded_stats.value("trained_tokens", int64_t{0});
+        stats->first_errors =
+            recorded_stats.value("first_errors", std::vector<std::string>{});
+        stats->reused = true;
+      }
+      return docs;
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(cache_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "data.cache_dir: cannot create ", cache_dir, ": ", ec.message()));
+  }
+  ASSIGN_OR_RETURN(DatasetStats built, BuildTokenStore(options, tokenizer, dir, source));
+  if (stats != nullptr) *stats = built;
+  return TokenDocs::Open(dir);
+}
+
+}  // namespace megatrain
