@@ -182,6 +182,42 @@ TEST(JobSpecTest, OmittedSectionsAndFieldsTakeTheDocumentedDefaults) {
   EXPECT_EQ(spec->max_shard_bytes, int64_t{5} << 30);
 }
 
+TEST(JobSpecTest, DataChoicesAreCheckedByName) {
+  for (const char* field : {"packing: diagonal", "truncation: middle", "on_bad_line: ignore",
+                            "chat_template: vicuna", "format: csv"}) {
+    const std::string key = std::string(field).substr(0, std::string(field).find(':'));
+    ExpectInvalid(std::string("model:\n  config:") + kTinyConfigYaml +
+                      "data:\n  path: d.jsonl\n  " + field + "\n",
+                  "data." + key);
+  }
+  ExpectInvalid(std::string("model:\n  config:") + kTinyConfigYaml +
+                    "data:\n  path: d.jsonl\n  tokenize_threads: -1\n",
+                "data.tokenize_threads");
+}
+
+TEST(JobSpecTest, DataChoicesRoundTripThroughYaml) {
+  TempDir dir;
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      std::string("model:\n  config:") + kTinyConfigYaml +
+          "data: {path: d.jsonl, format: sharegpt, chat_template: qwen3, packing: pad,\n"
+          "       truncation: truncate, on_bad_line: skip, cache_dir: cache, tokenize_threads: 3,\n"
+          "       chat_date: '2026-01-02'}\n",
+      dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data_cache_dir, (fs::path(dir.path()) / "cache").string());
+  absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec), "");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->data_format, "sharegpt");
+  EXPECT_EQ(again->chat_template, "qwen3");
+  EXPECT_EQ(again->packing, "pad");
+  EXPECT_EQ(again->truncation, "truncate");
+  EXPECT_EQ(again->on_bad_line, "skip");
+  EXPECT_EQ(again->data_cache_dir, spec->data_cache_dir);
+  EXPECT_EQ(again->tokenize_threads, 3);
+  EXPECT_EQ(again->chat_date, "2026-01-02");
+  EXPECT_EQ(again->Fingerprint(), spec->Fingerprint());
+}
+
 TEST(JobSpecTest, UnknownTopLevelFieldIsRefusedByName) {
   ExpectInvalid(MinimalSpec() + "trian:\n  steps: 3\n", "'trian'");
 }

@@ -116,6 +116,33 @@ TEST(Trainer, BrokenDatasetLineIsNamedWithItsLineNumber) {
   EXPECT_NE(t.status().message().find("data.jsonl:2"), std::string::npos) << t.status();
 }
 
+// Instruction tuning: the loss counts only the outputs, and the model learns them.
+TEST(Trainer, AlpacaJobTrainsOnTheOutputsOnly) {
+  const std::string dir = TempDir("alpaca");
+  WriteFile(dir + "/data.jsonl",
+            "{\"instruction\": \"Name a colour.\", \"output\": \"Blue.\"}\n"
+            "{\"instruction\": \"Add\", \"input\": \"2+2\", \"output\": \"4\"}\n"
+            "not json\n");
+  std::string yaml = Spec(dir, 80);
+  yaml.replace(yaml.find("data: {path: data.jsonl,"), 24,
+               "data: {path: data.jsonl, format: alpaca, on_bad_line: skip, packing: pad,");
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Make(dir, yaml);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const DatasetStats& stats = (*t)->dataset_stats();
+  EXPECT_EQ(stats.examples, 2);
+  EXPECT_EQ(stats.bad_lines, 1);
+  ASSERT_EQ(stats.first_errors.size(), 1u);
+  EXPECT_NE(stats.first_errors[0].find("data.jsonl:3: not valid JSON"), std::string::npos);
+  EXPECT_EQ(stats.trained_tokens, (5 + 1) + (1 + 1));  // "Blue." and "4", each with eos
+  double last = 0;
+  while (!(*t)->done()) {
+    absl::StatusOr<StepReport> r = (*t)->Step();
+    ASSERT_TRUE(r.ok()) << r.status();
+    last = r->loss;
+  }
+  EXPECT_LT(last, 0.3) << "the two outputs should be memorised";
+}
+
 TEST(Trainer, ModelFolderWithoutWeightsIsNotFound) {
   const std::string dir = TempDir("noweights");
   WriteFile(dir + "/data.jsonl", kText);
