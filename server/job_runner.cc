@@ -193,6 +193,7 @@ void JobRunner::Run(v1::Job job) {
     job.set_resumed_from_step(t.resumed_from_step());
     Log(job.id(), absl::StrCat("resumed from the checkpoint of step ", t.resumed_from_step()));
   }
+  Log(job.id(), t.dataset_stats().Summary());
   Log(job.id(), absl::StrFormat("%s, %.2fM parameters, %s backend, %d tokens/step, %d steps",
                                 ArchitectureClassName(t.config().architecture),
                                 t.num_parameters() / 1e6, t.backend_name(),

@@ -268,6 +268,22 @@ json DatasetStats::ToJson() const {
               {"seconds", seconds},       {"reused", reused}};
 }
 
+std::string DatasetStats::Summary() const {
+  std::string out = absl::StrCat("dataset: ", examples, " examples, ", tokens, " tokens (",
+                                 trained_tokens, " trained)");
+  if (bad_lines > 0) {
+    absl::StrAppend(&out, "; ", bad_lines, " malformed line", bad_lines == 1 ? "" : "s",
+                    " skipped", first_errors.empty() ? "" : ", first: ",
+                    first_errors.empty() ? "" : first_errors[0]);
+  }
+  if (reused) {
+    absl::StrAppend(&out, "; tokenized earlier (cached)");
+  } else {
+    absl::StrAppend(&out, absl::StrFormat("; tokenized in %.2f s", seconds));
+  }
+  return out;
+}
+
 Example TextExample(absl::string_view text, const Tokenizer& tokenizer) {
   Example e;
   std::vector<int32_t> ids = tokenizer.Encode(text);

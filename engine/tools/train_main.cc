@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
               t.resumed_from_step() > 0
                   ? (", resumed at step " + std::to_string(t.resumed_from_step())).c_str()
                   : "");
+  std::printf("%s\n", t.dataset_stats().Summary().c_str());
   int64_t ran = 0;
   while (!t.done() && (max_steps == 0 || ran < max_steps)) {
     absl::StatusOr<megatrain::StepReport> r = t.Step();
