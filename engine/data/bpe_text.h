@@ -21,17 +21,29 @@ namespace megatrain {
 // Number of bytes of the UTF-8 sequence that starts with `lead` (1 for invalid leads).
 int Utf8SequenceLength(unsigned char lead);
 
+// Whether `text` is well-formed UTF-8 (what RepairUtf8 returns unchanged). ASCII runs are
+// checked 8 bytes at a time.
+bool IsValidUtf8(absl::string_view text);
+
 // `text` with every ill-formed UTF-8 subsequence replaced by U+FFFD, one per maximal
 // subpart, as the WHATWG TextDecoder does. Valid input is returned unchanged.
 std::string RepairUtf8(absl::string_view text);
 
-// Canonical composition (NFC) of valid UTF-8 `text`.
+// Whether valid UTF-8 `text` is NFC without looking it up: true when every code point is
+// below U+0300 (no byte >= 0xCC). Those code points are all starters that NFC keeps and
+// that never compose with what precedes them, so such text is its own NFC.
+bool IsNfcByQuickCheck(absl::string_view text);
+
+// Canonical composition (NFC) of valid UTF-8 `text`. Only the stretches around code
+// points from U+0300 up go through utf8proc; a code point below U+0300 is a boundary that
+// normalization never crosses.
 std::string NfcNormalize(absl::string_view text);
 
 // The GPT-2 byte alphabet: every byte maps to one printable code point, so a byte string
-// can be a vocab string. ByteLevelEncode maps each byte of `text`; ByteLevelDecode maps
-// back, dropping code points outside the alphabet.
+// can be a vocab string. ByteLevelEncode maps each byte of `text` (the second form appends
+// to `out`); ByteLevelDecode maps back, dropping code points outside the alphabet.
 std::string ByteLevelEncode(absl::string_view text);
+void ByteLevelEncode(absl::string_view text, std::string* out);
 std::string ByteLevelDecode(absl::string_view text);
 
 // Splits text at the matches of one regex, keeping the matches and the text between them
@@ -46,6 +58,9 @@ class RegexSplitter {
 
   // REQUIRES: `text` is valid UTF-8. Pieces are non-empty views into `text`.
   std::vector<absl::string_view> Split(absl::string_view text) const;
+  // The same pieces, into `pieces` (cleared first), so that a caller can reuse its buffer.
+  // Matching allocates nothing: the match data is per thread.
+  void Split(absl::string_view text, std::vector<absl::string_view>* pieces) const;
 
  private:
   struct Code;
