@@ -2,9 +2,11 @@
 // that turns one pre-token ("word") into ids.
 //
 // Merges are applied lowest rank first; among equal ranks (the same pair at several
-// places) the leftmost first. A heap over candidate pairs with lazy invalidation keeps a
-// word of n symbols at O(n log n), which matters for SentencePiece-style tokenizers
-// (Llama 2) where a whole line is one word.
+// places) the leftmost first. A short word (most pre-tokens) is merged in place in arrays
+// on the stack, scanning for the best pair; a long one uses a heap over candidate pairs
+// with lazy invalidation, O(n log n), which matters for SentencePiece-style tokenizers
+// (Llama 2) where a whole line can be one word. Neither allocates per word beyond the
+// heap of a long word.
 #pragma once
 
 #include <cstdint>
@@ -47,19 +49,42 @@ class BpeModel {
  private:
   BpeModel() = default;
 
-  static uint64_t PairKey(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-           static_cast<uint32_t>(right);
-  }
-  void AppendUnknown(absl::string_view symbol, std::vector<int32_t>* ids) const;
-
-  absl::flat_hash_map<std::string, int32_t> vocab_;
+  // A symbol of a word: one code point at first, then what merges made of it.
+  struct Symbol {
+    int32_t id;  // -1: not in the vocab
+    uint32_t begin, size;
+  };
   struct Merge {
     int32_t rank;
     int32_t merged_id;
   };
+  static constexpr int32_t kNoMerge = INT32_MAX;  // rank of a pair that does not merge
+  static constexpr int kMaxShortWordSymbols = 64;
+
+  static uint64_t PairKey(int32_t left, int32_t right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
+  }
+  // The merge of two symbol ids, or rank kNoMerge.
+  Merge FindMerge(int32_t left, int32_t right) const;
+  // The id of the one code point `symbol` (a UTF-8 sequence), or -1.
+  int32_t SymbolId(absl::string_view symbol) const;
+  // REQUIRES: 1 < symbols.size() <= kMaxShortWordSymbols.
+  void MergeShortWord(Symbol* symbols, int num_symbols, absl::string_view word,
+                      std::vector<int32_t>* ids) const;
+  void MergeLongWord(std::vector<Symbol> symbols, absl::string_view word,
+                     std::vector<int32_t>* ids) const;
+  void AppendSymbol(const Symbol& symbol, absl::string_view word, std::vector<int32_t>* ids) const;
+  void AppendUnknown(absl::string_view symbol, std::vector<int32_t>* ids) const;
+
+  absl::flat_hash_map<std::string, int32_t> vocab_;
   absl::flat_hash_map<uint64_t, Merge> merges_;  // PairKey(left id, right id) -> merge
-  int32_t byte_ids_[256];                        // id of "<0xXX>", or -1
+  // Single-code-point tokens: below kDirectCodePoints by table ([cp] -> id or -1), the
+  // others by map. The byte alphabet (< U+0144) and most Latin scripts use the table.
+  static constexpr uint32_t kDirectCodePoints = 0x800;
+  std::vector<int32_t> code_point_ids_;
+  absl::flat_hash_map<uint32_t, int32_t> other_code_point_ids_;
+  int32_t byte_ids_[256];  // id of "<0xXX>", or -1
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;
   int32_t unk_id_ = -1;
