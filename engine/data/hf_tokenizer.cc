@@ -1,7 +1,11 @@
 // Encode and Decode of HfTokenizer; loading and validation live in hf_tokenizer_load.cc.
 #include "engine/data/hf_tokenizer.h"
 
+#include <algorithm>
+#include <array>
 #include <cctype>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -14,6 +18,120 @@
 
 namespace megatrain {
 
+namespace {
+
+// A direct-mapped cache of pre-token -> ids: a pre-token hashes to one slot, which holds
+// the last pre-token that landed there. Bounded (1 MiB), never allocates after
+// construction. English text reuses a few thousand pre-tokens, so most are hits. A key is
+// the pre-token zero-padded to kMaxWordBytes, hashed and compared a word at a time.
+class WordCache {
+ public:
+  static constexpr size_t kMaxWordBytes = 24;
+  static constexpr size_t kMaxIds = 8;
+  struct Key {
+    uint64_t words[kMaxWordBytes / 8];
+    uint64_t size;
+  };
+
+  // REQUIRES: word.size() <= kMaxWordBytes.
+  static Key MakeKey(absl::string_view word) {
+    Key key{};
+    key.size = word.size();
+    for (size_t i = 0; i < word.size(); i += 8) {
+      key.words[i / 8] = LoadUpTo8(word.data() + i, std::min<size_t>(8, word.size() - i));
+    }
+    return key;
+  }
+
+  // Appends the ids of `key` and returns true, or returns false.
+  bool Find(const Key& key, std::vector<int32_t>* ids) const {
+    const Slot& slot = slots_[Index(key)];
+    if (slot.size != key.size || slot.words[0] != key.words[0] || slot.words[1] != key.words[1] ||
+        slot.words[2] != key.words[2]) {
+      return false;
+    }
+    for (uint32_t i = 0; i < slot.num_ids; ++i) ids->push_back(slot.ids[i]);
+    return true;
+  }
+
+  // Keeps `ids` for `key` unless there are too many for a slot.
+  void Insert(const Key& key, absl::Span<const int32_t> ids) {
+    if (ids.size() > kMaxIds) return;
+    Slot& slot = slots_[Index(key)];
+    std::copy(std::begin(key.words), std::end(key.words), slot.words);
+    slot.size = static_cast<uint32_t>(key.size);
+    slot.num_ids = static_cast<uint32_t>(ids.size());
+    std::copy(ids.begin(), ids.end(), slot.ids);
+  }
+
+ private:
+  static constexpr int kSlotBits = 14;
+  struct Slot {
+    uint64_t words[kMaxWordBytes / 8] = {};
+    uint32_t size = 0;  // 0: empty (an empty pre-token is never looked up)
+    uint32_t num_ids = 0;
+    int32_t ids[kMaxIds];
+  };
+  static_assert(sizeof(Slot) == 64);
+
+  // The `size` (1 to 8) bytes at `p`, little-endian, zero-extended; reads no byte past them.
+  // Whole loads, not a byte copy into the key, which the loads of the key would then wait on.
+  static uint64_t LoadUpTo8(const char* p, size_t size) {
+    if (size == 8) {
+      uint64_t all;
+      std::memcpy(&all, p, 8);
+      return all;
+    }
+    if (size >= 4) {  // two loads of 4 that overlap on equal bytes
+      uint32_t first, last;
+      std::memcpy(&first, p, 4);
+      std::memcpy(&last, p + size - 4, 4);
+      return first | static_cast<uint64_t>(last) << (8 * (size - 4));
+    }
+    auto byte = [&](size_t i) {
+      return static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+    };
+    return byte(0) | byte(size / 2) | byte(size - 1);
+  }
+
+  static size_t Index(const Key& key) {
+    uint64_t h = key.size;
+    for (uint64_t word : key.words) h = (h ^ word) * 0x9E3779B97F4A7C15ull;
+    return static_cast<size_t>(h >> (64 - kSlotBits));
+  }
+
+  std::vector<Slot> slots_ = std::vector<Slot>(size_t{1} << kSlotBits);
+};
+
+constexpr absl::string_view kMetaspace = "\xE2\x96\x81";  // U+2581
+
+}  // namespace
+
+struct HfTokenizer::Scratch {
+  WordCache cache;
+  std::string normalized[2];              // the normalizers write these in turn
+  std::string byte_level;                 // a pre-token in the byte alphabet
+  std::vector<absl::string_view> pieces;  // the pre-tokens of a section
+};
+
+HfTokenizer::Scratch& HfTokenizer::ThreadScratch() const {
+  // Kept for the last few tokenizers a thread used. Keys are never reused, so the scratch
+  // of a destroyed tokenizer is never found again; it is replaced in turn.
+  struct Entry {
+    uint64_t key = 0;
+    std::unique_ptr<Scratch> scratch;
+  };
+  thread_local std::array<Entry, 4> entries;
+  thread_local size_t next_replaced = 0;
+  for (Entry& entry : entries) {
+    if (entry.key == scratch_key_) return *entry.scratch;
+  }
+  Entry& entry = entries[next_replaced++ % entries.size()];
+  entry.key = scratch_key_;
+  entry.scratch = std::make_unique<Scratch>();
+  return *entry.scratch;
+}
+
 const HfTokenizer::AddedToken* HfTokenizer::MatchAddedToken(absl::string_view text) const {
   for (int32_t index : added_by_first_byte_[static_cast<unsigned char>(text[0])]) {
     const AddedToken& token = added_[index];
@@ -23,59 +141,86 @@ const HfTokenizer::AddedToken* HfTokenizer::MatchAddedToken(absl::string_view te
 }
 
 std::vector<int32_t> HfTokenizer::Encode(absl::string_view input) const {
-  const std::string text = RepairUtf8(input);
-  const absl::string_view view(text);
+  std::string repaired;
+  absl::string_view view = input;
+  if (!IsValidUtf8(input)) {
+    repaired = RepairUtf8(input);
+    view = repaired;
+  }
+  Scratch& scratch = ThreadScratch();
   std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 4);
+  ids.reserve(view.size() / 3 + 4);
   size_t start = 0;  // first byte not yet encoded
   size_t i = 0;
   while (i < view.size()) {
-    const AddedToken* added = added_by_first_byte_[static_cast<unsigned char>(view[i])].empty()
-                                  ? nullptr
-                                  : MatchAddedToken(view.substr(i));
+    const AddedToken* added = starts_added_[static_cast<unsigned char>(view[i])]
+                                  ? MatchAddedToken(view.substr(i))
+                                  : nullptr;
     if (added == nullptr) {
       ++i;
       continue;
     }
-    EncodeSection(view.substr(start, i - start), &ids);
+    EncodeSection(view.substr(start, i - start), &scratch, &ids);
     ids.push_back(added->id);
     i += added->content.size();
     start = i;
   }
-  EncodeSection(view.substr(start), &ids);
+  EncodeSection(view.substr(start), &scratch, &ids);
   return ids;
 }
 
-void HfTokenizer::EncodeSection(absl::string_view section, std::vector<int32_t>* ids) const {
-  if (section.empty()) return;
-  std::string text(section);
+absl::string_view HfTokenizer::Normalize(absl::string_view section, Scratch* scratch) const {
+  absl::string_view text = section;
+  int next = 0;  // the buffer that the next step that changes the text writes
   for (const NormalizerStep& step : normalizers_) {
-    switch (step.kind) {
-      case NormalizerStep::kNfc:
-        text = NfcNormalize(text);
-        break;
-      case NormalizerStep::kPrepend:
-        text = absl::StrCat(step.to, text);
-        break;
-      case NormalizerStep::kReplace:
-        text = absl::StrReplaceAll(text, {{step.from, step.to}});
-        break;
+    std::string& out = scratch->normalized[next];
+    if (step.kind == NormalizerStep::kNfc) {
+      if (IsNfcByQuickCheck(text)) continue;
+      out = NfcNormalize(text);
+    } else if (step.kind == NormalizerStep::kPrepend) {
+      out.assign(step.to);
+      out.append(text.data(), text.size());
+    } else {  // kReplace: every `from`, left to right, without overlaps
+      size_t hit = text.find(step.from);
+      if (hit == absl::string_view::npos) continue;
+      out.clear();
+      size_t done = 0;
+      for (; hit != absl::string_view::npos; hit = text.find(step.from, done)) {
+        out.append(text.data() + done, hit - done);
+        out.append(step.to);
+        done = hit + step.from.size();
+      }
+      out.append(text.data() + done, text.size() - done);
     }
+    text = out;
+    next ^= 1;
   }
+  return text;
+}
+
+void HfTokenizer::EncodeSection(absl::string_view section, Scratch* scratch,
+                                std::vector<int32_t>* ids) const {
+  if (section.empty()) return;
+  const absl::string_view text = Normalize(section, scratch);
   if (text.empty()) return;
-  std::vector<absl::string_view> pieces;
-  if (split_.has_value()) {
-    pieces = split_->Split(text);
-  } else {
-    pieces.push_back(text);
-  }
   const size_t first = ids->size();
-  for (absl::string_view piece : pieces) {
-    if (byte_level_) {
-      model_->EncodeWord(ByteLevelEncode(piece), ids);
-    } else {
-      model_->EncodeWord(piece, ids);
+  if (split_.has_value()) {
+    split_->Split(text, &scratch->pieces);
+    for (absl::string_view piece : scratch->pieces) EncodePreToken(piece, scratch, ids);
+  } else if (split_before_metaspace_) {
+    size_t begin = 0;
+    for (size_t hit = text.find(kMetaspace, 1); hit != absl::string_view::npos;
+         hit = text.find(kMetaspace, hit + kMetaspace.size())) {
+      if (hit >= kMetaspace.size() &&
+          text.substr(hit - kMetaspace.size(), kMetaspace.size()) == kMetaspace) {
+        continue;  // a run of U+2581 stays in one piece
+      }
+      EncodePreToken(text.substr(begin, hit - begin), scratch, ids);
+      begin = hit;
     }
+    EncodePreToken(text.substr(begin), scratch, ids);
+  } else {
+    EncodePreToken(text, scratch, ids);
   }
   if (fuse_unk_ && unk_id_ >= 0) {
     size_t out = first;
@@ -85,6 +230,27 @@ void HfTokenizer::EncodeSection(absl::string_view section, std::vector<int32_t>*
       (*ids)[out++] = id;
     }
     ids->resize(out);
+  }
+}
+
+void HfTokenizer::EncodePreToken(absl::string_view pre_token, Scratch* scratch,
+                                 std::vector<int32_t>* ids) const {
+  const bool cacheable = pre_token.size() <= WordCache::kMaxWordBytes;
+  WordCache::Key key{};
+  if (cacheable) {
+    key = WordCache::MakeKey(pre_token);
+    if (scratch->cache.Find(key, ids)) return;
+  }
+  const size_t first = ids->size();
+  if (byte_level_) {
+    scratch->byte_level.clear();
+    ByteLevelEncode(pre_token, &scratch->byte_level);
+    model_->EncodeWord(scratch->byte_level, ids);
+  } else {
+    model_->EncodeWord(pre_token, ids);
+  }
+  if (cacheable) {
+    scratch->cache.Insert(key, absl::MakeConstSpan(ids->data() + first, ids->size() - first));
   }
 }
 

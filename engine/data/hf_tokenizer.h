@@ -18,6 +18,7 @@
 // TextDecoder would give the reference).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -34,7 +35,9 @@
 
 namespace megatrain {
 
-// Immutable after Load(); safe to use from many threads.
+// Immutable after Load(); safe to use from many threads. Encode keeps per-thread scratch
+// memory, a cache of the ids of recent pre-tokens (about 1 MiB), for each of the last four
+// tokenizers a thread used; it is freed when the thread exits.
 class HfTokenizer final : public Tokenizer {
  public:
   // See LoadHfTokenizer.
@@ -69,8 +72,17 @@ class HfTokenizer final : public Tokenizer {
     int32_t id;
   };
 
+  // Per-thread working memory of Encode: a cache of the ids of recent pre-tokens and
+  // buffers that keep their capacity (hf_tokenizer.cc). One per thread and tokenizer.
+  struct Scratch;
+
   HfTokenizer() = default;
-  void EncodeSection(absl::string_view section, std::vector<int32_t>* ids) const;
+  Scratch& ThreadScratch() const;
+  void EncodeSection(absl::string_view section, Scratch* scratch, std::vector<int32_t>* ids) const;
+  // The normalized `section`: `section` itself, or a view into scratch's buffers.
+  absl::string_view Normalize(absl::string_view section, Scratch* scratch) const;
+  void EncodePreToken(absl::string_view pre_token, Scratch* scratch,
+                      std::vector<int32_t>* ids) const;
   // Longest added token at the start of `text`, or nullptr.
   const AddedToken* MatchAddedToken(absl::string_view text) const;
   static void ApplyDecoderStep(const DecoderStep& step,
@@ -81,6 +93,10 @@ class HfTokenizer final : public Tokenizer {
   std::vector<NormalizerStep> normalizers_;
   std::optional<RegexSplitter> split_;  // Split pre-tokenizer, if any
   bool byte_level_ = false;             // ByteLevel pre-tokenizer
+  // Without a pre-tokenizer, a word may still be cut before every U+2581 that follows
+  // another code point when no vocab token has such a pair inside (Llama 2): no merge can
+  // cross the cut, so the ids are the same, and the pieces are short and repeat.
+  bool split_before_metaspace_ = false;
   std::optional<BpeModel> model_;
   bool fuse_unk_ = false;
   int32_t unk_id_ = -1;
@@ -89,6 +105,7 @@ class HfTokenizer final : public Tokenizer {
 
   std::vector<AddedToken> added_;
   std::vector<std::vector<int32_t>> added_by_first_byte_;  // [256] -> indices, longest first
+  std::array<bool, 256> starts_added_{};  // [byte]: some added token starts with it
   absl::flat_hash_set<std::string> added_contents_;
   std::vector<std::string> id_to_token_;  // [vocab_size_]
 
@@ -96,6 +113,7 @@ class HfTokenizer final : public Tokenizer {
   int32_t bos_id_ = -1;
   int32_t eos_id_ = -1;
   std::string name_;
+  uint64_t scratch_key_ = 0;  // unique per tokenizer ever loaded: finds this one's Scratch
 };
 
 // Loads a tokenizer.json (and optionally its tokenizer_config.json; pass "" for none).

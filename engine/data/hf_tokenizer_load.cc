@@ -3,6 +3,7 @@
 // nlohmann::json throws on malformed input and on a field of the wrong type; both are
 // caught in Load, at the boundary, and become InvalidArgument naming the file.
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -70,6 +71,19 @@ std::string SpecialTokenContent(const Json& config, const char* key) {
   return it->at("content").get<std::string>();
 }
 
+// Whether `token` has U+2581 right after another code point.
+bool HasMetaspaceAfterOther(absl::string_view token) {
+  constexpr absl::string_view kMetaspace = "\xE2\x96\x81";
+  for (size_t hit = token.find(kMetaspace, 1); hit != absl::string_view::npos;
+       hit = token.find(kMetaspace, hit + kMetaspace.size())) {
+    if (hit < kMetaspace.size() ||
+        token.substr(hit - kMetaspace.size(), kMetaspace.size()) != kMetaspace) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& json_path,
@@ -85,6 +99,8 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
   const Json& doc = *doc_or;
   std::unique_ptr<HfTokenizer> tok(new HfTokenizer());
   tok->name_ = absl::StrCat("hf-bpe:", json_path);
+  static std::atomic<uint64_t> next_scratch_key{1};
+  tok->scratch_key_ = next_scratch_key.fetch_add(1);
   std::string where = json_path;  // the file that a type error is reported against
   try {
     // normalizer
@@ -196,6 +212,11 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
       if (unk != options.vocab.end()) options.unk_id = unk->second;
     }
     tok->unk_id_ = options.unk_id;
+    if (!tok->split_.has_value() && !tok->byte_level_ && !options.ignore_merges) {
+      tok->split_before_metaspace_ =
+          std::none_of(options.vocab.begin(), options.vocab.end(),
+                       [](const auto& entry) { return HasMetaspaceAfterOther(entry.first); });
+    }
     absl::flat_hash_map<std::string, int32_t> vocab_copy = options.vocab;
     absl::StatusOr<BpeModel> bpe = BpeModel::Create(std::move(options));
     if (!bpe.ok()) {
@@ -248,6 +269,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
     for (size_t i = 0; i < tok->added_.size(); ++i) {
       const unsigned char first = static_cast<unsigned char>(tok->added_[i].content[0]);
       tok->added_by_first_byte_[first].push_back(static_cast<int32_t>(i));
+      tok->starts_added_[first] = true;
     }
     for (std::vector<int32_t>& bucket : tok->added_by_first_byte_) {
       std::stable_sort(bucket.begin(), bucket.end(), [&](int32_t a, int32_t b) {

@@ -1,7 +1,10 @@
 // HfTokenizer on small hand-written tokenizer.json files: the errors a user can cause,
-// bos / eos from tokenizer_config.json, and BPE merge order. No node needed.
+// bos / eos from tokenizer_config.json, BPE merge order, and ids that stay the same from
+// many threads. No node needed.
+#include <atomic>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -121,6 +124,65 @@ TEST(HfTokenizerLoadTest, MergesApplyByRankAndAddedTokensAreNeverSplit) {
   EXPECT_EQ((*tok)->Encode(""), (std::vector<int32_t>{}));
   EXPECT_EQ(*(*tok)->Decode({3, 4, 7, 2}), " ab<eos>c");
   EXPECT_EQ((*tok)->Decode({8}).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(HfTokenizerLoadTest, EachTokenizerKeepsItsOwnIdsOnEveryThread) {
+  // Pre-tokens are cached per thread and tokenizer: more tokenizers than a thread keeps
+  // caches for, two of them disagreeing on "abc", used in turn from several threads.
+  Json without_abc = TinyByteLevel();
+  without_abc["model"]["merges"].erase(1);
+  std::vector<std::unique_ptr<HfTokenizer>> tokenizers;
+  for (int i = 0; i < 6; ++i) {
+    auto tok = LoadJson(i % 2 == 0 ? TinyByteLevel() : without_abc);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tokenizers.push_back(*std::move(tok));
+  }
+  const std::vector<int32_t> with_merge = {5, 3, 2, 4, 4};  // abc Ġ c ab ab
+  const std::vector<int32_t> without_merge = {4, 2, 3, 2, 4, 4};
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int round = 0; round < 200; ++round) {
+        for (size_t i = 0; i < tokenizers.size(); ++i) {
+          if (tokenizers[i]->Encode("abc cabab") != (i % 2 == 0 ? with_merge : without_merge)) {
+            ++mismatches;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+// A SentencePiece-style tokenizer: no pre-tokenizer, spaces become U+2581 ("▁").
+Json TinyMetaspace() {
+  return Json::parse(R"({
+    "normalizer": {"type": "Sequence", "normalizers": [
+      {"type": "Prepend", "prepend": "▁"},
+      {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+    "pre_tokenizer": null,
+    "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "fuse_unk": true,
+              "byte_fallback": true,
+              "vocab": {"<unk>": 0, "▁": 1, "a": 2, "b": 3, "▁a": 4, "▁b": 5, "<0x21>": 6},
+              "merges": ["▁ a", "▁ b"]},
+    "decoder": null,
+    "added_tokens": []
+  })");
+}
+
+TEST(HfTokenizerLoadTest, MetaspaceWordsMergeAsOneWord) {
+  auto tok = LoadJson(TinyMetaspace());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Encode("a  b!?"), (std::vector<int32_t>{4, 1, 5, 6, 0}));
+  // With a token that has "▁" after another code point, merges can cross the spaces.
+  Json crossing = TinyMetaspace();
+  crossing["model"]["vocab"]["a▁"] = 7;
+  crossing["model"]["merges"].insert(crossing["model"]["merges"].begin(), "a ▁");
+  tok = LoadJson(crossing);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Encode("a  b!?"), (std::vector<int32_t>{1, 7, 5, 6, 0}));
 }
 
 TEST(HfTokenizerLoadTest, BosAndEosComeFromTheConfig) {
