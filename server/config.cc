@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/address.h"
 #include "yaml-cpp/yaml.h"
 
@@ -34,18 +35,25 @@ absl::Status LoadDaemonConfig(const std::string& path, DaemonConfig* config) {
   }
   if (root.IsNull()) return absl::OkStatus();
   if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": must be a mapping"));
-  const std::set<std::string> known = {"listen", "state_dir", "device", "host_memory_fraction"};
+  const std::set<std::string> known = {"listen",         "state_dir",       "device",
+                                       "host_memory_fraction", "metrics_listen",
+                                       "gpu_peak_tflops", "dcgm_job_mapping_dir"};
   try {
     for (const auto& kv : root) {
       const std::string key = kv.first.Scalar();
       if (known.count(key) == 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            path, ": unknown field '", key, "' (known: listen, state_dir, device, host_memory_fraction)"));
+            path, ": unknown field '", key, "' (known: ", absl::StrJoin(known, ", "), ")"));
       }
     }
     if (root["listen"]) config->listen = root["listen"].as<std::string>();
     if (root["state_dir"]) config->state_dir = root["state_dir"].as<std::string>();
     if (root["device"]) config->device = root["device"].as<std::string>();
+    if (root["metrics_listen"]) config->metrics_listen = root["metrics_listen"].as<std::string>();
+    if (root["gpu_peak_tflops"]) config->gpu_peak_tflops = root["gpu_peak_tflops"].as<double>();
+    if (root["dcgm_job_mapping_dir"]) {
+      config->dcgm_job_mapping_dir = root["dcgm_job_mapping_dir"].as<std::string>();
+    }
     if (root["host_memory_fraction"]) {
       config->host_memory_fraction = root["host_memory_fraction"].as<double>();
     }

@@ -5,6 +5,9 @@
 //   state_dir: /var/lib/megatrain                # the job database and default checkpoints
 //   device: auto                                 # auto | cpu | cuda:N
 //   host_memory_fraction: 0.9                    # of MemTotal that jobs may be admitted with
+//   metrics_listen: 127.0.0.1:9470               # Prometheus /metrics; "" turns it off
+//   gpu_peak_tflops: 0                           # MFU's peak; 0 = measure a GEMM at start
+//   dcgm_job_mapping_dir: ""                     # e.g. /var/lib/dcgm-exporter/job-mapping
 #pragma once
 
 #include <string>
@@ -18,6 +21,9 @@ struct DaemonConfig {
   std::string state_dir;  // default: /var/lib/megatrain as root, else ~/.local/state/megatrain
   std::string device = "auto";
   double host_memory_fraction = 0.9;
+  std::string metrics_listen = "127.0.0.1:9470";
+  double gpu_peak_tflops = 0;
+  std::string dcgm_job_mapping_dir;
 };
 
 DaemonConfig DefaultDaemonConfig();

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -189,6 +190,10 @@ void JobRunner::Run(v1::Job job) {
     return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", created.status().ToString()));
   }
   Trainer& t = **created;
+  if (options_.metrics != nullptr) options_.metrics->JobStarted(job, t);
+  absl::Cleanup stopped = [&] {
+    if (options_.metrics != nullptr) options_.metrics->JobStopped(job);
+  };
   if (t.resumed_from_step() > 0) {
     job.set_resumed_from_step(t.resumed_from_step());
     Log(job.id(), absl::StrCat("resumed from the checkpoint of step ", t.resumed_from_step()));
@@ -201,6 +206,10 @@ void JobRunner::Run(v1::Job job) {
   auto save = [&]() -> absl::StatusOr<std::string> {
     absl::StatusOr<std::string> path = t.SaveCheckpoint();
     if (path.ok()) {
+      if (options_.metrics != nullptr) {
+        options_.metrics->CheckpointWritten(job, t.last_checkpoint_seconds(),
+                                            t.last_checkpoint_bytes());
+      }
       job.set_last_checkpoint(*path);
       Log(job.id(), absl::StrCat("checkpoint ", *path));
     }
@@ -243,6 +252,13 @@ void JobRunner::Run(v1::Job job) {
     if (!r.ok()) {
       job.set_error(std::string(r.status().message()));
       return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", r.status().ToString()));
+    }
+    if (options_.metrics != nullptr) {
+      options_.metrics->StepDone(job, *r);
+      if (r->saved_checkpoint) {
+        options_.metrics->CheckpointWritten(job, t.last_checkpoint_seconds(),
+                                            t.last_checkpoint_bytes());
+      }
     }
     if (r->step > 1) {  // the first step includes warm-up; leave it out of the ETA
       seconds_sum += r->seconds;

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "megatrain/v1/jobs.pb.h"
+#include "server/daemon_metrics.h"
 #include "server/event_hub.h"
 #include "server/job_store.h"
 
@@ -26,6 +27,7 @@ namespace megatrain::server {
 struct JobRunnerOptions {
   std::string device = "cpu";  // "cpu" or "cuda:N"
   std::string state_dir;       // default checkpoints: state_dir/jobs/<id>/checkpoints
+  DaemonMetrics* metrics = nullptr;  // optional: what jobs report to Prometheus
 };
 
 class JobRunner {

@@ -22,10 +22,12 @@
 #include "client/address.h"
 #include "engine/backend/factory.h"
 #include "server/config.h"
+#include "server/daemon_metrics.h"
 #include "server/event_hub.h"
 #include "server/job_runner.h"
 #include "server/job_service.h"
 #include "server/job_store.h"
+#include "server/metrics_http.h"
 #include "server/node_service.h"
 
 namespace megatrain::server {
@@ -60,7 +62,42 @@ int Run(const DaemonConfig& config) {
     return 2;
   }
   if (device == "cuda") device = "cuda:0";
-  JobRunner runner(store->get(), &hub, JobRunnerOptions{device, config.state_dir});
+  MetricsRegistry registry;
+  DaemonMetricsOptions metrics_options;
+  metrics_options.gpu = device == "cpu" ? "cpu" : device.substr(device.find(':') + 1);
+  metrics_options.dcgm_job_mapping_dir = config.dcgm_job_mapping_dir;
+  if (device != "cpu") {
+    for (const GpuInfo& g : ListGpus()) {
+      if (std::to_string(g.index) == metrics_options.gpu) metrics_options.device_name = g.name;
+    }
+  } else {
+    metrics_options.device_name = "cpu";
+  }
+  // MFU's denominator: configured, else this device's GEMM rate measured now, else the
+  // data sheet's bf16 dense peak.
+  metrics_options.peak_tflops = config.gpu_peak_tflops;
+  if (metrics_options.peak_tflops <= 0) {
+    absl::StatusOr<std::unique_ptr<Backend>> probe =
+        CreateBackend(BackendRequest{device == "cpu" ? "cpu" : "cuda"});
+    absl::StatusOr<double> measured =
+        probe.ok() ? MeasureGemmTflops(probe->get()) : absl::StatusOr<double>(probe.status());
+    metrics_options.peak_tflops =
+        measured.ok() ? *measured : KnownBf16PeakTflops(metrics_options.device_name);
+  }
+  DaemonMetrics metrics(&registry, store->get(), metrics_options);
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (!config.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+        MetricsHttpServer::Start(config.metrics_listen, &registry);
+    if (!started.ok()) {
+      std::fprintf(stderr, "megatraind: %s\n", std::string(started.status().message()).c_str());
+      return 1;
+    }
+    metrics_server = std::move(*started);
+  }
+  JobRunnerOptions runner_options{device, config.state_dir};
+  runner_options.metrics = &metrics;
+  JobRunner runner(store->get(), &hub, runner_options);
 
   // Jobs that were running when the last daemon died resume from their checkpoints.
   absl::StatusOr<std::vector<v1::Job>> running = (*store)->ListInState(v1::JOB_STATE_RUNNING);
@@ -94,8 +131,11 @@ int Run(const DaemonConfig& config) {
   }
   if (!socket.empty()) chmod(socket.c_str(), 0666);  // every lab member may connect
   runner.Start();
-  std::printf("megatraind: listening on %s, state in %s, device %s\n", config.listen.c_str(),
-              config.state_dir.c_str(), device.c_str());
+  std::printf("megatraind: listening on %s, state in %s, device %s (GEMM peak %.3g TFLOP/s), "
+              "metrics %s\n",
+              config.listen.c_str(), config.state_dir.c_str(), device.c_str(),
+              metrics_options.peak_tflops,
+              metrics_server ? absl::StrCat("http://", config.metrics_listen.substr(0, config.metrics_listen.rfind(':')), ":", metrics_server->port(), "/metrics").c_str() : "off");
   std::fflush(stdout);
 
   sigset_t signals;
@@ -127,11 +167,13 @@ int main(int argc, char** argv) {
 
   megatrain::server::DaemonConfig config = megatrain::server::DefaultDaemonConfig();
   CLI::App app{"megatraind: the megatrain training daemon"};
-  std::string config_path, listen, state_dir, device;
+  std::string config_path, listen, state_dir, device, metrics_listen = "unset";
   app.add_option("--config", config_path, "YAML config file (optional)");
   app.add_option("--listen", listen, "address: unix:/path or host:port (default " + config.listen + ")");
   app.add_option("--state-dir", state_dir, "job database and checkpoints (default " + config.state_dir + ")");
   app.add_option("--device", device, "auto | cpu");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Prometheus /metrics host:port, \"\" for none (default " + config.metrics_listen + ")");
   CLI11_PARSE(app, argc, argv);
   if (!config_path.empty()) {
     absl::Status s = megatrain::server::LoadDaemonConfig(config_path, &config);
@@ -143,5 +185,6 @@ int main(int argc, char** argv) {
   if (!listen.empty()) config.listen = listen;
   if (!state_dir.empty()) config.state_dir = state_dir;
   if (!device.empty()) config.device = device;
+  if (metrics_listen != "unset") config.metrics_listen = metrics_listen;
   return megatrain::server::Run(config);
 }

@@ -1,5 +1,7 @@
 #include "engine/backend/factory.h"
 
+#include "engine/common/status.h"
+
 #include "engine/backend/cpu_backend.h"
 #ifdef MEGATRAIN_HAS_CUDA
 #include "engine/backend/cuda_backend.h"
@@ -47,6 +49,34 @@ std::vector<GpuInfo> ListGpus() {
   }
 #endif
   return gpus;
+}
+
+absl::StatusOr<double> MeasureGemmTflops(Backend* backend) {
+  const bool cpu = backend->name() == "cpu";
+  const int64_t n = cpu ? 512 : 8192;
+  const int iterations = cpu ? 4 : 30;
+  const size_t act = static_cast<size_t>(n * n) * DTypeSize(backend->act_dtype());
+  const size_t weight = static_cast<size_t>(n * n) * DTypeSize(backend->weight_dtype());
+  ASSIGN_OR_RETURN(DeviceBuffer a, DeviceBuffer::Allocate(backend, act));
+  ASSIGN_OR_RETURN(DeviceBuffer w, DeviceBuffer::Allocate(backend, weight));
+  ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Allocate(backend, act));
+  const StreamId s = StreamId::kCompute;
+  backend->Zero(a.get(), act, s);
+  backend->Zero(w.get(), weight, s);
+  backend->Linear(out.get(), a.get(), w.get(), nullptr, n, n, n, false, s);  // warm-up
+  void* start = backend->CreateEvent();
+  void* end = backend->CreateEvent();
+  backend->Record(start, s);
+  for (int i = 0; i < iterations; ++i) {
+    backend->Linear(out.get(), a.get(), w.get(), nullptr, n, n, n, false, s);
+  }
+  backend->Record(end, s);
+  backend->EventSync(end);
+  const double seconds = backend->ElapsedSeconds(start, end);
+  backend->DestroyEvent(start);
+  backend->DestroyEvent(end);
+  if (!(seconds > 0)) return absl::InternalError("the GEMM timing came out empty");
+  return 2.0 * n * n * n * iterations / seconds / 1e12;
 }
 
 }  // namespace megatrain

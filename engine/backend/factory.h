@@ -34,4 +34,9 @@ struct GpuInfo {
 // The CUDA devices this build can use (empty without CUDA).
 std::vector<GpuInfo> ListGpus();
 
+// The dense matmul rate of `backend` in TFLOP/s, measured with its own Linear op on
+// square operands (n = 8192 on a GPU, bf16 in, fp32 accumulate; n = 512 on the CPU, in
+// its f32): the peak that MFU is reported against. Zeroed inputs; about a second.
+[[nodiscard]] absl::StatusOr<double> MeasureGemmTflops(Backend* backend);
+
 }  // namespace megatrain

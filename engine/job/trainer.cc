@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -186,6 +187,7 @@ absl::Status Trainer::Init(const JobSpec& spec) {
   po.loss_chunk_tokens = spec.loss_chunk_tokens;
   // On a GPU the device working set must not grow with depth.
   po.checkpoints_on_host = backend_->name() != "cpu";
+  po.record_timeline = true;  // per-stream busy time for the metrics
   ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(config_, store_.get(), slabs_.get(),
                                                backend_.get(), po));
   HostOptimizerOptions oo;
@@ -249,19 +251,36 @@ absl::StatusOr<StepReport> Trainer::Step() {
   const double attn = 6.0 * config_.num_layers * spec_.seq_len * config_.num_heads * config_.head_dim;
   report.model_tflops = (6.0 * num_params_ + attn) * report.tokens_per_second / 1e12;
   report.device_bytes_peak = backend_->device_bytes_peak();
+  report.device_bytes_in_use = backend_->device_bytes_in_use();
+  report.stream_busy_seconds = StreamBusySeconds(r.timeline);
+  const double optimizer_busy = optimizer_->busy_seconds();
+  report.optimizer_busy_seconds = optimizer_busy - optimizer_busy_seen_;
+  optimizer_busy_seen_ = optimizer_busy;
+  report.h2d_bytes = r.h2d_bytes;
+  report.d2h_bytes = r.d2h_bytes;
 
   const bool periodic = spec_.checkpoint_every_steps > 0 &&
                         state_.step % spec_.checkpoint_every_steps == 0;
   if (!spec_.checkpoint_dir.empty() && (periodic || done())) {
     RETURN_IF_ERROR(SaveCheckpoint().status());
+    report.saved_checkpoint = true;
   }
   return report;
+}
+
+int64_t Trainer::pinned_host_bytes() const {
+  return static_cast<int64_t>(store_->transfer_bytes() + slabs_->bytes());
+}
+
+int64_t Trainer::pageable_host_bytes() const {
+  return static_cast<int64_t>(store_->state_bytes());
 }
 
 absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   if (spec_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError("the job has no checkpoint.dir");
   }
+  const auto started = std::chrono::steady_clock::now();
   optimizer_->Drain();  // the last step's updates are in the store
   CheckpointOptions options;
   options.max_shard_bytes = static_cast<uint64_t>(spec_.max_shard_bytes);
@@ -270,6 +289,13 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
                    megatrain::SaveCheckpoint(spec_.checkpoint_dir, config_, *store_, state_, options));
   last_saved_step_ = state_.step;
   RETURN_IF_ERROR(PruneCheckpoints(spec_.checkpoint_dir, spec_.keep_last));
+  last_checkpoint_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  last_checkpoint_bytes_ = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(path, ec)) {
+    if (e.is_regular_file(ec)) last_checkpoint_bytes_ += static_cast<int64_t>(e.file_size(ec));
+  }
   return path;
 }
 

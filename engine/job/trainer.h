@@ -34,6 +34,14 @@ struct StepReport {
   double tokens_per_second = 0;
   double model_tflops = 0;   // 6 * params * tokens (+ attention), per second, / 1e12
   int64_t device_bytes_peak = 0;  // device memory high-water mark (0 on the CPU backend)
+  int64_t device_bytes_in_use = 0;
+  // Busy seconds of this step per stream (CUDA event or thread timings), by StreamId, and
+  // of the optimizer thread (AdamW of this step's gradients may finish in the next one).
+  std::array<double, kNumStreams> stream_busy_seconds{};
+  double optimizer_busy_seconds = 0;
+  int64_t h2d_bytes = 0;     // PCIe traffic of the step
+  int64_t d2h_bytes = 0;
+  bool saved_checkpoint = false;  // Step() wrote one (Trainer::last_checkpoint_*())
 };
 
 // The tokenizer data.tokenizer names; *dir is the folder whose tokenizer files
@@ -67,11 +75,18 @@ class Trainer {
 
   // Writes a checkpoint of the state after the last completed step and prunes old ones.
   [[nodiscard]] absl::StatusOr<std::string> SaveCheckpoint();
+  // The last checkpoint written: seconds it took (drain, write, fsync, prune) and bytes.
+  double last_checkpoint_seconds() const { return last_checkpoint_seconds_; }
+  int64_t last_checkpoint_bytes() const { return last_checkpoint_bytes_; }
 
   const ModelConfig& config() const { return config_; }
   const JobSpec& spec() const { return spec_; }
   std::string backend_name() const { return backend_->name(); }
   const HostStore& store() const { return *store_; }
+  // Host bytes page-locked for transfers (bf16 weights, gradient slabs) and pageable
+  // (fp32 master weights and moments).
+  int64_t pinned_host_bytes() const;
+  int64_t pageable_host_bytes() const;
   int64_t num_parameters() const { return num_params_; }
   // What building (or reusing) the tokenized dataset found.
   const DatasetStats& dataset_stats() const { return dataset_stats_; }
@@ -90,6 +105,9 @@ class Trainer {
   std::unique_ptr<HostOptimizer> optimizer_;
   std::unique_ptr<Packer> packer_;
   DatasetStats dataset_stats_;
+  double optimizer_busy_seen_ = 0;
+  double last_checkpoint_seconds_ = 0;
+  int64_t last_checkpoint_bytes_ = 0;
   std::vector<MicroBatch> batches_;
   TrainerState state_;
   int64_t resumed_from_ = 0;

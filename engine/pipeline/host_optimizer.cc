@@ -3,6 +3,7 @@
 #include <numa.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "engine/optim/clip.h"
@@ -65,7 +66,10 @@ void HostOptimizer::Loop() {
       std::sort(held.begin(), held.end(),
                 [](const Item& a, const Item& b) { return a.unit < b.unit; });
       for (const Item& h : held) {
+        const auto t0 = std::chrono::steady_clock::now();
         Update(h, h.slab, item.coef);
+        busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - t0).count();
         pool_->Release(h.slab);
         std::lock_guard<std::mutex> done(mu_);
         pending_[h.unit] = false;
@@ -78,12 +82,15 @@ void HostOptimizer::Loop() {
     }
     lock.unlock();
     backend_->EventSync(item.ready);
+    const auto t0 = std::chrono::steady_clock::now();
     const double ss = SumOfSquares(item.slab, store_->unit_elements(item.unit));
     const bool clipping = options_.max_grad_norm > 0;
     if (!clipping) {
       Update(item, item.slab, 1.0f);
       pool_->Release(item.slab);
     }
+    busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - t0).count();
     lock.lock();
     sum_squares_ += ss;
     if (clipping) {

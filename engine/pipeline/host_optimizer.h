@@ -12,6 +12,7 @@
 // Thread-safe: Submit() and Finish() are called from the pipeline thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -46,6 +47,8 @@ class HostOptimizer final : public GradSink {
   void AwaitUnit(int64_t unit) override;
   // Blocks until every update is applied (before reading the store: checkpoints).
   void Drain();
+  // Seconds the optimizer thread has spent on gradients (norms and AdamW) since creation.
+  double busy_seconds() const { return busy_ns_.load(std::memory_order_relaxed) / 1e9; }
 
  private:
   struct Item {
@@ -74,6 +77,7 @@ class HostOptimizer final : public GradSink {
   double sum_squares_ = 0;  // this step's, worker-only until Finish
   std::vector<Item> held_;  // clipping: waiting for the norm
   bool stop_ = false;
+  std::atomic<int64_t> busy_ns_{0};
   std::thread worker_;
 };
 

@@ -1,5 +1,6 @@
 #include "engine/pipeline/pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -171,6 +172,7 @@ void Pipeline::EnsureLoaded(int64_t layer) {
   sink_->AwaitUnit(unit);  // the previous step's update of this layer is applied
   backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());
   const int span = SpanBegin(StreamId::kH2D, "h2d w " + std::to_string(layer));
+  h2d_bytes_ += 2 * store_->unit_elements(unit);
   backend_->UploadWeights(slots_[s].get(), store_->weights(unit), store_->unit_elements(unit),
                           StreamId::kH2D);
   SpanEnd(span);
@@ -221,6 +223,7 @@ void Pipeline::SaveCheckpointToHost(int64_t layer) {
   backend_->Record(saved.get(), StreamId::kCompute);  // x_layer is complete
   backend_->StreamWait(StreamId::kD2H, saved.get());
   const int span = SpanBegin(StreamId::kD2H, "d2h x " + std::to_string(layer));
+  d2h_bytes_ += static_cast<int64_t>(cur_[layer % 2].bytes());
   backend_->CopyToHost(HostCheckpoint(layer), cur_[layer % 2].get(), cur_[layer % 2].bytes(),
                        StreamId::kD2H);
   SpanEnd(span);
@@ -233,6 +236,7 @@ void Pipeline::LoadSegmentInput(int64_t c) {
   if (seg_in_layer_[i] == c) return;
   backend_->StreamWait(StreamId::kH2D, seg_in_free_[i].get());
   const int span = SpanBegin(StreamId::kH2D, "h2d x " + std::to_string(c));
+  h2d_bytes_ += static_cast<int64_t>(seg_in_[i].bytes());
   backend_->CopyToDevice(seg_in_[i].get(), HostCheckpoint(c), seg_in_[i].bytes(), StreamId::kH2D);
   SpanEnd(span);
   backend_->Record(seg_in_loaded_[i].get(), StreamId::kH2D);
@@ -250,6 +254,7 @@ void Pipeline::DrainGradient(int64_t unit, void* device_grad, void* done_event,
   float* slab = slabs_->Acquire();
   backend_->StreamWait(StreamId::kD2H, done_event);
   const int span = SpanBegin(StreamId::kD2H, "d2h g " + std::to_string(unit));
+  d2h_bytes_ += 4 * store_->unit_elements(unit);
   backend_->DownloadGrads(slab, device_grad, store_->unit_elements(unit), StreamId::kD2H);
   SpanEnd(span);
   if (free_event != nullptr) backend_->Record(free_event, StreamId::kD2H);
@@ -279,6 +284,7 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   const double scale = num_targets > 0 ? 1.0 / num_targets : 0.0;
   std::fill(slot_layer_.begin(), slot_layer_.end(), -1);  // the optimizer changed weights
   num_spans_ = 0;
+  h2d_bytes_ = d2h_bytes_ = 0;
   if (options_.record_timeline) {
     if (timeline_zero_.get() == nullptr) timeline_zero_ = Event(backend_);
     be.Record(timeline_zero_.get(), StreamId::kH2D);
@@ -295,11 +301,13 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
     be.CopyToDevice(base + 2 * n, b.doc_start.data(), n * 4, StreamId::kH2D);
     be.CopyToDevice(base + 3 * n, b.positions.data(), n * 4, StreamId::kH2D);
     db[m] = DeviceBatch{n, base, base + n, base + 2 * n, base + 3 * n};
+    h2d_bytes_ += 16 * n;
   }
   be.Record(inputs_loaded_.get(), StreamId::kH2D);
   const int64_t eu = ModelLayout::EmbeddingUnit(), hu = layout.HeadUnit();
   sink_ = sink;
   sink->AwaitUnit(eu);
+  h2d_bytes_ += 2 * (store_->unit_elements(eu) + store_->unit_elements(hu));
   be.UploadWeights(embed_slot_.get(), store_->weights(eu), store_->unit_elements(eu),
                    StreamId::kH2D);
   be.Record(embed_loaded_.get(), StreamId::kH2D);
@@ -355,6 +363,7 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   SpanEnd(head_span);
   be.Record(losses_ready_.get(), StreamId::kCompute);
   be.StreamWait(StreamId::kD2H, losses_ready_.get());
+  d2h_bytes_ += static_cast<int64_t>(host_losses_.size());
   be.CopyToHost(host_losses_.data(), losses_.get(), host_losses_.size(), StreamId::kD2H);
   // Complete here even when tied: the tied lm_head gradient lands in the embedding's.
   DrainGradient(hu, head_grad_.get(), losses_ready_.get(), nullptr, sink);
@@ -426,6 +435,8 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   result.num_targets = num_targets;
   result.loss = num_targets > 0 ? loss_sum / num_targets : 0.0;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  result.h2d_bytes = h2d_bytes_;
+  result.d2h_bytes = d2h_bytes_;
   for (int i = 0; i < num_spans_; ++i) {
     const Span& span = spans_[i];
     result.timeline.push_back(
@@ -434,6 +445,30 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
                      1e3 * be.ElapsedSeconds(timeline_zero_.get(), span.end.get())});
   }
   return result;
+}
+
+std::array<double, kNumStreams> StreamBusySeconds(const std::vector<TimelineSpan>& timeline) {
+  std::array<double, kNumStreams> busy{};
+  for (int s = 0; s < kNumStreams; ++s) {
+    std::vector<std::pair<double, double>> spans;
+    for (const TimelineSpan& t : timeline) {
+      if (static_cast<int>(t.stream) == s) spans.emplace_back(t.start_ms, t.end_ms);
+    }
+    std::sort(spans.begin(), spans.end());
+    double total_ms = 0, open = 0, close = -1;
+    for (const auto& [a, b] : spans) {
+      if (a > close) {
+        if (close > open) total_ms += close - open;
+        open = a;
+        close = b;
+      } else {
+        close = std::max(close, b);
+      }
+    }
+    if (close > open) total_ms += close - open;
+    busy[s] = total_ms / 1e3;
+  }
+  return busy;
 }
 
 }  // namespace megatrain

@@ -64,8 +64,14 @@ struct StepResult {
   int64_t num_targets = 0;
   double grad_norm = 0;       // global L2 norm before clipping
   double seconds = 0;
+  int64_t h2d_bytes = 0;      // host -> device this step: weights, checkpoints, inputs
+  int64_t d2h_bytes = 0;      // device -> host: gradients, checkpoints, losses
   std::vector<TimelineSpan> timeline;  // when PipelineOptions::record_timeline
 };
+
+// Seconds each stream was busy in `timeline`: the length of the union of its spans
+// (overlapping spans on one stream count once). Indexed by StreamId.
+std::array<double, kNumStreams> StreamBusySeconds(const std::vector<TimelineSpan>& timeline);
 
 class Pipeline {
  public:
@@ -152,6 +158,7 @@ class Pipeline {
   };
   std::vector<Span> spans_;  // reused across steps; grows on the first
   int num_spans_ = 0;
+  int64_t h2d_bytes_ = 0, d2h_bytes_ = 0;  // this step's transfers, counted as enqueued
   Event timeline_zero_;
 };
 
