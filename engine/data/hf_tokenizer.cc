@@ -20,10 +20,11 @@ namespace megatrain {
 
 namespace {
 
-// A direct-mapped cache of pre-token -> ids: a pre-token hashes to one slot, which holds
-// the last pre-token that landed there. Bounded (1 MiB), never allocates after
-// construction. English text reuses a few thousand pre-tokens, so most are hits. A key is
-// the pre-token zero-padded to kMaxWordBytes, hashed and compared a word at a time.
+// A cache of pre-token -> ids, two-way set-associative: a pre-token hashes to one pair of
+// slots, which hold the last two pre-tokens that landed there. Bounded (1 MiB), never
+// allocates after construction. English text reuses a few thousand pre-tokens, so almost
+// all are hits. A key is the pre-token zero-padded to kMaxWordBytes, hashed and compared a
+// word at a time.
 class WordCache {
  public:
   static constexpr size_t kMaxWordBytes = 24;
@@ -45,32 +46,39 @@ class WordCache {
 
   // Appends the ids of `key` and returns true, or returns false.
   bool Find(const Key& key, std::vector<int32_t>* ids) const {
-    const Slot& slot = slots_[Index(key)];
-    if (slot.size != key.size || slot.words[0] != key.words[0] || slot.words[1] != key.words[1] ||
-        slot.words[2] != key.words[2]) {
-      return false;
+    const Slot* set = &slots_[SetIndex(key) * 2];
+    for (const Slot* slot = set; slot < set + 2; ++slot) {
+      if (slot->Holds(key)) {
+        for (uint32_t i = 0; i < slot->num_ids; ++i) ids->push_back(slot->ids[i]);
+        return true;
+      }
     }
-    for (uint32_t i = 0; i < slot.num_ids; ++i) ids->push_back(slot.ids[i]);
-    return true;
+    return false;
   }
 
-  // Keeps `ids` for `key` unless there are too many for a slot.
+  // Keeps `ids` for `key`, in place of the older of its set, unless there are too many.
   void Insert(const Key& key, absl::Span<const int32_t> ids) {
     if (ids.size() > kMaxIds) return;
-    Slot& slot = slots_[Index(key)];
-    std::copy(std::begin(key.words), std::end(key.words), slot.words);
-    slot.size = static_cast<uint32_t>(key.size);
-    slot.num_ids = static_cast<uint32_t>(ids.size());
-    std::copy(ids.begin(), ids.end(), slot.ids);
+    Slot* set = &slots_[SetIndex(key) * 2];
+    set[1] = set[0];
+    std::copy(std::begin(key.words), std::end(key.words), set[0].words);
+    set[0].size = static_cast<uint32_t>(key.size);
+    set[0].num_ids = static_cast<uint32_t>(ids.size());
+    std::copy(ids.begin(), ids.end(), set[0].ids);
   }
 
  private:
-  static constexpr int kSlotBits = 14;
+  static constexpr int kSetBits = 13;
   struct Slot {
     uint64_t words[kMaxWordBytes / 8] = {};
     uint32_t size = 0;  // 0: empty (an empty pre-token is never looked up)
     uint32_t num_ids = 0;
     int32_t ids[kMaxIds];
+
+    bool Holds(const Key& key) const {
+      return size == key.size && words[0] == key.words[0] && words[1] == key.words[1] &&
+             words[2] == key.words[2];
+    }
   };
   static_assert(sizeof(Slot) == 64);
 
@@ -94,13 +102,13 @@ class WordCache {
     return byte(0) | byte(size / 2) | byte(size - 1);
   }
 
-  static size_t Index(const Key& key) {
+  static size_t SetIndex(const Key& key) {
     uint64_t h = key.size;
     for (uint64_t word : key.words) h = (h ^ word) * 0x9E3779B97F4A7C15ull;
-    return static_cast<size_t>(h >> (64 - kSlotBits));
+    return static_cast<size_t>(h >> (64 - kSetBits));
   }
 
-  std::vector<Slot> slots_ = std::vector<Slot>(size_t{1} << kSlotBits);
+  std::vector<Slot> slots_ = std::vector<Slot>(size_t{2} << kSetBits);
 };
 
 constexpr absl::string_view kMetaspace = "\xE2\x96\x81";  // U+2581
@@ -180,6 +188,20 @@ absl::string_view HfTokenizer::Normalize(absl::string_view section, Scratch* scr
     } else if (step.kind == NormalizerStep::kPrepend) {
       out.assign(step.to);
       out.append(text.data(), text.size());
+    } else if (step.from.size() == 1) {  // kReplace of one byte (" " -> "▁"): byte by byte
+      const char from = step.from[0];
+      if (text.find(from) == absl::string_view::npos) continue;
+      out.resize(text.size() * std::max<size_t>(step.to.size(), 1));
+      char* end = out.data();
+      for (char c : text) {
+        if (c == from) {
+          std::memcpy(end, step.to.data(), step.to.size());
+          end += step.to.size();
+        } else {
+          *end++ = c;
+        }
+      }
+      out.resize(end - out.data());
     } else {  // kReplace: every `from`, left to right, without overlaps
       size_t hit = text.find(step.from);
       if (hit == absl::string_view::npos) continue;
@@ -208,15 +230,21 @@ void HfTokenizer::EncodeSection(absl::string_view section, Scratch* scratch,
     split_->Split(text, &scratch->pieces);
     for (absl::string_view piece : scratch->pieces) EncodePreToken(piece, scratch, ids);
   } else if (split_before_metaspace_) {
+    // Pieces are a few bytes long: a byte loop, not a search call per piece.
     size_t begin = 0;
-    for (size_t hit = text.find(kMetaspace, 1); hit != absl::string_view::npos;
-         hit = text.find(kMetaspace, hit + kMetaspace.size())) {
-      if (hit >= kMetaspace.size() &&
-          text.substr(hit - kMetaspace.size(), kMetaspace.size()) == kMetaspace) {
-        continue;  // a run of U+2581 stays in one piece
+    bool after_metaspace = false;  // text[i - 3, i) is U+2581
+    for (size_t i = 0; i < text.size();) {
+      if (text[i] == kMetaspace[0] && text.substr(i, kMetaspace.size()) == kMetaspace) {
+        if (i > begin && !after_metaspace) {  // a run of U+2581 stays in one piece
+          EncodePreToken(text.substr(begin, i - begin), scratch, ids);
+          begin = i;
+        }
+        after_metaspace = true;
+        i += kMetaspace.size();
+      } else {
+        after_metaspace = false;
+        ++i;
       }
-      EncodePreToken(text.substr(begin, hit - begin), scratch, ids);
-      begin = hit;
     }
     EncodePreToken(text.substr(begin), scratch, ids);
   } else {
