@@ -166,8 +166,9 @@ def read_safetensors_header(path):
 class Daemon:
     """One megatraind process on a Unix socket and a state folder under `root`."""
 
-    def __init__(self, root):
+    def __init__(self, root, metrics_listen="127.0.0.1:0"):
         self.root = root
+        self.metrics_listen = metrics_listen  # port 0: tests run side by side
         self.socket = os.path.join(root, "sock")
         self.state_dir = os.path.join(root, "state")
         self.addr = "unix:" + self.socket
@@ -182,7 +183,8 @@ class Daemon:
             log.write(f"=== start {self.starts}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [MEGATRAIND, "--listen", self.addr, "--state-dir", self.state_dir],
+                [MEGATRAIND, "--listen", self.addr, "--state-dir", self.state_dir,
+                 "--metrics-listen", self.metrics_listen],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + WAIT_S
         while True:
