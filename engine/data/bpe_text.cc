@@ -52,6 +52,17 @@ constexpr absl::string_view kWhiteSpaceClassBody =
     "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
     "\\x{202F}\\x{205F}\\x{3000}";
 
+// The ASCII members of a property ("p{L}" -> "A-Za-z"), or "". Listing them beside the
+// property is the same set, but PCRE2 then tests ASCII against a bitmap instead of
+// looking up the property.
+absl::string_view AsciiMembers(absl::string_view property) {
+  if (property == "p{L}") return "A-Za-z";
+  if (property == "p{Lu}") return "A-Z";
+  if (property == "p{Ll}") return "a-z";
+  if (property == "p{N}") return "0-9";
+  return "";
+}
+
 bool IsAsciiLetter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 char OtherCase(char c) { return (c >= 'a' && c <= 'z') ? c - 'a' + 'A' : c - 'A' + 'a'; }
 
@@ -278,10 +289,8 @@ absl::StatusOr<std::string> RewriteOnigurumaPattern(absl::string_view pattern) {
           return absl::InvalidArgumentError(
               absl::StrCat("'\\", std::string(1, e), "' without {...}"));
         }
-        // \p{L} and \p{N} also list their ASCII members: the same set, but PCRE2 then
-        // tests ASCII against a bitmap instead of looking up the property.
         const absl::string_view escape = pattern.substr(i, close - i + 1);
-        const absl::string_view ascii = escape == "p{L}" ? "A-Za-z" : escape == "p{N}" ? "0-9" : "";
+        const absl::string_view ascii = AsciiMembers(escape);
         if (ascii.empty()) {
           absl::StrAppend(&out, "\\", escape);
         } else if (in_class) {
