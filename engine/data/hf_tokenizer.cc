@@ -140,6 +140,16 @@ HfTokenizer::Scratch& HfTokenizer::ThreadScratch() const {
   return *entry.scratch;
 }
 
+size_t HfTokenizer::NextAddedTokenStart(absl::string_view text, size_t i) const {
+  if (num_added_first_bytes_ == 0 || i >= text.size()) return text.size();
+  if (num_added_first_bytes_ == 1) {  // all start with '<' in the tokenizers we know
+    const void* hit = std::memchr(text.data() + i, added_first_byte_, text.size() - i);
+    return hit == nullptr ? text.size() : static_cast<const char*>(hit) - text.data();
+  }
+  while (i < text.size() && !starts_added_[static_cast<unsigned char>(text[i])]) ++i;
+  return i;
+}
+
 const HfTokenizer::AddedToken* HfTokenizer::MatchAddedToken(absl::string_view text) const {
   for (int32_t index : added_by_first_byte_[static_cast<unsigned char>(text[0])]) {
     const AddedToken& token = added_[index];
@@ -159,19 +169,18 @@ std::vector<int32_t> HfTokenizer::Encode(absl::string_view input) const {
   std::vector<int32_t> ids;
   ids.reserve(view.size() / 3 + 4);
   size_t start = 0;  // first byte not yet encoded
-  size_t i = 0;
+  size_t i = NextAddedTokenStart(view, 0);
   while (i < view.size()) {
-    const AddedToken* added = starts_added_[static_cast<unsigned char>(view[i])]
-                                  ? MatchAddedToken(view.substr(i))
-                                  : nullptr;
+    const AddedToken* added = MatchAddedToken(view.substr(i));
     if (added == nullptr) {
-      ++i;
+      i = NextAddedTokenStart(view, i + 1);
       continue;
     }
     EncodeSection(view.substr(start, i - start), &scratch, &ids);
     ids.push_back(added->id);
     i += added->content.size();
     start = i;
+    i = NextAddedTokenStart(view, i);
   }
   EncodeSection(view.substr(start), &scratch, &ids);
   return ids;

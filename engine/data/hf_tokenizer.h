@@ -83,6 +83,8 @@ class HfTokenizer final : public Tokenizer {
   absl::string_view Normalize(absl::string_view section, Scratch* scratch) const;
   void EncodePreToken(absl::string_view pre_token, Scratch* scratch,
                       std::vector<int32_t>* ids) const;
+  // The first index from `i` on where an added token may start, or text.size().
+  size_t NextAddedTokenStart(absl::string_view text, size_t i) const;
   // Longest added token at the start of `text`, or nullptr.
   const AddedToken* MatchAddedToken(absl::string_view text) const;
   static void ApplyDecoderStep(const DecoderStep& step,
@@ -106,6 +108,8 @@ class HfTokenizer final : public Tokenizer {
   std::vector<AddedToken> added_;
   std::vector<std::vector<int32_t>> added_by_first_byte_;  // [256] -> indices, longest first
   std::array<bool, 256> starts_added_{};  // [byte]: some added token starts with it
+  int num_added_first_bytes_ = 0;         // distinct bytes that start added tokens
+  char added_first_byte_ = 0;             // the one, when num_added_first_bytes_ == 1
   absl::flat_hash_set<std::string> added_contents_;
   std::vector<std::string> id_to_token_;  // [vocab_size_]
 

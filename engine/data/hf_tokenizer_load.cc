@@ -269,7 +269,9 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
     for (size_t i = 0; i < tok->added_.size(); ++i) {
       const unsigned char first = static_cast<unsigned char>(tok->added_[i].content[0]);
       tok->added_by_first_byte_[first].push_back(static_cast<int32_t>(i));
+      if (!tok->starts_added_[first]) ++tok->num_added_first_bytes_;
       tok->starts_added_[first] = true;
+      tok->added_first_byte_ = static_cast<char>(first);
     }
     for (std::vector<int32_t>& bucket : tok->added_by_first_byte_) {
       std::stable_sort(bucket.begin(), bucket.end(), [&](int32_t a, int32_t b) {

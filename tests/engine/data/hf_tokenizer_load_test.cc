@@ -126,6 +126,17 @@ TEST(HfTokenizerLoadTest, MergesApplyByRankAndAddedTokensAreNeverSplit) {
   EXPECT_EQ((*tok)->Decode({8}).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+TEST(HfTokenizerLoadTest, AddedTokensMayStartWithDifferentBytes) {
+  Json doc = TinyByteLevel();
+  Json hashes = doc["added_tokens"][0];
+  hashes["id"] = 8;
+  hashes["content"] = "##";
+  doc["added_tokens"].push_back(hashes);
+  auto tok = LoadJson(doc);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Encode("a##b<eos><eos>#c<"), (std::vector<int32_t>{0, 8, 1, 7, 7, 2}));
+}
+
 TEST(HfTokenizerLoadTest, EachTokenizerKeepsItsOwnIdsOnEveryThread) {
   // Pre-tokens are cached per thread and tokenizer: more tokenizers than a thread keeps
   // caches for, two of them disagreeing on "abc", used in turn from several threads.
