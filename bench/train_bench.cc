@@ -6,6 +6,7 @@
 //               [--heads 32] [--kv-heads 8] [--vocab 32000] [--seq 1024] [--rows 4]
 //               [--micro-batches 4] [--steps 4] [--k 1] [--peak-tflops 700]
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -136,7 +137,14 @@ int main(int argc, char** argv) {
   nlohmann::json steps_json = nlohmann::json::array();
   StepResult last;
   double best = 1e30;
+  // Steady state (every step after the first): wall time, per-stream busy time (CUDA
+  // events), optimizer thread busy time and PCIe bytes, summed; what the daemon's
+  // metrics report as rates.
+  double steady_seconds = 0, steady_optimizer = 0;
+  int64_t steady_h2d = 0, steady_d2h = 0;
+  std::array<double, kNumStreams> steady_busy{};
   for (int64_t s = 0; s < steps; ++s) {
+    const double optimizer_before = opt.busy_seconds();
     opt.BeginStep(1e-5, s + 1);
     absl::StatusOr<StepResult> r = (*p)->Step(batches, &opt);
     if (!r.ok()) {
@@ -144,6 +152,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     steps_json.push_back({{"seconds", r->seconds}, {"loss", r->loss}});
+    if (s > 0) {
+      steady_seconds += r->seconds;
+      steady_optimizer += opt.busy_seconds() - optimizer_before;
+      steady_h2d += r->h2d_bytes;
+      steady_d2h += r->d2h_bytes;
+      const std::array<double, kNumStreams> busy = StreamBusySeconds(r->timeline);
+      for (int i = 0; i < kNumStreams; ++i) steady_busy[i] += busy[i];
+    }
     if (s > 0) best = std::min(best, r->seconds);
     last = *r;
   }
@@ -191,6 +207,19 @@ int main(int argc, char** argv) {
       {"h2d_time_overlapped_with_compute", h2d_overlap},
       {"d2h_time_overlapped_with_compute", d2h_overlap},
       {"timeline_sample", sample},
+      {"steady_state",
+       {{"steps", steps - 1},
+        {"seconds", steady_seconds},
+        {"busy_fraction_of_wall",
+         {{"compute", steady_busy[0] / std::max(1e-9, steady_seconds)},
+          {"h2d", steady_busy[1] / std::max(1e-9, steady_seconds)},
+          {"d2h", steady_busy[2] / std::max(1e-9, steady_seconds)},
+          {"optimizer", steady_optimizer / std::max(1e-9, steady_seconds)}}},
+        {"pcie_bytes_per_second",
+         {{"h2d", steady_h2d / std::max(1e-9, steady_seconds)},
+          {"d2h", steady_d2h / std::max(1e-9, steady_seconds)}}},
+        {"pcie_bytes_per_step", {{"h2d", steady_h2d / std::max<int64_t>(1, steps - 1)},
+                                 {"d2h", steady_d2h / std::max<int64_t>(1, steps - 1)}}}}},
       {"steps", steps_json},
   };
   std::printf("%s\n", out.dump(2).c_str());

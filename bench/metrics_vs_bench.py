@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Checks megatraind's exported PCIe rates and stream busy fractions against train_bench's
+own measurement of the same model shape on the same machine (issue: metrics agree with
+the benchmarks within 10%).
+
+  1. starts megatraind (metrics on a free port), submits a random-init job of the shape,
+     reads /metrics twice, STEADY_S apart, once the job is past its warm-up steps, and
+     turns the counters into rates: bytes/s per direction, busy seconds per second per
+     stream (compute, h2d, d2h, optimizer);
+  2. runs train_bench on the same shape and reads its steady_state figures;
+  3. prints one JSON object with both and their relative differences.
+
+Usage: metrics_vs_bench.py BIN_DIR [--steady-seconds 30] [shape flags as train_bench]
+Standard library only; run on the GPU box (deploy/bundle.sh output's bin/).
+"""
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        values[name_labels] = float(value)
+    return values
+
+
+def pick(values, name, **labels):
+    total, found = 0.0, False
+    for key, v in values.items():
+        if not key.startswith(name + "{") and key != name:
+            continue
+        if all(f'{k}="{val}"' in key for k, val in labels.items()):
+            total += v
+            found = True
+    if not found:
+        raise KeyError(f"{name} {labels} not in /metrics")
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin_dir")
+    ap.add_argument("--steady-seconds", type=float, default=30)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=3584)
+    ap.add_argument("--intermediate", type=int, default=18944)
+    ap.add_argument("--heads", type=int, default=28)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=152064)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--k", type=int, default=1)
+    ap.add_argument("--bench-steps", type=int, default=8)
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="metrics-vs-bench-")
+
+    # A dataset of random words (byte tokenizer: every id < 258 fits any vocab).
+    rng = random.Random(0)
+    words = "the of and to in is was for on that with as by at from his an were are".split()
+    with open(os.path.join(tmp, "data.jsonl"), "w") as f:
+        for _ in range(4000):
+            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(400))}) + "\n")
+    config = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": a.hidden,
+              "intermediate_size": a.intermediate, "num_hidden_layers": a.layers,
+              "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
+              "vocab_size": a.vocab, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+              "tie_word_embeddings": False}
+    spec = (f"name: metrics-vs-bench\nmodel:\n  config: {json.dumps(config)}\n"
+            f"data: {{path: data.jsonl, tokenizer: byte, seq_len: {a.seq}}}\n"
+            f"train: {{steps: 100000, micro_batch_rows: {a.rows}, micro_batches: "
+            f"{a.micro_batches}, lr: 1.0e-5, max_grad_norm: 1.0, "
+            f"activation_checkpoint_every: {a.k}}}\nbackend: cuda\n")
+    with open(os.path.join(tmp, "job.yaml"), "w") as f:
+        f.write(spec)
+
+    port = free_port()
+    sock = os.path.join(tmp, "sock")
+    log = open(os.path.join(tmp, "megatraind.log"), "wb")
+    daemon = subprocess.Popen([os.path.join(a.bin_dir, "megatraind"), "--listen", "unix:" + sock,
+                               "--state-dir", os.path.join(tmp, "state"),
+                               "--metrics-listen", f"127.0.0.1:{port}"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    env = dict(os.environ, MEGATRAIN_ADDR="unix:" + sock)
+    cli = os.path.join(a.bin_dir, "megatrain")
+    for _ in range(600):
+        if subprocess.run([cli, "node"], env=env, capture_output=True).returncode == 0:
+            break
+        time.sleep(0.1)
+    out = subprocess.run([cli, "-o", "json", "submit", os.path.join(tmp, "job.yaml")], env=env,
+                         capture_output=True, text=True, cwd=tmp)
+    if out.returncode != 0:
+        sys.exit(f"submit failed: {out.stdout}{out.stderr}")
+    job = str(json.loads(out.stdout)["id"])
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            try:
+                if pick(scrape(port), "megatrain_job_step", job=job) >= 3:
+                    break
+            except (KeyError, OSError):
+                pass
+            time.sleep(0.5)
+        s1, t1 = scrape(port), time.time()
+        time.sleep(a.steady_seconds)
+        s2, t2 = scrape(port), time.time()
+    finally:
+        subprocess.run([cli, "cancel", job], env=env, capture_output=True)
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(120)
+    dt = t2 - t1
+    metrics = {
+        "window_seconds": dt,
+        "steps": pick(s2, "megatrain_steps_total", job=job) - pick(s1, "megatrain_steps_total", job=job),
+        "pcie_bytes_per_second": {
+            d: (pick(s2, "megatrain_pcie_bytes_total", job=job, direction=d) -
+                pick(s1, "megatrain_pcie_bytes_total", job=job, direction=d)) / dt
+            for d in ("h2d", "d2h")},
+        "busy_fraction_of_wall": {
+            s: (pick(s2, "megatrain_stream_busy_seconds_total", job=job, stream=s) -
+                pick(s1, "megatrain_stream_busy_seconds_total", job=job, stream=s)) / dt
+            for s in ("compute", "h2d", "d2h", "optimizer")},
+        "tokens_per_second": (pick(s2, "megatrain_tokens_total", job=job) -
+                              pick(s1, "megatrain_tokens_total", job=job)) / dt,
+    }
+    bench = subprocess.run(
+        [os.path.join(a.bin_dir, "train_bench"), "--backend", "cuda", "--hidden", str(a.hidden),
+         "--intermediate", str(a.intermediate), "--layers", str(a.layers), "--heads", str(a.heads),
+         "--kv-heads", str(a.kv_heads), "--vocab", str(a.vocab), "--seq", str(a.seq),
+         "--rows", str(a.rows), "--micro-batches", str(a.micro_batches), "--k", str(a.k),
+         "--steps", str(a.bench_steps), "--max-grad-norm", "1.0"],
+        capture_output=True, text=True)
+    if bench.returncode != 0:
+        sys.exit(f"train_bench failed: {bench.stderr}")
+    b = json.loads(bench.stdout)["steady_state"]
+    b_tokens = json.loads(bench.stdout)["tokens_per_step"] * b["steps"] / b["seconds"]
+    diffs = {}
+    for d in ("h2d", "d2h"):
+        diffs[f"pcie_{d}"] = metrics["pcie_bytes_per_second"][d] / b["pcie_bytes_per_second"][d] - 1
+    for s in ("compute", "h2d", "d2h", "optimizer"):
+        diffs[f"busy_{s}"] = metrics["busy_fraction_of_wall"][s] / b["busy_fraction_of_wall"][s] - 1
+    diffs["tokens_per_second"] = metrics["tokens_per_second"] / b_tokens - 1
+    worst = max(abs(v) for v in diffs.values())
+    print(json.dumps({"benchmark": "metrics_vs_bench", "metrics": metrics, "train_bench": b,
+                      "train_bench_tokens_per_second": b_tokens, "relative_difference": diffs,
+                      "worst_abs_relative_difference": worst, "within_10_percent": worst <= 0.10},
+                     indent=2))
+
+
+if __name__ == "__main__":
+    main()
