@@ -73,6 +73,7 @@ def main():
     ap.add_argument("--k", type=int, default=1)
     ap.add_argument("--bench-steps", type=int, default=8)
     a = ap.parse_args()
+    a.bin_dir = os.path.abspath(a.bin_dir)
     tmp = tempfile.mkdtemp(prefix="metrics-vs-bench-")
 
     # A dataset of random words (byte tokenizer: every id < 258 fits any vocab).
