@@ -113,16 +113,16 @@ MetricLabels DaemonMetrics::JobLabels(const v1::Job& job) const {
   return {{"job", std::to_string(job.id())}, {"user", job.owner()}, {"gpu", options_.gpu}};
 }
 
-void DaemonMetrics::JobStarted(const v1::Job& job, const Trainer& trainer) {
+void DaemonMetrics::JobStarted(const v1::Job& job, int64_t pinned_host_bytes,
+                               int64_t pageable_host_bytes, int64_t step, int64_t total_steps) {
   MetricLabels l = JobLabels(job);
   MetricLabels pinned = l, pageable = l;
   pinned["kind"] = "pinned";
   pageable["kind"] = "pageable";
-  registry_->Set("megatrain_host_store_bytes", pinned, static_cast<double>(trainer.pinned_host_bytes()));
-  registry_->Set("megatrain_host_store_bytes", pageable,
-                 static_cast<double>(trainer.pageable_host_bytes()));
-  registry_->Set("megatrain_job_step", l, static_cast<double>(trainer.step()));
-  registry_->Set("megatrain_job_total_steps", l, static_cast<double>(trainer.spec().steps));
+  registry_->Set("megatrain_host_store_bytes", pinned, static_cast<double>(pinned_host_bytes));
+  registry_->Set("megatrain_host_store_bytes", pageable, static_cast<double>(pageable_host_bytes));
+  registry_->Set("megatrain_job_step", l, static_cast<double>(step));
+  registry_->Set("megatrain_job_total_steps", l, static_cast<double>(total_steps));
   for (const char* stream : {"compute", "h2d", "d2h", "optimizer"}) {
     MetricLabels s = l;
     s["stream"] = stream;

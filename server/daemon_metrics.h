@@ -32,7 +32,9 @@ class DaemonMetrics {
  public:
   DaemonMetrics(MetricsRegistry* registry, JobStore* store, const DaemonMetricsOptions& options);
 
-  void JobStarted(const v1::Job& job, const Trainer& trainer);
+  // A job began running: host memory it holds, where it starts, how far it goes.
+  void JobStarted(const v1::Job& job, int64_t pinned_host_bytes, int64_t pageable_host_bytes,
+                  int64_t step, int64_t total_steps);
   void StepDone(const v1::Job& job, const StepReport& report);
   void CheckpointWritten(const v1::Job& job, double seconds, int64_t bytes);
   void JobStopped(const v1::Job& job);

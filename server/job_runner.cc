@@ -190,7 +190,10 @@ void JobRunner::Run(v1::Job job) {
     return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", created.status().ToString()));
   }
   Trainer& t = **created;
-  if (options_.metrics != nullptr) options_.metrics->JobStarted(job, t);
+  if (options_.metrics != nullptr) {
+    options_.metrics->JobStarted(job, t.pinned_host_bytes(), t.pageable_host_bytes(), t.step(),
+                                 spec->steps);
+  }
   absl::Cleanup stopped = [&] {
     if (options_.metrics != nullptr) options_.metrics->JobStopped(job);
   };

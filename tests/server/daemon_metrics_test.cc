@@ -1,0 +1,71 @@
+// What megatraind exports for a job, and what it cleans up when the job stops: its series
+// and the DCGM job-mapping file.
+#include "server/daemon_metrics.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "tests/util/temp_dir.h"
+
+namespace megatrain::server {
+namespace {
+
+TEST(DaemonMetrics, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
+  testing::TempDir dir;
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir.path() + "/db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::Job job;
+  job.set_owner("ada");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE((*store)->Insert(&job).ok());
+
+  MetricsRegistry registry;
+  DaemonMetricsOptions options;
+  options.gpu = "0";
+  options.peak_tflops = 100;
+  options.dcgm_job_mapping_dir = dir.path() + "/dcgm";
+  DaemonMetrics metrics(&registry, store->get(), options);
+  metrics.JobStarted(job, 1000, 5000, 0, 10);
+  const std::string mapping = dir.path() + "/dcgm/0";
+  std::ifstream in(mapping);
+  int64_t mapped = 0;
+  in >> mapped;
+  EXPECT_EQ(mapped, job.id()) << "DCGM's mapping file names the running job";
+
+  StepReport r;
+  r.step = 1;
+  r.seconds = 2;
+  r.tokens = 100;
+  r.tokens_per_second = 50;
+  r.model_tflops = 25;
+  r.h2d_bytes = 4000;
+  r.d2h_bytes = 6000;
+  r.stream_busy_seconds = {1.5, 0.5, 0.25};
+  r.optimizer_busy_seconds = 1;
+  metrics.StepDone(job, r);
+  metrics.CheckpointWritten(job, 0.5, 123);
+  const std::string id = std::to_string(job.id());
+  const std::string l = "gpu=\"0\",job=\"" + id + "\"";
+  const std::string text = registry.Serialize();
+  for (const std::string& want : std::vector<std::string>{
+       "megatrain_mfu_ratio{" + l + ",user=\"ada\"} 0.25",
+        "megatrain_pcie_bytes_total{direction=\"d2h\"," + l + ",user=\"ada\"} 6000",
+        "megatrain_pcie_throughput_bytes_per_second{direction=\"h2d\"," + l + ",user=\"ada\"} 2000",
+        "megatrain_pcie_transfer_rate_bytes_per_second{direction=\"h2d\"," + l + ",user=\"ada\"} 8000",
+        "megatrain_stream_busy_seconds_total{" + l + ",stream=\"compute\",user=\"ada\"} 1.5",
+        "megatrain_stream_busy_seconds_total{" + l + ",stream=\"optimizer\",user=\"ada\"} 1",
+        "megatrain_host_store_bytes{" + l + ",kind=\"pinned\",user=\"ada\"} 1000",
+        "megatrain_checkpoint_bytes_total{" + l + ",user=\"ada\"} 123",
+        "megatrain_jobs{state=\"running\"} 1", "megatrain_user_jobs{state=\"running\",user=\"ada\"} 1",
+        "megatrain_peak_tflops{gpu=\"0\"} 100"}) {
+    EXPECT_NE(text.find(want + "\n"), std::string::npos) << want << "\n" << text;
+  }
+
+  metrics.JobStopped(job);
+  EXPECT_EQ(registry.Serialize().find("job=\"" + id + "\""), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(mapping));
+}
+
+}  // namespace
+}  // namespace megatrain::server
