@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/status.h"
+#include "engine/data/bpe_text.h"
 #include "nlohmann/json.hpp"
 #include "yaml-cpp/yaml.h"
 
@@ -273,6 +274,10 @@ std::string JobSpec::Fingerprint() const {
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& base_dir,
                                      const std::string& source) {
+  if (!IsValidUtf8(yaml_text)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not valid UTF-8; a job spec is a UTF-8 YAML document"));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);

@@ -297,6 +297,28 @@ absl::StatusOr<ModelConfig> ParseObject(const Json& root, absl::string_view sour
     return f.Error("head_dim", absl::StrFormat("(%d) must be even for rotary embeddings",
                                                c.head_dim));
   }
+  // Bounds far above any model we train, low enough that every tensor's and the whole
+  // model's element counts fit in int64 without overflow.
+  const struct {
+    const char* name;
+    int64_t value, max;
+  } limits[] = {{"hidden_size", c.hidden_size, 1 << 20},
+                {"intermediate_size", c.intermediate_size, 1 << 22},
+                {"vocab_size", c.vocab_size, 1 << 24},
+                {"num_hidden_layers", c.num_layers, 1 << 12},
+                {"num_attention_heads", c.num_heads, 1 << 12},
+                {"head_dim", c.head_dim, 1 << 12}};
+  for (const auto& l : limits) {
+    if (l.value > l.max) {
+      return f.Error(l.name, absl::StrFormat("(%d) is larger than megatrain supports (%d)",
+                                             l.value, l.max));
+    }
+  }
+  if (c.num_heads * c.head_dim > (1 << 20)) {
+    return f.Error("head_dim", absl::StrFormat(
+        "times num_attention_heads (%d x %d) is larger than megatrain supports (%d)",
+        c.head_dim, c.num_heads, 1 << 20));
+  }
   ASSIGN_OR_RETURN(c.max_position_embeddings,
                    f.OptionalPositiveInt("max_position_embeddings",
                                          DefaultMaxPositions(c.architecture)));

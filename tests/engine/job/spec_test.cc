@@ -182,6 +182,15 @@ TEST(JobSpecTest, OmittedSectionsAndFieldsTakeTheDocumentedDefaults) {
   EXPECT_EQ(spec->max_shard_bytes, int64_t{5} << 30);
 }
 
+// Found by fuzz_job_spec: a key with a byte that is not UTF-8 parsed, then did not survive
+// JobSpecToYaml. Such a document is refused at the door.
+TEST(JobSpecTest, InvalidUtf8IsRefused) {
+  TempDir dir;
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(MinimalSpec() + "name: caf\xe9\n", dir.path());
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("not valid UTF-8"));
+}
+
 TEST(JobSpecTest, DataChoicesAreCheckedByName) {
   for (const char* field : {"packing: diagonal", "truncation: middle", "on_bad_line: ignore",
                             "chat_template: vicuna", "format: csv"}) {

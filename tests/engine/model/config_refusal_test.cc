@@ -32,6 +32,15 @@ TEST(ModelConfigRefusalTest, MissingRequiredFieldNamesIt) {
   }
 }
 
+// Found by fuzz_model_config: sizes whose products overflow int64 in the layout.
+TEST(ModelConfigRefusalTest, DimensionsBeyondTheSupportedRangeNameTheField) {
+  ExpectRefused(Patched(kLlama31, {{"hidden_size", int64_t{5666666666664}}}), "hidden_size");
+  ExpectRefused(Patched(kLlama31, {{"vocab_size", int64_t{1} << 30}}), "vocab_size");
+  ExpectRefused(Patched(kLlama31, {{"intermediate_size", int64_t{1} << 40}}), "intermediate_size");
+  ExpectRefused(Patched(kLlama31, {{"num_hidden_layers", 100000}}), "num_hidden_layers");
+  ExpectRefused(Patched(kQwen3, {{"head_dim", 1 << 14}}), "head_dim");
+}
+
 TEST(ModelConfigRefusalTest, RequiredFieldOfWrongTypeNamesIt) {
   ExpectRefused(Patched(kLlama31, {{"hidden_size", "4096"}}), "hidden_size");
   ExpectRefused(Patched(kLlama31, {{"vocab_size", 128256.5}}), "vocab_size");
