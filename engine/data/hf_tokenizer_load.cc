@@ -256,6 +256,13 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
     if (max_id < 0) {
       return absl::InvalidArgumentError(absl::StrCat(json_path, ": model BPE has no vocab"));
     }
+    // Ids index a table: one far past the number of tokens would make it huge. Real
+    // vocabularies stay below 2^20.
+    constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
+    if (max_id > kMaxId) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          json_path, ": token id ", max_id, " is larger than megatrain supports (", kMaxId, ")"));
+    }
     tok->vocab_size_ = max_id + 1;
     tok->id_to_token_.resize(static_cast<size_t>(tok->vocab_size_));
     for (auto& [id, token] : id_tokens) {

@@ -50,6 +50,16 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> LoadJson(const Json& doc,
   return HfTokenizer::Load(path, config.empty() ? "" : WriteFile("tokenizer_config.json", config));
 }
 
+// Found by fuzz_tokenizer_json: one huge id made Load() allocate a table for it.
+TEST(HfTokenizerLoadTest, AnIdBeyondTheSupportedRangeIsRefused) {
+  Json doc = TinyByteLevel();
+  doc["model"]["vocab"]["\u0120a"] = 222222227;
+  auto tok = LoadJson(doc);
+  ASSERT_FALSE(tok.ok());
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(tok.status().message(), HasSubstr("token id 222222227 is larger than"));
+}
+
 TEST(HfTokenizerLoadTest, MissingFileIsNotFoundNamingThePath) {
   auto tok = HfTokenizer::Load("/nonexistent/tokenizer.json", "");
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kNotFound);
