@@ -36,29 +36,12 @@ MicroBatch Batch(int64_t rows, int64_t seq, int64_t vocab, uint64_t seed) {
   return b;
 }
 
-// Total length of the union of intervals.
-double UnionMs(std::vector<std::pair<double, double>> v) {
-  std::sort(v.begin(), v.end());
-  double total = 0, start = -1, end = -1;
-  for (auto [a, b] : v) {
-    if (a > end) {
-      if (end > start) total += end - start;
-      start = a;
-      end = b;
-    } else {
-      end = std::max(end, b);
-    }
-  }
-  if (end > start) total += end - start;
-  return total;
-}
-
 // Length of (union of a) intersected with (union of b).
 double OverlapMs(const std::vector<std::pair<double, double>>& a,
                  const std::vector<std::pair<double, double>>& b) {
   std::vector<std::pair<double, double>> both = a;
   both.insert(both.end(), b.begin(), b.end());
-  return UnionMs(a) + UnionMs(b) - UnionMs(both);
+  return UnionLength(a) + UnionLength(b) - UnionLength(both);
 }
 
 }  // namespace
@@ -175,10 +158,10 @@ int main(int argc, char** argv) {
   }
   nlohmann::json streams;
   for (auto& [name, v] : by) {
-    streams[name] = {{"busy_ms", UnionMs(v)}, {"spans", v.size()}, {"busy_fraction", UnionMs(v) / gpu_end}};
+    streams[name] = {{"busy_ms", UnionLength(v)}, {"spans", v.size()}, {"busy_fraction", UnionLength(v) / gpu_end}};
   }
-  const double h2d_overlap = by.count("h2d") ? OverlapMs(by["h2d"], by["compute"]) / std::max(1e-9, UnionMs(by["h2d"])) : 0;
-  const double d2h_overlap = by.count("d2h") ? OverlapMs(by["d2h"], by["compute"]) / std::max(1e-9, UnionMs(by["d2h"])) : 0;
+  const double h2d_overlap = by.count("h2d") ? OverlapMs(by["h2d"], by["compute"]) / std::max(1e-9, UnionLength(by["h2d"])) : 0;
+  const double d2h_overlap = by.count("d2h") ? OverlapMs(by["d2h"], by["compute"]) / std::max(1e-9, UnionLength(by["d2h"])) : 0;
   nlohmann::json sample = nlohmann::json::array();
   for (const TimelineSpan& t : last.timeline) {
     if (t.label == "fwd 2" || t.label == "fwd 3" || t.label == "h2d w 3" || t.label == "h2d w 4" ||

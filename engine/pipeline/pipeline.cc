@@ -447,27 +447,31 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   return result;
 }
 
-std::array<double, kNumStreams> StreamBusySeconds(const std::vector<TimelineSpan>& timeline) {
-  std::array<double, kNumStreams> busy{};
-  for (int s = 0; s < kNumStreams; ++s) {
-    std::vector<std::pair<double, double>> spans;
-    for (const TimelineSpan& t : timeline) {
-      if (static_cast<int>(t.stream) == s) spans.emplace_back(t.start_ms, t.end_ms);
+double UnionLength(std::vector<std::pair<double, double>> intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  double total = 0, open = 0, close = -1;
+  bool any = false;
+  for (const auto& [a, b] : intervals) {
+    if (!any || a > close) {
+      if (any) total += close - open;
+      open = a;
+      close = b;
+      any = true;
+    } else {
+      close = std::max(close, b);
     }
-    std::sort(spans.begin(), spans.end());
-    double total_ms = 0, open = 0, close = -1;
-    for (const auto& [a, b] : spans) {
-      if (a > close) {
-        if (close > open) total_ms += close - open;
-        open = a;
-        close = b;
-      } else {
-        close = std::max(close, b);
-      }
-    }
-    if (close > open) total_ms += close - open;
-    busy[s] = total_ms / 1e3;
   }
+  if (any) total += close - open;
+  return total;
+}
+
+std::array<double, kNumStreams> StreamBusySeconds(const std::vector<TimelineSpan>& timeline) {
+  std::array<std::vector<std::pair<double, double>>, kNumStreams> spans;
+  for (const TimelineSpan& t : timeline) {
+    spans[static_cast<int>(t.stream)].emplace_back(t.start_ms, t.end_ms);
+  }
+  std::array<double, kNumStreams> busy{};
+  for (int s = 0; s < kNumStreams; ++s) busy[s] = UnionLength(std::move(spans[s])) / 1e3;
   return busy;
 }
 

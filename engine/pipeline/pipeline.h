@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -68,6 +69,9 @@ struct StepResult {
   int64_t d2h_bytes = 0;      // device -> host: gradients, checkpoints, losses
   std::vector<TimelineSpan> timeline;  // when PipelineOptions::record_timeline
 };
+
+// Total length of the union of [begin, end) intervals (overlaps count once).
+double UnionLength(std::vector<std::pair<double, double>> intervals);
 
 // Seconds each stream was busy in `timeline`: the length of the union of its spans
 // (overlapping spans on one stream count once). Indexed by StreamId.

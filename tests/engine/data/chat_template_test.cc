@@ -22,10 +22,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
+#include "tests/util/shell.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain {
 namespace {
+
+using testing::HaveNode;
+using testing::RunShell;
 
 using Conversation = std::vector<ChatMessage>;
 
@@ -511,23 +515,6 @@ std::vector<Conversation> ReferencePrompts() {
   };
 }
 
-std::string RunShell(const std::string& command, bool* ok) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    *ok = false;
-    return out;
-  }
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  *ok = pclose(pipe) == 0;
-  return out;
-}
-
-bool HaveNode() {
-  return std::system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") == 0;
-}
 
 bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
 
