@@ -290,8 +290,30 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
     s = ParseSections(root, base_dir, &spec);
   } catch (const YAML::Exception& e) {
     s = absl::InvalidArgumentError(e.what());
+  } catch (const nlohmann::json::exception& e) {
+    s = absl::InvalidArgumentError(absl::StrCat("model.config: ", e.what()));
   }
   if (!s.ok()) return Annotate(s, source);
+  // YAML escapes ("\_", "\xA0") can unescape to bytes that are not UTF-8; every string
+  // is stored, logged and written to JSON, so each must be UTF-8.
+  const std::pair<const char*, const std::string*> strings[] = {
+      {"name", &spec.name},
+      {"model.path", &spec.model_path},
+      {"model.config", &spec.model_config_json},
+      {"data.path", &spec.data_path},
+      {"data.format", &spec.data_format},
+      {"data.text_field", &spec.text_field},
+      {"data.tokenizer", &spec.tokenizer},
+      {"data.chat_date", &spec.chat_date},
+      {"data.cache_dir", &spec.data_cache_dir},
+      {"checkpoint.dir", &spec.checkpoint_dir},
+      {"backend", &spec.backend}};
+  for (const auto& [field, value] : strings) {
+    if (!IsValidUtf8(*value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": ", field, " is not valid UTF-8 (after YAML unescaping)"));
+    }
+  }
   return spec;
 }
 

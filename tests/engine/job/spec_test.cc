@@ -191,6 +191,18 @@ TEST(JobSpecTest, InvalidUtf8IsRefused) {
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr("not valid UTF-8"));
 }
 
+// Found by fuzz_job_spec: YAML's "\_" unescapes to the lone byte 0xA0, which then threw
+// from nlohmann::json (a daemon crash). Refused, naming the field.
+TEST(JobSpecTest, YamlEscapesThatAreNotUtf8AreRefusedByField) {
+  TempDir dir;
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(MinimalSpec() + "name: \"a\\_b\"\n", dir.path());
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("name is not valid UTF-8"));
+  spec = ParseJobSpec("model:\n  config: {\"a\\_b\": 1}\ndata: {path: d.jsonl}\n", dir.path());
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("model.config"));
+}
+
 TEST(JobSpecTest, DataChoicesAreCheckedByName) {
   for (const char* field : {"packing: diagonal", "truncation: middle", "on_bad_line: ignore",
                             "chat_template: vicuna", "format: csv"}) {
