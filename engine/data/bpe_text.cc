@@ -473,6 +473,7 @@ void RegexSplitter::Split(absl::string_view text, std::vector<absl::string_view>
       start = end;
     } else {
       prev = begin;
+      if (begin >= text.size()) break;  // an empty match at the very end
       start = begin + Utf8SequenceLength(static_cast<unsigned char>(text[begin]));
     }
   }

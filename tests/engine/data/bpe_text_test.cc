@@ -113,6 +113,15 @@ TEST(BpeTextTest, SplitAfterAnEmptyMatchResumesOneCodePointLater) {
   EXPECT_EQ(splitter->Split("\u00e9a"), (std::vector<absl::string_view>{"\u00e9", "a"}));
 }
 
+// Found by fuzz_tokenizer_json: an empty match at the very end of the text made the
+// splitter read one byte past it.
+TEST(BpeTextTest, SplitStopsAtAnEmptyMatchAtTheEnd) {
+  absl::StatusOr<RegexSplitter> splitter = RegexSplitter::Create("x*$");
+  ASSERT_TRUE(splitter.ok()) << splitter.status();
+  EXPECT_EQ(splitter->Split("bb"), (std::vector<absl::string_view>{"bb"}));
+  EXPECT_EQ(splitter->Split("bx"), (std::vector<absl::string_view>{"b", "x"}));
+}
+
 // The Llama 3 pre-tokenizer; pieces as the one-match-per-call splitter found them.
 constexpr absl::string_view kLlama3Pattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
