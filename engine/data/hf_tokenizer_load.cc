@@ -189,9 +189,24 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
     tok->fuse_unk_ = FlagOf(model, "fuse_unk", false);
     options.vocab.reserve(model.at("vocab").size());
     int64_t max_id = -1;
+    // Ids index a table: one far past the number of tokens would make it huge. Real
+    // vocabularies stay below 2^20.
+    constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
+    auto id_of = [&](const Json& v, const std::string& token) -> absl::StatusOr<int32_t> {
+      const bool in_range = v.is_number_integer() &&
+                            (v.is_number_unsigned() ? v.get<uint64_t>() <= kMaxId
+                                                    : v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMaxId);
+      if (!in_range) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            json_path, ": token '", token, "' has id ", v.dump(),
+            "; ids must be integers from 0 to ", kMaxId, " (larger than megatrain supports)"));
+      }
+      return static_cast<int32_t>(v.get<int64_t>());
+    };
     for (const auto& [token, id] : model.at("vocab").items()) {
-      options.vocab.emplace(token, id.get<int32_t>());
-      max_id = std::max<int64_t>(max_id, id.get<int32_t>());
+      ASSIGN_OR_RETURN(const int32_t value, id_of(id, token));
+      options.vocab.emplace(token, value);
+      max_id = std::max<int64_t>(max_id, value);
     }
     options.merges.reserve(model.at("merges").size());
     for (const Json& merge : model.at("merges")) {
@@ -246,7 +261,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
           return absl::InvalidArgumentError(
               absl::StrCat(json_path, ": added_tokens has an entry with empty content"));
         }
-        const int32_t id = a.at("id").get<int32_t>();
+        ASSIGN_OR_RETURN(const int32_t id, id_of(a.at("id"), content));
         max_id = std::max<int64_t>(max_id, id);
         id_tokens.emplace_back(id, content);
         tok->added_.push_back({content, id});
@@ -255,13 +270,6 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
     }
     if (max_id < 0) {
       return absl::InvalidArgumentError(absl::StrCat(json_path, ": model BPE has no vocab"));
-    }
-    // Ids index a table: one far past the number of tokens would make it huge. Real
-    // vocabularies stay below 2^20.
-    constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
-    if (max_id > kMaxId) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          json_path, ": token id ", max_id, " is larger than megatrain supports (", kMaxId, ")"));
     }
     tok->vocab_size_ = max_id + 1;
     tok->id_to_token_.resize(static_cast<size_t>(tok->vocab_size_));

@@ -325,6 +325,36 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   return ParseJobSpec(ss.str(), fs::path(path).parent_path().string(), path);
 }
 
+namespace {
+
+// JSON as YAML: objects and arrays in flow style, strings double-quoted (so ToJson keeps
+// them strings), numbers, booleans and null as JSON writes them (so ToJson reads the same
+// type back: "1.0" stays a float).
+void EmitJson(const nlohmann::json& j, YAML::Emitter* out) {
+  if (j.is_object()) {
+    *out << YAML::Flow << YAML::BeginMap;
+    for (const auto& [key, value] : j.items()) {
+      *out << YAML::Key << YAML::DoubleQuoted << key << YAML::Value;
+      EmitJson(value, out);
+    }
+    *out << YAML::EndMap;
+  } else if (j.is_array()) {
+    *out << YAML::Flow << YAML::BeginSeq;
+    for (const nlohmann::json& e : j) EmitJson(e, out);
+    *out << YAML::EndSeq;
+  } else if (j.is_string()) {
+    *out << YAML::DoubleQuoted << j.get<std::string>();
+  } else if (j.is_null()) {
+    *out << YAML::Null;
+  } else if (j.is_boolean()) {
+    *out << j.get<bool>();
+  } else {
+    *out << j.dump();  // a number, as JSON spells it
+  }
+}
+
+}  // namespace
+
 std::string JobSpecToYaml(const JobSpec& s) {
   YAML::Emitter out;
   out.SetDoublePrecision(15);
@@ -337,7 +367,8 @@ std::string JobSpecToYaml(const JobSpec& s) {
     out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.model_path;
   } else {
     // Flow-style JSON is valid YAML, and keeps config.json's own types.
-    out << YAML::Key << "config" << YAML::Value << YAML::Load(s.model_config_json);
+    out << YAML::Key << "config" << YAML::Value;
+    EmitJson(nlohmann::json::parse(s.model_config_json), &out);
   }
   out << YAML::Key << "init_seed" << YAML::Value << s.init_seed << YAML::EndMap;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;

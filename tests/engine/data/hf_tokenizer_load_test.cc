@@ -57,7 +57,14 @@ TEST(HfTokenizerLoadTest, AnIdBeyondTheSupportedRangeIsRefused) {
   auto tok = LoadJson(doc);
   ASSERT_FALSE(tok.ok());
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(tok.status().message(), HasSubstr("token id 222222227 is larger than"));
+  EXPECT_THAT(tok.status().message(), HasSubstr("has id 222222227; ids must be integers"));
+  // Found by fuzz_tokenizer_json too: a float id (UB when cast to int) and a negative one.
+  doc = TinyByteLevel();
+  doc["model"]["vocab"]["\u0120a"] = 7.77778e12;
+  EXPECT_THAT(LoadJson(doc).status().message(), HasSubstr("has id 7777780000000.0"));
+  doc = TinyByteLevel();
+  doc["added_tokens"][0]["id"] = -3;
+  EXPECT_THAT(LoadJson(doc).status().message(), HasSubstr("'<eos>' has id -3"));
 }
 
 TEST(HfTokenizerLoadTest, MissingFileIsNotFoundNamingThePath) {
@@ -83,6 +90,11 @@ TEST(HfTokenizerLoadTest, FieldOfWrongTypeIsInvalidArgument) {
   Json doc = TinyByteLevel();
   doc["model"]["vocab"]["a"] = "zero";
   auto tok = LoadJson(doc);
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(tok.status().message(), HasSubstr("tokenizer.json: token 'a' has id \"zero\""));
+  doc = TinyByteLevel();
+  doc["model"]["merges"] = 3;
+  tok = LoadJson(doc);
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(tok.status().message(), HasSubstr("tokenizer.json: unexpected structure"));
 }

@@ -203,6 +203,22 @@ TEST(JobSpecTest, YamlEscapesThatAreNotUtf8AreRefusedByField) {
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr("model.config"));
 }
 
+// Found by fuzz_job_spec: JobSpecToYaml re-read the config JSON as YAML, which threw on
+// keys with control characters. Types and odd keys now survive the round trip.
+TEST(JobSpecTest, InlineConfigSurvivesTheYamlRoundTrip) {
+  TempDir dir;
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      std::string("model:\n  config: {\"odd\\x14key\": null, \"flag\": true, \"theta\": 1.0,\n"
+                  "    \"name\": \"1.0\", \"list\": [1, \"a\", null]}\ndata: {path: d.jsonl}\n"),
+      dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec), "");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << JobSpecToYaml(*spec);
+  EXPECT_EQ(again->model_config_json, spec->model_config_json);
+  EXPECT_NE(spec->model_config_json.find("\"theta\":1.0"), std::string::npos)
+      << spec->model_config_json;
+}
+
 TEST(JobSpecTest, DataChoicesAreCheckedByName) {
   for (const char* field : {"packing: diagonal", "truncation: middle", "on_bad_line: ignore",
                             "chat_template: vicuna", "format: csv"}) {
