@@ -104,12 +104,24 @@ class Section {
   std::set<std::string> seen_;
 };
 
+constexpr size_t kMaxConfigKeyBytes = 256;
+
 // YAML -> JSON for an inline config.json; scalars keep their natural JSON type.
 nlohmann::json ToJson(const YAML::Node& n) {
   switch (n.Type()) {
     case YAML::NodeType::Map: {
       nlohmann::json j = nlohmann::json::object();
-      for (const auto& kv : n) j[kv.first.Scalar()] = ToJson(kv.second);
+      for (const auto& kv : n) {
+        // config.json keys are short names; YAML cannot write a key past 1024 characters
+        // as an implicit key, so a longer one could not be stored and read back.
+        if (kv.first.Scalar().size() > kMaxConfigKeyBytes) {
+          throw YAML::Exception(kv.first.Mark(), absl::StrCat("model.config has a key of ",
+                                                             kv.first.Scalar().size(),
+                                                             " bytes; keys are at most ",
+                                                             kMaxConfigKeyBytes));
+        }
+        j[kv.first.Scalar()] = ToJson(kv.second);
+      }
       return j;
     }
     case YAML::NodeType::Sequence: {

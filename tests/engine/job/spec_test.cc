@@ -217,6 +217,11 @@ TEST(JobSpecTest, InlineConfigSurvivesTheYamlRoundTrip) {
   EXPECT_EQ(again->model_config_json, spec->model_config_json);
   EXPECT_NE(spec->model_config_json.find("\"theta\":1.0"), std::string::npos)
       << spec->model_config_json;
+  // A key YAML could not write back as a key is refused up front.
+  spec = ParseJobSpec("model:\n  config: {\"" + std::string(600, 'k') +
+                          "\": 1}\ndata: {path: d.jsonl}\n", dir.path());
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("keys are at most 256"));
 }
 
 TEST(JobSpecTest, DataChoicesAreCheckedByName) {
