@@ -318,8 +318,20 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
         if (!from.ok()) return from.status();
         step = {DecoderStep::kReplace, *from, d->value("content", std::string())};
       } else if (type == "Strip") {
-        step = {DecoderStep::kStrip, d->value("content", std::string()), "", d->value("start", 0),
-                d->value("stop", 0)};
+        int counts[2] = {0, 0};
+        for (int i = 0; i < 2; ++i) {
+          const char* key = i == 0 ? "start" : "stop";
+          const auto it = d->find(key);
+          if (it == d->end()) continue;
+          if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 1024) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                json_path, ": decoder Strip ", key, " is ", it->dump(),
+                "; expected a small non-negative integer"));
+          }
+          counts[i] = static_cast<int>(it->get<int64_t>());
+        }
+        step = {DecoderStep::kStrip, d->value("content", std::string()), "", counts[0],
+                counts[1]};
       } else {
         return Unsupported(json_path, "decoder", absl::StrCat("type '", type, "'"));
       }

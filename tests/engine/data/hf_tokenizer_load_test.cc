@@ -65,6 +65,10 @@ TEST(HfTokenizerLoadTest, AnIdBeyondTheSupportedRangeIsRefused) {
   doc = TinyByteLevel();
   doc["added_tokens"][0]["id"] = -3;
   EXPECT_THAT(LoadJson(doc).status().message(), HasSubstr("'<eos>' has id -3"));
+  // And a Strip decoder count that is a huge float.
+  doc = TinyByteLevel();
+  doc["decoder"] = Json::parse(R"({"type": "Strip", "content": " ", "start": 1.1e73, "stop": 0})");
+  EXPECT_THAT(LoadJson(doc).status().message(), HasSubstr("decoder Strip start is"));
 }
 
 TEST(HfTokenizerLoadTest, MissingFileIsNotFoundNamingThePath) {
