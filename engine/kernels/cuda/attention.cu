@@ -234,6 +234,18 @@ __device__ __forceinline__ void StoreRows(bf16* y, const bf16* s, int row0, int 
   }
 }
 
+// The warp's accumulator rows (16*kMT of them, times mul) to head `head` of y, rows from
+// row0, through s_w: staging rows of shared memory that only this warp uses.
+template <int kD, int kMT>
+__device__ __forceinline__ void StoreWarpRows(bf16* y, bf16* s_w, const float (&acc)[kMT][kD / 8][4],
+                                              const float (&mul)[kMT][2], int row0, int n,
+                                              int heads, int head, int D) {
+  __syncwarp();
+  StageRows<kD, kMT, kD / 8>(s_w, acc, mul, 0);
+  __syncwarp();
+  StoreRows<kD, kWarpRows * kMT>(y, s_w, row0, n, heads, head, D, threadIdx.x % 32, 32);
+}
+
 // s_ds[r] = doc_start of query row0 + r (INT_MAX past n), and the min and max of doc_start
 // over the valid rows, in every thread. Ends with __syncthreads(); the caller must sync
 // between reading s_red and the next call. REQUIRES: kRows <= blockDim.x <= 1024.
@@ -474,11 +486,7 @@ __global__ void __launch_bounds__(kGroupThreads) AttentionKernel(
     }
   }
   // The warp's own query rows of s_q are free now: stage o there for 16-byte stores.
-  bf16* s_ow = s_q + w0 * kStride;
-  __syncwarp();
-  StageRows<kD, kMT, kD / 8>(s_ow, acc, inv, 0);
-  __syncwarp();
-  StoreRows<kD, kWarpRows * kMT>(o, s_ow, i0 + w0, n, H, h, D, lane, 32);
+  StoreWarpRows<kD, kMT>(o, s_q + w0 * kStride, acc, inv, i0 + w0, n, H, h, D);
 }
 
 template <int kD>
@@ -571,11 +579,7 @@ __global__ void __launch_bounds__(kGroupThreads) AttentionDqKernel(
   float mul[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) mul[mt][0] = mul[mt][1] = scale;
-  bf16* s_w = s_q + w0 * kStride;
-  __syncwarp();
-  StageRows<kD, kMT, kD / 8>(s_w, acc, mul, 0);
-  __syncwarp();
-  StoreRows<kD, kWarpRows * kMT>(dq, s_w, i0 + w0, n, H, h, D, lane, 32);
+  StoreWarpRows<kD, kMT>(dq, s_q + w0 * kStride, acc, mul, i0 + w0, n, H, h, D);
 }
 
 template <int kD>
