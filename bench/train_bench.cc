@@ -1,10 +1,16 @@
-// Training-step throughput of the streaming pipeline on one backend, with a CUDA-event
-// timeline: how busy each stream is and how much of the transfers hide behind compute.
-// Prints one JSON object. Not a test.
+// Training-step throughput of the streaming pipeline, as the planner runs it, against the
+// three floors of the same step measured in the same run: the GPU time of its kernels
+// (compute-stream busy time), the PCIe time of its transfers (its bytes at the machine
+// profile's rates), and the CPU optimizer's busy time. Prints one JSON object. Not a test.
 //
-//   train_bench [--backend cuda] [--hidden 4096] [--intermediate 11008] [--layers 8]
-//               [--heads 32] [--kv-heads 8] [--vocab 32000] [--seq 1024] [--rows 4]
-//               [--micro-batches 4] [--steps 4] [--k 1] [--peak-tflops 700]
+//   train_bench --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536
+//               [--layers N] [--device-memory-gib 24] [--max-grad-norm 0]
+//               [--micro-batch-rows R] [--k K] [--checkpoints auto|device|host]
+//               [--steps 8] [--warmup 3] [--profile PATH] [--backend cuda|cpu]
+//
+// Shapes are the published configs with random init. The plan (micro-batch, K, where
+// checkpoints live, weight slots) is the planner's unless fixed by a flag; its predicted
+// step is reported beside the measured one.
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -13,9 +19,9 @@
 
 #include "CLI/CLI.hpp"
 #include "engine/backend/factory.h"
-#include "engine/optim/schedule.h"
 #include "engine/pipeline/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
+#include "engine/plan/planner.h"
 #include "engine/store/model_io.h"
 #include "nlohmann/json.hpp"
 
@@ -36,12 +42,36 @@ MicroBatch Batch(int64_t rows, int64_t seq, int64_t vocab, uint64_t seed) {
   return b;
 }
 
-// Length of (union of a) intersected with (union of b).
-double OverlapMs(const std::vector<std::pair<double, double>>& a,
-                 const std::vector<std::pair<double, double>>& b) {
-  std::vector<std::pair<double, double>> both = a;
-  both.insert(both.end(), b.begin(), b.end());
-  return UnionLength(a) + UnionLength(b) - UnionLength(both);
+bool NamedShape(const std::string& name, ModelConfig* c) {
+  *c = ModelConfig{};
+  c->head_dim = 128;
+  c->rms_norm_eps = 1e-6;
+  if (name == "qwen2.5-1.5b") {
+    c->architecture = Architecture::kQwen2;
+    c->hidden_size = 1536, c->intermediate_size = 8960, c->num_layers = 28;
+    c->num_heads = 12, c->num_kv_heads = 2, c->vocab_size = 151936;
+    c->tie_word_embeddings = true, c->qkv_bias = true, c->rope_theta = 1e6;
+  } else if (name == "qwen2.5-7b") {
+    c->architecture = Architecture::kQwen2;
+    c->hidden_size = 3584, c->intermediate_size = 18944, c->num_layers = 28;
+    c->num_heads = 28, c->num_kv_heads = 4, c->vocab_size = 152064;
+    c->qkv_bias = true, c->rope_theta = 1e6;
+  } else if (name == "llama-3.1-8b") {
+    c->architecture = Architecture::kLlama;
+    c->hidden_size = 4096, c->intermediate_size = 14336, c->num_layers = 32;
+    c->num_heads = 32, c->num_kv_heads = 8, c->vocab_size = 128256;
+    c->rope_theta = 500000, c->rms_norm_eps = 1e-5;
+  } else {
+    return false;
+  }
+  c->max_position_embeddings = 131072;
+  return true;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -49,83 +79,113 @@ double OverlapMs(const std::vector<std::pair<double, double>>& a,
 
 int main(int argc, char** argv) {
   using namespace megatrain;
-  CLI::App app{"train_bench: streaming-pipeline step throughput and stream timeline"};
-  std::string backend = "cuda";
-  int64_t hidden = 4096, inter = 11008, layers = 8, heads = 32, kv = 8, vocab = 32000;
-  int64_t seq = 1024, rows = 4, mbs = 4, steps = 4, k = 1;
-  double peak = 700, max_grad_norm = 1.0;
+  CLI::App app{"train_bench: planned training steps against their floors"};
+  std::string backend = "cuda", shape = "qwen2.5-1.5b", checkpoints = "auto", profile_path;
+  int64_t layers = 0, seq = 4096, tokens = 65536, steps = 8, warmup = 3;
+  int64_t micro_rows = 0, k = 0;
+  double device_gib = 0, max_grad_norm = 0;
   app.add_option("--backend", backend);
-  app.add_option("--hidden", hidden);
-  app.add_option("--intermediate", inter);
-  app.add_option("--layers", layers);
-  app.add_option("--heads", heads);
-  app.add_option("--kv-heads", kv);
-  app.add_option("--vocab", vocab);
+  app.add_option("--shape", shape, "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b");
+  app.add_option("--layers", layers, "override the shape's depth");
   app.add_option("--seq", seq);
-  app.add_option("--rows", rows);
-  app.add_option("--micro-batches", mbs);
-  app.add_option("--steps", steps);
-  app.add_option("--k", k);
-  app.add_option("--peak-tflops", peak, "the device's bf16 matmul rate, for MFU");
-  app.add_option("--max-grad-norm", max_grad_norm);
+  app.add_option("--tokens-per-step", tokens);
+  app.add_option("--device-memory-gib", device_gib, "cap the device memory (0 = all free)");
+  app.add_option("--max-grad-norm", max_grad_norm, "global-norm clipping (0 = off)");
+  app.add_option("--micro-batch-rows", micro_rows, "0 = the planner's choice");
+  app.add_option("--k", k, "activation checkpoint interval; 0 = the planner's choice");
+  app.add_option("--checkpoints", checkpoints, "auto | device | host");
+  app.add_option("--steps", steps, "steps in all, warm-up included");
+  app.add_option("--warmup", warmup);
+  app.add_option("--profile", profile_path, "machine profile cache (default: the user's)");
   CLI11_PARSE(app, argc, argv);
 
   ModelConfig c;
-  c.hidden_size = hidden;
-  c.intermediate_size = inter;
-  c.num_layers = layers;
-  c.num_heads = heads;
-  c.num_kv_heads = kv;
-  c.head_dim = hidden / heads;
-  c.vocab_size = vocab;
-  c.max_position_embeddings = std::max<int64_t>(seq, 4096);
-  c.rope_theta = 500000;
-  absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{backend});
+  if (!NamedShape(shape, &c)) {
+    std::fprintf(stderr, "unknown --shape %s\n", shape.c_str());
+    return 2;
+  }
+  if (layers > 0) c.num_layers = layers;
+  if (tokens % seq != 0) {
+    std::fprintf(stderr, "--tokens-per-step must be a multiple of --seq\n");
+    return 2;
+  }
+  const int64_t cap = static_cast<int64_t>(device_gib * (1ll << 30));
+  absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{backend, cap});
   if (!be.ok()) {
     std::fprintf(stderr, "%s\n", be.status().ToString().c_str());
     return 1;
   }
+  std::string note;
+  absl::StatusOr<MachineProfile> profile = LoadOrMeasureProfile(
+      be->get(), profile_path.empty() ? DefaultProfilePath() : profile_path, &note);
+  if (!profile.ok()) {
+    std::fprintf(stderr, "%s\n", profile.status().ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "%s\n", note.c_str());
+
+  PlanRequest request;
+  request.config = c;
+  request.seq_len = seq;
+  request.rows_per_step = tokens / seq;
+  request.clipping = max_grad_norm > 0;
+  request.micro_batch_rows = micro_rows;
+  request.checkpoint_every = k;
+  request.checkpoints = checkpoints;
+  const int64_t budget = (*be)->device_memory_budget();
+  request.device_budget_bytes = budget - std::min<int64_t>(budget / 16, 1ll << 30);
+  request.host_budget_bytes = profile->host_memory_bytes * 9 / 10;
+  absl::StatusOr<Plan> plan = MakePlan(request, *profile, be->get());
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "%s", DescribePlan(*plan, request, *profile).c_str());
+
   const ModelLayout layout = BuildLayout(c);
-  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(layout));
-  RandomInitWeights(c, 1, store.get());
+  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout);
+  if (!store.ok()) {
+    std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+    return 1;
+  }
+  RandomInitWeights(c, 1, store->get());
   int64_t max_unit = 0;
   for (const UnitLayout& u : layout.units) max_unit = std::max(max_unit, u.num_elements);
   const int64_t slabs = max_grad_norm > 0 ? static_cast<int64_t>(layout.units.size()) : 3;
   std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(slabs, max_unit));
-  if (!(*be)->PinHostRange(store->transfer_base(), store->transfer_bytes()).ok() ||
+  if (!(*be)->PinHostRange((*store)->transfer_base(), (*store)->transfer_bytes()).ok() ||
       !(*be)->PinHostRange(pool->base(), pool->bytes()).ok()) {
     std::fprintf(stderr, "cannot pin host memory\n");
     return 1;
   }
   PipelineOptions po;
-  po.micro_batches = mbs;
-  po.tokens_per_micro_batch = rows * seq;
-  po.checkpoint_every = k;
-  po.checkpoints_on_host = backend == "cuda";
+  po.micro_batches = plan->micro_batches;
+  po.tokens_per_micro_batch = plan->micro_batch_rows * seq;
+  po.checkpoint_every = plan->checkpoint_every;
+  po.checkpoints_on_host = plan->checkpoints_on_host;
+  po.weight_slots = plan->weight_slots;
+  po.loss_chunk_tokens = plan->loss_chunk_tokens;
   po.record_timeline = true;
-  absl::StatusOr<std::unique_ptr<Pipeline>> p = Pipeline::Create(c, store.get(), pool.get(), be->get(), po);
+  absl::StatusOr<std::unique_ptr<Pipeline>> p =
+      Pipeline::Create(c, store->get(), pool.get(), be->get(), po);
   if (!p.ok()) {
     std::fprintf(stderr, "%s\n", p.status().ToString().c_str());
     return 1;
   }
   HostOptimizerOptions oo;
   oo.max_grad_norm = max_grad_norm;
-  HostOptimizer opt(store.get(), pool.get(), be->get(), oo);
+  oo.weight_decay = 0.01;
+  HostOptimizer opt(store->get(), pool.get(), be->get(), oo);
   std::vector<MicroBatch> batches;
-  for (int64_t m = 0; m < mbs; ++m) batches.push_back(Batch(rows, seq, vocab, m));
+  for (int64_t m = 0; m < plan->micro_batches; ++m) {
+    batches.push_back(Batch(plan->micro_batch_rows, seq, c.vocab_size, m));
+  }
 
-  const int64_t params = NumParameters(c);
-  const int64_t tokens = mbs * rows * seq;
-  const double flops = 6.0 * params * tokens + 6.0 * layers * seq * heads * c.head_dim * tokens;
+  const double model_flops = plan->step.model_flops, hardware_flops = plan->step.hardware_flops;
   nlohmann::json steps_json = nlohmann::json::array();
-  StepResult last;
-  double best = 1e30;
-  // Steady state (every step after the first): wall time, per-stream busy time (CUDA
-  // events), optimizer thread busy time and PCIe bytes, summed; what the daemon's
-  // metrics report as rates.
-  double steady_seconds = 0, steady_optimizer = 0;
-  int64_t steady_h2d = 0, steady_d2h = 0;
-  std::array<double, kNumStreams> steady_busy{};
+  std::vector<double> step_s, compute_s, optimizer_s, pcie_s;
+  int64_t h2d = 0, d2h = 0;
+  std::array<double, kNumStreams> busy_sum{};
   for (int64_t s = 0; s < steps; ++s) {
     const double optimizer_before = opt.busy_seconds();
     opt.BeginStep(1e-5, s + 1);
@@ -134,80 +194,87 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
       return 1;
     }
-    steps_json.push_back({{"seconds", r->seconds}, {"loss", r->loss}});
-    if (s > 0) {
-      steady_seconds += r->seconds;
-      steady_optimizer += opt.busy_seconds() - optimizer_before;
-      steady_h2d += r->h2d_bytes;
-      steady_d2h += r->d2h_bytes;
-      const std::array<double, kNumStreams> busy = StreamBusySeconds(r->timeline);
-      for (int i = 0; i < kNumStreams; ++i) steady_busy[i] += busy[i];
-    }
-    if (s > 0) best = std::min(best, r->seconds);
-    last = *r;
-  }
-  if (steps == 1) best = last.seconds;
-
-  // The last step's timeline, per stream; "steady" = spans of layers 1 .. L-2.
-  std::map<std::string, std::vector<std::pair<double, double>>> by;
-  double gpu_end = 0;
-  for (const TimelineSpan& t : last.timeline) {
-    const char* name = t.stream == StreamId::kCompute ? "compute" : t.stream == StreamId::kH2D ? "h2d" : "d2h";
-    by[name].push_back({t.start_ms, t.end_ms});
-    gpu_end = std::max(gpu_end, t.end_ms);
-  }
-  nlohmann::json streams;
-  for (auto& [name, v] : by) {
-    streams[name] = {{"busy_ms", UnionLength(v)}, {"spans", v.size()}, {"busy_fraction", UnionLength(v) / gpu_end}};
-  }
-  const double h2d_overlap = by.count("h2d") ? OverlapMs(by["h2d"], by["compute"]) / std::max(1e-9, UnionLength(by["h2d"])) : 0;
-  const double d2h_overlap = by.count("d2h") ? OverlapMs(by["d2h"], by["compute"]) / std::max(1e-9, UnionLength(by["d2h"])) : 0;
-  nlohmann::json sample = nlohmann::json::array();
-  for (const TimelineSpan& t : last.timeline) {
-    if (t.label == "fwd 2" || t.label == "fwd 3" || t.label == "h2d w 3" || t.label == "h2d w 4" ||
-        t.label == "bwd 3" || t.label == "bwd 2" || t.label == "d2h g 4" || t.label == "d2h g 3" ||
-        t.label == "h2d w 1" || t.label == "d2h x 3") {
-      sample.push_back({{"label", t.label}, {"start_ms", t.start_ms}, {"end_ms", t.end_ms}});
+    const std::array<double, kNumStreams> busy = StreamBusySeconds(r->timeline);
+    const double pcie = std::max({r->h2d_bytes / (1e9 * profile->h2d_gbps),
+                                  r->d2h_bytes / (1e9 * profile->d2h_gbps),
+                                  (r->h2d_bytes + r->d2h_bytes) / (1e9 * profile->duplex_gbps)});
+    steps_json.push_back({{"seconds", r->seconds}, {"loss", r->loss},
+                          {"compute_busy_seconds", busy[0]}});
+    std::fprintf(stderr, "step %ld: %.3f s, loss %.4f\n", static_cast<long>(s + 1), r->seconds,
+                 r->loss);
+    if (s >= warmup) {
+      step_s.push_back(r->seconds);
+      compute_s.push_back(busy[0]);
+      pcie_s.push_back(pcie);
+      // The optimizer's work for this step may finish in the next one: its busy time
+      // accrued during this step is what this step cost it.
+      optimizer_s.push_back(opt.busy_seconds() - optimizer_before);
+      h2d = r->h2d_bytes;
+      d2h = r->d2h_bytes;
+      for (int i = 0; i < kNumStreams; ++i) busy_sum[i] += busy[i];
     }
   }
+  opt.Drain();
+  const double step = Median(step_s);
+  const double floor_compute = Median(compute_s), floor_pcie = Median(pcie_s);
+  const double floor_optimizer = Median(optimizer_s);
+  const double floor = std::max({floor_compute, floor_pcie, floor_optimizer});
+  const char* measured_bound = floor == floor_compute ? "GPU compute"
+                               : floor == floor_pcie  ? "PCIe"
+                                                      : "CPU optimizer";
+  const int64_t host_bytes = static_cast<int64_t>((*store)->transfer_bytes() +
+                                                  (*store)->state_bytes() + pool->bytes()) +
+                             plan->host_checkpoint_bytes;
+  const double n_steady = std::max<size_t>(1, step_s.size());
   nlohmann::json out = {
       {"benchmark", "train_bench"},
       {"backend", (*be)->name()},
-      {"model", {{"params", params}, {"layers", layers}, {"hidden", hidden}, {"intermediate", inter},
-                 {"heads", heads}, {"kv_heads", kv}, {"vocab", vocab}}},
+      {"shape", shape},
+      {"model", {{"params", NumParameters(c)}, {"matmul_params", MatmulParameters(c)},
+                 {"layers", c.num_layers}, {"hidden", c.hidden_size},
+                 {"intermediate", c.intermediate_size}, {"heads", c.num_heads},
+                 {"kv_heads", c.num_kv_heads}, {"vocab", c.vocab_size}}},
       {"tokens_per_step", tokens},
-      {"micro_batches", mbs},
       {"seq_len", seq},
-      {"recompute_every", k},
-      {"best_step_seconds", best},
-      {"tokens_per_second", tokens / best},
-      {"model_tflops", flops / best / 1e12},
-      {"mfu", flops / best / 1e12 / peak},
+      {"clipping", max_grad_norm > 0},
+      {"device_memory_cap_gib", device_gib},
+      {"plan", {{"micro_batch_rows", plan->micro_batch_rows},
+                {"micro_batches", plan->micro_batches},
+                {"checkpoint_every", plan->checkpoint_every},
+                {"checkpoints_on_host", plan->checkpoints_on_host},
+                {"weight_slots", plan->weight_slots},
+                {"predicted_step_seconds", plan->step.seconds},
+                {"predicted_bound", plan->step.bound},
+                {"predicted_compute_seconds", plan->step.compute_seconds},
+                {"predicted_pcie_seconds", plan->step.pcie_seconds},
+                {"predicted_optimizer_seconds", plan->step.optimizer_seconds},
+                {"predicted_device_gib", plan->device_bytes / double(1ll << 30)},
+                {"predicted_host_gib", plan->host_bytes / double(1ll << 30)}}},
+      {"steady_steps", step_s.size()},
+      {"step_seconds", step},
+      {"tokens_per_second", tokens / step},
+      {"model_tflops", model_flops / step / 1e12},
+      {"hardware_tflops", hardware_flops / step / 1e12},
+      {"gemm_peak_tflops", profile->gemm_peak_tflops},
+      {"mfu", model_flops / step / 1e12 / profile->gemm_peak_tflops},
+      {"floors_seconds", {{"gpu_kernels", floor_compute}, {"pcie", floor_pcie},
+                          {"cpu_optimizer", floor_optimizer}}},
+      {"measured_bound", measured_bound},
+      {"step_over_largest_floor", step / floor},
+      {"prediction_error", plan->step.seconds / step - 1.0},
+      {"pcie_bytes_per_step", {{"h2d", h2d}, {"d2h", d2h}}},
+      {"busy_fraction", {{"compute", busy_sum[0] / n_steady / step},
+                         {"h2d", busy_sum[1] / n_steady / step},
+                         {"d2h", busy_sum[2] / n_steady / step},
+                         {"optimizer", floor_optimizer / step}}},
       {"device_peak_gib", (*be)->device_bytes_peak() / double(1ll << 30)},
-      {"host_store_gib", (store->transfer_bytes() + store->state_bytes()) / double(1ll << 30)},
-      {"gpu_timeline_ms", gpu_end},
-      {"streams", streams},
-      {"h2d_time_overlapped_with_compute", h2d_overlap},
-      {"d2h_time_overlapped_with_compute", d2h_overlap},
-      {"timeline_sample", sample},
-      {"steady_state",
-       {{"steps", steps - 1},
-        {"seconds", steady_seconds},
-        {"busy_fraction_of_wall",
-         {{"compute", steady_busy[0] / std::max(1e-9, steady_seconds)},
-          {"h2d", steady_busy[1] / std::max(1e-9, steady_seconds)},
-          {"d2h", steady_busy[2] / std::max(1e-9, steady_seconds)},
-          {"optimizer", steady_optimizer / std::max(1e-9, steady_seconds)}}},
-        {"pcie_bytes_per_second",
-         {{"h2d", steady_h2d / std::max(1e-9, steady_seconds)},
-          {"d2h", steady_d2h / std::max(1e-9, steady_seconds)}}},
-        {"pcie_bytes_per_step", {{"h2d", steady_h2d / std::max<int64_t>(1, steps - 1)},
-                                 {"d2h", steady_d2h / std::max<int64_t>(1, steps - 1)}}}}},
+      {"host_gib", host_bytes / double(1ll << 30)},
+      {"host_bytes_per_param", static_cast<double>(host_bytes) / NumParameters(c)},
       {"steps", steps_json},
   };
   std::printf("%s\n", out.dump(2).c_str());
   (*p).reset();
-  (*be)->UnpinHostRange(store->transfer_base());
+  (*be)->UnpinHostRange((*store)->transfer_base());
   (*be)->UnpinHostRange(pool->base());
   return 0;
 }

@@ -69,17 +69,39 @@ int ChangeJob(const Context& ctx, CallKind kind, Rpc rpc) {
 
 }  // namespace
 
+namespace {
+
+// The request for a spec file: its text and the folder its relative paths resolve against.
+bool SpecRequest(const std::string& path, v1::SubmitJobRequest* request) {
+  if (!ReadSpecFile(path, request->mutable_spec_yaml())) return false;
+  std::error_code ec;
+  const std::filesystem::path spec = std::filesystem::absolute(path, ec);
+  if (ec) {
+    std::fprintf(stderr, "error: cannot resolve the folder of %s: %s\n", path.c_str(),
+                 ec.message().c_str());
+    return false;
+  }
+  request->set_base_dir(spec.lexically_normal().parent_path().string());
+  return true;
+}
+
+}  // namespace
+
+int Plan(const Context& ctx, const std::string& spec_path) {
+  v1::SubmitJobRequest request;
+  if (!SpecRequest(spec_path, &request)) return kExitUsage;
+  auto call = NewCall(ctx, CallKind::kReply);
+  v1::JobPlan plan;
+  const grpc::Status status = ctx.jobs->PlanJob(call.get(), request, &plan);
+  if (!status.ok()) return ReportRpcError(ctx, status);
+  if (ctx.output == Output::kJson) return PrintJson(plan) ? kExitOk : kExitInternal;
+  std::fputs(plan.text().c_str(), stdout);
+  return kExitOk;
+}
+
 int Submit(const Context& ctx, const SubmitArgs& args) {
   v1::SubmitJobRequest request;
-  if (!ReadSpecFile(args.spec_path, request.mutable_spec_yaml())) return kExitUsage;
-  std::error_code ec;
-  const std::filesystem::path spec = std::filesystem::absolute(args.spec_path, ec);
-  if (ec) {
-    std::fprintf(stderr, "error: cannot resolve the folder of %s: %s\n", args.spec_path.c_str(),
-                 ec.message().c_str());
-    return kExitUsage;
-  }
-  request.set_base_dir(spec.lexically_normal().parent_path().string());
+  if (!SpecRequest(args.spec_path, &request)) return kExitUsage;
   request.set_priority(args.priority);
   request.set_hold(args.hold);
 

@@ -18,6 +18,8 @@ struct SubmitArgs {
   bool watch = false;  // continue as `watch` on the new job
 };
 int Submit(const Context& ctx, const SubmitArgs& args);
+// How the daemon would run a spec: batch split, memory, predicted step and its bound.
+int Plan(const Context& ctx, const std::string& spec_path);
 
 struct ListArgs {
   std::vector<std::string> states;  // StateName()s; empty: all

@@ -27,6 +27,7 @@ struct CommandLine {
   ListArgs list;
   int64_t job_id = 0;
   bool follow = false;
+  std::string plan_spec_path;
 };
 
 std::string Footer() {
@@ -105,6 +106,11 @@ void DefineCommandLine(CLI::App& app, CommandLine& cl) {
                               "checkpoints and steps aside)"),
            cl);
   AddJobId(app.add_subcommand("release", "put a held job back in the queue"), cl);
+  app.add_subcommand("plan",
+                     "how the daemon would run a job spec: micro-batches, activation "
+                     "checkpoints, memory, predicted step time and what bounds it")
+      ->add_option("spec", cl.plan_spec_path, "the job spec (YAML)")
+      ->required();
   app.add_subcommand("node", "show the machine: memory, GPUs, NUMA nodes, versions");
   app.footer(Footer());
 }
@@ -121,6 +127,7 @@ int Dispatch(const Context& ctx, const CommandLine& cl) {
   if (c == "hold") return Hold(ctx, cl.job_id);
   if (c == "release") return Release(ctx, cl.job_id);
   if (c == "node") return Node(ctx);
+  if (c == "plan") return Plan(ctx, cl.plan_spec_path);
   std::fprintf(stderr, "error: subcommand '%s' is not implemented (a bug)\n", c.c_str());
   return kExitInternal;
 }

@@ -7,6 +7,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "engine/engine.h"
@@ -184,7 +185,7 @@ void JobRunner::Run(v1::Job job) {
   spec->checkpoint_dir = job.checkpoint_dir();
   // The runner's device decides where "auto" jobs run.
   if (spec->backend == "auto") spec->backend = options_.device == "cpu" ? "cpu" : "cuda";
-  absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(*spec);
+  absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(*spec, options_.profile);
   if (!created.ok()) {
     job.set_error(std::string(created.status().message()));
     return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", created.status().ToString()));
@@ -205,7 +206,10 @@ void JobRunner::Run(v1::Job job) {
   Log(job.id(), absl::StrFormat("%s, %.2fM parameters, %s backend, %d tokens/step, %d steps",
                                 ArchitectureClassName(t.config().architecture),
                                 t.num_parameters() / 1e6, t.backend_name(),
-                                spec->tokens_per_step(), spec->steps));
+                                spec->tokens_per_step_resolved(), spec->steps));
+  for (absl::string_view line : absl::StrSplit(t.plan_text(), '\n', absl::SkipEmpty())) {
+    Log(job.id(), absl::StrCat("plan: ", line));
+  }
   auto save = [&]() -> absl::StatusOr<std::string> {
     absl::StatusOr<std::string> path = t.SaveCheckpoint();
     if (path.ok()) {

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/plan/machine_profile.h"
 #include "megatrain/v1/jobs.pb.h"
 #include "server/daemon_metrics.h"
 #include "server/event_hub.h"
@@ -28,6 +29,7 @@ struct JobRunnerOptions {
   std::string device = "cpu";  // "cpu" or "cuda:N"
   std::string state_dir;       // default checkpoints: state_dir/jobs/<id>/checkpoints
   DaemonMetrics* metrics = nullptr;  // optional: what jobs report to Prometheus
+  const MachineProfile* profile = nullptr;  // the planner's rates; null = measure
 };
 
 class JobRunner {

@@ -10,6 +10,7 @@
 #include "megatrain/v1/jobs.grpc.pb.h"
 #include "server/event_hub.h"
 #include "server/job_runner.h"
+#include "server/node_planner.h"
 #include "server/job_store.h"
 
 namespace megatrain::server {
@@ -17,6 +18,7 @@ namespace megatrain::server {
 struct JobServiceOptions {
   std::string state_dir;
   int64_t host_memory_bytes = 0;  // admission limit: total usable host memory
+  NodePlanner* planner = nullptr; // plans jobs for admission and PlanJob (required)
 };
 
 class JobServiceImpl final : public v1::JobService::Service {
@@ -26,6 +28,8 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::Job* resp) override;
+  grpc::Status PlanJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
+                       v1::JobPlan* resp) override;
   grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                       v1::Job* resp) override;
   grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,

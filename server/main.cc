@@ -26,6 +26,7 @@
 #include "server/event_hub.h"
 #include "server/job_runner.h"
 #include "server/job_service.h"
+#include "server/node_planner.h"
 #include "server/job_store.h"
 #include "server/metrics_http.h"
 #include "server/node_service.h"
@@ -73,16 +74,25 @@ int Run(const DaemonConfig& config) {
   } else {
     metrics_options.device_name = "cpu";
   }
-  // MFU's denominator: configured, else this device's GEMM rate measured now, else the
-  // data sheet's bf16 dense peak.
+  // The machine profile (the planner's rates: PCIe, matmuls, attention, CPU AdamW), read
+  // from the state folder or measured now; MFU's denominator is its measured GEMM peak
+  // unless configured.
+  const HostMemory mem = ReadHostMemory();
+  const int64_t admissible = static_cast<int64_t>(mem.total_bytes * config.host_memory_fraction);
+  absl::StatusOr<std::unique_ptr<NodePlanner>> planner =
+      NodePlanner::Create(device, config.state_dir, admissible);
+  if (!planner.ok()) {
+    std::fprintf(stderr, "megatraind: measuring the machine: %s\n",
+                 std::string(planner.status().message()).c_str());
+    return 1;
+  }
+  std::printf("megatraind: %s\n", (*planner)->note().c_str());
   metrics_options.peak_tflops = config.gpu_peak_tflops;
   if (metrics_options.peak_tflops <= 0) {
-    absl::StatusOr<std::unique_ptr<Backend>> probe =
-        CreateBackend(BackendRequest{device == "cpu" ? "cpu" : "cuda"});
-    absl::StatusOr<double> measured =
-        probe.ok() ? MeasureGemmTflops(probe->get()) : absl::StatusOr<double>(probe.status());
-    metrics_options.peak_tflops =
-        measured.ok() ? *measured : KnownBf16PeakTflops(metrics_options.device_name);
+    metrics_options.peak_tflops = (*planner)->profile().gemm_peak_tflops;
+    if (metrics_options.peak_tflops <= 0) {
+      metrics_options.peak_tflops = KnownBf16PeakTflops(metrics_options.device_name);
+    }
   }
   DaemonMetrics metrics(&registry, store->get(), metrics_options);
   std::unique_ptr<MetricsHttpServer> metrics_server;
@@ -97,6 +107,7 @@ int Run(const DaemonConfig& config) {
   }
   JobRunnerOptions runner_options{device, config.state_dir};
   runner_options.metrics = &metrics;
+  runner_options.profile = &(*planner)->profile();
   JobRunner runner(store->get(), &hub, runner_options);
 
   // Jobs that were running when the last daemon died resume from their checkpoints.
@@ -108,9 +119,8 @@ int Run(const DaemonConfig& config) {
     }
   }
 
-  const HostMemory mem = ReadHostMemory();
-  const int64_t admissible = static_cast<int64_t>(mem.total_bytes * config.host_memory_fraction);
-  JobServiceImpl jobs(store->get(), &hub, &runner, JobServiceOptions{config.state_dir, admissible});
+  JobServiceImpl jobs(store->get(), &hub, &runner,
+                      JobServiceOptions{config.state_dir, admissible, planner->get()});
   NodeServiceImpl node(store->get(), device == "cpu" ? "cpu" : "cuda", admissible);
 
   const std::string socket = UnixSocketPath(config.listen).value_or("");

@@ -56,6 +56,7 @@ std::string SpecMessageToYaml(const v1::JobSpec& s) {
     const v1::JobSpec::Train& t = s.train();
     out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
     num("steps", t.steps());
+    num("tokens_per_step", t.tokens_per_step());
     num("micro_batch_rows", t.micro_batch_rows());
     num("micro_batches", t.micro_batches());
     if (t.has_lr()) out << YAML::Key << "lr" << YAML::Value << t.lr();
@@ -69,6 +70,7 @@ std::string SpecMessageToYaml(const v1::JobSpec& s) {
     if (t.has_max_grad_norm()) out << YAML::Key << "max_grad_norm" << YAML::Value << t.max_grad_norm();
     num("activation_checkpoint_every", t.activation_checkpoint_every());
     num("loss_chunk_tokens", t.loss_chunk_tokens());
+    str("activation_checkpoints", t.activation_checkpoints());
     out << YAML::EndMap;
   }
   if (s.has_checkpoint()) {

@@ -118,6 +118,7 @@ class CudaBackend final : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     return in_use_;
   }
+  int64_t device_memory_budget() const override { return cap_; }
   int64_t device_bytes_peak() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return peak_;

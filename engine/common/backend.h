@@ -60,6 +60,9 @@ class Backend {
   // Device memory held now and at most since creation, through Alloc (0 on the CPU).
   virtual int64_t device_bytes_in_use() const { return 0; }
   virtual int64_t device_bytes_peak() const { return 0; }
+  // The most this backend may allocate: the job's cap, else the device memory free when
+  // it was created. 0 on the CPU (its buffers are host memory).
+  virtual int64_t device_memory_budget() const { return 0; }
 
   // ---- copies ----
   // slot (n) weight  <-  host bf16 (n). The host range stays in use until an event

@@ -229,8 +229,9 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     if (!top.Get("train").IsMap()) return top.Error("train", "must be a mapping");
     Section t(top.Get("train"), "train");
     RETURN_IF_ERROR(t.Int("steps", &spec->steps, 1));
-    RETURN_IF_ERROR(t.Int("micro_batch_rows", &spec->micro_batch_rows, 1));
-    RETURN_IF_ERROR(t.Int("micro_batches", &spec->micro_batches, 1));
+    RETURN_IF_ERROR(t.Int("tokens_per_step", &spec->tokens_per_step, 0));
+    RETURN_IF_ERROR(t.Int("micro_batch_rows", &spec->micro_batch_rows, 0));
+    RETURN_IF_ERROR(t.Int("micro_batches", &spec->micro_batches, 0));
     RETURN_IF_ERROR(t.Double("lr", &spec->schedule.lr, 0, 1e3));
     std::string schedule = ScheduleTypeName(spec->schedule.type);
     RETURN_IF_ERROR(t.String("schedule", &schedule));
@@ -244,7 +245,10 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     RETURN_IF_ERROR(t.Double("beta2", &spec->beta2, 0, 0.999999999));
     RETURN_IF_ERROR(t.Double("eps", &spec->eps, 0, 1));
     RETURN_IF_ERROR(t.Double("max_grad_norm", &spec->max_grad_norm, 0, 1e30));
-    RETURN_IF_ERROR(t.Int("activation_checkpoint_every", &spec->activation_checkpoint_every, 1));
+    RETURN_IF_ERROR(t.Int("activation_checkpoint_every", &spec->activation_checkpoint_every, 0));
+    RETURN_IF_ERROR(t.String("activation_checkpoints", &spec->activation_checkpoints));
+    RETURN_IF_ERROR(t.OneOf("activation_checkpoints", spec->activation_checkpoints,
+                            {"auto", "device", "host"}));
     RETURN_IF_ERROR(t.Int("loss_chunk_tokens", &spec->loss_chunk_tokens, 1));
     RETURN_IF_ERROR(t.CheckNoUnknown());
   }
@@ -262,15 +266,46 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   }
   RETURN_IF_ERROR(top.CheckNoUnknown());
   // In 128 bits: each factor may be up to 2^63 on its own.
-  const __int128 tokens = static_cast<__int128>(spec->micro_batches) * spec->micro_batch_rows *
-                          spec->seq_len;
-  if (tokens >= (__int128{1} << 31)) {
-    return absl::InvalidArgumentError("train: micro_batches * micro_batch_rows * data.seq_len must be < 2^31");
+  const __int128 split = static_cast<__int128>(std::max<int64_t>(1, spec->micro_batches)) *
+                         std::max<int64_t>(1, spec->micro_batch_rows) * spec->seq_len;
+  if (split >= (__int128{1} << 31) || spec->tokens_per_step >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        "train: tokens per step (tokens_per_step, or micro_batches * micro_batch_rows * "
+        "data.seq_len) must be < 2^31");
+  }
+  if (spec->tokens_per_step > 0 && spec->tokens_per_step % spec->seq_len != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.tokens_per_step (", spec->tokens_per_step, ") must be a multiple of data.seq_len (",
+        spec->seq_len, "): a step is whole sequences"));
+  }
+  const int64_t rows = spec->rows_per_step();
+  if (spec->micro_batch_rows > 0 && rows % spec->micro_batch_rows != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.micro_batch_rows (", spec->micro_batch_rows, ") must divide the ", rows,
+        " sequences of a step (train.tokens_per_step / data.seq_len)"));
+  }
+  if (spec->micro_batch_rows > 0 && spec->micro_batches > 0 &&
+      spec->micro_batch_rows * spec->micro_batches != rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train: micro_batch_rows * micro_batches (", spec->micro_batch_rows, " * ",
+        spec->micro_batches, ") must equal the ", rows,
+        " sequences of train.tokens_per_step; give tokens_per_step alone and let the planner "
+        "split it"));
+  }
+  if (spec->micro_batches > 0 && rows % spec->micro_batches != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.micro_batches (", spec->micro_batches, ") must divide the ", rows,
+        " sequences of a step"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+int64_t JobSpec::rows_per_step() const {
+  if (tokens_per_step > 0 && seq_len > 0) return tokens_per_step / seq_len;
+  return std::max<int64_t>(1, micro_batch_rows) * std::max<int64_t>(1, micro_batches);
+}
 
 std::string JobSpec::Fingerprint() const {
   nlohmann::json j = {{"model_path", model_path},   {"model_config", model_config_json},
@@ -280,7 +315,7 @@ std::string JobSpec::Fingerprint() const {
                       {"chat_date", chat_date},     {"packing", packing},
                       {"truncation", truncation},   {"on_bad_line", on_bad_line},
                       {"seq_len", seq_len},         {"data_seed", data_seed},
-                      {"rows", micro_batch_rows},   {"micro_batches", micro_batches}};
+                      {"rows_per_step", rows_per_step()}};
   return j.dump();
 }
 
@@ -399,6 +434,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "seed" << YAML::Value << s.data_seed << YAML::EndMap;
   out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "steps" << YAML::Value << s.steps;
+  out << YAML::Key << "tokens_per_step" << YAML::Value << s.tokens_per_step;
   out << YAML::Key << "micro_batch_rows" << YAML::Value << s.micro_batch_rows;
   out << YAML::Key << "micro_batches" << YAML::Value << s.micro_batches;
   out << YAML::Key << "lr" << YAML::Value << s.schedule.lr;
@@ -411,6 +447,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "eps" << YAML::Value << s.eps;
   out << YAML::Key << "max_grad_norm" << YAML::Value << s.max_grad_norm;
   out << YAML::Key << "activation_checkpoint_every" << YAML::Value << s.activation_checkpoint_every;
+  out << YAML::Key << "activation_checkpoints" << YAML::Value << s.activation_checkpoints;
   out << YAML::Key << "loss_chunk_tokens" << YAML::Value << s.loss_chunk_tokens << YAML::EndMap;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << s.checkpoint_dir;

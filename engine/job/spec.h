@@ -10,9 +10,12 @@
 //                packing: pack|pad, truncation: auto|split|truncate,
 //                on_bad_line: fail|skip, cache_dir: "", tokenize_threads: 0,
 //                seq_len: 256, seed: 0}
-//   train:      {steps, micro_batch_rows, micro_batches, lr, schedule, warmup_steps,
+//   train:      {steps, tokens_per_step, lr, schedule, warmup_steps,
 //                min_lr_ratio, weight_decay, beta1, beta2, eps, max_grad_norm,
-//                activation_checkpoint_every, loss_chunk_tokens}
+//                loss_chunk_tokens,
+//                # left out (0 / auto), the planner chooses these (engine/plan/planner.h):
+//                micro_batch_rows, micro_batches, activation_checkpoint_every,
+//                activation_checkpoints: auto|device|host}
 //   checkpoint: {dir, every_steps, keep_last, max_shard_bytes}
 //   backend:    auto | cpu | cuda
 //   device_memory_cap_bytes: 0      # the most device memory the job may take; 0 = all free
@@ -61,13 +64,17 @@ struct JobSpec {
   uint64_t data_seed = 0;
 
   int64_t steps = 100;
-  int64_t micro_batch_rows = 1;  // sequences per micro-batch
-  int64_t micro_batches = 1;     // gradient accumulation per step
+  // The batch: tokens per optimizer step, a multiple of seq_len. 0: micro_batch_rows *
+  // micro_batches * seq_len (each 1 when not given).
+  int64_t tokens_per_step = 0;
+  int64_t micro_batch_rows = 0;  // sequences per micro-batch; 0 = the planner's choice
+  int64_t micro_batches = 0;     // micro-batches per step; 0 = rows per step / rows
   ScheduleOptions schedule;      // lr, type, warmup, total (= steps), min ratio
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double max_grad_norm = 1.0;    // <= 0 disables clipping
-  int64_t activation_checkpoint_every = 1;  // K
+  int64_t activation_checkpoint_every = 0;  // K; 0 = the planner's choice
+  std::string activation_checkpoints = "auto";  // where: auto | device | host
   int64_t loss_chunk_tokens = 4096;
 
   std::string checkpoint_dir;    // "" = no checkpoints
@@ -78,7 +85,9 @@ struct JobSpec {
   std::string backend = "auto";
   int64_t device_memory_cap_bytes = 0;  // 0: the device's free memory
 
-  int64_t tokens_per_step() const { return micro_batches * micro_batch_rows * seq_len; }
+  // Sequences per optimizer step, and tokens.
+  int64_t rows_per_step() const;
+  int64_t tokens_per_step_resolved() const { return rows_per_step() * seq_len; }
   // The settings a resume must agree with (model, data, batch shape), as a string.
   std::string Fingerprint() const;
 };

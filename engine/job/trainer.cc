@@ -14,6 +14,7 @@
 #include "engine/data/jsonl.h"
 #include "engine/data/tokenizer.h"
 #include "engine/model/safetensors.h"
+#include "engine/plan/machine_profile.h"
 #include "engine/optim/schedule.h"
 #include "engine/store/model_io.h"
 
@@ -113,33 +114,32 @@ Trainer::~Trainer() {
   for (void* p : pinned_) backend_->UnpinHostRange(p);
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec) {
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec,
+                                                         const MachineProfile* profile) {
   std::unique_ptr<Trainer> t(new Trainer);
-  RETURN_IF_ERROR(t->Init(spec));
+  RETURN_IF_ERROR(t->Init(spec, profile));
   return t;
 }
 
-int64_t Trainer::EstimateHostBytes(const ModelConfig& config, const JobSpec& spec) {
-  const ModelLayout layout = BuildLayout(config);
-  int64_t total = 0, max_unit = 0;
-  for (const UnitLayout& u : layout.units) {
-    total += u.num_elements;
-    max_unit = std::max(max_unit, u.num_elements);
-  }
-  const int64_t slabs = spec.max_grad_norm > 0 ? static_cast<int64_t>(layout.units.size()) : 3;
-  int64_t bytes = 14 * total + 4 * max_unit * slabs;
-  if (spec.backend == "cpu" || spec.backend == "auto") {
-    // CPU "device" memory: f32 weight slots and gradients, and activations.
-    const int64_t K = std::max<int64_t>(1, spec.activation_checkpoint_every);
-    const int64_t slots = std::max<int64_t>(2, K + 1);
-    const int64_t tokens = spec.tokens_per_step();
-    bytes += 4 * max_unit * (slots + 2) + 8 * (total - (layout.num_layers * layout.MaxDecoderElements()));
-    bytes += 4 * tokens * config.hidden_size * ((config.num_layers + K - 1) / K + K + 3);
-  }
-  return bytes;
+PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
+                           int64_t device_budget_bytes, int64_t host_budget_bytes) {
+  PlanRequest r;
+  r.config = config;
+  r.seq_len = spec.seq_len;
+  r.rows_per_step = spec.rows_per_step();
+  r.clipping = spec.max_grad_norm > 0;
+  r.loss_chunk_tokens = spec.loss_chunk_tokens;
+  r.micro_batch_rows = spec.micro_batch_rows > 0
+                           ? spec.micro_batch_rows
+                           : (spec.micro_batches > 0 ? r.rows_per_step / spec.micro_batches : 0);
+  r.checkpoint_every = spec.activation_checkpoint_every;
+  r.checkpoints = spec.activation_checkpoints;
+  r.device_budget_bytes = device_budget_bytes;
+  r.host_budget_bytes = host_budget_bytes;
+  return r;
 }
 
-absl::Status Trainer::Init(const JobSpec& spec) {
+absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_profile) {
   spec_ = spec;
   ASSIGN_OR_RETURN(config_, ResolveModelConfig(spec));
   num_params_ = NumParameters(config_);
@@ -166,6 +166,24 @@ absl::Status Trainer::Init(const JobSpec& spec) {
   ASSIGN_OR_RETURN(backend_, CreateBackend(request));
   const int numa_node = BackendNumaNode(request);
 
+  // The plan: micro-batch, checkpoints, weight slots (engine/plan/planner.h).
+  MachineProfile profile;
+  if (given_profile != nullptr) {
+    profile = *given_profile;
+  } else {
+    ASSIGN_OR_RETURN(profile, LoadOrMeasureProfile(backend_.get(), DefaultProfilePath()));
+  }
+  {
+    // The device: what the backend may allocate, less room for the library workspaces
+    // (cuBLAS, the CUDA context's own) that do not go through it.
+    const int64_t budget = backend_->device_memory_budget();
+    const int64_t device = std::max<int64_t>(0, budget - std::min<int64_t>(budget / 16, 1ll << 30));
+    const int64_t host = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    const PlanRequest request = JobPlanRequest(spec, config_, device, host);
+    ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
+    plan_text_ = DescribePlan(plan_, request, profile);
+  }
+
   const ModelLayout layout = BuildLayout(config_);
   ASSIGN_OR_RETURN(store_, HostStore::Create(layout, numa_node));
   const bool clipping = spec.max_grad_norm > 0;
@@ -181,12 +199,12 @@ absl::Status Trainer::Init(const JobSpec& spec) {
   pinned_.push_back(slabs_->base());
 
   PipelineOptions po;
-  po.micro_batches = spec.micro_batches;
-  po.tokens_per_micro_batch = spec.micro_batch_rows * spec.seq_len;
-  po.checkpoint_every = std::min(spec.activation_checkpoint_every, config_.num_layers);
-  po.loss_chunk_tokens = spec.loss_chunk_tokens;
-  // On a GPU the device working set must not grow with depth.
-  po.checkpoints_on_host = backend_->name() != "cpu";
+  po.micro_batches = plan_.micro_batches;
+  po.tokens_per_micro_batch = plan_.micro_batch_rows * spec.seq_len;
+  po.checkpoint_every = plan_.checkpoint_every;
+  po.loss_chunk_tokens = plan_.loss_chunk_tokens;
+  po.checkpoints_on_host = plan_.checkpoints_on_host;
+  po.weight_slots = plan_.weight_slots;
   po.record_timeline = true;  // per-stream busy time for the metrics
   ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(config_, store_.get(), slabs_.get(),
                                                backend_.get(), po));
@@ -198,7 +216,7 @@ absl::Status Trainer::Init(const JobSpec& spec) {
   oo.max_grad_norm = spec.max_grad_norm;
   oo.numa_node = numa_node;
   optimizer_ = std::make_unique<HostOptimizer>(store_.get(), slabs_.get(), backend_.get(), oo);
-  batches_.resize(spec.micro_batches);
+  batches_.resize(plan_.micro_batches);
 
   state_.data_seed = spec.data_seed;
   state_.init_seed = spec.init_seed;
@@ -229,7 +247,7 @@ absl::Status Trainer::Init(const JobSpec& spec) {
 
 absl::StatusOr<StepReport> Trainer::Step() {
   if (done()) return absl::FailedPreconditionError("the job has already run all its steps");
-  for (MicroBatch& b : batches_) packer_->Next(spec_.micro_batch_rows, &b);
+  for (MicroBatch& b : batches_) packer_->Next(plan_.micro_batch_rows, &b);
   const double lr = LearningRate(spec_.schedule, state_.step);
   optimizer_->BeginStep(lr, state_.step + 1);
   ASSIGN_OR_RETURN(StepResult r, pipeline_->Step(batches_, optimizer_.get()));
@@ -243,13 +261,14 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.loss = r.loss;
   report.lr = lr;
   report.grad_norm = r.grad_norm;
-  report.tokens = spec_.tokens_per_step();
+  report.tokens = spec_.tokens_per_step_resolved();
   report.seconds = r.seconds;
   report.tokens_per_second = r.seconds > 0 ? report.tokens / r.seconds : 0;
   // 6 N per token for the matmuls, plus causal attention: 6 * L * seq * H*D per token
   // (forward 2 * 2 * L * H*D * seq/2, times 3 for backward).
   const double attn = 6.0 * config_.num_layers * spec_.seq_len * config_.num_heads * config_.head_dim;
-  report.model_tflops = (6.0 * num_params_ + attn) * report.tokens_per_second / 1e12;
+  report.model_tflops =
+      (6.0 * MatmulParameters(config_) + attn) * report.tokens_per_second / 1e12;
   report.device_bytes_peak = backend_->device_bytes_peak();
   report.device_bytes_in_use = backend_->device_bytes_in_use();
   report.stream_busy_seconds = StreamBusySeconds(r.timeline);

@@ -20,6 +20,7 @@
 #include "engine/job/spec.h"
 #include "engine/pipeline/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
+#include "engine/plan/planner.h"
 
 namespace megatrain {
 
@@ -58,13 +59,17 @@ std::string JobDataCacheDir(const JobSpec& spec);
 // Packing settings of the spec for this tokenizer (padding id: eos, else 0).
 PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer);
 
+// What the planner needs to know of a job: the model, the batch, clipping and the choices
+// the spec fixes; the budgets are the caller's (the device's, the node's).
+PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
+                           int64_t device_budget_bytes, int64_t host_budget_bytes);
+
 class Trainer {
  public:
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec);
-
-  // Host memory the job will hold: the store (2 + 12 bytes per parameter), the gradient
-  // slabs (every unit's when clipping), and the backend's buffers when it is the CPU.
-  static int64_t EstimateHostBytes(const ModelConfig& config, const JobSpec& spec);
+  // `profile`: the machine's rates for the planner; null = the cached one at
+  // DefaultProfilePath(), measured on first use.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const JobSpec& spec, const MachineProfile* profile = nullptr);
   ~Trainer();
 
   // Runs one optimizer step; saves a checkpoint when the spec says so.
@@ -80,6 +85,9 @@ class Trainer {
   int64_t last_checkpoint_bytes() const { return last_checkpoint_bytes_; }
 
   const ModelConfig& config() const { return config_; }
+  // How the job runs (the planner's choices and prediction), and the same in words.
+  const Plan& plan() const { return plan_; }
+  const std::string& plan_text() const { return plan_text_; }
   const JobSpec& spec() const { return spec_; }
   std::string backend_name() const { return backend_->name(); }
   const HostStore& store() const { return *store_; }
@@ -93,7 +101,7 @@ class Trainer {
 
  private:
   Trainer() = default;
-  absl::Status Init(const JobSpec& spec);
+  absl::Status Init(const JobSpec& spec, const MachineProfile* profile);
 
   JobSpec spec_;
   ModelConfig config_;
@@ -104,6 +112,8 @@ class Trainer {
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<HostOptimizer> optimizer_;
   std::unique_ptr<Packer> packer_;
+  Plan plan_;
+  std::string plan_text_;
   DatasetStats dataset_stats_;
   double optimizer_busy_seen_ = 0;
   double last_checkpoint_seconds_ = 0;

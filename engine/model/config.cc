@@ -386,4 +386,8 @@ int64_t NumParameters(const ModelConfig& c) {
   return total;
 }
 
+int64_t MatmulParameters(const ModelConfig& c) {
+  return NumParameters(c) - (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size);
+}
+
 }  // namespace megatrain

@@ -69,5 +69,8 @@ const char* ArchitectureModelType(Architecture a);
 
 // Parameter count of the whole model (embeddings counted once when tied).
 int64_t NumParameters(const ModelConfig& config);
+// Parameters that take part in matmuls: all but an untied embedding table (the lm_head
+// of a tied model is the embedding). The N of "6 N T" model FLOPs.
+int64_t MatmulParameters(const ModelConfig& config);
 
 }  // namespace megatrain

@@ -25,17 +25,31 @@ double ReadStat(const char* p, DType dtype) {
 
 }  // namespace
 
-Pipeline::Pipeline(const ModelConfig& config, HostStore* store, GradSlabPool* slabs,
-                   Backend* backend, const PipelineOptions& options)
+Pipeline::Pipeline(const ModelConfig& config, const ModelLayout& layout, HostStore* store,
+                   GradSlabPool* slabs, Backend* backend, const PipelineOptions& options)
     : config_(config),
+      layout_(&layout),
       store_(store),
       slabs_(slabs),
       backend_(backend),
       options_(options),
-      decoder_(config, store->layout().units[store->layout().DecoderUnit(0)], backend),
-      head_(config, store->layout(), backend, options.loss_chunk_tokens),
-      num_slots_(std::max<int64_t>(2, options.checkpoint_every + 1)),
+      decoder_(config, layout.units[layout.DecoderUnit(0)], backend),
+      head_(config, layout, backend, options.loss_chunk_tokens),
+      num_slots_(NumWeightSlots(config, options)),
       act_row_bytes_(config.hidden_size * DTypeSize(backend->act_dtype())) {}
+
+int64_t Pipeline::NumWeightSlots(const ModelConfig& config, const PipelineOptions& options) {
+  const int64_t least = std::max<int64_t>(2, options.checkpoint_every + 1);
+  return std::max(least, std::min(options.weight_slots, config.num_layers));
+}
+
+int64_t Pipeline::DeviceBytesFor(const ModelConfig& config, const ModelLayout& layout,
+                                 Backend* backend, const PipelineOptions& options) {
+  Pipeline p(config, layout, nullptr, nullptr, backend, options);
+  (void)p.Allocate(/*count_only=*/true);
+  p.backend_ = nullptr;  // nothing to drain
+  return p.device_bytes_;
+}
 
 Pipeline::~Pipeline() {
   if (backend_ == nullptr) return;
@@ -62,18 +76,23 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const ModelConfig& co
     return absl::InvalidArgumentError(absl::StrCat("gradient slabs hold ", slabs->slab_elements(),
                                                    " elements; the largest unit has ", max_unit));
   }
-  std::unique_ptr<Pipeline> p(new Pipeline(config, store, slabs, backend, options));
+  std::unique_ptr<Pipeline> p(
+      new Pipeline(config, store->layout(), store, slabs, backend, options));
   RETURN_IF_ERROR(p->Allocate());
   return p;
 }
 
-absl::Status Pipeline::Allocate() {
+absl::Status Pipeline::Allocate(bool count_only) {
   Backend* be = backend_;
-  const ModelLayout& layout = store_->layout();
+  const ModelLayout& layout = *layout_;
   const int64_t M = options_.micro_batches, n = options_.tokens_per_micro_batch;
   const int64_t L = config_.num_layers, K = options_.checkpoint_every;
   const int64_t wsize = DTypeSize(be->weight_dtype()), gsize = DTypeSize(be->grad_dtype());
   auto alloc = [&](DeviceBuffer* b, int64_t bytes, const char* what) -> absl::Status {
+    if (count_only) {
+      device_bytes_ += bytes;
+      return absl::OkStatus();
+    }
     absl::StatusOr<DeviceBuffer> r = DeviceBuffer::Allocate(be, bytes);
     if (!r.ok()) return Annotate(r.status(), absl::StrCat("allocating ", what));
     *b = std::move(*r);
@@ -84,6 +103,7 @@ absl::Status Pipeline::Allocate() {
   slots_.resize(num_slots_);
   for (int64_t s = 0; s < num_slots_; ++s) {
     RETURN_IF_ERROR(alloc(&slots_[s], max_layer * wsize, "a weight slot"));
+    if (count_only) continue;
     slot_loaded_.emplace_back(be);
     slot_free_.emplace_back(be);
   }
@@ -96,12 +116,18 @@ absl::Status Pipeline::Allocate() {
   RETURN_IF_ERROR(alloc(&head_grad_, head_n * gsize, "the head gradient"));
   for (int i = 0; i < 2; ++i) {
     RETURN_IF_ERROR(alloc(&layer_grad_[i], max_layer * gsize, "a layer gradient buffer"));
+    if (count_only) continue;
     grad_ready_[i] = Event(be);
     grad_free_[i] = Event(be);
   }
   const int64_t mb_bytes = M * n * act_row_bytes_;
   const int64_t num_ckpt = (L + K - 1) / K + 1;
   if (options_.checkpoints_on_host) {
+    for (int i = 0; i < 2 && count_only; ++i) {
+      RETURN_IF_ERROR(alloc(&seg_in_[i], mb_bytes, "checkpoint staging"));
+    }
+  }
+  if (options_.checkpoints_on_host && !count_only) {
     ASSIGN_OR_RETURN(host_ckpt_, HostArena::Map(num_ckpt * mb_bytes, "layer-input checkpoints"));
     RETURN_IF_ERROR(be->PinHostRange(host_ckpt_.data(), host_ckpt_.bytes()));
     for (int i = 0; i < 2; ++i) {
@@ -110,7 +136,7 @@ absl::Status Pipeline::Allocate() {
       seg_in_loaded_[i] = Event(be);
       seg_in_free_[i] = Event(be);
     }
-  } else {
+  } else if (!options_.checkpoints_on_host) {
     ckpt_.resize(num_ckpt);
     for (DeviceBuffer& b : ckpt_) RETURN_IF_ERROR(alloc(&b, mb_bytes, "layer-input checkpoints"));
   }
@@ -122,19 +148,20 @@ absl::Status Pipeline::Allocate() {
   RETURN_IF_ERROR(alloc(&dres_, mb_bytes, "residual gradients"));
   RETURN_IF_ERROR(alloc(&scratch_out_, n * act_row_bytes_, "a scratch activation"));
   RETURN_IF_ERROR(alloc(&layer_ws_, decoder_.WorkspaceBytes(n), "the layer workspace"));
-  saved_ = decoder_.CarveWorkspace(layer_ws_.get(), n);
+  if (!count_only) saved_ = decoder_.CarveWorkspace(layer_ws_.get(), n);
   RETURN_IF_ERROR(alloc(&head_ws_, head_.WorkspaceBytes(n), "the loss workspace"));
   RETURN_IF_ERROR(alloc(&batch_ints_, M * 4 * n * sizeof(int32_t), "token arrays"));
   RETURN_IF_ERROR(alloc(&losses_, M * n * DTypeSize(be->stat_dtype()), "per-token losses"));
   host_losses_.resize(M * n * DTypeSize(be->stat_dtype()));
-
   const int64_t half = config_.head_dim / 2;
+  RETURN_IF_ERROR(alloc(&inv_freq_, half * sizeof(float), "RoPE frequencies"));
+  if (count_only) return absl::OkStatus();
+
   std::vector<float> inv_freq(half);
   const RopeScaling& rs = config_.rope_scaling;
   ref::RopeInvFreq(inv_freq.data(), config_.head_dim, config_.rope_theta,
                    rs.type == RopeScaling::Type::kLlama3, rs.factor, rs.low_freq_factor,
                    rs.high_freq_factor, rs.original_max_position_embeddings);
-  RETURN_IF_ERROR(alloc(&inv_freq_, half * sizeof(float), "RoPE frequencies"));
   be->CopyToDevice(inv_freq_.get(), inv_freq.data(), half * sizeof(float), StreamId::kH2D);
   be->SyncAll();
 

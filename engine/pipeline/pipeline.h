@@ -47,6 +47,10 @@ struct PipelineOptions {
   // device working set no longer grows with depth (each checkpoint crosses PCIe once
   // each way per step). Meaningless on the CPU backend.
   bool checkpoints_on_host = false;
+  // Device weight slots. At least max(2, K+1); with at least num_layers every layer keeps
+  // its own slot, so backward finds each layer still resident from the forward and only
+  // the forward upload crosses PCIe (the optimizer changes the weights every step).
+  int64_t weight_slots = 0;
   // Record a span (two events) around every transfer and every layer's compute, and
   // return the step's timeline. Costs a little; for benchmarks and diagnosis.
   bool record_timeline = false;
@@ -93,11 +97,18 @@ class Pipeline {
 
   // Device bytes allocated by Create().
   int64_t device_bytes() const { return device_bytes_; }
+  // What Create() would allocate on `backend` for a model of `layout` (no allocation):
+  // the planner's device-memory figure.
+  static int64_t DeviceBytesFor(const ModelConfig& config, const ModelLayout& layout,
+                                Backend* backend, const PipelineOptions& options);
+  // Weight slots a pipeline with `options` uses.
+  static int64_t NumWeightSlots(const ModelConfig& config, const PipelineOptions& options);
 
  private:
-  Pipeline(const ModelConfig& config, HostStore* store, GradSlabPool* slabs, Backend* backend,
-           const PipelineOptions& options);
-  absl::Status Allocate();
+  Pipeline(const ModelConfig& config, const ModelLayout& layout, HostStore* store,
+           GradSlabPool* slabs, Backend* backend, const PipelineOptions& options);
+  // Allocates every device buffer; with count_only, only adds up device_bytes_.
+  absl::Status Allocate(bool count_only = false);
 
   void EnsureLoaded(int64_t layer);          // H2D layer's weights into its slot
   void* UseSlot(int64_t layer);              // compute waits for the upload
@@ -119,6 +130,7 @@ class Pipeline {
   void SpanEnd(int span);
 
   ModelConfig config_;
+  const ModelLayout* layout_;  // the store's (or the caller's, for DeviceBytesFor)
   GradSink* sink_ = nullptr;  // of the step in progress
   HostStore* store_;
   GradSlabPool* slabs_;

@@ -61,11 +61,12 @@ int main(int argc, char** argv) {
   std::printf("job %s: %s, %.2fM parameters, %s backend, %lld tokens/step, %lld steps%s\n",
               spec->name.c_str(), megatrain::ArchitectureClassName(t.config().architecture),
               t.num_parameters() / 1e6, t.backend_name().c_str(),
-              static_cast<long long>(spec->tokens_per_step()), static_cast<long long>(spec->steps),
+              static_cast<long long>(spec->tokens_per_step_resolved()), static_cast<long long>(spec->steps),
               t.resumed_from_step() > 0
                   ? (", resumed at step " + std::to_string(t.resumed_from_step())).c_str()
                   : "");
   std::printf("%s\n", t.dataset_stats().Summary().c_str());
+  std::printf("%s", t.plan_text().c_str());
   int64_t ran = 0;
   while (!t.done() && (max_steps == 0 || ran < max_steps)) {
     absl::StatusOr<megatrain::StepReport> r = t.Step();

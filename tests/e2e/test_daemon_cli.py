@@ -40,6 +40,7 @@ KEEP = os.environ.get("MEGATRAIN_E2E_KEEP") == "1"
 EXIT_OK = 0
 EXIT_USAGE = 2  # also INVALID_ARGUMENT
 EXIT_NOT_FOUND = 3
+EXIT_RESOURCE_EXHAUSTED = 6
 EXIT_FAILED_PRECONDITION = 7
 EXIT_WATCH_CANCELLED = 11
 
@@ -820,6 +821,39 @@ class BadSpecTest(DaemonTestCase):
         self.watch_ok(job_id)
         self.assertEqual(self.status(job_id)["state"], "JOB_STATE_SUCCEEDED")
         self.assertEqual(job_id, 1)
+
+    def test_plan_says_how_a_job_runs_and_refuses_one_that_cannot_fit(self):
+        spec = make_spec(steps=3)
+        del spec["train"]["micro_batch_rows"], spec["train"]["micro_batches"]
+        spec["train"]["tokens_per_step"] = 256  # 8 sequences of 32
+        path = self.spec_file(spec)
+        text = self.cli_ok("plan", path).stdout
+        for want in ("256 tokens per step", "predicted", "bound", "host"):
+            self.assertIn(want, text)
+        plan = self.cli_json("plan", path)
+        self.assertEqual(int(plan["micro_batch_rows"]) * int(plan["micro_batches"]), 8)
+        self.assertGreater(plan["step_seconds"], 0)
+        self.assertGreater(int(plan["host_bytes"]), 0)
+        # Planning stores nothing; the submitted job carries the same plan and runs it.
+        self.assertEqual(self.cli_json("list")["jobs"], [])
+        job_id = self.submit(to_yaml(spec) + "\n")
+        self.watch_ok(job_id)
+        status = self.status(job_id)
+        self.assertEqual(status["plan"]["micro_batch_rows"], plan["micro_batch_rows"])
+        logs = self.cli_ok("logs", job_id).stdout
+        self.assertIn("plan: ", logs)
+
+        # A model whose training state outgrows the host: refused with the numbers.
+        huge = make_spec(steps=1)
+        huge["model"]["config"] = dict(MODEL_CONFIG, hidden_size=16384, intermediate_size=53248,
+                                       num_hidden_layers=512, num_attention_heads=128,
+                                       num_key_value_heads=8)
+        for command in ("plan", "submit"):
+            r = self.cli(command, self.spec_file(huge))
+            self.assertEqual(r.returncode, EXIT_RESOURCE_EXHAUSTED, r.stdout + r.stderr)
+            self.assertIn("host memory", r.stderr)
+            self.assertIn("GiB", r.stderr)
+        self.assertEqual(len(self.cli_json("list")["jobs"]), 1)
 
     def test_data_path_that_is_a_directory_is_refused_at_submit(self):
         os.mkdir(os.path.join(self.tmp, "a-folder"))

@@ -129,7 +129,7 @@ checkpoint:
   EXPECT_EQ(spec->checkpoint_every_steps, 10);
   EXPECT_EQ(spec->keep_last, 2);
   EXPECT_EQ(spec->max_shard_bytes, 2097152);
-  EXPECT_EQ(spec->tokens_per_step(), 2 * 3 * 128);
+  EXPECT_EQ(spec->tokens_per_step_resolved(), 2 * 3 * 128);
 }
 
 TEST(JobSpecTest, AbsolutePathsAreKeptAndDotDotIsNormalised) {
@@ -162,8 +162,12 @@ TEST(JobSpecTest, OmittedSectionsAndFieldsTakeTheDocumentedDefaults) {
   EXPECT_EQ(spec->seq_len, 256);
   EXPECT_EQ(spec->data_seed, 0u);
   EXPECT_EQ(spec->steps, 100);
-  EXPECT_EQ(spec->micro_batch_rows, 1);
-  EXPECT_EQ(spec->micro_batches, 1);
+  // The batch: one sequence per step; its split is the planner's.
+  EXPECT_EQ(spec->tokens_per_step, 0);
+  EXPECT_EQ(spec->rows_per_step(), 1);
+  EXPECT_EQ(spec->micro_batch_rows, 0);
+  EXPECT_EQ(spec->micro_batches, 0);
+  EXPECT_EQ(spec->activation_checkpoints, "auto");
   EXPECT_EQ(spec->schedule.type, defaults.schedule.type);
   EXPECT_EQ(spec->schedule.lr, defaults.schedule.lr);
   EXPECT_EQ(spec->schedule.warmup_steps, 0);
@@ -174,7 +178,7 @@ TEST(JobSpecTest, OmittedSectionsAndFieldsTakeTheDocumentedDefaults) {
   EXPECT_EQ(spec->beta2, 0.999);
   EXPECT_EQ(spec->eps, 1e-8);
   EXPECT_EQ(spec->max_grad_norm, 1.0);
-  EXPECT_EQ(spec->activation_checkpoint_every, 1);
+  EXPECT_EQ(spec->activation_checkpoint_every, 0);
   EXPECT_EQ(spec->loss_chunk_tokens, 4096);
   EXPECT_TRUE(spec->checkpoint_dir.empty());
   EXPECT_EQ(spec->checkpoint_every_steps, 0);
@@ -290,9 +294,38 @@ TEST(JobSpecTest, NegativeStepsIsRefused) {
   ExpectInvalid(WithTrain("steps: 0"), "train.steps");
 }
 
-TEST(JobSpecTest, ZeroMicroBatchesIsRefused) {
-  ExpectInvalid(WithTrain("micro_batches: 0"), "train.micro_batches");
-  ExpectInvalid(WithTrain("micro_batch_rows: 0"), "train.micro_batch_rows");
+TEST(JobSpecTest, NegativeMicroBatchesIsRefused) {
+  ExpectInvalid(WithTrain("micro_batches: -1"), "train.micro_batches");
+  ExpectInvalid(WithTrain("micro_batch_rows: -2"), "train.micro_batch_rows");
+  ExpectInvalid(WithTrain("tokens_per_step: -4096"), "train.tokens_per_step");
+}
+
+TEST(JobSpecTest, TokensPerStepIsWholeSequencesAndAgreesWithAGivenSplit) {
+  // seq_len is 256 by default.
+  ExpectInvalid(WithTrain("tokens_per_step: 1000"), "multiple of data.seq_len");
+  ExpectInvalid(WithTrain("tokens_per_step: 1024\n  micro_batch_rows: 3"),
+                "train.micro_batch_rows (3) must divide the 4 sequences");
+  ExpectInvalid(WithTrain("tokens_per_step: 1024\n  micro_batch_rows: 2\n  micro_batches: 1"),
+                "must equal the 4 sequences");
+  ExpectInvalid(WithTrain("tokens_per_step: 1024\n  micro_batches: 3"), "train.micro_batches (3)");
+  ExpectInvalid(WithTrain("activation_checkpoints: gpu"), "train.activation_checkpoints");
+  TempDir dir;
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(WithTrain("tokens_per_step: 2048\n  activation_checkpoints: host"), dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->rows_per_step(), 8);
+  EXPECT_EQ(spec->tokens_per_step_resolved(), 2048);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(JobSpecToYaml(*spec), "");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->tokens_per_step, 2048);
+  EXPECT_EQ(back->activation_checkpoints, "host");
+  EXPECT_EQ(back->Fingerprint(), spec->Fingerprint());
+  // The split is not part of the job's identity: a resume may split it differently.
+  absl::StatusOr<JobSpec> split = ParseJobSpec(
+      WithTrain("micro_batch_rows: 4\n  micro_batches: 2\n  activation_checkpoints: host"),
+      dir.path());
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->Fingerprint(), spec->Fingerprint());
 }
 
 TEST(JobSpecTest, LearningRateOutsideItsRangeIsRefused) {
@@ -316,7 +349,7 @@ TEST(JobSpecTest, OutOfRangeOptimizerAndCheckpointFieldsAreRefused) {
   ExpectInvalid(WithTrain("beta2: -0.1"), "train.beta2");
   ExpectInvalid(WithTrain("eps: 2"), "train.eps");
   ExpectInvalid(WithTrain("warmup_steps: -1"), "train.warmup_steps");
-  ExpectInvalid(WithTrain("activation_checkpoint_every: 0"), "train.activation_checkpoint_every");
+  ExpectInvalid(WithTrain("activation_checkpoint_every: -1"), "train.activation_checkpoint_every");
   ExpectInvalid(MinimalSpec() + "checkpoint:\n  max_shard_bytes: 1000\n",
                 "checkpoint.max_shard_bytes");
   ExpectInvalid(MinimalSpec() + "checkpoint:\n  keep_last: -1\n", "checkpoint.keep_last");

@@ -15,7 +15,7 @@ namespace {
 
 struct Harness {
   Harness(const ModelConfig& c, int64_t micro_batches, int64_t tokens, int64_t k,
-          bool host_checkpoints = false) {
+          bool host_checkpoints = false, int64_t weight_slots = 0) {
     be = CreateCpuBackend(CpuBackendOptions{});
     store = std::move(*HostStore::Create(BuildLayout(c)));
     RandomInitWeights(c, 11, store.get());
@@ -28,6 +28,8 @@ struct Harness {
     o.checkpoint_every = k;
     o.loss_chunk_tokens = 7;
     o.checkpoints_on_host = host_checkpoints;
+    o.weight_slots = weight_slots;
+    options = o;
     absl::StatusOr<std::unique_ptr<Pipeline>> p =
         Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
     EXPECT_TRUE(p.ok()) << p.status();
@@ -42,6 +44,7 @@ struct Harness {
   std::unique_ptr<HostStore> store;
   std::unique_ptr<GradSlabPool> pool;
   std::unique_ptr<Pipeline> pipeline;
+  PipelineOptions options;
 };
 
 double MaxAbs(const std::vector<float>& v) {
@@ -106,6 +109,39 @@ TEST(Pipeline, RecomputeIntervalAndCheckpointPlacementDoNotChangeAnyBit) {
     EXPECT_EQ(r.loss, reference_loss) << "K=" << k;
     for (size_t u = 0; u < reference.size(); ++u) {
       EXPECT_EQ(sink.grads[u], reference[u]) << "K=" << k << " unit " << u;
+    }
+  }
+}
+
+TEST(Pipeline, ResidentLayersSkipTheBackwardUploadAndChangeNoBit) {
+  const ModelConfig c = TinyConfig(Variant::kQwen3QkNorm);
+  const std::vector<MicroBatch> batches = {RandomBatch(1, 10, c.vocab_size, 1)};
+  Harness streamed(c, 1, 10, 1);
+  Harness resident(c, 1, 10, 1, false, c.num_layers);
+  RecordingSink a(streamed.be.get(), streamed.pool.get(), streamed.store->num_units());
+  RecordingSink b(resident.be.get(), resident.pool.get(), resident.store->num_units());
+  const StepResult ra = streamed.Run(batches, &a);
+  const StepResult rb = resident.Run(batches, &b);
+  EXPECT_EQ(ra.loss, rb.loss);
+  for (size_t u = 0; u < a.grads.size(); ++u) EXPECT_EQ(a.grads[u], b.grads[u]) << "unit " << u;
+  // Two slots: backward finds the top two layers still loaded and re-uploads the rest.
+  const int64_t layer_bytes = 2 * streamed.store->layout().MaxDecoderElements();  // bf16
+  EXPECT_EQ(ra.h2d_bytes - rb.h2d_bytes, (c.num_layers - 2) * layer_bytes);
+  EXPECT_EQ(Pipeline::NumWeightSlots(c, resident.options), c.num_layers);
+}
+
+TEST(Pipeline, DeviceBytesForIsWhatCreateAllocates) {
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  for (int64_t k : {1, 2, 3}) {
+    for (bool host : {false, true}) {
+      for (int64_t slots : {int64_t{0}, c.num_layers}) {
+        for (int64_t mb : {1, 3}) {
+          Harness h(c, mb, 10, k, host, slots);
+          EXPECT_EQ(Pipeline::DeviceBytesFor(c, h.store->layout(), h.be.get(), h.options),
+                    h.pipeline->device_bytes())
+              << "K=" << k << " host=" << host << " slots=" << slots << " M=" << mb;
+        }
+      }
     }
   }
 }

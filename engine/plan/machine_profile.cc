@@ -1,0 +1,479 @@
+#include "engine/plan/machine_profile.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/backend/factory.h"
+#include "engine/common/status.h"
+#include "engine/optim/adamw.h"
+#include "engine/store/host_store.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain {
+namespace {
+
+constexpr double kGB = 1e9;
+
+// Fills n elements of `dtype` at device `dst` with uniform values in [-1, 1): a 4 MiB
+// random pattern, repeated.
+void FillRandom(Backend* be, void* dst, int64_t n, DType dtype, uint64_t seed) {
+  const int64_t esize = DTypeSize(dtype);
+  const int64_t pattern_n = std::min<int64_t>(n, (4 << 20) / esize);
+  std::vector<char> host(pattern_n * esize);
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t i = 0; i < pattern_n; ++i) {
+    const float f = u(gen);
+    char* p = host.data() + i * esize;
+    if (dtype == DType::kBF16) {
+      const uint16_t h = FloatToBf16(f);
+      std::memcpy(p, &h, 2);
+    } else if (dtype == DType::kF64) {
+      const double d = f;
+      std::memcpy(p, &d, 8);
+    } else {
+      std::memcpy(p, &f, 4);
+    }
+  }
+  for (int64_t done = 0; done < n; done += pattern_n) {
+    const int64_t count = std::min(pattern_n, n - done);
+    be->CopyToDevice(static_cast<char*>(dst) + done * esize, host.data(), count * esize,
+                     StreamId::kH2D);
+    be->SyncAll();  // `host` is reused
+  }
+}
+
+// Seconds per call of `work` (enqueued on `stream`), timed with events over `reps` calls
+// after one warm-up call.
+template <typename F>
+double TimeOnStream(Backend* be, StreamId stream, int reps, F&& work) {
+  work();
+  Event start(be), end(be);
+  be->Record(start.get(), stream);
+  for (int i = 0; i < reps; ++i) work();
+  be->Record(end.get(), stream);
+  be->EventSync(end.get());
+  return be->ElapsedSeconds(start.get(), end.get()) / reps;
+}
+
+template <typename F>
+double TimeOnHost(int reps, F&& work) {
+  work();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) work();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+double HostTriadGbps(int64_t n, int reps) {
+  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
+  float* pa = a.data();
+  const float* pb = b.data();
+  const float* pc = c.data();
+  const double seconds = TimeOnHost(reps, [&] {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+  });
+  return 3.0 * 4 * n / seconds / kGB;
+}
+
+double AdamWParamsPerSecond(int64_t n, int reps) {
+  std::vector<float> master(n, 0.5f), m(n, 0.0f), v(n, 0.0f), grad(n, 1e-3f);
+  std::vector<uint16_t> out(n);
+  int64_t step = 1;
+  const double seconds = TimeOnHost(reps, [&] {
+    AdamWUpdate(master.data(), m.data(), v.data(), out.data(), grad.data(), n, step++, 1e-4,
+                0.01, 1.0f, AdamWHyper{});
+  });
+  return n / seconds;
+}
+
+double Lerp(double x0, double y0, double x1, double y1, double x) {
+  if (x1 == x0) return y0;
+  const double t = (x - x0) / (x1 - x0);
+  return y0 + t * (y1 - y0);
+}
+
+// Interpolates (log rows) between samples sorted by rows; below the smallest, the rate
+// falls in proportion (small matmuls are latency bound); above the largest, it holds.
+double InterpolateRows(const std::vector<std::pair<int64_t, double>>& by_rows, int64_t rows) {
+  if (by_rows.empty()) return 0;
+  if (rows <= by_rows.front().first) {
+    return by_rows.front().second * static_cast<double>(rows) / by_rows.front().first;
+  }
+  for (size_t i = 1; i < by_rows.size(); ++i) {
+    if (rows <= by_rows[i].first) {
+      return Lerp(std::log(by_rows[i - 1].first), by_rows[i - 1].second,
+                  std::log(by_rows[i].first), by_rows[i].second, std::log(rows));
+    }
+  }
+  return by_rows.back().second;
+}
+
+std::string NowRfc3339() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+int64_t HostMemoryBytes() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
+int CpuThreads() {
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+int64_t DeviceMemoryBytes(Backend* backend) {
+  if (backend->name() == "cpu") return 0;
+  for (const GpuInfo& g : ListGpus()) return g.memory_bytes;  // the backend uses device 0
+  return 0;
+}
+
+}  // namespace
+
+double MachineProfile::GemmTflops(int64_t rows, int64_t in_features, int64_t out_features,
+                                  bool backward) const {
+  if (gemm.empty()) return 0;
+  double best = 1e300;
+  int64_t ic = 0, oc = 0;
+  for (const GemmSample& g : gemm) {
+    const double d = std::fabs(std::log(double(g.in_features) / in_features)) +
+                     std::fabs(std::log(double(g.out_features) / out_features));
+    if (d < best) {
+      best = d;
+      ic = g.in_features;
+      oc = g.out_features;
+    }
+  }
+  std::vector<std::pair<int64_t, double>> by_rows;
+  for (const GemmSample& g : gemm) {
+    if (g.in_features == ic && g.out_features == oc) {
+      by_rows.emplace_back(g.rows, backward ? g.backward_tflops : g.forward_tflops);
+    }
+  }
+  std::sort(by_rows.begin(), by_rows.end());
+  return InterpolateRows(by_rows, rows);
+}
+
+double MachineProfile::AttentionTflops(int64_t seq_len, bool backward) const {
+  std::vector<std::pair<int64_t, double>> by_len;
+  for (const AttentionSample& a : attention) {
+    by_len.emplace_back(a.seq_len, backward ? a.backward_tflops : a.forward_tflops);
+  }
+  std::sort(by_len.begin(), by_len.end());
+  return InterpolateRows(by_len, seq_len);
+}
+
+std::string ProfileToJson(const MachineProfile& p) {
+  nlohmann::json gemm = nlohmann::json::array(), attention = nlohmann::json::array();
+  for (const GemmSample& g : p.gemm) {
+    gemm.push_back({{"rows", g.rows}, {"in_features", g.in_features},
+                    {"out_features", g.out_features}, {"forward_tflops", g.forward_tflops},
+                    {"backward_tflops", g.backward_tflops}});
+  }
+  for (const AttentionSample& a : p.attention) {
+    attention.push_back({{"seq_len", a.seq_len}, {"forward_tflops", a.forward_tflops},
+                         {"backward_tflops", a.backward_tflops}});
+  }
+  nlohmann::json j = {{"version", p.version},
+                      {"key", p.key},
+                      {"backend", p.backend},
+                      {"measured_at", p.measured_at},
+                      {"measure_seconds", p.measure_seconds},
+                      {"h2d_gbps", p.h2d_gbps},
+                      {"d2h_gbps", p.d2h_gbps},
+                      {"duplex_gbps", p.duplex_gbps},
+                      {"device_gbps", p.device_gbps},
+                      {"gemm_peak_tflops", p.gemm_peak_tflops},
+                      {"gemm", gemm},
+                      {"attention", attention},
+                      {"adamw_params_per_second", p.adamw_params_per_second},
+                      {"host_gbps", p.host_gbps},
+                      {"device_memory_bytes", p.device_memory_bytes},
+                      {"host_memory_bytes", p.host_memory_bytes},
+                      {"cpu_threads", p.cpu_threads}};
+  return j.dump(2);
+}
+
+absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("machine profile: not a JSON object");
+  }
+  MachineProfile p;
+  try {
+    p.version = j.at("version").get<int>();
+    if (p.version != MachineProfile::kVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "machine profile: format version ", p.version, ", this build writes ",
+          MachineProfile::kVersion));
+    }
+    p.key = j.at("key").get<std::string>();
+    p.backend = j.at("backend").get<std::string>();
+    p.measured_at = j.at("measured_at").get<std::string>();
+    p.measure_seconds = j.at("measure_seconds").get<double>();
+    p.h2d_gbps = j.at("h2d_gbps").get<double>();
+    p.d2h_gbps = j.at("d2h_gbps").get<double>();
+    p.duplex_gbps = j.at("duplex_gbps").get<double>();
+    p.device_gbps = j.at("device_gbps").get<double>();
+    p.gemm_peak_tflops = j.at("gemm_peak_tflops").get<double>();
+    for (const nlohmann::json& g : j.at("gemm")) {
+      p.gemm.push_back(GemmSample{g.at("rows").get<int64_t>(), g.at("in_features").get<int64_t>(),
+                                  g.at("out_features").get<int64_t>(),
+                                  g.at("forward_tflops").get<double>(),
+                                  g.at("backward_tflops").get<double>()});
+    }
+    for (const nlohmann::json& a : j.at("attention")) {
+      p.attention.push_back(AttentionSample{a.at("seq_len").get<int64_t>(),
+                                            a.at("forward_tflops").get<double>(),
+                                            a.at("backward_tflops").get<double>()});
+    }
+    p.adamw_params_per_second = j.at("adamw_params_per_second").get<double>();
+    p.host_gbps = j.at("host_gbps").get<double>();
+    p.device_memory_bytes = j.at("device_memory_bytes").get<int64_t>();
+    p.host_memory_bytes = j.at("host_memory_bytes").get<int64_t>();
+    p.cpu_threads = j.at("cpu_threads").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("machine profile: ", e.what()));
+  }
+  if (p.gemm.empty() || p.attention.empty() || !(p.h2d_gbps > 0) || !(p.d2h_gbps > 0) ||
+      !(p.adamw_params_per_second > 0)) {
+    return absl::InvalidArgumentError("machine profile: a rate is missing or not positive");
+  }
+  return p;
+}
+
+std::string ProfileKey(Backend* backend) {
+  std::string device = backend->name();
+  if (device != "cpu") {
+    for (const GpuInfo& g : ListGpus()) {
+      device = absl::StrCat(g.name, " ", g.memory_bytes, " B ", g.pci_bus_id);
+      break;
+    }
+  }
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(backend->name(), " | ", device, " | ", CpuThreads(), " threads | ",
+                      HostMemoryBytes(), " B host | ", host);
+}
+
+absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  const bool cpu = be->name() == "cpu";
+  const bool quick = options.quick || cpu;
+  MachineProfile p;
+  p.key = ProfileKey(be);
+  p.backend = be->name();
+  p.measured_at = NowRfc3339();
+  p.device_memory_bytes = DeviceMemoryBytes(be);
+  p.host_memory_bytes = HostMemoryBytes();
+  p.cpu_threads = CpuThreads();
+  const DType act = be->act_dtype(), wt = be->weight_dtype();
+  const int reps = quick ? 2 : 4;
+
+  // PCIe (or memcpy on the CPU): pinned host <-> device, each way and both at once.
+  {
+    const size_t bytes = cpu ? (32u << 20) : (512u << 20);
+    ASSIGN_OR_RETURN(HostArena up, HostArena::Map(bytes, "PCIe probe (to the device)"));
+    ASSIGN_OR_RETURN(HostArena down, HostArena::Map(bytes, "PCIe probe (from the device)"));
+    std::memset(up.data(), 1, bytes);
+    std::memset(down.data(), 1, bytes);
+    RETURN_IF_ERROR(be->PinHostRange(up.data(), bytes));
+    RETURN_IF_ERROR(be->PinHostRange(down.data(), bytes));
+    absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(be, bytes);
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(be, bytes);
+    absl::Status status = a.ok() ? b.status() : a.status();
+    if (status.ok()) {
+      const double h2d = TimeOnStream(be, StreamId::kH2D, reps, [&] {
+        be->CopyToDevice(a->get(), up.data(), bytes, StreamId::kH2D);
+      });
+      const double d2h = TimeOnStream(be, StreamId::kD2H, reps, [&] {
+        be->CopyToHost(down.data(), b->get(), bytes, StreamId::kD2H);
+      });
+      const double both = TimeOnHost(reps, [&] {
+        be->CopyToDevice(a->get(), up.data(), bytes, StreamId::kH2D);
+        be->CopyToHost(down.data(), b->get(), bytes, StreamId::kD2H);
+        be->SyncAll();
+      });
+      p.h2d_gbps = bytes / h2d / kGB;
+      p.d2h_gbps = bytes / d2h / kGB;
+      p.duplex_gbps = 2.0 * bytes / both / kGB;
+      p.device_gbps = 2.0 * bytes /
+                      TimeOnStream(be, StreamId::kCompute, reps, [&] {
+                        be->CopyOnDevice(b->get(), a->get(), bytes, StreamId::kCompute);
+                      }) /
+                      kGB;
+    }
+    be->SyncAll();
+    be->UnpinHostRange(up.data());
+    be->UnpinHostRange(down.data());
+    RETURN_IF_ERROR(Annotate(status, "machine profile: PCIe buffers"));
+  }
+
+  // Matmuls at a grid of layer shapes: (in, out) of the 1.5B, 7B and 8B classes.
+  {
+    std::vector<int64_t> rows = quick ? std::vector<int64_t>{64, 256}
+                                      : std::vector<int64_t>{2048, 8192, 32768};
+    std::vector<std::pair<int64_t, int64_t>> shapes =
+        cpu ? std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {256, 1024}, {1024, 256}}
+            : std::vector<std::pair<int64_t, int64_t>>{
+                  {1536, 1536}, {1536, 8960}, {8960, 1536},  {3584, 3584},  {3584, 18944},
+                  {18944, 3584}, {4096, 4096}, {4096, 14336}, {14336, 4096}};
+    if (options.quick && !cpu) {
+      rows = {2048, 8192};
+      shapes = {{1536, 1536}, {4096, 14336}};
+    }
+    int64_t max_in = 0, max_w = 0, max_out = 0, max_rows = rows.back();
+    for (const auto& [ic, oc] : shapes) {
+      max_in = std::max(max_in, ic);
+      max_out = std::max(max_out, oc);
+      max_w = std::max(max_w, ic * oc);
+    }
+    const int64_t gsize = DTypeSize(be->grad_dtype());
+    ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::Allocate(be, max_rows * max_in * DTypeSize(act)));
+    ASSIGN_OR_RETURN(DeviceBuffer din, DeviceBuffer::Allocate(be, max_rows * max_in * DTypeSize(act)));
+    ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Allocate(be, max_rows * max_out * DTypeSize(act)));
+    ASSIGN_OR_RETURN(DeviceBuffer w, DeviceBuffer::Allocate(be, max_w * DTypeSize(wt)));
+    ASSIGN_OR_RETURN(DeviceBuffer dw, DeviceBuffer::Allocate(be, max_w * gsize));
+    FillRandom(be, in.get(), max_rows * max_in, act, 1);
+    FillRandom(be, out.get(), max_rows * max_out, act, 2);
+    FillRandom(be, w.get(), max_w, wt, 3);
+    be->Zero(dw.get(), max_w * gsize, StreamId::kCompute);
+    const StreamId s = StreamId::kCompute;
+    for (const auto& [ic, oc] : shapes) {
+      for (int64_t n : rows) {
+        const double flops = 2.0 * n * ic * oc;
+        const double fwd = TimeOnStream(be, s, reps, [&] {
+          be->Linear(out.get(), in.get(), w.get(), nullptr, n, ic, oc, false, s);
+        });
+        const double bwd = TimeOnStream(be, s, reps, [&] {
+          be->LinearBackward(din.get(), false, dw.get(), nullptr, out.get(), in.get(), w.get(),
+                             n, ic, oc, s);
+        });
+        p.gemm.push_back(GemmSample{n, ic, oc, flops / fwd / 1e12, 2 * flops / bwd / 1e12});
+        p.gemm_peak_tflops = std::max(p.gemm_peak_tflops, p.gemm.back().forward_tflops);
+      }
+    }
+  }
+
+  // Causal attention, documents of seq_len tokens.
+  {
+    const int64_t H = cpu ? 4 : 32, KV = cpu ? 2 : 8, D = cpu ? 64 : 128;
+    const int64_t n = quick ? (cpu ? 512 : 8192) : 16384;
+    const std::vector<int64_t> lens = quick ? std::vector<int64_t>{128, 512}
+                                            : std::vector<int64_t>{1024, 4096, 16384};
+    const int64_t a = DTypeSize(act), st = DTypeSize(be->stat_dtype());
+    ASSIGN_OR_RETURN(DeviceBuffer q, DeviceBuffer::Allocate(be, n * H * D * a));
+    ASSIGN_OR_RETURN(DeviceBuffer k, DeviceBuffer::Allocate(be, n * KV * D * a));
+    ASSIGN_OR_RETURN(DeviceBuffer v, DeviceBuffer::Allocate(be, n * KV * D * a));
+    ASSIGN_OR_RETURN(DeviceBuffer o, DeviceBuffer::Allocate(be, n * H * D * a));
+    ASSIGN_OR_RETURN(DeviceBuffer dout, DeviceBuffer::Allocate(be, n * H * D * a));
+    ASSIGN_OR_RETURN(DeviceBuffer dq, DeviceBuffer::Allocate(be, n * H * D * a));
+    ASSIGN_OR_RETURN(DeviceBuffer dk, DeviceBuffer::Allocate(be, n * KV * D * a));
+    ASSIGN_OR_RETURN(DeviceBuffer dv, DeviceBuffer::Allocate(be, n * KV * D * a));
+    ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::Allocate(be, n * H * st));
+    ASSIGN_OR_RETURN(DeviceBuffer doc, DeviceBuffer::Allocate(be, n * 4));
+    FillRandom(be, q.get(), n * H * D, act, 4);
+    FillRandom(be, k.get(), n * KV * D, act, 5);
+    FillRandom(be, v.get(), n * KV * D, act, 6);
+    FillRandom(be, dout.get(), n * H * D, act, 7);
+    std::vector<int32_t> starts(n);
+    const StreamId s = StreamId::kCompute;
+    for (int64_t len : lens) {
+      if (len > n) continue;
+      for (int64_t i = 0; i < n; ++i) starts[i] = static_cast<int32_t>(i / len * len);
+      be->CopyToDevice(doc.get(), starts.data(), n * 4, StreamId::kH2D);
+      be->SyncAll();
+      const int32_t* ds = static_cast<const int32_t*>(doc.get());
+      const double flops = 2.0 * n * len * H * D;
+      const double fwd = TimeOnStream(be, s, reps, [&] {
+        be->Attention(o.get(), lse.get(), q.get(), k.get(), v.get(), ds, n, H, KV, D, s);
+      });
+      const double bwd = TimeOnStream(be, s, reps, [&] {
+        be->AttentionBackward(dq.get(), dk.get(), dv.get(), dout.get(), q.get(), k.get(),
+                              v.get(), o.get(), lse.get(), ds, n, H, KV, D, s);
+      });
+      p.attention.push_back(AttentionSample{len, flops / fwd / 1e12, 2.5 * flops / bwd / 1e12});
+    }
+  }
+
+  // The host: our AdamW, and memory bandwidth.
+  p.adamw_params_per_second = AdamWParamsPerSecond(quick ? (8 << 20) : (64 << 20), reps);
+  p.host_gbps = HostTriadGbps(quick ? (16 << 20) : (128 << 20), reps);
+  p.measure_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return p;
+}
+
+std::string DefaultProfilePath() {
+  if (const char* e = std::getenv("MEGATRAIN_PROFILE"); e != nullptr && *e != '\0') return e;
+  std::string base;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    base = x;
+  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    base = absl::StrCat(h, "/.cache");
+  } else {
+    base = "/tmp";
+  }
+  return absl::StrCat(base, "/megatrain/machine-profile.json");
+}
+
+absl::StatusOr<MachineProfile> LoadOrMeasureProfile(Backend* backend, const std::string& path,
+                                                    std::string* note,
+                                                    const ProfileOptions& options) {
+  std::string why;
+  {
+    std::ifstream in(path);
+    if (in) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      absl::StatusOr<MachineProfile> cached = ProfileFromJson(ss.str());
+      if (cached.ok() && cached->key == ProfileKey(backend)) {
+        if (note != nullptr) *note = absl::StrCat("machine profile from ", path);
+        return cached;
+      }
+      why = cached.ok() ? "measured on another machine or device"
+                        : std::string(cached.status().message());
+    } else {
+      why = "none cached";
+    }
+  }
+  ASSIGN_OR_RETURN(MachineProfile p, MeasureMachineProfile(backend, options));
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << ProfileToJson(p) << "\n";
+    out.close();
+    if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      if (note != nullptr) {
+        *note = absl::StrCat("machine profile measured (", why, "); could not cache it at ", path);
+      }
+      return p;
+    }
+  }
+  if (note != nullptr) {
+    *note = absl::StrFormat("machine profile measured in %.1f s (%s), cached at %s",
+                            p.measure_seconds, why, path);
+  }
+  return p;
+}
+
+}  // namespace megatrain

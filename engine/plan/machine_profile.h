@@ -1,0 +1,96 @@
+// The rates of this machine that bound a training step, measured once and cached.
+//
+// The planner predicts a step from these: PCIe each way and both ways at once (pinned),
+// the backend's matmul rate at a grid of shapes (forward, input gradient and weight
+// gradient, as the layers call them), causal attention forward and backward at a few
+// sequence lengths, device memory bandwidth (the elementwise kernels), the CPU AdamW rate
+// of our optimizer, and host memory bandwidth. Inputs are random (zeros run faster on a
+// GPU and would flatter every rate).
+//
+// Measuring takes a few seconds on an H200 (about ten on a 2-core CPU) and is done once
+// per machine: LoadOrMeasureProfile() keeps the result as JSON keyed by what was measured
+// (backend, device name and memory, CPU count, host memory), and measures again when the
+// key or the format changes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/common/backend.h"
+
+namespace megatrain {
+
+// One matmul shape: out (rows, out_features) = in (rows, in_features) . W^T.
+struct GemmSample {
+  int64_t rows = 0;
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  double forward_tflops = 0;   // Linear
+  double backward_tflops = 0;  // LinearBackward: input gradient + weight gradient
+};
+
+// Causal attention over documents of seq_len tokens, n tokens in all, head_dim 128.
+struct AttentionSample {
+  int64_t seq_len = 0;
+  double forward_tflops = 0;   // 2 * n * seq_len * H * D (causal: half of the square, x2 GEMMs)
+  double backward_tflops = 0;  // 2.5x the forward's FLOPs (five matmuls to its two)
+};
+
+struct MachineProfile {
+  static constexpr int kVersion = 2;
+  int version = kVersion;
+  std::string key;          // what the measurement is valid for (see header comment)
+  std::string backend;      // Backend::name()
+  std::string measured_at;  // RFC 3339, UTC
+  double measure_seconds = 0;
+
+  double h2d_gbps = 0;      // pinned host -> device, 1e9 bytes/s
+  double d2h_gbps = 0;
+  double duplex_gbps = 0;   // both directions at once, total
+  double device_gbps = 0;   // device memory, read + write of a copy
+  double gemm_peak_tflops = 0;  // best forward rate of the grid
+  std::vector<GemmSample> gemm;
+  std::vector<AttentionSample> attention;
+  double adamw_params_per_second = 0;  // AdamWUpdate, all threads, fp32 state + bf16 out
+  double host_gbps = 0;     // host memory, triad a = b + s*c, all threads
+  int64_t device_memory_bytes = 0;  // what the backend may allocate (0 on the CPU)
+  int64_t host_memory_bytes = 0;
+  int cpu_threads = 0;
+
+  // Matmul rate (TFLOP/s) for a shape, interpolated in log space over the grid's rows
+  // and the nearest weight size; `backward` for LinearBackward.
+  double GemmTflops(int64_t rows, int64_t in_features, int64_t out_features,
+                    bool backward) const;
+  // Attention rate at seq_len (nearest measured lengths, interpolated).
+  double AttentionTflops(int64_t seq_len, bool backward) const;
+};
+
+std::string ProfileToJson(const MachineProfile& profile);
+[[nodiscard]] absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& json);
+
+// The key of `backend` on this host (a profile with another key is stale).
+std::string ProfileKey(Backend* backend);
+
+struct ProfileOptions {
+  bool quick = false;  // fewer shapes and repetitions (tests)
+};
+
+// Measures the profile with `backend`'s own ops and copies, on its streams. Allocates
+// device buffers of up to about 3 GiB on a GPU (100 MiB on the CPU) and frees them.
+[[nodiscard]] absl::StatusOr<MachineProfile> MeasureMachineProfile(
+    Backend* backend, const ProfileOptions& options = {});
+
+// The cached profile at `path` when its key matches `backend`, else a fresh measurement,
+// written to `path` (atomically; its folder is created). A cache that cannot be read or
+// written is not an error: the measurement is returned (and `*note` says why).
+[[nodiscard]] absl::StatusOr<MachineProfile> LoadOrMeasureProfile(
+    Backend* backend, const std::string& path, std::string* note = nullptr,
+    const ProfileOptions& options = {});
+
+// Where a profile is cached by default: $MEGATRAIN_PROFILE, else
+// $XDG_CACHE_HOME/megatrain/machine-profile.json, else ~/.cache/megatrain/...
+std::string DefaultProfilePath();
+
+}  // namespace megatrain

@@ -1,0 +1,346 @@
+#include "engine/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/model/layout.h"
+#include "engine/pipeline/pipeline.h"
+
+namespace megatrain {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct Matmul {
+  int64_t in, out;
+};
+
+// The per-layer kernels' times for a micro-batch of n tokens.
+struct LayerTimes {
+  double forward = 0;   // one forward pass
+  double backward = 0;  // one backward pass (after its re-forward)
+};
+
+LayerTimes LayerKernelSeconds(const ModelConfig& c, const MachineProfile& p, int64_t n,
+                              int64_t seq, int64_t act) {
+  const int64_t qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+  const int64_t hd = c.num_heads * c.head_dim, C = c.hidden_size, I = c.intermediate_size;
+  const Matmul mm[] = {{C, qkv}, {hd, C}, {C, 2 * I}, {I, C}};
+  LayerTimes t;
+  for (const Matmul& m : mm) {
+    const double flops = 2.0 * n * m.in * m.out;
+    t.forward += flops / (1e12 * std::max(1e-6, p.GemmTflops(n, m.in, m.out, false)));
+    t.backward += 2 * flops / (1e12 * std::max(1e-6, p.GemmTflops(n, m.in, m.out, true)));
+  }
+  const double attn = 2.0 * n * std::min(seq, n) * hd;
+  t.forward += attn / (1e12 * std::max(1e-6, p.AttentionTflops(seq, false)));
+  t.backward += 2.5 * attn / (1e12 * std::max(1e-6, p.AttentionTflops(seq, true)));
+  // Elementwise kernels (norms, RoPE, SwiGLU, residuals): bytes read and written per token,
+  // at device bandwidth; backward moves about twice as much.
+  const double bytes = static_cast<double>(act) * n * (8 * C + 2 * qkv + 2 * hd + 3 * I);
+  t.forward += bytes / (1e9 * std::max(1e-6, p.device_gbps));
+  t.backward += 2 * bytes / (1e9 * std::max(1e-6, p.device_gbps));
+  return t;
+}
+
+std::string Bytes(double b) {
+  if (b >= 1e9) return absl::StrFormat("%.1f GB", b / 1e9);
+  return absl::StrFormat("%.0f MB", b / 1e6);
+}
+
+std::string GiB(double b) { return absl::StrFormat("%.1f GiB", b / kGiB); }
+
+std::string Params(double n) {
+  if (n >= 1e9) return absl::StrFormat("%.2f B", n / 1e9);
+  return absl::StrFormat("%.0f M", n / 1e6);
+}
+
+}  // namespace
+
+void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend, Plan* plan) {
+  const ModelConfig& c = r.config;
+  const ModelLayout layout = BuildLayout(c);
+  const bool cpu = backend->name() == "cpu";
+  const int64_t L = c.num_layers, C = c.hidden_size, V = c.vocab_size;
+  const int64_t M = plan->micro_batches, n = plan->micro_batch_rows * r.seq_len;
+  const int64_t K = plan->checkpoint_every;
+  const int64_t act = DTypeSize(backend->act_dtype());
+  const int64_t gsize = DTypeSize(backend->grad_dtype());
+  int64_t total = 0, max_unit = 0;
+  for (const UnitLayout& u : layout.units) {
+    total += u.num_elements;
+    max_unit = std::max(max_unit, u.num_elements);
+  }
+  const int64_t layer_n = layout.MaxDecoderElements();
+  const int64_t embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
+  const int64_t head_n = layout.units[layout.HeadUnit()].num_elements;
+  plan->num_parameters = NumParameters(c);
+
+  PipelineOptions po;
+  po.micro_batches = M;
+  po.tokens_per_micro_batch = n;
+  po.checkpoint_every = K;
+  po.loss_chunk_tokens = plan->loss_chunk_tokens;
+  po.checkpoints_on_host = plan->checkpoints_on_host;
+  po.weight_slots = plan->weight_slots;
+  const int64_t slots = Pipeline::NumWeightSlots(c, po);
+  plan->weight_slots = slots;
+  plan->device_bytes = Pipeline::DeviceBytesFor(c, layout, backend, po);
+
+  // Host memory: the store (bf16 weights + fp32 master, m, v), the gradient slabs (every
+  // unit's with clipping), pinned checkpoints; the CPU backend's buffers are host memory.
+  const int64_t num_ckpt = (L + K - 1) / K;
+  const int64_t ckpt_bytes = M * n * C * act;  // one checkpoint, all micro-batches
+  plan->host_store_bytes = 14 * total;
+  plan->host_slab_bytes =
+      4 * max_unit * (r.clipping ? static_cast<int64_t>(layout.units.size()) : 3);
+  plan->host_checkpoint_bytes = plan->checkpoints_on_host ? (num_ckpt + 1) * ckpt_bytes : 0;
+  plan->host_bytes = plan->host_store_bytes + plan->host_slab_bytes +
+                     plan->host_checkpoint_bytes + (cpu ? plan->device_bytes : 0);
+
+  // Kernels.
+  StepPrediction& s = plan->step;
+  s = StepPrediction{};
+  const LayerTimes lt = LayerKernelSeconds(c, p, n, r.seq_len, act);
+  const double bw = 1e9 * std::max(1e-6, p.device_gbps);
+  const int64_t chunk = std::min(n, plan->loss_chunk_tokens);
+  const double head_flops = 2.0 * n * C * V;
+  const double head = head_flops / (1e12 * std::max(1e-6, p.GemmTflops(chunk, C, V, false))) +
+                      2 * head_flops / (1e12 * std::max(1e-6, p.GemmTflops(chunk, C, V, true))) +
+                      4.0 * n * V * act / bw;
+  const double embed = 3.0 * n * C * act / bw;
+  const double zero_grads = (gsize * (layer_n * L + embed_n + head_n)) / bw;
+  const double recompute = static_cast<double>(K - 1) / K;
+  const double fwd_compute = M * (L * lt.forward + embed);
+  const double bwd_compute = M * (L * (lt.forward * (1 + recompute) + lt.backward) + embed) +
+                             zero_grads;
+  s.forward_seconds = fwd_compute;
+  s.head_seconds = M * head;
+  s.compute_seconds = fwd_compute + s.head_seconds + bwd_compute;
+
+  // Transfers.
+  const int64_t w_layer = 2 * layer_n;  // bf16 from the host store, whatever the slot type
+  const int64_t reuploads = std::max<int64_t>(0, L - slots);  // backward finds the top S
+  const int64_t ckpt_total = plan->checkpoints_on_host ? num_ckpt * ckpt_bytes : 0;
+  const int64_t h2d_fwd = L * w_layer + 2 * (embed_n + head_n) + 16 * n * M;
+  const int64_t h2d_bwd = reuploads * w_layer + ckpt_total;
+  const int64_t d2h_fwd = ckpt_total;
+  const int64_t d2h_bwd = 4 * total;  // gradients land as fp32
+  s.h2d_bytes = h2d_fwd + h2d_bwd;
+  s.d2h_bytes = d2h_fwd + d2h_bwd + 4 * n * M;
+  const double h2d_rate = 1e9 * std::max(1e-6, p.h2d_gbps);
+  const double d2h_rate = 1e9 * std::max(1e-6, p.d2h_gbps);
+  const double duplex_rate = 1e9 * std::max(1e-6, std::max(p.duplex_gbps, std::max(p.h2d_gbps, p.d2h_gbps)));
+  s.h2d_seconds = s.h2d_bytes / h2d_rate;
+  s.d2h_seconds = s.d2h_bytes / d2h_rate;
+  s.pcie_seconds = std::max({s.h2d_seconds, s.d2h_seconds,
+                             (s.h2d_bytes + s.d2h_bytes) / duplex_rate});
+  if (cpu) s.pcie_seconds = 0;  // copies on the CPU are memcpy, counted as compute
+
+  // The optimizer: AdamW of every parameter (+ the clipping norm over every gradient).
+  const double adamw = std::max(1.0, p.adamw_params_per_second);
+  const double norm = r.clipping ? 4.0 * total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
+  s.optimizer_seconds = total / adamw + norm;
+
+  // Overlap, phase by phase (pipeline.h): forward streams weights in under compute; the
+  // head; backward streams gradients out (and re-uploads evicted layers) under compute.
+  const double fill = w_layer / h2d_rate;
+  const double t_fwd = cpu ? fwd_compute
+                           : std::max({fwd_compute, h2d_fwd / h2d_rate, d2h_fwd / d2h_rate}) + fill;
+  const double t_bwd =
+      cpu ? bwd_compute
+          : std::max({bwd_compute, h2d_bwd / h2d_rate, d2h_bwd / d2h_rate,
+                      (h2d_bwd + d2h_bwd) / duplex_rate});
+  const double head_d2h = cpu ? 0 : 4.0 * head_n / d2h_rate;
+  if (r.clipping) {
+    // Updates wait for the norm, then run in forward order under the next forward.
+    s.seconds = std::max(t_fwd, total / adamw + lt.forward * M) + s.head_seconds +
+                std::max(t_bwd, norm);
+  } else {
+    // Each unit is updated as its gradient lands; the next step needs the embedding and
+    // layer 0, which land last.
+    const double tail = (cpu ? 0 : 4.0 * embed_n / d2h_rate) + (embed_n + layer_n) / adamw;
+    s.seconds = t_fwd + s.head_seconds + std::max(t_bwd + tail, head_d2h + total / adamw);
+  }
+
+  const double tokens = static_cast<double>(M) * n;
+  s.model_flops = 6.0 * MatmulParameters(c) * tokens +
+                  6.0 * L * r.seq_len * c.num_heads * c.head_dim * tokens;
+  // Hardware: the forward runs (2 + (K-1)/K) times per layer, the head once.
+  const double layer_fwd = 2.0 * tokens * (layer_n) + 2.0 * tokens * r.seq_len * c.num_heads * c.head_dim;
+  // forward, re-forward, segment recompute, backward (twice a forward)
+  s.hardware_flops = L * layer_fwd * (1 + 1 + recompute + 2) + 6.0 * tokens * C * V;
+
+  const double floors[] = {s.compute_seconds, s.pcie_seconds, s.optimizer_seconds};
+  const int which = static_cast<int>(std::max_element(floors, floors + 3) - floors);
+  if (which == 0) {
+    s.bound = cpu ? "CPU compute" : "GPU compute";
+  } else if (which == 1) {
+    s.bound = "PCIe";
+  } else {
+    // AdamW moves 30 bytes per parameter; near the memory bandwidth, that is the limit.
+    const bool memory = 30.0 * adamw >= 0.8 * 1e9 * p.host_gbps;
+    s.bound = memory ? "host memory bandwidth (CPU AdamW)" : "CPU optimizer";
+  }
+}
+
+absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profile,
+                              Backend* backend) {
+  const ModelConfig& c = r.config;
+  if (c.num_layers < 1 || r.seq_len < 1 || r.rows_per_step < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: the model needs layers (", c.num_layers, "), and the batch a positive seq_len (",
+        r.seq_len, ") and sequences per step (", r.rows_per_step, ")"));
+  }
+  if (r.micro_batch_rows > 0 && r.rows_per_step % r.micro_batch_rows != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.micro_batch_rows (", r.micro_batch_rows, ") must divide the sequences per step (",
+        r.rows_per_step, ")"));
+  }
+  const bool cpu = backend->name() == "cpu";
+  std::vector<int64_t> rows;
+  if (r.micro_batch_rows > 0) {
+    rows = {r.micro_batch_rows};
+  } else {
+    for (int64_t d = 1; d <= r.rows_per_step; ++d) {
+      if (r.rows_per_step % d == 0) rows.push_back(d);
+    }
+  }
+  std::vector<int64_t> ks;
+  if (r.checkpoint_every > 0) {
+    ks = {std::min(r.checkpoint_every, c.num_layers)};
+  } else {
+    for (int64_t k : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}) {
+      if (k <= c.num_layers) ks.push_back(k);
+    }
+  }
+  std::vector<bool> places;
+  if (cpu || r.checkpoints == "device") {
+    places = {false};
+  } else if (r.checkpoints == "host") {
+    places = {true};
+  } else {
+    places = {false, true};
+  }
+  std::vector<int64_t> slot_choices = {0};
+  if (!cpu) slot_choices.push_back(c.num_layers);
+
+  Plan best, smallest;
+  bool have_best = false, have_smallest = false;
+  int candidates = 0, fitting = 0;
+  for (int64_t mb : rows) {
+    for (int64_t k : ks) {
+      for (bool host : places) {
+        for (int64_t slots : slot_choices) {
+          Plan plan;
+          plan.micro_batch_rows = mb;
+          plan.micro_batches = r.rows_per_step / mb;
+          plan.checkpoint_every = k;
+          plan.checkpoints_on_host = host;
+          plan.weight_slots = slots;
+          plan.loss_chunk_tokens = r.loss_chunk_tokens;
+          PredictPlan(r, profile, backend, &plan);
+          ++candidates;
+          const int64_t device_need = cpu ? 0 : plan.device_bytes;
+          if (!have_smallest || plan.device_bytes + plan.host_bytes <
+                                    smallest.device_bytes + smallest.host_bytes) {
+            smallest = plan;
+            have_smallest = true;
+          }
+          if (device_need > r.device_budget_bytes || plan.host_bytes > r.host_budget_bytes) continue;
+          ++fitting;
+          const bool faster = plan.step.seconds < best.step.seconds * 0.99;
+          const bool as_fast = plan.step.seconds <= best.step.seconds * 1.01;
+          // As fast: the one that holds less host memory (the box's shared resource),
+          // then recomputes less, then takes less device memory.
+          const auto cost = [](const Plan& x) {
+            return std::make_tuple(x.host_bytes, x.checkpoint_every, x.device_bytes);
+          };
+          const bool leaner = cost(plan) < cost(best);
+          if (!have_best || faster || (as_fast && leaner)) {
+            best = plan;
+            have_best = true;
+          }
+        }
+      }
+    }
+  }
+  if (!have_best) {
+    const bool device_short = !cpu && smallest.device_bytes > r.device_budget_bytes;
+    if (device_short) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the job does not fit in device memory: its smallest plan (%d sequence(s) of %d tokens "
+          "per micro-batch, checkpoints every %d layer(s) %s) needs %s on the device, and it "
+          "may take %s; lower data.seq_len, or raise device_memory_cap_bytes",
+          smallest.micro_batch_rows, r.seq_len, smallest.checkpoint_every,
+          smallest.checkpoints_on_host ? "in host memory" : "on the device",
+          GiB(smallest.device_bytes), GiB(r.device_budget_bytes)));
+    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the job does not fit in host memory: it needs %s (training state %s for %s parameters "
+        "at 14 bytes each, gradient slabs %s%s), and %s is available; use a smaller model%s",
+        GiB(smallest.host_bytes), GiB(smallest.host_store_bytes), Params(smallest.num_parameters),
+        GiB(smallest.host_slab_bytes),
+        smallest.host_checkpoint_bytes > 0
+            ? absl::StrCat(", checkpoints ", GiB(smallest.host_checkpoint_bytes))
+            : std::string(cpu ? absl::StrCat(", CPU buffers ", GiB(smallest.device_bytes)) : ""),
+        GiB(r.host_budget_bytes),
+        r.clipping ? ", or turn clipping off (train.max_grad_norm: 0 holds 3 gradient slabs "
+                     "instead of one per layer)"
+                   : ""));
+  }
+  best.candidates = candidates;
+  best.fitting = fitting;
+  return best;
+}
+
+std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachineProfile& profile) {
+  const StepPrediction& s = plan.step;
+  const ModelConfig& c = r.config;
+  const int64_t tokens = r.rows_per_step * r.seq_len;
+  std::string out;
+  absl::StrAppendFormat(&out, "model      %s parameters, %d layers, hidden %d, vocab %d\n",
+                        Params(plan.num_parameters), c.num_layers, c.hidden_size, c.vocab_size);
+  absl::StrAppendFormat(&out, "machine    %s; PCIe %.0f GB/s in, %.0f GB/s out; matmul %.0f TFLOP/s; "
+                              "CPU AdamW %.2f G params/s\n",
+                        profile.backend, profile.h2d_gbps, profile.d2h_gbps,
+                        profile.gemm_peak_tflops, profile.adamw_params_per_second / 1e9);
+  absl::StrAppendFormat(&out, "batch      %d tokens per step = %d sequence(s) of %d; %d micro-batch(es) "
+                              "of %d sequence(s)\n",
+                        tokens, r.rows_per_step, r.seq_len, plan.micro_batches,
+                        plan.micro_batch_rows);
+  absl::StrAppendFormat(
+      &out, "memory     layer inputs kept every %d layer(s) %s%s; %d weight slot(s)%s\n",
+      plan.checkpoint_every, plan.checkpoints_on_host ? "in pinned host memory" : "on the device",
+      plan.checkpoint_every > 1 ? " (the layers between are recomputed in backward)" : "",
+      plan.weight_slots,
+      plan.weight_slots >= c.num_layers ? " (every layer stays on the device from forward to backward)"
+                                        : "");
+  absl::StrAppendFormat(&out, "           device %s of %s; host %s of %s (training state %s, "
+                              "gradient slabs %s, checkpoints %s)\n",
+                        GiB(plan.device_bytes), GiB(r.device_budget_bytes), GiB(plan.host_bytes),
+                        GiB(r.host_budget_bytes), GiB(plan.host_store_bytes),
+                        GiB(plan.host_slab_bytes), GiB(plan.host_checkpoint_bytes));
+  const double tps = tokens / std::max(1e-12, s.seconds);
+  absl::StrAppendFormat(&out, "step       %.3f s predicted: %.0f tokens/s, %.0f model TFLOP/s (MFU %.2f)\n",
+                        s.seconds, tps, s.model_flops / s.seconds / 1e12,
+                        profile.gemm_peak_tflops > 0
+                            ? s.model_flops / s.seconds / 1e12 / profile.gemm_peak_tflops
+                            : 0.0);
+  absl::StrAppendFormat(&out, "bound      %s\n", s.bound);
+  absl::StrAppendFormat(&out, "           kernels %.3f s (forward %.3f, loss %.3f); PCIe %.3f s (%s in, "
+                              "%s out); CPU AdamW %.3f s\n",
+                        s.compute_seconds, s.forward_seconds, s.head_seconds, s.pcie_seconds,
+                        Bytes(s.h2d_bytes), Bytes(s.d2h_bytes), s.optimizer_seconds);
+  if (r.clipping) {
+    absl::StrAppendFormat(&out, "clipping   on: updates wait for the global norm and run during "
+                                "the next forward (train.max_grad_norm: 0 overlaps them with "
+                                "backward)\n");
+  }
+  return out;
+}
+
+}  // namespace megatrain

@@ -1,0 +1,97 @@
+// The planner: how a job runs on this machine, and how fast it will go.
+//
+// Given the model, the batch (sequences per step and their length), the device and host
+// memory the job may take, and the machine's measured rates (MachineProfile), it chooses
+//   - the micro-batch: sequences per micro-batch (all micro-batches of a step pass through
+//     a layer while it is resident, so a larger one only buys matmul efficiency and costs
+//     workspace);
+//   - K, the activation checkpoint interval, and where the checkpoints live: on the
+//     device (no PCIe) or in pinned host memory (device memory flat in depth, each
+//     checkpoint crosses PCIe once each way);
+//   - the number of weight slots: with one per layer, backward finds every layer still
+//     on the device and only the forward upload crosses PCIe;
+// and predicts the step from a cost model of the pipeline (pipeline.h): every layer's
+// kernels (matmuls and attention at the profile's rates for these shapes, elementwise
+// work at device bandwidth), its transfers each way, and the CPU AdamW of all parameters,
+// overlapped the way the pipeline overlaps them. The plan names the binding resource.
+//
+// Every candidate is sized with Pipeline::DeviceBytesFor, the same arithmetic Create()
+// allocates by, so a plan that fits is a pipeline that allocates.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/common/backend.h"
+#include "engine/model/config.h"
+#include "engine/plan/machine_profile.h"
+
+namespace megatrain {
+
+struct PlanRequest {
+  ModelConfig config;
+  int64_t seq_len = 0;
+  int64_t rows_per_step = 0;        // sequences per optimizer step
+  bool clipping = true;             // global-norm clipping (max_grad_norm > 0)
+  int64_t loss_chunk_tokens = 4096;
+  // Fixed by the user; 0 = the planner chooses.
+  int64_t micro_batch_rows = 0;
+  int64_t checkpoint_every = 0;
+  std::string checkpoints = "auto";  // auto | device | host
+  // Memory the job may take. device: what the backend may allocate (the job's cap, else
+  // the free device memory; on the CPU backend, its buffers are host memory).
+  int64_t device_budget_bytes = 0;
+  int64_t host_budget_bytes = 0;
+};
+
+// Predicted seconds and bytes of one steady-state step.
+struct StepPrediction {
+  double seconds = 0;
+  double compute_seconds = 0;    // kernels on the compute stream
+  double forward_seconds = 0;    // of which forward (embedding and layers, first pass)
+  double head_seconds = 0;       // lm_head + loss, forward and backward
+  double h2d_seconds = 0, d2h_seconds = 0;
+  double pcie_seconds = 0;       // the PCIe floor: each way alone and both at once
+  double optimizer_seconds = 0;  // CPU AdamW (and the clipping norm) of every parameter
+  int64_t h2d_bytes = 0, d2h_bytes = 0;
+  double model_flops = 0;        // 6 N T + 6 L s d T
+  double hardware_flops = 0;     // what the kernels execute, recomputation included
+  std::string bound;             // "GPU compute" | "PCIe" | "CPU optimizer" | ...
+};
+
+struct Plan {
+  // The choices.
+  int64_t micro_batch_rows = 0;
+  int64_t micro_batches = 0;
+  int64_t checkpoint_every = 1;
+  bool checkpoints_on_host = false;
+  int64_t weight_slots = 2;
+  int64_t loss_chunk_tokens = 4096;
+  // What they cost.
+  StepPrediction step;
+  int64_t device_bytes = 0;      // allocated by the pipeline
+  int64_t host_bytes = 0;        // store + gradient slabs + host checkpoints (+ CPU buffers)
+  int64_t host_store_bytes = 0, host_slab_bytes = 0, host_checkpoint_bytes = 0;
+  int64_t num_parameters = 0;
+  int candidates = 0;            // plans considered
+  int fitting = 0;               // of which fit in memory
+};
+
+// The plan with the shortest predicted step that fits both budgets. FailedPrecondition
+// names the memory that runs out (with the smallest plan's figures and what to change)
+// when none fits; InvalidArgument for a request that makes no sense.
+[[nodiscard]] absl::StatusOr<Plan> MakePlan(const PlanRequest& request,
+                                            const MachineProfile& profile, Backend* backend);
+
+// The prediction for one fixed set of choices (plan fields micro_batch_rows ..
+// loss_chunk_tokens); fills the rest of `plan`.
+void PredictPlan(const PlanRequest& request, const MachineProfile& profile, Backend* backend,
+                 Plan* plan);
+
+// The plan in words, for `megatrain plan` and the job log.
+std::string DescribePlan(const Plan& plan, const PlanRequest& request,
+                         const MachineProfile& profile);
+
+}  // namespace megatrain

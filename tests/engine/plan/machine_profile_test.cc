@@ -1,0 +1,75 @@
+// The machine profile: measured with the backend's own ops, cached, re-measured when stale.
+#include "engine/plan/machine_profile.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "engine/backend/cpu_backend.h"
+
+namespace megatrain {
+namespace {
+namespace fs = std::filesystem;
+
+TEST(MachineProfile, MeasuresPositiveRatesOnTheCpuAndRoundTripsThroughJson) {
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  absl::StatusOr<MachineProfile> p = MeasureMachineProfile(be.get(), ProfileOptions{true});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_GT(p->h2d_gbps, 0);
+  EXPECT_GT(p->gemm_peak_tflops, 0);
+  EXPECT_GT(p->adamw_params_per_second, 1e6);
+  EXPECT_GT(p->host_gbps, 0);
+  ASSERT_FALSE(p->attention.empty());
+  EXPECT_GT(p->attention[0].backward_tflops, 0);
+  absl::StatusOr<MachineProfile> back = ProfileFromJson(ProfileToJson(*p));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->key, p->key);
+  EXPECT_EQ(back->gemm.size(), p->gemm.size());
+  EXPECT_DOUBLE_EQ(back->adamw_params_per_second, p->adamw_params_per_second);
+}
+
+TEST(MachineProfile, GemmRateInterpolatesOverRowsAndPicksTheNearestShape) {
+  MachineProfile p;
+  p.gemm = {{1000, 1024, 1024, 100, 90}, {10000, 1024, 1024, 200, 180},
+            {1000, 4096, 16384, 300, 270}, {10000, 4096, 16384, 400, 360}};
+  EXPECT_DOUBLE_EQ(p.GemmTflops(1000, 1024, 1024, false), 100);
+  EXPECT_NEAR(p.GemmTflops(3162, 1024, 1024, false), 150, 0.5);  // halfway in log rows
+  EXPECT_DOUBLE_EQ(p.GemmTflops(100000, 4000, 14000, false), 400);  // held past the grid
+  EXPECT_DOUBLE_EQ(p.GemmTflops(500, 1024, 1024, true), 45);        // small: proportional
+}
+
+TEST(MachineProfile, CachedProfileIsReusedAndAStaleOrBrokenOneIsReplaced) {
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  const fs::path dir = fs::path(::testing::TempDir()) / "megatrain_profile";
+  fs::remove_all(dir);
+  const std::string path = (dir / "sub" / "machine-profile.json").string();
+  std::string note;
+  absl::StatusOr<MachineProfile> first = LoadOrMeasureProfile(be.get(), path, &note, {true});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_NE(note.find("measured"), std::string::npos) << note;
+  ASSERT_TRUE(fs::exists(path));
+  absl::StatusOr<MachineProfile> second = LoadOrMeasureProfile(be.get(), path, &note, {true});
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE(note.find("from"), std::string::npos) << note;
+  EXPECT_EQ(second->measured_at, first->measured_at);
+
+  // Another machine's profile (a different key) is measured again.
+  MachineProfile other = *first;
+  other.key = "cuda:0 | some other box";
+  other.adamw_params_per_second = 1;
+  { std::ofstream(path) << ProfileToJson(other); }
+  absl::StatusOr<MachineProfile> third = LoadOrMeasureProfile(be.get(), path, &note, {true});
+  ASSERT_TRUE(third.ok());
+  EXPECT_NE(note.find("another machine"), std::string::npos) << note;
+  EXPECT_GT(third->adamw_params_per_second, 1);
+
+  // A broken file too.
+  { std::ofstream(path) << "{\"version\": 2, \"key\": "; }
+  absl::StatusOr<MachineProfile> fourth = LoadOrMeasureProfile(be.get(), path, &note, {true});
+  ASSERT_TRUE(fourth.ok());
+  EXPECT_NE(note.find("measured"), std::string::npos) << note;
+  EXPECT_TRUE(ProfileFromJson("[1, 2]").status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace megatrain

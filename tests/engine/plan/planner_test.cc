@@ -1,0 +1,223 @@
+// The planner picks plans that fit, says what bounds them, and refuses with the numbers.
+// Rates come from a fixed H200-like profile, so the choices are the planner's alone.
+#include "engine/plan/planner.h"
+
+#include "gtest/gtest.h"
+#include "engine/model/layout.h"
+#include "tests/util/sizing_backend.h"
+
+namespace megatrain {
+namespace {
+
+constexpr int64_t kGiB = 1ll << 30;
+
+using testing::SizingBackend;
+
+MachineProfile H200Like() {
+  MachineProfile p;
+  p.backend = "cuda:0";
+  p.h2d_gbps = 53;
+  p.d2h_gbps = 53;
+  p.duplex_gbps = 95;
+  p.device_gbps = 3500;
+  for (int64_t rows : {2048, 8192, 32768}) {
+    for (auto [ic, oc] : {std::pair<int64_t, int64_t>{1536, 1536}, {3584, 18944}, {18944, 3584}}) {
+      const double rate = rows == 2048 ? 450 : rows == 8192 ? 600 : 650;
+      p.gemm.push_back(GemmSample{rows, ic, oc, rate, rate * 0.9});
+    }
+  }
+  p.gemm_peak_tflops = 650;
+  p.attention = {{1024, 300, 250}, {4096, 400, 330}, {16384, 420, 350}};
+  p.adamw_params_per_second = 3.5e9;
+  p.host_gbps = 150;
+  return p;
+}
+
+ModelConfig Qwen7B(int64_t layers = 28) {
+  ModelConfig c;
+  c.architecture = Architecture::kQwen2;
+  c.hidden_size = 3584;
+  c.intermediate_size = 18944;
+  c.num_layers = layers;
+  c.num_heads = 28;
+  c.num_kv_heads = 4;
+  c.head_dim = 128;
+  c.vocab_size = 152064;
+  c.qkv_bias = true;
+  return c;
+}
+
+ModelConfig Qwen1p5B(int64_t layers = 28) {
+  ModelConfig c;
+  c.architecture = Architecture::kQwen2;
+  c.hidden_size = 1536;
+  c.intermediate_size = 8960;
+  c.num_layers = layers;
+  c.num_heads = 12;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  c.vocab_size = 151936;
+  c.tie_word_embeddings = true;
+  c.qkv_bias = true;
+  return c;
+}
+
+PlanRequest Request(const ModelConfig& c, int64_t tokens, int64_t device_gib,
+                    int64_t host_gib = 120) {
+  PlanRequest r;
+  r.config = c;
+  r.seq_len = 4096;
+  r.rows_per_step = tokens / 4096;
+  r.clipping = false;
+  r.device_budget_bytes = device_gib * kGiB;
+  r.host_budget_bytes = host_gib * kGiB;
+  return r;
+}
+
+TEST(Planner, SevenBAtSixtyFourKTokensIsComputeBoundAndFitsTheDevice) {
+  SizingBackend be;
+  absl::StatusOr<Plan> plan = MakePlan(Request(Qwen7B(), 65536, 130), H200Like(), &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->step.bound, "GPU compute");
+  EXPECT_LE(plan->device_bytes, 130 * kGiB);
+  EXPECT_EQ(plan->micro_batch_rows * plan->micro_batches, 16);
+  // Room to spare on an H200: no recomputation beyond the per-layer one, nothing on the host.
+  EXPECT_EQ(plan->checkpoint_every, 1);
+  EXPECT_FALSE(plan->checkpoints_on_host);
+  // The step is at least its largest floor, and not far above it when compute-bound.
+  EXPECT_GE(plan->step.seconds, plan->step.compute_seconds);
+  EXPECT_LE(plan->step.seconds, 1.15 * plan->step.compute_seconds);
+  // Host: 14 bytes per parameter and three gradient slabs, each the size of the largest
+  // unit (here the 545M-parameter embedding: 6.1 GiB in all).
+  EXPECT_LE(plan->host_bytes, 14 * plan->num_parameters + 7 * kGiB);
+}
+
+TEST(Planner, TheSameJobInTwentyFourGigabytesStillPlans) {
+  SizingBackend be;
+  absl::StatusOr<Plan> big = MakePlan(Request(Qwen7B(), 65536, 130), H200Like(), &be);
+  absl::StatusOr<Plan> small = MakePlan(Request(Qwen7B(), 65536, 22), H200Like(), &be);
+  ASSERT_TRUE(big.ok() && small.ok()) << small.status();
+  EXPECT_LE(small->device_bytes, 22 * kGiB);
+  EXPECT_TRUE(small->checkpoints_on_host || small->checkpoint_every > 1);
+  EXPECT_GE(small->step.seconds, big->step.seconds);
+}
+
+TEST(Planner, ResidentLayersWhenTheyFitAndTransfersMatter) {
+  SizingBackend be;
+  MachineProfile fast_cpu = H200Like();
+  fast_cpu.adamw_params_per_second = 1e11;  // so that PCIe binds
+  fast_cpu.h2d_gbps = 5;  // a slow link in, as through a PCIe switch shared with a NIC
+  fast_cpu.duplex_gbps = 55;
+  absl::StatusOr<Plan> plan = MakePlan(Request(Qwen1p5B(), 4096, 130), fast_cpu, &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->step.bound, "PCIe");
+  EXPECT_EQ(plan->weight_slots, 28);
+  // Only the forward upload crosses: about one bf16 copy of the model per step.
+  EXPECT_LT(plan->step.h2d_bytes, 2 * plan->num_parameters * 1.1);
+  // Without room for them, the layers stream twice.
+  absl::StatusOr<Plan> tight = MakePlan(Request(Qwen1p5B(), 4096, 4), fast_cpu, &be);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_LT(tight->weight_slots, 28);
+  EXPECT_GT(tight->step.seconds, plan->step.seconds);
+}
+
+TEST(Planner, SmallBatchOnASmallModelIsBoundByTheHost) {
+  SizingBackend be;
+  absl::StatusOr<Plan> plan = MakePlan(Request(Qwen1p5B(), 4096, 130), H200Like(), &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->step.bound == "CPU optimizer" || plan->step.bound == "PCIe")
+      << plan->step.bound;
+  EXPECT_GE(plan->step.seconds, plan->step.optimizer_seconds);
+}
+
+TEST(Planner, DeviceMemoryFlatInDepthWithHostCheckpoints) {
+  SizingBackend be;
+  PlanRequest shallow = Request(Qwen1p5B(28), 65536, 130);
+  PlanRequest deep = Request(Qwen1p5B(84), 65536, 130);
+  for (PlanRequest* r : {&shallow, &deep}) {
+    r->checkpoints = "host";
+    r->checkpoint_every = 1;
+    r->micro_batch_rows = 4;
+  }
+  absl::StatusOr<Plan> a = MakePlan(shallow, H200Like(), &be);
+  absl::StatusOr<Plan> b = MakePlan(deep, H200Like(), &be);
+  ASSERT_TRUE(a.ok() && b.ok());
+  // Only the weight slots grow (resident layers); with streaming slots, not at all.
+  shallow.config.num_layers = 28;
+  Plan sa = *a, sb = *b;
+  sa.weight_slots = sb.weight_slots = 2;
+  PredictPlan(shallow, H200Like(), &be, &sa);
+  PredictPlan(deep, H200Like(), &be, &sb);
+  EXPECT_EQ(sa.device_bytes, sb.device_bytes);
+  // Model TFLOP/s is about the same (the head's share shrinks with depth).
+  const double tflops_a = sa.step.model_flops / sa.step.seconds;
+  const double tflops_b = sb.step.model_flops / sb.step.seconds;
+  EXPECT_NEAR(tflops_b / tflops_a, 1.0, 0.05);
+}
+
+TEST(Planner, FixedChoicesAreKept) {
+  SizingBackend be;
+  PlanRequest r = Request(Qwen1p5B(), 65536, 130);
+  r.micro_batch_rows = 2;
+  r.checkpoint_every = 4;
+  r.checkpoints = "host";
+  absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->micro_batch_rows, 2);
+  EXPECT_EQ(plan->micro_batches, 8);
+  EXPECT_EQ(plan->checkpoint_every, 4);
+  EXPECT_TRUE(plan->checkpoints_on_host);
+}
+
+TEST(Planner, ClippingHoldsEveryGradientAndCostsHostMemory) {
+  SizingBackend be;
+  PlanRequest r = Request(Qwen1p5B(), 65536, 130);
+  absl::StatusOr<Plan> free_running = MakePlan(r, H200Like(), &be);
+  r.clipping = true;
+  absl::StatusOr<Plan> clipped = MakePlan(r, H200Like(), &be);
+  ASSERT_TRUE(free_running.ok() && clipped.ok());
+  EXPECT_GT(clipped->host_slab_bytes, 8 * free_running->host_slab_bytes);
+}
+
+TEST(Planner, RefusesWithTheNumbersWhenTheDeviceIsTooSmall) {
+  SizingBackend be;
+  absl::StatusOr<Plan> plan = MakePlan(Request(Qwen7B(), 65536, 1), H200Like(), &be);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(plan.status().message().find("device memory"), std::string::npos) << plan.status();
+  EXPECT_NE(plan.status().message().find("device_memory_cap_bytes"), std::string::npos);
+}
+
+TEST(Planner, RefusesWithTheNumbersWhenTheHostIsTooSmall) {
+  SizingBackend be;
+  absl::StatusOr<Plan> plan = MakePlan(Request(Qwen7B(), 65536, 130, 64), H200Like(), &be);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("host memory"), std::string::npos) << plan.status();
+  EXPECT_NE(plan.status().message().find("14 bytes"), std::string::npos) << plan.status();
+}
+
+TEST(Planner, MoreTokensTakeLongerAndRefusesNonsense) {
+  SizingBackend be;
+  absl::StatusOr<Plan> a = MakePlan(Request(Qwen1p5B(), 16384, 130), H200Like(), &be);
+  absl::StatusOr<Plan> b = MakePlan(Request(Qwen1p5B(), 65536, 130), H200Like(), &be);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_GT(b->step.seconds, a->step.seconds);
+  PlanRequest bad = Request(Qwen1p5B(), 16384, 130);
+  bad.micro_batch_rows = 3;  // does not divide 4 sequences
+  EXPECT_EQ(MakePlan(bad, H200Like(), &be).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Planner, DescribesThePlanInWords) {
+  SizingBackend be;
+  const PlanRequest r = Request(Qwen7B(), 65536, 130);
+  absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
+  ASSERT_TRUE(plan.ok());
+  const std::string text = DescribePlan(*plan, r, H200Like());
+  for (const char* want : {"65536 tokens per step", "predicted", "bound      GPU compute",
+                           "device", "host", "7.62 B parameters"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
+}  // namespace
+}  // namespace megatrain
