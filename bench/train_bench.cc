@@ -6,6 +6,7 @@
 //   train_bench --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536
 //               [--layers N] [--device-memory-gib 24] [--max-grad-norm 0]
 //               [--micro-batch-rows R] [--k K] [--checkpoints auto|device|host]
+//               [--kept-layers N] [--weight-slots S]
 //               [--steps 8] [--warmup 3] [--profile PATH] [--backend cuda|cpu]
 //
 // Shapes are the published configs with random init. The plan (micro-batch, K, where
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
   CLI::App app{"train_bench: planned training steps against their floors"};
   std::string backend = "cuda", shape = "qwen2.5-1.5b", checkpoints = "auto", profile_path;
   int64_t layers = 0, seq = 4096, tokens = 65536, steps = 8, warmup = 3;
-  int64_t micro_rows = 0, k = 0;
+  int64_t micro_rows = 0, k = 0, kept = -1, slots = -1;
   double device_gib = 0, max_grad_norm = 0;
   app.add_option("--backend", backend);
   app.add_option("--shape", shape, "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b");
@@ -94,6 +95,8 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch-rows", micro_rows, "0 = the planner's choice");
   app.add_option("--k", k, "activation checkpoint interval; 0 = the planner's choice");
   app.add_option("--checkpoints", checkpoints, "auto | device | host");
+  app.add_option("--kept-layers", kept, "layers keeping activations; -1 = the planner's choice");
+  app.add_option("--weight-slots", slots, "device weight slots; -1 = the planner's choice");
   app.add_option("--steps", steps, "steps in all, warm-up included");
   app.add_option("--warmup", warmup);
   app.add_option("--profile", profile_path, "machine profile cache (default: the user's)");
@@ -132,6 +135,8 @@ int main(int argc, char** argv) {
   request.micro_batch_rows = micro_rows;
   request.checkpoint_every = k;
   request.checkpoints = checkpoints;
+  request.kept_layers = kept;
+  request.weight_slots = slots;
   const int64_t budget = (*be)->device_memory_budget();
   request.device_budget_bytes = budget - std::min<int64_t>(budget / 16, 1ll << 30);
   request.host_budget_bytes = profile->host_memory_bytes * 9 / 10;
@@ -164,6 +169,7 @@ int main(int argc, char** argv) {
   po.checkpoint_every = plan->checkpoint_every;
   po.checkpoints_on_host = plan->checkpoints_on_host;
   po.weight_slots = plan->weight_slots;
+  po.kept_layers = plan->kept_layers;
   po.loss_chunk_tokens = plan->loss_chunk_tokens;
   po.record_timeline = true;
   absl::StatusOr<std::unique_ptr<Pipeline>> p =
@@ -243,6 +249,7 @@ int main(int argc, char** argv) {
                 {"checkpoint_every", plan->checkpoint_every},
                 {"checkpoints_on_host", plan->checkpoints_on_host},
                 {"weight_slots", plan->weight_slots},
+                {"kept_layers", plan->kept_layers},
                 {"predicted_step_seconds", plan->step.seconds},
                 {"predicted_bound", plan->step.bound},
                 {"predicted_compute_seconds", plan->step.compute_seconds},

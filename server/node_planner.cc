@@ -37,6 +37,7 @@ absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
   out.set_checkpoint_every(plan.checkpoint_every);
   out.set_checkpoints_on_host(plan.checkpoints_on_host);
   out.set_weight_slots(plan.weight_slots);
+  out.set_kept_layers(plan.kept_layers);
   const StepPrediction& s = plan.step;
   const int64_t tokens = request.rows_per_step * request.seq_len;
   out.set_tokens_per_step(tokens);

@@ -138,9 +138,11 @@ class CudaBackend final : public Backend {
   }
   void UnpinHostRange(void* ptr) override { cudaHostUnregister(ptr); }
 
+  // Blocking sync: a host thread waiting on an event sleeps instead of spinning, so the
+  // CPU AdamW (all cores, statically shared) does not lose a core to a waiting thread.
   void* CreateEvent() override {
     cudaEvent_t e;
-    MT_CUDA_CHECK(cudaEventCreate(&e));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventBlockingSync));
     return e;
   }
   void DestroyEvent(void* event) override { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }

@@ -205,6 +205,7 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   po.loss_chunk_tokens = plan_.loss_chunk_tokens;
   po.checkpoints_on_host = plan_.checkpoints_on_host;
   po.weight_slots = plan_.weight_slots;
+  po.kept_layers = plan_.kept_layers;
   po.record_timeline = true;  // per-stream busy time for the metrics
   ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(config_, store_.get(), slabs_.get(),
                                                backend_.get(), po));

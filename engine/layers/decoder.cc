@@ -42,6 +42,34 @@ int64_t DecoderLayer::WorkspaceBytes(int64_t n) const {
   return bytes;
 }
 
+int64_t DecoderLayer::SavedBytes(int64_t n) const {
+  // The saved fields in CarveWorkspace's order (the scratch follows them there).
+  Carver c(nullptr);
+  const int64_t act = DTypeSize(backend_->act_dtype());
+  const int64_t stat = DTypeSize(backend_->stat_dtype());
+  const int64_t C = config_.hidden_size, H = config_.num_heads, KV = config_.num_kv_heads;
+  const int64_t D = config_.head_dim, I = config_.intermediate_size;
+  for (int64_t b : {n * C * act, n * stat, n * qkv_dim_ * act, n * H * D * act, n * KV * D * act,
+                    n * KV * D * act, n * H * stat, n * KV * stat, n * H * D * act, n * H * stat,
+                    n * C * act, n * C * act, n * stat, n * 2 * I * act, n * I * act}) {
+    c.Take(b);
+  }
+  return c.used();
+}
+
+DecoderSaved DecoderLayer::CarveSaved(void* base, int64_t n, const DecoderSaved& scratch) const {
+  DecoderSaved w = CarveWorkspace(base, n);  // the saved fields come first
+  w.dh = scratch.dh;
+  w.dqkv = scratch.dqkv;
+  w.dq = scratch.dq;
+  w.dk = scratch.dk;
+  w.dv = scratch.dv;
+  w.dout = scratch.dout;
+  w.dgu = scratch.dgu;
+  w.da = scratch.da;
+  return w;
+}
+
 DecoderSaved DecoderLayer::CarveWorkspace(void* base, int64_t n, int64_t* bytes) const {
   const int64_t act = DTypeSize(backend_->act_dtype());
   const int64_t stat = DTypeSize(backend_->stat_dtype());

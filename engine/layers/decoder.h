@@ -78,6 +78,13 @@ class DecoderLayer {
   int64_t WorkspaceBytes(int64_t n) const;
   // Lays the workspace out from `base` (null: only count `bytes`).
   DecoderSaved CarveWorkspace(void* base, int64_t n, int64_t* bytes = nullptr) const;
+  // Bytes of the saved activations alone (the fields before the backward scratch): what
+  // keeping a layer's intermediates from forward to backward costs, instead of
+  // recomputing them.
+  int64_t SavedBytes(int64_t n) const;
+  // Saved activations laid out from `base`, with the backward scratch of `scratch` (a
+  // carved workspace, shared by every layer: it is only used during one call).
+  DecoderSaved CarveSaved(void* base, int64_t n, const DecoderSaved& scratch) const;
 
   // out act (n,C) = block(x act (n,C)). Intermediates go to `ws` (kept for Backward).
   // inv_freq: f32 (D/2) device buffer of RoPE frequencies.

@@ -26,7 +26,13 @@ inline uint16_t RoundToBf16(float f) {
 }
 
 // The loop over [begin, end). kLerpSmall selects torch.lerp's branch for weight < 0.5.
+// Compiled for AVX-512, AVX2 and the x86-64 baseline, picked at load time: the ops are
+// IEEE adds, multiplies, divides and square roots (no contraction: -ffp-contract=off),
+// so every width gives the same bits, and the wide ones run at memory bandwidth.
 template <bool kLerpSmall>
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 void AdamWChunk(float* __restrict master, float* __restrict m, float* __restrict v,
                 uint16_t* __restrict bf16_out, const float* __restrict grad, int64_t begin,
                 int64_t end, float grad_scale, float decay, float lerp_weight,
@@ -80,7 +86,9 @@ void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const fl
   const bool lerp_small = std::abs(lerp_w) < 0.5f;
 
   const int64_t num_chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (num_chunks > 1)
+  // Dynamic: a core that is busy with something else (a CUDA driver thread, the pipeline)
+  // must not hold the whole team back, as a static split would.
+#pragma omp parallel for schedule(dynamic, 8) if (num_chunks > 1)
   for (int64_t c = 0; c < num_chunks; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t end = std::min(n, begin + kChunk);

@@ -62,6 +62,12 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const ModelConfig& co
                                                            GradSlabPool* slabs,
                                                            Backend* backend,
                                                            const PipelineOptions& options) {
+  if (options.kept_layers < 0 || options.kept_layers > config.num_layers ||
+      (options.kept_layers > 0 && options.checkpoint_every != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: kept_layers (", options.kept_layers, ") must be in [0, num_layers], and 0 "
+        "unless checkpoint_every is 1 (", options.checkpoint_every, ")"));
+  }
   if (options.micro_batches < 1 || options.tokens_per_micro_batch < 1 ||
       options.checkpoint_every < 1 || options.loss_chunk_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -149,6 +155,17 @@ absl::Status Pipeline::Allocate(bool count_only) {
   RETURN_IF_ERROR(alloc(&scratch_out_, n * act_row_bytes_, "a scratch activation"));
   RETURN_IF_ERROR(alloc(&layer_ws_, decoder_.WorkspaceBytes(n), "the layer workspace"));
   if (!count_only) saved_ = decoder_.CarveWorkspace(layer_ws_.get(), n);
+  const int64_t kept_bytes = decoder_.SavedBytes(n);
+  kept_ws_.resize(options_.kept_layers);
+  kept_.resize(options_.kept_layers);
+  for (int64_t i = 0; i < options_.kept_layers; ++i) {
+    RETURN_IF_ERROR(alloc(&kept_ws_[i], M * kept_bytes, "kept layer activations"));
+    if (count_only) continue;
+    for (int64_t m = 0; m < M; ++m) {
+      kept_[i].push_back(decoder_.CarveSaved(static_cast<char*>(kept_ws_[i].get()) + m * kept_bytes,
+                                             n, saved_));
+    }
+  }
   RETURN_IF_ERROR(alloc(&head_ws_, head_.WorkspaceBytes(n), "the loss workspace"));
   RETURN_IF_ERROR(alloc(&batch_ints_, M * 4 * n * sizeof(int32_t), "token arrays"));
   RETURN_IF_ERROR(alloc(&losses_, M * n * DTypeSize(be->stat_dtype()), "per-token losses"));
@@ -367,7 +384,7 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
     }
     const int span = SpanBegin(StreamId::kCompute, "fwd " + std::to_string(l));
     for (int64_t m = 0; m < M; ++m) {
-      decoder_.Forward(w, X(l, m), X(l + 1, m), saved_, db[m],
+      decoder_.Forward(w, X(l, m), X(l + 1, m), SavedFor(l, m), db[m],
                        static_cast<const float*>(inv_freq_.get()), StreamId::kCompute);
     }
     SpanEnd(span);
@@ -430,9 +447,11 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
       const int span = SpanBegin(StreamId::kCompute, "bwd " + std::to_string(l));
       for (int64_t m = 0; m < M; ++m) {
         void* dres = static_cast<char*>(dres_.get()) + m * n * act_row_bytes_;
-        decoder_.Forward(w, input(l, m), scratch_out_.get(), saved_, db[m], inv_freq,
-                         StreamId::kCompute);
-        decoder_.Backward(w, gw, input(l, m), dres, saved_, db[m], inv_freq,
+        if (!Kept(l)) {  // rebuild its intermediates
+          decoder_.Forward(w, input(l, m), scratch_out_.get(), saved_, db[m], inv_freq,
+                           StreamId::kCompute);
+        }
+        decoder_.Backward(w, gw, input(l, m), dres, SavedFor(l, m), db[m], inv_freq,
                           StreamId::kCompute);
       }
       SpanEnd(span);

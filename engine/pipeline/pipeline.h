@@ -51,6 +51,11 @@ struct PipelineOptions {
   // its own slot, so backward finds each layer still resident from the forward and only
   // the forward upload crosses PCIe (the optimizer changes the weights every step).
   int64_t weight_slots = 0;
+  // Keep the intermediates of the top `kept_layers` layers (every micro-batch's) from the
+  // forward to the backward instead of recomputing them: a forward pass fewer per kept
+  // layer, DecoderLayer::SavedBytes(n) of device memory per layer and micro-batch.
+  // REQUIRES checkpoint_every == 1 when > 0.
+  int64_t kept_layers = 0;
   // Record a span (two events) around every transfer and every layer's compute, and
   // return the step's timeline. Costs a little; for benchmarks and diagnosis.
   bool record_timeline = false;
@@ -162,6 +167,13 @@ class Pipeline {
   DeviceBuffer scratch_out_;              // (n, C)
   DeviceBuffer layer_ws_, head_ws_;
   DecoderSaved saved_;
+  std::vector<DeviceBuffer> kept_ws_;            // [kept layer] M x SavedBytes(n)
+  std::vector<std::vector<DecoderSaved>> kept_;  // [kept layer][micro-batch]
+  bool Kept(int64_t layer) const { return layer >= config_.num_layers - options_.kept_layers; }
+  // The intermediates of `layer`, micro-batch m: its kept ones, else the shared workspace.
+  const DecoderSaved& SavedFor(int64_t layer, int64_t m) const {
+    return Kept(layer) ? kept_[layer - (config_.num_layers - options_.kept_layers)][m] : saved_;
+  }
   DeviceBuffer batch_ints_;               // M x 4 x (n) int32
   DeviceBuffer losses_;                   // M x (n) stat
   DeviceBuffer inv_freq_;                 // (D/2) f32

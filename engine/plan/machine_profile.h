@@ -39,7 +39,7 @@ struct AttentionSample {
 };
 
 struct MachineProfile {
-  static constexpr int kVersion = 2;
+  static constexpr int kVersion = 3;
   int version = kVersion;
   std::string key;          // what the measurement is valid for (see header comment)
   std::string backend;      // Backend::name()
@@ -54,7 +54,7 @@ struct MachineProfile {
   std::vector<GemmSample> gemm;
   std::vector<AttentionSample> attention;
   double adamw_params_per_second = 0;  // AdamWUpdate, all threads, fp32 state + bf16 out
-  double host_gbps = 0;     // host memory, triad a = b + s*c, all threads
+  double host_gbps = 0;     // host memory, a += s * b in place, all threads
   int64_t device_memory_bytes = 0;  // what the backend may allocate (0 on the CPU)
   int64_t host_memory_bytes = 0;
   int cpu_threads = 0;

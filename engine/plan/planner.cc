@@ -86,6 +86,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   po.loss_chunk_tokens = plan->loss_chunk_tokens;
   po.checkpoints_on_host = plan->checkpoints_on_host;
   po.weight_slots = plan->weight_slots;
+  po.kept_layers = plan->kept_layers;
   const int64_t slots = Pipeline::NumWeightSlots(c, po);
   plan->weight_slots = slots;
   plan->device_bytes = Pipeline::DeviceBytesFor(c, layout, backend, po);
@@ -115,8 +116,10 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const double zero_grads = (gsize * (layer_n * L + embed_n + head_n)) / bw;
   const double recompute = static_cast<double>(K - 1) / K;
   const double fwd_compute = M * (L * lt.forward + embed);
-  const double bwd_compute = M * (L * (lt.forward * (1 + recompute) + lt.backward) + embed) +
-                             zero_grads;
+  const double bwd_compute =
+      M * (L * (lt.forward * (1 + recompute) + lt.backward) - plan->kept_layers * lt.forward +
+           embed) +
+      zero_grads;
   s.forward_seconds = fwd_compute;
   s.head_seconds = M * head;
   s.compute_seconds = fwd_compute + s.head_seconds + bwd_compute;
@@ -141,7 +144,10 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   if (cpu) s.pcie_seconds = 0;  // copies on the CPU are memcpy, counted as compute
 
   // The optimizer: AdamW of every parameter (+ the clipping norm over every gradient).
-  const double adamw = std::max(1.0, p.adamw_params_per_second);
+  // AdamW moves 30 bytes a parameter at memory bandwidth; the step's DMA (weights in,
+  // gradients out) shares that bandwidth while it runs.
+  const double adamw = std::max(1.0, p.adamw_params_per_second) /
+                       (1.0 + (s.h2d_bytes + s.d2h_bytes) / (30.0 * total));
   const double norm = r.clipping ? 4.0 * total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
   s.optimizer_seconds = total / adamw + norm;
 
@@ -172,7 +178,8 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // Hardware: the forward runs (2 + (K-1)/K) times per layer, the head once.
   const double layer_fwd = 2.0 * tokens * (layer_n) + 2.0 * tokens * r.seq_len * c.num_heads * c.head_dim;
   // forward, re-forward, segment recompute, backward (twice a forward)
-  s.hardware_flops = L * layer_fwd * (1 + 1 + recompute + 2) + 6.0 * tokens * C * V;
+  s.hardware_flops = L * layer_fwd * (1 + 1 + recompute + 2) -
+                     plan->kept_layers * layer_fwd + 6.0 * tokens * C * V;
 
   const double floors[] = {s.compute_seconds, s.pcie_seconds, s.optimizer_seconds};
   const int which = static_cast<int>(std::max_element(floors, floors + 3) - floors);
@@ -226,7 +233,11 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
     places = {false, true};
   }
   std::vector<int64_t> slot_choices = {0};
-  if (!cpu) slot_choices.push_back(c.num_layers);
+  if (r.weight_slots >= 0) {
+    slot_choices = {r.weight_slots};
+  } else if (!cpu) {
+    slot_choices.push_back(c.num_layers);
+  }
 
   Plan best, smallest;
   bool have_best = false, have_smallest = false;
@@ -243,6 +254,21 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
           plan.weight_slots = slots;
           plan.loss_chunk_tokens = r.loss_chunk_tokens;
           PredictPlan(r, profile, backend, &plan);
+          if (r.kept_layers >= 0) {
+            plan.kept_layers = k == 1 ? std::min(r.kept_layers, c.num_layers) : 0;
+            if (plan.kept_layers > 0) PredictPlan(r, profile, backend, &plan);
+          } else if (k == 1 && !cpu) {
+            // Keep as many layers' intermediates as the device memory left over holds. (On
+            // the CPU backend that memory is the box's shared RAM: not taken for speed.)
+            Plan one = plan;
+            one.kept_layers = 1;
+            PredictPlan(r, profile, backend, &one);
+            const int64_t per_layer = one.device_bytes - plan.device_bytes;
+            const int64_t room = r.device_budget_bytes - plan.device_bytes;
+            const int64_t fit = per_layer > 0 ? std::max<int64_t>(0, room / per_layer) : 0;
+            plan.kept_layers = std::min(c.num_layers, fit);
+            if (plan.kept_layers > 0) PredictPlan(r, profile, backend, &plan);
+          }
           ++candidates;
           const int64_t device_need = cpu ? 0 : plan.device_bytes;
           if (!have_smallest || plan.device_bytes + plan.host_bytes <
@@ -319,6 +345,11 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
       plan.weight_slots,
       plan.weight_slots >= c.num_layers ? " (every layer stays on the device from forward to backward)"
                                         : "");
+  if (plan.kept_layers > 0) {
+    absl::StrAppendFormat(&out, "           the top %d layer(s) keep their activations for backward "
+                                "(not recomputed)\n",
+                          plan.kept_layers);
+  }
   absl::StrAppendFormat(&out, "           device %s of %s; host %s of %s (training state %s, "
                               "gradient slabs %s, checkpoints %s)\n",
                         GiB(plan.device_bytes), GiB(r.device_budget_bytes), GiB(plan.host_bytes),

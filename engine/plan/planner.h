@@ -10,6 +10,8 @@
 //     checkpoint crosses PCIe once each way);
 //   - the number of weight slots: with one per layer, backward finds every layer still
 //     on the device and only the forward upload crosses PCIe;
+//   - how many layers keep their intermediates from forward to backward, in the device
+//     memory left over, instead of recomputing them (a forward pass fewer each);
 // and predicts the step from a cost model of the pipeline (pipeline.h): every layer's
 // kernels (matmuls and attention at the profile's rates for these shapes, elementwise
 // work at device bandwidth), its transfers each way, and the CPU AdamW of all parameters,
@@ -40,6 +42,8 @@ struct PlanRequest {
   int64_t micro_batch_rows = 0;
   int64_t checkpoint_every = 0;
   std::string checkpoints = "auto";  // auto | device | host
+  int64_t kept_layers = -1;          // -1 = the planner chooses
+  int64_t weight_slots = -1;         // -1 = the planner chooses
   // Memory the job may take. device: what the backend may allocate (the job's cap, else
   // the free device memory; on the CPU backend, its buffers are host memory).
   int64_t device_budget_bytes = 0;
@@ -68,6 +72,7 @@ struct Plan {
   int64_t checkpoint_every = 1;
   bool checkpoints_on_host = false;
   int64_t weight_slots = 2;
+  int64_t kept_layers = 0;       // top layers whose intermediates are kept, not recomputed
   int64_t loss_chunk_tokens = 4096;
   // What they cost.
   StepPrediction step;

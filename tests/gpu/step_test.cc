@@ -31,7 +31,8 @@ struct Trained {
   std::unique_ptr<Pipeline> pipeline;
 };
 
-Trained Make(const ModelConfig& c, Backend* be, int64_t micro_batches, int64_t tokens, int64_t k) {
+Trained Make(const ModelConfig& c, Backend* be, int64_t micro_batches, int64_t tokens, int64_t k,
+             int64_t kept_layers = 0, int64_t weight_slots = 0) {
   Trained r;
   r.store = std::move(*HostStore::Create(BuildLayout(c)));
   RandomInitWeights(c, 5, r.store.get());
@@ -46,6 +47,8 @@ Trained Make(const ModelConfig& c, Backend* be, int64_t micro_batches, int64_t t
   o.checkpoint_every = k;
   o.loss_chunk_tokens = 100;
   o.checkpoints_on_host = be->name() != "cpu";  // as the trainer runs on a GPU
+  o.kept_layers = kept_layers;
+  o.weight_slots = weight_slots;
   absl::StatusOr<std::unique_ptr<Pipeline>> p = Pipeline::Create(c, r.store.get(), r.pool.get(), be, o);
   EXPECT_TRUE(p.ok()) << p.status();
   r.pipeline = std::move(*p);
@@ -101,6 +104,29 @@ TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
   }
   EXPECT_LT(RelErr(du_g, du_c), 0.2);
   cpu_->UnpinHostRange(cr.store->transfer_base());
+  gpu_->UnpinHostRange(gr.store->transfer_base());
+  gpu_->UnpinHostRange(gr.pool->base());
+}
+
+// The planner's memory choices on a roomy GPU: kept activations (no re-forward) and a slot
+// per layer (no backward upload) give the CPU's gradients.
+TEST_F(GpuTest, KeptActivationsAndResidentWeightsMatchTheCpu) {
+  const ModelConfig c = StepConfig(Variant::kQwen2UntiedBias, 4);
+  std::vector<MicroBatch> batches = {RandomBatch(2, 64, c.vocab_size, 3),
+                                     RandomBatch(2, 64, c.vocab_size, 4)};
+  Trained cr = Make(c, cpu_.get(), 2, 128, 1);
+  Trained gr = Make(c, gpu_.get(), 2, 128, 1, /*kept_layers=*/3, /*weight_slots=*/4);
+  RecordingSink cs(cpu_.get(), cr.pool.get(), cr.store->num_units());
+  RecordingSink gs(gpu_.get(), gr.pool.get(), gr.store->num_units());
+  absl::StatusOr<StepResult> cl = cr.pipeline->Step(batches, &cs);
+  absl::StatusOr<StepResult> gl = gr.pipeline->Step(batches, &gs);
+  ASSERT_TRUE(cl.ok() && gl.ok());
+  EXPECT_NEAR(gl->loss, cl->loss, 5e-3 * cl->loss);
+  for (int64_t u = 0; u < cr.store->num_units(); ++u) {
+    EXPECT_LT(RelErr(gs.grads[u], cs.grads[u]), 3e-2) << "unit " << u;
+  }
+  // Only the forward uploads each layer: less than the CPU pipeline's two slots do.
+  EXPECT_LT(gl->h2d_bytes, cl->h2d_bytes);
   gpu_->UnpinHostRange(gr.store->transfer_base());
   gpu_->UnpinHostRange(gr.pool->base());
 }

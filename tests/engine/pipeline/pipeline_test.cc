@@ -15,7 +15,7 @@ namespace {
 
 struct Harness {
   Harness(const ModelConfig& c, int64_t micro_batches, int64_t tokens, int64_t k,
-          bool host_checkpoints = false, int64_t weight_slots = 0) {
+          bool host_checkpoints = false, int64_t weight_slots = 0, int64_t kept_layers = 0) {
     be = CreateCpuBackend(CpuBackendOptions{});
     store = std::move(*HostStore::Create(BuildLayout(c)));
     RandomInitWeights(c, 11, store.get());
@@ -29,6 +29,7 @@ struct Harness {
     o.loss_chunk_tokens = 7;
     o.checkpoints_on_host = host_checkpoints;
     o.weight_slots = weight_slots;
+    o.kept_layers = kept_layers;
     options = o;
     absl::StatusOr<std::unique_ptr<Pipeline>> p =
         Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
@@ -130,13 +131,48 @@ TEST(Pipeline, ResidentLayersSkipTheBackwardUploadAndChangeNoBit) {
   EXPECT_EQ(Pipeline::NumWeightSlots(c, resident.options), c.num_layers);
 }
 
+TEST(Pipeline, KeptActivationsSkipTheReforwardAndChangeNoBit) {
+  const ModelConfig c = TinyConfig(Variant::kQwen3QkNorm);
+  const std::vector<MicroBatch> batches = {RandomBatch(1, 10, c.vocab_size, 1),
+                                           RandomBatch(1, 10, c.vocab_size, 2)};
+  std::vector<std::vector<float>> reference;
+  double reference_loss = 0;
+  for (int64_t kept = 0; kept <= c.num_layers; ++kept) {
+    for (bool host : {false, true}) {
+      Harness h(c, 2, 10, 1, host, 0, kept);
+      RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
+      const StepResult r = h.Run(batches, &sink);
+      if (kept == 0 && !host) {
+        reference = sink.grads;
+        reference_loss = r.loss;
+        continue;
+      }
+      EXPECT_EQ(r.loss, reference_loss) << "kept " << kept;
+      for (size_t u = 0; u < reference.size(); ++u) {
+        EXPECT_EQ(sink.grads[u], reference[u]) << "kept " << kept << " unit " << u;
+      }
+    }
+  }
+  // Kept layers need K = 1.
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
+  std::unique_ptr<GradSlabPool> pool =
+      std::move(*GradSlabPool::Create(2, store->layout().TotalElements()));
+  PipelineOptions o;
+  o.tokens_per_micro_batch = 10;
+  o.checkpoint_every = 2;
+  o.kept_layers = 1;
+  EXPECT_EQ(Pipeline::Create(c, store.get(), pool.get(), be.get(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Pipeline, DeviceBytesForIsWhatCreateAllocates) {
   const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
   for (int64_t k : {1, 2, 3}) {
     for (bool host : {false, true}) {
       for (int64_t slots : {int64_t{0}, c.num_layers}) {
         for (int64_t mb : {1, 3}) {
-          Harness h(c, mb, 10, k, host, slots);
+          Harness h(c, mb, 10, k, host, slots, k == 1 ? 2 : 0);
           EXPECT_EQ(Pipeline::DeviceBytesFor(c, h.store->layout(), h.be.get(), h.options),
                     h.pipeline->device_bytes())
               << "K=" << k << " host=" << host << " slots=" << slots << " M=" << mb;

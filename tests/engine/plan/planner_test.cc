@@ -92,6 +92,19 @@ TEST(Planner, SevenBAtSixtyFourKTokensIsComputeBoundAndFitsTheDevice) {
   EXPECT_LE(plan->host_bytes, 14 * plan->num_parameters + 7 * kGiB);
 }
 
+TEST(Planner, KeepsActivationsInTheDeviceMemoryLeftOver) {
+  SizingBackend be;
+  absl::StatusOr<Plan> roomy = MakePlan(Request(Qwen1p5B(), 65536, 130), H200Like(), &be);
+  absl::StatusOr<Plan> tight = MakePlan(Request(Qwen1p5B(), 65536, 40), H200Like(), &be);
+  ASSERT_TRUE(roomy.ok() && tight.ok()) << tight.status();
+  EXPECT_GT(roomy->kept_layers, tight->kept_layers);
+  EXPECT_GT(roomy->kept_layers, 0);
+  EXPECT_LE(roomy->device_bytes, 130 * kGiB);
+  EXPECT_LE(tight->device_bytes, 40 * kGiB);
+  EXPECT_LT(roomy->step.seconds, tight->step.seconds);
+  EXPECT_LT(roomy->step.hardware_flops, tight->step.hardware_flops);
+}
+
 TEST(Planner, TheSameJobInTwentyFourGigabytesStillPlans) {
   SizingBackend be;
   absl::StatusOr<Plan> big = MakePlan(Request(Qwen7B(), 65536, 130), H200Like(), &be);
@@ -142,10 +155,11 @@ TEST(Planner, DeviceMemoryFlatInDepthWithHostCheckpoints) {
   absl::StatusOr<Plan> a = MakePlan(shallow, H200Like(), &be);
   absl::StatusOr<Plan> b = MakePlan(deep, H200Like(), &be);
   ASSERT_TRUE(a.ok() && b.ok());
-  // Only the weight slots grow (resident layers); with streaming slots, not at all.
-  shallow.config.num_layers = 28;
+  // Only the weight slots and kept activations grow (they fill the room there is); with
+  // streaming slots and nothing kept, nothing does.
   Plan sa = *a, sb = *b;
   sa.weight_slots = sb.weight_slots = 2;
+  sa.kept_layers = sb.kept_layers = 0;
   PredictPlan(shallow, H200Like(), &be, &sa);
   PredictPlan(deep, H200Like(), &be, &sb);
   EXPECT_EQ(sa.device_bytes, sb.device_bytes);
