@@ -10,7 +10,7 @@ the benchmarks within 10%).
      and busy seconds per second of step time per stream (compute, h2d, d2h, optimizer),
      dividing by the increase of megatrain_step_duration_seconds_sum so that the window
      covers whole steps; wall-clock rates (what rate() gives) are reported too;
-  2. runs train_bench on the same shape and reads its steady_state figures;
+  2. runs train_bench on the same shape and reads its steady-state figures (with the plan the daemon chose);
   3. prints one JSON object with both and their relative differences.
 
 Usage: metrics_vs_bench.py BIN_DIR [--steady-seconds 30] [shape flags as train_bench]
@@ -65,11 +65,6 @@ def main():
     ap.add_argument("bin_dir")
     ap.add_argument("--steady-seconds", type=float, default=30)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=3584)
-    ap.add_argument("--intermediate", type=int, default=18944)
-    ap.add_argument("--heads", type=int, default=28)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=152064)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--micro-batches", type=int, default=4)
@@ -86,10 +81,11 @@ def main():
         for _ in range(300):
             f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(4 * a.seq))})
                     + "\n")
-    config = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": a.hidden,
-              "intermediate_size": a.intermediate, "num_hidden_layers": a.layers,
-              "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads,
-              "vocab_size": a.vocab, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+    # Qwen2.5-7B's shape (train_bench --shape qwen2.5-7b), a.layers deep.
+    config = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584,
+              "intermediate_size": 18944, "num_hidden_layers": a.layers,
+              "num_attention_heads": 28, "num_key_value_heads": 4,
+              "vocab_size": 152064, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
               "tie_word_embeddings": False}
     spec = (f"name: metrics-vs-bench\nmodel:\n  config: {json.dumps(config)}\n"
             f"data: {{path: data.jsonl, tokenizer: byte, seq_len: {a.seq}}}\n"
@@ -117,6 +113,7 @@ def main():
     if out.returncode != 0:
         sys.exit(f"submit failed: {out.stdout}{out.stderr}")
     job = str(json.loads(out.stdout)["id"])
+    plan = json.loads(out.stdout)["plan"]  # the daemon's plan; train_bench runs the same
     try:
         deadline = time.time() + 600
         while time.time() < deadline:
@@ -161,16 +158,22 @@ def main():
                               pick(s1, "megatrain_tokens_total", job=job)) / dt,
     }
     bench = subprocess.run(
-        [os.path.join(a.bin_dir, "train_bench"), "--backend", "cuda", "--hidden", str(a.hidden),
-         "--intermediate", str(a.intermediate), "--layers", str(a.layers), "--heads", str(a.heads),
-         "--kv-heads", str(a.kv_heads), "--vocab", str(a.vocab), "--seq", str(a.seq),
-         "--rows", str(a.rows), "--micro-batches", str(a.micro_batches), "--k", str(a.k),
+        [os.path.join(a.bin_dir, "train_bench"), "--backend", "cuda", "--shape", "qwen2.5-7b",
+         "--layers", str(a.layers), "--seq", str(a.seq),
+         "--tokens-per-step", str(a.rows * a.micro_batches * a.seq),
+         "--micro-batch-rows", str(plan["micro_batch_rows"]),
+         "--k", str(plan["checkpoint_every"]),
+         "--checkpoints", "host" if plan["checkpoints_on_host"] else "device",
+         "--kept-layers", str(plan["kept_layers"]), "--weight-slots", str(plan["weight_slots"]),
          "--steps", str(a.bench_steps), "--max-grad-norm", "1.0"],
         capture_output=True, text=True)
     if bench.returncode != 0:
         sys.exit(f"train_bench failed: {bench.stderr}")
-    b = json.loads(bench.stdout)["steady_state"]
-    b_tokens = json.loads(bench.stdout)["tokens_per_step"] * b["steps"] / b["seconds"]
+    out_b = json.loads(bench.stdout)
+    b = {"pcie_bytes_per_second": {d: out_b["pcie_bytes_per_step"][d] / out_b["step_seconds"]
+                                   for d in ("h2d", "d2h")},
+         "busy_fraction_of_wall": out_b["busy_fraction"], "plan": out_b["plan"]}
+    b_tokens = out_b["tokens_per_second"]
     diffs = {}
     for d in ("h2d", "d2h"):
         diffs[f"pcie_{d}"] = metrics["pcie_bytes_per_step_second"][d] / b["pcie_bytes_per_second"][d] - 1
