@@ -154,10 +154,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   RandomInitWeights(c, 1, store->get());
-  int64_t max_unit = 0;
-  for (const UnitLayout& u : layout.units) max_unit = std::max(max_unit, u.num_elements);
-  const int64_t slabs = max_grad_norm > 0 ? static_cast<int64_t>(layout.units.size()) : 3;
-  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(slabs, max_unit));
+  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(
+      GradSlabsNeeded(layout, max_grad_norm > 0), GradSlabElements(layout)));
   if (!(*be)->PinHostRange((*store)->transfer_base(), (*store)->transfer_bytes()).ok() ||
       !(*be)->PinHostRange(pool->base(), pool->bytes()).ok()) {
     std::fprintf(stderr, "cannot pin host memory\n");

@@ -187,11 +187,8 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   const ModelLayout layout = BuildLayout(config_);
   ASSIGN_OR_RETURN(store_, HostStore::Create(layout, numa_node));
   const bool clipping = spec.max_grad_norm > 0;
-  int64_t max_unit = 0;
-  for (const UnitLayout& u : layout.units) max_unit = std::max(max_unit, u.num_elements);
-  // Clipping holds every gradient until the norm is known; otherwise a few slabs cycle.
-  const int64_t num_slabs = clipping ? static_cast<int64_t>(layout.units.size()) : 3;
-  ASSIGN_OR_RETURN(slabs_, GradSlabPool::Create(num_slabs, max_unit, numa_node));
+  ASSIGN_OR_RETURN(slabs_, GradSlabPool::Create(GradSlabsNeeded(layout, clipping),
+                                                GradSlabElements(layout), numa_node));
   // What crosses PCIe is page-locked once, here: the bf16 weights and the gradient slabs.
   RETURN_IF_ERROR(backend_->PinHostRange(store_->transfer_base(), store_->transfer_bytes()));
   pinned_.push_back(store_->transfer_base());

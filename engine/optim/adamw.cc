@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "engine/common/check.h"
 
@@ -58,11 +59,20 @@ void AdamWChunk(float* __restrict master, float* __restrict m, float* __restrict
   }
 }
 
+// Sum of squares of [begin, end) in double, lanes in a fixed order (the build's vector
+// width: the same bits wherever this binary runs, unlike the dispatched update above).
+double ChunkSumOfSquares(const float* __restrict g, int64_t begin, int64_t end) {
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = begin; i < end; ++i) sum += static_cast<double>(g[i]) * g[i];
+  return sum;
+}
+
 }  // namespace
 
 void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const float* grad,
                  int64_t n, int64_t step, double lr, double weight_decay, float grad_scale,
-                 const AdamWHyper& hyper) {
+                 const AdamWHyper& hyper, double* grad_sum_squares) {
   MT_CHECK(n >= 0);
   MT_CHECK(step >= 1);
   if (n == 0) return;
@@ -86,6 +96,7 @@ void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const fl
   const bool lerp_small = std::abs(lerp_w) < 0.5f;
 
   const int64_t num_chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partials(grad_sum_squares != nullptr ? num_chunks : 0);
   // Dynamic: a core that is busy with something else (a CUDA driver thread, the pipeline)
   // must not hold the whole team back, as a static split would.
 #pragma omp parallel for schedule(dynamic, 8) if (num_chunks > 1)
@@ -99,6 +110,12 @@ void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const fl
       AdamWChunk<false>(master, m, v, bf16_out, grad, begin, end, grad_scale, decay, lerp_w,
                         one_minus_lerp_w, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size);
     }
+    if (grad_sum_squares != nullptr) partials[c] = ChunkSumOfSquares(grad, begin, end);
+  }
+  if (grad_sum_squares != nullptr) {
+    double total = 0.0;
+    for (double p : partials) total += p;
+    *grad_sum_squares = total;
   }
 }
 

@@ -34,8 +34,12 @@ struct AdamWHyper {
 // Runs on the OpenMP thread pool; every element is computed independently, so results
 // do not depend on the number of threads. Not safe to call concurrently on the same
 // arrays.
+//
+// grad_sum_squares: if not null, receives the sum of grad[i]^2 (unscaled, in double) from
+// the same pass, while each chunk of the gradient is still in cache: the norm without a
+// second read of the gradient. Its summation order depends on n alone.
 void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const float* grad,
                  int64_t n, int64_t step, double lr, double weight_decay, float grad_scale,
-                 const AdamWHyper& hyper);
+                 const AdamWHyper& hyper, double* grad_sum_squares = nullptr);
 
 }  // namespace megatrain

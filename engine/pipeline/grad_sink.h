@@ -10,9 +10,11 @@ class GradSink {
  public:
   virtual ~GradSink() = default;
   // Called on the pipeline's host thread, in the order gradients complete (backward
-  // order). `slab` (f32, the unit's elements) is valid once `ready` (a backend event)
-  // has completed; the sink owns the slab until it returns it to the pool.
-  virtual void Submit(int64_t unit, float* slab, void* ready) = 0;
+  // order). `slab` holds elements [offset, offset + count) of the unit's gradient (f32):
+  // a unit larger than a slab (an embedding, an lm_head) arrives in pieces, in order.
+  // The slab is valid once `ready` (a backend event) has completed; the sink owns it until
+  // it returns it to the pool.
+  virtual void Submit(int64_t unit, float* slab, void* ready, int64_t offset, int64_t count) = 0;
   // Blocks until every submitted gradient has been read (not necessarily applied).
   // Returns the global L2 norm of the step's gradient (before clipping).
   virtual double Finish() = 0;

@@ -32,15 +32,18 @@ void HostOptimizer::BeginStep(double lr, int64_t step) {
   sum_squares_ = 0;
 }
 
-void HostOptimizer::Submit(int64_t unit, float* slab, void* ready) {
+void HostOptimizer::Submit(int64_t unit, float* slab, void* ready, int64_t offset,
+                           int64_t count) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (pending_.empty()) pending_.assign(store_->num_units(), false);
-    pending_[unit] = true;
+    if (pending_.empty()) pending_.assign(store_->num_units(), 0);
+    ++pending_[unit];
     Item item;
     item.unit = unit;
     item.slab = slab;
     item.ready = ready;
+    item.offset = offset;
+    item.count = count;
     item.lr = lr_;
     item.step = step_;
     queue_.push_back(item);
@@ -63,8 +66,9 @@ void HostOptimizer::Loop() {
       std::vector<Item> held;
       held.swap(held_);
       lock.unlock();
-      std::sort(held.begin(), held.end(),
-                [](const Item& a, const Item& b) { return a.unit < b.unit; });
+      std::sort(held.begin(), held.end(), [](const Item& a, const Item& b) {
+        return a.unit != b.unit ? a.unit < b.unit : a.offset < b.offset;
+      });
       for (const Item& h : held) {
         const auto t0 = std::chrono::steady_clock::now();
         Update(h, h.slab, item.coef);
@@ -72,7 +76,7 @@ void HostOptimizer::Loop() {
                         std::chrono::steady_clock::now() - t0).count();
         pool_->Release(h.slab);
         std::lock_guard<std::mutex> done(mu_);
-        pending_[h.unit] = false;
+        --pending_[h.unit];
         cv_.notify_all();
       }
       lock.lock();
@@ -83,10 +87,13 @@ void HostOptimizer::Loop() {
     lock.unlock();
     backend_->EventSync(item.ready);
     const auto t0 = std::chrono::steady_clock::now();
-    const double ss = SumOfSquares(item.slab, store_->unit_elements(item.unit));
+    // Without clipping the norm (reported only) comes from the update's own pass.
     const bool clipping = options_.max_grad_norm > 0;
-    if (!clipping) {
-      Update(item, item.slab, 1.0f);
+    double ss = 0;
+    if (clipping) {
+      ss = SumOfSquares(item.slab, item.count);
+    } else {
+      ss = Update(item, item.slab, 1.0f);
       pool_->Release(item.slab);
     }
     busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -96,7 +103,7 @@ void HostOptimizer::Loop() {
     if (clipping) {
       held_.push_back(item);
     } else {
-      pending_[item.unit] = false;
+      --pending_[item.unit];
     }
     --in_flight_;
     cv_.notify_all();
@@ -119,7 +126,7 @@ double HostOptimizer::Finish() {
 
 void HostOptimizer::AwaitUnit(int64_t unit) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return pending_.empty() || !pending_[unit]; });
+  cv_.wait(lock, [&] { return pending_.empty() || pending_[unit] == 0; });
 }
 
 void HostOptimizer::Drain() {
@@ -127,17 +134,25 @@ void HostOptimizer::Drain() {
   cv_.wait(lock, [this] { return in_flight_ == 0; });
 }
 
-void HostOptimizer::Update(const Item& item, const float* grad, float grad_scale) {
+double HostOptimizer::Update(const Item& item, const float* grad, float grad_scale) {
   const int64_t unit = item.unit;
   float* master = store_->master(unit);
   float* m = store_->exp_avg(unit);
   float* v = store_->exp_avg_sq(unit);
   uint16_t* bf16 = store_->weights(unit);
+  // The piece [item.offset, item.offset + item.count) meets each tensor in one range.
+  double sum_squares = 0;
   for (const TensorSlot& t : store_->layout().units[unit].tensors) {
-    const int64_t o = t.offset;
-    AdamWUpdate(master + o, m + o, v + o, bf16 + o, grad + o, t.num_elements, item.step, item.lr,
-                t.weight_decay ? options_.weight_decay : 0.0, grad_scale, options_.hyper);
+    const int64_t begin = std::max(t.offset, item.offset);
+    const int64_t end = std::min(t.offset + t.num_elements, item.offset + item.count);
+    if (begin >= end) continue;
+    double ss = 0;
+    AdamWUpdate(master + begin, m + begin, v + begin, bf16 + begin, grad + (begin - item.offset),
+                end - begin, item.step, item.lr, t.weight_decay ? options_.weight_decay : 0.0,
+                grad_scale, options_.hyper, &ss);
+    sum_squares += ss;
   }
+  return sum_squares;
 }
 
 }  // namespace megatrain

@@ -42,7 +42,7 @@ class HostOptimizer final : public GradSink {
 
   // Sets the learning rate and 1-based step count for the next step's updates.
   void BeginStep(double lr, int64_t step);
-  void Submit(int64_t unit, float* slab, void* ready) override;
+  void Submit(int64_t unit, float* slab, void* ready, int64_t offset, int64_t count) override;
   double Finish() override;
   void AwaitUnit(int64_t unit) override;
   // Blocks until every update is applied (before reading the store: checkpoints).
@@ -54,13 +54,17 @@ class HostOptimizer final : public GradSink {
   struct Item {
     int64_t unit = 0;
     float* slab = nullptr;  // null: apply the held updates (clipping), scaled by coef
+    int64_t offset = 0;     // the piece of the unit the slab holds
+    int64_t count = 0;
     void* ready = nullptr;
     double lr = 0;
     int64_t step = 0;
     float coef = 1.0f;
   };
   void Loop();
-  void Update(const Item& item, const float* grad, float grad_scale);
+  // Applies AdamW to the item's piece of its unit; returns the sum of squares of the
+  // piece's gradient.
+  double Update(const Item& item, const float* grad, float grad_scale);
 
   HostStore* store_;
   GradSlabPool* pool_;
@@ -73,7 +77,7 @@ class HostOptimizer final : public GradSink {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   int64_t in_flight_ = 0;   // submitted, not yet consumed by the worker
-  std::vector<bool> pending_;  // per unit: an update is owed
+  std::vector<int64_t> pending_;  // per unit: pieces whose update is owed
   double sum_squares_ = 0;  // this step's, worker-only until Finish
   std::vector<Item> held_;  // clipping: waiting for the norm
   bool stop_ = false;

@@ -76,11 +76,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const ModelConfig& co
         ") and loss_chunk_tokens (", options.loss_chunk_tokens, ") must all be >= 1"));
   }
   if (config.num_layers < 1) return absl::InvalidArgumentError("model has no layers");
-  int64_t max_unit = 0;
-  for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
-  if (slabs->slab_elements() < max_unit) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient slabs hold ", slabs->slab_elements(),
-                                                   " elements; the largest unit has ", max_unit));
+  if (slabs->slab_elements() < 1 || slabs->num_slabs() < 1) {
+    return absl::InvalidArgumentError("pipeline: the gradient slab pool is empty");
   }
   std::unique_ptr<Pipeline> p(
       new Pipeline(config, store->layout(), store, slabs, backend, options));
@@ -189,6 +186,7 @@ absl::Status Pipeline::Allocate(bool count_only) {
   step_start_ = Event(be);
   step_end_ = Event(be);
   for (size_t u = 0; u < layout.units.size(); ++u) unit_done_.emplace_back(be);
+  for (int64_t i = 0; i < slabs_->num_slabs(); ++i) slab_ready_.emplace_back(be);
   return absl::OkStatus();
 }
 
@@ -295,15 +293,25 @@ void* Pipeline::SegmentInput(int64_t c, int64_t m) {
 
 void Pipeline::DrainGradient(int64_t unit, void* device_grad, void* done_event,
                              void* free_event, GradSink* sink) {
-  float* slab = slabs_->Acquire();
   backend_->StreamWait(StreamId::kD2H, done_event);
+  const int64_t n = store_->unit_elements(unit);
+  const int64_t piece = slabs_->slab_elements();
   const int span = SpanBegin(StreamId::kD2H, "d2h g " + std::to_string(unit));
-  d2h_bytes_ += 4 * store_->unit_elements(unit);
-  backend_->DownloadGrads(slab, device_grad, store_->unit_elements(unit), StreamId::kD2H);
+  // A unit larger than a slab (the embedding, the lm_head) goes in slab-sized pieces, so
+  // the host holds a few slabs of a layer's size whatever the vocabulary.
+  for (int64_t offset = 0; offset < n; offset += piece) {
+    const int64_t count = std::min(piece, n - offset);
+    float* slab = slabs_->Acquire();  // returned by the sink once it has read the piece
+    Event& ready = slab_ready_[slabs_->IndexOf(slab)];
+    backend_->DownloadGrads(slab, Offset(device_grad, offset, backend_->grad_dtype()), count,
+                            StreamId::kD2H);
+    backend_->Record(ready.get(), StreamId::kD2H);
+    sink->Submit(unit, slab, ready.get(), offset, count);
+  }
+  d2h_bytes_ += 4 * n;
   SpanEnd(span);
   if (free_event != nullptr) backend_->Record(free_event, StreamId::kD2H);
   backend_->Record(unit_done_[unit].get(), StreamId::kD2H);
-  sink->Submit(unit, slab, unit_done_[unit].get());
 }
 
 absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches,

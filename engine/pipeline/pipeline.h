@@ -155,6 +155,7 @@ class Pipeline {
   DeviceBuffer layer_grad_[2];
   Event grad_ready_[2], grad_free_[2];
   std::vector<Event> unit_done_;          // per unit: its gradient is on the host
+  std::vector<Event> slab_ready_;         // per gradient slab: its piece is on the host
   std::vector<DeviceBuffer> ckpt_;        // [ckpt index] -> M x (n, C)
   std::vector<DeviceBuffer> seg_;         // [K-1] recomputed inputs, M x (n, C)
   DeviceBuffer cur_[2];                   // forward ping-pong, M x (n, C)

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/model/layout.h"
 #include "engine/pipeline/pipeline.h"
+#include "engine/store/grad_slab_pool.h"
 
 namespace megatrain {
 namespace {
@@ -69,11 +70,8 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const int64_t K = plan->checkpoint_every;
   const int64_t act = DTypeSize(backend->act_dtype());
   const int64_t gsize = DTypeSize(backend->grad_dtype());
-  int64_t total = 0, max_unit = 0;
-  for (const UnitLayout& u : layout.units) {
-    total += u.num_elements;
-    max_unit = std::max(max_unit, u.num_elements);
-  }
+  int64_t total = 0;
+  for (const UnitLayout& u : layout.units) total += u.num_elements;
   const int64_t layer_n = layout.MaxDecoderElements();
   const int64_t embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
   const int64_t head_n = layout.units[layout.HeadUnit()].num_elements;
@@ -96,8 +94,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const int64_t num_ckpt = (L + K - 1) / K;
   const int64_t ckpt_bytes = M * n * C * act;  // one checkpoint, all micro-batches
   plan->host_store_bytes = 14 * total;
-  plan->host_slab_bytes =
-      4 * max_unit * (r.clipping ? static_cast<int64_t>(layout.units.size()) : 3);
+  plan->host_slab_bytes = 4 * GradSlabElements(layout) * GradSlabsNeeded(layout, r.clipping);
   plan->host_checkpoint_bytes = plan->checkpoints_on_host ? (num_ckpt + 1) * ckpt_bytes : 0;
   plan->host_bytes = plan->host_store_bytes + plan->host_slab_bytes +
                      plan->host_checkpoint_bytes + (cpu ? plan->device_bytes : 0);

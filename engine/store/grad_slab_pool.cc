@@ -14,6 +14,7 @@ absl::StatusOr<std::unique_ptr<GradSlabPool>> GradSlabPool::Create(int64_t num_s
   const size_t slab_bytes = (slab_elements * sizeof(float) + 4095) / 4096 * 4096;
   ASSIGN_OR_RETURN(pool->arena_, HostArena::Map(slab_bytes * num_slabs, "gradient slabs", numa_node));
   pool->slab_elements_ = slab_elements;
+  pool->slab_bytes_ = slab_bytes;
   for (int64_t i = 0; i < num_slabs; ++i) {
     float* slab = reinterpret_cast<float*>(pool->arena_.data() + i * slab_bytes);
     pool->slabs_.push_back(slab);
@@ -28,6 +29,23 @@ float* GradSlabPool::Acquire() {
   float* slab = free_.back();
   free_.pop_back();
   return slab;
+}
+
+int64_t GradSlabElements(const ModelLayout& layout) { return layout.MaxDecoderElements(); }
+
+int64_t GradSlabsNeeded(const ModelLayout& layout, bool clipping) {
+  if (!clipping) return 2;
+  const int64_t slab = GradSlabElements(layout);
+  int64_t pieces = 0;
+  for (const UnitLayout& u : layout.units) pieces += (u.num_elements + slab - 1) / slab;
+  return pieces;
+}
+
+int64_t GradSlabPool::IndexOf(const float* slab) const {
+  const int64_t i = (reinterpret_cast<const char*>(slab) - arena_.data()) /
+                    static_cast<int64_t>(slab_bytes_);
+  MT_CHECK(i >= 0 && i < num_slabs() && slabs_[i] == slab);
+  return i;
 }
 
 void GradSlabPool::Release(float* slab) {

@@ -17,6 +17,12 @@
 
 namespace megatrain {
 
+// The slab size for a model: its largest decoder layer (larger units go in pieces).
+int64_t GradSlabElements(const ModelLayout& layout);
+// Slabs a job needs. Clipping holds every piece of every unit until the global norm is
+// known; otherwise two cycle (one being read by the optimizer, one being filled).
+int64_t GradSlabsNeeded(const ModelLayout& layout, bool clipping);
+
 class GradSlabPool {
  public:
   // `num_slabs` slabs of `slab_elements` f32 each.
@@ -25,6 +31,8 @@ class GradSlabPool {
 
   float* Acquire();
   void Release(float* slab);
+  // 0 .. num_slabs()-1: which slab `slab` is (for per-slab state such as events).
+  int64_t IndexOf(const float* slab) const;
 
   int64_t num_slabs() const { return static_cast<int64_t>(slabs_.size()); }
   int64_t slab_elements() const { return slab_elements_; }
@@ -36,6 +44,7 @@ class GradSlabPool {
 
   HostArena arena_;
   int64_t slab_elements_ = 0;
+  size_t slab_bytes_ = 0;
   std::vector<float*> slabs_;
   std::mutex mu_;
   std::condition_variable cv_;

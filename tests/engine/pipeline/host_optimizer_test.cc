@@ -25,9 +25,12 @@ void RunSteps(double max_grad_norm) {
   std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
   RandomInitWeights(c, 3, store.get());
   const int64_t units = store->num_units();
-  int64_t max_unit = 0;
-  for (int64_t u = 0; u < units; ++u) max_unit = std::max(max_unit, store->unit_elements(u));
-  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(units, max_unit));
+  // Gradients arrive in pieces of 37 elements, across tensor boundaries, as a unit larger
+  // than a slab does from the pipeline.
+  constexpr int64_t kPiece = 37;
+  int64_t pieces = 0;
+  for (int64_t u = 0; u < units; ++u) pieces += (store->unit_elements(u) + kPiece - 1) / kPiece;
+  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(pieces, kPiece));
   HostOptimizerOptions o;
   o.hyper = AdamWHyper{0.9, 0.95, 1e-8};
   o.weight_decay = 0.1;
@@ -42,7 +45,7 @@ void RunSteps(double max_grad_norm) {
     ref.v.emplace_back(store->unit_elements(u), 0.0);
   }
   std::vector<Event> events;
-  for (int64_t u = 0; u < units; ++u) events.emplace_back(be.get());
+  for (int64_t i = 0; i < pieces; ++i) events.emplace_back(be.get());
   std::mt19937_64 gen(9);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t step = 1; step <= 4; ++step) {
@@ -51,15 +54,20 @@ void RunSteps(double max_grad_norm) {
     std::vector<std::vector<float>> grads(units);
     double ss = 0;
     for (int64_t u = units - 1; u >= 0; --u) {  // backward order, as the pipeline does
-      float* slab = pool->Acquire();
-      std::memset(slab, 0, max_unit * sizeof(float));
+      std::vector<float>& g = grads[u];
+      g.assign(store->unit_elements(u), 0.0f);
       for (const TensorSlot& t : store->layout().units[u].tensors) {
-        for (int64_t i = 0; i < t.num_elements; ++i) slab[t.offset + i] = normal(gen);
+        for (int64_t i = 0; i < t.num_elements; ++i) g[t.offset + i] = normal(gen);
       }
-      grads[u].assign(slab, slab + store->unit_elements(u));
-      for (float g : grads[u]) ss += double(g) * g;
-      be->Record(events[u].get(), StreamId::kD2H);
-      opt.Submit(u, slab, events[u].get());
+      for (float x : g) ss += double(x) * x;
+      for (int64_t offset = 0; offset < static_cast<int64_t>(g.size()); offset += kPiece) {
+        const int64_t count = std::min<int64_t>(kPiece, g.size() - offset);
+        float* slab = pool->Acquire();
+        std::memcpy(slab, g.data() + offset, count * sizeof(float));
+        Event& ready = events[pool->IndexOf(slab)];
+        be->Record(ready.get(), StreamId::kD2H);
+        opt.Submit(u, slab, ready.get(), offset, count);
+      }
     }
     const double norm = opt.Finish();
     opt.Drain();

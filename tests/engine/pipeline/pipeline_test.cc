@@ -15,13 +15,14 @@ namespace {
 
 struct Harness {
   Harness(const ModelConfig& c, int64_t micro_batches, int64_t tokens, int64_t k,
-          bool host_checkpoints = false, int64_t weight_slots = 0, int64_t kept_layers = 0) {
+          bool host_checkpoints = false, int64_t weight_slots = 0, int64_t kept_layers = 0,
+          int64_t slab_elements = 0) {
     be = CreateCpuBackend(CpuBackendOptions{});
     store = std::move(*HostStore::Create(BuildLayout(c)));
     RandomInitWeights(c, 11, store.get());
     int64_t max_unit = 0;
     for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
-    pool = std::move(*GradSlabPool::Create(2, max_unit));
+    pool = std::move(*GradSlabPool::Create(2, slab_elements > 0 ? slab_elements : max_unit));
     PipelineOptions o;
     o.micro_batches = micro_batches;
     o.tokens_per_micro_batch = tokens;
@@ -164,6 +165,22 @@ TEST(Pipeline, KeptActivationsSkipTheReforwardAndChangeNoBit) {
   o.kept_layers = 1;
   EXPECT_EQ(Pipeline::Create(c, store.get(), pool.get(), be.get(), o).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Pipeline, GradientsInSlabSizedPiecesAreTheSame) {
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  const std::vector<MicroBatch> batches = {RandomBatch(2, 10, c.vocab_size, 5)};
+  Harness whole(c, 1, 20, 1);
+  Harness pieces(c, 1, 20, 1, false, 0, 0, /*slab_elements=*/50);  // < every unit
+  RecordingSink a(whole.be.get(), whole.pool.get(), whole.store->num_units());
+  RecordingSink b(pieces.be.get(), pieces.pool.get(), pieces.store->num_units());
+  ASSERT_GT(whole.store->unit_elements(0), 150);
+  const StepResult ra = whole.Run(batches, &a);
+  const StepResult rb = pieces.Run(batches, &b);
+  EXPECT_EQ(ra.loss, rb.loss);
+  EXPECT_EQ(ra.d2h_bytes, rb.d2h_bytes);
+  for (size_t u = 0; u < a.grads.size(); ++u) EXPECT_EQ(a.grads[u], b.grads[u]) << "unit " << u;
+  EXPECT_EQ(a.order, b.order);
 }
 
 TEST(Pipeline, DeviceBytesForIsWhatCreateAllocates) {

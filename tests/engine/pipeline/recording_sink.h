@@ -1,6 +1,7 @@
 // A GradSink that records every unit's gradient (tests only).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -14,10 +15,12 @@ class RecordingSink : public GradSink {
  public:
   RecordingSink(Backend* be, GradSlabPool* pool, int64_t num_units)
       : be_(be), pool_(pool), grads(num_units), order() {}
-  void Submit(int64_t unit, float* slab, void* ready) override {
+  void Submit(int64_t unit, float* slab, void* ready, int64_t offset, int64_t count) override {
     be_->EventSync(ready);
-    grads[unit].assign(slab, slab + pool_->slab_elements());
-    order.push_back(unit);
+    std::vector<float>& g = grads[unit];
+    if (static_cast<int64_t>(g.size()) < offset + count) g.resize(offset + count);
+    std::copy(slab, slab + count, g.begin() + offset);
+    if (offset == 0) order.push_back(unit);
     pool_->Release(slab);
   }
   double Finish() override {
@@ -28,7 +31,7 @@ class RecordingSink : public GradSink {
 
   Backend* be_;
   GradSlabPool* pool_;
-  std::vector<std::vector<float>> grads;  // per unit (slab-sized; padding is zero)
+  std::vector<std::vector<float>> grads;  // per unit (its elements; padding is zero)
   std::vector<int64_t> order;             // units in submission order
 };
 
