@@ -260,6 +260,7 @@ void JobRunner::Run(v1::Job job) {
       job.set_error(std::string(r.status().message()));
       return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", r.status().ToString()));
     }
+    if (!r->checkpoint_error.empty()) Log(job.id(), r->checkpoint_error);
     if (options_.metrics != nullptr) {
       options_.metrics->StepDone(job, *r);
       if (r->saved_checkpoint) {

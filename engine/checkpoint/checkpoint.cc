@@ -86,9 +86,13 @@ int64_t StepOf(const std::string& name) {
 
 }  // namespace
 
-absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const ModelConfig& config,
-                                           const HostStore& store, const TrainerState& state,
-                                           const CheckpointOptions& options) {
+namespace {
+
+absl::StatusOr<std::string> SaveCheckpointOrLeaveTemp(const std::string& root,
+                                                      const ModelConfig& config,
+                                                      const HostStore& store,
+                                                      const TrainerState& state,
+                                                      const CheckpointOptions& options) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ec.message()));
@@ -139,6 +143,22 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const ModelC
   if (ec) return absl::InternalError(absl::StrCat("rename to ", final_dir, ": ", ec.message()));
   RETURN_IF_ERROR(FsyncPath(root));
   return final_dir;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const ModelConfig& config,
+                                           const HostStore& store, const TrainerState& state,
+                                           const CheckpointOptions& options) {
+  absl::StatusOr<std::string> saved =
+      SaveCheckpointOrLeaveTemp(root, config, store, state, options);
+  if (!saved.ok()) {
+    // A failed write (a full disk, say) leaves no half checkpoint behind, and gives the
+    // space it took back; the checkpoints before it are untouched.
+    std::error_code ec;
+    fs::remove_all(fs::path(root) / absl::StrCat(".checkpoint-", state.step, ".tmp"), ec);
+  }
+  return saved;
 }
 
 absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerState* state) {

@@ -279,8 +279,19 @@ absl::StatusOr<StepReport> Trainer::Step() {
   const bool periodic = spec_.checkpoint_every_steps > 0 &&
                         state_.step % spec_.checkpoint_every_steps == 0;
   if (!spec_.checkpoint_dir.empty() && (periodic || done())) {
-    RETURN_IF_ERROR(SaveCheckpoint().status());
-    report.saved_checkpoint = true;
+    absl::StatusOr<std::string> saved = SaveCheckpoint();
+    if (!saved.ok() && done()) {
+      return Annotate(saved.status(), absl::StrCat("the final checkpoint (step ", state_.step, ")"));
+    }
+    if (saved.ok()) {
+      report.saved_checkpoint = true;
+    } else {
+      report.checkpoint_error = absl::StrCat(
+          "checkpoint of step ", state_.step, " failed: ", saved.status().message(),
+          "; training goes on",
+          last_saved_step_ >= 0 ? absl::StrCat(", the last checkpoint is step ", last_saved_step_)
+                                : std::string(", there is no checkpoint yet"));
+    }
   }
   return report;
 }

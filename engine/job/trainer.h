@@ -43,6 +43,10 @@ struct StepReport {
   int64_t h2d_bytes = 0;     // PCIe traffic of the step
   int64_t d2h_bytes = 0;
   bool saved_checkpoint = false;  // Step() wrote one (Trainer::last_checkpoint_*())
+  // A periodic checkpoint that could not be written (a full disk, say): training goes
+  // on, the earlier checkpoints stand, and the next interval tries again. The final
+  // checkpoint failing fails Step() instead.
+  std::string checkpoint_error;
 };
 
 // The tokenizer data.tokenizer names; *dir is the folder whose tokenizer files

@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
                    r.status().ToString().c_str());
       return 1;
     }
+    if (!r->checkpoint_error.empty()) std::fprintf(stderr, "%s\n", r->checkpoint_error.c_str());
     ++ran;
     if (r->step % 10 == 0 || r->step == 1 || r->step == r->total_steps) {
       std::printf("step %5lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  %.3f TFLOP/s\n",
