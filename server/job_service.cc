@@ -34,20 +34,25 @@ JobServiceImpl::JobServiceImpl(JobStore* store, EventHub* hub, JobRunner* runner
                                const JobServiceOptions& options)
     : store_(store), hub_(hub), runner_(runner), options_(options) {}
 
+// The node's plan of `spec`; a job that cannot fit is RESOURCE_EXHAUSTED, with the numbers.
+grpc::Status JobServiceImpl::Plan(const JobSpec& spec, v1::JobPlan* plan) {
+  absl::StatusOr<v1::JobPlan> planned = options_.planner->PlanJob(spec);
+  if (!planned.ok()) {
+    if (planned.status().code() == absl::StatusCode::kFailedPrecondition) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          std::string(planned.status().message()));
+    }
+    return ToGrpc(planned.status());
+  }
+  *plan = *std::move(planned);
+  return grpc::Status::OK;
+}
+
 grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                      v1::JobPlan* resp) {
   absl::StatusOr<JobSpec> spec = SpecFromRequest(*req);
   if (!spec.ok()) return ToGrpc(spec.status());
-  absl::StatusOr<v1::JobPlan> plan = options_.planner->PlanJob(*spec);
-  if (!plan.ok()) {
-    if (plan.status().code() == absl::StatusCode::kFailedPrecondition) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          std::string(plan.status().message()));
-    }
-    return ToGrpc(plan.status());
-  }
-  *resp = *std::move(plan);
-  return grpc::Status::OK;
+  return Plan(*spec, resp);
 }
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
@@ -57,15 +62,9 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   absl::Status inputs = CheckSpecInputs(*spec);
   if (!inputs.ok()) return ToGrpc(inputs);
   // The plan admits the job: it names the memory that runs out when it cannot fit.
-  absl::StatusOr<v1::JobPlan> plan = options_.planner->PlanJob(*spec);
-  if (!plan.ok()) {
-    if (plan.status().code() == absl::StatusCode::kFailedPrecondition) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          std::string(plan.status().message()));
-    }
-    return ToGrpc(plan.status());
-  }
-  const int64_t need = plan->host_bytes();
+  v1::JobPlan plan;
+  if (grpc::Status planned = Plan(*spec, &plan); !planned.ok()) return planned;
+  const int64_t need = plan.host_bytes();
 
   absl::MutexLock lock(&submit_mu_);
   if (options_.host_memory_bytes > 0 && need > options_.host_memory_bytes) {
@@ -81,7 +80,7 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   // Stored unqueued until its spec is complete, so the runner cannot claim it early.
   job.set_state(v1::JOB_STATE_UNSPECIFIED);
   job.set_host_bytes_estimate(need);
-  *job.mutable_plan() = *plan;
+  *job.mutable_plan() = plan;
   job.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
   absl::StatusOr<int64_t> id = store_->Insert(&job);
   if (!id.ok()) return ToGrpc(id.status());

@@ -48,6 +48,7 @@ class JobServiceImpl final : public v1::JobService::Service {
                           v1::Job* resp) override;
 
  private:
+  grpc::Status Plan(const JobSpec& spec, v1::JobPlan* plan);
   grpc::Status AwaitNotRunning(int64_t id, v1::Job* resp);
 
   JobStore* store_;

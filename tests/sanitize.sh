@@ -2,8 +2,10 @@
 # Sanitizer builds of the unit tests (no CUDA; GCC's sanitizers):
 #   asan: AddressSanitizer + UndefinedBehaviorSanitizer, every CPU engine, server and client
 #         unit test;
-#   tsan: ThreadSanitizer, the pipeline (threads as streams, the host optimizer), the
-#         trainer and the server's tests.
+#   tsan: ThreadSanitizer, the pipeline (threads as streams, the host optimizer) and the
+#         trainer. Not the server: it locks with absl::Mutex, and Debian's abseil is not
+#         built with -fsanitize=thread, so TSan cannot see those locks and reports every
+#         access they guard.
 # Usage: tests/sanitize.sh [asan|tsan|all]   (BUILD_ROOT: where the build folders go)
 # The compiler and libraries come from deploy/install-deps.sh (tests/run.sh runs it).
 set -euo pipefail
@@ -40,13 +42,13 @@ fi
 if [[ $WHICH == tsan || $WHICH == all ]]; then
   dir="$ROOT/build-tsan"
   configure "$dir" thread
-  mapfile -t t < <(targets "$dir" '^(pipeline|trainer|job_store|daemon_metrics|metrics)_test$')
-  [[ ${#t[@]} -ge 5 ]] || { echo "sanitize.sh: TSan targets not found: ${t[*]}" >&2; exit 1; }
+  mapfile -t t < <(targets "$dir" '^(pipeline|trainer)_test$')
+  [[ ${#t[@]} -ge 2 ]] || { echo "sanitize.sh: TSan targets not found: ${t[*]}" >&2; exit 1; }
   cmake --build "$dir" -j"$jobs" --target "${t[@]}"
   # OpenMP teams of one: libgomp is not instrumented, so its barriers would read as races.
-  # Our own threads (the CPU backend's streams, the host optimizer, the server's) are
+  # Our own threads (the CPU backend's streams, the host optimizer) are
   # what is checked.
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp" \
-    ctest --test-dir "$dir" -L unit --output-on-failure -j"$jobs"
+    ctest --test-dir "$dir" -L unit --output-on-failure -j"$jobs" -E '^fuzz_replay'
 fi

@@ -62,11 +62,11 @@ class CpuBackend final : public Backend {
       generation = ++ev->recorded;
     }
     On(s, [ev, generation] {
-      {
-        std::lock_guard<std::mutex> lock(ev->mu);
-        if (generation > ev->completed) ev->completed = generation;
-        ev->completed_at_s = NowSeconds();
-      }
+      // Notify under the lock: a waiter that sees the completion may destroy the event at
+      // once, so the stream must be done with it before the lock is released.
+      std::lock_guard<std::mutex> lock(ev->mu);
+      if (generation > ev->completed) ev->completed = generation;
+      ev->completed_at_s = NowSeconds();
       ev->cv.notify_all();
     });
   }

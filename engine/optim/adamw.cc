@@ -31,7 +31,8 @@ inline uint16_t RoundToBf16(float f) {
 // IEEE adds, multiplies, divides and square roots (no contraction: -ffp-contract=off),
 // so every width gives the same bits, and the wide ones run at memory bandwidth.
 template <bool kLerpSmall>
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// (Not under ThreadSanitizer: the load-time resolver would run before TSan is set up.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void AdamWChunk(float* __restrict master, float* __restrict m, float* __restrict v,
