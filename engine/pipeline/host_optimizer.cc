@@ -48,6 +48,7 @@ void HostOptimizer::Submit(int64_t unit, float* slab, void* ready, int64_t offse
     item.step = step_;
     queue_.push_back(item);
     ++in_flight_;
+    ++norms_pending_;
   }
   cv_.notify_all();
 }
@@ -60,8 +61,17 @@ void HostOptimizer::Loop() {
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;
-    Item item = queue_.front();
-    queue_.pop_front();
+    // Leftovers of a finished step first, in forward order; then arrival order.
+    auto pick = queue_.begin();
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (it->forward_order &&
+          (!pick->forward_order ||
+           std::make_pair(it->unit, it->offset) < std::make_pair(pick->unit, pick->offset))) {
+        pick = it;
+      }
+    }
+    Item item = *pick;
+    queue_.erase(pick);
     if (item.slab == nullptr) {  // clipping: apply the held updates in forward order
       std::vector<Item> held;
       held.swap(held_);
@@ -99,7 +109,10 @@ void HostOptimizer::Loop() {
     busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - t0).count();
     lock.lock();
-    sum_squares_ += ss;
+    if (!item.norm_counted) {
+      sum_squares_ += ss;
+      --norms_pending_;
+    }
     if (clipping) {
       held_.push_back(item);
     } else {
@@ -112,6 +125,30 @@ void HostOptimizer::Loop() {
 
 double HostOptimizer::Finish() {
   std::unique_lock<std::mutex> lock(mu_);
+  if (options_.max_grad_norm <= 0) {
+    // Sum the squares of the pieces still queued here, on the caller's thread, and leave
+    // their updates to the worker, in forward order. The slabs stay valid: the worker
+    // only reads them, and only the caller (the pipeline) takes slabs from the pool.
+    std::vector<Item> queued;
+    for (Item& q : queue_) {
+      if (q.slab == nullptr || q.norm_counted) continue;
+      q.norm_counted = true;
+      q.forward_order = true;
+      queued.push_back(q);
+    }
+    lock.unlock();
+    double ss = 0;
+    for (const Item& q : queued) {
+      backend_->EventSync(q.ready);
+      ss += SumOfSquares(q.slab, q.count);
+    }
+    lock.lock();
+    sum_squares_ += ss;
+    norms_pending_ -= static_cast<int64_t>(queued.size());
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return norms_pending_ == 0; });  // the ones being updated now
+    return std::sqrt(sum_squares_);
+  }
   cv_.wait(lock, [this] { return in_flight_ == 0; });
   const double norm = std::sqrt(sum_squares_);
   if (options_.max_grad_norm > 0 && !held_.empty()) {

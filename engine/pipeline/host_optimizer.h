@@ -3,11 +3,15 @@
 // next step streams.
 //
 // Without clipping a unit is updated as soon as its gradient lands, overlapping the rest
-// of the backward pass. With global-norm clipping every gradient must be seen first: the
-// norm accumulates as they land, they wait in their slabs, and after Finish() the worker
-// applies the updates in forward order while the next step's forward runs: the pipeline
-// waits (AwaitUnit) only for the unit it is about to upload. Weight decay applies to
-// matrices only (TensorSlot).
+// of the backward pass; Finish() returns the norm without waiting for the updates, and
+// the updates still queued then run in forward order, so the next step's forward starts
+// as soon as the embedding and its first layers are updated. (The reported norm then sums
+// some pieces in the update's pass and some in Finish(): equal up to rounding order.)
+// With global-norm clipping every gradient must be seen first: the norm accumulates as
+// they land, they wait in their slabs, and after Finish() the worker applies the updates
+// in forward order while the next step's forward runs: the pipeline waits (AwaitUnit)
+// only for the unit it is about to upload. Weight decay applies to matrices only
+// (TensorSlot).
 //
 // Thread-safe: Submit() and Finish() are called from the pipeline thread.
 #pragma once
@@ -56,6 +60,9 @@ class HostOptimizer final : public GradSink {
     float* slab = nullptr;  // null: apply the held updates (clipping), scaled by coef
     int64_t offset = 0;     // the piece of the unit the slab holds
     int64_t count = 0;
+    bool norm_counted = false;   // Finish() summed its squares (the worker must not)
+    bool forward_order = false;  // left over at Finish(): updated before newer items,
+                                 // lowest unit first, as the next forward needs them
     void* ready = nullptr;
     double lr = 0;
     int64_t step = 0;
@@ -78,7 +85,8 @@ class HostOptimizer final : public GradSink {
   std::deque<Item> queue_;
   int64_t in_flight_ = 0;   // submitted, not yet consumed by the worker
   std::vector<int64_t> pending_;  // per unit: pieces whose update is owed
-  double sum_squares_ = 0;  // this step's, worker-only until Finish
+  double sum_squares_ = 0;  // this step's
+  int64_t norms_pending_ = 0;  // submitted pieces whose squares are not yet summed
   std::vector<Item> held_;  // clipping: waiting for the norm
   bool stop_ = false;
   std::atomic<int64_t> busy_ns_{0};
