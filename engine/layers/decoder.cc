@@ -43,18 +43,9 @@ int64_t DecoderLayer::WorkspaceBytes(int64_t n) const {
 }
 
 int64_t DecoderLayer::SavedBytes(int64_t n) const {
-  // The saved fields in CarveWorkspace's order (the scratch follows them there).
-  Carver c(nullptr);
-  const int64_t act = DTypeSize(backend_->act_dtype());
-  const int64_t stat = DTypeSize(backend_->stat_dtype());
-  const int64_t C = config_.hidden_size, H = config_.num_heads, KV = config_.num_kv_heads;
-  const int64_t D = config_.head_dim, I = config_.intermediate_size;
-  for (int64_t b : {n * C * act, n * stat, n * qkv_dim_ * act, n * H * D * act, n * KV * D * act,
-                    n * KV * D * act, n * H * stat, n * KV * stat, n * H * D * act, n * H * stat,
-                    n * C * act, n * C * act, n * stat, n * 2 * I * act, n * I * act}) {
-    c.Take(b);
-  }
-  return c.used();
+  int64_t all = 0, saved = 0;
+  CarveWorkspace(nullptr, n, &all, &saved);
+  return saved;
 }
 
 DecoderSaved DecoderLayer::CarveSaved(void* base, int64_t n, const DecoderSaved& scratch) const {
@@ -70,7 +61,8 @@ DecoderSaved DecoderLayer::CarveSaved(void* base, int64_t n, const DecoderSaved&
   return w;
 }
 
-DecoderSaved DecoderLayer::CarveWorkspace(void* base, int64_t n, int64_t* bytes) const {
+DecoderSaved DecoderLayer::CarveWorkspace(void* base, int64_t n, int64_t* bytes,
+                                          int64_t* saved_bytes) const {
   const int64_t act = DTypeSize(backend_->act_dtype());
   const int64_t stat = DTypeSize(backend_->stat_dtype());
   const int64_t C = config_.hidden_size, H = config_.num_heads, KV = config_.num_kv_heads;
@@ -92,6 +84,7 @@ DecoderSaved DecoderLayer::CarveWorkspace(void* base, int64_t n, int64_t* bytes)
   w.rstd2 = c.Take(n * stat);
   w.gu = c.Take(n * 2 * I * act);
   w.a = c.Take(n * I * act);
+  if (saved_bytes != nullptr) *saved_bytes = c.used();  // the scratch follows
   w.dh = c.Take(n * C * act);
   w.dqkv = c.Take(n * qkv_dim_ * act);
   w.dq = c.Take(n * H * D * act);

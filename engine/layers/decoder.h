@@ -76,8 +76,10 @@ class DecoderLayer {
 
   // Workspace bytes for micro-batches of up to n tokens.
   int64_t WorkspaceBytes(int64_t n) const;
-  // Lays the workspace out from `base` (null: only count `bytes`).
-  DecoderSaved CarveWorkspace(void* base, int64_t n, int64_t* bytes = nullptr) const;
+  // Lays the workspace out from `base` (null: only count `bytes`; `saved_bytes`: those of
+  // the saved fields, which come first).
+  DecoderSaved CarveWorkspace(void* base, int64_t n, int64_t* bytes = nullptr,
+                              int64_t* saved_bytes = nullptr) const;
   // Bytes of the saved activations alone (the fields before the backward scratch): what
   // keeping a layer's intermediates from forward to backward costs, instead of
   // recomputing them.
