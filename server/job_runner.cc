@@ -261,6 +261,15 @@ void JobRunner::Run(v1::Job job) {
       return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", r.status().ToString()));
     }
     if (!r->checkpoint_error.empty()) Log(job.id(), r->checkpoint_error);
+    for (const std::string& path : r->checkpoint_paths) {
+      job.set_last_checkpoint(path);
+      Log(job.id(), absl::StrCat("checkpoint ", path));
+    }
+    if (r->checkpoint_wait_seconds > 0.05) {
+      Log(job.id(), absl::StrFormat("step %d: optimizer updates waited %.2f s for the checkpoint "
+                                    "being written (the disk is slower than a step)",
+                                    r->step, r->checkpoint_wait_seconds));
+    }
     if (options_.metrics != nullptr) {
       options_.metrics->StepDone(job, *r);
       if (r->saved_checkpoint) {

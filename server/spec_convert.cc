@@ -80,6 +80,7 @@ std::string SpecMessageToYaml(const v1::JobSpec& s) {
     num("every_steps", c.every_steps());
     if (c.has_keep_last()) out << YAML::Key << "keep_last" << YAML::Value << c.keep_last();
     num("max_shard_bytes", c.max_shard_bytes());
+    if (c.has_background()) out << YAML::Key << "background" << YAML::Value << c.background();
     out << YAML::EndMap;
   }
   out << YAML::EndMap;

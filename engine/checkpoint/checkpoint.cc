@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/check.h"
 #include "engine/common/status.h"
 #include "engine/model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -52,27 +53,31 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// One TensorToWrite per tensor of every unit, pointing into `base(unit)`.
-template <typename Fn>
-std::vector<TensorToWrite> TensorsOf(const HostStore& store, DType dtype, Fn base) {
+// One TensorToWrite (name, dtype, shape; no data) per tensor of every unit, in order.
+std::vector<TensorToWrite> TensorsOf(const ModelLayout& layout, DType dtype) {
   std::vector<TensorToWrite> out;
-  for (int64_t u = 0; u < store.num_units(); ++u) {
-    for (const TensorSlot& t : store.layout().units[u].tensors) {
-      out.push_back(TensorToWrite{t.name, dtype, t.shape,
-                                  reinterpret_cast<const char*>(base(u)) + t.offset * DTypeSize(dtype)});
-    }
+  for (const UnitLayout& unit : layout.units) {
+    for (const TensorSlot& t : unit.tensors) out.push_back(TensorToWrite{t.name, dtype, t.shape, nullptr});
   }
   return out;
 }
 
-// The optimizer state, one folder of safetensors each, Hugging Face tensor names.
-struct StatePart {
-  const char* name;
-  float* (HostStore::*get)(int64_t) const;
+// The four parts of a checkpoint: the model as transformers loads it (bf16), and the
+// optimizer state in one folder of safetensors each, Hugging Face tensor names.
+struct PartInfo {
+  const char* dir;  // under the checkpoint folder
+  DType dtype;
+  void* (*base)(const HostStore&, int64_t unit);
 };
-constexpr StatePart kStateParts[] = {{"master", &HostStore::master},
-                                     {"exp_avg", &HostStore::exp_avg},
-                                     {"exp_avg_sq", &HostStore::exp_avg_sq}};
+constexpr PartInfo kParts[] = {
+    {"", DType::kBF16, [](const HostStore& s, int64_t u) -> void* { return s.weights(u); }},
+    {"optimizer/master", DType::kF32,
+     [](const HostStore& s, int64_t u) -> void* { return s.master(u); }},
+    {"optimizer/exp_avg", DType::kF32,
+     [](const HostStore& s, int64_t u) -> void* { return s.exp_avg(u); }},
+    {"optimizer/exp_avg_sq", DType::kF32,
+     [](const HostStore& s, int64_t u) -> void* { return s.exp_avg_sq(u); }},
+};
 
 int64_t StepOf(const std::string& name) {
   const std::string prefix = "checkpoint-";
@@ -86,79 +91,113 @@ int64_t StepOf(const std::string& name) {
 
 }  // namespace
 
-namespace {
+struct CheckpointWriter::Part {
+  const PartInfo* info;
+  std::unique_ptr<ShardedSafetensorsWriter> writer;
+};
 
-absl::StatusOr<std::string> SaveCheckpointOrLeaveTemp(const std::string& root,
-                                                      const ModelConfig& config,
-                                                      const HostStore& store,
-                                                      const TrainerState& state,
-                                                      const CheckpointOptions& options) {
+absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
+    const std::string& root, const ModelConfig& config, const ModelLayout& layout,
+    const TrainerState& state, const CheckpointOptions& options) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ec.message()));
+  std::unique_ptr<CheckpointWriter> w(new CheckpointWriter());
+  w->root_ = root;
+  w->state_ = state;
   const std::string name = absl::StrCat("checkpoint-", state.step);
-  const std::string final_dir = (fs::path(root) / name).string();
-  const std::string tmp = (fs::path(root) / absl::StrCat(".", name, ".tmp")).string();
-  fs::remove_all(tmp, ec);
-  fs::create_directories(fs::path(tmp) / "optimizer", ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", ec.message()));
-
-  const std::map<std::string, std::string> pt = {{"format", "pt"}};
-  RETURN_IF_ERROR(WriteFileSynced((fs::path(tmp) / "config.json").string(),
-                                  ModelConfigToJson(config)));
-  RETURN_IF_ERROR(WriteShardedSafetensors(
-      tmp, "model", TensorsOf(store, DType::kBF16, [&](int64_t u) { return store.weights(u); }),
-      options.max_shard_bytes, pt));
-  const std::string opt = (fs::path(tmp) / "optimizer").string();
-  for (const StatePart& part : kStateParts) {
-    const std::string dir = (fs::path(opt) / part.name).string();
-    fs::create_directories(dir, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-    RETURN_IF_ERROR(WriteShardedSafetensors(
-        dir, "model",
-        TensorsOf(store, DType::kF32, [&](int64_t u) { return (store.*part.get)(u); }),
-        options.max_shard_bytes, pt));
-    RETURN_IF_ERROR(FsyncPath(dir));
+  w->final_ = (fs::path(root) / name).string();
+  w->tmp_ = (fs::path(root) / absl::StrCat(".", name, ".tmp")).string();
+  fs::remove_all(w->tmp_, ec);
+  for (const PartInfo& part : kParts) {
+    fs::create_directories(fs::path(w->tmp_) / part.dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", w->tmp_, ": ", ec.message()));
   }
+  RETURN_IF_ERROR(WriteFileSynced((fs::path(w->tmp_) / "config.json").string(),
+                                  ModelConfigToJson(config)));
   if (!options.tokenizer_dir.empty()) {
     for (const char* file : kTokenizerFiles) {
       fs::path src = fs::path(options.tokenizer_dir) / file;
       if (!fs::exists(src)) continue;
-      fs::copy_file(src, fs::path(tmp) / file, fs::copy_options::overwrite_existing, ec);
+      fs::copy_file(src, fs::path(w->tmp_) / file, fs::copy_options::overwrite_existing, ec);
       if (ec) return absl::InternalError(absl::StrCat("copying ", src.string(), ": ", ec.message()));
-      RETURN_IF_ERROR(FsyncPath((fs::path(tmp) / file).string()));
+      RETURN_IF_ERROR(FsyncPath((fs::path(w->tmp_) / file).string()));
     }
   }
-  nlohmann::json js = {{"step", state.step},
-                       {"data_position", DataPositionToJson(state.data)},
-                       {"data_seed", state.data_seed},
-                       {"init_seed", state.init_seed},
-                       {"last_loss", state.last_loss},
-                       {"spec_fingerprint", state.spec_fingerprint}};
-  RETURN_IF_ERROR(WriteFileSynced((fs::path(tmp) / "trainer_state.json").string(), js.dump(2)));
-  RETURN_IF_ERROR(FsyncPath(opt));
-  RETURN_IF_ERROR(FsyncPath(tmp));
-  fs::remove_all(final_dir, ec);  // a re-save of the same step replaces it
-  fs::rename(tmp, final_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("rename to ", final_dir, ": ", ec.message()));
-  RETURN_IF_ERROR(FsyncPath(root));
-  return final_dir;
+  int64_t first = 0;
+  for (const UnitLayout& unit : layout.units) {
+    w->first_tensor_.push_back(first);
+    first += static_cast<int64_t>(unit.tensors.size());
+  }
+  const std::map<std::string, std::string> pt = {{"format", "pt"}};
+  for (const PartInfo& part : kParts) {
+    auto p = std::make_unique<Part>();
+    p->info = &part;
+    ASSIGN_OR_RETURN(p->writer, ShardedSafetensorsWriter::Open(
+                                    (fs::path(w->tmp_) / part.dir).string(), "model",
+                                    TensorsOf(layout, part.dtype), options.max_shard_bytes, pt));
+    w->parts_.push_back(std::move(p));
+  }
+  return w;
 }
 
-}  // namespace
+CheckpointWriter::~CheckpointWriter() {
+  if (committed_) return;
+  // An abandoned or failed save leaves no half checkpoint behind and gives the space it
+  // took back; the checkpoints before it are untouched.
+  parts_.clear();  // closes the files first
+  std::error_code ec;
+  fs::remove_all(tmp_, ec);
+}
+
+absl::Status CheckpointWriter::WriteUnit(const HostStore& store, int64_t unit) {
+  const UnitLayout& layout = store.layout().units[unit];
+  for (const std::unique_ptr<Part>& part : parts_) {
+    const char* base = static_cast<const char*>(part->info->base(store, unit));
+    const size_t element = DTypeSize(part->info->dtype);
+    std::vector<const void*> data;
+    for (const TensorSlot& t : layout.tensors) data.push_back(base + t.offset * element);
+    RETURN_IF_ERROR(part->writer->Write(static_cast<size_t>(first_tensor_[unit]), data));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CheckpointWriter::Commit() {
+  MT_CHECK(!committed_);
+  for (const std::unique_ptr<Part>& part : parts_) {
+    RETURN_IF_ERROR(part->writer->Commit());
+  }
+  nlohmann::json js = {{"step", state_.step},
+                       {"data_position", DataPositionToJson(state_.data)},
+                       {"data_seed", state_.data_seed},
+                       {"init_seed", state_.init_seed},
+                       {"last_loss", state_.last_loss},
+                       {"spec_fingerprint", state_.spec_fingerprint}};
+  RETURN_IF_ERROR(WriteFileSynced((fs::path(tmp_) / "trainer_state.json").string(), js.dump(2)));
+  RETURN_IF_ERROR(FsyncPath((fs::path(tmp_) / "optimizer").string()));
+  RETURN_IF_ERROR(FsyncPath(tmp_));
+  std::error_code ec;
+  fs::remove_all(final_, ec);  // a re-save of the same step replaces it
+  fs::rename(tmp_, final_, ec);
+  if (ec) return absl::InternalError(absl::StrCat("rename to ", final_, ": ", ec.message()));
+  RETURN_IF_ERROR(FsyncPath(root_));
+  committed_ = true;
+  return final_;
+}
+
+uint64_t CheckpointWriter::data_bytes() const {
+  uint64_t n = 0;
+  for (const std::unique_ptr<Part>& part : parts_) n += part->writer->total_file_bytes();
+  return n;
+}
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const ModelConfig& config,
                                            const HostStore& store, const TrainerState& state,
                                            const CheckpointOptions& options) {
-  absl::StatusOr<std::string> saved =
-      SaveCheckpointOrLeaveTemp(root, config, store, state, options);
-  if (!saved.ok()) {
-    // A failed write (a full disk, say) leaves no half checkpoint behind, and gives the
-    // space it took back; the checkpoints before it are untouched.
-    std::error_code ec;
-    fs::remove_all(fs::path(root) / absl::StrCat(".checkpoint-", state.step, ".tmp"), ec);
-  }
-  return saved;
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                   CheckpointWriter::Begin(root, config, store.layout(), state, options));
+  for (int64_t u = 0; u < store.num_units(); ++u) RETURN_IF_ERROR(writer->WriteUnit(store, u));
+  return writer->Commit();
 }
 
 absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerState* state) {
@@ -179,12 +218,12 @@ absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerSt
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat(path, "/trainer_state.json: ", e.what()));
   }
-  for (const StatePart& part : kStateParts) {
+  for (const PartInfo& part : kParts) {
+    if (part.dtype != DType::kF32) continue;  // the bf16 weights follow from master
     ASSIGN_OR_RETURN(ModelTensorReader reader,
-                     ModelTensorReader::OpenFolder(
-                         (fs::path(path) / "optimizer" / part.name).string()));
+                     ModelTensorReader::OpenFolder((fs::path(path) / part.dir).string()));
     for (int64_t u = 0; u < store->num_units(); ++u) {
-      float* base = (store->*part.get)(u);
+      float* base = static_cast<float*>(part.base(*store, u));
       for (const TensorSlot& t : store->layout().units[u].tensors) {
         RETURN_IF_ERROR(reader.ReadAsFloat(t.name, t.shape, base + t.offset));
       }

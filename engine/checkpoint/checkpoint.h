@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,45 @@ struct TrainerState {
 struct CheckpointOptions {
   uint64_t max_shard_bytes = 5ull << 30;  // as transformers' default "5GB"
   std::string tokenizer_dir;              // copy tokenizer files from here ("" = none)
+};
+
+// A checkpoint being written. Begin() creates ".checkpoint-<step>.tmp" under `root` with
+// config.json, the tokenizer files and every safetensors shard at its final size with
+// its header (a full disk fails there). Each unit's bf16 weights, master, m and v are then
+// written once, in any order, from any threads, as they are in the store at that moment:
+// a checkpoint taken while training runs writes each unit between its update of the
+// checkpointed step and its next one. Commit() writes the trainer state, fsyncs, renames
+// the folder to "checkpoint-<step>". Destroyed uncommitted, it removes its folder.
+class CheckpointWriter {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Begin(
+      const std::string& root, const ModelConfig& config, const ModelLayout& layout,
+      const TrainerState& state, const CheckpointOptions& options);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Writes `unit` as it is in `store` now. Thread-safe for distinct units.
+  [[nodiscard]] absl::Status WriteUnit(const HostStore& store, int64_t unit);
+  // Every unit written: makes the checkpoint durable and complete. Returns its path.
+  [[nodiscard]] absl::StatusOr<std::string> Commit();
+
+  int64_t step() const { return state_.step; }
+  // Bytes of the finished checkpoint's files (headers, shards, indexes; not the small
+  // JSON files).
+  uint64_t data_bytes() const;
+
+ private:
+  struct Part;
+  CheckpointWriter() = default;
+
+  std::string root_;
+  std::string tmp_;
+  std::string final_;
+  TrainerState state_;
+  std::vector<int64_t> first_tensor_;  // per unit: its first tensor's index in every part
+  std::vector<std::unique_ptr<Part>> parts_;  // model (bf16), then master, exp_avg, exp_avg_sq
+  bool committed_ = false;
 };
 
 // Writes checkpoint-<state.step> under `root` (created if missing). Returns its path.

@@ -58,6 +58,16 @@ class Section {
     return Error(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", "), "; got '",
                                    value, "'"));
   }
+  absl::Status Bool(const std::string& key, bool* out) {
+    if (!Has(key)) return absl::OkStatus();
+    const YAML::Node& n = node_[key];
+    bool v = false;
+    if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v)) {
+      return Error(key, absl::StrCat("must be true or false, got '", Text(n), "'"));
+    }
+    *out = v;
+    return absl::OkStatus();
+  }
   absl::Status Uint(const std::string& key, uint64_t* out) {
     int64_t v = static_cast<int64_t>(*out);
     RETURN_IF_ERROR(Int(key, &v, 0));
@@ -262,6 +272,7 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     RETURN_IF_ERROR(c.Int("every_steps", &spec->checkpoint_every_steps, 0));
     RETURN_IF_ERROR(c.Int("keep_last", &spec->keep_last, 0));
     RETURN_IF_ERROR(c.Int("max_shard_bytes", &spec->max_shard_bytes, 1 << 20));
+    RETURN_IF_ERROR(c.Bool("background", &spec->checkpoint_background));
     RETURN_IF_ERROR(c.CheckNoUnknown());
   }
   RETURN_IF_ERROR(top.CheckNoUnknown());
@@ -453,7 +464,8 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << s.checkpoint_dir;
   out << YAML::Key << "every_steps" << YAML::Value << s.checkpoint_every_steps;
   out << YAML::Key << "keep_last" << YAML::Value << s.keep_last;
-  out << YAML::Key << "max_shard_bytes" << YAML::Value << s.max_shard_bytes << YAML::EndMap;
+  out << YAML::Key << "max_shard_bytes" << YAML::Value << s.max_shard_bytes;
+  out << YAML::Key << "background" << YAML::Value << s.checkpoint_background << YAML::EndMap;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -16,7 +16,7 @@
 //                # left out (0 / auto), the planner chooses these (engine/plan/planner.h):
 //                micro_batch_rows, micro_batches, activation_checkpoint_every,
 //                activation_checkpoints: auto|device|host}
-//   checkpoint: {dir, every_steps, keep_last, max_shard_bytes}
+//   checkpoint: {dir, every_steps, keep_last, max_shard_bytes, background}
 //   backend:    auto | cpu | cuda
 //   device_memory_cap_bytes: 0      # the most device memory the job may take; 0 = all free
 //
@@ -81,6 +81,9 @@ struct JobSpec {
   int64_t checkpoint_every_steps = 0;  // 0 = only at the end
   int64_t keep_last = 3;
   int64_t max_shard_bytes = 5ll << 30;
+  // Periodic checkpoints are written while training goes on (background_checkpoint.h);
+  // false: training waits while each is written.
+  bool checkpoint_background = true;
 
   std::string backend = "auto";
   int64_t device_memory_cap_bytes = 0;  // 0: the device's free memory

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -110,6 +111,7 @@ PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer) {
 
 Trainer::~Trainer() {
   pipeline_.reset();  // drains the streams
+  background_.reset();  // an unfinished background checkpoint is abandoned
   optimizer_.reset();
   for (void* p : pinned_) backend_->UnpinHostRange(p);
 }
@@ -243,6 +245,13 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   return absl::OkStatus();
 }
 
+namespace {
+void AppendError(std::string* errors, const std::string& error) {
+  if (!errors->empty()) errors->append("; ");
+  errors->append(error);
+}
+}  // namespace
+
 absl::StatusOr<StepReport> Trainer::Step() {
   if (done()) return absl::FailedPreconditionError("the job has already run all its steps");
   for (MicroBatch& b : batches_) packer_->Next(plan_.micro_batch_rows, &b);
@@ -275,25 +284,86 @@ absl::StatusOr<StepReport> Trainer::Step() {
   optimizer_busy_seen_ = optimizer_busy;
   report.h2d_bytes = r.h2d_bytes;
   report.d2h_bytes = r.d2h_bytes;
+  const double capture_wait = optimizer_->capture_wait_seconds();
+  report.checkpoint_wait_seconds = capture_wait - capture_wait_seen_;
+  capture_wait_seen_ = capture_wait;
 
+  CollectBackground(/*wait=*/false, &report);
   const bool periodic = spec_.checkpoint_every_steps > 0 &&
                         state_.step % spec_.checkpoint_every_steps == 0;
-  if (!spec_.checkpoint_dir.empty() && (periodic || done())) {
+  if (!spec_.checkpoint_dir.empty() && periodic && !done() && spec_.checkpoint_background) {
+    CollectBackground(/*wait=*/true, &report);  // one at a time
+    absl::Status started = StartBackgroundCheckpoint();
+    if (!started.ok()) AppendError(&report.checkpoint_error, CheckpointFailure(state_.step, started));
+  } else if (!spec_.checkpoint_dir.empty() && (periodic || done())) {
+    CollectBackground(/*wait=*/true, &report);
     absl::StatusOr<std::string> saved = SaveCheckpoint();
     if (!saved.ok() && done()) {
       return Annotate(saved.status(), absl::StrCat("the final checkpoint (step ", state_.step, ")"));
     }
     if (saved.ok()) {
       report.saved_checkpoint = true;
+      report.checkpoint_paths.push_back(*saved);
     } else {
-      report.checkpoint_error = absl::StrCat(
-          "checkpoint of step ", state_.step, " failed: ", saved.status().message(),
-          "; training goes on",
-          last_saved_step_ >= 0 ? absl::StrCat(", the last checkpoint is step ", last_saved_step_)
-                                : std::string(", there is no checkpoint yet"));
+      AppendError(&report.checkpoint_error, CheckpointFailure(state_.step, saved.status()));
     }
   }
   return report;
+}
+
+std::string Trainer::CheckpointFailure(int64_t step, const absl::Status& status) const {
+  return absl::StrCat(
+      "checkpoint of step ", step, " failed: ", status.message(), "; training goes on",
+      last_saved_step_ >= 0 ? absl::StrCat(", the last checkpoint is step ", last_saved_step_)
+                            : std::string(", there is no checkpoint yet"));
+}
+
+CheckpointOptions Trainer::checkpoint_options() const {
+  CheckpointOptions options;
+  options.max_shard_bytes = static_cast<uint64_t>(spec_.max_shard_bytes);
+  options.tokenizer_dir = tokenizer_dir_;
+  return options;
+}
+
+absl::Status Trainer::StartBackgroundCheckpoint() {
+  if (spec_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("the job has no checkpoint.dir");
+  }
+  RETURN_IF_ERROR(FinishBackgroundCheckpoint().status());
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                   CheckpointWriter::Begin(spec_.checkpoint_dir, config_, store_->layout(),
+                                           state_, checkpoint_options()));
+  // A few writers: the bytes go to the page cache at memory speed, and the optimizer's
+  // OpenMP team needs the cores.
+  const int threads = static_cast<int>(
+      std::clamp<long>(sysconf(_SC_NPROCESSORS_ONLN) / 4, 1, 4));
+  background_ = BackgroundCheckpoint::Start(
+      std::move(writer), optimizer_.get(), store_.get(), threads,
+      [dir = spec_.checkpoint_dir, keep = spec_.keep_last] { return PruneCheckpoints(dir, keep); });
+  return absl::OkStatus();
+}
+
+void Trainer::CollectBackground(bool wait, StepReport* report) {
+  if (background_ == nullptr || (!wait && !background_->done())) return;
+  absl::StatusOr<std::string> saved = background_->Wait();
+  if (saved.ok()) {
+    last_saved_step_ = background_->step();
+    last_checkpoint_seconds_ = background_->seconds();
+    last_checkpoint_bytes_ = static_cast<int64_t>(background_->bytes());
+    report->saved_checkpoint = true;
+    report->checkpoint_paths.push_back(*saved);
+  } else {
+    AppendError(&report->checkpoint_error, CheckpointFailure(background_->step(), saved.status()));
+  }
+  background_.reset();
+}
+
+absl::StatusOr<std::string> Trainer::FinishBackgroundCheckpoint() {
+  if (background_ == nullptr) return std::string();
+  StepReport report;
+  CollectBackground(/*wait=*/true, &report);
+  if (!report.checkpoint_error.empty()) return absl::InternalError(report.checkpoint_error);
+  return report.checkpoint_paths.empty() ? std::string() : report.checkpoint_paths.back();
 }
 
 int64_t Trainer::pinned_host_bytes() const {
@@ -308,13 +378,14 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   if (spec_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError("the job has no checkpoint.dir");
   }
+  const int64_t background_step = background_ != nullptr ? background_->step() : -1;
+  absl::StatusOr<std::string> background = FinishBackgroundCheckpoint();
+  if (background_step == state_.step && background.ok()) return background;  // this step's
   const auto started = std::chrono::steady_clock::now();
   optimizer_->Drain();  // the last step's updates are in the store
-  CheckpointOptions options;
-  options.max_shard_bytes = static_cast<uint64_t>(spec_.max_shard_bytes);
-  options.tokenizer_dir = tokenizer_dir_;
-  ASSIGN_OR_RETURN(std::string path,
-                   megatrain::SaveCheckpoint(spec_.checkpoint_dir, config_, *store_, state_, options));
+  ASSIGN_OR_RETURN(std::string path, megatrain::SaveCheckpoint(spec_.checkpoint_dir, config_,
+                                                               *store_, state_,
+                                                               checkpoint_options()));
   last_saved_step_ = state_.step;
   RETURN_IF_ERROR(PruneCheckpoints(spec_.checkpoint_dir, spec_.keep_last));
   last_checkpoint_seconds_ =

@@ -17,6 +17,7 @@
 #include "engine/data/dataset.h"
 #include "engine/data/packer.h"
 #include "engine/data/tokenizer.h"
+#include "engine/job/background_checkpoint.h"
 #include "engine/job/spec.h"
 #include "engine/pipeline/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
@@ -42,7 +43,15 @@ struct StepReport {
   double optimizer_busy_seconds = 0;
   int64_t h2d_bytes = 0;     // PCIe traffic of the step
   int64_t d2h_bytes = 0;
-  bool saved_checkpoint = false;  // Step() wrote one (Trainer::last_checkpoint_*())
+  // A checkpoint was completed during Step() (Trainer::last_checkpoint_*()): the one of
+  // this step (checkpoint.background: false, or the final one) or one that was being
+  // written while training went on, of an earlier step.
+  // Paths, oldest first (a background one may finish in the step that writes the next).
+  bool saved_checkpoint = false;
+  std::vector<std::string> checkpoint_paths;
+  // Seconds this step's optimizer updates waited for a checkpoint being written to take
+  // their unit first (background checkpoints; ideally 0).
+  double checkpoint_wait_seconds = 0;
   // A periodic checkpoint that could not be written (a full disk, say): training goes
   // on, the earlier checkpoints stand, and the next interval tries again. The final
   // checkpoint failing fails Step() instead.
@@ -82,9 +91,16 @@ class Trainer {
   int64_t step() const { return state_.step; }
   int64_t resumed_from_step() const { return resumed_from_; }
 
-  // Writes a checkpoint of the state after the last completed step and prunes old ones.
+  // Writes a checkpoint of the state after the last completed step and prunes old ones;
+  // training waits. (A background checkpoint still being written is finished first.)
   [[nodiscard]] absl::StatusOr<std::string> SaveCheckpoint();
-  // The last checkpoint written: seconds it took (drain, write, fsync, prune) and bytes.
+  // Starts writing a checkpoint of the state after the last completed step while the
+  // next steps run; Step() reports when it is done (StepReport::checkpoint_path).
+  [[nodiscard]] absl::Status StartBackgroundCheckpoint();
+  // Waits for the background checkpoint being written, if any; its path, or "" if none.
+  [[nodiscard]] absl::StatusOr<std::string> FinishBackgroundCheckpoint();
+  // The last checkpoint written: seconds it took (drain, write, fsync, prune; for one
+  // written in the background, from its start to its commit) and bytes.
   double last_checkpoint_seconds() const { return last_checkpoint_seconds_; }
   int64_t last_checkpoint_bytes() const { return last_checkpoint_bytes_; }
 
@@ -106,6 +122,10 @@ class Trainer {
  private:
   Trainer() = default;
   absl::Status Init(const JobSpec& spec, const MachineProfile* profile);
+  CheckpointOptions checkpoint_options() const;
+  // Takes the background checkpoint's outcome into the report, waiting for it if `wait`.
+  void CollectBackground(bool wait, StepReport* report);
+  std::string CheckpointFailure(int64_t step, const absl::Status& status) const;
 
   JobSpec spec_;
   ModelConfig config_;
@@ -120,6 +140,7 @@ class Trainer {
   std::string plan_text_;
   DatasetStats dataset_stats_;
   double optimizer_busy_seen_ = 0;
+  double capture_wait_seen_ = 0;
   double last_checkpoint_seconds_ = 0;
   int64_t last_checkpoint_bytes_ = 0;
   std::vector<MicroBatch> batches_;
@@ -128,6 +149,8 @@ class Trainer {
   int64_t last_saved_step_ = -1;
   std::vector<void*> pinned_;  // host ranges page-locked for this job
   std::string tokenizer_dir_;  // tokenizer files to copy into checkpoints
+  // Last: it reads the store and holds the optimizer, so it goes first.
+  std::unique_ptr<BackgroundCheckpoint> background_;
 };
 
 }  // namespace megatrain

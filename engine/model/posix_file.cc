@@ -78,6 +78,33 @@ absl::Status WriteAll(int fd, const void* data, uint64_t num_bytes, absl::string
   return absl::OkStatus();
 }
 
+absl::Status PwriteAll(int fd, uint64_t offset, const void* data, uint64_t num_bytes,
+                       absl::string_view context) {
+  const char* src = static_cast<const char*>(data);
+  while (num_bytes > 0) {
+    const size_t want = static_cast<size_t>(std::min(num_bytes, kIoChunkBytes));
+    const ssize_t put = ::pwrite(fd, src, want, static_cast<off_t>(offset));
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, context);
+    }
+    src += put;
+    offset += static_cast<uint64_t>(put);
+    num_bytes -= static_cast<uint64_t>(put);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReserveFile(int fd, uint64_t num_bytes, absl::string_view context) {
+  if (num_bytes == 0) return absl::OkStatus();
+  // fallocate(2), not posix_fallocate(3): where the file system cannot allocate, glibc's
+  // fallback writes every block, which is the cost this avoids.
+  if (::fallocate(fd, 0, 0, static_cast<off_t>(num_bytes)) == 0) return absl::OkStatus();
+  if (errno != EOPNOTSUPP && errno != ENOSYS) return ErrnoError(errno, context);
+  if (::ftruncate(fd, static_cast<off_t>(num_bytes)) != 0) return ErrnoError(errno, context);
+  return absl::OkStatus();
+}
+
 absl::Status FsyncDir(const std::string& dir) {
   ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("opening folder ", dir));

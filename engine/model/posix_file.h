@@ -50,6 +50,15 @@ absl::Status ErrnoError(int err, absl::string_view context);
 [[nodiscard]] absl::Status WriteAll(int fd, const void* data, uint64_t num_bytes,
                                     absl::string_view context);
 
+// Writes all `num_bytes` at `offset`, in chunks, retrying EINTR and short writes.
+// Thread-safe for disjoint ranges (pwrite has no shared file position).
+[[nodiscard]] absl::Status PwriteAll(int fd, uint64_t offset, const void* data,
+                                     uint64_t num_bytes, absl::string_view context);
+
+// Gives the file its final length `num_bytes` and, where the file system can, allocates
+// its blocks now, so a full disk fails here rather than halfway through the writes.
+[[nodiscard]] absl::Status ReserveFile(int fd, uint64_t num_bytes, absl::string_view context);
+
 // fsyncs the directory, making a rename inside it durable.
 [[nodiscard]] absl::Status FsyncDir(const std::string& dir);
 

@@ -158,13 +158,54 @@ struct TensorToWrite {
                                             const std::vector<TensorToWrite>& tensors,
                                             const std::map<std::string, std::string>& metadata);
 
-// Writes `tensors`, in order, into shards of at most `max_shard_bytes` of tensor data each
-// (a tensor larger than that gets a shard of its own). One shard: "<dir>/<prefix>.safetensors"
-// and no index (a stale "<prefix>.safetensors.index.json" is removed, since readers would
-// prefer it). Several: "<prefix>-00001-of-00003.safetensors", ... and, written last,
+// A sharded save whose layout is fixed before any tensor is written: `tensors`, in
+// order, go into shards of at most `max_shard_bytes` of tensor data each (a tensor larger
+// than that gets a shard of its own). One shard: "<dir>/<prefix>.safetensors" and no index
+// (a stale "<prefix>.safetensors.index.json" is removed, since readers would prefer it).
+// Several: "<prefix>-00001-of-00003.safetensors", ... and, written by Commit(),
 // "<prefix>.safetensors.index.json" {"metadata": {"total_size": N}, "weight_map": {..}}.
-// `dir` must exist. Stale shards of an earlier, differently-sharded save are not removed:
-// write checkpoints into fresh folders.
+//
+// Open() creates every shard at its final size with its header (header padded with spaces
+// to a multiple of 8 bytes, "__metadata__" when `metadata` is non-empty), reserving the
+// blocks where the file system can. Then each tensor's bytes are written once, in any
+// order, from any thread; Commit() fsyncs and closes the shards and writes the index.
+// The files are written in place: write into a fresh folder that is renamed into place
+// when complete (checkpoints do). The tensors' `data` is ignored by Open().
+class ShardedSafetensorsWriter {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardedSafetensorsWriter>> Open(
+      const std::string& dir, const std::string& prefix,
+      const std::vector<TensorToWrite>& tensors, uint64_t max_shard_bytes,
+      const std::map<std::string, std::string>& metadata);
+  ~ShardedSafetensorsWriter();
+
+  // Writes tensors first .. first + data.size() - 1 (indices into Open's `tensors`), the
+  // i-th from data[i]; neighbours adjacent both in memory and in their file go in one
+  // write. Thread-safe for disjoint tensors.
+  [[nodiscard]] absl::Status Write(size_t first, const std::vector<const void*>& data);
+  // fsyncs and closes every shard, drops their pages from the page cache (a checkpoint is
+  // not read back by this process), writes the index. Every tensor must have been written.
+  [[nodiscard]] absl::Status Commit();
+  // Bytes of every file this save writes (headers included).
+  uint64_t total_file_bytes() const;
+
+ private:
+  struct Shard;
+  struct Placement {
+    size_t shard = 0;
+    uint64_t file_offset = 0;
+    uint64_t bytes = 0;
+  };
+  ShardedSafetensorsWriter() = default;
+
+  std::string dir_;
+  std::string index_path_;
+  std::string index_text_;  // empty: one shard
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::vector<Placement> placement_;  // per tensor
+};
+
+// Writes `tensors` (with their data) through a ShardedSafetensorsWriter and commits.
 [[nodiscard]] absl::Status WriteShardedSafetensors(
     const std::string& dir, const std::string& prefix, const std::vector<TensorToWrite>& tensors,
     uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata);

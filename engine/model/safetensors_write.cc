@@ -1,8 +1,8 @@
 // Writing .safetensors files and sharded folders; see safetensors.h.
 //
-// Every file is written beside its final name, fsynced and renamed into place, and the
-// shard index last of all: a crash mid-save leaves either the previous files or complete
-// new ones, never a header promising bytes that were not written.
+// A single file is written beside its final name, fsynced and renamed into place. A
+// sharded save writes its shards in place (its folder is the unit of atomicity) and the
+// index last of all.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -28,7 +28,9 @@ uint64_t NumBytes(const TensorToWrite& t) {
   return n;
 }
 
-absl::Status CheckTensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+// `with_data`: the tensors' bytes are given now (not only their layout).
+absl::Status CheckTensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                          bool with_data = true) {
   std::set<std::string> seen;
   for (const TensorToWrite& t : tensors) {
     if (t.name.empty() || t.name == "__metadata__") {
@@ -45,7 +47,7 @@ absl::Status CheckTensors(const std::string& path, const std::vector<TensorToWri
             "writing ", path, ": tensor '", t.name, "' has shape ", ShapeToString(t.shape)));
       }
     }
-    MT_CHECK_MSG(t.data != nullptr || NumBytes(t) == 0, "tensor '%s' has no data",
+    MT_CHECK_MSG(!with_data || t.data != nullptr || NumBytes(t) == 0, "tensor '%s' has no data",
                  t.name.c_str());
   }
   return absl::OkStatus();
@@ -109,48 +111,129 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   return FsyncDir(DirName(path));
 }
 
-absl::Status WriteShardedSafetensors(const std::string& dir, const std::string& prefix,
-                                     const std::vector<TensorToWrite>& tensors,
-                                     uint64_t max_shard_bytes,
-                                     const std::map<std::string, std::string>& metadata) {
+struct ShardedSafetensorsWriter::Shard {
+  std::string path;
+  ScopedFd fd;
+  uint64_t bytes = 0;  // the whole file
+};
+
+absl::StatusOr<std::unique_ptr<ShardedSafetensorsWriter>> ShardedSafetensorsWriter::Open(
+    const std::string& dir, const std::string& prefix, const std::vector<TensorToWrite>& tensors,
+    uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
   if (max_shard_bytes == 0) {
-    return absl::InvalidArgumentError("WriteShardedSafetensors: max_shard_bytes must be > 0");
+    return absl::InvalidArgumentError("writing safetensors shards: max_shard_bytes must be > 0");
   }
-  const std::string index_path = JoinPath(dir, prefix + ".safetensors.index.json");
-  RETURN_IF_ERROR(CheckTensors(index_path, tensors));
+  std::unique_ptr<ShardedSafetensorsWriter> w(new ShardedSafetensorsWriter());
+  w->dir_ = dir;
+  w->index_path_ = JoinPath(dir, prefix + ".safetensors.index.json");
+  RETURN_IF_ERROR(CheckTensors(w->index_path_, tensors, /*with_data=*/false));
 
   // Greedy, in the given order: a new shard starts when the next tensor would not fit.
-  std::vector<std::vector<TensorToWrite>> shards(1);
+  std::vector<std::vector<size_t>> shards(1);
   uint64_t shard_bytes = 0, total_bytes = 0;
-  for (const TensorToWrite& t : tensors) {
-    const uint64_t n = NumBytes(t);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t n = NumBytes(tensors[i]);
     if (!shards.back().empty() && shard_bytes + n > max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
     }
-    shards.back().push_back(t);
+    shards.back().push_back(i);
     shard_bytes += n;
     total_bytes += n;
   }
 
-  if (shards.size() == 1) {
-    RETURN_IF_ERROR(WriteSafetensors(JoinPath(dir, prefix + ".safetensors"), tensors, metadata));
-    if (::unlink(index_path.c_str()) != 0 && errno != ENOENT) {
-      return ErrnoError(errno, absl::StrCat("removing stale ", index_path));
-    }
-    return absl::OkStatus();
-  }
-
+  w->placement_.resize(tensors.size());
   Json weight_map = Json::object();
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string name = absl::StrFormat("%s-%05d-of-%05d.safetensors", prefix, i + 1,
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string name =
+        shards.size() == 1 ? prefix + ".safetensors"
+                           : absl::StrFormat("%s-%05d-of-%05d.safetensors", prefix, s + 1,
                                              shards.size());
-    RETURN_IF_ERROR(WriteSafetensors(JoinPath(dir, name), shards[i], metadata));
-    for (const TensorToWrite& t : shards[i]) weight_map[t.name] = name;
+    auto shard = std::make_unique<Shard>();
+    shard->path = JoinPath(dir, name);
+    std::vector<TensorToWrite> in_shard;
+    for (size_t i : shards[s]) in_shard.push_back(tensors[i]);
+    ASSIGN_OR_RETURN(std::string header, BuildHeader(shard->path, in_shard, metadata));
+    uint64_t offset = header.size();
+    for (size_t i : shards[s]) {
+      w->placement_[i] = Placement{s, offset, NumBytes(tensors[i])};
+      offset += NumBytes(tensors[i]);
+      weight_map[tensors[i].name] = name;
+    }
+    shard->bytes = offset;
+    shard->fd = ScopedFd(::open(shard->path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (shard->fd.get() < 0) return ErrnoError(errno, absl::StrCat("creating ", shard->path));
+    RETURN_IF_ERROR(ReserveFile(shard->fd.get(), shard->bytes,
+                                absl::StrCat("reserving ", shard->bytes, " bytes for ", shard->path)));
+    RETURN_IF_ERROR(PwriteAll(shard->fd.get(), 0, header.data(), header.size(),
+                              absl::StrCat("writing ", shard->path)));
+    w->shards_.push_back(std::move(shard));
   }
-  const Json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-  // The names already went through a header dump, so this cannot throw.
-  return WriteFileDurably(index_path, index.dump(2) + "\n");
+  if (shards.size() > 1) {
+    // The names already went through a header dump, so this cannot throw.
+    w->index_text_ =
+        Json{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}}.dump(2) + "\n";
+  }
+  return w;
+}
+
+ShardedSafetensorsWriter::~ShardedSafetensorsWriter() = default;
+
+absl::Status ShardedSafetensorsWriter::Write(size_t first, const std::vector<const void*>& data) {
+  MT_CHECK(first + data.size() <= placement_.size());
+  size_t i = 0;
+  while (i < data.size()) {
+    const Placement& p = placement_[first + i];
+    uint64_t bytes = p.bytes;
+    size_t j = i + 1;
+    for (; j < data.size(); ++j) {  // extend over neighbours contiguous in memory and file
+      const Placement& q = placement_[first + j];
+      if (q.shard != p.shard || q.file_offset != p.file_offset + bytes ||
+          static_cast<const char*>(data[j]) != static_cast<const char*>(data[i]) + bytes) {
+        break;
+      }
+      bytes += q.bytes;
+    }
+    const Shard& shard = *shards_[p.shard];
+    RETURN_IF_ERROR(PwriteAll(shard.fd.get(), p.file_offset, data[i], bytes,
+                              absl::StrCat("writing ", shard.path)));
+    i = j;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedSafetensorsWriter::Commit() {
+  for (const std::unique_ptr<Shard>& shard : shards_) {
+    if (::fsync(shard->fd.get()) != 0) return ErrnoError(errno, absl::StrCat("fsync of ", shard->path));
+    (void)::posix_fadvise(shard->fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+    RETURN_IF_ERROR(shard->fd.Close(shard->path));
+  }
+  if (index_text_.empty()) {
+    if (::unlink(index_path_.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoError(errno, absl::StrCat("removing stale ", index_path_));
+    }
+    return FsyncDir(dir_);
+  }
+  return WriteFileDurably(index_path_, index_text_);
+}
+
+uint64_t ShardedSafetensorsWriter::total_file_bytes() const {
+  uint64_t n = index_text_.size();
+  for (const std::unique_ptr<Shard>& shard : shards_) n += shard->bytes;
+  return n;
+}
+
+absl::Status WriteShardedSafetensors(const std::string& dir, const std::string& prefix,
+                                     const std::vector<TensorToWrite>& tensors,
+                                     uint64_t max_shard_bytes,
+                                     const std::map<std::string, std::string>& metadata) {
+  RETURN_IF_ERROR(CheckTensors(JoinPath(dir, prefix + ".safetensors.index.json"), tensors));
+  ASSIGN_OR_RETURN(std::unique_ptr<ShardedSafetensorsWriter> writer,
+                   ShardedSafetensorsWriter::Open(dir, prefix, tensors, max_shard_bytes, metadata));
+  std::vector<const void*> data;
+  for (const TensorToWrite& t : tensors) data.push_back(t.data);
+  RETURN_IF_ERROR(writer->Write(0, data));
+  return writer->Commit();
 }
 
 }  // namespace megatrain

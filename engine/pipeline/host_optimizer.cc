@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "engine/common/check.h"
 #include "engine/optim/clip.h"
 
 namespace megatrain {
@@ -80,13 +81,17 @@ void HostOptimizer::Loop() {
         return a.unit != b.unit ? a.unit < b.unit : a.offset < b.offset;
       });
       for (const Item& h : held) {
+        {
+          std::unique_lock<std::mutex> gate(mu_);
+          AwaitCapture(h, gate);
+        }
         const auto t0 = std::chrono::steady_clock::now();
         Update(h, h.slab, item.coef);
         busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now() - t0).count();
         pool_->Release(h.slab);
         std::lock_guard<std::mutex> done(mu_);
-        --pending_[h.unit];
+        PieceDone(h);
         cv_.notify_all();
       }
       lock.lock();
@@ -94,11 +99,12 @@ void HostOptimizer::Loop() {
       cv_.notify_all();
       continue;
     }
+    // Without clipping the norm (reported only) comes from the update's own pass.
+    const bool clipping = options_.max_grad_norm > 0;
+    if (!clipping) AwaitCapture(item, lock);
     lock.unlock();
     backend_->EventSync(item.ready);
     const auto t0 = std::chrono::steady_clock::now();
-    // Without clipping the norm (reported only) comes from the update's own pass.
-    const bool clipping = options_.max_grad_norm > 0;
     double ss = 0;
     if (clipping) {
       ss = SumOfSquares(item.slab, item.count);
@@ -116,7 +122,7 @@ void HostOptimizer::Loop() {
     if (clipping) {
       held_.push_back(item);
     } else {
-      --pending_[item.unit];
+      PieceDone(item);
     }
     --in_flight_;
     cv_.notify_all();
@@ -164,6 +170,60 @@ double HostOptimizer::Finish() {
 void HostOptimizer::AwaitUnit(int64_t unit) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return pending_.empty() || pending_[unit] == 0; });
+}
+
+void HostOptimizer::PieceDone(const Item& item) {
+  --pending_[item.unit];
+  if (capture_step_ >= 0 && item.step <= capture_step_ && --capture_owed_[item.unit] == 0) {
+    capture_ready_(item.unit);
+  }
+}
+
+void HostOptimizer::AwaitCapture(const Item& item, std::unique_lock<std::mutex>& lock) {
+  auto free = [&] {
+    return capture_step_ < 0 || item.step <= capture_step_ || captured_[item.unit];
+  };
+  if (free()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  cv_.wait(lock, free);
+  capture_wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - t0).count();
+}
+
+void HostOptimizer::BeginCapture(std::function<void(int64_t unit)> ready) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MT_CHECK_MSG(capture_step_ < 0, "a capture is already running");
+  const int64_t units = store_->num_units();
+  if (pending_.empty()) pending_.assign(units, 0);
+  capture_step_ = step_;
+  capture_ready_ = std::move(ready);
+  // Everything owed now belongs to the finished step: the next has not begun.
+  capture_owed_ = pending_;
+  captured_.assign(units, 0);
+  // The next step updates backward (as gradients land), or forward with clipping.
+  const bool forward = options_.max_grad_norm > 0;
+  for (int64_t i = 0; i < units; ++i) {
+    const int64_t u = forward ? i : units - 1 - i;
+    if (capture_owed_[u] == 0) capture_ready_(u);
+  }
+}
+
+void HostOptimizer::Captured(int64_t unit) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (capture_step_ < 0) return;
+    captured_[unit] = 1;
+  }
+  cv_.notify_all();
+}
+
+void HostOptimizer::EndCapture() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    capture_step_ = -1;
+    capture_ready_ = nullptr;
+  }
+  cv_.notify_all();
 }
 
 void HostOptimizer::Drain() {

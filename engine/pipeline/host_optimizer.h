@@ -19,6 +19,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -51,6 +52,20 @@ class HostOptimizer final : public GradSink {
   void AwaitUnit(int64_t unit) override;
   // Blocks until every update is applied (before reading the store: checkpoints).
   void Drain();
+  // Capture, for checkpoints written while training runs: at a step boundary (after
+  // Finish(), before the next BeginStep()), BeginCapture() takes the state after the
+  // finished step. `ready(unit)` is called once per unit as soon as that step's update of
+  // the unit is in the store (at once for the units already updated, the ones the next
+  // step updates first first), on this thread or the optimizer's, with the optimizer's
+  // lock held: it must only hand the unit on. The unit's next update waits until
+  // Captured(unit). EndCapture() lifts every wait (the capture is finished or abandoned).
+  void BeginCapture(std::function<void(int64_t unit)> ready);
+  void Captured(int64_t unit);
+  void EndCapture();
+  // Seconds updates have waited for captures, since creation.
+  double capture_wait_seconds() const {
+    return capture_wait_ns_.load(std::memory_order_relaxed) / 1e9;
+  }
   // Seconds the optimizer thread has spent on gradients (norms and AdamW) since creation.
   double busy_seconds() const { return busy_ns_.load(std::memory_order_relaxed) / 1e9; }
 
@@ -72,6 +87,10 @@ class HostOptimizer final : public GradSink {
   // Applies AdamW to the item's piece of its unit; returns the sum of squares of the
   // piece's gradient.
   double Update(const Item& item, const float* grad, float grad_scale);
+  // Under mu_: blocks while the item's unit must first be captured.
+  void AwaitCapture(const Item& item, std::unique_lock<std::mutex>& lock);
+  // Under mu_: the item's piece of its unit is updated.
+  void PieceDone(const Item& item);
 
   HostStore* store_;
   GradSlabPool* pool_;
@@ -89,6 +108,13 @@ class HostOptimizer final : public GradSink {
   int64_t norms_pending_ = 0;  // submitted pieces whose squares are not yet summed
   std::vector<Item> held_;  // clipping: waiting for the norm
   bool stop_ = false;
+  // Capture (BeginCapture): the step captured (-1: none), per unit the pieces of that step
+  // still to update, and whether the unit is captured.
+  int64_t capture_step_ = -1;
+  std::function<void(int64_t)> capture_ready_;
+  std::vector<int64_t> capture_owed_;
+  std::vector<char> captured_;
+  std::atomic<int64_t> capture_wait_ns_{0};
   std::atomic<int64_t> busy_ns_{0};
   std::thread worker_;
 };

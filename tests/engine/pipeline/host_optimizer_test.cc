@@ -3,7 +3,12 @@
 // schedule, and matches a closed-form double-precision reference over several steps.
 #include "engine/pipeline/host_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <random>
 
@@ -107,6 +112,132 @@ TEST(HostOptimizer, AdamWWithClippingAndWarmupMatchesClosedForm) { RunSteps(1.0)
 
 TEST(HostOptimizer, AdamWWithoutClippingUpdatesAsGradientsLandAndMatchesClosedForm) {
   RunSteps(0.0);
+}
+
+// Every unit's master, m, v and bf16 weights, as bytes.
+std::vector<std::string> Snapshot(const HostStore& store) {
+  std::vector<std::string> out;
+  for (int64_t u = 0; u < store.num_units(); ++u) {
+    const size_t n = static_cast<size_t>(store.unit_elements(u));
+    std::string s;
+    s.append(reinterpret_cast<const char*>(store.master(u)), n * 4);
+    s.append(reinterpret_cast<const char*>(store.exp_avg(u)), n * 4);
+    s.append(reinterpret_cast<const char*>(store.exp_avg_sq(u)), n * 4);
+    s.append(reinterpret_cast<const char*>(store.weights(u)), n * 2);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// Runs `steps` steps of seeded gradients through an optimizer with two slabs (as the
+// pipeline has without clipping: a held-up update holds up the next gradient). After
+// step `capture_after`, captures the state: a slow writer thread copies each unit it is
+// handed. Returns the captured units (empty without capture) and the final state.
+struct CaptureRun {
+  std::vector<std::string> captured;
+  std::vector<std::string> final_state;
+  std::vector<int64_t> order;  // units in the order they were handed over
+  double waited = 0;           // seconds updates waited for the capture
+};
+
+CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_after) {
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
+  RandomInitWeights(c, 3, store.get());
+  const int64_t units = store->num_units();
+  constexpr int64_t kPiece = 53;
+  int64_t pieces = 0;
+  for (int64_t u = 0; u < units; ++u) pieces += (store->unit_elements(u) + kPiece - 1) / kPiece;
+  std::unique_ptr<GradSlabPool> pool =
+      std::move(*GradSlabPool::Create(max_grad_norm > 0 ? pieces : 2, kPiece));
+  HostOptimizerOptions o;
+  o.hyper = AdamWHyper{0.9, 0.95, 1e-8};
+  o.weight_decay = 0.1;
+  o.max_grad_norm = max_grad_norm;
+  HostOptimizer opt(store.get(), pool.get(), be.get(), o);
+  std::vector<Event> events;
+  for (int64_t i = 0; i < pool->num_slabs(); ++i) events.emplace_back(be.get());
+
+  CaptureRun run;
+  run.captured.resize(units);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<int64_t> handed;
+  std::thread writer;
+  std::mt19937_64 gen(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t step = 1; step <= steps; ++step) {
+    opt.BeginStep(1e-2, step);
+    for (int64_t u = units - 1; u >= 0; --u) {
+      for (int64_t offset = 0; offset < store->unit_elements(u); offset += kPiece) {
+        const int64_t count = std::min<int64_t>(kPiece, store->unit_elements(u) - offset);
+        float* slab = pool->Acquire();
+        for (int64_t i = 0; i < count; ++i) slab[i] = normal(gen);
+        Event& ready = events[pool->IndexOf(slab)];
+        be->Record(ready.get(), StreamId::kD2H);
+        opt.Submit(u, slab, ready.get(), offset, count);
+      }
+    }
+    opt.Finish();
+    if (step == capture_after) {
+      writer = std::thread([&] {
+        for (int64_t n = 0; n < units; ++n) {
+          int64_t u;
+          {
+            std::unique_lock<std::mutex> lock(mu);
+            cv.wait(lock, [&] { return !handed.empty(); });
+            u = handed.front();
+            handed.pop_front();
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a slow disk
+          run.captured[u] = Snapshot(*store)[u];
+          opt.Captured(u);
+        }
+      });
+      opt.BeginCapture([&](int64_t u) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          handed.push_back(u);
+          run.order.push_back(u);
+        }
+        cv.notify_one();
+      });
+    }
+  }
+  if (writer.joinable()) writer.join();
+  opt.EndCapture();
+  opt.Drain();
+  run.final_state = Snapshot(*store);
+  run.waited = opt.capture_wait_seconds();
+  return run;
+}
+
+void CaptureEqualsStoppedState(double max_grad_norm) {
+  const CaptureRun stopped = RunWithCapture(max_grad_norm, 2, -1);
+  const CaptureRun live = RunWithCapture(max_grad_norm, 4, 2);
+  const CaptureRun reference = RunWithCapture(max_grad_norm, 4, -1);
+  const int64_t units = static_cast<int64_t>(stopped.final_state.size());
+  ASSERT_EQ(static_cast<int64_t>(live.order.size()), units);
+  std::vector<int64_t> sorted = live.order;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t u = 0; u < units; ++u) EXPECT_EQ(sorted[u], u) << "each unit handed over once";
+  for (int64_t u = 0; u < units; ++u) {
+    EXPECT_TRUE(live.captured[u] == stopped.final_state[u])
+        << "unit " << u << " captured while steps 3-4 ran differs from the state after step 2";
+    // The capture does not change training.
+    EXPECT_TRUE(live.final_state[u] == reference.final_state[u]) << "unit " << u;
+  }
+  // The writer took 5 ms a unit, slower than the updates: they must have waited for it.
+  EXPECT_GT(live.waited, 0.0);
+}
+
+TEST(HostOptimizer, CaptureWithoutClippingHoldsEachUpdateUntilItsUnitIsWritten) {
+  CaptureEqualsStoppedState(0.0);
+}
+
+TEST(HostOptimizer, CaptureWithClippingHoldsEachUpdateUntilItsUnitIsWritten) {
+  CaptureEqualsStoppedState(1.0);
 }
 
 }  // namespace

@@ -61,6 +61,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Make(const std::string& dir, const std:
   return Trainer::Create(*spec);
 }
 
+// Every regular file under `a` equals the one at the same place under `b`; returns how
+// many were compared.
+int ExpectSameFiles(const std::string& a, const std::string& b) {
+  int compared = 0;
+  for (const auto& e : fs::recursive_directory_iterator(a)) {
+    if (!e.is_regular_file()) continue;
+    const std::string rel = fs::relative(e.path(), a).string();
+    EXPECT_TRUE(fs::exists(fs::path(b) / rel)) << rel;
+    EXPECT_EQ(ReadFile(e.path().string()), ReadFile((fs::path(b) / rel).string()))
+        << rel << " differs between " << a << " and " << b;
+    ++compared;
+  }
+  return compared;
+}
+
 TEST(Trainer, TinyModelOverfitsASmallText) {
   const std::string dir = TempDir("overfit");
   WriteFile(dir + "/data.jsonl", kText);
@@ -90,15 +105,39 @@ TEST(Trainer, ResumeInANewProcessIsBitExact) {
   ASSERT_FALSE(fs::exists(dir + "/split/checkpoint-8"));
   ASSERT_EQ(std::system((bin + " " + dir + "/split.yaml > /dev/null").c_str()), 0);
 
-  int compared = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir + "/straight/checkpoint-8")) {
-    if (!e.is_regular_file()) continue;
-    const std::string rel = fs::relative(e.path(), dir + "/straight").string();
-    ASSERT_TRUE(fs::exists(dir + "/split/" + rel)) << rel;
-    EXPECT_EQ(ReadFile(e.path().string()), ReadFile(dir + "/split/" + rel)) << rel << " differs";
-    ++compared;
+  // config, model, 3 optimizer parts, trainer state
+  EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-8", dir + "/split/checkpoint-8"), 6);
+}
+
+// Checkpoints written while training goes on equal the ones written with training
+// stopped at the same step, file for file, and are reported by a later Step().
+TEST(Trainer, BackgroundCheckpointsEqualStoppedOnes) {
+  const std::string dir = TempDir("background");
+  WriteFile(dir + "/data.jsonl", kText);
+  for (const bool background : {true, false}) {
+    const std::string name = background ? "live" : "stopped";
+    absl::StatusOr<std::unique_ptr<Trainer>> t =
+        Make(dir, Spec(dir, 7, "", "checkpoint: {dir: " + name +
+                                       ", every_steps: 2, keep_last: 0, background: " +
+                                       (background ? "true" : "false") + "}\n"));
+    ASSERT_TRUE(t.ok()) << t.status();
+    std::vector<std::string> reported;
+    while (!(*t)->done()) {
+      absl::StatusOr<StepReport> r = (*t)->Step();
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->checkpoint_error, "");
+      for (const std::string& p : r->checkpoint_paths) reported.push_back(fs::path(p).filename());
+    }
+    EXPECT_EQ(reported, (std::vector<std::string>{"checkpoint-2", "checkpoint-4", "checkpoint-6",
+                                                  "checkpoint-7"}))
+        << name;
+    for (const auto& e : fs::directory_iterator(dir + "/" + name)) {
+      EXPECT_NE(e.path().filename().string()[0], '.') << "left behind: " << e.path();
+    }
   }
-  EXPECT_GE(compared, 6);  // config, model, 3 optimizer parts, trainer state
+  for (const char* step : {"checkpoint-2", "checkpoint-4", "checkpoint-6", "checkpoint-7"}) {
+    EXPECT_GE(ExpectSameFiles(dir + "/stopped/" + step, dir + "/live/" + step), 6) << step;
+  }
 }
 
 TEST(Trainer, MissingDatasetIsNotFoundNamingThePath) {
