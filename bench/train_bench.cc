@@ -24,6 +24,7 @@
 #include "engine/pipeline/pipeline.h"
 #include "engine/plan/planner.h"
 #include "engine/store/model_io.h"
+#include "bench/shapes.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain {
@@ -41,32 +42,6 @@ MicroBatch Batch(int64_t rows, int64_t seq, int64_t vocab, uint64_t seed) {
     b.positions.push_back(static_cast<int32_t>(i % seq));
   }
   return b;
-}
-
-bool NamedShape(const std::string& name, ModelConfig* c) {
-  *c = ModelConfig{};
-  c->head_dim = 128;
-  c->rms_norm_eps = 1e-6;
-  if (name == "qwen2.5-1.5b") {
-    c->architecture = Architecture::kQwen2;
-    c->hidden_size = 1536, c->intermediate_size = 8960, c->num_layers = 28;
-    c->num_heads = 12, c->num_kv_heads = 2, c->vocab_size = 151936;
-    c->tie_word_embeddings = true, c->qkv_bias = true, c->rope_theta = 1e6;
-  } else if (name == "qwen2.5-7b") {
-    c->architecture = Architecture::kQwen2;
-    c->hidden_size = 3584, c->intermediate_size = 18944, c->num_layers = 28;
-    c->num_heads = 28, c->num_kv_heads = 4, c->vocab_size = 152064;
-    c->qkv_bias = true, c->rope_theta = 1e6;
-  } else if (name == "llama-3.1-8b") {
-    c->architecture = Architecture::kLlama;
-    c->hidden_size = 4096, c->intermediate_size = 14336, c->num_layers = 32;
-    c->num_heads = 32, c->num_kv_heads = 8, c->vocab_size = 128256;
-    c->rope_theta = 500000, c->rms_norm_eps = 1e-5;
-  } else {
-    return false;
-  }
-  c->max_position_embeddings = 131072;
-  return true;
 }
 
 double Median(std::vector<double> v) {

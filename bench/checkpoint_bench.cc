@@ -1,0 +1,194 @@
+// What a checkpoint written while training runs costs the job, through the real job path
+// (Trainer: planner, pipeline, optimizer, checkpoint writer).
+//
+//   checkpoint_bench --dir /scratch/ckbench --shape qwen2.5-1.5b --tokens-per-step 65536
+//
+// A random-init model of the shape trains on random bytes. After --before steps it takes
+// a checkpoint with training stopped (the old way; timed), moves it aside, then starts the
+// same step's checkpoint in the background and keeps training until it is committed, and
+// --after steps more. Prints JSON: the step time before, during and after the background
+// checkpoint, the rate drop while it was written, how long updates waited for it, its
+// bytes and seconds, and whether its files equal the stopped checkpoint's, byte for byte.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "CLI/CLI.hpp"
+#include "bench/shapes.h"
+#include "engine/job/trainer.h"
+#include "engine/model/config.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain {
+namespace {
+namespace fs = std::filesystem;
+
+double Mean(const std::vector<double>& v) {
+  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+}
+
+// Compares every file under `a` with the one at the same place under `b`.
+bool SameFiles(const fs::path& a, const fs::path& b, int64_t* files, int64_t* bytes) {
+  bool same = true;
+  std::vector<char> x(64 << 20), y(64 << 20);
+  for (const auto& e : fs::recursive_directory_iterator(a)) {
+    if (!e.is_regular_file()) continue;
+    const fs::path other = b / fs::relative(e.path(), a);
+    std::ifstream fa(e.path(), std::ios::binary), fb(other, std::ios::binary);
+    if (!fb || fs::file_size(e.path()) != fs::file_size(other)) {
+      std::fprintf(stderr, "differs: %s\n", other.c_str());
+      same = false;
+      continue;
+    }
+    while (fa) {
+      fa.read(x.data(), x.size());
+      fb.read(y.data(), y.size());
+      const std::streamsize n = fa.gcount();
+      if (n != fb.gcount() || std::memcmp(x.data(), y.data(), n) != 0) {
+        std::fprintf(stderr, "differs: %s\n", other.c_str());
+        same = false;
+        break;
+      }
+      *bytes += n;
+    }
+    ++*files;
+  }
+  return same;
+}
+
+}  // namespace
+}  // namespace megatrain
+
+int main(int argc, char** argv) {
+  using namespace megatrain;
+  std::string dir, shape = "qwen2.5-1.5b", backend = "auto";
+  int64_t seq = 4096, tokens = 65536, before = 4, after = 3;
+  double max_grad_norm = 0.0;
+  bool verify = true;
+  CLI::App app{"checkpoint_bench: a checkpoint written while training runs"};
+  app.add_option("--dir", dir, "scratch folder (data, spec, checkpoints)")->required();
+  app.add_option("--shape", shape, "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b");
+  app.add_option("--backend", backend, "auto | cuda | cpu");
+  app.add_option("--seq", seq);
+  app.add_option("--tokens-per-step", tokens);
+  app.add_option("--before", before, "steps before the checkpoint (the first is warm-up)");
+  app.add_option("--after", after, "steps after the checkpoint is committed");
+  app.add_option("--max-grad-norm", max_grad_norm, "global-norm clipping (0 = off)");
+  app.add_option("--verify", verify, "also take the stopped checkpoint and compare (1/0)");
+  CLI11_PARSE(app, argc, argv);
+  ModelConfig config;
+  if (!NamedShape(shape, &config)) {
+    std::fprintf(stderr, "unknown --shape %s\n", shape.c_str());
+    return 2;
+  }
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    // Random printable bytes (the byte tokenizer: one token each), enough for every step.
+    std::ofstream data(fs::path(dir) / "data.jsonl");
+    std::mt19937_64 gen(7);
+    const int64_t lines = (before + after + 40) * tokens / 4000 + 1;
+    for (int64_t i = 0; i < lines; ++i) {
+      std::string text(4000, ' ');
+      for (char& ch : text) ch = static_cast<char>('a' + gen() % 26);
+      data << nlohmann::json{{"text", text}}.dump() << "\n";
+    }
+  }
+  const std::string yaml =
+      "name: checkpoint-bench\n"
+      "model: {config: " + ModelConfigToJson(config) + ", init_seed: 1}\n"
+      "data: {path: data.jsonl, seq_len: " + std::to_string(seq) + ", tokenizer: byte}\n"
+      "train: {steps: 1000000, tokens_per_step: " + std::to_string(tokens) +
+      ", lr: 1.0e-5, max_grad_norm: " + std::to_string(max_grad_norm) + "}\n"
+      "checkpoint: {dir: ckpt, every_steps: 0, keep_last: 0}\n"
+      "backend: " + backend + "\n";
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, dir);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "spec: %s\n", spec.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(*spec);
+  if (!created.ok()) {
+    std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
+    return 1;
+  }
+  Trainer& t = **created;
+  std::fprintf(stderr, "%s", t.plan_text().c_str());
+  auto step = [&]() -> StepReport {
+    absl::StatusOr<StepReport> r = t.Step();
+    if (!r.ok()) {
+      std::fprintf(stderr, "step: %s\n", r.status().ToString().c_str());
+      std::exit(1);
+    }
+    if (!r->checkpoint_error.empty()) std::fprintf(stderr, "%s\n", r->checkpoint_error.c_str());
+    std::fprintf(stderr, "step %lld: %.3f s, waited %.3f s%s\n",
+                 static_cast<long long>(r->step), r->seconds, r->checkpoint_wait_seconds,
+                 r->saved_checkpoint ? ", checkpoint committed" : "");
+    return *r;
+  };
+
+  std::vector<double> base;
+  for (int64_t i = 0; i < before; ++i) {
+    const StepReport r = step();
+    if (i > 0) base.push_back(r.seconds);
+  }
+  nlohmann::json out = {{"bench", "checkpoint"}, {"shape", shape},
+                        {"backend", t.backend_name()}, {"seq", seq},
+                        {"tokens_per_step", tokens}, {"parameters", t.num_parameters()},
+                        {"max_grad_norm", max_grad_norm}};
+  const fs::path stopped_dir = fs::path(dir) / "stopped";
+  if (verify) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<std::string> stopped = t.SaveCheckpoint();
+    if (!stopped.ok()) {
+      std::fprintf(stderr, "stopped checkpoint: %s\n", stopped.status().ToString().c_str());
+      return 1;
+    }
+    out["stopped_checkpoint_seconds"] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    fs::rename(*stopped, stopped_dir);
+  }
+  const int64_t checkpoint_step = t.step();
+  if (absl::Status s = t.StartBackgroundCheckpoint(); !s.ok()) {
+    std::fprintf(stderr, "background checkpoint: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::vector<double> during, waits;
+  std::string live;
+  while (live.empty()) {
+    const StepReport r = step();
+    during.push_back(r.seconds);
+    waits.push_back(r.checkpoint_wait_seconds);
+    if (!r.checkpoint_error.empty()) return 1;
+    if (!r.checkpoint_paths.empty()) live = r.checkpoint_paths.back();
+  }
+  std::vector<double> later;
+  for (int64_t i = 0; i < after; ++i) later.push_back(step().seconds);
+
+  const double base_mean = Mean(base), during_mean = Mean(during);
+  out["checkpoint_step"] = checkpoint_step;
+  out["step_seconds_before"] = base;
+  out["step_seconds_during"] = during;
+  out["step_seconds_after"] = later;
+  out["update_wait_seconds_during"] = waits;
+  out["mean_step_seconds_before"] = base_mean;
+  out["mean_step_seconds_during"] = during_mean;
+  out["mean_step_seconds_after"] = Mean(later);
+  // Steps per second while the checkpoint was written, against before.
+  out["step_rate_drop"] = during_mean > 0 ? 1.0 - base_mean / during_mean : 0.0;
+  out["background_checkpoint_seconds"] = t.last_checkpoint_seconds();
+  out["checkpoint_bytes"] = t.last_checkpoint_bytes();
+  out["checkpoint_gb_per_s"] = t.last_checkpoint_bytes() / 1e9 / t.last_checkpoint_seconds();
+  if (verify) {
+    int64_t files = 0, bytes = 0;
+    out["identical_to_stopped"] = SameFiles(stopped_dir, live, &files, &bytes);
+    out["compared_files"] = files;
+    out["compared_bytes"] = bytes;
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
