@@ -9,6 +9,9 @@
 # depth:     1.5B width at 28 and 84 layers, one fixed plan (host checkpoints, nothing kept)
 # large:     Qwen2.5-7B shape at 64K tokens, all of the device and capped at 24 GiB
 # llama:     Llama-3.1-8B shape at 64K tokens
+# checkpoint: 1.5B shape at 64K and 4K tokens per step: a checkpoint written while training
+#            runs, against one taken with training stopped (SCRATCH: a folder on a disk with
+#            ~45 GB free; default $OUT/scratch)
 # reference: PyTorch eager + transformers on the 1.5B shape; torch's CPU AdamW
 set -uo pipefail
 OUT=${1:?OUT folder}
@@ -43,6 +46,14 @@ case "$SET" in
   llama)
     run train_llama8b_64k train_bench --shape llama-3.1-8b --seq 4096 --tokens-per-step 65536 \
         --steps 4 ;;
+  checkpoint)
+    SCRATCH=${SCRATCH:-$OUT/scratch}
+    df -h "$(dirname "$SCRATCH")" >&2
+    run checkpoint_1p5b_64k checkpoint_bench --dir "$SCRATCH" --shape qwen2.5-1.5b --seq 4096 \
+        --tokens-per-step 65536 --before 4 --after 2
+    run checkpoint_1p5b_4k checkpoint_bench --dir "$SCRATCH" --shape qwen2.5-1.5b --seq 4096 \
+        --tokens-per-step 4096 --before 6 --after 3 --verify 0
+    rm -rf "$SCRATCH" ;;
   reference)
     run hf_1p5b_64k python3 bench/hf_train_reference.py --shape qwen2.5-1.5b --seq 4096 \
         --tokens-per-step 65536

@@ -105,6 +105,8 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
   std::unique_ptr<CheckpointWriter> w(new CheckpointWriter());
   w->root_ = root;
   w->state_ = state;
+  w->layout_ = layout;
+  w->piece_bytes_ = std::max<uint64_t>(options.piece_bytes, 1);
   const std::string name = absl::StrCat("checkpoint-", state.step);
   w->final_ = (fs::path(root) / name).string();
   w->tmp_ = (fs::path(root) / absl::StrCat(".", name, ".tmp")).string();
@@ -158,6 +160,45 @@ absl::Status CheckpointWriter::WriteUnit(const HostStore& store, int64_t unit) {
     std::vector<const void*> data;
     for (const TensorSlot& t : layout.tensors) data.push_back(base + t.offset * element);
     RETURN_IF_ERROR(part->writer->Write(static_cast<size_t>(first_tensor_[unit]), data));
+  }
+  return absl::OkStatus();
+}
+
+int64_t CheckpointWriter::PiecesPerPart(int64_t unit, int part) const {
+  const uint64_t bytes = static_cast<uint64_t>(layout_.units[unit].num_elements) *
+                         DTypeSize(kParts[part].dtype);
+  return static_cast<int64_t>(std::max<uint64_t>(1, (bytes + piece_bytes_ - 1) / piece_bytes_));
+}
+
+int64_t CheckpointWriter::NumPieces(int64_t unit) const {
+  int64_t n = 0;
+  for (size_t part = 0; part < parts_.size(); ++part) n += PiecesPerPart(unit, static_cast<int>(part));
+  return n;
+}
+
+absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, int64_t piece) {
+  size_t part = 0;
+  while (piece >= PiecesPerPart(unit, static_cast<int>(part))) {
+    piece -= PiecesPerPart(unit, static_cast<int>(part));
+    ++part;
+  }
+  MT_CHECK(part < parts_.size());
+  const Part& p = *parts_[part];
+  const uint64_t element = DTypeSize(p.info->dtype);
+  const uint64_t unit_bytes = static_cast<uint64_t>(layout_.units[unit].num_elements) * element;
+  // The piece's bytes of the unit's part, split evenly; each tensor it meets, its share.
+  const uint64_t pieces = static_cast<uint64_t>(PiecesPerPart(unit, static_cast<int>(part)));
+  const uint64_t begin = unit_bytes * piece / pieces;
+  const uint64_t end = unit_bytes * (piece + 1) / pieces;
+  const char* base = static_cast<const char*>(p.info->base(store, unit));
+  const std::vector<TensorSlot>& tensors = layout_.units[unit].tensors;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t t_begin = static_cast<uint64_t>(tensors[i].offset) * element;
+    const uint64_t t_end = t_begin + static_cast<uint64_t>(tensors[i].num_elements) * element;
+    const uint64_t b = std::max(begin, t_begin), e = std::min(end, t_end);
+    if (b >= e) continue;
+    RETURN_IF_ERROR(p.writer->WriteBytes(static_cast<size_t>(first_tensor_[unit]) + i, b - t_begin,
+                                         base + b, e - b));
   }
   return absl::OkStatus();
 }

@@ -35,6 +35,7 @@ struct TrainerState {
 
 struct CheckpointOptions {
   uint64_t max_shard_bytes = 5ull << 30;  // as transformers' default "5GB"
+  uint64_t piece_bytes = 128ull << 20;    // CheckpointWriter::WritePiece
   std::string tokenizer_dir;              // copy tokenizer files from here ("" = none)
 };
 
@@ -56,6 +57,11 @@ class CheckpointWriter {
 
   // Writes `unit` as it is in `store` now. Thread-safe for distinct units.
   [[nodiscard]] absl::Status WriteUnit(const HostStore& store, int64_t unit);
+  // The same in pieces of at most `piece_bytes` (each of the four parts split), so that
+  // several threads can share one large unit: WritePiece(store, unit, 0 ..
+  // NumPieces(unit) - 1) writes the unit. Thread-safe for distinct pieces.
+  int64_t NumPieces(int64_t unit) const;
+  [[nodiscard]] absl::Status WritePiece(const HostStore& store, int64_t unit, int64_t piece);
   // Every unit written: makes the checkpoint durable and complete. Returns its path.
   [[nodiscard]] absl::StatusOr<std::string> Commit();
 
@@ -67,11 +73,14 @@ class CheckpointWriter {
  private:
   struct Part;
   CheckpointWriter() = default;
+  int64_t PiecesPerPart(int64_t unit, int part) const;
 
   std::string root_;
   std::string tmp_;
   std::string final_;
   TrainerState state_;
+  ModelLayout layout_;
+  uint64_t piece_bytes_ = 256ull << 20;
   std::vector<int64_t> first_tensor_;  // per unit: its first tensor's index in every part
   std::vector<std::unique_ptr<Part>> parts_;  // model (bf16), then master, exp_avg, exp_avg_sq
   bool committed_ = false;

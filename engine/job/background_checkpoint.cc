@@ -17,18 +17,19 @@ std::unique_ptr<BackgroundCheckpoint> BackgroundCheckpoint::Start(
   b->optimizer_ = optimizer;
   b->store_ = store;
   b->units_ = store->num_units();
+  for (int64_t u = 0; u < b->units_; ++u) b->pieces_left_.push_back(b->writer_->NumPieces(u));
   b->after_commit_ = std::move(after_commit);
   b->fault_ = std::move(fault);
-  const int n = static_cast<int>(std::clamp<int64_t>(threads, 1, b->units_));
+  const int n = std::max(threads, 1);
   for (int i = 0; i < n; ++i) b->threads_.emplace_back([p = b.get()] { p->WriterLoop(); });
   // Called with the optimizer's lock held: only queue the unit. (Lock order: the
   // optimizer's, then ours; never call the optimizer while holding ours.)
   optimizer->BeginCapture([p = b.get()](int64_t unit) {
     {
       std::lock_guard<std::mutex> lock(p->mu_);
-      p->ready_.push_back(unit);
+      for (int64_t i = 0; i < p->pieces_left_[unit]; ++i) p->ready_.push_back(Piece{unit, i});
     }
-    p->cv_.notify_one();
+    p->cv_.notify_all();
   });
   return b;
 }
@@ -49,12 +50,11 @@ void BackgroundCheckpoint::WriterLoop() {
   for (;;) {
     cv_.wait(lock, [this] { return abandon_ || finished_ || !ready_.empty(); });
     if (abandon_ || finished_) return;
-    const int64_t unit = ready_.front();
+    const Piece piece = ready_.front();
     ready_.pop_front();
     lock.unlock();
-    absl::Status written = fault_ ? fault_(unit) : absl::OkStatus();
-    if (written.ok()) written = writer_->WriteUnit(*store_, unit);
-    if (written.ok()) optimizer_->Captured(unit);
+    absl::Status written = fault_ && piece.piece == 0 ? fault_(piece.unit) : absl::OkStatus();
+    if (written.ok()) written = writer_->WritePiece(*store_, piece.unit, piece.piece);
     lock.lock();
     if (!written.ok()) {
       FailLocked(written);
@@ -62,6 +62,10 @@ void BackgroundCheckpoint::WriterLoop() {
       optimizer_->EndCapture();
       return;
     }
+    if (--pieces_left_[piece.unit] > 0) continue;
+    lock.unlock();
+    optimizer_->Captured(piece.unit);  // its next update may run
+    lock.lock();
     if (++written_ < units_) continue;
     // The last unit: every byte is in the files; make them durable off the training path.
     lock.unlock();

@@ -2,7 +2,8 @@
 //
 // A unit's state is constant between its update in step s and its update in step s+1.
 // So the state after step s is written unit by unit, each as soon as its step-s update
-// is in the store, by a few writer threads, straight from the store (no copy): the
+// is in the store, by writer threads sharing each unit in pieces, straight from the
+// store (no copy): the
 // optimizer hands units over as they become ready (HostOptimizer::BeginCapture), and the
 // unit's step-s+1 update waits until it is written. The units become ready in the order
 // the next step updates them, so the writers stay ahead of the updates unless the disk's
@@ -70,7 +71,12 @@ class BackgroundCheckpoint {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<int64_t> ready_;   // units whose state may be written now
+  struct Piece {
+    int64_t unit;
+    int64_t piece;  // CheckpointWriter::WritePiece
+  };
+  std::deque<Piece> ready_;     // pieces of units whose state may be written now
+  std::vector<int64_t> pieces_left_;  // per unit
   int64_t written_ = 0;         // units written
   bool finished_ = false;       // result_ is final
   bool abandon_ = false;        // destroyed early: stop

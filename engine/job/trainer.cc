@@ -333,10 +333,11 @@ absl::Status Trainer::StartBackgroundCheckpoint() {
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                    CheckpointWriter::Begin(spec_.checkpoint_dir, config_, store_->layout(),
                                            state_, checkpoint_options()));
-  // A few writers: the bytes go to the page cache at memory speed, and the optimizer's
-  // OpenMP team needs the cores.
+  // Half the cores: the bytes go to the page cache at memory speed, and each unit must
+  // be written within about one step (before its next update); the optimizer's OpenMP
+  // team, which runs only part of the step, keeps the other half.
   const int threads = static_cast<int>(
-      std::clamp<long>(sysconf(_SC_NPROCESSORS_ONLN) / 4, 1, 4));
+      std::clamp<long>(sysconf(_SC_NPROCESSORS_ONLN) / 2, 1, 8));
   background_ = BackgroundCheckpoint::Start(
       std::move(writer), optimizer_.get(), store_.get(), threads,
       [dir = spec_.checkpoint_dir, keep = spec_.keep_last] { return PruneCheckpoints(dir, keep); });

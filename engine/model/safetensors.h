@@ -183,6 +183,10 @@ class ShardedSafetensorsWriter {
   // i-th from data[i]; neighbours adjacent both in memory and in their file go in one
   // write. Thread-safe for disjoint tensors.
   [[nodiscard]] absl::Status Write(size_t first, const std::vector<const void*>& data);
+  // Writes `bytes` bytes of tensor `tensor` from byte `offset` within it: a large tensor
+  // can be written in pieces, from several threads.
+  [[nodiscard]] absl::Status WriteBytes(size_t tensor, uint64_t offset, const void* data,
+                                        uint64_t bytes);
   // fsyncs and closes every shard, drops their pages from the page cache (a checkpoint is
   // not read back by this process), writes the index. Every tensor must have been written.
   [[nodiscard]] absl::Status Commit();

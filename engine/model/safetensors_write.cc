@@ -202,6 +202,16 @@ absl::Status ShardedSafetensorsWriter::Write(size_t first, const std::vector<con
   return absl::OkStatus();
 }
 
+absl::Status ShardedSafetensorsWriter::WriteBytes(size_t tensor, uint64_t offset,
+                                                  const void* data, uint64_t bytes) {
+  MT_CHECK(tensor < placement_.size());
+  const Placement& p = placement_[tensor];
+  MT_CHECK(offset + bytes <= p.bytes);
+  const Shard& shard = *shards_[p.shard];
+  return PwriteAll(shard.fd.get(), p.file_offset + offset, data, bytes,
+                   absl::StrCat("writing ", shard.path));
+}
+
 absl::Status ShardedSafetensorsWriter::Commit() {
   for (const std::unique_ptr<Shard>& shard : shards_) {
     if (::fsync(shard->fd.get()) != 0) return ErrnoError(errno, absl::StrCat("fsync of ", shard->path));

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/common/dtype.h"
@@ -347,6 +349,66 @@ TEST(CheckpointShardingTest, SmallMaxShardBytesWritesNumberedShardsAndIndexThatL
   ExpectSameState(*store, *fresh, &HostStore::exp_avg, "exp_avg");
   ExpectSameState(*store, *fresh, &HostStore::exp_avg_sq, "exp_avg_sq");
   EXPECT_EQ(state.step, 7);
+}
+
+// A checkpoint written piece by piece, in shuffled order, from several threads (as one
+// written while training runs is), is byte for byte the one SaveCheckpoint writes.
+TEST(CheckpointWriterTest, PiecesInAnyOrderFromThreadsEqualASequentialSave) {
+  TempDir root;
+  const ModelConfig config = TinyConfig(/*tied=*/false, /*scale=*/2);
+  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
+  ASSERT_NE(store, nullptr);
+  CheckpointOptions options;
+  options.max_shard_bytes = 64 << 10;  // pieces straddle shards and tensors
+  options.piece_bytes = 3001;
+  TrainerState state = SampleState();
+  absl::StatusOr<std::string> sequential =
+      SaveCheckpoint(root.path() + "/a", config, *store, state, options);
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+
+  absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
+      CheckpointWriter::Begin(root.path() + "/b", config, store->layout(), state, options);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    for (int64_t p = 0; p < (*writer)->NumPieces(u); ++p) pieces.emplace_back(u, p);
+  }
+  ASSERT_GT(pieces.size(), 4 * static_cast<size_t>(store->num_units()));
+  std::shuffle(pieces.begin(), pieces.end(), std::mt19937_64(3));
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 3; ++k) {
+    threads.emplace_back([&, k] {
+      for (size_t i = k; i < pieces.size(); i += 3) {
+        EXPECT_TRUE((*writer)->WritePiece(*store, pieces[i].first, pieces[i].second).ok());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  absl::StatusOr<std::string> pieced = (*writer)->Commit();
+  ASSERT_TRUE(pieced.ok()) << pieced.status();
+
+  int compared = 0;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(*sequential)) {
+    if (!e.is_regular_file()) continue;
+    const fs::path other = fs::path(*pieced) / fs::relative(e.path(), *sequential);
+    EXPECT_EQ(ReadFile(e.path().string()), ReadFile(other.string())) << other;
+    ++compared;
+  }
+  EXPECT_GE(compared, 16);  // several shards per part, indexes, config, trainer state
+}
+
+TEST(CheckpointWriterTest, AbandonedBeforeCommitLeavesNothing) {
+  TempDir root;
+  const ModelConfig config = TinyConfig(/*tied=*/true);
+  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/6);
+  ASSERT_NE(store, nullptr);
+  {
+    absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer = CheckpointWriter::Begin(
+        root.path(), config, store->layout(), SampleState(), CheckpointOptions{});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->WriteUnit(*store, 0).ok());
+  }
+  EXPECT_TRUE(fs::is_empty(root.path()));
 }
 
 TEST(CheckpointLoadTest, StoreOfAnotherShapeIsRefusedNamingTheTensor) {
