@@ -98,16 +98,16 @@ struct CheckpointWriter::Part {
 
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
     const std::string& root, const ModelConfig& config, const ModelLayout& layout,
-    const TrainerState& state, const CheckpointOptions& options) {
+    int64_t step, const CheckpointOptions& options) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ec.message()));
   std::unique_ptr<CheckpointWriter> w(new CheckpointWriter());
   w->root_ = root;
-  w->state_ = state;
+  w->step_ = step;
   w->layout_ = layout;
   w->piece_bytes_ = std::max<uint64_t>(options.piece_bytes, 1);
-  const std::string name = absl::StrCat("checkpoint-", state.step);
+  const std::string name = absl::StrCat("checkpoint-", step);
   w->final_ = (fs::path(root) / name).string();
   w->tmp_ = (fs::path(root) / absl::StrCat(".", name, ".tmp")).string();
   fs::remove_all(w->tmp_, ec);
@@ -137,7 +137,12 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
     p->info = &part;
     ASSIGN_OR_RETURN(p->writer, ShardedSafetensorsWriter::Open(
                                     (fs::path(w->tmp_) / part.dir).string(), "model",
-                                    TensorsOf(layout, part.dtype), options.max_shard_bytes, pt));
+                                    TensorsOf(layout, part.dtype),
+                                    part.dtype == DType::kF32
+                                        ? std::min(options.max_shard_bytes,
+                                                   options.optimizer_shard_bytes)
+                                        : options.max_shard_bytes,
+                                    pt));
     w->parts_.push_back(std::move(p));
   }
   return w;
@@ -176,20 +181,44 @@ int64_t CheckpointWriter::NumPieces(int64_t unit) const {
   return n;
 }
 
-absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, int64_t piece) {
-  size_t part = 0;
-  while (piece >= PiecesPerPart(unit, static_cast<int>(part))) {
-    piece -= PiecesPerPart(unit, static_cast<int>(part));
-    ++part;
+void CheckpointWriter::Locate(int64_t unit, int64_t piece, size_t* part, uint64_t* begin,
+                              uint64_t* end) const {
+  *part = 0;
+  while (piece >= PiecesPerPart(unit, static_cast<int>(*part))) {
+    piece -= PiecesPerPart(unit, static_cast<int>(*part));
+    ++*part;
   }
-  MT_CHECK(part < parts_.size());
+  MT_CHECK(*part < parts_.size());
+  // The unit's part split evenly.
+  const uint64_t unit_bytes = static_cast<uint64_t>(layout_.units[unit].num_elements) *
+                              DTypeSize(parts_[*part]->info->dtype);
+  const uint64_t pieces = static_cast<uint64_t>(PiecesPerPart(unit, static_cast<int>(*part)));
+  *begin = unit_bytes * piece / pieces;
+  *end = unit_bytes * (piece + 1) / pieces;
+}
+
+int64_t CheckpointWriter::PieceFile(int64_t unit, int64_t piece) const {
+  size_t part;
+  uint64_t begin, end;
+  Locate(unit, piece, &part, &begin, &end);
+  const uint64_t element = DTypeSize(parts_[part]->info->dtype);
+  const std::vector<TensorSlot>& tensors = layout_.units[unit].tensors;
+  size_t i = 0;  // the tensor holding the piece's first byte
+  while (i + 1 < tensors.size() &&
+         static_cast<uint64_t>(tensors[i + 1].offset) * element <= begin) {
+    ++i;
+  }
+  const size_t shard = parts_[part]->writer->ShardOf(static_cast<size_t>(first_tensor_[unit]) + i);
+  return static_cast<int64_t>(part) * (int64_t{1} << 32) + static_cast<int64_t>(shard);
+}
+
+absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, int64_t piece) {
+  size_t part;
+  uint64_t begin, end;
+  Locate(unit, piece, &part, &begin, &end);
   const Part& p = *parts_[part];
   const uint64_t element = DTypeSize(p.info->dtype);
-  const uint64_t unit_bytes = static_cast<uint64_t>(layout_.units[unit].num_elements) * element;
-  // The piece's bytes of the unit's part, split evenly; each tensor it meets, its share.
-  const uint64_t pieces = static_cast<uint64_t>(PiecesPerPart(unit, static_cast<int>(part)));
-  const uint64_t begin = unit_bytes * piece / pieces;
-  const uint64_t end = unit_bytes * (piece + 1) / pieces;
+  // Each tensor the piece meets, its share.
   const char* base = static_cast<const char*>(p.info->base(store, unit));
   const std::vector<TensorSlot>& tensors = layout_.units[unit].tensors;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -203,17 +232,18 @@ absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> CheckpointWriter::Commit() {
+absl::StatusOr<std::string> CheckpointWriter::Commit(const TrainerState& state) {
   MT_CHECK(!committed_);
+  MT_CHECK(state.step == step_);
   for (const std::unique_ptr<Part>& part : parts_) {
     RETURN_IF_ERROR(part->writer->Commit());
   }
-  nlohmann::json js = {{"step", state_.step},
-                       {"data_position", DataPositionToJson(state_.data)},
-                       {"data_seed", state_.data_seed},
-                       {"init_seed", state_.init_seed},
-                       {"last_loss", state_.last_loss},
-                       {"spec_fingerprint", state_.spec_fingerprint}};
+  nlohmann::json js = {{"step", state.step},
+                       {"data_position", DataPositionToJson(state.data)},
+                       {"data_seed", state.data_seed},
+                       {"init_seed", state.init_seed},
+                       {"last_loss", state.last_loss},
+                       {"spec_fingerprint", state.spec_fingerprint}};
   RETURN_IF_ERROR(WriteFileSynced((fs::path(tmp_) / "trainer_state.json").string(), js.dump(2)));
   RETURN_IF_ERROR(FsyncPath((fs::path(tmp_) / "optimizer").string()));
   RETURN_IF_ERROR(FsyncPath(tmp_));
@@ -236,9 +266,9 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const ModelC
                                            const HostStore& store, const TrainerState& state,
                                            const CheckpointOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
-                   CheckpointWriter::Begin(root, config, store.layout(), state, options));
+                   CheckpointWriter::Begin(root, config, store.layout(), state.step, options));
   for (int64_t u = 0; u < store.num_units(); ++u) RETURN_IF_ERROR(writer->WriteUnit(store, u));
-  return writer->Commit();
+  return writer->Commit(state);
 }
 
 absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerState* state) {

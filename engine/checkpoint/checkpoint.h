@@ -35,6 +35,9 @@ struct TrainerState {
 
 struct CheckpointOptions {
   uint64_t max_shard_bytes = 5ull << 30;  // as transformers' default "5GB"
+  // The optimizer state's shards are at most this (and max_shard_bytes): not loaded by
+  // transformers, they are smaller, so that more files can be written at once.
+  uint64_t optimizer_shard_bytes = 1ull << 30;
   uint64_t piece_bytes = 128ull << 20;    // CheckpointWriter::WritePiece
   std::string tokenizer_dir;              // copy tokenizer files from here ("" = none)
 };
@@ -44,13 +47,14 @@ struct CheckpointOptions {
 // its header (a full disk fails there). Each unit's bf16 weights, master, m and v are then
 // written once, in any order, from any threads, as they are in the store at that moment:
 // a checkpoint taken while training runs writes each unit between its update of the
-// checkpointed step and its next one. Commit() writes the trainer state, fsyncs, renames
+// checkpointed step and its next one. Commit() writes the trainer state (which may be
+// known only after the writing began: the step may still be running), fsyncs, renames
 // the folder to "checkpoint-<step>". Destroyed uncommitted, it removes its folder.
 class CheckpointWriter {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Begin(
       const std::string& root, const ModelConfig& config, const ModelLayout& layout,
-      const TrainerState& state, const CheckpointOptions& options);
+      int64_t step, const CheckpointOptions& options);
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -62,10 +66,13 @@ class CheckpointWriter {
   // NumPieces(unit) - 1) writes the unit. Thread-safe for distinct pieces.
   int64_t NumPieces(int64_t unit) const;
   [[nodiscard]] absl::Status WritePiece(const HostStore& store, int64_t unit, int64_t piece);
+  // The file a piece is written to (an id: pieces of one file serialize in the kernel).
+  int64_t PieceFile(int64_t unit, int64_t piece) const;
   // Every unit written: makes the checkpoint durable and complete. Returns its path.
-  [[nodiscard]] absl::StatusOr<std::string> Commit();
+  // REQUIRES: state.step == step().
+  [[nodiscard]] absl::StatusOr<std::string> Commit(const TrainerState& state);
 
-  int64_t step() const { return state_.step; }
+  int64_t step() const { return step_; }
   // Bytes of the finished checkpoint's files (headers, shards, indexes; not the small
   // JSON files).
   uint64_t data_bytes() const;
@@ -74,11 +81,13 @@ class CheckpointWriter {
   struct Part;
   CheckpointWriter() = default;
   int64_t PiecesPerPart(int64_t unit, int part) const;
+  // The part `piece` of `unit` belongs to, and its byte range within the unit's part.
+  void Locate(int64_t unit, int64_t piece, size_t* part, uint64_t* begin, uint64_t* end) const;
 
   std::string root_;
   std::string tmp_;
   std::string final_;
-  TrainerState state_;
+  int64_t step_ = 0;
   ModelLayout layout_;
   uint64_t piece_bytes_ = 256ull << 20;
   std::vector<int64_t> first_tensor_;  // per unit: its first tensor's index in every part

@@ -2,24 +2,28 @@
 //
 // A unit's state is constant between its update in step s and its update in step s+1.
 // So the state after step s is written unit by unit, each as soon as its step-s update
-// is in the store, by writer threads sharing each unit in pieces, straight from the
-// store (no copy): the
-// optimizer hands units over as they become ready (HostOptimizer::BeginCapture), and the
-// unit's step-s+1 update waits until it is written. The units become ready in the order
-// the next step updates them, so the writers stay ahead of the updates unless the disk's
-// page cache takes the bytes slower than a step updates them. Then the last writer
-// fsyncs and renames the checkpoint and prunes old ones while later steps run.
+// is in the store, straight from the store (no copy), by writer threads that share each
+// unit in pieces: the optimizer hands units over as they become ready
+// (HostOptimizer::BeginCapture), and the unit's step-s+1 update waits until it is
+// written. Started before step s runs, the writing begins as step s's backward updates
+// the top layers, so every unit has a whole step's time. Threads prefer pieces of files
+// no other thread is writing (buffered writes to one file serialize in the kernel). When
+// every unit is written and the step's trainer state is known (SetState), the checkpoint
+// is fsynced, renamed and old ones pruned, on a writer thread, while later steps run.
 //
 // Thread-safe. Destroying it before it finished abandons the checkpoint (its temporary
 // folder is removed) and releases the optimizer.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,11 +37,11 @@ namespace megatrain {
 
 class BackgroundCheckpoint {
  public:
-  // Starts writing `writer`'s checkpoint (of the step the optimizer just finished) with
-  // `threads` writers; `after_commit` runs on a writer thread once it is durable (pruning).
-  // `fault`, for tests: runs before each unit is written; an error fails the checkpoint
-  // as a write error would.
-  // REQUIRES: called at a step boundary (HostOptimizer::BeginCapture).
+  // Starts writing `writer`'s checkpoint of step writer->step(), which is the step the
+  // optimizer finished last or the one about to begin (HostOptimizer::BeginCapture), with
+  // `threads` writers; `after_commit` runs on a writer thread once it is durable
+  // (pruning). `fault`, for tests: runs before each unit is written; an error fails the
+  // checkpoint as a write error would.
   static std::unique_ptr<BackgroundCheckpoint> Start(
       std::unique_ptr<CheckpointWriter> writer, HostOptimizer* optimizer,
       const HostStore* store, int threads, std::function<absl::Status()> after_commit,
@@ -45,19 +49,40 @@ class BackgroundCheckpoint {
   ~BackgroundCheckpoint();
 
   int64_t step() const { return step_; }
+  // The trainer state after step(), once that step has finished; the commit waits for it.
+  void SetState(const TrainerState& state);
+  bool has_state() const;
   // True once Wait() would not block.
   bool done() const;
   // Blocks until the checkpoint is committed (its path) or has failed (why).
+  // REQUIRES: SetState() was called, or will be from another thread.
   absl::StatusOr<std::string> Wait();
-  // From Start() to the commit (or failure), and the bytes written.
+  // From Start() to the commit (or failure); from Start() to the last unit written (or
+  // until now); and the bytes written.
   double seconds() const;
+  double capture_seconds() const;
   uint64_t bytes() const { return bytes_; }
+  // Per unit, seconds from Start(): when it was handed over (its update of step() was in
+  // the store) and when it was written; -1 for not yet.
+  struct UnitTimes {
+    double ready = -1;
+    double written = -1;
+  };
+  std::vector<UnitTimes> unit_times() const;
 
  private:
+  struct Piece {
+    int64_t unit;
+    int64_t piece;  // CheckpointWriter::WritePiece
+    int64_t file;   // CheckpointWriter::PieceFile
+  };
   BackgroundCheckpoint() = default;
   void WriterLoop();
-  // Under mu_: stops the writers and releases the optimizer's waits.
-  void FailLocked(absl::Status status);
+  // Under mu_: the next piece to write, preferring a file no thread is writing.
+  Piece TakePieceLocked();
+  // Under mu_: records the outcome.
+  void FinishLocked(absl::StatusOr<std::string> result);
+  double SinceStart() const;
 
   std::unique_ptr<CheckpointWriter> writer_;
   HostOptimizer* optimizer_ = nullptr;
@@ -71,15 +96,16 @@ class BackgroundCheckpoint {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  struct Piece {
-    int64_t unit;
-    int64_t piece;  // CheckpointWriter::WritePiece
-  };
-  std::deque<Piece> ready_;     // pieces of units whose state may be written now
+  std::deque<Piece> ready_;           // pieces of units whose state may be written now
+  std::map<int64_t, int> writing_;    // file -> threads writing it
   std::vector<int64_t> pieces_left_;  // per unit
-  int64_t written_ = 0;         // units written
-  bool finished_ = false;       // result_ is final
-  bool abandon_ = false;        // destroyed early: stop
+  std::vector<UnitTimes> times_;      // per unit
+  int64_t written_ = 0;               // units written
+  double capture_seconds_ = -1;       // when the last unit was written
+  std::optional<TrainerState> state_;
+  bool committing_ = false;
+  bool finished_ = false;             // result_ is final
+  bool abandon_ = false;              // destroyed early: stop
   absl::StatusOr<std::string> result_ = absl::UnknownError("not finished");
   double seconds_ = 0;
   std::vector<std::thread> threads_;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/backend/factory.h"
@@ -242,6 +243,7 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   } else {
     RandomInitWeights(config_, spec.init_seed, store_.get());
   }
+  optimizer_->Restored(state_.step);
   return absl::OkStatus();
 }
 
@@ -254,15 +256,31 @@ void AppendError(std::string* errors, const std::string& error) {
 
 absl::StatusOr<StepReport> Trainer::Step() {
   if (done()) return absl::FailedPreconditionError("the job has already run all its steps");
+  StepReport report;
+  const int64_t step = state_.step + 1;
+  const bool periodic = !spec_.checkpoint_dir.empty() && spec_.checkpoint_every_steps > 0 &&
+                        step % spec_.checkpoint_every_steps == 0;
+  const bool asked = std::exchange(checkpoint_next_step_, false) && !spec_.checkpoint_dir.empty();
+  if ((asked || (periodic && spec_.checkpoint_background)) && step < spec_.steps) {
+    // Begun before the step, so its backward hands the top layers to the writers.
+    CollectBackground(/*wait=*/true, &report);  // one at a time
+    absl::Status started = StartBackground(step);
+    if (!started.ok()) AppendError(&report.checkpoint_error, CheckpointFailure(step, started));
+  }
   for (MicroBatch& b : batches_) packer_->Next(plan_.micro_batch_rows, &b);
   const double lr = LearningRate(spec_.schedule, state_.step);
-  optimizer_->BeginStep(lr, state_.step + 1);
-  ASSIGN_OR_RETURN(StepResult r, pipeline_->Step(batches_, optimizer_.get()));
-  state_.step += 1;
+  optimizer_->BeginStep(lr, step);
+  absl::StatusOr<StepResult> result = pipeline_->Step(batches_, optimizer_.get());
+  if (!result.ok()) {
+    background_.reset();  // its step never finished
+    return result.status();
+  }
+  const StepResult& r = *result;
+  state_.step = step;
   state_.data = packer_->position();
   state_.last_loss = r.loss;
+  if (background_ != nullptr && background_->step() == step) background_->SetState(state_);
 
-  StepReport report;
   report.step = state_.step;
   report.total_steps = spec_.steps;
   report.loss = r.loss;
@@ -289,13 +307,8 @@ absl::StatusOr<StepReport> Trainer::Step() {
   capture_wait_seen_ = capture_wait;
 
   CollectBackground(/*wait=*/false, &report);
-  const bool periodic = spec_.checkpoint_every_steps > 0 &&
-                        state_.step % spec_.checkpoint_every_steps == 0;
-  if (!spec_.checkpoint_dir.empty() && periodic && !done() && spec_.checkpoint_background) {
-    CollectBackground(/*wait=*/true, &report);  // one at a time
-    absl::Status started = StartBackgroundCheckpoint();
-    if (!started.ok()) AppendError(&report.checkpoint_error, CheckpointFailure(state_.step, started));
-  } else if (!spec_.checkpoint_dir.empty() && (periodic || done())) {
+  const bool stopped = periodic && (!spec_.checkpoint_background || done());
+  if (stopped || (done() && !spec_.checkpoint_dir.empty())) {
     CollectBackground(/*wait=*/true, &report);
     absl::StatusOr<std::string> saved = SaveCheckpoint();
     if (!saved.ok() && done()) {
@@ -330,9 +343,15 @@ absl::Status Trainer::StartBackgroundCheckpoint() {
     return absl::FailedPreconditionError("the job has no checkpoint.dir");
   }
   RETURN_IF_ERROR(FinishBackgroundCheckpoint().status());
+  RETURN_IF_ERROR(StartBackground(state_.step));
+  background_->SetState(state_);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::StartBackground(int64_t step) {
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
                    CheckpointWriter::Begin(spec_.checkpoint_dir, config_, store_->layout(),
-                                           state_, checkpoint_options()));
+                                           step, checkpoint_options()));
   // Half the cores: the bytes go to the page cache at memory speed, and each unit must
   // be written within about one step (before its next update); the optimizer's OpenMP
   // team, which runs only part of the step, keeps the other half.
@@ -350,6 +369,8 @@ void Trainer::CollectBackground(bool wait, StepReport* report) {
   if (saved.ok()) {
     last_saved_step_ = background_->step();
     last_checkpoint_seconds_ = background_->seconds();
+    last_checkpoint_capture_seconds_ = background_->capture_seconds();
+    last_checkpoint_unit_times_ = background_->unit_times();
     last_checkpoint_bytes_ = static_cast<int64_t>(background_->bytes());
     report->saved_checkpoint = true;
     report->checkpoint_paths.push_back(*saved);
@@ -359,8 +380,17 @@ void Trainer::CollectBackground(bool wait, StepReport* report) {
   background_.reset();
 }
 
+absl::StatusOr<std::string> Trainer::SaveCheckpointTo(const std::string& root) {
+  optimizer_->Drain();  // the last step's updates are in the store
+  return megatrain::SaveCheckpoint(root, config_, *store_, state_, checkpoint_options());
+}
+
 absl::StatusOr<std::string> Trainer::FinishBackgroundCheckpoint() {
   if (background_ == nullptr) return std::string();
+  if (!background_->has_state()) {  // of a step that did not finish
+    background_.reset();
+    return std::string();
+  }
   StepReport report;
   CollectBackground(/*wait=*/true, &report);
   if (!report.checkpoint_error.empty()) return absl::InternalError(report.checkpoint_error);

@@ -97,12 +97,26 @@ class Trainer {
   // Starts writing a checkpoint of the state after the last completed step while the
   // next steps run; Step() reports when it is done (StepReport::checkpoint_path).
   [[nodiscard]] absl::Status StartBackgroundCheckpoint();
+  // The next Step() writes a checkpoint of its state in the background, begun before it
+  // runs (as periodic ones are).
+  void CheckpointNextStep() { checkpoint_next_step_ = true; }
+  // Writes a checkpoint of the state after the last completed step under `root`, with
+  // training stopped, leaving a background checkpoint being written alone (benchmarks
+  // and tests compare the two).
+  [[nodiscard]] absl::StatusOr<std::string> SaveCheckpointTo(const std::string& root);
   // Waits for the background checkpoint being written, if any; its path, or "" if none.
   [[nodiscard]] absl::StatusOr<std::string> FinishBackgroundCheckpoint();
   // The last checkpoint written: seconds it took (drain, write, fsync, prune; for one
   // written in the background, from its start to its commit) and bytes.
   double last_checkpoint_seconds() const { return last_checkpoint_seconds_; }
   int64_t last_checkpoint_bytes() const { return last_checkpoint_bytes_; }
+  // For one written in the background: seconds from its start until every unit was
+  // written (the rest is fsync).
+  double last_checkpoint_capture_seconds() const { return last_checkpoint_capture_seconds_; }
+  // Its units' timings (BackgroundCheckpoint::unit_times).
+  const std::vector<BackgroundCheckpoint::UnitTimes>& last_checkpoint_unit_times() const {
+    return last_checkpoint_unit_times_;
+  }
 
   const ModelConfig& config() const { return config_; }
   // How the job runs (the planner's choices and prediction), and the same in words.
@@ -125,6 +139,8 @@ class Trainer {
   CheckpointOptions checkpoint_options() const;
   // Takes the background checkpoint's outcome into the report, waiting for it if `wait`.
   void CollectBackground(bool wait, StepReport* report);
+  // Starts the background checkpoint of `step` (the last finished or the next).
+  absl::Status StartBackground(int64_t step);
   std::string CheckpointFailure(int64_t step, const absl::Status& status) const;
 
   JobSpec spec_;
@@ -143,10 +159,13 @@ class Trainer {
   double capture_wait_seen_ = 0;
   double last_checkpoint_seconds_ = 0;
   int64_t last_checkpoint_bytes_ = 0;
+  double last_checkpoint_capture_seconds_ = 0;
+  std::vector<BackgroundCheckpoint::UnitTimes> last_checkpoint_unit_times_;
   std::vector<MicroBatch> batches_;
   TrainerState state_;
   int64_t resumed_from_ = 0;
   int64_t last_saved_step_ = -1;
+  bool checkpoint_next_step_ = false;
   std::vector<void*> pinned_;  // host ranges page-locked for this job
   std::string tokenizer_dir_;  // tokenizer files to copy into checkpoints
   // Last: it reads the store and holds the optimizer, so it goes first.

@@ -192,6 +192,9 @@ class ShardedSafetensorsWriter {
   [[nodiscard]] absl::Status Commit();
   // Bytes of every file this save writes (headers included).
   uint64_t total_file_bytes() const;
+  // Which shard file tensor `tensor` goes to (0-based). Buffered writes to one file
+  // serialize in the kernel; writers that want to run in parallel pick different files.
+  size_t ShardOf(size_t tensor) const { return placement_[tensor].shard; }
 
  private:
   struct Shard;

@@ -26,8 +26,21 @@ HostOptimizer::~HostOptimizer() {
   worker_.join();
 }
 
+void HostOptimizer::Restored(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RestoredLocked(step);
+}
+
+void HostOptimizer::RestoredLocked(int64_t step) {
+  step_ = step;
+  updated_step_.assign(store_->num_units(), step);
+  updated_elements_.resize(store_->num_units());
+  for (int64_t u = 0; u < store_->num_units(); ++u) updated_elements_[u] = store_->unit_elements(u);
+}
+
 void HostOptimizer::BeginStep(double lr, int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (updated_step_.empty()) RestoredLocked(step - 1);
   lr_ = lr;
   step_ = step;
   sum_squares_ = 0;
@@ -173,9 +186,15 @@ void HostOptimizer::AwaitUnit(int64_t unit) {
 }
 
 void HostOptimizer::PieceDone(const Item& item) {
-  --pending_[item.unit];
-  if (capture_step_ >= 0 && item.step <= capture_step_ && --capture_owed_[item.unit] == 0) {
-    capture_ready_(item.unit);
+  const int64_t u = item.unit;
+  --pending_[u];
+  if (updated_step_[u] != item.step) {
+    updated_step_[u] = item.step;
+    updated_elements_[u] = 0;
+  }
+  updated_elements_[u] += item.count;
+  if (capture_step_ == item.step && updated_elements_[u] == store_->unit_elements(u)) {
+    capture_ready_(u);
   }
 }
 
@@ -190,21 +209,24 @@ void HostOptimizer::AwaitCapture(const Item& item, std::unique_lock<std::mutex>&
                           std::chrono::steady_clock::now() - t0).count();
 }
 
-void HostOptimizer::BeginCapture(std::function<void(int64_t unit)> ready) {
+void HostOptimizer::BeginCapture(int64_t step, std::function<void(int64_t unit)> ready) {
   std::lock_guard<std::mutex> lock(mu_);
   MT_CHECK_MSG(capture_step_ < 0, "a capture is already running");
+  if (updated_step_.empty()) RestoredLocked(step_);
+  MT_CHECK_MSG(step == step_ || step == step_ + 1,
+               "capture of step %lld at step %lld: only the last or the next step",
+               static_cast<long long>(step), static_cast<long long>(step_));
   const int64_t units = store_->num_units();
-  if (pending_.empty()) pending_.assign(units, 0);
-  capture_step_ = step_;
+  capture_step_ = step;
   capture_ready_ = std::move(ready);
-  // Everything owed now belongs to the finished step: the next has not begun.
-  capture_owed_ = pending_;
   captured_.assign(units, 0);
   // The next step updates backward (as gradients land), or forward with clipping.
   const bool forward = options_.max_grad_norm > 0;
   for (int64_t i = 0; i < units; ++i) {
     const int64_t u = forward ? i : units - 1 - i;
-    if (capture_owed_[u] == 0) capture_ready_(u);
+    if (updated_step_[u] == step && updated_elements_[u] == store_->unit_elements(u)) {
+      capture_ready_(u);
+    }
   }
 }
 

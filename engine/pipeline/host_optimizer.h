@@ -45,6 +45,9 @@ class HostOptimizer final : public GradSink {
                 const HostOptimizerOptions& options);
   ~HostOptimizer() override;
 
+  // The store holds the state after `step` (0: initial weights; or a loaded checkpoint's).
+  // Without it, the step before the first BeginStep() is taken.
+  void Restored(int64_t step);
   // Sets the learning rate and 1-based step count for the next step's updates.
   void BeginStep(double lr, int64_t step);
   void Submit(int64_t unit, float* slab, void* ready, int64_t offset, int64_t count) override;
@@ -52,14 +55,16 @@ class HostOptimizer final : public GradSink {
   void AwaitUnit(int64_t unit) override;
   // Blocks until every update is applied (before reading the store: checkpoints).
   void Drain();
-  // Capture, for checkpoints written while training runs: at a step boundary (after
-  // Finish(), before the next BeginStep()), BeginCapture() takes the state after the
-  // finished step. `ready(unit)` is called once per unit as soon as that step's update of
-  // the unit is in the store (at once for the units already updated, the ones the next
-  // step updates first first), on this thread or the optimizer's, with the optimizer's
-  // lock held: it must only hand the unit on. The unit's next update waits until
-  // Captured(unit). EndCapture() lifts every wait (the capture is finished or abandoned).
-  void BeginCapture(std::function<void(int64_t unit)> ready);
+  // Capture, for checkpoints written while training runs: BeginCapture(step) takes the
+  // state after `step`, which is the step last finished (call it after Finish()) or the
+  // next one (call it before its BeginStep(): the capture then starts as that step's
+  // backward updates the top layers). `ready(unit)` is called once per unit as soon as
+  // that step's update of the unit is in the store (at once for the units already
+  // updated, the ones the next step updates first first), on this thread or the
+  // optimizer's, with the optimizer's lock held: it must only hand the unit on. The
+  // unit's next update waits until Captured(unit). EndCapture() lifts every wait (the
+  // capture is finished or abandoned).
+  void BeginCapture(int64_t step, std::function<void(int64_t unit)> ready);
   void Captured(int64_t unit);
   void EndCapture();
   // Seconds updates have waited for captures, since creation.
@@ -89,6 +94,7 @@ class HostOptimizer final : public GradSink {
   double Update(const Item& item, const float* grad, float grad_scale);
   // Under mu_: blocks while the item's unit must first be captured.
   void AwaitCapture(const Item& item, std::unique_lock<std::mutex>& lock);
+  void RestoredLocked(int64_t step);
   // Under mu_: the item's piece of its unit is updated.
   void PieceDone(const Item& item);
 
@@ -108,11 +114,14 @@ class HostOptimizer final : public GradSink {
   int64_t norms_pending_ = 0;  // submitted pieces whose squares are not yet summed
   std::vector<Item> held_;  // clipping: waiting for the norm
   bool stop_ = false;
-  // Capture (BeginCapture): the step captured (-1: none), per unit the pieces of that step
-  // still to update, and whether the unit is captured.
+  // Per unit: the last step whose pieces have begun to land in the store, and how many of
+  // its elements have (the unit is at that step when all have). Set at the first
+  // BeginStep(): before it the store holds a finished step (loaded or initial).
+  std::vector<int64_t> updated_step_;
+  std::vector<int64_t> updated_elements_;
+  // Capture (BeginCapture): the step captured (-1: none), whether each unit is captured.
   int64_t capture_step_ = -1;
   std::function<void(int64_t)> capture_ready_;
-  std::vector<int64_t> capture_owed_;
   std::vector<char> captured_;
   std::atomic<int64_t> capture_wait_ns_{0};
   std::atomic<int64_t> busy_ns_{0};

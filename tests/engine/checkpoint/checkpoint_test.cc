@@ -367,7 +367,7 @@ TEST(CheckpointWriterTest, PiecesInAnyOrderFromThreadsEqualASequentialSave) {
   ASSERT_TRUE(sequential.ok()) << sequential.status();
 
   absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
-      CheckpointWriter::Begin(root.path() + "/b", config, store->layout(), state, options);
+      CheckpointWriter::Begin(root.path() + "/b", config, store->layout(), state.step, options);
   ASSERT_TRUE(writer.ok()) << writer.status();
   std::vector<std::pair<int64_t, int64_t>> pieces;
   for (int64_t u = 0; u < store->num_units(); ++u) {
@@ -384,7 +384,7 @@ TEST(CheckpointWriterTest, PiecesInAnyOrderFromThreadsEqualASequentialSave) {
     });
   }
   for (std::thread& t : threads) t.join();
-  absl::StatusOr<std::string> pieced = (*writer)->Commit();
+  absl::StatusOr<std::string> pieced = (*writer)->Commit(state);
   ASSERT_TRUE(pieced.ok()) << pieced.status();
 
   int compared = 0;
@@ -404,7 +404,7 @@ TEST(CheckpointWriterTest, AbandonedBeforeCommitLeavesNothing) {
   ASSERT_NE(store, nullptr);
   {
     absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer = CheckpointWriter::Begin(
-        root.path(), config, store->layout(), SampleState(), CheckpointOptions{});
+        root.path(), config, store->layout(), SampleState().step, CheckpointOptions{});
     ASSERT_TRUE(writer.ok()) << writer.status();
     ASSERT_TRUE((*writer)->WriteUnit(*store, 0).ok());
   }

@@ -52,10 +52,12 @@ class Rig {
     TrainerState state;
     state.step = step;
     absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
-        CheckpointWriter::Begin(root, config_, store_->layout(), state, CheckpointOptions{});
+        CheckpointWriter::Begin(root, config_, store_->layout(), step, CheckpointOptions{});
     EXPECT_TRUE(writer.ok()) << writer.status();
-    return BackgroundCheckpoint::Start(std::move(*writer), optimizer_.get(), store_.get(), 2,
-                                       nullptr, std::move(fault));
+    std::unique_ptr<BackgroundCheckpoint> b = BackgroundCheckpoint::Start(
+        std::move(*writer), optimizer_.get(), store_.get(), 2, nullptr, std::move(fault));
+    b->SetState(state);
+    return b;
   }
 
   HostOptimizer& optimizer() { return *optimizer_; }

@@ -114,18 +114,20 @@ TEST(HostOptimizer, AdamWWithoutClippingUpdatesAsGradientsLandAndMatchesClosedFo
   RunSteps(0.0);
 }
 
-// Every unit's master, m, v and bf16 weights, as bytes.
+// A unit's master, m, v and bf16 weights, as bytes.
+std::string SnapshotUnit(const HostStore& store, int64_t u) {
+  const size_t n = static_cast<size_t>(store.unit_elements(u));
+  std::string s;
+  s.append(reinterpret_cast<const char*>(store.master(u)), n * 4);
+  s.append(reinterpret_cast<const char*>(store.exp_avg(u)), n * 4);
+  s.append(reinterpret_cast<const char*>(store.exp_avg_sq(u)), n * 4);
+  s.append(reinterpret_cast<const char*>(store.weights(u)), n * 2);
+  return s;
+}
+
 std::vector<std::string> Snapshot(const HostStore& store) {
   std::vector<std::string> out;
-  for (int64_t u = 0; u < store.num_units(); ++u) {
-    const size_t n = static_cast<size_t>(store.unit_elements(u));
-    std::string s;
-    s.append(reinterpret_cast<const char*>(store.master(u)), n * 4);
-    s.append(reinterpret_cast<const char*>(store.exp_avg(u)), n * 4);
-    s.append(reinterpret_cast<const char*>(store.exp_avg_sq(u)), n * 4);
-    s.append(reinterpret_cast<const char*>(store.weights(u)), n * 2);
-    out.push_back(std::move(s));
-  }
+  for (int64_t u = 0; u < store.num_units(); ++u) out.push_back(SnapshotUnit(store, u));
   return out;
 }
 
@@ -140,7 +142,9 @@ struct CaptureRun {
   double waited = 0;           // seconds updates waited for the capture
 };
 
-CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_after) {
+// early: the capture of step `capture_after` begins before that step runs.
+CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_after,
+                          bool early = false) {
   const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
   std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
   std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
@@ -167,7 +171,32 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
   std::thread writer;
   std::mt19937_64 gen(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto start_capture = [&](int64_t step) {
+    writer = std::thread([&] {
+      for (int64_t n = 0; n < units; ++n) {
+        int64_t u;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return !handed.empty(); });
+          u = handed.front();
+          handed.pop_front();
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a slow disk
+        run.captured[u] = SnapshotUnit(*store, u);
+        opt.Captured(u);
+      }
+    });
+    opt.BeginCapture(step, [&](int64_t u) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        handed.push_back(u);
+        run.order.push_back(u);
+      }
+      cv.notify_one();
+    });
+  };
   for (int64_t step = 1; step <= steps; ++step) {
+    if (step == capture_after && early) start_capture(step);  // before the step runs
     opt.BeginStep(1e-2, step);
     for (int64_t u = units - 1; u >= 0; --u) {
       for (int64_t offset = 0; offset < store->unit_elements(u); offset += kPiece) {
@@ -180,30 +209,7 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
       }
     }
     opt.Finish();
-    if (step == capture_after) {
-      writer = std::thread([&] {
-        for (int64_t n = 0; n < units; ++n) {
-          int64_t u;
-          {
-            std::unique_lock<std::mutex> lock(mu);
-            cv.wait(lock, [&] { return !handed.empty(); });
-            u = handed.front();
-            handed.pop_front();
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a slow disk
-          run.captured[u] = Snapshot(*store)[u];
-          opt.Captured(u);
-        }
-      });
-      opt.BeginCapture([&](int64_t u) {
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          handed.push_back(u);
-          run.order.push_back(u);
-        }
-        cv.notify_one();
-      });
-    }
+    if (step == capture_after && !early) start_capture(step);
   }
   if (writer.joinable()) writer.join();
   opt.EndCapture();
@@ -213,9 +219,9 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
   return run;
 }
 
-void CaptureEqualsStoppedState(double max_grad_norm) {
+void CaptureEqualsStoppedState(double max_grad_norm, bool early) {
   const CaptureRun stopped = RunWithCapture(max_grad_norm, 2, -1);
-  const CaptureRun live = RunWithCapture(max_grad_norm, 4, 2);
+  const CaptureRun live = RunWithCapture(max_grad_norm, 4, 2, early);
   const CaptureRun reference = RunWithCapture(max_grad_norm, 4, -1);
   const int64_t units = static_cast<int64_t>(stopped.final_state.size());
   ASSERT_EQ(static_cast<int64_t>(live.order.size()), units);
@@ -233,11 +239,20 @@ void CaptureEqualsStoppedState(double max_grad_norm) {
 }
 
 TEST(HostOptimizer, CaptureWithoutClippingHoldsEachUpdateUntilItsUnitIsWritten) {
-  CaptureEqualsStoppedState(0.0);
+  CaptureEqualsStoppedState(0.0, /*early=*/false);
 }
 
 TEST(HostOptimizer, CaptureWithClippingHoldsEachUpdateUntilItsUnitIsWritten) {
-  CaptureEqualsStoppedState(1.0);
+  CaptureEqualsStoppedState(1.0, /*early=*/false);
+}
+
+// Begun before the captured step runs: units are handed over as that step updates them.
+TEST(HostOptimizer, CaptureBegunBeforeTheStepWithoutClipping) {
+  CaptureEqualsStoppedState(0.0, /*early=*/true);
+}
+
+TEST(HostOptimizer, CaptureBegunBeforeTheStepWithClipping) {
+  CaptureEqualsStoppedState(1.0, /*early=*/true);
 }
 
 }  // namespace
