@@ -161,9 +161,9 @@ int main(int argc, char** argv) {
     const StepReport r = step();
     if (i > 0) base.push_back(r.seconds);
   }
-  const double base_mean = Mean(base);
   out["step_seconds_before"] = base;
-  out["mean_step_seconds_before"] = base_mean;
+  out["mean_step_seconds_before"] = Mean(base);
+  std::vector<double> outside = base;  // steps with no checkpoint being written
   for (const char* which : {"first", "second"}) {
     std::vector<double> during, waits;
     const std::string live = run_background(&during, &waits, false);
@@ -177,8 +177,7 @@ int main(int argc, char** argv) {
     run["update_wait_seconds_during"] = waits;
     run["mean_step_seconds_during"] = during_mean;
     run["mean_step_seconds_after"] = Mean(later);
-    // Steps per second while the checkpoint was written, against before.
-    run["step_rate_drop"] = during_mean > 0 ? 1.0 - base_mean / during_mean : 0.0;
+    outside.insert(outside.end(), later.begin(), later.end());
     run["background_checkpoint_seconds"] = t.last_checkpoint_seconds();
     run["background_capture_seconds"] = t.last_checkpoint_capture_seconds();
     run["checkpoint_bytes"] = t.last_checkpoint_bytes();
@@ -187,6 +186,20 @@ int main(int argc, char** argv) {
     for (const auto& u : t.last_checkpoint_unit_times()) units.push_back({u.ready, u.written});
     run["unit_ready_and_written_seconds"] = units;  // embedding, layers, head
     out[which] = run;
+    fs::remove_all(live);  // the disk holds only so many of them
+  }
+  // The reference: every step with no checkpoint being written (before and after both,
+  // since a step's time drifts over a run).
+  const double reference = Mean(outside);
+  out["reference_step_seconds"] = reference;
+  for (const char* which : {"first", "second"}) {
+    nlohmann::json& run = out[which];
+    const std::vector<double> during = run["step_seconds_during"].get<std::vector<double>>();
+    const double mean = Mean(during);
+    // Steps per second while the checkpoint was written, against the reference; and the
+    // training time it cost in all.
+    run["step_rate_drop"] = mean > 0 ? 1.0 - reference / mean : 0.0;
+    run["extra_seconds"] = (mean - reference) * during.size();
   }
 
   // Equality: a background checkpoint of step S against one taken with training stopped
