@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
+#include "server/mutex.h"
 #include "absl/time/time.h"
 
 namespace megatrain::server {
@@ -23,7 +23,7 @@ class EventHub {
   int64_t WaitPast(int64_t job_id, int64_t seen, absl::Time deadline);
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<int64_t, int64_t> versions_ ABSL_GUARDED_BY(mu_);
 };
 

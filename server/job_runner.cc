@@ -32,19 +32,19 @@ void JobRunner::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void JobRunner::Shutdown() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   if (thread_.joinable()) thread_.join();
 }
 
 void JobRunner::Wake() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   wake_ = true;
 }
 
 int64_t JobRunner::running_job() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return running_;
 }
 
@@ -71,7 +71,7 @@ absl::Status JobRunner::SetState(v1::Job* job, v1::JobState state, const std::st
 absl::StatusOr<v1::Job> JobRunner::Transition(int64_t id,
                                               std::initializer_list<v1::JobState> from,
                                               v1::JobState to, const std::string& why) {
-  absl::MutexLock lock(&transition_mu_);
+  MutexLock lock(&transition_mu_);
   absl::StatusOr<v1::Job> job = store_->Get(id);
   if (!job.ok()) return job.status();
   if (std::find(from.begin(), from.end(), job->state()) == from.end()) {
@@ -92,21 +92,21 @@ void JobRunner::Log(int64_t job_id, const std::string& text) {
 }
 
 absl::Status JobRunner::CancelRunning(int64_t job_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (running_ != job_id) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running"));
   request_ = Request::kCancel;
   return absl::OkStatus();
 }
 
 absl::Status JobRunner::HoldRunning(int64_t job_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (running_ != job_id) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running"));
   request_ = Request::kHold;
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::CheckpointJobResponse> JobRunner::CheckpointRunning(int64_t job_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (running_ != job_id) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is not running"));
   }
@@ -115,7 +115,7 @@ absl::StatusOr<v1::CheckpointJobResponse> JobRunner::CheckpointRunning(int64_t j
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return checkpoints_done_ >= ticket || running_ != job_id;
   };
-  mu_.Await(absl::Condition(&done));
+  mu_.Await(done);
   if (checkpoints_done_ < ticket) {
     return absl::AbortedError(absl::StrCat("job ", job_id, " stopped before the checkpoint"));
   }
@@ -132,7 +132,7 @@ bool JobRunner::PickNext(v1::Job* job) {
       if (j.priority() > best->priority()) best = &j;
     }
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       running_ = best->id();  // from here on, requests for it reach this runner
       request_ = Request::kNone;
       checkpoint_requests_ = 0;
@@ -143,7 +143,7 @@ bool JobRunner::PickNext(v1::Job* job) {
       *job = *claimed;
       return true;
     }
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     running_ = 0;  // cancelled or held meanwhile: look again
   }
 }
@@ -151,16 +151,16 @@ bool JobRunner::PickNext(v1::Job* job) {
 void JobRunner::Loop() {
   for (;;) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      mu_.AwaitWithTimeout(ready, absl::Seconds(1));
       if (stop_) return;
       wake_ = false;
     }
     v1::Job job;
     while (PickNext(&job)) {
       Run(job);
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (stop_) return;
     }
   }
@@ -169,7 +169,7 @@ void JobRunner::Loop() {
 void JobRunner::Run(v1::Job job) {
   auto finish = [&](v1::JobState state, const std::string& why) {
     (void)SetState(&job, state, why);
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     running_ = 0;
   };
   job.set_device(options_.device);
@@ -229,14 +229,14 @@ void JobRunner::Run(v1::Job job) {
     int64_t checkpoint_requests;
     bool stop;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       request = request_;
       checkpoint_requests = checkpoint_requests_;
       stop = stop_;
     }
     if (checkpoint_requests > 0) {
       absl::StatusOr<std::string> path = save();
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (path.ok()) {
         v1::CheckpointJobResponse r;
         r.set_path(*path);

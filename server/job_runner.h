@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "server/mutex.h"
 #include "engine/plan/machine_profile.h"
 #include "megatrain/v1/jobs.pb.h"
 #include "server/daemon_metrics.h"
@@ -70,8 +70,8 @@ class JobRunner {
   JobRunnerOptions options_;
   std::thread thread_;
 
-  absl::Mutex transition_mu_;  // serialises Transition() calls
-  mutable absl::Mutex mu_;
+  Mutex transition_mu_;  // serialises Transition() calls
+  mutable Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   int64_t running_ ABSL_GUARDED_BY(mu_) = 0;

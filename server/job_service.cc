@@ -66,7 +66,7 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   if (grpc::Status planned = Plan(*spec, &plan); !planned.ok()) return planned;
   const int64_t need = plan.host_bytes();
 
-  absl::MutexLock lock(&submit_mu_);
+  MutexLock lock(&submit_mu_);
   if (options_.host_memory_bytes > 0 && need > options_.host_memory_bytes) {
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                         absl::StrFormat("job needs %.2f GiB of host memory; this node has %.2f GiB "

@@ -55,7 +55,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   EventHub* hub_;
   JobRunner* runner_;
   JobServiceOptions options_;
-  absl::Mutex submit_mu_;  // admission sees a consistent set of queued jobs
+  Mutex submit_mu_;  // admission sees a consistent set of queued jobs
 };
 
 // absl::Status -> grpc::Status (the codes are the same numbers).

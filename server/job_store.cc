@@ -171,7 +171,7 @@ class Query {
 JobStore::JobStore(std::string path) : path_(std::move(path)) {}
 
 JobStore::~JobStore() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (auto& [sql, stmt] : statements_) sqlite3_finalize(stmt);
   sqlite3_close(db_);  // no-op on nullptr
 }
@@ -187,7 +187,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 }
 
 absl::Status JobStore::Init() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   // NOMUTEX: mu_ serializes every use of the connection.
   const int rc =
       sqlite3_open_v2(path_.c_str(), &db_,
@@ -322,7 +322,7 @@ absl::StatusOr<int64_t> JobStore::Insert(v1::Job* job) {
   if (stored.created_unix_ms() == 0) stored.set_created_unix_ms(NowUnixMs());
   const std::string bytes = stored.SerializeAsString();
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kInsertJob));
   Query query(stmt);
   int64_t id = 0;
@@ -340,7 +340,7 @@ absl::Status JobStore::Update(const v1::Job& job) {
   stored.clear_id();
   const std::string bytes = stored.SerializeAsString();
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kUpdateJob));
   Query query(stmt);
   int rc = query.Bind(job.owner(), job.state(), job.priority(), job.created_unix_ms(), Blob{bytes},
@@ -352,7 +352,7 @@ absl::Status JobStore::Update(const v1::Job& job) {
 }
 
 absl::StatusOr<v1::Job> JobStore::Get(int64_t id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kGetJob));
   Query query(stmt);
   RETURN_IF_ERROR(Error(query.Bind(id), "reading a job"));
@@ -388,7 +388,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobSta
   }
   absl::StrAppend(&sql, " ORDER BY id DESC LIMIT ?");
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(sql));
   Query query(stmt);
   int rc = query.Bind(before_id == 0 ? std::numeric_limits<int64_t>::max() : before_id);
@@ -402,7 +402,7 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::List(const std::vector<v1::JobSta
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::ListInState(v1::JobState state) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kJobsInState));
   Query query(stmt);
   const std::string doing = absl::StrCat("listing jobs in state ", v1::JobState_Name(state));
@@ -418,7 +418,7 @@ absl::StatusOr<int64_t> JobStore::AppendEvent(int64_t job_id, v1::JobEvent* even
   payload.clear_unix_ms();
   const std::string bytes = payload.SerializeAsString();
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kAppendEvent));
   Query query(stmt);
   int64_t seq = 0;
@@ -433,7 +433,7 @@ absl::StatusOr<int64_t> JobStore::AppendEvent(int64_t job_id, v1::JobEvent* even
 }
 
 absl::StatusOr<int64_t> JobStore::LastEventSeq(int64_t job_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kLastEventSeq));
   Query query(stmt);
   const std::string doing = absl::StrCat("reading the last event of job ", job_id);
@@ -446,7 +446,7 @@ absl::StatusOr<int64_t> JobStore::LastEventSeq(int64_t job_id) {
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::EventsAfter(int64_t job_id, int64_t after_seq,
                                                                 int limit) {
   RETURN_IF_ERROR(CheckLimit(limit));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kEventsAfter));
   Query query(stmt);
   const std::string doing = absl::StrCat("reading events of job ", job_id);
@@ -470,7 +470,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::EventsAfter(int64_t job_id, 
 
 absl::StatusOr<int64_t> JobStore::AppendLog(int64_t job_id, v1::LogLine* line) {
   const int64_t unix_ms = line->unix_ms() != 0 ? line->unix_ms() : NowUnixMs();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kAppendLog));
   Query query(stmt);
   int64_t seq = 0;
@@ -486,7 +486,7 @@ absl::StatusOr<int64_t> JobStore::AppendLog(int64_t job_id, v1::LogLine* line) {
 absl::StatusOr<std::vector<v1::LogLine>> JobStore::LogsAfter(int64_t job_id, int64_t after_seq,
                                                              int limit) {
   RETURN_IF_ERROR(CheckLimit(limit));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kLogsAfter));
   Query query(stmt);
   const std::string doing = absl::StrCat("reading logs of job ", job_id);
@@ -506,7 +506,7 @@ absl::StatusOr<std::vector<v1::LogLine>> JobStore::LogsAfter(int64_t job_id, int
 absl::Status JobStore::Audit(const std::string& user, const std::string& action, int64_t job_id,
                              const std::string& detail) {
   const int64_t unix_ms = NowUnixMs();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kAudit));
   Query query(stmt);
   int rc = query.Bind(unix_ms, user, action, job_id, detail);
@@ -516,7 +516,7 @@ absl::Status JobStore::Audit(const std::string& user, const std::string& action,
 
 absl::StatusOr<std::vector<AuditEntry>> JobStore::AuditLog(int limit) {
   RETURN_IF_ERROR(CheckLimit(limit));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kAuditLog));
   Query query(stmt);
   RETURN_IF_ERROR(Error(query.Bind(limit), "reading the audit log"));
@@ -537,7 +537,7 @@ absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
       counts[static_cast<v1::JobState>(state)] = 0;
     }
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kCountByState));
   Query query(stmt);
   while (true) {

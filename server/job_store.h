@@ -10,7 +10,7 @@
 // The schema is versioned with PRAGMA user_version: a new file gets the current schema;
 // a file written by a newer megatraind is refused rather than half understood.
 //
-// Thread-safe: one connection, one absl::Mutex; every call holds it for its duration.
+// Thread-safe: one connection, one mutex; every call holds it for its duration.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "server/mutex.h"
 #include "megatrain/v1/jobs.pb.h"
 
 struct sqlite3;
@@ -137,7 +137,7 @@ class JobStore {
   absl::Status Error(int rc, absl::string_view doing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
-  absl::Mutex mu_;
+  Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::unordered_map<std::string, sqlite3_stmt*> statements_ ABSL_GUARDED_BY(mu_);
 };

@@ -73,7 +73,7 @@ const char* TypeName(MetricsRegistry::Type t) {
 
 void MetricsRegistry::Declare(const std::string& name, Type type, const std::string& help,
                               std::vector<double> buckets) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   MT_CHECK_MSG(families_.count(name) == 0, "metric %s declared twice", name.c_str());
   MT_CHECK_MSG(type != Type::kCounter || absl::EndsWith(name, "_total"),
                "counter %s must end in _total", name.c_str());
@@ -88,19 +88,19 @@ MetricsRegistry::Family* MetricsRegistry::Find(const std::string& name, Type typ
 }
 
 void MetricsRegistry::Set(const std::string& name, const MetricLabels& labels, double value) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Find(name, Type::kGauge)->series[labels].value = value;
 }
 
 void MetricsRegistry::Add(const std::string& name, const MetricLabels& labels, double delta) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   MT_CHECK_MSG(delta >= 0, "counter %s decreased", name.c_str());
   Find(name, Type::kCounter)->series[labels].value += delta;
 }
 
 void MetricsRegistry::Observe(const std::string& name, const MetricLabels& labels,
                               double value) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Family* f = Find(name, Type::kHistogram);
   Series& s = f->series[labels];
   s.bucket_counts.resize(f->buckets.size());
@@ -115,13 +115,13 @@ void MetricsRegistry::Observe(const std::string& name, const MetricLabels& label
 }
 
 void MetricsRegistry::Clear(const std::string& name) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = families_.find(name);
   if (it != families_.end()) it->second.series.clear();
 }
 
 void MetricsRegistry::RemoveSeries(const std::string& label, const std::string& value) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (auto& [name, family] : families_) {
     for (auto it = family.series.begin(); it != family.series.end();) {
       const auto l = it->first.find(label);
@@ -135,18 +135,18 @@ void MetricsRegistry::RemoveSeries(const std::string& label, const std::string& 
 }
 
 void MetricsRegistry::AddCollector(std::function<void(MetricsRegistry&)> collector) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   collectors_.push_back(std::move(collector));
 }
 
 std::string MetricsRegistry::Serialize() {
   std::vector<std::function<void(MetricsRegistry&)>> collectors;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     collectors = collectors_;
   }
   for (auto& c : collectors) c(*this);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::string out;
   for (const auto& [name, f] : families_) {
     if (f.series.empty()) continue;

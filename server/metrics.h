@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "server/mutex.h"
 
 namespace megatrain::server {
 
@@ -59,7 +59,7 @@ class MetricsRegistry {
   };
   Family* Find(const std::string& name, Type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::Mutex mu_;
+  Mutex mu_;
   std::map<std::string, Family> families_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(MetricsRegistry&)>> collectors_ ABSL_GUARDED_BY(mu_);
 };

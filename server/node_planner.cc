@@ -20,7 +20,7 @@ absl::StatusOr<std::unique_ptr<NodePlanner>> NodePlanner::Create(const std::stri
 
 absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
   ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
-  absl::MutexLock lock(&mu_);
+  server::MutexLock lock(&mu_);
   // The device as a job finds it: all of it but the library workspaces (Trainer::Init),
   // or the job's cap.
   int64_t device = backend_->device_memory_budget();

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "server/mutex.h"
 #include "engine/engine.h"
 #include "megatrain/v1/jobs.pb.h"
 
@@ -31,7 +31,7 @@ class NodePlanner {
  private:
   NodePlanner() = default;
 
-  absl::Mutex mu_;
+  server::Mutex mu_;
   std::unique_ptr<Backend> backend_;  // sizes plans; never runs a job
   MachineProfile profile_;
   std::string note_;
