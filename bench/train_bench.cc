@@ -112,8 +112,7 @@ int main(int argc, char** argv) {
   request.checkpoints = checkpoints;
   request.kept_layers = kept;
   request.weight_slots = slots;
-  const int64_t budget = (*be)->device_memory_budget();
-  request.device_budget_bytes = budget - std::min<int64_t>(budget / 16, 1ll << 30);
+  request.device_budget_bytes = PlannableDeviceBytes((*be)->device_memory_budget());
   request.host_budget_bytes = profile->host_memory_bytes * 9 / 10;
   absl::StatusOr<Plan> plan = MakePlan(request, *profile, be->get());
   if (!plan.ok()) {

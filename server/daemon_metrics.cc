@@ -81,6 +81,8 @@ DaemonMetrics::DaemonMetrics(MetricsRegistry* registry, JobStore* store,
   r.Declare("megatrain_checkpoint_duration_seconds", T::kHistogram, "Time to write a checkpoint.",
             ExponentialBuckets(0.01, 2.5, 12));
   r.Declare("megatrain_checkpoint_bytes_total", T::kCounter, "Bytes written in checkpoints.");
+  r.Declare("megatrain_checkpoint_wait_seconds_total", T::kCounter,
+            "Training time spent waiting for checkpoints being written in the background.");
   AddProcessCollector(registry_);
   registry_->AddCollector([this](MetricsRegistry& reg) { CollectJobs(reg); });
 }
@@ -153,6 +155,7 @@ void DaemonMetrics::StepDone(const v1::Job& job, const StepReport& report) {
   MetricLabels ol = l;
   ol["stream"] = "optimizer";
   r.Add("megatrain_stream_busy_seconds_total", ol, report.optimizer_busy_seconds);
+  r.Add("megatrain_checkpoint_wait_seconds_total", l, report.checkpoint_wait_seconds);
   const struct {
     const char* direction;
     int64_t bytes;

@@ -266,8 +266,8 @@ void JobRunner::Run(v1::Job job) {
       Log(job.id(), absl::StrCat("checkpoint ", path));
     }
     if (r->checkpoint_wait_seconds > 0.05) {
-      Log(job.id(), absl::StrFormat("step %d: optimizer updates waited %.2f s for the checkpoint "
-                                    "being written (the disk is slower than a step)",
+      Log(job.id(), absl::StrFormat("step %d waited %.2f s for checkpoints being written "
+                                    "(the disk takes them slower than the steps come)",
                                     r->step, r->checkpoint_wait_seconds));
     }
     if (options_.metrics != nullptr) {

@@ -23,11 +23,9 @@ absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
   server::MutexLock lock(&mu_);
   // The device as a job finds it: all of it but the library workspaces (Trainer::Init),
   // or the job's cap.
-  int64_t device = backend_->device_memory_budget();
-  device -= std::min<int64_t>(device / 16, 1ll << 30);
+  int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
   if (spec.device_memory_cap_bytes > 0) {
-    const int64_t cap = spec.device_memory_cap_bytes;
-    device = std::min(device, cap - std::min<int64_t>(cap / 16, 1ll << 30));
+    device = std::min(device, PlannableDeviceBytes(spec.device_memory_cap_bytes));
   }
   const PlanRequest request = JobPlanRequest(spec, config, device, host_budget_bytes_);
   ASSIGN_OR_RETURN(Plan plan, MakePlan(request, profile_, backend_.get()));

@@ -177,10 +177,7 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     ASSIGN_OR_RETURN(profile, LoadOrMeasureProfile(backend_.get(), DefaultProfilePath()));
   }
   {
-    // The device: what the backend may allocate, less room for the library workspaces
-    // (cuBLAS, the CUDA context's own) that do not go through it.
-    const int64_t budget = backend_->device_memory_budget();
-    const int64_t device = std::max<int64_t>(0, budget - std::min<int64_t>(budget / 16, 1ll << 30));
+    const int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
     const int64_t host = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
     const PlanRequest request = JobPlanRequest(spec, config_, device, host);
     ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
@@ -257,13 +254,18 @@ void AppendError(std::string* errors, const std::string& error) {
 absl::StatusOr<StepReport> Trainer::Step() {
   if (done()) return absl::FailedPreconditionError("the job has already run all its steps");
   StepReport report;
+  double previous_checkpoint_wait = 0;
   const int64_t step = state_.step + 1;
   const bool periodic = !spec_.checkpoint_dir.empty() && spec_.checkpoint_every_steps > 0 &&
                         step % spec_.checkpoint_every_steps == 0;
   const bool asked = std::exchange(checkpoint_next_step_, false) && !spec_.checkpoint_dir.empty();
   if ((asked || (periodic && spec_.checkpoint_background)) && step < spec_.steps) {
-    // Begun before the step, so its backward hands the top layers to the writers.
-    CollectBackground(/*wait=*/true, &report);  // one at a time
+    // Begun before the step, so its backward hands the top layers to the writers. One at
+    // a time: waiting here for the last one's fsync counts as waiting for a checkpoint.
+    const auto t0 = std::chrono::steady_clock::now();
+    CollectBackground(/*wait=*/true, &report);
+    previous_checkpoint_wait =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     absl::Status started = StartBackground(step);
     if (!started.ok()) AppendError(&report.checkpoint_error, CheckpointFailure(step, started));
   }
@@ -272,8 +274,8 @@ absl::StatusOr<StepReport> Trainer::Step() {
   optimizer_->BeginStep(lr, step);
   absl::StatusOr<StepResult> result = pipeline_->Step(batches_, optimizer_.get());
   if (!result.ok()) {
-    background_.reset();  // its step never finished
-    return result.status();
+    if (background_ != nullptr && background_->step() == step) background_.reset();  // never
+    return result.status();                                                         // finished
   }
   const StepResult& r = *result;
   state_.step = step;
@@ -303,7 +305,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.h2d_bytes = r.h2d_bytes;
   report.d2h_bytes = r.d2h_bytes;
   const double capture_wait = optimizer_->capture_wait_seconds();
-  report.checkpoint_wait_seconds = capture_wait - capture_wait_seen_;
+  report.checkpoint_wait_seconds = capture_wait - capture_wait_seen_ + previous_checkpoint_wait;
   capture_wait_seen_ = capture_wait;
 
   CollectBackground(/*wait=*/false, &report);

@@ -49,8 +49,9 @@ struct StepReport {
   // Paths, oldest first (a background one may finish in the step that writes the next).
   bool saved_checkpoint = false;
   std::vector<std::string> checkpoint_paths;
-  // Seconds this step's optimizer updates waited for a checkpoint being written to take
-  // their unit first (background checkpoints; ideally 0).
+  // Seconds this step waited for checkpoints being written in the background: its
+  // optimizer updates for a unit not yet written, and the step for the previous
+  // checkpoint's fsync when the next one is due (ideally 0).
   double checkpoint_wait_seconds = 0;
   // A periodic checkpoint that could not be written (a full disk, say): training goes
   // on, the earlier checkpoints stand, and the next interval tries again. The final

@@ -11,6 +11,11 @@
 #include "engine/store/grad_slab_pool.h"
 
 namespace megatrain {
+
+int64_t PlannableDeviceBytes(int64_t budget) {
+  return std::max<int64_t>(0, budget - std::min<int64_t>(budget / 16, int64_t{1} << 30));
+}
+
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;

@@ -32,6 +32,11 @@
 
 namespace megatrain {
 
+// What a job may plan for out of the device memory a backend may allocate (`budget`,
+// a cap included): less room for the library workspaces (cuBLAS, the CUDA context's own)
+// that do not go through the backend.
+int64_t PlannableDeviceBytes(int64_t budget);
+
 struct PlanRequest {
   ModelConfig config;
   int64_t seq_len = 0;

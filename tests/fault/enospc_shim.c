@@ -5,7 +5,8 @@
 //   LD_PRELOAD=libmt_fault_enospc.so MEGATRAIN_FAULT_PATH=/checkpoints/.checkpoint-
 //   MEGATRAIN_FAULT_ARM=/tmp/arm megatraind ...
 //
-// Only calls made through the dynamic symbols (our PosixFile's open/write) are seen.
+// Only calls made through the dynamic symbols (our PosixFile's open/write/pwrite and
+// fallocate) are seen.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -35,69 +36,97 @@ static void Track(int fd, const char* path) {
   if (fd >= 0 && fd < kMaxFd) g_tracked[fd] = (unsigned char)Matches(path);
 }
 
-int open(const char* path, int flags, ...) {
-  static int (*real)(const char*, int, ...) = NULL;
-  if (real == NULL) real = (int (*)(const char*, int, ...))dlsym(RTLD_NEXT, "open");
-  mode_t mode = 0;
-  if (flags & (O_CREAT | O_TMPFILE)) {
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
-  }
+typedef int (*OpenFn)(const char*, int, ...);
+typedef ssize_t (*PwriteFn)(int, const void*, size_t, off_t);
+typedef int (*FallocateFn)(int, int, off_t, off_t);
+
+// The real function `name`, looked up once into *slot.
+static void* Real(void** slot, const char* name) {
+  if (*slot == NULL) *slot = dlsym(RTLD_NEXT, name);
+  return *slot;
+}
+
+static int OpenAndTrack(OpenFn real, const char* path, int flags, mode_t mode) {
   const int fd = real(path, flags, mode);
   Track(fd, path);
   return fd;
+}
+
+// The mode argument open() has only with O_CREAT or O_TMPFILE.
+#define MODE_OF(flags, mode)                 \
+  do {                                       \
+    if ((flags) & (O_CREAT | O_TMPFILE)) {   \
+      va_list ap;                            \
+      va_start(ap, flags);                   \
+      mode = va_arg(ap, mode_t);             \
+      va_end(ap);                            \
+    }                                        \
+  } while (0)
+
+int open(const char* path, int flags, ...) {
+  static void* real;
+  mode_t mode = 0;
+  MODE_OF(flags, mode);
+  return OpenAndTrack((OpenFn)Real(&real, "open"), path, flags, mode);
 }
 
 int open64(const char* path, int flags, ...) {
-  static int (*real)(const char*, int, ...) = NULL;
-  if (real == NULL) real = (int (*)(const char*, int, ...))dlsym(RTLD_NEXT, "open64");
+  static void* real;
   mode_t mode = 0;
-  if (flags & (O_CREAT | O_TMPFILE)) {
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
-  }
-  const int fd = real(path, flags, mode);
-  Track(fd, path);
-  return fd;
+  MODE_OF(flags, mode);
+  return OpenAndTrack((OpenFn)Real(&real, "open64"), path, flags, mode);
 }
 
 ssize_t write(int fd, const void* buf, size_t n) {
-  static ssize_t (*real)(int, const void*, size_t) = NULL;
-  if (real == NULL) real = (ssize_t (*)(int, const void*, size_t))dlsym(RTLD_NEXT, "write");
+  static void* real;
   if (Armed(fd)) {
     errno = ENOSPC;
     return -1;
   }
-  return real(fd, buf, n);
+  return ((ssize_t (*)(int, const void*, size_t))Real(&real, "write"))(fd, buf, n);
+}
+
+static ssize_t Pwrite(void** real, const char* name, int fd, const void* buf, size_t n,
+                      off_t offset) {
+  if (Armed(fd)) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return ((PwriteFn)Real(real, name))(fd, buf, n, offset);
 }
 
 ssize_t pwrite(int fd, const void* buf, size_t n, off_t offset) {
-  static ssize_t (*real)(int, const void*, size_t, off_t) = NULL;
-  if (real == NULL) real = (ssize_t (*)(int, const void*, size_t, off_t))dlsym(RTLD_NEXT, "pwrite");
-  if (Armed(fd)) {
-    errno = ENOSPC;
-    return -1;
-  }
-  return real(fd, buf, n, offset);
+  static void* real;
+  return Pwrite(&real, "pwrite", fd, buf, n, offset);
 }
 
 ssize_t pwrite64(int fd, const void* buf, size_t n, off_t offset) {
-  static ssize_t (*real)(int, const void*, size_t, off_t) = NULL;
-  if (real == NULL) real = (ssize_t (*)(int, const void*, size_t, off_t))dlsym(RTLD_NEXT, "pwrite64");
+  static void* real;
+  return Pwrite(&real, "pwrite64", fd, buf, n, offset);
+}
+
+// A full disk refuses to reserve space too (checkpoints reserve their files up front).
+static int Fallocate(void** real, const char* name, int fd, int mode, off_t offset,
+                     off_t len) {
   if (Armed(fd)) {
     errno = ENOSPC;
     return -1;
   }
-  return real(fd, buf, n, offset);
+  return ((FallocateFn)Real(real, name))(fd, mode, offset, len);
+}
+
+int fallocate(int fd, int mode, off_t offset, off_t len) {
+  static void* real;
+  return Fallocate(&real, "fallocate", fd, mode, offset, len);
+}
+
+int fallocate64(int fd, int mode, off_t offset, off_t len) {
+  static void* real;
+  return Fallocate(&real, "fallocate64", fd, mode, offset, len);
 }
 
 int close(int fd) {
-  static int (*real)(int) = NULL;
-  if (real == NULL) real = (int (*)(int))dlsym(RTLD_NEXT, "close");
+  static void* real;
   if (fd >= 0 && fd < kMaxFd) g_tracked[fd] = 0;
-  return real(fd);
+  return ((int (*)(int))Real(&real, "close"))(fd);
 }

@@ -43,6 +43,7 @@ TEST(DaemonMetrics, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
   r.d2h_bytes = 6000;
   r.stream_busy_seconds = {1.5, 0.5, 0.25};
   r.optimizer_busy_seconds = 1;
+  r.checkpoint_wait_seconds = 0.75;
   metrics.StepDone(job, r);
   metrics.CheckpointWritten(job, 0.5, 123);
   const std::string id = std::to_string(job.id());
@@ -57,6 +58,7 @@ TEST(DaemonMetrics, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
         "megatrain_stream_busy_seconds_total{" + l + ",stream=\"optimizer\",user=\"ada\"} 1",
         "megatrain_host_store_bytes{" + l + ",kind=\"pinned\",user=\"ada\"} 1000",
         "megatrain_checkpoint_bytes_total{" + l + ",user=\"ada\"} 123",
+        "megatrain_checkpoint_wait_seconds_total{" + l + ",user=\"ada\"} 0.75",
         "megatrain_jobs{state=\"running\"} 1", "megatrain_user_jobs{state=\"running\",user=\"ada\"} 1",
         "megatrain_peak_tflops{gpu=\"0\"} 100"}) {
     EXPECT_NE(text.find(want + "\n"), std::string::npos) << want << "\n" << text;
