@@ -224,6 +224,16 @@ void JobRunner::Run(v1::Job job) {
   };
   double seconds_sum = 0;
   int64_t timed_steps = 0;
+  // A `megatrain checkpoint` being answered: the step whose checkpoint is being written
+  // while training goes on (-1: none). Requests that come meanwhile get the same one.
+  int64_t answering_step = -1;
+  auto answer = [&](absl::StatusOr<v1::CheckpointJobResponse> response) {
+    MutexLock lock(&mu_);
+    last_checkpoint_ = std::move(response);
+    checkpoint_requests_ = 0;
+    ++checkpoints_done_;
+    answering_step = -1;
+  };
   while (!t.done()) {
     Request request;
     int64_t checkpoint_requests;
@@ -234,19 +244,11 @@ void JobRunner::Run(v1::Job job) {
       checkpoint_requests = checkpoint_requests_;
       stop = stop_;
     }
-    if (checkpoint_requests > 0) {
-      absl::StatusOr<std::string> path = save();
-      MutexLock lock(&mu_);
-      if (path.ok()) {
-        v1::CheckpointJobResponse r;
-        r.set_path(*path);
-        r.set_step(t.step());
-        last_checkpoint_ = r;
-      } else {
-        last_checkpoint_ = path.status();
-      }
-      checkpoint_requests_ = 0;
-      ++checkpoints_done_;
+    if (checkpoint_requests > 0 && answering_step < 0) {
+      // Of the next step, written while training goes on (Trainer::CheckpointNextStep);
+      // answered when a step reports it committed (or the final checkpoint is it).
+      answering_step = t.step() + 1;
+      t.CheckpointNextStep();
     }
     if (request == Request::kCancel) return finish(v1::JOB_STATE_CANCELLED, "cancelled");
     if (request == Request::kHold || stop) {
@@ -264,6 +266,16 @@ void JobRunner::Run(v1::Job job) {
     for (const std::string& path : r->checkpoint_paths) {
       job.set_last_checkpoint(path);
       Log(job.id(), absl::StrCat("checkpoint ", path));
+      if (answering_step >= 0 &&
+          std::filesystem::path(path).filename() == absl::StrCat("checkpoint-", answering_step)) {
+        v1::CheckpointJobResponse response;
+        response.set_path(path);
+        response.set_step(answering_step);
+        answer(response);
+      }
+    }
+    for (int64_t failed : r->failed_checkpoint_steps) {
+      if (failed == answering_step) answer(absl::InternalError(r->checkpoint_error));
     }
     if (r->checkpoint_wait_seconds > 0.05) {
       Log(job.id(), absl::StrFormat("step %d waited %.2f s for checkpoints being written "

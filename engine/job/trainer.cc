@@ -267,7 +267,10 @@ absl::StatusOr<StepReport> Trainer::Step() {
     previous_checkpoint_wait =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     absl::Status started = StartBackground(step);
-    if (!started.ok()) AppendError(&report.checkpoint_error, CheckpointFailure(step, started));
+    if (!started.ok()) {
+      AppendError(&report.checkpoint_error, CheckpointFailure(step, started));
+      report.failed_checkpoint_steps.push_back(step);
+    }
   }
   for (MicroBatch& b : batches_) packer_->Next(plan_.micro_batch_rows, &b);
   const double lr = LearningRate(spec_.schedule, state_.step);
@@ -321,6 +324,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
       report.checkpoint_paths.push_back(*saved);
     } else {
       AppendError(&report.checkpoint_error, CheckpointFailure(state_.step, saved.status()));
+      report.failed_checkpoint_steps.push_back(state_.step);
     }
   }
   return report;
@@ -378,6 +382,7 @@ void Trainer::CollectBackground(bool wait, StepReport* report) {
     report->checkpoint_paths.push_back(*saved);
   } else {
     AppendError(&report->checkpoint_error, CheckpointFailure(background_->step(), saved.status()));
+    report->failed_checkpoint_steps.push_back(background_->step());
   }
   background_.reset();
 }

@@ -57,6 +57,7 @@ struct StepReport {
   // on, the earlier checkpoints stand, and the next interval tries again. The final
   // checkpoint failing fails Step() instead.
   std::string checkpoint_error;
+  std::vector<int64_t> failed_checkpoint_steps;  // the steps whose checkpoint failed
 };
 
 // The tokenizer data.tokenizer names; *dir is the folder whose tokenizer files
