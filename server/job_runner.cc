@@ -200,6 +200,10 @@ void JobRunner::Run(v1::Job job) {
   };
   if (t.resumed_from_step() > 0) {
     job.set_resumed_from_step(t.resumed_from_step());
+    // A job killed after its final checkpoint but before its end was recorded resumes
+    // done: its progress is that checkpoint's step, not the last one recorded.
+    job.mutable_progress()->set_step(t.step());
+    job.mutable_progress()->set_total_steps(spec->steps);
     Log(job.id(), absl::StrCat("resumed from the checkpoint of step ", t.resumed_from_step()));
   }
   Log(job.id(), t.dataset_stats().Summary());
