@@ -258,6 +258,12 @@ void JobRunner::Run(v1::Job job) {
     if (request == Request::kHold || stop) {
       absl::StatusOr<std::string> path = save();
       if (!path.ok()) Log(job.id(), absl::StrCat("checkpoint failed: ", path.status().ToString()));
+      if (path.ok() && answering_step == t.step()) {  // the one `megatrain checkpoint` awaits
+        v1::CheckpointJobResponse response;
+        response.set_path(*path);
+        response.set_step(answering_step);
+        answer(response);
+      }
       return finish(stop ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_HELD,
                     stop ? "daemon stopping: checkpointed, will resume" : "held: checkpointed");
     }

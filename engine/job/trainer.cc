@@ -178,7 +178,7 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   }
   {
     const int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
-    const int64_t host = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    const int64_t host = profile.host_memory_bytes;
     const PlanRequest request = JobPlanRequest(spec, config_, device, host);
     ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
     plan_text_ = DescribePlan(plan_, request, profile);
