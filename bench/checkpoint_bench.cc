@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
   int64_t seq = 4096, tokens = 65536, before = 4, after = 3;
   double max_grad_norm = 0.0;
   bool verify = true;
+  std::vector<int> compare_threads;
   CLI::App app{"checkpoint_bench: a checkpoint written while training runs"};
   app.add_option("--dir", dir, "scratch folder (data, spec, checkpoints)")->required();
   app.add_option("--shape", shape, "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b");
@@ -82,6 +83,8 @@ int main(int argc, char** argv) {
   app.add_option("--after", after, "steps after the checkpoint is committed");
   app.add_option("--max-grad-norm", max_grad_norm, "global-norm clipping (0 = off)");
   app.add_option("--verify", verify, "also take the stopped checkpoint and compare (1/0)");
+  app.add_option("--compare-threads", compare_threads,
+                 "after the second checkpoint, one more with each of these writer-thread counts");
   CLI11_PARSE(app, argc, argv);
   ModelConfig config;
   if (!NamedShape(shape, &config)) {
@@ -164,7 +167,10 @@ int main(int argc, char** argv) {
   out["step_seconds_before"] = base;
   out["mean_step_seconds_before"] = Mean(base);
   std::vector<double> outside = base;  // steps with no checkpoint being written
-  for (const char* which : {"first", "second"}) {
+  std::vector<std::string> runs = {"first", "second"};
+  for (int n : compare_threads) runs.push_back("threads_" + std::to_string(n));
+  for (const std::string& which : runs) {
+    if (which.rfind("threads_", 0) == 0) t.set_checkpoint_writer_threads(std::stoi(which.substr(8)));
     std::vector<double> during, waits;
     const std::string live = run_background(&during, &waits, false);
     std::vector<double> later;
@@ -192,7 +198,7 @@ int main(int argc, char** argv) {
   // since a step's time drifts over a run).
   const double reference = Mean(outside);
   out["reference_step_seconds"] = reference;
-  for (const char* which : {"first", "second"}) {
+  for (const std::string& which : runs) {
     nlohmann::json& run = out[which];
     const std::vector<double> during = run["step_seconds_during"].get<std::vector<double>>();
     const double mean = Mean(during);
@@ -204,6 +210,7 @@ int main(int argc, char** argv) {
 
   // Equality: a background checkpoint of step S against one taken with training stopped
   // after S (while the background one is still being written), byte for byte.
+  t.set_checkpoint_writer_threads(0);
   if (verify) {
     std::vector<double> seconds, waits2;
     run_background(&seconds, &waits2, /*stop_after_first=*/true);

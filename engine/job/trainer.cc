@@ -361,8 +361,9 @@ absl::Status Trainer::StartBackground(int64_t step) {
   // Half the cores: the bytes go to the page cache at memory speed, and each unit must
   // be written within about one step (before its next update); the optimizer's OpenMP
   // team, which runs only part of the step, keeps the other half.
-  const int threads = static_cast<int>(
-      std::clamp<long>(sysconf(_SC_NPROCESSORS_ONLN) / 2, 1, 8));
+  const int threads = checkpoint_writer_threads_ > 0
+                          ? checkpoint_writer_threads_
+                          : static_cast<int>(std::clamp<long>(sysconf(_SC_NPROCESSORS_ONLN) / 2, 1, 8));
   background_ = BackgroundCheckpoint::Start(
       std::move(writer), optimizer_.get(), store_.get(), threads,
       [dir = spec_.checkpoint_dir, keep = spec_.keep_last] { return PruneCheckpoints(dir, keep); });

@@ -102,6 +102,9 @@ class Trainer {
   // The next Step() writes a checkpoint of its state in the background, begun before it
   // runs (as periodic ones are).
   void CheckpointNextStep() { checkpoint_next_step_ = true; }
+  // Writer threads of background checkpoints (0: half the cores, at most 8). For
+  // benchmarks comparing counts.
+  void set_checkpoint_writer_threads(int n) { checkpoint_writer_threads_ = n; }
   // Writes a checkpoint of the state after the last completed step under `root`, with
   // training stopped, leaving a background checkpoint being written alone (benchmarks
   // and tests compare the two).
@@ -168,6 +171,7 @@ class Trainer {
   int64_t resumed_from_ = 0;
   int64_t last_saved_step_ = -1;
   bool checkpoint_next_step_ = false;
+  int checkpoint_writer_threads_ = 0;
   std::vector<void*> pinned_;  // host ranges page-locked for this job
   std::string tokenizer_dir_;  // tokenizer files to copy into checkpoints
   // Last: it reads the store and holds the optimizer, so it goes first.
