@@ -102,7 +102,7 @@ class Trainer {
   // The next Step() writes a checkpoint of its state in the background, begun before it
   // runs (as periodic ones are).
   void CheckpointNextStep() { checkpoint_next_step_ = true; }
-  // Writer threads of background checkpoints (0: half the cores, at most 8). For
+  // Writer threads of background checkpoints (0: every core, at most 16). For
   // benchmarks comparing counts.
   void set_checkpoint_writer_threads(int n) { checkpoint_writer_threads_ = n; }
   // Writes a checkpoint of the state after the last completed step under `root`, with
