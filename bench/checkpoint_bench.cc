@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
     if (!r->checkpoint_error.empty()) std::fprintf(stderr, "%s\n", r->checkpoint_error.c_str());
     std::fprintf(stderr, "step %lld: %.3f s, waited %.3f s%s\n",
                  static_cast<long long>(r->step), r->seconds, r->checkpoint_wait_seconds,
-                 r->saved_checkpoint ? ", checkpoint committed" : "");
+                 r->checkpoint_paths.empty() ? "" : ", checkpoint committed");
     return *r;
   };
 

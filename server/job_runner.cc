@@ -294,7 +294,7 @@ void JobRunner::Run(v1::Job job) {
     }
     if (options_.metrics != nullptr) {
       options_.metrics->StepDone(job, *r);
-      if (r->saved_checkpoint) {
+      if (!r->checkpoint_paths.empty()) {
         options_.metrics->CheckpointWritten(job, t.last_checkpoint_seconds(),
                                             t.last_checkpoint_bytes());
       }

@@ -158,13 +158,8 @@ CheckpointWriter::~CheckpointWriter() {
 }
 
 absl::Status CheckpointWriter::WriteUnit(const HostStore& store, int64_t unit) {
-  const UnitLayout& layout = store.layout().units[unit];
-  for (const std::unique_ptr<Part>& part : parts_) {
-    const char* base = static_cast<const char*>(part->info->base(store, unit));
-    const size_t element = DTypeSize(part->info->dtype);
-    std::vector<const void*> data;
-    for (const TensorSlot& t : layout.tensors) data.push_back(base + t.offset * element);
-    RETURN_IF_ERROR(part->writer->Write(static_cast<size_t>(first_tensor_[unit]), data));
+  for (int64_t piece = 0; piece < NumPieces(unit); ++piece) {
+    RETURN_IF_ERROR(WritePiece(store, unit, piece));
   }
   return absl::OkStatus();
 }

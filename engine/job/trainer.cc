@@ -320,7 +320,6 @@ absl::StatusOr<StepReport> Trainer::Step() {
       return Annotate(saved.status(), absl::StrCat("the final checkpoint (step ", state_.step, ")"));
     }
     if (saved.ok()) {
-      report.saved_checkpoint = true;
       report.checkpoint_paths.push_back(*saved);
     } else {
       AppendError(&report.checkpoint_error, CheckpointFailure(state_.step, saved.status()));
@@ -380,7 +379,6 @@ void Trainer::CollectBackground(bool wait, StepReport* report) {
     last_checkpoint_capture_seconds_ = background_->capture_seconds();
     last_checkpoint_unit_times_ = background_->unit_times();
     last_checkpoint_bytes_ = static_cast<int64_t>(background_->bytes());
-    report->saved_checkpoint = true;
     report->checkpoint_paths.push_back(*saved);
   } else {
     AppendError(&report->checkpoint_error, CheckpointFailure(background_->step(), saved.status()));

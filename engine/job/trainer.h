@@ -43,11 +43,10 @@ struct StepReport {
   double optimizer_busy_seconds = 0;
   int64_t h2d_bytes = 0;     // PCIe traffic of the step
   int64_t d2h_bytes = 0;
-  // A checkpoint was completed during Step() (Trainer::last_checkpoint_*()): the one of
-  // this step (checkpoint.background: false, or the final one) or one that was being
-  // written while training went on, of an earlier step.
-  // Paths, oldest first (a background one may finish in the step that writes the next).
-  bool saved_checkpoint = false;
+  // The checkpoints completed during Step(), oldest first (Trainer::last_checkpoint_*()
+  // describe the newest): the one of this step (checkpoint.background: false, or the
+  // final one), or ones written while training went on, of earlier steps (a background
+  // one may finish in the step that writes the next).
   std::vector<std::string> checkpoint_paths;
   // Seconds this step waited for checkpoints being written in the background: its
   // optimizer updates for a unit not yet written, and the step for the previous

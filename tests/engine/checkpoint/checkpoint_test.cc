@@ -358,12 +358,13 @@ TEST(CheckpointWriterTest, PiecesInAnyOrderFromThreadsEqualASequentialSave) {
   const ModelConfig config = TinyConfig(/*tied=*/false, /*scale=*/2);
   std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
   ASSERT_NE(store, nullptr);
-  CheckpointOptions options;
-  options.max_shard_bytes = 64 << 10;  // pieces straddle shards and tensors
-  options.piece_bytes = 3001;
+  CheckpointOptions whole;  // default pieces: each part of a unit in one
+  whole.max_shard_bytes = 64 << 10;
+  CheckpointOptions options = whole;
+  options.piece_bytes = 3001;  // pieces straddle shards and tensors
   TrainerState state = SampleState();
   absl::StatusOr<std::string> sequential =
-      SaveCheckpoint(root.path() + "/a", config, *store, state, options);
+      SaveCheckpoint(root.path() + "/a", config, *store, state, whole);
   ASSERT_TRUE(sequential.ok()) << sequential.status();
 
   absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
