@@ -44,4 +44,22 @@ int Release(const Context& ctx, int64_t job_id);
 
 int Node(const Context& ctx);
 
+// Access (access_commands.cc): who the daemon takes you for, tokens for TCP, the audit
+// log (admins) and fair-share usage.
+int WhoAmI(const Context& ctx);
+struct TokenArgs {
+  std::string action;  // create | list | revoke
+  std::string user;    // create/list: another user's (admins); list: "*" for all
+  std::string name;    // create: a label
+  int64_t id = 0;      // revoke
+};
+int Token(const Context& ctx, const TokenArgs& args);
+struct AuditArgs {
+  int32_t limit = 50;
+  std::string user;
+  int64_t job_id = 0;
+};
+int Audit(const Context& ctx, const AuditArgs& args);
+int Usage(const Context& ctx);
+
 }  // namespace megatrain::client

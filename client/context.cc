@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -53,20 +55,34 @@ int ReportUnreachable(const Context& ctx, const std::string& detail) {
                "MEGATRAIN_ADDR)\n",
                ctx.address.c_str());
   if (!detail.empty()) std::fprintf(stderr, "  (%s)\n", detail.c_str());
+  if (detail.find("certificate verify failed") != std::string::npos) {
+    std::fprintf(stderr, "  the daemon's TLS certificate is not signed by a CA this CLI trusts: "
+                         "pass its CA with --tls-ca or MEGATRAIN_TLS_CA\n");
+  }
   return kExitUnreachable;
 }
 
 }  // namespace
 
 Context MakeContext(const std::string& address, Output output, std::string user, double timeout_s,
-                    bool timeout_given) {
+                    bool timeout_given, const Security& security) {
   Context ctx;
   ctx.address = address;
   grpc::ChannelArguments args;
   args.SetUserAgentPrefix("megatrain-cli/" MEGATRAIN_VERSION);
-  ctx.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (address.rfind("unix:", 0) == 0) {
+    credentials = grpc::InsecureChannelCredentials();
+  } else {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = security.ca_pem;
+    credentials = grpc::SslCredentials(tls);
+    ctx.token = security.token;
+  }
+  ctx.channel = grpc::CreateCustomChannel(address, credentials, args);
   ctx.jobs = v1::JobService::NewStub(ctx.channel);
   ctx.node = v1::NodeService::NewStub(ctx.channel);
+  ctx.access = v1::AccessService::NewStub(ctx.channel);
   ctx.output = output;
   ctx.user = std::move(user);
   ctx.timeout_s = timeout_s;
@@ -81,9 +97,29 @@ std::string CurrentUser() {
   return std::to_string(uid);
 }
 
+absl::StatusOr<std::string> ResolveToken(const std::string& file) {
+  auto first_line = [](std::istream& in) {
+    std::string line;
+    std::getline(in, line);
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    return line;
+  };
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read the token file ", file));
+    return first_line(in);
+  }
+  if (const char* env = std::getenv(kTokenEnvVar); env != nullptr && env[0] != '\0') return env;
+  if (const char* home = std::getenv("HOME"); home != nullptr) {
+    std::ifstream in(absl::StrCat(home, "/.config/megatrain/token"));
+    if (in) return first_line(in);
+  }
+  return std::string();
+}
+
 std::unique_ptr<grpc::ClientContext> NewCall(const Context& ctx, CallKind kind) {
   auto call = std::make_unique<grpc::ClientContext>();
-  call->AddMetadata(kUserMetadataKey, ctx.user);
+  if (!ctx.token.empty()) call->AddMetadata("authorization", "Bearer " + ctx.token);
   if (kind == CallKind::kReply || (kind == CallKind::kLong && ctx.timeout_given)) {
     call->set_deadline(DeadlineAfter(ctx.timeout_s));
   }

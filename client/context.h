@@ -12,14 +12,19 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
+
 #include "google/protobuf/message.h"
 #include "megatrain/v1/jobs.grpc.pb.h"
+#include "megatrain/v1/access.grpc.pb.h"
 #include "megatrain/v1/node.grpc.pb.h"
 
 namespace megatrain::client {
 
-// The metadata key that carries the caller's login name on every call.
-inline constexpr char kUserMetadataKey[] = "x-megatrain-user";
+// Environment variables: a token for TCP addresses, and the CA that signed the daemon's
+// TLS certificate (else the system's roots).
+inline constexpr char kTokenEnvVar[] = "MEGATRAIN_TOKEN";
+inline constexpr char kTlsCaEnvVar[] = "MEGATRAIN_TLS_CA";
 
 enum class Output { kTable, kJson };
 
@@ -29,15 +34,28 @@ struct Context {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::JobService::Stub> jobs;
   std::unique_ptr<v1::NodeService::Stub> node;
+  std::unique_ptr<v1::AccessService::Stub> access;
   Output output = Output::kTable;
-  std::string user;            // sent as kUserMetadataKey
+  std::string user;            // this process's login name (for --mine)
+  std::string token;           // sent as "authorization: Bearer" (TCP addresses)
   double timeout_s = 30;       // --timeout
   bool timeout_given = false;  // --timeout was on the command line
 };
 
-// A Context with an (insecure) channel to `address`. Nothing connects until the first call.
+// How to reach a TCP address: TLS always, with a token.
+struct Security {
+  std::string token;   // "" for Unix sockets (the kernel names the caller there)
+  std::string ca_pem;  // the CA that signed the daemon's certificate; "" = system roots
+};
+
+// A Context with a channel to `address`: plain for "unix:" (the daemon reads the peer's
+// uid), TLS for anything else. Nothing connects until the first call.
 Context MakeContext(const std::string& address, Output output, std::string user, double timeout_s,
-                    bool timeout_given);
+                    bool timeout_given, const Security& security = {});
+
+// The token for TCP calls: `file`'s first line if given, else $MEGATRAIN_TOKEN, else
+// ~/.config/megatrain/token if it exists, else "". An unreadable `file` is an error.
+absl::StatusOr<std::string> ResolveToken(const std::string& file);
 
 // The login name of the effective uid (getpwuid), or the uid in digits if it has none.
 std::string CurrentUser();

@@ -4,6 +4,9 @@
 // runs one subcommand (commands.h). CLI11 reports bad usage by throwing; those exceptions
 // are caught here, the only place in the client that sees any, and become exit code 2.
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -28,12 +31,19 @@ struct CommandLine {
   int64_t job_id = 0;
   bool follow = false;
   std::string plan_spec_path;
+  std::string token_file;
+  std::string tls_ca;
+  TokenArgs token;
+  AuditArgs audit;
 };
 
 std::string Footer() {
   return std::string(kExitCodesHelp) +
          "\nThe daemon's address: --addr, else $MEGATRAIN_ADDR, else " + DefaultAddress() +
-         ".\nEvery call names you (" + CurrentUser() + ") to megatraind.\n";
+         ".\nOver a Unix socket megatraind knows you (" + CurrentUser() +
+         ") from the kernel; over host:port it needs TLS and a token (--token-file, else "
+         "$MEGATRAIN_TOKEN, else ~/.config/megatrain/token; create one with `megatrain token "
+         "create` on the machine).\n";
 }
 
 void AddJobId(CLI::App* sub, CommandLine& cl) {
@@ -60,6 +70,10 @@ void DefineCommandLine(CLI::App& app, CommandLine& cl) {
   // Subcommands inherit the footer they are created with; the full one is set last.
   app.footer("Global options (--addr, --output, --timeout): see `megatrain --help`.");
   app.add_option("--addr", cl.addr, "megatraind's address: unix:/path, unix:///path or host:port");
+  app.add_option("--token-file", cl.token_file, "file holding the token for host:port addresses");
+  app.add_option("--tls-ca", cl.tls_ca,
+                 "PEM CA certificate of the daemon's TLS (default $MEGATRAIN_TLS_CA, else the "
+                 "system's roots)");
   app.add_option("--output,-o", cl.output, "table (for people) or json (one object per line)")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
@@ -112,6 +126,24 @@ void DefineCommandLine(CLI::App& app, CommandLine& cl) {
       ->add_option("spec", cl.plan_spec_path, "the job spec (YAML)")
       ->required();
   app.add_subcommand("node", "show the machine: memory, GPUs, NUMA nodes, versions");
+  app.add_subcommand("whoami", "who megatraind takes you for, and whether you are an admin");
+  CLI::App* token = app.add_subcommand("token", "tokens for calls over TCP (TLS)");
+  token->require_subcommand(1);
+  CLI::App* token_create = token->add_subcommand("create", "create a token; prints it once");
+  token_create->add_option("--name", cl.token.name, "a label, e.g. laptop");
+  token_create->add_option("--user", cl.token.user, "for another user (admins)");
+  CLI::App* token_list = token->add_subcommand("list", "your tokens (admins: --user, or --user '*')");
+  token_list->add_option("--user", cl.token.user, "another user's (admins); '*' for all");
+  token->add_subcommand("revoke", "revoke a token by id")
+      ->add_option("id", cl.token.id, "the token's id (see `megatrain token list`)")
+      ->required();
+  CLI::App* audit = app.add_subcommand("audit", "the audit log of mutating calls (admins)");
+  audit->add_option("--limit", cl.audit.limit, "entries, newest first")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  audit->add_option("--user", cl.audit.user, "only this user's calls");
+  audit->add_option("--job", cl.audit.job_id, "only calls about this job");
+  app.add_subcommand("usage", "fair share: each user's recent GPU hours, jobs and limits");
   app.footer(Footer());
 }
 
@@ -128,6 +160,10 @@ int Dispatch(const Context& ctx, const CommandLine& cl) {
   if (c == "release") return Release(ctx, cl.job_id);
   if (c == "node") return Node(ctx);
   if (c == "plan") return Plan(ctx, cl.plan_spec_path);
+  if (c == "whoami") return WhoAmI(ctx);
+  if (c == "token") return Token(ctx, cl.token);
+  if (c == "audit") return Audit(ctx, cl.audit);
+  if (c == "usage") return Usage(ctx);
   std::fprintf(stderr, "error: subcommand '%s' is not implemented (a bug)\n", c.c_str());
   return kExitInternal;
 }
@@ -143,6 +179,9 @@ int Run(int argc, char** argv) {
     }
     app.parse(argc, argv);
     cl.command = app.get_subcommands().front()->get_name();
+    if (cl.command == "token") {
+      cl.token.action = app.get_subcommands().front()->get_subcommands().front()->get_name();
+    }
     cl.timeout_given = app.get_option("--timeout")->count() > 0;
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? kExitOk : kExitUsage;  // --help and --version exit 0
@@ -150,9 +189,33 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "error: the command line is defined wrongly (a bug): %s\n", e.what());
     return kExitInternal;
   }
+  Security security;
+  const std::string address = ResolveAddress(cl.addr);
+  if (address.rfind("unix:", 0) != 0) {
+    absl::StatusOr<std::string> token = ResolveToken(cl.token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(token.status().message()).c_str());
+      return kExitUsage;
+    }
+    security.token = *token;
+    std::string ca = cl.tls_ca;
+    if (ca.empty()) {
+      if (const char* env = std::getenv(kTlsCaEnvVar); env != nullptr) ca = env;
+    }
+    if (!ca.empty()) {
+      std::ifstream in(ca);
+      if (!in) {
+        std::fprintf(stderr, "error: cannot read the TLS CA file %s\n", ca.c_str());
+        return kExitUsage;
+      }
+      std::stringstream pem;
+      pem << in.rdbuf();
+      security.ca_pem = pem.str();
+    }
+  }
   const Context ctx =
-      MakeContext(ResolveAddress(cl.addr), cl.output == "json" ? Output::kJson : Output::kTable,
-                  CurrentUser(), cl.timeout_s, cl.timeout_given);
+      MakeContext(address, cl.output == "json" ? Output::kJson : Output::kTable, CurrentUser(),
+                  cl.timeout_s, cl.timeout_given, security);
   return Dispatch(ctx, cl);
 }
 

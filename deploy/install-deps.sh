@@ -12,6 +12,7 @@ PKGS=(
   libopenblas-dev libhwloc-dev libnuma-dev
   libgtest-dev libgmock-dev libcli11-dev
   libpcre2-dev libutf8proc-dev
+  libssl-dev openssl
   prometheus
 )
 missing=()

@@ -8,13 +8,34 @@
 //   metrics_listen: 127.0.0.1:9470               # Prometheus /metrics; "" turns it off
 //   gpu_peak_tflops: 0                           # MFU's peak; 0 = measure a GEMM at start
 //   dcgm_job_mapping_dir: ""                     # e.g. /var/lib/dcgm-exporter/job-mapping
+//   admin_group: megatrain-admin                 # its members (and root) are admins
+//   file_roots: [/]                              # job files must lie inside these folders
+//   tcp_listen: ""                               # host:port for remote callers (TLS + tokens)
+//   tls_cert: "", tls_key: ""                    # PEM files; required with tcp_listen
+//   fair_share_half_life_hours: 168              # how fast past GPU use is forgotten
+//   preemption: true                             # higher priority checkpoints and requeues lower
+//   limits: {max_running_jobs: 0, max_queued_jobs: 100, max_host_memory_gib: 0, max_priority: 10}
+//   user_limits: {alice: {max_queued_jobs: 200}} # per user, over `limits`
+// Limits of 0 mean none; admins are not limited.
 #pragma once
 
+#include <map>
 #include <string>
+#include <vector>
+
+#include <cstdint>
 
 #include "absl/status/statusor.h"
 
 namespace megatrain::server {
+
+// What one user may have at once.
+struct UserLimits {
+  int max_running_jobs = 0;    // 0: no limit
+  int max_queued_jobs = 100;   // queued and held
+  int64_t max_host_bytes = 0;  // summed over the user's running jobs; 0: the node's
+  int max_priority = 10;       // the highest priority the user may ask for
+};
 
 struct DaemonConfig {
   std::string listen;     // default: DefaultAddress() (client/address.h)
@@ -24,6 +45,18 @@ struct DaemonConfig {
   std::string metrics_listen = "127.0.0.1:9470";
   double gpu_peak_tflops = 0;
   std::string dcgm_job_mapping_dir;
+  std::string admin_group = "megatrain-admin";
+  std::vector<std::string> file_roots = {"/"};
+  std::string tcp_listen;
+  std::string tls_cert;
+  std::string tls_key;
+  double fair_share_half_life_hours = 168;
+  bool preemption = true;
+  UserLimits limits;
+  std::map<std::string, UserLimits> user_limits;
+
+  // `limits`, overridden by user_limits[user].
+  UserLimits LimitsFor(const std::string& user) const;
 };
 
 DaemonConfig DefaultDaemonConfig();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
@@ -11,6 +12,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "engine/engine.h"
+#include "server/node_service.h"
+#include "server/run_as.h"
+#include "server/spec_convert.h"
 
 namespace megatrain::server {
 namespace {
@@ -91,10 +95,11 @@ void JobRunner::Log(int64_t job_id, const std::string& text) {
   hub_->Notify(job_id);
 }
 
-absl::Status JobRunner::CancelRunning(int64_t job_id) {
+absl::Status JobRunner::CancelRunning(int64_t job_id, const std::string& why) {
   MutexLock lock(&mu_);
   if (running_ != job_id) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running"));
   request_ = Request::kCancel;
+  cancel_why_ = why;
   return absl::OkStatus();
 }
 
@@ -122,21 +127,87 @@ absl::StatusOr<v1::CheckpointJobResponse> JobRunner::CheckpointRunning(int64_t j
   return last_checkpoint_;
 }
 
+void JobRunner::SetWaiting(int64_t id, const std::string& why) {
+  MutexLock lock(&transition_mu_);
+  absl::StatusOr<v1::Job> job = store_->Get(id);
+  if (!job.ok() || job->state() != v1::JOB_STATE_QUEUED || job->waiting() == why) return;
+  job->set_waiting(why);
+  if (store_->Update(*job).ok() && !why.empty()) Log(id, absl::StrCat("waiting: ", why));
+  hub_->Notify(id);
+}
+
+namespace {
+
+double GiB(int64_t b) { return b / double(1ll << 30); }
+
+// What the running jobs of each user hold.
+struct UserLoad {
+  int running = 0;
+  int64_t host_bytes = 0;
+};
+
+}  // namespace
+
 bool JobRunner::PickNext(v1::Job* job) {
   for (;;) {
     absl::StatusOr<std::vector<v1::Job>> queued = store_->ListInState(v1::JOB_STATE_QUEUED);
     if (!queued.ok() || queued->empty()) return false;
-    // Oldest first; the first of the highest priority wins.
-    const v1::Job* best = &(*queued)[0];
-    for (const v1::Job& j : *queued) {
-      if (j.priority() > best->priority()) best = &j;
+    absl::StatusOr<std::vector<v1::Job>> running = store_->ListInState(v1::JOB_STATE_RUNNING);
+    std::map<std::string, UserLoad> load;
+    if (running.ok()) {
+      for (const v1::Job& r : *running) {
+        load[r.owner()].running += 1;
+        load[r.owner()].host_bytes += r.host_bytes_estimate();
+      }
     }
+    const double half_life_s = config().fair_share_half_life_hours * 3600;
+    absl::StatusOr<std::map<std::string, double>> usage = store_->Usage(half_life_s);
+    auto used = [&](const std::string& user) {
+      if (!usage.ok()) return 0.0;
+      auto it = usage->find(user);
+      return it == usage->end() ? 0.0 : it->second;
+    };
+    // Priority, then fair share, then age.
+    std::vector<const v1::Job*> order;
+    for (const v1::Job& j : *queued) order.push_back(&j);
+    std::stable_sort(order.begin(), order.end(), [&](const v1::Job* a, const v1::Job* b) {
+      if (a->priority() != b->priority()) return a->priority() > b->priority();
+      const double ua = used(a->owner()), ub = used(b->owner());
+      if (ua != ub) return ua < ub;
+      return a->id() < b->id();
+    });
+    const int64_t available = ReadHostMemory().available_bytes;
+    const v1::Job* best = nullptr;
+    for (const v1::Job* j : order) {
+      const UserLimits limits = config().LimitsFor(j->owner());
+      const UserLoad& mine = load[j->owner()];
+      std::string why;
+      if (limits.max_running_jobs > 0 && mine.running >= limits.max_running_jobs) {
+        why = absl::StrCat(j->owner(), " has ", mine.running, " running jobs, the most allowed");
+      } else if (limits.max_host_bytes > 0 &&
+                 mine.host_bytes + j->host_bytes_estimate() > limits.max_host_bytes) {
+        why = absl::StrFormat("%s's running jobs hold %.2f GiB of host memory; this one needs "
+                              "%.2f GiB more, over the limit of %.2f GiB",
+                              j->owner(), GiB(mine.host_bytes), GiB(j->host_bytes_estimate()),
+                              GiB(limits.max_host_bytes));
+      } else if (available > 0 && j->host_bytes_estimate() > available) {
+        why = absl::StrFormat("needs %.2f GiB of host memory; %.2f GiB is available now",
+                              GiB(j->host_bytes_estimate()), GiB(available));
+      }
+      if (why.empty()) {
+        best = j;
+        break;
+      }
+      SetWaiting(j->id(), why);
+    }
+    if (best == nullptr) return false;
     {
       MutexLock lock(&mu_);
       running_ = best->id();  // from here on, requests for it reach this runner
       request_ = Request::kNone;
       checkpoint_requests_ = 0;
     }
+    SetWaiting(best->id(), "");
     absl::StatusOr<v1::Job> claimed =
         Transition(best->id(), {v1::JOB_STATE_QUEUED}, v1::JOB_STATE_RUNNING, "");
     if (claimed.ok()) {
@@ -146,6 +217,22 @@ bool JobRunner::PickNext(v1::Job* job) {
     MutexLock lock(&mu_);
     running_ = 0;  // cancelled or held meanwhile: look again
   }
+}
+
+std::optional<v1::Job> JobRunner::Preemptor(const v1::Job& running) {
+  if (!config().preemption) return std::nullopt;
+  absl::StatusOr<std::vector<v1::Job>> queued = store_->ListInState(v1::JOB_STATE_QUEUED);
+  if (!queued.ok()) return std::nullopt;
+  // What the host would have once this job left.
+  const int64_t available = ReadHostMemory().available_bytes + running.host_bytes_estimate();
+  const v1::Job* best = nullptr;
+  for (const v1::Job& j : *queued) {
+    if (j.priority() <= running.priority()) continue;
+    if (j.host_bytes_estimate() > available) continue;
+    if (best == nullptr || j.priority() > best->priority()) best = &j;
+  }
+  if (best == nullptr) return std::nullopt;
+  return *best;
 }
 
 void JobRunner::Loop() {
@@ -185,11 +272,46 @@ void JobRunner::Run(v1::Job job) {
   spec->checkpoint_dir = job.checkpoint_dir();
   // The runner's device decides where "auto" jobs run.
   if (spec->backend == "auto") spec->backend = options_.device == "cpu" ? "cpu" : "cuda";
-  absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(*spec, options_.profile);
+  // Everything that touches the job's files runs on a worker that is its owner.
+  absl::StatusOr<Caller> owner = job.owner_uid() != 0 || job.owner() == "root"
+                                     ? LookupUid(job.owner_uid())
+                                     : LookupUser(job.owner());
+  absl::StatusOr<std::unique_ptr<UserWorker>> worker =
+      owner.ok() ? UserWorker::Start(*owner) : absl::StatusOr<std::unique_ptr<UserWorker>>(owner.status());
+  if (!worker.ok()) {
+    job.set_error(std::string(worker.status().message()));
+    return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", worker.status().ToString()));
+  }
+  UserWorker& as_owner = **worker;
+  // Checked again: a folder may have been swapped for a link since submission.
+  absl::Status files;
+  const std::string own_dir =
+      (std::filesystem::path(options_.state_dir) / "jobs" / std::to_string(job.id())).string();
+  as_owner.Do([&] {
+    files = CheckJobFiles(*spec, FileRoots{config().file_roots, options_.state_dir}, own_dir);
+  });
+  if (!files.ok()) {
+    job.set_error(std::string(files.message()));
+    return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", files.ToString()));
+  }
+  absl::StatusOr<std::unique_ptr<Trainer>> created = absl::UnknownError("not created");
+  as_owner.Do([&] { created = Trainer::Create(*spec, options_.profile); });
   if (!created.ok()) {
     job.set_error(std::string(created.status().message()));
     return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", created.status().ToString()));
   }
+  // Destroyed as the owner too: it may be finishing a checkpoint.
+  absl::Cleanup destroy = [&] { as_owner.Do([&] { created->reset(); }); };
+  // Fair share: the device time this job takes, charged to its owner as it goes.
+  absl::Time charged_until = absl::Now();
+  auto charge = [&] {
+    const absl::Time now = absl::Now();
+    (void)store_->AddUsage(job.owner(), absl::ToDoubleSeconds(now - charged_until),
+                           config().fair_share_half_life_hours * 3600);
+    charged_until = now;
+  };
+  absl::Cleanup charge_rest = [&] { charge(); };
+  absl::Time next_preemption_check = absl::Now() + absl::Seconds(1);
   Trainer& t = **created;
   if (options_.metrics != nullptr) {
     options_.metrics->JobStarted(job, t.pinned_host_bytes(), t.pageable_host_bytes(), t.step(),
@@ -215,7 +337,8 @@ void JobRunner::Run(v1::Job job) {
     Log(job.id(), absl::StrCat("plan: ", line));
   }
   auto save = [&]() -> absl::StatusOr<std::string> {
-    absl::StatusOr<std::string> path = t.SaveCheckpoint();
+    absl::StatusOr<std::string> path = absl::UnknownError("not saved");
+    as_owner.Do([&] { path = t.SaveCheckpoint(); });
     if (path.ok()) {
       if (options_.metrics != nullptr) {
         options_.metrics->CheckpointWritten(job, t.last_checkpoint_seconds(),
@@ -254,7 +377,33 @@ void JobRunner::Run(v1::Job job) {
       answering_step = t.step() + 1;
       t.CheckpointNextStep();
     }
-    if (request == Request::kCancel) return finish(v1::JOB_STATE_CANCELLED, "cancelled");
+    if (request == Request::kCancel) {
+      std::string why;
+      {
+        MutexLock lock(&mu_);
+        why = cancel_why_;
+      }
+      return finish(v1::JOB_STATE_CANCELLED, why);
+    }
+    // Preemption: a waiting job of higher priority takes the device; this one resumes
+    // from the checkpoint written now, losing no step.
+    std::optional<v1::Job> preemptor;
+    if (absl::Now() >= next_preemption_check) {
+      next_preemption_check = absl::Now() + absl::Seconds(1);
+      preemptor = Preemptor(job);
+    }
+    if (preemptor.has_value()) {
+      absl::StatusOr<std::string> path = save();
+      if (path.ok()) {
+        job.set_preemptions(job.preemptions() + 1);
+        return finish(v1::JOB_STATE_QUEUED,
+                      absl::StrCat("preempted by job ", preemptor->id(), " of ", preemptor->owner(),
+                                   " (priority ", preemptor->priority(), " > ", job.priority(),
+                                   "): checkpointed at step ", t.step(), ", will resume from it"));
+      }
+      Log(job.id(), absl::StrCat("not preempted: the checkpoint failed: ",
+                                 path.status().ToString()));
+    }
     if (request == Request::kHold || stop) {
       absl::StatusOr<std::string> path = save();
       if (!path.ok()) Log(job.id(), absl::StrCat("checkpoint failed: ", path.status().ToString()));
@@ -267,7 +416,8 @@ void JobRunner::Run(v1::Job job) {
       return finish(stop ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_HELD,
                     stop ? "daemon stopping: checkpointed, will resume" : "held: checkpointed");
     }
-    absl::StatusOr<StepReport> r = t.Step();
+    absl::StatusOr<StepReport> r = absl::UnknownError("no step");
+    as_owner.Do([&] { r = t.Step(); });
     if (!r.ok()) {
       job.set_error(std::string(r.status().message()));
       return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", r.status().ToString()));
@@ -323,10 +473,12 @@ void JobRunner::Run(v1::Job job) {
                                     r->step, r->total_steps, r->loss, r->lr, r->grad_norm,
                                     r->tokens_per_second));
     }
+    charge();
     hub_->Notify(job.id());
   }
   if (!spec->checkpoint_dir.empty()) {
-    std::vector<std::string> all = ListCheckpoints(spec->checkpoint_dir);
+    std::vector<std::string> all;
+    as_owner.Do([&] { all = ListCheckpoints(spec->checkpoint_dir); });
     if (!all.empty()) job.set_last_checkpoint(all.back());
   }
   finish(v1::JOB_STATE_SUCCEEDED, "succeeded");

@@ -1,5 +1,14 @@
-// JobRunner: the worker that owns one device and runs its queue, one job at a time,
-// highest priority first, FIFO within a priority.
+// JobRunner: the worker that owns one device and runs its queue, one job at a time.
+//
+// Order: highest priority first; within a priority, the user with the least recent
+// device time (fair share: device seconds decaying with the configured half-life), then
+// the oldest job. A job is skipped, and waits with a reason in Job.waiting, while its
+// user is at their running-jobs or host-memory limit or while the host has less memory
+// available than the job's plan needs. With preemption on, a running job is checkpointed
+// and requeued (losing no step) when a job of higher priority is waiting and would fit.
+//
+// A job's files are touched only as its owner: the trainer is created, stepped,
+// checkpointed and destroyed on a UserWorker of the owner (server/run_as.h).
 //
 // A job runs on the engine's Trainer in this process. Between steps the runner honours
 // requests: cancel, checkpoint now, hold (checkpoint and step aside), and shutdown
@@ -11,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <initializer_list>
 #include <thread>
@@ -19,6 +29,7 @@
 #include "server/mutex.h"
 #include "engine/plan/machine_profile.h"
 #include "megatrain/v1/jobs.pb.h"
+#include "server/config.h"
 #include "server/daemon_metrics.h"
 #include "server/event_hub.h"
 #include "server/job_store.h"
@@ -30,6 +41,8 @@ struct JobRunnerOptions {
   std::string state_dir;       // default checkpoints: state_dir/jobs/<id>/checkpoints
   DaemonMetrics* metrics = nullptr;  // optional: what jobs report to Prometheus
   const MachineProfile* profile = nullptr;  // the planner's rates; null = measure
+  const DaemonConfig* config = nullptr;  // limits, fair share, preemption, file roots;
+                                         // null = the defaults
 };
 
 class JobRunner {
@@ -44,7 +57,7 @@ class JobRunner {
   void Wake();
 
   // Requests against the running job; NotFound when it is not the running one.
-  absl::Status CancelRunning(int64_t job_id);
+  absl::Status CancelRunning(int64_t job_id, const std::string& why = "cancelled");
   absl::Status HoldRunning(int64_t job_id);
   // Blocks until the checkpoint after the current step is written.
   absl::StatusOr<v1::CheckpointJobResponse> CheckpointRunning(int64_t job_id);
@@ -64,6 +77,13 @@ class JobRunner {
   void Loop();
   bool PickNext(v1::Job* job);
   void Run(v1::Job job);
+  // Notes why queued job `id` waits ("" : it no longer does), if that changed.
+  void SetWaiting(int64_t id, const std::string& why);
+  // A queued job that should take the device from `running`, if any (preemption).
+  std::optional<v1::Job> Preemptor(const v1::Job& running);
+  const DaemonConfig& config() const { return options_.config != nullptr ? *options_.config : defaults_; }
+
+  DaemonConfig defaults_;
 
   JobStore* store_;
   EventHub* hub_;
@@ -76,6 +96,7 @@ class JobRunner {
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
   Request request_ ABSL_GUARDED_BY(mu_) = Request::kNone;
+  std::string cancel_why_ ABSL_GUARDED_BY(mu_);
   int64_t checkpoint_requests_ ABSL_GUARDED_BY(mu_) = 0;  // pending
   int64_t checkpoints_done_ ABSL_GUARDED_BY(mu_) = 0;     // completed request rounds
   absl::StatusOr<v1::CheckpointJobResponse> last_checkpoint_ ABSL_GUARDED_BY(mu_);

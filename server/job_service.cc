@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "server/run_as.h"
 #include "server/spec_convert.h"
 
 namespace megatrain::server {
@@ -17,6 +18,12 @@ bool Terminal(v1::JobState s) {
 
 double GiB(int64_t b) { return b / double(1ll << 30); }
 
+// Who calls: UNAUTHENTICATED ends the call.
+#define MT_IDENTIFY(who, ctx)                                          \
+  absl::StatusOr<Caller> who##_or = options_.auth->Identify(*(ctx));   \
+  if (!who##_or.ok()) return ToGrpc(who##_or.status());                \
+  [[maybe_unused]] const Caller& who = *who##_or
+
 }  // namespace
 
 grpc::Status ToGrpc(const absl::Status& s) {
@@ -24,10 +31,33 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-std::string CallerUser(const grpc::ServerContext& ctx) {
-  auto it = ctx.client_metadata().find("x-megatrain-user");
-  if (it == ctx.client_metadata().end() || it->second.empty()) return "unknown";
-  return std::string(it->second.data(), it->second.size());
+bool Owns(const Caller& who, const v1::Job& job) {
+  if (job.owner_uid() != 0 || job.owner() == "root") return job.owner_uid() == who.uid;
+  return job.owner() == who.user;
+}
+
+std::string Outcome(const grpc::Status& status) {
+  if (status.ok()) return "ok";
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  const int code = status.error_code();
+  const char* name = code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
+  return absl::StrCat(name, ": ", status.error_message());
 }
 
 JobServiceImpl::JobServiceImpl(JobStore* store, EventHub* hub, JobRunner* runner,
@@ -50,17 +80,84 @@ grpc::Status JobServiceImpl::Plan(const JobSpec& spec, v1::JobPlan* plan) {
 
 grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                      v1::JobPlan* resp) {
-  absl::StatusOr<JobSpec> spec = SpecFromRequest(*req);
+  MT_IDENTIFY(who, ctx);
+  if (absl::Status can = CanActFor(who); !can.ok()) return ToGrpc(can);
+  absl::StatusOr<JobSpec> spec = absl::UnknownError("spec not read");
+  absl::Status ran = RunAs(who, [&] { spec = SpecFromRequest(*req); });
+  if (!ran.ok()) return ToGrpc(ran);
   if (!spec.ok()) return ToGrpc(spec.status());
   return Plan(*spec, resp);
 }
 
+grpc::Status JobServiceImpl::Audited(const Caller& who, const std::string& action,
+                                     int64_t job_id, const std::string& detail,
+                                     grpc::Status result) {
+  AuditEntry entry;
+  entry.user = who.user;
+  entry.action = action;
+  entry.job_id = job_id;
+  entry.detail = detail;
+  entry.outcome = Outcome(result);
+  (void)store_->Audit(entry);
+  return result;
+}
+
+grpc::Status JobServiceImpl::MayChange(const Caller& who, int64_t id, const std::string& action) {
+  absl::StatusOr<v1::Job> job = store_->Get(id);
+  if (!job.ok()) return ToGrpc(job.status());
+  if (Owns(who, *job) || who.admin) return grpc::Status::OK;
+  return grpc::Status(
+      grpc::StatusCode::PERMISSION_DENIED,
+      absl::StrCat("job ", id, " belongs to ", job->owner(), "; only its owner or an admin",
+                   options_.config->admin_group.empty()
+                       ? ""
+                       : absl::StrCat(" (group ", options_.config->admin_group, ")"),
+                   " may ", action, " it"));
+}
+
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                        v1::Job* resp) {
-  absl::StatusOr<JobSpec> spec = SpecFromRequest(*req);
+  MT_IDENTIFY(who, ctx);
+  std::string detail;
+  grpc::Status result = Submit(who, *req, resp, &detail);
+  return Audited(who, "submit", result.ok() ? resp->id() : 0, detail, result);
+}
+
+grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobRequest& req,
+                                    v1::Job* resp, std::string* detail) {
+  if (absl::Status can = CanActFor(who); !can.ok()) return ToGrpc(can);
+  // The spec is read, and its files checked, as the user: a path they cannot read is
+  // refused exactly as if the daemon were them.
+  FileRoots roots{options_.config->file_roots, options_.state_dir};
+  absl::StatusOr<JobSpec> spec = absl::UnknownError("spec not read");
+  absl::Status files;
+  absl::Status ran = RunAs(who, [&] {
+    spec = SpecFromRequest(req);
+    if (spec.ok()) files = CheckJobFiles(*spec, roots, "");
+  });
+  if (!ran.ok()) return ToGrpc(ran);
   if (!spec.ok()) return ToGrpc(spec.status());
-  absl::Status inputs = CheckSpecInputs(*spec);
-  if (!inputs.ok()) return ToGrpc(inputs);
+  *detail = absl::StrCat(spec->name, ", priority ", req.priority());
+  const UserLimits limits = options_.config->LimitsFor(who.user);
+  if (!who.admin && req.priority() > limits.max_priority) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("priority ", req.priority(), " is above ", who.user,
+                                     "'s highest, ", limits.max_priority,
+                                     " (higher priorities are for admins)"));
+  }
+  if (!who.admin && limits.max_queued_jobs > 0) {
+    absl::StatusOr<std::vector<v1::Job>> waiting = store_->List(
+        {v1::JOB_STATE_QUEUED, v1::JOB_STATE_HELD}, who.user, 0, limits.max_queued_jobs + 1);
+    if (!waiting.ok()) return ToGrpc(waiting.status());
+    int mine = 0;
+    for (const v1::Job& j : *waiting) mine += Owns(who, j) ? 1 : 0;
+    if (mine >= limits.max_queued_jobs) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat(who.user, " has ", mine, " jobs queued or held, the most ",
+                                       "allowed (limits.max_queued_jobs); cancel some or wait"));
+    }
+  }
+  if (!files.ok()) return ToGrpc(files);
   // The plan admits the job: it names the memory that runs out when it cannot fit.
   v1::JobPlan plan;
   if (grpc::Status planned = Plan(*spec, &plan); !planned.ok()) return planned;
@@ -73,10 +170,17 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
                                         "for jobs; use a smaller model or fewer tokens per step",
                                         GiB(need), GiB(options_.host_memory_bytes)));
   }
+  if (!who.admin && limits.max_host_bytes > 0 && need > limits.max_host_bytes) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrFormat("job needs %.2f GiB of host memory; %s may use at most "
+                                        "%.2f GiB (limits.max_host_memory_gib)",
+                                        GiB(need), who.user, GiB(limits.max_host_bytes)));
+  }
   v1::Job job;
   job.set_name(spec->name);
-  job.set_owner(CallerUser(*ctx));
-  job.set_priority(req->priority());
+  job.set_owner(who.user);
+  job.set_owner_uid(who.uid);
+  job.set_priority(req.priority());
   // Stored unqueued until its spec is complete, so the runner cannot claim it early.
   job.set_state(v1::JOB_STATE_UNSPECIFIED);
   job.set_host_bytes_estimate(need);
@@ -84,34 +188,41 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   job.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
   absl::StatusOr<int64_t> id = store_->Insert(&job);
   if (!id.ok()) return ToGrpc(id.status());
-  // The daemon keeps every job's checkpoints, so it can resume any job after a crash.
+  // The daemon keeps every job's checkpoints, so it can resume any job after a crash: in
+  // a folder of the job's own, owned by its user.
   if (spec->checkpoint_dir.empty()) {
-    spec->checkpoint_dir = (std::filesystem::path(options_.state_dir) / "jobs" /
-                            std::to_string(*id) / "checkpoints").string();
+    absl::StatusOr<std::string> dir = MakeJobFolder(options_.state_dir, *id, who);
+    if (!dir.ok()) {
+      job.set_error(std::string(dir.status().message()));
+      (void)runner_->SetState(&job, v1::JOB_STATE_FAILED, absl::StrCat("error: ", job.error()));
+      return ToGrpc(dir.status());
+    }
+    spec->checkpoint_dir = *dir + "/checkpoints";
   }
   job.set_checkpoint_dir(spec->checkpoint_dir);
   job.set_spec_yaml(JobSpecToYaml(*spec));
   job.mutable_progress()->set_total_steps(spec->steps);
   absl::Status s =
-      runner_->SetState(&job, req->hold() ? v1::JOB_STATE_HELD : v1::JOB_STATE_QUEUED,
-                        absl::StrCat("submitted by ", job.owner(), req->hold() ? ", held" : ""));
+      runner_->SetState(&job, req.hold() ? v1::JOB_STATE_HELD : v1::JOB_STATE_QUEUED,
+                        absl::StrCat("submitted by ", job.owner(), req.hold() ? ", held" : ""));
   if (!s.ok()) return ToGrpc(s);
-  (void)store_->Audit(job.owner(), "submit", job.id(), spec->name);
   runner_->Wake();
   *resp = job;
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                     v1::Job* resp) {
+  MT_IDENTIFY(who, ctx);
   absl::StatusOr<v1::Job> job = store_->Get(req->id());
   if (!job.ok()) return ToGrpc(job.status());
   *resp = *job;
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                       v1::ListJobsResponse* resp) {
+  MT_IDENTIFY(who, ctx);
   int limit = req->page_size() <= 0 ? 100 : std::min(req->page_size(), 1000);
   int64_t before = 0;
   if (!req->page_token().empty() && !absl::SimpleAtoi(req->page_token(), &before)) {
@@ -131,6 +242,7 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
+  MT_IDENTIFY(who, ctx);
   int64_t version = hub_->Version(req->id());
   // Read the last seq before the job: an event in between is sent twice, never missed.
   absl::StatusOr<int64_t> last = store_->LastEventSeq(req->id());
@@ -162,6 +274,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
 
 grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogsRequest* req,
                                         grpc::ServerWriter<v1::LogLine>* writer) {
+  MT_IDENTIFY(who, ctx);
   absl::StatusOr<v1::Job> exists = store_->Get(req->id());
   if (!exists.ok()) return ToGrpc(exists.status());
   int64_t seq = 0;
@@ -204,59 +317,79 @@ grpc::Status JobServiceImpl::AwaitNotRunning(int64_t id, v1::Job* resp) {
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                                        v1::Job* resp) {
-  (void)store_->Audit(CallerUser(*ctx), "cancel", req->id(), "");
-  if (runner_->CancelRunning(req->id()).ok()) return AwaitNotRunning(req->id(), resp);
-  absl::StatusOr<v1::Job> job = runner_->Transition(
-      req->id(), {v1::JOB_STATE_QUEUED, v1::JOB_STATE_HELD}, v1::JOB_STATE_CANCELLED, "cancelled");
-  if (job.ok()) {
-    *resp = *job;
-    return grpc::Status::OK;
-  }
-  // It may have started meanwhile.
-  if (runner_->CancelRunning(req->id()).ok()) return AwaitNotRunning(req->id(), resp);
-  return ToGrpc(job.status());
+  MT_IDENTIFY(who, ctx);
+  auto cancel = [&]() -> grpc::Status {
+    if (grpc::Status may = MayChange(who, req->id(), "cancel"); !may.ok()) return may;
+    const std::string why = absl::StrCat("cancelled by ", who.user);
+    if (runner_->CancelRunning(req->id(), why).ok()) return AwaitNotRunning(req->id(), resp);
+    absl::StatusOr<v1::Job> job = runner_->Transition(
+        req->id(), {v1::JOB_STATE_QUEUED, v1::JOB_STATE_HELD}, v1::JOB_STATE_CANCELLED, why);
+    if (job.ok()) {
+      *resp = *job;
+      return grpc::Status::OK;
+    }
+    // It may have started meanwhile.
+    if (runner_->CancelRunning(req->id(), why).ok()) return AwaitNotRunning(req->id(), resp);
+    return ToGrpc(job.status());
+  };
+  return Audited(who, "cancel", req->id(), "", cancel());
 }
 
 grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* ctx,
                                            const v1::CheckpointJobRequest* req,
                                            v1::CheckpointJobResponse* resp) {
-  absl::StatusOr<v1::Job> job = store_->Get(req->id());
-  if (!job.ok()) return ToGrpc(job.status());
-  if (job->state() != v1::JOB_STATE_RUNNING) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("job ", req->id(), " is ", v1::JobState_Name(job->state()),
-                                     "; only a running job can checkpoint now"));
-  }
-  (void)store_->Audit(CallerUser(*ctx), "checkpoint", req->id(), "");
-  absl::StatusOr<v1::CheckpointJobResponse> r = runner_->CheckpointRunning(req->id());
-  if (!r.ok()) return ToGrpc(r.status());
-  *resp = *r;
-  return grpc::Status::OK;
+  MT_IDENTIFY(who, ctx);
+  auto checkpoint = [&]() -> grpc::Status {
+    if (grpc::Status may = MayChange(who, req->id(), "checkpoint"); !may.ok()) return may;
+    absl::StatusOr<v1::Job> job = store_->Get(req->id());
+    if (!job.ok()) return ToGrpc(job.status());
+    if (job->state() != v1::JOB_STATE_RUNNING) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("job ", req->id(), " is ", v1::JobState_Name(job->state()),
+                                       "; only a running job can checkpoint now"));
+    }
+    absl::StatusOr<v1::CheckpointJobResponse> r = runner_->CheckpointRunning(req->id());
+    if (!r.ok()) return ToGrpc(r.status());
+    *resp = *r;
+    return grpc::Status::OK;
+  };
+  grpc::Status result = checkpoint();
+  return Audited(who, "checkpoint", req->id(), result.ok() ? resp->path() : "", result);
 }
 
 grpc::Status JobServiceImpl::HoldJob(grpc::ServerContext* ctx, const v1::HoldJobRequest* req,
                                      v1::Job* resp) {
-  (void)store_->Audit(CallerUser(*ctx), "hold", req->id(), "");
-  if (runner_->HoldRunning(req->id()).ok()) return AwaitNotRunning(req->id(), resp);
-  absl::StatusOr<v1::Job> job =
-      runner_->Transition(req->id(), {v1::JOB_STATE_QUEUED}, v1::JOB_STATE_HELD, "held");
-  if (job.ok()) {
-    *resp = *job;
-    return grpc::Status::OK;
-  }
-  if (runner_->HoldRunning(req->id()).ok()) return AwaitNotRunning(req->id(), resp);
-  return ToGrpc(job.status());
+  MT_IDENTIFY(who, ctx);
+  auto hold = [&]() -> grpc::Status {
+    if (grpc::Status may = MayChange(who, req->id(), "hold"); !may.ok()) return may;
+    const std::string why = absl::StrCat("held by ", who.user);
+    if (runner_->HoldRunning(req->id()).ok()) return AwaitNotRunning(req->id(), resp);
+    absl::StatusOr<v1::Job> job =
+        runner_->Transition(req->id(), {v1::JOB_STATE_QUEUED}, v1::JOB_STATE_HELD, why);
+    if (job.ok()) {
+      *resp = *job;
+      return grpc::Status::OK;
+    }
+    if (runner_->HoldRunning(req->id()).ok()) return AwaitNotRunning(req->id(), resp);
+    return ToGrpc(job.status());
+  };
+  return Audited(who, "hold", req->id(), "", hold());
 }
 
 grpc::Status JobServiceImpl::ReleaseJob(grpc::ServerContext* ctx, const v1::ReleaseJobRequest* req,
                                         v1::Job* resp) {
-  (void)store_->Audit(CallerUser(*ctx), "release", req->id(), "");
-  absl::StatusOr<v1::Job> job =
-      runner_->Transition(req->id(), {v1::JOB_STATE_HELD}, v1::JOB_STATE_QUEUED, "released");
-  if (!job.ok()) return ToGrpc(job.status());
-  runner_->Wake();
-  *resp = *job;
-  return grpc::Status::OK;
+  MT_IDENTIFY(who, ctx);
+  auto release = [&]() -> grpc::Status {
+    if (grpc::Status may = MayChange(who, req->id(), "release"); !may.ok()) return may;
+    absl::StatusOr<v1::Job> job =
+        runner_->Transition(req->id(), {v1::JOB_STATE_HELD}, v1::JOB_STATE_QUEUED,
+                            absl::StrCat("released by ", who.user));
+    if (!job.ok()) return ToGrpc(job.status());
+    runner_->Wake();
+    *resp = *job;
+    return grpc::Status::OK;
+  };
+  return Audited(who, "release", req->id(), "", release());
 }
 
 }  // namespace megatrain::server

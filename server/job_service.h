@@ -1,14 +1,24 @@
 // megatrain.v1.JobService: a thin adapter from RPCs to the job store and the runner.
 //
-// The caller's user comes from the "x-megatrain-user" metadata (proving it is the
-// sharing issue's work); specs are validated before anything is stored, so a bad spec
-// is an INVALID_ARGUMENT / NOT_FOUND naming the field and nothing else changes.
+// Every call's user is the one the kernel or a token vouches for (server/identity.h).
+// Anyone may read the queue, jobs, events and logs; only a job's owner or an admin may
+// cancel, hold, release or checkpoint it. Every mutating call, allowed or refused, is
+// written to the audit log with its outcome.
+//
+// Submission checks, in order, before anything is stored (so a refused job changes
+// nothing and the error names the problem): the spec (INVALID_ARGUMENT naming the
+// field); the daemon can act for the user (PERMISSION_DENIED); the priority and the
+// user's queued-job limit; the files, as the user: inputs readable, outputs writable,
+// all inside the configured roots (PERMISSION_DENIED / NOT_FOUND naming the field); the
+// plan against the node's and the user's memory (RESOURCE_EXHAUSTED with the numbers).
 #pragma once
 
 #include <string>
 
 #include "megatrain/v1/jobs.grpc.pb.h"
+#include "server/config.h"
 #include "server/event_hub.h"
+#include "server/identity.h"
 #include "server/job_runner.h"
 #include "server/node_planner.h"
 #include "server/job_store.h"
@@ -19,6 +29,8 @@ struct JobServiceOptions {
   std::string state_dir;
   int64_t host_memory_bytes = 0;  // admission limit: total usable host memory
   NodePlanner* planner = nullptr; // plans jobs for admission and PlanJob (required)
+  Authenticator* auth = nullptr;  // who calls (required)
+  const DaemonConfig* config = nullptr;  // roots and limits (required)
 };
 
 class JobServiceImpl final : public v1::JobService::Service {
@@ -50,6 +62,13 @@ class JobServiceImpl final : public v1::JobService::Service {
  private:
   grpc::Status Plan(const JobSpec& spec, v1::JobPlan* plan);
   grpc::Status AwaitNotRunning(int64_t id, v1::Job* resp);
+  grpc::Status Submit(const Caller& who, const v1::SubmitJobRequest& req, v1::Job* resp,
+                      std::string* detail);
+  // OK when `who` may change job `id` (`action` names the change in the error).
+  grpc::Status MayChange(const Caller& who, int64_t id, const std::string& action);
+  // Records `action` by `who` with the outcome `result`, and returns `result`.
+  grpc::Status Audited(const Caller& who, const std::string& action, int64_t job_id,
+                       const std::string& detail, grpc::Status result);
 
   JobStore* store_;
   EventHub* hub_;
@@ -60,7 +79,9 @@ class JobServiceImpl final : public v1::JobService::Service {
 
 // absl::Status -> grpc::Status (the codes are the same numbers).
 grpc::Status ToGrpc(const absl::Status& s);
-// The caller's user name from metadata ("unknown" when absent).
-std::string CallerUser(const grpc::ServerContext& ctx);
+// Whether `who` owns `job` (by uid; by name for jobs stored without one).
+bool Owns(const Caller& who, const v1::Job& job);
+// "OK" or "CODE: message", as the audit log records an outcome.
+std::string Outcome(const grpc::Status& status);
 
 }  // namespace megatrain::server

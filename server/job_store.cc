@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -57,8 +58,40 @@ CREATE TABLE IF NOT EXISTS audit (
   user TEXT NOT NULL,
   action TEXT NOT NULL,
   job_id INTEGER NOT NULL,  -- no foreign key: the audit outlives what it describes
-  detail TEXT NOT NULL
+  detail TEXT NOT NULL,
+  outcome TEXT NOT NULL DEFAULT ''  -- "ok", or the error the call returned
 );
+CREATE TABLE IF NOT EXISTS tokens (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  hash TEXT NOT NULL UNIQUE,  -- hex SHA-256 of the token; the token itself is never stored
+  user TEXT NOT NULL,
+  name TEXT NOT NULL,
+  created_ms INTEGER NOT NULL,
+  last_used_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS usage (
+  user TEXT PRIMARY KEY,
+  seconds REAL NOT NULL,     -- device seconds, decayed to updated_ms
+  updated_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+)sql";
+
+// Schema 1 -> 2: the audit's outcome, access tokens and fair-share usage.
+constexpr char kUpgrade1To2[] = R"sql(
+ALTER TABLE audit ADD COLUMN outcome TEXT NOT NULL DEFAULT '';
+CREATE TABLE IF NOT EXISTS tokens (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  hash TEXT NOT NULL UNIQUE,
+  user TEXT NOT NULL,
+  name TEXT NOT NULL,
+  created_ms INTEGER NOT NULL,
+  last_used_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS usage (
+  user TEXT PRIMARY KEY,
+  seconds REAL NOT NULL,
+  updated_ms INTEGER NOT NULL
+) WITHOUT ROWID;
 )sql";
 
 constexpr char kInsertJob[] =
@@ -81,9 +114,27 @@ constexpr char kAppendLog[] =
 constexpr char kLogsAfter[] =
     "SELECT seq, unix_ms, text FROM logs WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?";
 constexpr char kAudit[] =
-    "INSERT INTO audit (unix_ms, user, action, job_id, detail) VALUES (?, ?, ?, ?, ?)";
+    "INSERT INTO audit (unix_ms, user, action, job_id, detail, outcome) "
+    "VALUES (?, ?, ?, ?, ?, ?)";
 constexpr char kAuditLog[] =
-    "SELECT id, unix_ms, user, action, job_id, detail FROM audit ORDER BY id DESC LIMIT ?";
+    "SELECT id, unix_ms, user, action, job_id, detail, outcome FROM audit "
+    "WHERE (?1 = '' OR user = ?1) AND (?2 = 0 OR job_id = ?2) ORDER BY id DESC LIMIT ?3";
+constexpr char kInsertToken[] =
+    "INSERT INTO tokens (hash, user, name, created_ms, last_used_ms) VALUES (?, ?, ?, ?, 0) "
+    "RETURNING id";
+constexpr char kTokenByHash[] = "SELECT id, user, name, created_ms, last_used_ms FROM tokens "
+                                "WHERE hash = ?";
+constexpr char kTouchToken[] = "UPDATE tokens SET last_used_ms = ? WHERE id = ?";
+constexpr char kListTokens[] = "SELECT id, user, name, created_ms, last_used_ms FROM tokens "
+                               "WHERE (?1 = '' OR user = ?1) ORDER BY id";
+constexpr char kGetToken[] = "SELECT id, user, name, created_ms, last_used_ms FROM tokens "
+                             "WHERE id = ?";
+constexpr char kDeleteToken[] = "DELETE FROM tokens WHERE id = ?";
+constexpr char kGetUsage[] = "SELECT user, seconds, updated_ms FROM usage";
+constexpr char kPutUsage[] =
+    "INSERT INTO usage (user, seconds, updated_ms) VALUES (?1, ?2, ?3) "
+    "ON CONFLICT (user) DO UPDATE SET seconds = ?2, updated_ms = ?3";
+constexpr char kUsageOf[] = "SELECT seconds, updated_ms FROM usage WHERE user = ?";
 constexpr char kCountByState[] = "SELECT state, COUNT(*) FROM jobs GROUP BY state";
 
 int64_t NowUnixMs() {
@@ -100,6 +151,11 @@ absl::Status CheckLimit(int limit) {
   if (limit > 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("limit must be at least 1, got ", limit));
 }
+
+// A number bound as REAL rather than INTEGER.
+struct RealNumber {
+  double value;
+};
 
 // Bytes bound as a BLOB rather than TEXT.
 struct Blob {
@@ -136,6 +192,7 @@ class Query {
   }
 
   int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  double Real(int col) { return sqlite3_column_double(stmt_, col); }
   std::string Text(int col) {
     const unsigned char* text = sqlite3_column_text(stmt_, col);
     if (text == nullptr) return "";
@@ -153,6 +210,7 @@ class Query {
 
  private:
   int BindOne(int index, int64_t value) { return sqlite3_bind_int64(stmt_, index, value); }
+  int BindOne(int index, RealNumber value) { return sqlite3_bind_double(stmt_, index, value.value); }
   int BindOne(int index, absl::string_view text) {
     return sqlite3_bind_text64(stmt_, index, text.data(), text.size(), SQLITE_TRANSIENT,
                                SQLITE_UTF8);
@@ -209,14 +267,17 @@ absl::Status JobStore::CreateOrCheckSchema() {
   RETURN_IF_ERROR(Exec("PRAGMA foreign_keys = ON", "enabling foreign keys"));
   if (version == kSchemaVersion) return absl::OkStatus();
 
-  // A new file. Re-read the version under the write lock so that two daemons starting
-  // together do not both create the schema.
+  // A new file, or an older schema to upgrade. Re-read the version under the write lock
+  // so that two daemons starting together do not both create or upgrade it.
   RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "creating the schema"));
   absl::StatusOr<int> locked_version = ReadSchemaVersion();
   absl::Status status = locked_version.status();
   if (status.ok() && *locked_version == 0) {
     status = Exec(absl::StrCat(kSchema, "PRAGMA user_version = ", kSchemaVersion, ";"),
                   "creating the schema");
+  } else if (status.ok() && *locked_version == 1) {
+    status = Exec(absl::StrCat(kUpgrade1To2, "PRAGMA user_version = 2;"),
+                  "upgrading the schema from version 1");
   }
   if (status.ok()) status = Exec("COMMIT", "creating the schema");
   if (!status.ok()) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -235,7 +296,7 @@ absl::StatusOr<int> JobStore::ReadSchemaVersion() {
                      " but this megatraind knows ", "versions up to ", kSchemaVersion,
                      ": run a newer megatraind, or point it at ", "another database file"));
   }
-  if (version < 0 || (version > 0 && version < kSchemaVersion)) {
+  if (version < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job store ", path_, " has schema version ", version, ", which this megatraind ",
         "cannot upgrade: point it at another database file"));
@@ -503,30 +564,166 @@ absl::StatusOr<std::vector<v1::LogLine>> JobStore::LogsAfter(int64_t job_id, int
   }
 }
 
-absl::Status JobStore::Audit(const std::string& user, const std::string& action, int64_t job_id,
-                             const std::string& detail) {
+absl::Status JobStore::Audit(const AuditEntry& entry) {
   const int64_t unix_ms = NowUnixMs();
   MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kAudit));
   Query query(stmt);
-  int rc = query.Bind(unix_ms, user, action, job_id, detail);
+  int rc = query.Bind(unix_ms, entry.user, entry.action, entry.job_id, entry.detail,
+                      entry.outcome);
   if (rc == SQLITE_OK) rc = query.Step();
   return Error(rc, "recording an audit entry");
 }
 
-absl::StatusOr<std::vector<AuditEntry>> JobStore::AuditLog(int limit) {
+absl::Status JobStore::Audit(const std::string& user, const std::string& action, int64_t job_id,
+                             const std::string& detail) {
+  AuditEntry entry;
+  entry.user = user;
+  entry.action = action;
+  entry.job_id = job_id;
+  entry.detail = detail;
+  entry.outcome = "ok";
+  return Audit(entry);
+}
+
+absl::StatusOr<std::vector<AuditEntry>> JobStore::AuditLog(int limit, const std::string& user,
+                                                           int64_t job_id) {
   RETURN_IF_ERROR(CheckLimit(limit));
   MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kAuditLog));
   Query query(stmt);
-  RETURN_IF_ERROR(Error(query.Bind(limit), "reading the audit log"));
+  RETURN_IF_ERROR(Error(query.Bind(user, job_id, static_cast<int64_t>(limit)),
+                        "reading the audit log"));
   std::vector<AuditEntry> entries;
   while (true) {
     const int rc = query.Step();
     if (rc == SQLITE_DONE) return entries;
     if (rc != SQLITE_ROW) return Error(rc, "reading the audit log");
     entries.push_back(AuditEntry{query.Int(0), query.Int(1), query.Text(2), query.Text(3),
-                                 query.Int(4), query.Text(5)});
+                                 query.Int(4), query.Text(5), query.Text(6)});
+  }
+}
+
+absl::StatusOr<int64_t> JobStore::InsertToken(const std::string& hash, const std::string& user,
+                                              const std::string& name) {
+  MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kInsertToken));
+  Query query(stmt);
+  int64_t id = 0;
+  int rc = query.Bind(hash, user, name, NowUnixMs());
+  if (rc == SQLITE_OK) rc = query.StepReturning(&id);
+  RETURN_IF_ERROR(Error(rc, "storing a token"));
+  return id;
+}
+
+namespace {
+TokenRecord ReadToken(Query& query) {
+  return TokenRecord{query.Int(0), query.Text(1), query.Text(2), query.Int(3), query.Int(4)};
+}
+}  // namespace
+
+absl::StatusOr<TokenRecord> JobStore::UseToken(const std::string& hash) {
+  MutexLock lock(&mu_);
+  TokenRecord token;
+  {
+    ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kTokenByHash));
+    Query query(stmt);
+    RETURN_IF_ERROR(Error(query.Bind(hash), "looking up a token"));
+    const int rc = query.Step();
+    if (rc == SQLITE_DONE) return absl::NotFoundError("no such token");
+    if (rc != SQLITE_ROW) return Error(rc, "looking up a token");
+    token = ReadToken(query);
+  }
+  // Recorded at most once a minute: a busy client does not write on every call.
+  const int64_t now = NowUnixMs();
+  if (now - token.last_used_ms > 60'000) {
+    ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kTouchToken));
+    Query query(stmt);
+    int rc = query.Bind(now, token.id);
+    if (rc == SQLITE_OK) rc = query.Step();
+    RETURN_IF_ERROR(Error(rc, "recording a token's use"));
+    token.last_used_ms = now;
+  }
+  return token;
+}
+
+absl::StatusOr<std::vector<TokenRecord>> JobStore::ListTokens(const std::string& user) {
+  MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kListTokens));
+  Query query(stmt);
+  RETURN_IF_ERROR(Error(query.Bind(user), "listing tokens"));
+  std::vector<TokenRecord> tokens;
+  while (true) {
+    const int rc = query.Step();
+    if (rc == SQLITE_DONE) return tokens;
+    if (rc != SQLITE_ROW) return Error(rc, "listing tokens");
+    tokens.push_back(ReadToken(query));
+  }
+}
+
+absl::StatusOr<TokenRecord> JobStore::GetToken(int64_t id) {
+  MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kGetToken));
+  Query query(stmt);
+  RETURN_IF_ERROR(Error(query.Bind(id), "reading a token"));
+  const int rc = query.Step();
+  if (rc == SQLITE_DONE) return absl::NotFoundError(absl::StrCat("token ", id, " not found"));
+  if (rc != SQLITE_ROW) return Error(rc, "reading a token");
+  return ReadToken(query);
+}
+
+absl::Status JobStore::DeleteToken(int64_t id) {
+  MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kDeleteToken));
+  Query query(stmt);
+  int rc = query.Bind(id);
+  if (rc == SQLITE_OK) rc = query.Step();
+  RETURN_IF_ERROR(Error(rc, "deleting a token"));
+  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("token ", id, " not found"));
+  return absl::OkStatus();
+}
+
+namespace {
+// `seconds` recorded at `from_ms`, decayed to `to_ms` with half-life `half_life_s`.
+double Decayed(double seconds, int64_t from_ms, int64_t to_ms, double half_life_s) {
+  if (half_life_s <= 0 || to_ms <= from_ms) return seconds;
+  return seconds * std::exp2(-(to_ms - from_ms) / 1000.0 / half_life_s);
+}
+}  // namespace
+
+absl::Status JobStore::AddUsage(const std::string& user, double seconds, double half_life_s) {
+  const int64_t now = NowUnixMs();
+  MutexLock lock(&mu_);
+  double total = seconds;
+  {
+    ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kUsageOf));
+    Query query(stmt);
+    RETURN_IF_ERROR(Error(query.Bind(user), "reading usage"));
+    const int rc = query.Step();
+    if (rc == SQLITE_ROW) {
+      total += Decayed(query.Real(0), query.Int(1), now, half_life_s);
+    } else if (rc != SQLITE_DONE) {
+      return Error(rc, "reading usage");
+    }
+  }
+  ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kPutUsage));
+  Query query(stmt);
+  int rc = query.Bind(user, RealNumber{total}, now);
+  if (rc == SQLITE_OK) rc = query.Step();
+  return Error(rc, "recording usage");
+}
+
+absl::StatusOr<std::map<std::string, double>> JobStore::Usage(double half_life_s) {
+  const int64_t now = NowUnixMs();
+  MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kGetUsage));
+  Query query(stmt);
+  std::map<std::string, double> usage;
+  while (true) {
+    const int rc = query.Step();
+    if (rc == SQLITE_DONE) return usage;
+    if (rc != SQLITE_ROW) return Error(rc, "reading usage");
+    usage[query.Text(0)] = Decayed(query.Real(1), query.Int(2), now, half_life_s);
   }
 }
 

@@ -40,6 +40,16 @@ struct AuditEntry {
   std::string action;  // e.g. "submit", "cancel"
   int64_t job_id = 0;  // 0 when the action concerns no job
   std::string detail;
+  std::string outcome;  // "ok", or the error the call returned
+};
+
+// An access token for TCP callers. Only its SHA-256 is stored.
+struct TokenRecord {
+  int64_t id = 0;
+  std::string user;  // the local user it stands for
+  std::string name;  // what its owner calls it
+  int64_t created_ms = 0;
+  int64_t last_used_ms = 0;  // 0: never; updated at most once a minute
 };
 
 // Errors: NOT_FOUND for an unknown job; INVALID_ARGUMENT for a bad argument (a
@@ -51,7 +61,7 @@ struct AuditEntry {
 class JobStore {
  public:
   // The schema version this build writes and understands (PRAGMA user_version).
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;  // version 1 files are upgraded
 
   // Opens the database at `path`, creating the file and the schema if needed.
   // ":memory:" gives a private in-memory store (tests). REQUIRES: path is not "".
@@ -104,12 +114,32 @@ class JobStore {
   // Like EventsAfter, for log lines.
   absl::StatusOr<std::vector<v1::LogLine>> LogsAfter(int64_t job_id, int64_t after_seq, int limit);
 
-  // Records that `user` did `action` to job `job_id` (0: no job), timestamped now.
+  // Records `entry` (its id and unix_ms are assigned: now).
+  absl::Status Audit(const AuditEntry& entry);
+  // Records that `user` did `action` to job `job_id` (0: no job), outcome "ok".
   absl::Status Audit(const std::string& user, const std::string& action, int64_t job_id,
                      const std::string& detail);
 
-  // The newest `limit` (> 0) audit entries, newest first.
-  absl::StatusOr<std::vector<AuditEntry>> AuditLog(int limit);
+  // The newest `limit` (> 0) audit entries, newest first; only those of `user` unless it
+  // is "", only those about job `job_id` unless it is 0.
+  absl::StatusOr<std::vector<AuditEntry>> AuditLog(int limit, const std::string& user = "",
+                                                   int64_t job_id = 0);
+
+  // Access tokens, stored by hash (see server/identity.h). InsertToken returns the id;
+  // UseToken finds a token by hash (NOT_FOUND if none) and notes its use; DeleteToken is
+  // NOT_FOUND for an unknown id. ListTokens: every user's when `user` is "".
+  absl::StatusOr<int64_t> InsertToken(const std::string& hash, const std::string& user,
+                                      const std::string& name);
+  absl::StatusOr<TokenRecord> UseToken(const std::string& hash);
+  absl::StatusOr<TokenRecord> GetToken(int64_t id);
+  absl::StatusOr<std::vector<TokenRecord>> ListTokens(const std::string& user);
+  absl::Status DeleteToken(int64_t id);
+
+  // Fair-share usage: device seconds per user, decaying with half-life `half_life_s`
+  // (<= 0: never). AddUsage decays the stored total to now and adds `seconds`.
+  absl::Status AddUsage(const std::string& user, double seconds, double half_life_s);
+  // Every user's usage, decayed to now.
+  absl::StatusOr<std::map<std::string, double>> Usage(double half_life_s);
 
   // Number of jobs in each state. Every defined state except UNSPECIFIED has an entry,
   // 0 when no job is in it.

@@ -11,6 +11,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <memory>
 
 #include "CLI/CLI.hpp"
@@ -21,7 +23,9 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "client/address.h"
 #include "engine/backend/factory.h"
+#include "server/access_service.h"
 #include "server/config.h"
+#include "server/identity.h"
 #include "server/daemon_metrics.h"
 #include "server/event_hub.h"
 #include "server/job_runner.h"
@@ -34,6 +38,14 @@
 namespace megatrain::server {
 namespace {
 
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 int Run(const DaemonConfig& config) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -43,12 +55,23 @@ int Run(const DaemonConfig& config) {
                  ec.message().c_str());
     return 1;
   }
+  const std::string socket = UnixSocketPath(config.listen).value_or("");
+  if (socket.empty()) {
+    std::fprintf(stderr,
+                 "megatraind: listen must be a unix: address (the kernel names local callers "
+                 "there); for remote callers set tcp_listen with tls_cert and tls_key\n");
+    return 2;
+  }
+  // The job database holds every user's specs and the token hashes: the daemon's alone.
+  const mode_t old_umask = umask(077);
   const std::string db_path = (fs::path(config.state_dir) / "megatrain.db").string();
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(db_path);
+  umask(old_umask);
   if (!store.ok()) {
     std::fprintf(stderr, "megatraind: %s\n", store.status().ToString().c_str());
     return 1;
   }
+  chmod(db_path.c_str(), 0600);
   EventHub hub;
   std::string device = config.device;
   if (device == "auto") device = CudaAvailable() ? "cuda:0" : "cpu";
@@ -106,6 +129,7 @@ int Run(const DaemonConfig& config) {
     metrics_server = std::move(*started);
   }
   JobRunnerOptions runner_options{device, config.state_dir};
+  runner_options.config = &config;
   runner_options.metrics = &metrics;
   runner_options.profile = &(*planner)->profile();
   JobRunner runner(store->get(), &hub, runner_options);
@@ -119,31 +143,54 @@ int Run(const DaemonConfig& config) {
     }
   }
 
-  JobServiceImpl jobs(store->get(), &hub, &runner,
-                      JobServiceOptions{config.state_dir, admissible, planner->get()});
-  NodeServiceImpl node(store->get(), device == "cpu" ? "cpu" : "cuda", admissible);
+  Authenticator auth(store->get(), config.admin_group);
+  JobServiceOptions job_options{config.state_dir, admissible, planner->get()};
+  job_options.auth = &auth;
+  job_options.config = &config;
+  JobServiceImpl jobs(store->get(), &hub, &runner, job_options);
+  NodeServiceImpl node(store->get(), device == "cpu" ? "cpu" : "cuda", admissible, &auth);
+  AccessServiceImpl access(store->get(), &auth, &config);
 
-  const std::string socket = UnixSocketPath(config.listen).value_or("");
-  if (!socket.empty()) {
-    fs::create_directories(fs::path(socket).parent_path(), ec);
-    fs::remove(socket, ec);  // a stale socket from a crashed daemon
-  }
+  fs::create_directories(fs::path(socket).parent_path(), ec);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials());
+  // The Unix socket is accepted by UnixListener (peer credentials); TCP, if configured,
+  // only with TLS.
+  if (!config.tcp_listen.empty()) {
+    grpc::SslServerCredentialsOptions tls;
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    absl::StatusOr<std::string> key = ReadSmallFile(config.tls_key);
+    absl::StatusOr<std::string> cert = ReadSmallFile(config.tls_cert);
+    if (!key.ok() || !cert.ok()) {
+      std::fprintf(stderr, "megatraind: tls: %s\n",
+                   std::string((key.ok() ? cert.status() : key.status()).message()).c_str());
+      return 2;
+    }
+    pair.private_key = *key;
+    pair.cert_chain = *cert;
+    tls.pem_key_cert_pairs.push_back(pair);
+    builder.AddListeningPort(config.tcp_listen, grpc::SslServerCredentials(tls));
+  }
   builder.RegisterService(&jobs);
   builder.RegisterService(&node);
+  builder.RegisterService(&access);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
-    std::fprintf(stderr, "megatraind: cannot listen on %s\n", config.listen.c_str());
+    std::fprintf(stderr, "megatraind: cannot listen on %s\n", config.tcp_listen.c_str());
     return 1;
   }
-  if (!socket.empty()) chmod(socket.c_str(), 0666);  // every lab member may connect
+  absl::StatusOr<std::unique_ptr<UnixListener>> unix_listener =
+      UnixListener::Start(socket, server.get(), &auth);
+  if (!unix_listener.ok()) {
+    std::fprintf(stderr, "megatraind: %s\n", std::string(unix_listener.status().message()).c_str());
+    return 1;
+  }
   runner.Start();
-  std::printf("megatraind: listening on %s, state in %s, device %s (GEMM peak %.3g TFLOP/s), "
+  std::printf("megatraind: listening on %s%s, state in %s, device %s (GEMM peak %.3g TFLOP/s), "
               "metrics %s\n",
-              config.listen.c_str(), config.state_dir.c_str(), device.c_str(),
+              config.listen.c_str(),
+              config.tcp_listen.empty() ? "" : absl::StrCat(" and ", config.tcp_listen, " (TLS)").c_str(), config.state_dir.c_str(), device.c_str(),
               metrics_options.peak_tflops,
               metrics_server ? absl::StrCat("http://", config.metrics_listen.substr(0, config.metrics_listen.rfind(':')), ":", metrics_server->port(), "/metrics").c_str() : "off");
   std::fflush(stdout);
@@ -158,8 +205,8 @@ int Run(const DaemonConfig& config) {
               sig == SIGTERM ? "SIGTERM" : "SIGINT");
   std::fflush(stdout);
   runner.Shutdown();
+  unix_listener->reset();  // no new connections
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  if (!socket.empty()) fs::remove(socket, ec);
   return 0;
 }
 
@@ -178,12 +225,16 @@ int main(int argc, char** argv) {
   megatrain::server::DaemonConfig config = megatrain::server::DefaultDaemonConfig();
   CLI::App app{"megatraind: the megatrain training daemon"};
   std::string config_path, listen, state_dir, device, metrics_listen = "unset";
+  std::string tcp_listen, tls_cert, tls_key;
   app.add_option("--config", config_path, "YAML config file (optional)");
-  app.add_option("--listen", listen, "address: unix:/path or host:port (default " + config.listen + ")");
+  app.add_option("--listen", listen, "Unix socket: unix:/path (default " + config.listen + ")");
   app.add_option("--state-dir", state_dir, "job database and checkpoints (default " + config.state_dir + ")");
   app.add_option("--device", device, "auto | cpu");
   app.add_option("--metrics-listen", metrics_listen,
                  "Prometheus /metrics host:port, \"\" for none (default " + config.metrics_listen + ")");
+  app.add_option("--tcp-listen", tcp_listen, "also listen on host:port, TLS and tokens only");
+  app.add_option("--tls-cert", tls_cert, "PEM certificate chain for --tcp-listen");
+  app.add_option("--tls-key", tls_key, "PEM private key for --tcp-listen");
   CLI11_PARSE(app, argc, argv);
   if (!config_path.empty()) {
     absl::Status s = megatrain::server::LoadDaemonConfig(config_path, &config);
@@ -196,5 +247,13 @@ int main(int argc, char** argv) {
   if (!state_dir.empty()) config.state_dir = state_dir;
   if (!device.empty()) config.device = device;
   if (metrics_listen != "unset") config.metrics_listen = metrics_listen;
+  if (!tcp_listen.empty()) config.tcp_listen = tcp_listen;
+  if (!tls_cert.empty()) config.tls_cert = tls_cert;
+  if (!tls_key.empty()) config.tls_key = tls_key;
+  if (!config.tcp_listen.empty() && (config.tls_cert.empty() || config.tls_key.empty())) {
+    std::fprintf(stderr, "megatraind: --tcp-listen needs --tls-cert and --tls-key: tokens never "
+                         "cross the network in the clear\n");
+    return 2;
+  }
   return megatrain::server::Run(config);
 }

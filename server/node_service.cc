@@ -40,11 +40,15 @@ std::string PcieLink(std::string bus_id) {
 
 }  // namespace
 
-NodeServiceImpl::NodeServiceImpl(JobStore* store, std::string backend, int64_t admissible_bytes)
-    : store_(store), backend_(std::move(backend)), admissible_bytes_(admissible_bytes) {}
+NodeServiceImpl::NodeServiceImpl(JobStore* store, std::string backend, int64_t admissible_bytes,
+                                 Authenticator* auth)
+    : store_(store), backend_(std::move(backend)), admissible_bytes_(admissible_bytes), auth_(auth) {}
 
-grpc::Status NodeServiceImpl::GetNode(grpc::ServerContext*, const v1::GetNodeRequest*,
+grpc::Status NodeServiceImpl::GetNode(grpc::ServerContext* ctx, const v1::GetNodeRequest*,
                                       v1::Node* resp) {
+  if (absl::StatusOr<Caller> who = auth_->Identify(*ctx); !who.ok()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(who.status().message()));
+  }
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   resp->set_hostname(host);

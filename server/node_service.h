@@ -5,6 +5,7 @@
 #include <string>
 
 #include "megatrain/v1/node.grpc.pb.h"
+#include "server/identity.h"
 #include "server/job_store.h"
 
 namespace megatrain::server {
@@ -18,7 +19,9 @@ HostMemory ReadHostMemory();
 
 class NodeServiceImpl final : public v1::NodeService::Service {
  public:
-  NodeServiceImpl(JobStore* store, std::string backend, int64_t admissible_bytes);
+  // Callers must be known to `auth` (anyone on the machine, or a token holder).
+  NodeServiceImpl(JobStore* store, std::string backend, int64_t admissible_bytes,
+                  Authenticator* auth);
   grpc::Status GetNode(grpc::ServerContext* ctx, const v1::GetNodeRequest* req,
                        v1::Node* resp) override;
 
@@ -26,6 +29,7 @@ class NodeServiceImpl final : public v1::NodeService::Service {
   JobStore* store_;
   std::string backend_;
   int64_t admissible_bytes_;
+  Authenticator* auth_;
 };
 
 }  // namespace megatrain::server

@@ -153,4 +153,26 @@ absl::Status CheckSpecInputs(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
+                           const std::string& own_dir) {
+  std::vector<std::pair<const char*, std::string>> paths = {{"model.path", spec.model_path},
+                                                            {"data.path", spec.data_path},
+                                                            {"data.cache_dir", spec.data_cache_dir},
+                                                            {"checkpoint.dir", spec.checkpoint_dir}};
+  if (spec.tokenizer != "byte" && spec.tokenizer != "model") {
+    paths.push_back({"data.tokenizer", spec.tokenizer});
+  }
+  for (const auto& [field, path] : paths) {
+    if (path.empty()) continue;
+    RETURN_IF_ERROR(CheckPathAllowed(field, path, roots, own_dir));
+  }
+  if (!spec.checkpoint_dir.empty()) {
+    RETURN_IF_ERROR(CheckWritableFolder("checkpoint.dir", spec.checkpoint_dir));
+  }
+  if (!spec.data_cache_dir.empty()) {
+    RETURN_IF_ERROR(CheckWritableFolder("data.cache_dir", spec.data_cache_dir));
+  }
+  return CheckSpecInputs(spec);
+}
+
 }  // namespace megatrain::server

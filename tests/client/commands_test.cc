@@ -29,9 +29,14 @@ v1::Job MakeJob(int64_t id, v1::JobState state) {
 // Canned answers; records what the client sent. Thread-safe.
 class FakeJobs final : public v1::JobService::Service {
  public:
-  std::string user() {
+  // The last call's "authorization" metadata ("" when it had none).
+  std::string authorization() {
     std::lock_guard<std::mutex> lock(mu_);
-    return user_;
+    return authorization_;
+  }
+  int calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
   }
   v1::SubmitJobRequest submitted() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -134,14 +139,16 @@ class FakeJobs final : public v1::JobService::Service {
     w->Write(event);
   }
   void Record(grpc::ServerContext* c) {
-    auto it = c->client_metadata().find(kUserMetadataKey);
+    auto it = c->client_metadata().find("authorization");
     std::lock_guard<std::mutex> lock(mu_);
-    user_ =
+    ++calls_;
+    authorization_ =
         it == c->client_metadata().end() ? "" : std::string(it->second.data(), it->second.size());
   }
 
   std::mutex mu_;
-  std::string user_;
+  std::string authorization_;
+  int calls_ = 0;
   v1::SubmitJobRequest submitted_;
   std::vector<v1::ListJobsRequest> lists_;
 };
@@ -180,7 +187,7 @@ class CommandsTest : public ::testing::Test {
   std::string out_, err_;
 };
 
-TEST_F(CommandsTest, SubmitSendsTheSpecItsFolderAndTheUser) {
+TEST_F(CommandsTest, SubmitSendsTheSpecAndItsFolderAndNoCredentialOverUnix) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("megatrain-client-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -196,7 +203,8 @@ TEST_F(CommandsTest, SubmitSendsTheSpecItsFolderAndTheUser) {
   EXPECT_EQ(sent.base_dir(), dir.string());
   EXPECT_EQ(sent.priority(), 3);
   EXPECT_TRUE(sent.hold());
-  EXPECT_EQ(jobs_.user(), "alice");
+  // Over a Unix socket the daemon reads the uid from the kernel: no credential is sent.
+  EXPECT_EQ(jobs_.authorization(), "");
   std::filesystem::remove_all(dir);
 }
 
@@ -216,7 +224,7 @@ TEST_F(CommandsTest, SubmitUnreadableSpecIsAUsageErrorAndSendsNothing) {
   EXPECT_EQ(err_,
             "error: cannot read job spec /nonexistent/job.yaml: No such file or directory; "
             "give the path of a YAML job spec\n");
-  EXPECT_EQ(jobs_.user(), "");
+  EXPECT_EQ(jobs_.calls(), 0);
 }
 
 TEST_F(CommandsTest, ListOnePageSendsFiltersAndHintsAtMore) {

@@ -491,7 +491,7 @@ class CancelTest(DaemonTestCase):
         self.assertEqual(job["state"], "JOB_STATE_CANCELLED")
         self.assertLess(step_of(job), 100000)
         self.assertNotEqual(int(job["finished_unix_ms"]), 0)
-        self.assertIn("cancelled", self.log_texts(job_id))
+        self.assertIn("cancelled by root", self.log_texts(job_id))
         # watch on a cancelled job says so.
         self.assertEqual(self.cli("watch", job_id).returncode, EXIT_WATCH_CANCELLED)
 

@@ -473,7 +473,9 @@ TEST_F(JobStoreTest, OpeningNewerSchemaVersionIsFailedPreconditionNamingPath) {
   { ASSERT_OK(JobStore::Open(path_).status()); }
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 2", nullptr, nullptr, nullptr), SQLITE_OK);
+  const std::string newer =
+      "PRAGMA user_version = " + std::to_string(JobStore::kSchemaVersion + 1);
+  ASSERT_EQ(sqlite3_exec(db, newer.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
   sqlite3_close(db);
 
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path_);
@@ -534,6 +536,108 @@ TEST_F(JobStoreTest, AuditEntriesAreRecordedInOrder) {
   ASSERT_OK_AND_ASSIGN(auto newest, store->AuditLog(1));
   ASSERT_EQ(newest.size(), 1u);
   EXPECT_EQ(newest[0].id, entries[0].id);
+}
+
+TEST_F(JobStoreTest, AuditRecordsOutcomesAndFiltersByUserAndJob) {
+  ASSERT_OK_AND_ASSIGN(auto store, JobStore::Open(path_));
+  AuditEntry denied;
+  denied.user = "bob";
+  denied.action = "cancel";
+  denied.job_id = 7;
+  denied.outcome = "PERMISSION_DENIED: job 7 belongs to alice";
+  ASSERT_OK(store->Audit(denied));
+  ASSERT_OK(store->Audit("alice", "cancel", 7, ""));
+  ASSERT_OK(store->Audit("alice", "submit", 8, "demo"));
+  ASSERT_OK_AND_ASSIGN(auto bobs, store->AuditLog(10, "bob"));
+  ASSERT_EQ(bobs.size(), 1u);
+  EXPECT_EQ(bobs[0].outcome, "PERMISSION_DENIED: job 7 belongs to alice");
+  ASSERT_OK_AND_ASSIGN(auto about7, store->AuditLog(10, "", 7));
+  ASSERT_EQ(about7.size(), 2u);
+  EXPECT_EQ(about7[0].user, "alice");
+  EXPECT_EQ(about7[0].outcome, "ok");
+  ASSERT_OK_AND_ASSIGN(auto alice8, store->AuditLog(10, "alice", 8));
+  ASSERT_EQ(alice8.size(), 1u);
+  EXPECT_EQ(alice8[0].action, "submit");
+}
+
+TEST_F(JobStoreTest, VersionOneFileIsUpgradedKeepingItsJobsAndAudit) {
+  // A version-1 file as the previous megatraind wrote it.
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    const char* v1_schema = R"sql(
+      CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL,
+        state INTEGER NOT NULL, priority INTEGER NOT NULL, created_ms INTEGER NOT NULL,
+        job BLOB NOT NULL);
+      CREATE TABLE events (job_id INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL, unix_ms INTEGER NOT NULL, payload BLOB NOT NULL,
+        PRIMARY KEY (job_id, seq)) WITHOUT ROWID;
+      CREATE TABLE logs (job_id INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL, unix_ms INTEGER NOT NULL, text TEXT NOT NULL,
+        PRIMARY KEY (job_id, seq)) WITHOUT ROWID;
+      CREATE TABLE audit (id INTEGER PRIMARY KEY, unix_ms INTEGER NOT NULL, user TEXT NOT NULL,
+        action TEXT NOT NULL, job_id INTEGER NOT NULL, detail TEXT NOT NULL);
+      INSERT INTO audit (unix_ms, user, action, job_id, detail) VALUES (1, 'old', 'submit', 1, 'x');
+      PRAGMA user_version = 1;)sql";
+    ASSERT_EQ(sqlite3_exec(db, v1_schema, nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  ASSERT_OK_AND_ASSIGN(auto store, JobStore::Open(path_));
+  ASSERT_OK_AND_ASSIGN(auto entries, store->AuditLog(10));
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].user, "old");
+  EXPECT_EQ(entries[0].outcome, "");
+  ASSERT_OK(store->InsertToken("abc", "alice", "laptop").status());
+  ASSERT_OK(store->AddUsage("alice", 10, 3600));
+  store.reset();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &stmt, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(stmt, 0), JobStore::kSchemaVersion);
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+}
+
+TEST_F(JobStoreTest, TokensAreFoundByHashListedAndRevoked) {
+  ASSERT_OK_AND_ASSIGN(auto store, JobStore::Open(path_));
+  ASSERT_OK_AND_ASSIGN(int64_t a, store->InsertToken("hash-a", "alice", "laptop"));
+  ASSERT_OK_AND_ASSIGN(int64_t b, store->InsertToken("hash-b", "bob", ""));
+  EXPECT_NE(a, b);
+  ASSERT_OK_AND_ASSIGN(TokenRecord used, store->UseToken("hash-a"));
+  EXPECT_EQ(used.id, a);
+  EXPECT_EQ(used.user, "alice");
+  EXPECT_EQ(used.name, "laptop");
+  EXPECT_GT(used.last_used_ms, 0);  // noted
+  EXPECT_EQ(store->UseToken("hash-c").status().code(), absl::StatusCode::kNotFound);
+  // The same hash twice is refused (UNIQUE): two tokens can never collide silently.
+  EXPECT_FALSE(store->InsertToken("hash-a", "mallory", "").ok());
+  ASSERT_OK_AND_ASSIGN(auto alices, store->ListTokens("alice"));
+  ASSERT_EQ(alices.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(auto all, store->ListTokens(""));
+  EXPECT_EQ(all.size(), 2u);
+  ASSERT_OK(store->DeleteToken(a));
+  EXPECT_EQ(store->UseToken("hash-a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->DeleteToken(a).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->GetToken(a).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobStoreTest, UsageAddsUpAndDecaysWithTheHalfLife) {
+  ASSERT_OK_AND_ASSIGN(auto store, JobStore::Open(path_));
+  ASSERT_OK(store->AddUsage("alice", 100, 0));  // half-life 0: never decays
+  ASSERT_OK(store->AddUsage("alice", 50, 0));
+  ASSERT_OK(store->AddUsage("bob", 10, 0));
+  ASSERT_OK_AND_ASSIGN(auto usage, store->Usage(0));
+  EXPECT_DOUBLE_EQ(usage["alice"], 150);
+  EXPECT_DOUBLE_EQ(usage["bob"], 10);
+  // Read back with a 0.2 s half-life after ~0.4 s: about a quarter is left.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  ASSERT_OK_AND_ASSIGN(auto decayed, store->Usage(0.2));
+  EXPECT_LT(decayed["alice"], 150 * 0.3);
+  EXPECT_GT(decayed["alice"], 150 * 0.05);
+  // Both decay alike (recorded a few ms apart, which a 0.2 s half-life barely sees).
+  EXPECT_NEAR(decayed["alice"] / decayed["bob"], 15, 0.5);
 }
 
 TEST_F(JobStoreTest, CountByStateCountsEveryState) {
