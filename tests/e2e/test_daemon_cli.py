@@ -167,8 +167,9 @@ def read_safetensors_header(path):
 class Daemon:
     """One megatraind process on a Unix socket and a state folder under `root`."""
 
-    def __init__(self, root, metrics_listen="127.0.0.1:0", env=None):
+    def __init__(self, root, metrics_listen="127.0.0.1:0", env=None, args=()):
         self.root = root
+        self.args = list(args)  # more megatraind flags (--config FILE)
         self.env = env  # extra environment (fault injection)
         self.metrics_listen = metrics_listen  # port 0: tests run side by side
         self.socket = os.path.join(root, "sock")
@@ -186,7 +187,7 @@ class Daemon:
             log.flush()
             self.proc = subprocess.Popen(
                 [MEGATRAIND, "--listen", self.addr, "--state-dir", self.state_dir,
-                 "--metrics-listen", self.metrics_listen],
+                 "--metrics-listen", self.metrics_listen, *self.args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=dict(os.environ, **(self.env or {})))
         deadline = time.monotonic() + WAIT_S
@@ -248,7 +249,7 @@ class DaemonTestCase(unittest.TestCase):
         self.data_path = os.path.join(self.tmp, "data.jsonl")
         write_dataset(self.data_path)
         os.chmod(self.data_path, 0o644)
-        self.daemon = Daemon(self.tmp, env=self.daemon_env())
+        self.daemon = Daemon(self.tmp, env=self.daemon_env(), args=self.daemon_args())
         # A cleanup, not tearDown: it runs even when setUp fails after this point.
         self.addCleanup(self._stop_daemon_and_clean)
         self.daemon.start()
@@ -256,6 +257,10 @@ class DaemonTestCase(unittest.TestCase):
     def daemon_env(self):
         """Extra environment for the daemon (subclasses inject faults through it)."""
         return None
+
+    def daemon_args(self):
+        """More megatraind flags (subclasses configure the daemon through them)."""
+        return ()
 
     def _stop_daemon_and_clean(self):
         rc = self.daemon.stop()
