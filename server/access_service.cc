@@ -77,6 +77,12 @@ grpc::Status AccessServiceImpl::CreateToken(grpc::ServerContext* ctx,
   MT_IDENTIFY(who, ctx);
   const std::string user = req->user().empty() ? who.user : req->user();
   auto create = [&]() -> grpc::Status {
+    // Only where the kernel vouches for the caller: a leaked token cannot mint more.
+    if (who.via.rfind("token", 0) == 0) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          "tokens are created on the machine itself, over the Unix socket, not "
+                          "with another token");
+    }
     if (user != who.user) {
       if (grpc::Status admin = AdminOnly(who, *auth_, "creating another user's token");
           !admin.ok()) {

@@ -3,7 +3,7 @@
 //
 //   listen: unix:/run/megatrain/megatrain.sock   # or host:port for TCP
 //   state_dir: /var/lib/megatrain                # the job database and default checkpoints
-//   device: auto                                 # auto | cpu | cuda:N
+//   device: auto                                 # auto | cpu | cuda:N[,cuda:M...]: a lane each
 //   host_memory_fraction: 0.9                    # of MemTotal that jobs may be admitted with
 //   metrics_listen: 127.0.0.1:9470               # Prometheus /metrics; "" turns it off
 //   gpu_peak_tflops: 0                           # MFU's peak; 0 = measure a GEMM at start

@@ -111,8 +111,14 @@ void DaemonMetrics::CollectJobs(MetricsRegistry& r) {
   }
 }
 
+std::string DaemonMetrics::GpuLabel(const v1::Job& job) const {
+  const std::string& d = job.device();
+  if (d.rfind("cuda:", 0) == 0) return d.substr(5);
+  return d.empty() ? options_.gpu : "cpu";
+}
+
 MetricLabels DaemonMetrics::JobLabels(const v1::Job& job) const {
-  return {{"job", std::to_string(job.id())}, {"user", job.owner()}, {"gpu", options_.gpu}};
+  return {{"job", std::to_string(job.id())}, {"user", job.owner()}, {"gpu", GpuLabel(job)}};
 }
 
 void DaemonMetrics::JobStarted(const v1::Job& job, int64_t pinned_host_bytes,
@@ -136,10 +142,10 @@ void DaemonMetrics::JobStarted(const v1::Job& job, int64_t pinned_host_bytes,
     registry_->Add("megatrain_pcie_bytes_total", d, 0);
   }
   registry_->Add("megatrain_checkpoint_bytes_total", l, 0);
-  if (!options_.dcgm_job_mapping_dir.empty() && options_.gpu != "cpu") {
+  if (!options_.dcgm_job_mapping_dir.empty() && GpuLabel(job) != "cpu") {
     std::error_code ec;
     std::filesystem::create_directories(options_.dcgm_job_mapping_dir, ec);
-    std::ofstream(std::filesystem::path(options_.dcgm_job_mapping_dir) / options_.gpu)
+    std::ofstream(std::filesystem::path(options_.dcgm_job_mapping_dir) / GpuLabel(job))
         << job.id() << "\n";
   }
 }
@@ -193,9 +199,9 @@ void DaemonMetrics::CheckpointWritten(const v1::Job& job, double seconds, int64_
 
 void DaemonMetrics::JobStopped(const v1::Job& job) {
   registry_->RemoveSeries("job", std::to_string(job.id()));
-  if (!options_.dcgm_job_mapping_dir.empty() && options_.gpu != "cpu") {
+  if (!options_.dcgm_job_mapping_dir.empty() && GpuLabel(job) != "cpu") {
     std::error_code ec;
-    std::filesystem::remove(std::filesystem::path(options_.dcgm_job_mapping_dir) / options_.gpu, ec);
+    std::filesystem::remove(std::filesystem::path(options_.dcgm_job_mapping_dir) / GpuLabel(job), ec);
   }
 }
 

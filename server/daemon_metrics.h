@@ -43,6 +43,9 @@ class DaemonMetrics {
 
  private:
   MetricLabels JobLabels(const v1::Job& job) const;
+  // The gpu label of a job: its device's index ("cuda:1" -> "1"), "cpu", or options.gpu
+  // for a job with no device recorded.
+  std::string GpuLabel(const v1::Job& job) const;
   void CollectJobs(MetricsRegistry& r);
 
   MetricsRegistry* registry_;

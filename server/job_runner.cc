@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
@@ -28,28 +29,49 @@ bool Terminal(v1::JobState s) {
 }  // namespace
 
 JobRunner::JobRunner(JobStore* store, EventHub* hub, const JobRunnerOptions& options)
-    : store_(store), hub_(hub), options_(options) {}
+    : store_(store), hub_(hub), options_(options) {
+  for (const std::string& device : options_.devices) {
+    lanes_.push_back(std::make_unique<Lane>());
+    lanes_.back()->device = device;
+  }
+}
 
 JobRunner::~JobRunner() { Shutdown(); }
 
-void JobRunner::Start() { thread_ = std::thread([this] { Loop(); }); }
+void JobRunner::Start() {
+  for (auto& lane : lanes_) {
+    Lane* l = lane.get();
+    l->thread = std::thread([this, l] { Loop(*l); });
+  }
+}
 
 void JobRunner::Shutdown() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
   }
-  if (thread_.joinable()) thread_.join();
+  for (auto& lane : lanes_) {
+    if (lane->thread.joinable()) lane->thread.join();
+  }
 }
 
 void JobRunner::Wake() {
   MutexLock lock(&mu_);
-  wake_ = true;
+  for (auto& lane : lanes_) lane->wake = true;
 }
 
-int64_t JobRunner::running_job() const {
+std::vector<int64_t> JobRunner::running_jobs() const {
   MutexLock lock(&mu_);
-  return running_;
+  std::vector<int64_t> ids;
+  for (const auto& lane : lanes_) ids.push_back(lane->running);
+  return ids;
+}
+
+JobRunner::Lane* JobRunner::LaneRunning(int64_t job_id) {
+  for (auto& lane : lanes_) {
+    if (lane->running == job_id && job_id != 0) return lane.get();
+  }
+  return nullptr;
 }
 
 absl::Status JobRunner::SetState(v1::Job* job, v1::JobState state, const std::string& why) {
@@ -97,34 +119,37 @@ void JobRunner::Log(int64_t job_id, const std::string& text) {
 
 absl::Status JobRunner::CancelRunning(int64_t job_id, const std::string& why) {
   MutexLock lock(&mu_);
-  if (running_ != job_id) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running"));
-  request_ = Request::kCancel;
-  cancel_why_ = why;
+  Lane* lane = LaneRunning(job_id);
+  if (lane == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running"));
+  lane->request = Request::kCancel;
+  lane->cancel_why = why;
   return absl::OkStatus();
 }
 
 absl::Status JobRunner::HoldRunning(int64_t job_id) {
   MutexLock lock(&mu_);
-  if (running_ != job_id) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running"));
-  request_ = Request::kHold;
+  Lane* lane = LaneRunning(job_id);
+  if (lane == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not running"));
+  lane->request = Request::kHold;
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::CheckpointJobResponse> JobRunner::CheckpointRunning(int64_t job_id) {
   MutexLock lock(&mu_);
-  if (running_ != job_id) {
+  Lane* lane = LaneRunning(job_id);
+  if (lane == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is not running"));
   }
-  const int64_t ticket = checkpoints_done_ + 1;
-  ++checkpoint_requests_;
+  const int64_t ticket = lane->checkpoints_done + 1;
+  ++lane->checkpoint_requests;
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return checkpoints_done_ >= ticket || running_ != job_id;
+    return lane->checkpoints_done >= ticket || lane->running != job_id;
   };
   mu_.Await(done);
-  if (checkpoints_done_ < ticket) {
+  if (lane->checkpoints_done < ticket) {
     return absl::AbortedError(absl::StrCat("job ", job_id, " stopped before the checkpoint"));
   }
-  return last_checkpoint_;
+  return lane->last_checkpoint;
 }
 
 void JobRunner::SetWaiting(int64_t id, const std::string& why) {
@@ -148,16 +173,18 @@ struct UserLoad {
 
 }  // namespace
 
-bool JobRunner::PickNext(v1::Job* job) {
+bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
   for (;;) {
     absl::StatusOr<std::vector<v1::Job>> queued = store_->ListInState(v1::JOB_STATE_QUEUED);
     if (!queued.ok() || queued->empty()) return false;
     absl::StatusOr<std::vector<v1::Job>> running = store_->ListInState(v1::JOB_STATE_RUNNING);
     std::map<std::string, UserLoad> load;
+    int64_t reserved = 0;  // what running jobs were admitted with
     if (running.ok()) {
       for (const v1::Job& r : *running) {
         load[r.owner()].running += 1;
         load[r.owner()].host_bytes += r.host_bytes_estimate();
+        reserved += r.host_bytes_estimate();
       }
     }
     const double half_life_s = config().fair_share_half_life_hours * 3600;
@@ -176,7 +203,11 @@ bool JobRunner::PickNext(v1::Job* job) {
       if (ua != ub) return ua < ub;
       return a->id() < b->id();
     });
-    const int64_t available = ReadHostMemory().available_bytes;
+    int64_t available = ReadHostMemory().available_bytes;
+    if (options_.host_memory_bytes > 0) {
+      // A job another lane just claimed holds its memory before it has allocated it.
+      available = std::min(available, options_.host_memory_bytes - reserved);
+    }
     const v1::Job* best = nullptr;
     for (const v1::Job* j : order) {
       const UserLimits limits = config().LimitsFor(j->owner());
@@ -203,9 +234,10 @@ bool JobRunner::PickNext(v1::Job* job) {
     if (best == nullptr) return false;
     {
       MutexLock lock(&mu_);
-      running_ = best->id();  // from here on, requests for it reach this runner
-      request_ = Request::kNone;
-      checkpoint_requests_ = 0;
+      lane.running = best->id();  // from here on, requests for it reach this lane
+      lane.running_priority = best->priority();
+      lane.request = Request::kNone;
+      lane.checkpoint_requests = 0;
     }
     SetWaiting(best->id(), "");
     absl::StatusOr<v1::Job> claimed =
@@ -215,54 +247,71 @@ bool JobRunner::PickNext(v1::Job* job) {
       return true;
     }
     MutexLock lock(&mu_);
-    running_ = 0;  // cancelled or held meanwhile: look again
+    lane.running = 0;  // cancelled, held or taken by another lane meanwhile: look again
   }
 }
 
-std::optional<v1::Job> JobRunner::Preemptor(const v1::Job& running) {
+std::optional<v1::Job> JobRunner::Preemptor(Lane& lane, const v1::Job& running) {
   if (!config().preemption) return std::nullopt;
+  std::set<int64_t> taken;  // waiting jobs other lanes already step aside for
+  {
+    MutexLock lock(&mu_);
+    for (const auto& other : lanes_) {
+      if (other->running == 0) return std::nullopt;  // an idle lane will take it
+      if (other.get() == &lane) continue;
+      if (other->preempting_for != 0) taken.insert(other->preempting_for);
+      // Only the lane with the lowest-priority job steps aside (ties: the first lane).
+      if (other->running_priority < running.priority() ||
+          (other->running_priority == running.priority() && other.get() < &lane)) {
+        return std::nullopt;
+      }
+    }
+  }
   absl::StatusOr<std::vector<v1::Job>> queued = store_->ListInState(v1::JOB_STATE_QUEUED);
   if (!queued.ok()) return std::nullopt;
   // What the host would have once this job left.
   const int64_t available = ReadHostMemory().available_bytes + running.host_bytes_estimate();
   const v1::Job* best = nullptr;
   for (const v1::Job& j : *queued) {
-    if (j.priority() <= running.priority()) continue;
+    if (j.priority() <= running.priority() || taken.count(j.id()) > 0) continue;
     if (j.host_bytes_estimate() > available) continue;
     if (best == nullptr || j.priority() > best->priority()) best = &j;
   }
   if (best == nullptr) return std::nullopt;
+  MutexLock lock(&mu_);
+  lane.preempting_for = best->id();
   return *best;
 }
 
-void JobRunner::Loop() {
+void JobRunner::Loop(Lane& lane) {
   for (;;) {
     {
       MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || lane.wake; };
       mu_.AwaitWithTimeout(ready, absl::Seconds(1));
       if (stop_) return;
-      wake_ = false;
+      lane.wake = false;
     }
     v1::Job job;
-    while (PickNext(&job)) {
-      Run(job);
+    while (PickNext(lane, &job)) {
+      Run(lane, job);
       MutexLock lock(&mu_);
       if (stop_) return;
     }
   }
 }
 
-void JobRunner::Run(v1::Job job) {
+void JobRunner::Run(Lane& lane, v1::Job job) {
   auto finish = [&](v1::JobState state, const std::string& why) {
     (void)SetState(&job, state, why);
     MutexLock lock(&mu_);
-    running_ = 0;
+    lane.running = 0;
+    lane.preempting_for = 0;
   };
-  job.set_device(options_.device);
+  job.set_device(lane.device);
   job.clear_error();
   (void)store_->Update(job);
-  Log(job.id(), absl::StrCat("running on ", options_.device));
+  Log(job.id(), absl::StrCat("running on ", lane.device));
 
   absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml(), "", "stored job spec");
   if (!spec.ok()) {
@@ -271,7 +320,10 @@ void JobRunner::Run(v1::Job job) {
   }
   spec->checkpoint_dir = job.checkpoint_dir();
   // The runner's device decides where "auto" jobs run.
-  if (spec->backend == "auto") spec->backend = options_.device == "cpu" ? "cpu" : "cuda";
+  // The lane's device decides where "auto" and CUDA jobs run (never the GPU a spec
+  // names: that one may be another lane's).
+  if (spec->backend == "auto") spec->backend = lane.device;
+  if (spec->backend.rfind("cuda", 0) == 0 && lane.device != "cpu") spec->backend = lane.device;
   // Everything that touches the job's files runs on a worker that is its owner.
   absl::StatusOr<Caller> owner = job.owner_uid() != 0 || job.owner() == "root"
                                      ? LookupUid(job.owner_uid())
@@ -356,9 +408,9 @@ void JobRunner::Run(v1::Job job) {
   int64_t answering_step = -1;
   auto answer = [&](absl::StatusOr<v1::CheckpointJobResponse> response) {
     MutexLock lock(&mu_);
-    last_checkpoint_ = std::move(response);
-    checkpoint_requests_ = 0;
-    ++checkpoints_done_;
+    lane.last_checkpoint = std::move(response);
+    lane.checkpoint_requests = 0;
+    ++lane.checkpoints_done;
     answering_step = -1;
   };
   while (!t.done()) {
@@ -367,8 +419,8 @@ void JobRunner::Run(v1::Job job) {
     bool stop;
     {
       MutexLock lock(&mu_);
-      request = request_;
-      checkpoint_requests = checkpoint_requests_;
+      request = lane.request;
+      checkpoint_requests = lane.checkpoint_requests;
       stop = stop_;
     }
     if (checkpoint_requests > 0 && answering_step < 0) {
@@ -381,7 +433,7 @@ void JobRunner::Run(v1::Job job) {
       std::string why;
       {
         MutexLock lock(&mu_);
-        why = cancel_why_;
+        why = lane.cancel_why;
       }
       return finish(v1::JOB_STATE_CANCELLED, why);
     }
@@ -390,7 +442,7 @@ void JobRunner::Run(v1::Job job) {
     std::optional<v1::Job> preemptor;
     if (absl::Now() >= next_preemption_check) {
       next_preemption_check = absl::Now() + absl::Seconds(1);
-      preemptor = Preemptor(job);
+      preemptor = Preemptor(lane, job);
     }
     if (preemptor.has_value()) {
       absl::StatusOr<std::string> path = save();
@@ -403,6 +455,8 @@ void JobRunner::Run(v1::Job job) {
       }
       Log(job.id(), absl::StrCat("not preempted: the checkpoint failed: ",
                                  path.status().ToString()));
+      MutexLock lock(&mu_);
+      lane.preempting_for = 0;
     }
     if (request == Request::kHold || stop) {
       absl::StatusOr<std::string> path = save();

@@ -1,11 +1,15 @@
-// JobRunner: the worker that owns one device and runs its queue, one job at a time.
+// JobRunner: the daemon's devices and the one queue they drain. Each device has a lane
+// (a thread) that runs one job at a time on it, with the job's host store on the NUMA
+// node nearest that device; an idle lane takes the best job it may run.
 //
 // Order: highest priority first; within a priority, the user with the least recent
 // device time (fair share: device seconds decaying with the configured half-life), then
 // the oldest job. A job is skipped, and waits with a reason in Job.waiting, while its
 // user is at their running-jobs or host-memory limit or while the host has less memory
-// available than the job's plan needs. With preemption on, a running job is checkpointed
-// and requeued (losing no step) when a job of higher priority is waiting and would fit.
+// available than the job's plan needs (less than the node's admissible memory minus what
+// running jobs were admitted with). With preemption on, when no lane is idle, the lane
+// running the lowest-priority job checkpoints and requeues it (losing no step) for a
+// waiting job of higher priority that would fit.
 //
 // A job's files are touched only as its owner: the trainer is created, stepped,
 // checkpointed and destroyed on a UserWorker of the owner (server/run_as.h).
@@ -24,6 +28,7 @@
 #include <string>
 #include <initializer_list>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/mutex.h"
@@ -37,7 +42,9 @@
 namespace megatrain::server {
 
 struct JobRunnerOptions {
-  std::string device = "cpu";  // "cpu" or "cuda:N"
+  // One lane per entry: "cpu" or "cuda:N" (a "cpu" entry may repeat).
+  std::vector<std::string> devices = {"cpu"};
+  int64_t host_memory_bytes = 0;  // what jobs may be admitted with in all; 0 = no limit
   std::string state_dir;       // default checkpoints: state_dir/jobs/<id>/checkpoints
   DaemonMetrics* metrics = nullptr;  // optional: what jobs report to Prometheus
   const MachineProfile* profile = nullptr;  // the planner's rates; null = measure
@@ -56,12 +63,13 @@ class JobRunner {
   // A job was queued or released: look at the queue again.
   void Wake();
 
-  // Requests against the running job; NotFound when it is not the running one.
+  // Requests against a running job; NotFound when no lane runs it.
   absl::Status CancelRunning(int64_t job_id, const std::string& why = "cancelled");
   absl::Status HoldRunning(int64_t job_id);
   // Blocks until the checkpoint after the current step is written.
   absl::StatusOr<v1::CheckpointJobResponse> CheckpointRunning(int64_t job_id);
-  int64_t running_job() const;
+  // The jobs running now, one entry per lane (0: idle).
+  std::vector<int64_t> running_jobs() const;
 
   // Commits a state change and tells watchers. REQUIRES: the caller owns the job's
   // state (the runner while it runs the job; otherwise use Transition).
@@ -74,13 +82,28 @@ class JobRunner {
 
  private:
   enum class Request { kNone, kCancel, kHold };
-  void Loop();
-  bool PickNext(v1::Job* job);
-  void Run(v1::Job job);
+  // One device's worker. Every field but `device` and `thread` is guarded by mu_.
+  struct Lane {
+    std::string device;
+    std::thread thread;
+    bool wake = false;
+    int64_t running = 0;
+    int32_t running_priority = 0;
+    int64_t preempting_for = 0;  // the job this lane is stepping aside for
+    Request request = Request::kNone;
+    std::string cancel_why;
+    int64_t checkpoint_requests = 0;  // pending
+    int64_t checkpoints_done = 0;     // completed request rounds
+    absl::StatusOr<v1::CheckpointJobResponse> last_checkpoint;
+  };
+  void Loop(Lane& lane);
+  bool PickNext(Lane& lane, v1::Job* job);
+  void Run(Lane& lane, v1::Job job);
+  Lane* LaneRunning(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes why queued job `id` waits ("" : it no longer does), if that changed.
   void SetWaiting(int64_t id, const std::string& why);
-  // A queued job that should take the device from `running`, if any (preemption).
-  std::optional<v1::Job> Preemptor(const v1::Job& running);
+  // A queued job that should take `lane`'s device from `running`, if any (preemption).
+  std::optional<v1::Job> Preemptor(Lane& lane, const v1::Job& running);
   const DaemonConfig& config() const { return options_.config != nullptr ? *options_.config : defaults_; }
 
   DaemonConfig defaults_;
@@ -88,18 +111,11 @@ class JobRunner {
   JobStore* store_;
   EventHub* hub_;
   JobRunnerOptions options_;
-  std::thread thread_;
 
-  Mutex transition_mu_;  // serialises Transition() calls
+  Mutex transition_mu_;  // serialises Transition() calls, across lanes
   mutable Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool wake_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
-  Request request_ ABSL_GUARDED_BY(mu_) = Request::kNone;
-  std::string cancel_why_ ABSL_GUARDED_BY(mu_);
-  int64_t checkpoint_requests_ ABSL_GUARDED_BY(mu_) = 0;  // pending
-  int64_t checkpoints_done_ ABSL_GUARDED_BY(mu_) = 0;     // completed request rounds
-  absl::StatusOr<v1::CheckpointJobResponse> last_checkpoint_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Lane>> lanes_;  // fixed at construction
 };
 
 }  // namespace megatrain::server

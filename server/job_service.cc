@@ -145,6 +145,13 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
                                      "'s highest, ", limits.max_priority,
                                      " (higher priorities are for admins)"));
   }
+  if (!files.ok()) return ToGrpc(files);
+  // The plan admits the job: it names the memory that runs out when it cannot fit.
+  v1::JobPlan plan;
+  if (grpc::Status planned = Plan(*spec, &plan); !planned.ok()) return planned;
+  const int64_t need = plan.host_bytes();
+
+  MutexLock lock(&submit_mu_);  // admission sees every job admitted before it
   if (!who.admin && limits.max_queued_jobs > 0) {
     absl::StatusOr<std::vector<v1::Job>> waiting = store_->List(
         {v1::JOB_STATE_QUEUED, v1::JOB_STATE_HELD}, who.user, 0, limits.max_queued_jobs + 1);
@@ -157,13 +164,6 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
                                        "allowed (limits.max_queued_jobs); cancel some or wait"));
     }
   }
-  if (!files.ok()) return ToGrpc(files);
-  // The plan admits the job: it names the memory that runs out when it cannot fit.
-  v1::JobPlan plan;
-  if (grpc::Status planned = Plan(*spec, &plan); !planned.ok()) return planned;
-  const int64_t need = plan.host_bytes();
-
-  MutexLock lock(&submit_mu_);
   if (options_.host_memory_bytes > 0 && need > options_.host_memory_bytes) {
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                         absl::StrFormat("job needs %.2f GiB of host memory; this node has %.2f GiB "

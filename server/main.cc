@@ -14,10 +14,16 @@
 #include <fstream>
 #include <sstream>
 #include <memory>
+#include <set>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -37,6 +43,45 @@
 
 namespace megatrain::server {
 namespace {
+
+// The lanes of `spec`: "auto" (every GPU, else the CPU), or a comma-separated list of
+// "cpu" (may repeat: several CPU lanes), "cuda" (= cuda:0) and "cuda:N".
+absl::StatusOr<std::vector<std::string>> ResolveDevices(const std::string& spec) {
+  std::vector<std::string> devices;
+  const int gpus = CudaAvailable() ? static_cast<int>(ListGpus().size()) : 0;
+  if (spec == "auto") {
+    for (int i = 0; i < gpus; ++i) devices.push_back(absl::StrCat("cuda:", i));
+    if (devices.empty()) devices.push_back("cpu");
+    return devices;
+  }
+  std::set<std::string> seen;
+  for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
+    std::string d(absl::StripAsciiWhitespace(part));
+    if (d == "cuda") d = "cuda:0";
+    if (d != "cpu") {
+      const int index = CudaDeviceIndexOf(d);
+      if (d.rfind("cuda:", 0) != 0 || index < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "device must be auto, or a comma-separated list of cpu and cuda:N, got '", d, "'"));
+      }
+      if (index >= gpus) {
+        return absl::InvalidArgumentError(absl::StrCat("device ", d, " requested, but ", gpus,
+                                                       " CUDA device(s) are usable"));
+      }
+      if (!seen.insert(d).second) {
+        return absl::InvalidArgumentError(absl::StrCat("device ", d, " is listed twice"));
+      }
+      if (!devices.empty() && devices.front() == "cpu") {
+        return absl::InvalidArgumentError("device: mix no cpu lanes with GPUs");
+      }
+    } else if (!devices.empty() && devices.front() != "cpu") {
+      return absl::InvalidArgumentError("device: mix no cpu lanes with GPUs");
+    }
+    devices.push_back(d);
+  }
+  if (devices.empty()) return absl::InvalidArgumentError("device is empty");
+  return devices;
+}
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -73,19 +118,14 @@ int Run(const DaemonConfig& config) {
   }
   chmod(db_path.c_str(), 0600);
   EventHub hub;
-  std::string device = config.device;
-  if (device == "auto") device = CudaAvailable() ? "cuda:0" : "cpu";
-  if (device != "cpu" && device != "cuda:0" && device != "cuda") {
-    std::fprintf(stderr, "megatraind: device must be auto, cpu or cuda:0, got '%s'\n",
-                 device.c_str());
+  absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(config.device);
+  if (!devices.ok()) {
+    std::fprintf(stderr, "megatraind: %s\n", std::string(devices.status().message()).c_str());
     return 2;
   }
-  if (device != "cpu" && !CudaAvailable()) {
-    std::fprintf(stderr, "megatraind: device %s requested, but no CUDA device is usable\n",
-                 device.c_str());
-    return 2;
-  }
-  if (device == "cuda") device = "cuda:0";
+  // The first device stands for all in the planner and the node's labels: the GPUs of one
+  // box are alike.
+  const std::string device = devices->front();
   MetricsRegistry registry;
   DaemonMetricsOptions metrics_options;
   metrics_options.gpu = device == "cpu" ? "cpu" : device.substr(device.find(':') + 1);
@@ -128,7 +168,10 @@ int Run(const DaemonConfig& config) {
     }
     metrics_server = std::move(*started);
   }
-  JobRunnerOptions runner_options{device, config.state_dir};
+  JobRunnerOptions runner_options;
+  runner_options.devices = *devices;
+  runner_options.state_dir = config.state_dir;
+  runner_options.host_memory_bytes = admissible;
   runner_options.config = &config;
   runner_options.metrics = &metrics;
   runner_options.profile = &(*planner)->profile();
@@ -229,7 +272,7 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "YAML config file (optional)");
   app.add_option("--listen", listen, "Unix socket: unix:/path (default " + config.listen + ")");
   app.add_option("--state-dir", state_dir, "job database and checkpoints (default " + config.state_dir + ")");
-  app.add_option("--device", device, "auto | cpu");
+  app.add_option("--device", device, "auto (every GPU, else the CPU) | cpu | cuda:N[,cuda:M...]");
   app.add_option("--metrics-listen", metrics_listen,
                  "Prometheus /metrics host:port, \"\" for none (default " + config.metrics_listen + ")");
   app.add_option("--tcp-listen", tcp_listen, "also listen on host:port, TLS and tokens only");

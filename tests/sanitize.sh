@@ -43,8 +43,8 @@ fi
 if [[ $WHICH == tsan || $WHICH == all ]]; then
   dir="$ROOT/build-tsan"
   configure "$dir" thread
-  mapfile -t t < <(targets "$dir" '^(pipeline|trainer|job_store|metrics|daemon_metrics|server_mutex)_test$')
-  [[ ${#t[@]} -ge 6 ]] || { echo "sanitize.sh: TSan targets not found: ${t[*]}" >&2; exit 1; }
+  mapfile -t t < <(targets "$dir" '^(pipeline|trainer|job_store|metrics|daemon_metrics|server_mutex|access)_test$')
+  [[ ${#t[@]} -ge 7 ]] || { echo "sanitize.sh: TSan targets not found: ${t[*]}" >&2; exit 1; }
   cmake --build "$dir" -j"$jobs" --target "${t[@]}"
   # OpenMP teams of one: libgomp is not instrumented, so its barriers would read as races.
   # Our own threads (the CPU backend's streams, the host optimizer) are

@@ -17,12 +17,27 @@ bool CudaAvailable() {
 #endif
 }
 
+int CudaDeviceIndexOf(const std::string& kind) {
+  if (kind.rfind("cuda:", 0) != 0) return 0;
+  const std::string digits = kind.substr(5);
+  if (digits.empty() || digits.size() > 4 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return -1;
+  }
+  return std::stoi(digits);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendRequest& request) {
   if (request.kind == "cpu" || (request.kind == "auto" && !CudaAvailable())) {
     return CreateCpuBackend(CpuBackendOptions{});
   }
 #ifdef MEGATRAIN_HAS_CUDA
   CudaBackendOptions o;
+  o.device = CudaDeviceIndexOf(request.kind);
+  if (o.device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend '", request.kind, "': expected cuda:N with N a device index"));
+  }
   o.device_memory_cap_bytes = request.device_memory_cap_bytes;
   return CreateCudaBackend(o);
 #else
@@ -34,7 +49,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendRequest& req
 
 int BackendNumaNode(const BackendRequest& request) {
 #ifdef MEGATRAIN_HAS_CUDA
-  if (request.kind != "cpu" && CudaAvailable()) return CudaDeviceNumaNode(0);
+  if (request.kind != "cpu" && CudaAvailable() && CudaDeviceIndexOf(request.kind) >= 0) {
+    return CudaDeviceNumaNode(CudaDeviceIndexOf(request.kind));
+  }
 #endif
   return -1;
 }

@@ -1,5 +1,5 @@
-// Picks the backend a job runs on: "cpu", "cuda" (device 0), or "auto" (CUDA when this
-// build has it and a device is present, else the CPU).
+// Picks the backend a job runs on: "cpu", "cuda" (device 0), "cuda:N", or "auto" (CUDA
+// device 0 when this build has it and a device is present, else the CPU).
 #pragma once
 
 #include <memory>
@@ -12,9 +12,13 @@
 namespace megatrain {
 
 struct BackendRequest {
-  std::string kind = "auto";            // auto | cpu | cuda
+  std::string kind = "auto";            // auto | cpu | cuda | cuda:N
   int64_t device_memory_cap_bytes = 0;  // CUDA: 0 = the device's free memory
 };
+
+// The CUDA device index of a kind: "cuda" and "auto" are 0, "cuda:N" is N; -1 when the
+// text after "cuda:" is not a device index.
+int CudaDeviceIndexOf(const std::string& kind);
 
 // True when this build has the CUDA backend and a CUDA device is visible.
 bool CudaAvailable();

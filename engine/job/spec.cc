@@ -167,8 +167,12 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   RETURN_IF_ERROR(top.String("name", &spec->name));
   RETURN_IF_ERROR(top.String("backend", &spec->backend));
   RETURN_IF_ERROR(top.Int("device_memory_cap_bytes", &spec->device_memory_cap_bytes, 0));
-  if (spec->backend != "auto" && spec->backend != "cpu" && spec->backend != "cuda") {
-    return top.Error("backend", absl::StrCat("must be auto, cpu or cuda, got '", spec->backend, "'"));
+  const bool cuda_n = spec->backend.rfind("cuda:", 0) == 0 && spec->backend.size() > 5 &&
+                      spec->backend.size() <= 9 &&
+                      spec->backend.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (spec->backend != "auto" && spec->backend != "cpu" && spec->backend != "cuda" && !cuda_n) {
+    return top.Error("backend",
+                     absl::StrCat("must be auto, cpu, cuda or cuda:N, got '", spec->backend, "'"));
   }
 
   if (!top.Has("model")) return absl::InvalidArgumentError("field 'model' is required");

@@ -407,6 +407,54 @@ class SchedulingTest(SharingTestCase):
             self.assertTrue(a == b, f"{rel} differs between {got} and {want}")
 
 
+class LanesTest(SharingTestCase):
+    """Two lanes (--device cpu,cpu: what two GPUs are, on a machine without one): each runs
+    its own job from the one queue; per-user running limits and preemption across lanes."""
+
+    LIMITS = {"max_running_jobs": 1, "max_priority": 10}
+
+    def daemon_args(self):
+        return (*super().daemon_args(), "--device", "cpu,cpu")
+
+    def running(self):
+        pages = self.cli_json_lines("list", "--state", "running")
+        return {int(j["id"]): j for page in pages for j in page.get("jobs", [])}
+
+    def test_two_lanes_run_two_users_and_a_user_waits_at_their_running_limit(self):
+        a1 = self.submit_as(ALICE, make_spec(steps=100000, name="a1"))
+        self.wait_running_at(a1, 1)
+        a2 = self.submit_as(ALICE, make_spec(steps=100000, name="a2"))
+        b1 = self.submit_as(BOB, make_spec(steps=100000, name="b1"))
+        # bob's job takes the second lane; alice's second waits, saying why.
+        self.wait_running_at(b1, 1)
+        waiting = self.wait_for(a2, lambda j: j.get("waiting", ""), "waiting with a reason")
+        self.assertEqual(waiting["state"], "JOB_STATE_QUEUED")
+        self.assertIn(f"{ALICE} has 1 running jobs, the most allowed", waiting["waiting"])
+        self.assertEqual(set(self.running()), {a1, b1})
+        # When alice's first ends, her second runs, and no longer waits.
+        self.expect(EXIT_OK, ALICE, "cancel", a1)
+        started = self.wait_running_at(a2, 1)
+        self.assertEqual(started["waiting"], "")
+        for job in (a2, b1):
+            self.cli_ok("cancel", job)
+
+    def test_preemption_takes_the_lane_of_the_lowest_priority_job(self):
+        low = self.submit_as(ALICE, make_spec(steps=100000, name="low"), "--priority", "0")
+        mid = self.submit_as(BOB, make_spec(steps=100000, name="mid"), "--priority", "1")
+        self.wait_running_at(low, 2)
+        self.wait_running_at(mid, 2)
+        high = self.submit_as(CAROL, make_spec(steps=5, name="high"), "--priority", "5")
+        self.watch_ok(high)
+        # low stepped aside (and is back, resumed), mid never did.
+        self.wait_running_at(low, 1)
+        self.assertEqual(int(self.status(low)["preemptions"]), 1)
+        self.assertEqual(int(self.status(mid)["preemptions"]), 0)
+        self.assertTrue(any(t.startswith(f"preempted by job {high}") for t in self.log_texts(low)))
+        self.assertIsNotNone(resumed_step(self.log_texts(low)))
+        for job in (low, mid):
+            self.cli_ok("cancel", job)
+
+
 class TokenTest(SharingTestCase):
     """TCP with TLS and per-user tokens."""
 
@@ -431,6 +479,9 @@ class TokenTest(SharingTestCase):
         bobs = self.json_as(BOB, "token", "create")["secret"]
         r = self.tcp(BOB, bobs, "cancel", job["id"], code=EXIT_PERMISSION)
         self.assertIn(f"belongs to {ALICE}", r.stderr)
+        # A token cannot mint more: that happens only where the kernel vouches for the caller.
+        r = self.tcp(ALICE, secret, "token", "create", code=EXIT_PERMISSION)
+        self.assertIn("over the Unix socket", r.stderr)
         # No token, a wrong one.
         r = self.tcp(ALICE, None, "list", code=EXIT_PERMISSION)
         self.assertIn("needs a token", r.stderr)
