@@ -230,10 +230,12 @@ int Run(const DaemonConfig& config) {
     return 1;
   }
   runner.Start();
-  std::printf("megatraind: listening on %s%s, state in %s, device %s (GEMM peak %.3g TFLOP/s), "
+  std::printf("megatraind: listening on %s%s, state in %s, %s %s (GEMM peak %.3g TFLOP/s), "
               "metrics %s\n",
               config.listen.c_str(),
-              config.tcp_listen.empty() ? "" : absl::StrCat(" and ", config.tcp_listen, " (TLS)").c_str(), config.state_dir.c_str(), device.c_str(),
+              config.tcp_listen.empty() ? "" : absl::StrCat(" and ", config.tcp_listen, " (TLS)").c_str(),
+              config.state_dir.c_str(), devices->size() > 1 ? "lanes" : "device",
+              absl::StrJoin(*devices, ", ").c_str(),
               metrics_options.peak_tflops,
               metrics_server ? absl::StrCat("http://", config.metrics_listen.substr(0, config.metrics_listen.rfind(':')), ":", metrics_server->port(), "/metrics").c_str() : "off");
   std::fflush(stdout);
