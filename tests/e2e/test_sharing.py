@@ -296,6 +296,18 @@ class FilesTest(SharingTestCase):
         ok["model"] = {"config_path": config}
         self.submit_as(ALICE, ok, "--hold", name="cfg.yaml")
 
+    def test_cannot_read_another_users_model(self):
+        # Alice's checkpoint is a Hugging Face model folder, hers alone.
+        ck = home(ALICE, "models")
+        a = self.submit_as(ALICE, make_spec(steps=2, name="make-model", checkpoint={"dir": ck}))
+        self.watch_ok(a)
+        model = self.status(a)["last_checkpoint"]
+        self.assertTrue(os.path.isfile(os.path.join(model, "model.safetensors")), model)
+        spec = make_spec(steps=2)
+        spec["model"] = {"path": model}
+        self.refused(BOB, spec, EXIT_PERMISSION, "model.path")
+        self.submit_as(ALICE, spec, "--hold", name="finetune.yaml")  # she may
+
     def test_cannot_write_into_another_users_folders(self):
         os.makedirs(home(ALICE, "open"), exist_ok=True)
         chown(home(ALICE, "open"), ALICE, 0o755)
