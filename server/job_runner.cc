@@ -8,6 +8,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
@@ -156,6 +157,19 @@ void JobRunner::SetWaiting(int64_t id, const std::string& why) {
   MutexLock lock(&transition_mu_);
   absl::StatusOr<v1::Job> job = store_->Get(id);
   if (!job.ok() || job->state() != v1::JOB_STATE_QUEUED || job->waiting() == why) return;
+  // A reason that only changes its numbers (memory available now) is noted once a minute,
+  // not every time a lane looks at the queue.
+  const absl::Time now = absl::Now();
+  auto noted = waiting_noted_.find(id);
+  if (!why.empty() && !job->waiting().empty() && noted != waiting_noted_.end() &&
+      now - noted->second < absl::Minutes(1)) {
+    return;
+  }
+  if (why.empty()) {
+    waiting_noted_.erase(id);
+  } else {
+    waiting_noted_[id] = now;
+  }
   job->set_waiting(why);
   if (store_->Update(*job).ok() && !why.empty()) Log(id, absl::StrCat("waiting: ", why));
   hub_->Notify(id);
@@ -335,10 +349,18 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", worker.status().ToString()));
   }
   UserWorker& as_owner = **worker;
-  // Checked again: a folder may have been swapped for a link since submission.
-  absl::Status files;
+  // The job's folder in the state folder (its default checkpoints) is its user's.
   const std::string own_dir =
       (std::filesystem::path(options_.state_dir) / "jobs" / std::to_string(job.id())).string();
+  if (absl::StartsWith(spec->checkpoint_dir, own_dir + "/")) {
+    absl::StatusOr<std::string> made = MakeJobFolder(options_.state_dir, job.id(), *owner);
+    if (!made.ok()) {
+      job.set_error(std::string(made.status().message()));
+      return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", made.status().ToString()));
+    }
+  }
+  // Checked again: a folder may have been swapped for a link since submission.
+  absl::Status files;
   as_owner.Do([&] {
     files = CheckJobFiles(*spec, FileRoots{config().file_roots, options_.state_dir}, own_dir);
   });
@@ -355,14 +377,16 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
   // Destroyed as the owner too: it may be finishing a checkpoint.
   absl::Cleanup destroy = [&] { as_owner.Do([&] { created->reset(); }); };
   // Fair share: the device time this job takes, charged to its owner as it goes.
+  // Recorded every 10 s at most (each record is a durable write), and when it stops.
   absl::Time charged_until = absl::Now();
-  auto charge = [&] {
+  auto charge = [&](bool now_or_never) {
     const absl::Time now = absl::Now();
+    if (!now_or_never && now - charged_until < absl::Seconds(10)) return;
     (void)store_->AddUsage(job.owner(), absl::ToDoubleSeconds(now - charged_until),
                            config().fair_share_half_life_hours * 3600);
     charged_until = now;
   };
-  absl::Cleanup charge_rest = [&] { charge(); };
+  absl::Cleanup charge_rest = [&] { charge(true); };
   absl::Time next_preemption_check = absl::Now() + absl::Seconds(1);
   Trainer& t = **created;
   if (options_.metrics != nullptr) {
@@ -527,7 +551,7 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
                                     r->step, r->total_steps, r->loss, r->lr, r->grad_norm,
                                     r->tokens_per_second));
     }
-    charge();
+    charge(false);
     hub_->Notify(job.id());
   }
   if (!spec->checkpoint_dir.empty()) {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -113,6 +114,7 @@ class JobRunner {
   JobRunnerOptions options_;
 
   Mutex transition_mu_;  // serialises Transition() calls, across lanes
+  std::map<int64_t, absl::Time> waiting_noted_ ABSL_GUARDED_BY(transition_mu_);
   mutable Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<Lane>> lanes_;  // fixed at construction

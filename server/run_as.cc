@@ -125,6 +125,11 @@ absl::Status CheckPathAllowed(const std::string& field, const std::string& path,
     return absl::PermissionDeniedError(
         absl::StrCat(field, ": cannot resolve ", path, ": ", ec.message()));
   }
+  // The job's own folder in the state folder is always allowed, whatever the roots.
+  if (!own_dir.empty()) {
+    const fs::path own = fs::weakly_canonical(own_dir, ec);
+    if (!ec && Within(real, own)) return absl::OkStatus();
+  }
   bool inside = roots.roots.empty();
   for (const std::string& root : roots.roots) {
     if (Within(real, fs::path(root))) inside = true;
@@ -137,8 +142,7 @@ absl::Status CheckPathAllowed(const std::string& field, const std::string& path,
   }
   if (!roots.state_dir.empty()) {
     const fs::path state = fs::weakly_canonical(roots.state_dir, ec);
-    const bool own = !own_dir.empty() && Within(real, fs::weakly_canonical(own_dir, ec));
-    if (!ec && Within(real, state) && !own) {
+    if (!ec && Within(real, state)) {
       return absl::PermissionDeniedError(absl::StrCat(
           field, ": ", path, " is inside the daemon's state folder ", roots.state_dir));
     }
@@ -161,6 +165,15 @@ absl::StatusOr<std::string> MakeJobFolder(const std::string& state_dir, int64_t 
       struct stat st {};
       if (::stat(p.c_str(), &st) == 0 && (st.st_mode & S_IXOTH) == 0) {
         ::chmod(p.c_str(), (st.st_mode & 07777) | S_IXUSR | S_IXGRP | S_IXOTH);
+      }
+    }
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) == 0 && st.st_uid != who.uid) {
+      // Created by a daemon before jobs ran as their users (or just now): the job's
+      // files become the user's. Links are changed, never followed.
+      for (auto it = fs::recursive_directory_iterator(dir, ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        (void)::lchown(it->path().c_str(), who.uid, who.gid);
       }
     }
     if (::chown(dir.c_str(), who.uid, who.gid) != 0) {

@@ -65,14 +65,15 @@ struct FileRoots {
   std::string state_dir;           // refused, except state_dir/jobs/<id>/ of the job
 };
 
-// Checks `path` (named `field` in the error) is inside one of the roots and not in the
-// daemon's state folder outside `own_dir`. Call on the user's worker: resolving the path
+// Checks `path` (named `field` in the error) is inside `own_dir` (the job's folder in the
+// state folder: always allowed), or inside one of the roots and not in the state folder. Call on the user's worker: resolving the path
 // walks folders as the user. `path` need not exist yet (a checkpoint folder).
 absl::Status CheckPathAllowed(const std::string& field, const std::string& path,
                               const FileRoots& roots, const std::string& own_dir);
 
 // Creates state_dir/jobs/<id>/ for a job of `who`, owned by them (mode 0700), with
-// state_dir and state_dir/jobs traversable (0711) so they can reach it. Returns its path.
+// state_dir and state_dir/jobs traversable (0711) so they can reach it; a folder an older
+// daemon left root's becomes theirs, with what is in it. Returns its path.
 absl::StatusOr<std::string> MakeJobFolder(const std::string& state_dir, int64_t id,
                                           const Caller& who);
 

@@ -120,7 +120,9 @@ class SharingTestCase(DaemonTestCase):
         self.port = free_port()
         config = {
             "admin_group": ADMINS,
-            "file_roots": [os.path.join(ROOT, "home"), self.tmp],
+            # The users' homes, and root's dataset; not the daemon's state folder, which
+            # holds the jobs' default checkpoint folders all the same.
+            "file_roots": [os.path.join(ROOT, "home"), os.path.join(self.tmp, "data.jsonl")],
             "tcp_listen": f"127.0.0.1:{self.port}",
             "tls_cert": os.path.join(ROOT, "tls", "cert.pem"),
             "tls_key": os.path.join(ROOT, "tls", "key.pem"),
@@ -329,7 +331,7 @@ class FilesTest(SharingTestCase):
         self.refused(BOB, make_spec(steps=2, data=outside), EXIT_PERMISSION,
                      "outside the folders this daemon works in")
         into_state = make_spec(steps=2, checkpoint={"dir": os.path.join(self.daemon.state_dir, "x")})
-        self.refused(ALICE, into_state, EXIT_PERMISSION, "state folder")
+        self.refused(ALICE, into_state, EXIT_PERMISSION, "checkpoint.dir")
         # Root (an admin) is held to the roots too.
         r = self.cli("submit", self.spec_file(make_spec(steps=2, data=outside), "root.yaml"))
         self.assertEqual(r.returncode, EXIT_PERMISSION, r.stderr)

@@ -151,6 +151,10 @@ TEST(PathPolicy, RootsAndTheStateFolder) {
   absl::Status db = CheckPathAllowed("checkpoint.dir", dir.path() + "/state/x", roots, job7);
   EXPECT_NE(db.message().find("state folder"), absl::string_view::npos) << db;
   EXPECT_FALSE(CheckPathAllowed("checkpoint.dir", dir.path() + "/state/jobs/8", roots, job7).ok());
+  // The job's own folder needs no root: roots name the users' folders, not the daemon's.
+  const FileRoots homes_only{{dir.path() + "/in"}, dir.path() + "/state"};
+  EXPECT_TRUE(CheckPathAllowed("checkpoint.dir", job7 + "/checkpoints", homes_only, job7).ok());
+  EXPECT_FALSE(CheckPathAllowed("checkpoint.dir", job7 + "/checkpoints", homes_only, "").ok());
 }
 
 class AsUser : public ::testing::Test {
@@ -203,6 +207,21 @@ TEST_F(AsUser, WhatTheWorkerAndItsThreadsCreateBelongsToTheUser) {
   EXPECT_EQ(st.st_uid, nobody_.uid);
   ASSERT_EQ(stat((mine + "/ck").c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, nobody_.uid);
+}
+
+TEST_F(AsUser, JobFolderLeftByAnOlderDaemonBecomesTheUsers) {
+  TempDir dir;
+  const std::string state = dir.path() + "/state";
+  const std::string old = state + "/jobs/5/checkpoints/checkpoint-3";
+  fs::create_directories(old);
+  std::ofstream(old + "/model.safetensors") << "x";
+  fs::create_symlink("/etc/hostname", old + "/link");  // changed, never followed
+  ASSERT_TRUE(MakeJobFolder(state, 5, nobody_).ok());
+  struct stat st {};
+  ASSERT_EQ(stat((old + "/model.safetensors").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, nobody_.uid);
+  ASSERT_EQ(stat("/etc/hostname", &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
 }
 
 TEST_F(AsUser, JobFolderIsTheUsersAndReachable) {
