@@ -51,6 +51,14 @@ DaemonMetrics::DaemonMetrics(MetricsRegistry* registry, JobStore* store,
   r.Declare("megatrain_queue_depth", T::kGauge, "Jobs waiting for the device (queued).");
   r.Declare("megatrain_user_jobs", T::kGauge,
             "Jobs per user that are running or queued (state label).");
+  r.Declare("megatrain_user_device_seconds", T::kGauge,
+            "Recent device seconds per user, decaying with the fair-share half-life: the "
+            "scheduler runs the user with the fewest first, within a priority.");
+  r.Declare("megatrain_jobs_waiting", T::kGauge,
+            "Queued jobs held back by their user's limits or by host memory (Job.waiting).");
+  r.Declare("megatrain_preemptions_total", T::kCounter,
+            "Jobs checkpointed and requeued for higher-priority work, by the preempted job's "
+            "user.");
   r.Declare("megatrain_stream_busy_seconds_total", T::kCounter,
             "Seconds each stream was busy: compute, h2d and d2h from CUDA event (or thread) "
             "timings, optimizer from the CPU AdamW thread.");
@@ -109,6 +117,20 @@ void DaemonMetrics::CollectJobs(MetricsRegistry& r) {
   for (const auto& [key, n] : per_user) {
     r.Set("megatrain_user_jobs", {{"user", key.first}, {"state", key.second}}, n);
   }
+  int waiting = 0;
+  for (const v1::Job& job : *active) waiting += job.waiting().empty() ? 0 : 1;
+  r.Set("megatrain_jobs_waiting", {}, waiting);
+  absl::StatusOr<std::map<std::string, double>> usage =
+      store_->Usage(options_.fair_share_half_life_hours * 3600);
+  if (!usage.ok()) return;
+  r.Clear("megatrain_user_device_seconds");
+  for (const auto& [user, seconds] : *usage) {
+    r.Set("megatrain_user_device_seconds", {{"user", user}}, seconds);
+  }
+}
+
+void DaemonMetrics::Preempted(const v1::Job& job) {
+  registry_->Add("megatrain_preemptions_total", {{"user", job.owner()}}, 1);
 }
 
 std::string DaemonMetrics::GpuLabel(const v1::Job& job) const {

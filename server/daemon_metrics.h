@@ -26,6 +26,7 @@ struct DaemonMetricsOptions {
   std::string device_name;       // for megatrain_gpu_info
   double peak_tflops = 0;        // the GEMM peak MFU is against; 0 = no MFU series
   std::string dcgm_job_mapping_dir;
+  double fair_share_half_life_hours = 168;  // megatrain_user_device_seconds decays with it
 };
 
 class DaemonMetrics {
@@ -38,6 +39,8 @@ class DaemonMetrics {
   void StepDone(const v1::Job& job, const StepReport& report);
   void CheckpointWritten(const v1::Job& job, double seconds, int64_t bytes);
   void JobStopped(const v1::Job& job);
+  // The job was checkpointed and requeued for higher-priority work.
+  void Preempted(const v1::Job& job);
 
   MetricsRegistry* registry() { return registry_; }
 

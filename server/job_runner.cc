@@ -472,6 +472,7 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
       absl::StatusOr<std::string> path = save();
       if (path.ok()) {
         job.set_preemptions(job.preemptions() + 1);
+        if (options_.metrics != nullptr) options_.metrics->Preempted(job);
         return finish(v1::JOB_STATE_QUEUED,
                       absl::StrCat("preempted by job ", preemptor->id(), " of ", preemptor->owner(),
                                    " (priority ", preemptor->priority(), " > ", job.priority(),

@@ -130,6 +130,7 @@ int Run(const DaemonConfig& config) {
   DaemonMetricsOptions metrics_options;
   metrics_options.gpu = device == "cpu" ? "cpu" : device.substr(device.find(':') + 1);
   metrics_options.dcgm_job_mapping_dir = config.dcgm_job_mapping_dir;
+  metrics_options.fair_share_half_life_hours = config.fair_share_half_life_hours;
   if (device != "cpu") {
     for (const GpuInfo& g : ListGpus()) {
       if (std::to_string(g.index) == metrics_options.gpu) metrics_options.device_name = g.name;

@@ -69,5 +69,33 @@ TEST(DaemonMetrics, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
   EXPECT_FALSE(std::filesystem::exists(mapping));
 }
 
+TEST(DaemonMetrics, SharingSeriesFollowTheStore) {
+  testing::TempDir dir;
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir.path() + "/db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::Job waiting;
+  waiting.set_owner("bob");
+  waiting.set_state(v1::JOB_STATE_QUEUED);
+  waiting.set_waiting("bob has 1 running jobs, the most allowed");
+  ASSERT_TRUE((*store)->Insert(&waiting).ok());
+  v1::Job queued;
+  queued.set_owner("ada");
+  queued.set_state(v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE((*store)->Insert(&queued).ok());
+  ASSERT_TRUE((*store)->AddUsage("ada", 7200, 0).ok());  // two hours, no decay
+
+  MetricsRegistry registry;
+  DaemonMetricsOptions options;
+  options.fair_share_half_life_hours = 0;  // no decay (the store's rule for <= 0)
+  DaemonMetrics metrics(&registry, store->get(), options);
+  metrics.Preempted(queued);
+  const std::string text = registry.Serialize();
+  for (const std::string want :
+       {"megatrain_user_device_seconds{user=\"ada\"} 7200", "megatrain_jobs_waiting 1",
+        "megatrain_preemptions_total{user=\"ada\"} 1", "megatrain_queue_depth 2"}) {
+    EXPECT_NE(text.find(want + "\n"), std::string::npos) << want << "\n" << text;
+  }
+}
+
 }  // namespace
 }  // namespace megatrain::server
