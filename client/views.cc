@@ -69,8 +69,12 @@ std::string FormatJobStatus(const v1::Job& job, int64_t now_unix_ms, absl::TimeZ
       {"checkpoint_dir", job.checkpoint_dir()},
       {"last_checkpoint", job.last_checkpoint()},
   };
+  if (!job.waiting().empty()) items.insert(items.begin() + 4, {"waiting", job.waiting()});
   if (job.resumed_from_step() > 0) {
     items.emplace_back("resumed from", absl::StrCat("step ", job.resumed_from_step()));
+  }
+  if (job.preemptions() > 0) {
+    items.emplace_back("preempted", absl::StrCat(job.preemptions(), " time(s), resumed each time"));
   }
   items.emplace_back("error", job.error());
   items.emplace_back("created", TimeWithAge(job.created_unix_ms(), now_unix_ms, tz));

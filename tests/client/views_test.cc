@@ -53,6 +53,21 @@ TEST(FormatJobStatus, KeyValuesThenTheSpecIndented) {
   EXPECT_NE(text.find("\n  name: demo\n  train:\n    steps: 200\n"), std::string::npos) << text;
 }
 
+TEST(FormatJobStatus, SaysWhyAQueuedJobWaitsAndHowOftenItWasPreempted) {
+  v1::Job job = RunningJob();
+  EXPECT_EQ(FormatJobStatus(job, kNowMs, absl::UTCTimeZone()).find("waiting:"), std::string::npos);
+  job.set_state(v1::JOB_STATE_QUEUED);
+  job.set_waiting("alice has 1 running jobs, the most allowed");
+  job.set_preemptions(2);
+  const std::string text = FormatJobStatus(job, kNowMs, absl::UTCTimeZone());
+  EXPECT_NE(text.find("state:            queued\nwaiting:          alice has 1 running jobs, the "
+                      "most allowed\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("preempted:        2 time(s), resumed each time\n"), std::string::npos)
+      << text;
+}
+
 TEST(FormatJobState, RunningNamesItsDeviceAndNeverTheError) {
   EXPECT_EQ(FormatJobState(RunningJob()), "job 12 (demo): running on cuda:0");
   v1::Job failed = RunningJob();
