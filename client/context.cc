@@ -12,6 +12,7 @@
 #include <fstream>
 #include <cstdio>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/exit_codes.h"
 #include "google/protobuf/util/json_util.h"
@@ -25,28 +26,9 @@ std::chrono::system_clock::time_point DeadlineAfter(double seconds) {
              std::chrono::duration<double>(seconds));
 }
 
-const char* CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {
-      "OK",
-      "CANCELLED",
-      "UNKNOWN",
-      "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED",
-      "NOT_FOUND",
-      "ALREADY_EXISTS",
-      "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION",
-      "ABORTED",
-      "OUT_OF_RANGE",
-      "UNIMPLEMENTED",
-      "INTERNAL",
-      "UNAVAILABLE",
-      "DATA_LOSS",
-      "UNAUTHENTICATED",
-  };
-  const int i = static_cast<int>(code);
-  return i >= 0 && i < static_cast<int>(sizeof(kNames) / sizeof(kNames[0])) ? kNames[i] : "UNKNOWN";
+std::string CodeName(grpc::StatusCode code) {
+  // gRPC's codes are absl's, number for number.
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
 int ReportUnreachable(const Context& ctx, const std::string& detail) {
@@ -166,7 +148,7 @@ int ReportRpcError(const Context& ctx, const grpc::Status& status) {
   }
   if (message.empty()) {
     std::fprintf(stderr, "error: megatraind failed with %s and no message; see its log\n",
-                 CodeName(code));
+                 CodeName(code).c_str());
   } else {
     std::fprintf(stderr, "error: %s\n", message.c_str());
   }

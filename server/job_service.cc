@@ -38,26 +38,10 @@ bool Owns(const Caller& who, const v1::Job& job) {
 
 std::string Outcome(const grpc::Status& status) {
   if (status.ok()) return "ok";
-  static const char* kNames[] = {"OK",
-                                 "CANCELLED",
-                                 "UNKNOWN",
-                                 "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED",
-                                 "NOT_FOUND",
-                                 "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED",
-                                 "RESOURCE_EXHAUSTED",
-                                 "FAILED_PRECONDITION",
-                                 "ABORTED",
-                                 "OUT_OF_RANGE",
-                                 "UNIMPLEMENTED",
-                                 "INTERNAL",
-                                 "UNAVAILABLE",
-                                 "DATA_LOSS",
-                                 "UNAUTHENTICATED"};
-  const int code = status.error_code();
-  const char* name = code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
-  return absl::StrCat(name, ": ", status.error_message());
+  // gRPC's codes are absl's, number for number.
+  return absl::StrCat(
+      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
+      status.error_message());
 }
 
 JobServiceImpl::JobServiceImpl(JobStore* store, EventHub* hub, JobRunner* runner,

@@ -61,6 +61,10 @@ CREATE TABLE IF NOT EXISTS audit (
   detail TEXT NOT NULL,
   outcome TEXT NOT NULL DEFAULT ''  -- "ok", or the error the call returned
 );
+)sql";
+
+// Tables new in schema 2: created with a new file, and by the upgrade from 1.
+constexpr char kSchema2Tables[] = R"sql(
 CREATE TABLE IF NOT EXISTS tokens (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   hash TEXT NOT NULL UNIQUE,  -- hex SHA-256 of the token; the token itself is never stored
@@ -76,23 +80,8 @@ CREATE TABLE IF NOT EXISTS usage (
 ) WITHOUT ROWID;
 )sql";
 
-// Schema 1 -> 2: the audit's outcome, access tokens and fair-share usage.
-constexpr char kUpgrade1To2[] = R"sql(
-ALTER TABLE audit ADD COLUMN outcome TEXT NOT NULL DEFAULT '';
-CREATE TABLE IF NOT EXISTS tokens (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  hash TEXT NOT NULL UNIQUE,
-  user TEXT NOT NULL,
-  name TEXT NOT NULL,
-  created_ms INTEGER NOT NULL,
-  last_used_ms INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS usage (
-  user TEXT PRIMARY KEY,
-  seconds REAL NOT NULL,
-  updated_ms INTEGER NOT NULL
-) WITHOUT ROWID;
-)sql";
+// Schema 1 -> 2: the audit's outcome (then kSchema2Tables).
+constexpr char kUpgrade1To2[] = "ALTER TABLE audit ADD COLUMN outcome TEXT NOT NULL DEFAULT '';";
 
 constexpr char kInsertJob[] =
     "INSERT INTO jobs (owner, state, priority, created_ms, job) VALUES (?, ?, ?, ?, ?) "
@@ -273,10 +262,10 @@ absl::Status JobStore::CreateOrCheckSchema() {
   absl::StatusOr<int> locked_version = ReadSchemaVersion();
   absl::Status status = locked_version.status();
   if (status.ok() && *locked_version == 0) {
-    status = Exec(absl::StrCat(kSchema, "PRAGMA user_version = ", kSchemaVersion, ";"),
+    status = Exec(absl::StrCat(kSchema, kSchema2Tables, "PRAGMA user_version = ", kSchemaVersion, ";"),
                   "creating the schema");
   } else if (status.ok() && *locked_version == 1) {
-    status = Exec(absl::StrCat(kUpgrade1To2, "PRAGMA user_version = 2;"),
+    status = Exec(absl::StrCat(kUpgrade1To2, kSchema2Tables, "PRAGMA user_version = 2;"),
                   "upgrading the schema from version 1");
   }
   if (status.ok()) status = Exec("COMMIT", "creating the schema");
