@@ -126,7 +126,9 @@ class CudaBackend final : public Backend {
 
   absl::Status PinHostRange(void* ptr, size_t bytes) override {
     if (bytes == 0) return absl::OkStatus();
-    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    // Portable: pinned for every device's context, so that the other devices of a
+    // data-parallel job stream from the same pages.
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
     if (e != cudaSuccess) {
       cudaGetLastError();
       return absl::ResourceExhaustedError(absl::StrFormat(

@@ -246,6 +246,7 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     RETURN_IF_ERROR(t.Int("tokens_per_step", &spec->tokens_per_step, 0));
     RETURN_IF_ERROR(t.Int("micro_batch_rows", &spec->micro_batch_rows, 0));
     RETURN_IF_ERROR(t.Int("micro_batches", &spec->micro_batches, 0));
+    RETURN_IF_ERROR(t.Int("devices", &spec->devices, 1));
     RETURN_IF_ERROR(t.Double("lr", &spec->schedule.lr, 0, 1e3));
     std::string schedule = ScheduleTypeName(spec->schedule.type);
     RETURN_IF_ERROR(t.String("schedule", &schedule));
@@ -311,6 +312,16 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     return absl::InvalidArgumentError(absl::StrCat(
         "train.micro_batches (", spec->micro_batches, ") must divide the ", rows,
         " sequences of a step"));
+  }
+  if (spec->devices > 1) {
+    const int64_t rows_per_batch = spec->micro_batch_rows > 0 ? spec->micro_batch_rows
+                                   : spec->micro_batches > 0  ? rows / spec->micro_batches
+                                                              : 1;
+    if ((rows / rows_per_batch) % spec->devices != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.devices (", spec->devices, ") must divide the step's ", rows / rows_per_batch,
+          " micro-batches of ", rows_per_batch, " sequence(s): each device takes an equal share"));
+    }
   }
   return absl::OkStatus();
 }
@@ -452,6 +463,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "tokens_per_step" << YAML::Value << s.tokens_per_step;
   out << YAML::Key << "micro_batch_rows" << YAML::Value << s.micro_batch_rows;
   out << YAML::Key << "micro_batches" << YAML::Value << s.micro_batches;
+  out << YAML::Key << "devices" << YAML::Value << s.devices;
   out << YAML::Key << "lr" << YAML::Value << s.schedule.lr;
   out << YAML::Key << "schedule" << YAML::Value << ScheduleTypeName(s.schedule.type);
   out << YAML::Key << "warmup_steps" << YAML::Value << s.schedule.warmup_steps;

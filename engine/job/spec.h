@@ -15,6 +15,7 @@
 //                loss_chunk_tokens,
 //                # left out (0 / auto), the planner chooses these (engine/plan/planner.h):
 //                micro_batch_rows, micro_batches, activation_checkpoint_every,
+//                devices: 1   # data parallel: the step's micro-batches split over N devices
 //                activation_checkpoints: auto|device|host}
 //   checkpoint: {dir, every_steps, keep_last, max_shard_bytes, background}
 //   backend:    auto | cpu | cuda
@@ -69,6 +70,10 @@ struct JobSpec {
   int64_t tokens_per_step = 0;
   int64_t micro_batch_rows = 0;  // sequences per micro-batch; 0 = the planner's choice
   int64_t micro_batches = 0;     // micro-batches per step; 0 = rows per step / rows
+  // Data parallelism: devices (cuda:i .. cuda:i+N-1 from the backend's, or N CPU backends)
+  // each run an equal share of the step's micro-batches over the one host copy of the
+  // state. The global batch, and so the checkpoints, do not depend on it.
+  int64_t devices = 1;
   ScheduleOptions schedule;      // lr, type, warmup, total (= steps), min ratio
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <utility>
@@ -112,8 +113,14 @@ PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer) {
 
 Trainer::~Trainer() {
   pipeline_.reset();  // drains the streams
+  for (Replica& r : replicas_) r.pipeline.reset();
   background_.reset();  // an unfinished background checkpoint is abandoned
+  reducer_.reset();
   optimizer_.reset();
+  for (Replica& r : replicas_) {
+    if (r.slabs != nullptr) r.backend->UnpinHostRange(r.slabs->base());
+  }
+  replicas_.clear();
   for (void* p : pinned_) backend_->UnpinHostRange(p);
 }
 
@@ -176,12 +183,25 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   } else {
     ASSIGN_OR_RETURN(profile, LoadOrMeasureProfile(backend_.get(), DefaultProfilePath()));
   }
+  const int64_t devices = std::max<int64_t>(1, spec.devices);
   {
     const int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
     const int64_t host = profile.host_memory_bytes;
-    const PlanRequest request = JobPlanRequest(spec, config_, device, host);
+    PlanRequest request = JobPlanRequest(spec, config_, device, host);
+    if (devices > 1) {  // each device plans its share of the step
+      request.micro_batch_rows =
+          spec.micro_batch_rows > 0
+              ? spec.micro_batch_rows
+              : (spec.micro_batches > 0 ? spec.rows_per_step() / spec.micro_batches : 0);
+      request.rows_per_step = spec.rows_per_step() / devices;
+    }
     ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
     plan_text_ = DescribePlan(plan_, request, profile);
+    if (devices > 1) {
+      absl::StrAppend(&plan_text_, "\ndata       ", devices, " devices, each the plan above on ",
+                      "its share of the step (", request.rows_per_step,
+                      " sequences); gradients added on the host, one optimizer");
+    }
   }
 
   const ModelLayout layout = BuildLayout(config_);
@@ -215,6 +235,35 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   oo.numa_node = numa_node;
   optimizer_ = std::make_unique<HostOptimizer>(store_.get(), slabs_.get(), backend_.get(), oo);
   batches_.resize(plan_.micro_batches);
+  if (devices > 1) {
+    // The other devices: cuda:i+1 .. (i = this one's), or more CPU backends.
+    const bool cpu = backend_->name() == "cpu";
+    const int first = cpu ? 0 : CudaDeviceIndexOf(request.kind);
+    std::vector<Backend*> backends = {backend_.get()};
+    std::vector<GradSlabPool*> pools = {slabs_.get()};
+    for (int64_t d = 1; d < devices; ++d) {
+      Replica r;
+      const BackendRequest rq{cpu ? "cpu" : absl::StrCat("cuda:", first + d),
+                              spec.device_memory_cap_bytes};
+      absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(rq);
+      if (!backend.ok()) {
+        return Annotate(backend.status(), absl::StrCat("train.devices: device ", d, " (", rq.kind, ")"));
+      }
+      r.backend = *std::move(backend);
+      // A few slabs: its gradients are added into the first device's as they come.
+      ASSIGN_OR_RETURN(r.slabs, GradSlabPool::Create(GradSlabsNeeded(layout, false),
+                                                     GradSlabElements(layout),
+                                                     BackendNumaNode(rq)));
+      RETURN_IF_ERROR(r.backend->PinHostRange(r.slabs->base(), r.slabs->bytes()));
+      ASSIGN_OR_RETURN(r.pipeline, Pipeline::Create(config_, store_.get(), r.slabs.get(),
+                                                    r.backend.get(), po));
+      r.batches.resize(plan_.micro_batches);
+      backends.push_back(r.backend.get());
+      pools.push_back(r.slabs.get());
+      replicas_.push_back(std::move(r));
+    }
+    reducer_ = std::make_unique<GradReducer>(optimizer_.get(), backends, pools);
+  }
 
   state_.data_seed = spec.data_seed;
   state_.init_seed = spec.init_seed;
@@ -272,10 +321,15 @@ absl::StatusOr<StepReport> Trainer::Step() {
       report.failed_checkpoint_steps.push_back(step);
     }
   }
+  // In data order: the first device's share, then the next's (as one device would).
   for (MicroBatch& b : batches_) packer_->Next(plan_.micro_batch_rows, &b);
+  for (Replica& r : replicas_) {
+    for (MicroBatch& b : r.batches) packer_->Next(plan_.micro_batch_rows, &b);
+  }
   const double lr = LearningRate(spec_.schedule, state_.step);
   optimizer_->BeginStep(lr, step);
-  absl::StatusOr<StepResult> result = pipeline_->Step(batches_, optimizer_.get());
+  absl::StatusOr<StepResult> result =
+      replicas_.empty() ? pipeline_->Step(batches_, optimizer_.get()) : StepReplicas();
   if (!result.ok()) {
     if (background_ != nullptr && background_->step() == step) background_.reset();  // never
     return result.status();                                                         // finished
@@ -327,6 +381,38 @@ absl::StatusOr<StepReport> Trainer::Step() {
     }
   }
   return report;
+}
+
+absl::StatusOr<StepResult> Trainer::StepReplicas() {
+  int64_t targets = 0;
+  for (const MicroBatch& b : batches_) targets += b.num_targets();
+  for (const Replica& r : replicas_) {
+    for (const MicroBatch& b : r.batches) targets += b.num_targets();
+  }
+  std::vector<absl::StatusOr<StepResult>> results(replicas_.size(),
+                                                  absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    threads.emplace_back([this, i, targets, &results] {
+      results[i] = replicas_[i].pipeline->Step(replicas_[i].batches,
+                                               reducer_->replica(static_cast<int>(i) + 1), targets);
+    });
+  }
+  absl::StatusOr<StepResult> first = pipeline_->Step(batches_, reducer_->replica(0), targets);
+  for (std::thread& t : threads) t.join();
+  if (!first.ok()) return first.status();
+  StepResult total = *std::move(first);
+  double loss_sum = total.loss * total.num_targets;
+  for (absl::StatusOr<StepResult>& r : results) {
+    if (!r.ok()) return r.status();
+    loss_sum += r->loss * r->num_targets;
+    total.num_targets += r->num_targets;
+    total.seconds = std::max(total.seconds, r->seconds);
+    total.h2d_bytes += r->h2d_bytes;
+    total.d2h_bytes += r->d2h_bytes;
+  }
+  total.loss = total.num_targets > 0 ? loss_sum / total.num_targets : 0.0;
+  return total;
 }
 
 std::string Trainer::CheckpointFailure(int64_t step, const absl::Status& status) const {

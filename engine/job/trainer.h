@@ -20,6 +20,7 @@
 #include "engine/job/background_checkpoint.h"
 #include "engine/job/spec.h"
 #include "engine/pipeline/host_optimizer.h"
+#include "engine/pipeline/grad_reducer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/plan/planner.h"
 
@@ -155,6 +156,18 @@ class Trainer {
   std::unique_ptr<GradSlabPool> slabs_;
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<HostOptimizer> optimizer_;
+  // Data parallelism (spec.devices > 1): the devices after the first, each with its own
+  // pipeline and gradient slabs, and the reducer that adds their gradients into the
+  // first's before the one optimizer sees them.
+  struct Replica {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<GradSlabPool> slabs;
+    std::unique_ptr<Pipeline> pipeline;
+    std::vector<MicroBatch> batches;
+  };
+  std::vector<Replica> replicas_;
+  std::unique_ptr<GradReducer> reducer_;
+  absl::StatusOr<StepResult> StepReplicas();
   std::unique_ptr<Packer> packer_;
   Plan plan_;
   std::string plan_text_;

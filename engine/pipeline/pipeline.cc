@@ -315,7 +315,7 @@ void Pipeline::DrainGradient(int64_t unit, void* device_grad, void* done_event,
 }
 
 absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches,
-                                          GradSink* sink) {
+                                          GradSink* sink, int64_t step_targets) {
   Backend& be = *backend_;
   const ModelLayout& layout = store_->layout();
   const int64_t M = options_.micro_batches, n = options_.tokens_per_micro_batch;
@@ -333,7 +333,10 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
     num_targets += b.num_targets();
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const double scale = num_targets > 0 ? 1.0 / num_targets : 0.0;
+  // The loss is a mean over the whole step's targets: over every replica's, in data
+  // parallelism, so that the replicas' gradients add up to the step's.
+  const int64_t denominator = step_targets > 0 ? step_targets : num_targets;
+  const double scale = denominator > 0 ? 1.0 / denominator : 0.0;
   std::fill(slot_layer_.begin(), slot_layer_.end(), -1);  // the optimizer changed weights
   num_spans_ = 0;
   h2d_bytes_ = d2h_bytes_ = 0;

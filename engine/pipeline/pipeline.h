@@ -97,8 +97,11 @@ class Pipeline {
   // tokens_per_micro_batch tokens) and hands every unit's gradient to `sink`. Before
   // uploading a unit it waits for sink->AwaitUnit(unit), so updates of the previous step
   // may still run during this step's forward. Returns after sink->Finish().
+  // step_targets > 0: the targets of the whole step, of which `batches` are a share (data
+  // parallelism); gradients are scaled by 1/step_targets. StepResult.loss stays the mean
+  // over this share's own targets.
   [[nodiscard]] absl::StatusOr<StepResult> Step(const std::vector<MicroBatch>& batches,
-                                                GradSink* sink);
+                                                GradSink* sink, int64_t step_targets = 0);
 
   // Device bytes allocated by Create().
   int64_t device_bytes() const { return device_bytes_; }

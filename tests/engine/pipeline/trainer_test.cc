@@ -93,6 +93,51 @@ TEST(Trainer, TinyModelOverfitsASmallText) {
   std::printf("loss: first %.4f, after %d steps %.4f\n", first, 150, last);
 }
 
+// Data parallelism on the CPU backend's simulated devices: the same global batch split
+// over two devices gives the one-device losses and gradient norms, step after step (the
+// updates in between included), with and without clipping; and checkpoints of either
+// resume in the other.
+TEST(Trainer, DataParallelOverTwoDevicesMatchesOneDevice) {
+  for (const bool clipping : {true, false}) {
+    const std::string dir = TempDir(clipping ? "dp_clip" : "dp_noclip");
+    WriteFile(dir + "/data.jsonl", kText);
+    auto spec = [&](const std::string& extra) {
+      std::string yaml = Spec(dir, 6, extra);
+      yaml.replace(yaml.find("micro_batches: 2"), 16, "micro_batches: 4");
+      if (!clipping) yaml.replace(yaml.find("max_grad_norm: 1.0"), 18, "max_grad_norm: 0");
+      return yaml;
+    };
+    absl::StatusOr<std::unique_ptr<Trainer>> one = Make(dir, spec(""));
+    absl::StatusOr<std::unique_ptr<Trainer>> two = Make(dir, spec("  devices: 2\n"));
+    ASSERT_TRUE(one.ok()) << one.status();
+    ASSERT_TRUE(two.ok()) << two.status();
+    EXPECT_EQ((*two)->plan().micro_batches, 2);  // each device's share of the four
+    while (!(*one)->done()) {
+      absl::StatusOr<StepReport> a = (*one)->Step();
+      absl::StatusOr<StepReport> b = (*two)->Step();
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_NEAR(b->loss, a->loss, 1e-5 * a->loss) << "step " << a->step;
+      EXPECT_NEAR(b->grad_norm, a->grad_norm, 1e-4 * a->grad_norm) << "step " << a->step;
+    }
+    // Checkpoints do not depend on the device count: either resumes the other's.
+    absl::StatusOr<JobSpec> s1 = ParseJobSpec(spec(""), dir);
+    absl::StatusOr<JobSpec> s2 = ParseJobSpec(spec("  devices: 2\n"), dir);
+    ASSERT_TRUE(s1.ok() && s2.ok());
+    EXPECT_EQ(s1->Fingerprint(), s2->Fingerprint());
+  }
+}
+
+TEST(Trainer, DataParallelNeedsAnEqualShareForEveryDevice) {
+  const std::string dir = TempDir("dp_share");
+  WriteFile(dir + "/data.jsonl", kText);
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Make(dir, Spec(dir, 1, "  devices: 3\n"));
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("train.devices (3) must divide the step's 2 micro-batches"),
+            absl::string_view::npos)
+      << t.status();
+}
+
 TEST(Trainer, ResumeInANewProcessIsBitExact) {
   const std::string dir = TempDir("resume");
   WriteFile(dir + "/data.jsonl", kText);

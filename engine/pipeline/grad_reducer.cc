@@ -1,0 +1,119 @@
+#include "engine/pipeline/grad_reducer.h"
+
+#include <chrono>
+
+#include "engine/common/check.h"
+
+namespace megatrain {
+
+class GradReducer::Sink final : public GradSink {
+ public:
+  Sink(GradReducer* reducer, int r) : reducer_(reducer), r_(r) {}
+  void Submit(int64_t unit, float* slab, void* ready, int64_t offset, int64_t count) override {
+    reducer_->Submit(r_, unit, slab, ready, offset, count);
+  }
+  double Finish() override { return reducer_->Finish(r_); }
+  void AwaitUnit(int64_t unit) override { reducer_->target_->AwaitUnit(unit); }
+
+ private:
+  GradReducer* reducer_;
+  const int r_;
+};
+
+GradReducer::GradReducer(GradSink* target, std::vector<Backend*> backends,
+                         std::vector<GradSlabPool*> pools)
+    : target_(target), backends_(std::move(backends)), pools_(std::move(pools)) {
+  MT_CHECK(!backends_.empty() && backends_.size() == pools_.size());
+  for (int r = 0; r < replicas(); ++r) sinks_.push_back(std::make_unique<Sink>(this, r));
+  worker_ = std::thread([this] { Loop(); });
+}
+
+GradSink* GradReducer::replica(int r) { return sinks_[r].get(); }
+
+GradReducer::~GradReducer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+double GradReducer::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_ns_ / 1e9;
+}
+
+void GradReducer::Submit(int r, int64_t unit, float* slab, void* ready, int64_t offset,
+                         int64_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Piece& p = partial_[{unit, offset}];
+  if (p.arrived == 0) {
+    p.unit = unit;
+    p.offset = offset;
+    p.count = count;
+    p.slabs.assign(replicas(), nullptr);
+    p.ready.assign(replicas(), nullptr);
+  }
+  MT_CHECK_MSG(p.count == count && p.slabs[r] == nullptr,
+               "replicas disagree on the pieces of a unit's gradient");
+  p.slabs[r] = slab;
+  p.ready[r] = ready;
+  if (++p.arrived == replicas()) {
+    complete_.push_back(std::move(p));
+    partial_.erase({unit, offset});
+    cv_.notify_all();
+  }
+}
+
+void GradReducer::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !complete_.empty(); });
+    if (complete_.empty()) return;  // stopping
+    Piece p = std::move(complete_.front());
+    complete_.pop_front();
+    ++adding_;
+    lock.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < replicas(); ++r) backends_[r]->EventSync(p.ready[r]);
+    float* sum = p.slabs[0];
+    const int64_t n = p.count;
+    for (int r = 1; r < replicas(); ++r) {
+      const float* add = p.slabs[r];
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) sum[i] += add[i];
+      pools_[r]->Release(p.slabs[r]);
+    }
+    const double ns =
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    target_->Submit(p.unit, sum, p.ready[0], p.offset, p.count);
+    lock.lock();
+    busy_ns_ += ns;
+    --adding_;
+    cv_.notify_all();
+  }
+}
+
+double GradReducer::Finish(int r) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const int64_t round = round_;
+  if (++finished_ < replicas()) {
+    cv_.wait(lock, [&] { return round_ != round; });
+    return norm_;
+  }
+  // The last replica: every piece is complete (each replica submitted all of its own);
+  // wait until the worker has handed every sum on.
+  cv_.wait(lock, [&] { return complete_.empty() && adding_ == 0; });
+  MT_CHECK_MSG(partial_.empty(), "a replica finished its step with pieces missing");
+  lock.unlock();
+  const double norm = target_->Finish();
+  lock.lock();
+  norm_ = norm;
+  finished_ = 0;
+  ++round_;
+  cv_.notify_all();
+  return norm;
+}
+
+}  // namespace megatrain

@@ -1,0 +1,77 @@
+// Data parallelism over one host copy of the state: N pipelines, one per device, each run
+// its share of a step's micro-batches through the same layers (the weights they stream
+// come from the one host store). Each drains its gradient into its own slabs; the reducer
+// adds the N pieces of each unit's gradient on the host and hands the sum to the one
+// optimizer (the target), which updates every unit once.
+//
+// replica(r) is the GradSink pipeline r is given. A piece (unit, offset) is complete when
+// all N replicas submitted it; a worker thread waits for the N copies (each on its own
+// backend's event), adds them into replica 0's slab (OpenMP, in replica order, so the sum
+// is deterministic), returns the others to their pools and submits the sum. Replicas
+// produce pieces in the same order, so the sums reach the target in that order too.
+// Finish() is a barrier: the last replica to call it waits for every sum to be submitted,
+// then calls the target's Finish(), whose norm all N return. AwaitUnit goes to the target.
+//
+// REQUIRES: replica 0's pool is the target's (it returns replica 0's slabs).
+// Thread-safe: each replica's sink is used by that replica's thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "engine/common/backend.h"
+#include "engine/pipeline/grad_sink.h"
+#include "engine/store/grad_slab_pool.h"
+
+namespace megatrain {
+
+class GradReducer {
+ public:
+  GradReducer(GradSink* target, std::vector<Backend*> backends, std::vector<GradSlabPool*> pools);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  int replicas() const { return static_cast<int>(backends_.size()); }
+  GradSink* replica(int r);
+  // Seconds the worker spent adding gradients, since creation.
+  double busy_seconds() const;
+
+ private:
+  class Sink;
+  struct Piece {
+    int64_t unit = 0, offset = 0, count = 0;
+    std::vector<float*> slabs;
+    std::vector<void*> ready;
+    int arrived = 0;
+  };
+  void Submit(int r, int64_t unit, float* slab, void* ready, int64_t offset, int64_t count);
+  double Finish(int r);
+  void Loop();
+
+  GradSink* target_;
+  std::vector<Backend*> backends_;
+  std::vector<GradSlabPool*> pools_;
+  std::vector<std::unique_ptr<Sink>> sinks_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<int64_t, int64_t>, Piece> partial_;  // by (unit, offset)
+  std::deque<Piece> complete_;                           // to add, in completion order
+  int adding_ = 0;                                       // pieces the worker holds
+  bool stop_ = false;
+  int finished_ = 0;       // replicas in Finish() this round
+  int64_t round_ = 0;      // completed Finish() rounds
+  double norm_ = 0;        // of the last round
+  double busy_ns_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace megatrain
