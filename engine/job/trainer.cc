@@ -200,7 +200,7 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     if (devices > 1) {
       absl::StrAppend(&plan_text_, "\ndata       ", devices, " devices, each the plan above on ",
                       "its share of the step (", request.rows_per_step,
-                      " sequences); gradients added on the host, one optimizer");
+                      " sequences); gradients added on the host, one optimizer\n");
     }
   }
 

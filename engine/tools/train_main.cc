@@ -21,12 +21,16 @@ int main(int argc, char** argv) {
   bool write_only = false;
   int64_t demo_steps = 200;
   int64_t max_steps = 0;
+  int64_t log_every = 10;
   app.add_option("spec", spec_path, "job spec (YAML)");
   app.add_flag("--demo", demo, "write the embedded demo job into --demo-dir and run it");
   app.add_option("--demo-dir", demo_dir, "folder for the demo job")->capture_default_str();
   app.add_option("--demo-steps", demo_steps, "steps of the demo job")->capture_default_str();
   app.add_flag("--write-only", write_only, "with --demo: write the demo job's files and exit");
   app.add_option("--max-steps", max_steps, "stop after this many steps in this run (0 = all)");
+  app.add_option("--log-every", log_every, "print every this many steps (and the first, the last)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (demo) {
@@ -77,7 +81,7 @@ int main(int argc, char** argv) {
     }
     if (!r->checkpoint_error.empty()) std::fprintf(stderr, "%s\n", r->checkpoint_error.c_str());
     ++ran;
-    if (r->step % 10 == 0 || r->step == 1 || r->step == r->total_steps) {
+    if (r->step % log_every == 0 || r->step == 1 || r->step == r->total_steps) {
       std::printf("step %5lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  %.3f TFLOP/s\n",
                   static_cast<long long>(r->step), static_cast<long long>(r->total_steps), r->loss,
                   r->lr, r->grad_norm, r->tokens_per_second, r->model_tflops);

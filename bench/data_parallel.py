@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Data parallelism on one box: the same job on 1 and on N GPUs (train.devices), same
+global batch, same data; prints JSON with every step's loss on both, their largest
+relative difference, the steady tokens/s (median of the steps after the third) and the
+scaling. Random-init models of named shapes, byte tokenizer, generated text.
+
+  bench/data_parallel.py --bin BUNDLE/bin --shape qwen2.5-1.5b --steps 50 [--devices 2]
+
+Not a test: figures for the issue notes (issue: several GPUs per job).
+"""
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+SHAPES = {
+    "tiny": {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 160,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 258, "tie_word_embeddings": True},
+    "qwen2.5-1.5b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 1536,
+                     "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2,
+                     "vocab_size": 151936, "tie_word_embeddings": True,
+                     "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
+    "qwen2.5-7b": {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584,
+                   "intermediate_size": 18944, "num_hidden_layers": 28,
+                   "num_attention_heads": 28, "num_key_value_heads": 4,
+                   "vocab_size": 152064, "tie_word_embeddings": False,
+                   "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
+}
+STEP = re.compile(r"^step\s+(\d+)/\d+\s+loss (\S+)\s+lr \S+\s+grad_norm (\S+)\s+(\d+) tok/s")
+
+
+def run(binary, spec_path, timeout):
+    p = subprocess.run([binary, spec_path, "--log-every", "1"], capture_output=True, text=True,
+                       timeout=timeout)
+    steps = []
+    for line in p.stdout.splitlines():
+        m = STEP.match(line)
+        if m:
+            steps.append({"step": int(m.group(1)), "loss": float(m.group(2)),
+                          "grad_norm": float(m.group(3)), "tokens_per_second": float(m.group(4))})
+    plan = [l for l in p.stdout.splitlines() if l.startswith(("plan", "data ", "step  ", "bound"))]
+    return {"rc": p.returncode, "stderr": p.stderr[-2000:], "steps": steps,
+            "plan": p.stdout.split("\n")[2:16]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--shape", default="qwen2.5-1.5b")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=65536)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--timeout", type=int, default=400)
+    a = ap.parse_args()
+    binary = os.path.join(a.bin, "megatrain-train")
+    work = tempfile.mkdtemp(prefix="dp-")
+    rng = random.Random(0)
+    words = ("the quick brown fox jumps over a lazy dog while alpha beta gamma delta epsilon "
+             "zeta eta theta iota kappa lambda sing along").split()
+    need = a.tokens * (a.steps + 2) * 1.3
+    with open(os.path.join(work, "data.jsonl"), "w") as f:
+        written = 0
+        while written < need:
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(200, 2000)))
+            f.write(json.dumps({"text": text}) + "\n")
+            written += len(text)
+    out = {"shape": a.shape, "tokens_per_step": a.tokens, "seq": a.seq, "steps": a.steps}
+    for devices in (1, a.devices):
+        spec = os.path.join(work, f"job{devices}.yaml")
+        with open(spec, "w") as f:
+            f.write(f"name: dp{devices}\nmodel: {{config: {json.dumps(SHAPES[a.shape])}}}\n"
+                    f"data: {{path: data.jsonl, tokenizer: byte, seq_len: {a.seq}}}\n"
+                    f"train: {{steps: {a.steps}, tokens_per_step: {a.tokens}, "
+                    f"micro_batch_rows: 1, lr: 1.0e-4, warmup_steps: 5, devices: {devices}}}\n")
+        r = run(binary, spec, a.timeout)
+        steady = [s["tokens_per_second"] for s in r["steps"][3:]]
+        r["steady_tokens_per_second"] = statistics.median(steady) if steady else None
+        out[f"devices_{devices}"] = r
+        print(f"{devices} device(s): rc {r['rc']}, {len(r['steps'])} steps, steady "
+              f"{r['steady_tokens_per_second']} tok/s", file=sys.stderr)
+    one = {s["step"]: s for s in out["devices_1"]["steps"]}
+    many = {s["step"]: s for s in out[f"devices_{a.devices}"]["steps"]}
+    pairs = [(one[k], many[k]) for k in sorted(one) if k in many]
+    out["steps_compared"] = len(pairs)
+    if pairs:
+        out["max_loss_rel_diff"] = max(abs(b["loss"] - x["loss"]) / abs(x["loss"]) for x, b in pairs)
+        out["max_grad_norm_rel_diff"] = max(abs(b["grad_norm"] - x["grad_norm"]) / abs(x["grad_norm"])
+                                            for x, b in pairs)
+    s1 = out["devices_1"]["steady_tokens_per_second"]
+    sn = out[f"devices_{a.devices}"]["steady_tokens_per_second"]
+    out["scaling"] = sn / s1 if s1 and sn else None
+    json.dump(out, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
