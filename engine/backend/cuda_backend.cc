@@ -44,6 +44,7 @@ double GiB(int64_t b) { return b / double(1ll << 30); }
 class CudaBackend final : public Backend {
  public:
   ~CudaBackend() override {
+    cudaSetDevice(device_);
     cudaDeviceSynchronize();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (workspace_ != nullptr) cudaFree(workspace_);
@@ -123,6 +124,8 @@ class CudaBackend final : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     return peak_;
   }
+
+  void BindThread() override { cudaSetDevice(device_); }
 
   absl::Status PinHostRange(void* ptr, size_t bytes) override {
     if (bytes == 0) return absl::OkStatus();

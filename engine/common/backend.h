@@ -56,6 +56,10 @@ class Backend {
   // Seconds between two completed events (for busy-time accounting).
   virtual double ElapsedSeconds(void* start, void* end) = 0;
   virtual void SyncAll() = 0;
+  // Makes this backend's device the calling thread's current one (CUDA keeps one per
+  // thread). Whoever drives a backend from a thread calls it first: with several devices
+  // in one process (data parallelism) a thread's current device may be another's.
+  virtual void BindThread() {}
 
   // Device memory held now and at most since creation, through Alloc (0 on the CPU).
   virtual int64_t device_bytes_in_use() const { return 0; }

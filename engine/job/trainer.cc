@@ -263,6 +263,7 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
       replicas_.push_back(std::move(r));
     }
     reducer_ = std::make_unique<GradReducer>(optimizer_.get(), backends, pools);
+    backend_->BindThread();  // creating the others made theirs current here
   }
 
   state_.data_seed = spec.data_seed;

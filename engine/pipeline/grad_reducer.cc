@@ -76,7 +76,10 @@ void GradReducer::Loop() {
     ++adding_;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < replicas(); ++r) backends_[r]->EventSync(p.ready[r]);
+    for (int r = 0; r < replicas(); ++r) {
+      backends_[r]->BindThread();
+      backends_[r]->EventSync(p.ready[r]);
+    }
     float* sum = p.slabs[0];
     const int64_t n = p.count;
     for (int r = 1; r < replicas(); ++r) {

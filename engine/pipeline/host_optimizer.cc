@@ -71,6 +71,7 @@ void HostOptimizer::Loop() {
   // Near the GPU: the slabs and the store are bound to this node. Threads this one
   // creates (the OpenMP team) inherit the affinity.
   if (options_.numa_node >= 0 && numa_available() >= 0) numa_run_on_node(options_.numa_node);
+  backend_->BindThread();  // it waits on that device's events
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });

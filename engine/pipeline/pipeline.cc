@@ -53,6 +53,7 @@ int64_t Pipeline::DeviceBytesFor(const ModelConfig& config, const ModelLayout& l
 
 Pipeline::~Pipeline() {
   if (backend_ == nullptr) return;
+  backend_->BindThread();  // its buffers are freed on its device
   backend_->SyncAll();
   if (host_ckpt_.data() != nullptr) backend_->UnpinHostRange(host_ckpt_.data());
 }
@@ -62,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const ModelConfig& co
                                                            GradSlabPool* slabs,
                                                            Backend* backend,
                                                            const PipelineOptions& options) {
+  backend->BindThread();
   if (options.kept_layers < 0 || options.kept_layers > config.num_layers ||
       (options.kept_layers > 0 && options.checkpoint_every != 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -317,6 +319,7 @@ void Pipeline::DrainGradient(int64_t unit, void* device_grad, void* done_event,
 absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches,
                                           GradSink* sink, int64_t step_targets) {
   Backend& be = *backend_;
+  be.BindThread();
   const ModelLayout& layout = store_->layout();
   const int64_t M = options_.micro_batches, n = options_.tokens_per_micro_batch;
   const int64_t L = config_.num_layers, K = options_.checkpoint_every;
