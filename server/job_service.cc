@@ -122,6 +122,12 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
   if (!ran.ok()) return ToGrpc(ran);
   if (!spec.ok()) return ToGrpc(spec.status());
   *detail = absl::StrCat(spec->name, ", priority ", req.priority());
+  if (spec->devices > 1) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("train.devices is ", spec->devices, ": the daemon runs each "
+                                     "job on one device (a lane per GPU); run data-parallel jobs "
+                                     "with megatrain-train for now"));
+  }
   const UserLimits limits = options_.config->LimitsFor(who.user);
   if (!who.admin && req.priority() > limits.max_priority) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
