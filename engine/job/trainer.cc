@@ -112,9 +112,12 @@ PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer) {
 }
 
 Trainer::~Trainer() {
+  background_.reset();  // an unfinished background checkpoint is abandoned
+  // Updates still running read the pipelines' events: let them finish first (unless a
+  // step failed half-way: its held gradients are never applied).
+  if (optimizer_ != nullptr && !step_failed_) optimizer_->Drain();
   pipeline_.reset();  // drains the streams
   for (Replica& r : replicas_) r.pipeline.reset();
-  background_.reset();  // an unfinished background checkpoint is abandoned
   reducer_.reset();
   optimizer_.reset();
   for (Replica& r : replicas_) {
@@ -332,6 +335,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   absl::StatusOr<StepResult> result =
       replicas_.empty() ? pipeline_->Step(batches_, optimizer_.get()) : StepReplicas();
   if (!result.ok()) {
+    step_failed_ = true;
     if (background_ != nullptr && background_->step() == step) background_.reset();  // never
     return result.status();                                                         // finished
   }

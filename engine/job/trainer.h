@@ -183,6 +183,7 @@ class Trainer {
   int64_t resumed_from_ = 0;
   int64_t last_saved_step_ = -1;
   bool checkpoint_next_step_ = false;
+  bool step_failed_ = false;  // a step returned an error (its updates may be half done)
   int checkpoint_writer_threads_ = 0;
   std::vector<void*> pinned_;  // host ranges page-locked for this job
   std::string tokenizer_dir_;  // tokenizer files to copy into checkpoints

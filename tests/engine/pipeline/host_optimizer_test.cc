@@ -4,6 +4,7 @@
 #include "engine/pipeline/host_optimizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
@@ -171,6 +172,10 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
   std::thread writer;
   std::mt19937_64 gen(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
+  // Pieces submitted in the step after the captured one: the writer holds its first unit
+  // until that step has begun submitting, so that step's first update surely finds the
+  // unit unwritten and waits (whatever the machine's speed: sanitizers slow updates).
+  std::atomic<int64_t> next_step_pieces{0};
   auto start_capture = [&](int64_t step) {
     writer = std::thread([&] {
       for (int64_t n = 0; n < units; ++n) {
@@ -180,6 +185,9 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
           cv.wait(lock, [&] { return !handed.empty(); });
           u = handed.front();
           handed.pop_front();
+        }
+        while (n == 0 && next_step_pieces.load() == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a slow disk
         run.captured[u] = SnapshotUnit(*store, u);
@@ -206,6 +214,7 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
         Event& ready = events[pool->IndexOf(slab)];
         be->Record(ready.get(), StreamId::kD2H);
         opt.Submit(u, slab, ready.get(), offset, count);
+        if (capture_after > 0 && step == capture_after + 1) ++next_step_pieces;
       }
     }
     opt.Finish();
