@@ -18,6 +18,15 @@ bool Terminal(v1::JobState s) {
 
 double GiB(int64_t b) { return b / double(1ll << 30); }
 
+// The daemon gives each job one device (a lane per GPU).
+grpc::Status OneDevice(const JobSpec& spec) {
+  if (spec.devices <= 1) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("train.devices is ", spec.devices, ": the daemon runs each "
+                                   "job on one device (a lane per GPU); run data-parallel jobs "
+                                   "with megatrain-train for now"));
+}
+
 // Who calls: UNAUTHENTICATED ends the call.
 #define MT_IDENTIFY(who, ctx)                                          \
   absl::StatusOr<Caller> who##_or = options_.auth->Identify(*(ctx));   \
@@ -70,6 +79,7 @@ grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::SubmitJ
   absl::Status ran = RunAs(who, [&] { spec = SpecFromRequest(*req); });
   if (!ran.ok()) return ToGrpc(ran);
   if (!spec.ok()) return ToGrpc(spec.status());
+  if (grpc::Status one = OneDevice(*spec); !one.ok()) return one;
   return Plan(*spec, resp);
 }
 
@@ -122,12 +132,7 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
   if (!ran.ok()) return ToGrpc(ran);
   if (!spec.ok()) return ToGrpc(spec.status());
   *detail = absl::StrCat(spec->name, ", priority ", req.priority());
-  if (spec->devices > 1) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("train.devices is ", spec->devices, ": the daemon runs each "
-                                     "job on one device (a lane per GPU); run data-parallel jobs "
-                                     "with megatrain-train for now"));
-  }
+  if (grpc::Status one = OneDevice(*spec); !one.ok()) return one;
   const UserLimits limits = options_.config->LimitsFor(who.user);
   if (!who.admin && req.priority() > limits.max_priority) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,

@@ -820,6 +820,9 @@ class BadSpecTest(DaemonTestCase):
         self.assert_refused("[1, 2]\n", EXIT_USAGE)
         both = good.replace("model:\n", "model:\n  path: \"x\"\n", 1)
         self.assert_refused(both, EXIT_USAGE, "model.path")
+        # Several devices per job are megatrain-train's for now; the daemon says so.
+        self.assert_refused(good.replace("  steps: 3", "  steps: 3\n  devices: 2"), EXIT_USAGE,
+                            "train.devices", "megatrain-train")
 
         # Not a file at all: the CLI says so (usage).
         r = self.cli("submit", os.path.join(self.tmp, "no-such-spec.yaml"))
