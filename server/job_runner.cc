@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
@@ -316,7 +318,12 @@ void JobRunner::Loop(Lane& lane) {
 }
 
 void JobRunner::Run(Lane& lane, v1::Job job) {
+  // Set once the trainer exists: frees it (its host memory, its device) as the owner.
+  std::function<void()> drop_trainer;
+  // The trainer is gone before the state changes: a job requeued (preempted, stopping)
+  // or held and released at once may be taken by another lane right away.
   auto finish = [&](v1::JobState state, const std::string& why) {
+    if (drop_trainer) std::exchange(drop_trainer, nullptr)();
     (void)SetState(&job, state, why);
     MutexLock lock(&mu_);
     lane.running = 0;
@@ -333,7 +340,6 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", spec.status().ToString()));
   }
   spec->checkpoint_dir = job.checkpoint_dir();
-  // The runner's device decides where "auto" jobs run.
   // The lane's device decides where "auto" and CUDA jobs run (never the GPU a spec
   // names: that one may be another lane's).
   if (spec->backend == "auto") spec->backend = lane.device;
@@ -375,7 +381,10 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", created.status().ToString()));
   }
   // Destroyed as the owner too: it may be finishing a checkpoint.
-  absl::Cleanup destroy = [&] { as_owner.Do([&] { created->reset(); }); };
+  drop_trainer = [&] { as_owner.Do([&] { created->reset(); }); };
+  absl::Cleanup drop_on_any_return = [&] {
+    if (drop_trainer) std::exchange(drop_trainer, nullptr)();
+  };
   // Fair share: the device time this job takes, charged to its owner as it goes.
   // Recorded every 10 s at most (each record is a durable write), and when it stops.
   absl::Time charged_until = absl::Now();
