@@ -127,11 +127,17 @@ std::string FormatNode(const v1::Node& node) {
       rows.push_back({absl::StrCat(g.index()), g.name(), FormatGiB(g.memory_bytes()),
                       g.numa_node() < 0 ? "-" : absl::StrCat(g.numa_node()),
                       g.pcie_link().empty() ? "-" : g.pcie_link(),
-                      g.pci_bus_id().empty() ? "-" : g.pci_bus_id()});
+                      g.pci_bus_id().empty() ? "-" : g.pci_bus_id(),
+                      g.running_job() == 0 ? "-" : absl::StrCat(g.running_job())});
     }
-    out += FormatTable(
-        {{"GPU", true}, {"NAME"}, {"MEMORY", true}, {"NUMA", true}, {"PCIE LINK"}, {"PCI BUS ID"}},
-        rows);
+    out += FormatTable({{"GPU", true},
+                        {"NAME"},
+                        {"MEMORY", true},
+                        {"NUMA", true},
+                        {"PCIE LINK"},
+                        {"PCI BUS ID"},
+                        {"JOB", true}},
+                       rows);
   }
 
   if (!node.numa_nodes().empty()) {

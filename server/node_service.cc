@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/stubs/common.h"
 #include "engine/backend/factory.h"
 #include "grpcpp/grpcpp.h"
@@ -68,8 +70,16 @@ grpc::Status NodeServiceImpl::GetNode(grpc::ServerContext* ctx, const v1::GetNod
   (*resp->mutable_versions())["protobuf"] =
       google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION);
   (*resp->mutable_versions())["sqlite"] = sqlite3_libversion();
+  std::map<std::string, int64_t> running_on;  // device -> job
+  if (absl::StatusOr<std::vector<v1::Job>> running = store_->ListInState(v1::JOB_STATE_RUNNING);
+      running.ok()) {
+    for (const v1::Job& j : *running) running_on[j.device()] = j.id();
+  }
   for (const GpuInfo& g : ListGpus()) {
     v1::Gpu* gpu = resp->add_gpus();
+    if (auto it = running_on.find(absl::StrCat("cuda:", g.index)); it != running_on.end()) {
+      gpu->set_running_job(it->second);
+    }
     gpu->set_index(g.index);
     gpu->set_name(g.name);
     gpu->set_memory_bytes(g.memory_bytes);

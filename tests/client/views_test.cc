@@ -105,6 +105,12 @@ TEST(FormatNode, MemoryGpusAndNumaNodes) {
   gpu->set_numa_node(-1);
   gpu->set_pcie_link("Gen5 x16");
   gpu->set_pci_bus_id("0000:1a:00.0");
+  gpu->set_running_job(12);
+  v1::Gpu* idle = node.add_gpus();
+  *idle = *gpu;
+  idle->set_index(1);
+  idle->set_pci_bus_id("0000:2a:00.0");
+  idle->set_running_job(0);
   v1::NumaNode* numa = node.add_numa_nodes();
   numa->set_id(0);
   numa->set_memory_total_bytes(int64_t{256} << 30);
@@ -117,8 +123,9 @@ TEST(FormatNode, MemoryGpusAndNumaNodes) {
             "cpus:         16\n"
             "host memory:  512.0 GiB total, 96.0 GiB reserved by jobs, 400.0 GiB free\n"
             "\n"
-            "GPU  NAME            MEMORY  NUMA  PCIE LINK  PCI BUS ID\n"
-            "  0  NVIDIA H200  140.0 GiB     -  Gen5 x16   0000:1a:00.0\n"
+            "GPU  NAME            MEMORY  NUMA  PCIE LINK  PCI BUS ID    JOB\n"
+            "  0  NVIDIA H200  140.0 GiB     -  Gen5 x16   0000:1a:00.0   12\n"
+            "  1  NVIDIA H200  140.0 GiB     -  Gen5 x16   0000:2a:00.0    -\n"
             "\n"
             "NUMA     MEMORY       FREE  CPUS\n"
             "   0  256.0 GiB  200.0 GiB  0-3,8\n");
