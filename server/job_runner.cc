@@ -245,7 +245,7 @@ bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
         best = j;
         break;
       }
-      SetWaiting(j->id(), why);
+      if (j->waiting() != why) SetWaiting(j->id(), why);  // a write only when it changed
     }
     if (best == nullptr) return false;
     {
@@ -255,7 +255,7 @@ bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
       lane.request = Request::kNone;
       lane.checkpoint_requests = 0;
     }
-    SetWaiting(best->id(), "");
+    if (!best->waiting().empty()) SetWaiting(best->id(), "");
     absl::StatusOr<v1::Job> claimed =
         Transition(best->id(), {v1::JOB_STATE_QUEUED}, v1::JOB_STATE_RUNNING, "");
     if (claimed.ok()) {

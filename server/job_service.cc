@@ -96,9 +96,11 @@ grpc::Status JobServiceImpl::Audited(const Caller& who, const std::string& actio
   return result;
 }
 
-grpc::Status JobServiceImpl::MayChange(const Caller& who, int64_t id, const std::string& action) {
+grpc::Status JobServiceImpl::MayChange(const Caller& who, int64_t id, const std::string& action,
+                                       v1::Job* found) {
   absl::StatusOr<v1::Job> job = store_->Get(id);
   if (!job.ok()) return ToGrpc(job.status());
+  if (found != nullptr) *found = *job;
   if (Owns(who, *job) || who.admin) return grpc::Status::OK;
   return grpc::Status(
       grpc::StatusCode::PERMISSION_DENIED,
@@ -335,12 +337,11 @@ grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* ctx,
                                            v1::CheckpointJobResponse* resp) {
   MT_IDENTIFY(who, ctx);
   auto checkpoint = [&]() -> grpc::Status {
-    if (grpc::Status may = MayChange(who, req->id(), "checkpoint"); !may.ok()) return may;
-    absl::StatusOr<v1::Job> job = store_->Get(req->id());
-    if (!job.ok()) return ToGrpc(job.status());
-    if (job->state() != v1::JOB_STATE_RUNNING) {
+    v1::Job job;
+    if (grpc::Status may = MayChange(who, req->id(), "checkpoint", &job); !may.ok()) return may;
+    if (job.state() != v1::JOB_STATE_RUNNING) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("job ", req->id(), " is ", v1::JobState_Name(job->state()),
+                          absl::StrCat("job ", req->id(), " is ", v1::JobState_Name(job.state()),
                                        "; only a running job can checkpoint now"));
     }
     absl::StatusOr<v1::CheckpointJobResponse> r = runner_->CheckpointRunning(req->id());

@@ -64,8 +64,10 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status AwaitNotRunning(int64_t id, v1::Job* resp);
   grpc::Status Submit(const Caller& who, const v1::SubmitJobRequest& req, v1::Job* resp,
                       std::string* detail);
-  // OK when `who` may change job `id` (`action` names the change in the error).
-  grpc::Status MayChange(const Caller& who, int64_t id, const std::string& action);
+  // OK when `who` may change job `id` (`action` names the change in the error); the job
+  // as read goes to *found when given.
+  grpc::Status MayChange(const Caller& who, int64_t id, const std::string& action,
+                         v1::Job* found = nullptr);
   // Records `action` by `who` with the outcome `result`, and returns `result`.
   grpc::Status Audited(const Caller& who, const std::string& action, int64_t job_id,
                        const std::string& detail, grpc::Status result);

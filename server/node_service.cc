@@ -58,9 +58,14 @@ grpc::Status NodeServiceImpl::GetNode(grpc::ServerContext* ctx, const v1::GetNod
   const HostMemory mem = ReadHostMemory();
   resp->set_host_memory_total_bytes(mem.total_bytes);
   int64_t reserved = 0;
+  std::map<std::string, int64_t> running_on;  // device -> the job running there
   for (v1::JobState s : {v1::JOB_STATE_RUNNING, v1::JOB_STATE_QUEUED}) {
     absl::StatusOr<std::vector<v1::Job>> jobs = store_->ListInState(s);
-    if (jobs.ok()) for (const v1::Job& j : *jobs) reserved += j.host_bytes_estimate();
+    if (!jobs.ok()) continue;
+    for (const v1::Job& j : *jobs) {
+      reserved += j.host_bytes_estimate();
+      if (s == v1::JOB_STATE_RUNNING) running_on[j.device()] = j.id();
+    }
   }
   resp->set_host_memory_reserved_bytes(reserved);
   resp->set_host_memory_free_bytes(std::max<int64_t>(0, admissible_bytes_ - reserved));
@@ -70,11 +75,6 @@ grpc::Status NodeServiceImpl::GetNode(grpc::ServerContext* ctx, const v1::GetNod
   (*resp->mutable_versions())["protobuf"] =
       google::protobuf::internal::VersionString(GOOGLE_PROTOBUF_VERSION);
   (*resp->mutable_versions())["sqlite"] = sqlite3_libversion();
-  std::map<std::string, int64_t> running_on;  // device -> job
-  if (absl::StatusOr<std::vector<v1::Job>> running = store_->ListInState(v1::JOB_STATE_RUNNING);
-      running.ok()) {
-    for (const v1::Job& j : *running) running_on[j.device()] = j.id();
-  }
   for (const GpuInfo& g : ListGpus()) {
     v1::Gpu* gpu = resp->add_gpus();
     if (auto it = running_on.find(absl::StrCat("cuda:", g.index)); it != running_on.end()) {

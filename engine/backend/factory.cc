@@ -17,16 +17,6 @@ bool CudaAvailable() {
 #endif
 }
 
-int CudaDeviceIndexOf(const std::string& kind) {
-  if (kind.rfind("cuda:", 0) != 0) return 0;
-  const std::string digits = kind.substr(5);
-  if (digits.empty() || digits.size() > 4 ||
-      digits.find_first_not_of("0123456789") != std::string::npos) {
-    return -1;
-  }
-  return std::stoi(digits);
-}
-
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendRequest& request) {
   if (request.kind == "cpu" || (request.kind == "auto" && !CudaAvailable())) {
     return CreateCpuBackend(CpuBackendOptions{});

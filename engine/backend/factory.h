@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
+#include "engine/common/device_name.h"  // CudaDeviceIndexOf
 
 namespace megatrain {
 
@@ -15,10 +16,6 @@ struct BackendRequest {
   std::string kind = "auto";            // auto | cpu | cuda | cuda:N
   int64_t device_memory_cap_bytes = 0;  // CUDA: 0 = the device's free memory
 };
-
-// The CUDA device index of a kind: "cuda" and "auto" are 0, "cuda:N" is N; -1 when the
-// text after "cuda:" is not a device index.
-int CudaDeviceIndexOf(const std::string& kind);
 
 // True when this build has the CUDA backend and a CUDA device is visible.
 bool CudaAvailable();

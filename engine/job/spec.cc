@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/common/device_name.h"
 #include "engine/common/status.h"
 #include "engine/data/bpe_text.h"
 #include "nlohmann/json.hpp"
@@ -167,9 +168,7 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   RETURN_IF_ERROR(top.String("name", &spec->name));
   RETURN_IF_ERROR(top.String("backend", &spec->backend));
   RETURN_IF_ERROR(top.Int("device_memory_cap_bytes", &spec->device_memory_cap_bytes, 0));
-  const bool cuda_n = spec->backend.rfind("cuda:", 0) == 0 && spec->backend.size() > 5 &&
-                      spec->backend.size() <= 9 &&
-                      spec->backend.find_first_not_of("0123456789", 5) == std::string::npos;
+  const bool cuda_n = spec->backend.rfind("cuda:", 0) == 0 && CudaDeviceIndexOf(spec->backend) >= 0;
   if (spec->backend != "auto" && spec->backend != "cpu" && spec->backend != "cuda" && !cuda_n) {
     return top.Error("backend",
                      absl::StrCat("must be auto, cpu, cuda or cuda:N, got '", spec->backend, "'"));

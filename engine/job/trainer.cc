@@ -191,13 +191,9 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     const int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
     const int64_t host = profile.host_memory_bytes;
     PlanRequest request = JobPlanRequest(spec, config_, device, host);
-    if (devices > 1) {  // each device plans its share of the step
-      request.micro_batch_rows =
-          spec.micro_batch_rows > 0
-              ? spec.micro_batch_rows
-              : (spec.micro_batches > 0 ? spec.rows_per_step() / spec.micro_batches : 0);
-      request.rows_per_step = spec.rows_per_step() / devices;
-    }
+    // Each device plans its share of the step (micro_batch_rows, derived from the whole
+    // step, stays).
+    request.rows_per_step /= devices;
     ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
     plan_text_ = DescribePlan(plan_, request, profile);
     if (devices > 1) {

@@ -1,7 +1,5 @@
 #include "engine/pipeline/grad_reducer.h"
 
-#include <chrono>
-
 #include "engine/common/check.h"
 
 namespace megatrain {
@@ -39,11 +37,6 @@ GradReducer::~GradReducer() {
   worker_.join();
 }
 
-double GradReducer::busy_seconds() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return busy_ns_ / 1e9;
-}
-
 void GradReducer::Submit(int r, int64_t unit, float* slab, void* ready, int64_t offset,
                          int64_t count) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -75,7 +68,6 @@ void GradReducer::Loop() {
     complete_.pop_front();
     ++adding_;
     lock.unlock();
-    const auto t0 = std::chrono::steady_clock::now();
     for (int r = 0; r < replicas(); ++r) {
       backends_[r]->BindThread();
       backends_[r]->EventSync(p.ready[r]);
@@ -88,11 +80,8 @@ void GradReducer::Loop() {
       for (int64_t i = 0; i < n; ++i) sum[i] += add[i];
       pools_[r]->Release(p.slabs[r]);
     }
-    const double ns =
-        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     target_->Submit(p.unit, sum, p.ready[0], p.offset, p.count);
     lock.lock();
-    busy_ns_ += ns;
     --adding_;
     cv_.notify_all();
   }

@@ -41,8 +41,6 @@ class GradReducer {
 
   int replicas() const { return static_cast<int>(backends_.size()); }
   GradSink* replica(int r);
-  // Seconds the worker spent adding gradients, since creation.
-  double busy_seconds() const;
 
  private:
   class Sink;
@@ -61,7 +59,7 @@ class GradReducer {
   std::vector<GradSlabPool*> pools_;
   std::vector<std::unique_ptr<Sink>> sinks_;
 
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::pair<int64_t, int64_t>, Piece> partial_;  // by (unit, offset)
   std::deque<Piece> complete_;                           // to add, in completion order
@@ -70,7 +68,6 @@ class GradReducer {
   int finished_ = 0;       // replicas in Finish() this round
   int64_t round_ = 0;      // completed Finish() rounds
   double norm_ = 0;        // of the last round
-  double busy_ns_ = 0;
   std::thread worker_;
 };
 
