@@ -5,7 +5,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/backend/cpu_stream.h"
@@ -197,14 +201,118 @@ class CpuBackend final : public Backend {
     std::lock_guard<std::mutex> lock(ev->mu);
     return ev->recorded;
   }
+
+ public:
   void On(StreamId s, std::function<void()> work) {
     streams_[static_cast<int>(s)].Enqueue(std::move(work));
   }
 
+ private:
   CpuStream streams_[kNumStreams];
 };
 
+// What the ranks of a CPU group share: the buffers of the collective in progress and a
+// reusable barrier (a generation count).
+class HostGroup {
+ public:
+  explicit HostGroup(int size) : size_(size), bufs_(size, nullptr) {}
+  int size() const { return size_; }
+
+  // Run on rank r's stream thread: every rank's buf is published, each rank adds its own
+  // shard over all ranks (in rank order, so the sum does not depend on timing), and no
+  // rank leaves before all are done reading the others' buffers.
+  template <typename T>
+  void ReduceScatter(int r, T* buf, int64_t shard) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bufs_[r] = buf;
+    }
+    Barrier();
+    const int64_t off = r * shard;
+    std::vector<const T*> in(size_);
+    for (int q = 0; q < size_; ++q) in[q] = static_cast<const T*>(bufs_[q]) + off;
+    T* out = buf + off;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < shard; ++i) {
+      T sum = in[0][i];
+      for (int q = 1; q < size_; ++q) sum += in[q][i];
+      out[i] = sum;
+    }
+    Barrier();
+  }
+
+ private:
+  void Barrier() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return generation_ != generation; });
+    }
+  }
+
+  const int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<void*> bufs_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+};
+
+template <typename T>
+class CpuCollective final : public GradCollective {
+ public:
+  CpuCollective(CpuBackend<T>* backend, std::shared_ptr<HostGroup> group, int rank)
+      : backend_(backend), group_(std::move(group)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+  void ReduceScatter(void* buf, int64_t shard, StreamId stream) override {
+    HostGroup* group = group_.get();
+    const int r = rank_;
+    backend_->On(stream, [group, r, buf, shard] {
+      group->ReduceScatter<T>(r, static_cast<T*>(buf), shard);
+    });
+  }
+  std::string description() const override { return "host threads"; }
+
+ private:
+  CpuBackend<T>* backend_;
+  std::shared_ptr<HostGroup> group_;  // shared by the ranks
+  const int rank_;
+};
+
+template <typename T>
+absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> MakeCpuCollectives(
+    const std::vector<Backend*>& backends) {
+  std::vector<CpuBackend<T>*> cpus;
+  for (Backend* b : backends) {
+    auto* cpu = dynamic_cast<CpuBackend<T>*>(b);
+    if (cpu == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a CPU gradient group cannot include ", b->name(),
+                       " (every device must be a CPU backend of one precision)"));
+    }
+    cpus.push_back(cpu);
+  }
+  auto group = std::make_shared<HostGroup>(static_cast<int>(cpus.size()));
+  std::vector<std::unique_ptr<GradCollective>> out;
+  for (size_t r = 0; r < cpus.size(); ++r) {
+    out.push_back(std::make_unique<CpuCollective<T>>(cpus[r], group, static_cast<int>(r)));
+  }
+  return out;
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> CreateCpuCollectives(
+    const std::vector<Backend*>& backends) {
+  if (backends.empty()) return absl::InvalidArgumentError("an empty gradient group");
+  if (backends[0]->grad_dtype() == DType::kF64) return MakeCpuCollectives<double>(backends);
+  return MakeCpuCollectives<float>(backends);
+}
 
 std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options) {
   if (options.precision == CpuBackendOptions::Precision::kF64) {

@@ -8,8 +8,11 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "engine/common/backend.h"
+#include "engine/common/collective.h"
 
 namespace megatrain {
 
@@ -19,5 +22,11 @@ struct CpuBackendOptions {
 };
 
 std::unique_ptr<Backend> CreateCpuBackend(const CpuBackendOptions& options);
+
+// A reduce-scatter group over CPU backends (simulated devices), rank r = backends[r]:
+// the ranks' D2H stream threads meet and each adds its shard in rank order.
+// REQUIRES: every backend is a CPU backend of one precision (else InvalidArgument).
+[[nodiscard]] absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> CreateCpuCollectives(
+    const std::vector<Backend*>& backends);
 
 }  // namespace megatrain

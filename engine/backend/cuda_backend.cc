@@ -1,6 +1,7 @@
 // CUDA backend: host-side orchestration. Kernels live in kernels/cuda/*.cu; this file
 // only sees their plain-C++ launchers.
 #include "engine/backend/cuda_backend.h"
+#include "engine/backend/nccl.h"
 #include "engine/backend/pci_numa.h"
 
 #include <cublas_v2.h>
@@ -78,6 +79,8 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return name_; }
+  int device() const { return device_; }
+  cudaStream_t native_stream(StreamId s) const { return S(s); }
   DType weight_dtype() const override { return DType::kBF16; }
   DType act_dtype() const override { return DType::kBF16; }
   DType grad_dtype() const override { return DType::kF32; }
@@ -347,6 +350,29 @@ int CudaDeviceNumaNode(int device) {
   if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) return -1;
   absl::StatusOr<int> node = NumaNodeOfPciDevice(bus);
   return node.ok() ? *node : -1;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> CreateCudaCollectives(
+    const std::vector<Backend*>& backends) {
+  std::vector<NcclRank> ranks;
+  for (Backend* b : backends) {
+    auto* cuda = dynamic_cast<CudaBackend*>(b);
+    if (cuda == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a CUDA gradient group cannot include ", b->name()));
+    }
+    for (const NcclRank& r : ranks) {
+      if (r.device == cuda->device()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cuda:", r.device, " appears twice in a gradient group"));
+      }
+    }
+    NcclRank r;
+    r.device = cuda->device();
+    for (int s = 0; s < kNumStreams; ++s) r.streams[s] = cuda->native_stream(static_cast<StreamId>(s));
+    ranks.push_back(r);
+  }
+  return CreateNcclCollectives(ranks);
 }
 
 }  // namespace megatrain

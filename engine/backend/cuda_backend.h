@@ -9,9 +9,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
+#include "engine/common/collective.h"
 
 namespace megatrain {
 
@@ -35,5 +37,11 @@ struct CudaDeviceInfo {
 
 // The NUMA node nearest the device (from its PCI address), or -1 when unknown.
 int CudaDeviceNumaNode(int device);
+
+// A reduce-scatter group over CUDA backends through NCCL (engine/backend/nccl.h), rank r =
+// backends[r]. Unavailable when NCCL cannot be loaded; InvalidArgument for a backend that
+// is not CUDA or a device given twice.
+[[nodiscard]] absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> CreateCudaCollectives(
+    const std::vector<Backend*>& backends);
 
 }  // namespace megatrain

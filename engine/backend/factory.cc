@@ -46,6 +46,17 @@ int BackendNumaNode(const BackendRequest& request) {
   return -1;
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> CreateGradCollectives(
+    const std::vector<Backend*>& backends) {
+  if (backends.empty()) return absl::InvalidArgumentError("an empty gradient group");
+  if (backends[0]->name() == "cpu") return CreateCpuCollectives(backends);
+#ifdef MEGATRAIN_HAS_CUDA
+  return CreateCudaCollectives(backends);
+#else
+  return absl::FailedPreconditionError("this build has no CUDA backend");
+#endif
+}
+
 std::vector<GpuInfo> ListGpus() {
   std::vector<GpuInfo> gpus;
 #ifdef MEGATRAIN_HAS_CUDA

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
+#include "engine/common/collective.h"
 #include "engine/common/device_name.h"  // CudaDeviceIndexOf
 
 namespace megatrain {
@@ -24,6 +25,13 @@ bool CudaAvailable();
 
 // The NUMA node nearest the device the backend uses, or -1 (CPU backend, unknown).
 int BackendNumaNode(const BackendRequest& request);
+
+// A reduce-scatter group over the devices of a data-parallel job (common/collective.h),
+// rank r = backends[r]: NCCL over CUDA devices, the streams' threads over CPU backends.
+// Unavailable when the devices cannot reduce on the device (NCCL not loadable): the
+// caller may add the gradients on the host instead (pipeline/grad_reducer.h).
+[[nodiscard]] absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> CreateGradCollectives(
+    const std::vector<Backend*>& backends);
 
 struct GpuInfo {
   int index = 0;

@@ -246,6 +246,8 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     RETURN_IF_ERROR(t.Int("micro_batch_rows", &spec->micro_batch_rows, 0));
     RETURN_IF_ERROR(t.Int("micro_batches", &spec->micro_batches, 0));
     RETURN_IF_ERROR(t.Int("devices", &spec->devices, 1));
+    RETURN_IF_ERROR(t.String("gradient_reduce", &spec->gradient_reduce));
+    RETURN_IF_ERROR(t.OneOf("gradient_reduce", spec->gradient_reduce, {"auto", "device", "host"}));
     RETURN_IF_ERROR(t.Double("lr", &spec->schedule.lr, 0, 1e3));
     std::string schedule = ScheduleTypeName(spec->schedule.type);
     RETURN_IF_ERROR(t.String("schedule", &schedule));
@@ -463,6 +465,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "micro_batch_rows" << YAML::Value << s.micro_batch_rows;
   out << YAML::Key << "micro_batches" << YAML::Value << s.micro_batches;
   out << YAML::Key << "devices" << YAML::Value << s.devices;
+  out << YAML::Key << "gradient_reduce" << YAML::Value << s.gradient_reduce;
   out << YAML::Key << "lr" << YAML::Value << s.schedule.lr;
   out << YAML::Key << "schedule" << YAML::Value << ScheduleTypeName(s.schedule.type);
   out << YAML::Key << "warmup_steps" << YAML::Value << s.schedule.warmup_steps;

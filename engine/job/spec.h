@@ -16,6 +16,7 @@
 //                # left out (0 / auto), the planner chooses these (engine/plan/planner.h):
 //                micro_batch_rows, micro_batches, activation_checkpoint_every,
 //                devices: 1   # data parallel: the step's micro-batches split over N devices
+//                gradient_reduce: auto|device|host  # how N devices' gradients meet
 //                activation_checkpoints: auto|device|host}
 //   checkpoint: {dir, every_steps, keep_last, max_shard_bytes, background}
 //   backend:    auto | cpu | cuda
@@ -74,6 +75,10 @@ struct JobSpec {
   // each run an equal share of the step's micro-batches over the one host copy of the
   // state. The global batch, and so the checkpoints, do not depend on it.
   int64_t devices = 1;
+  // With devices > 1: "device" reduce-scatters each gradient on the devices (NCCL; CPU
+  // backends: their threads) so each drains 1/N; "host" drains whole gradients and adds
+  // them on the host; "auto" is device when it can be set up, else host.
+  std::string gradient_reduce = "auto";
   ScheduleOptions schedule;      // lr, type, warmup, total (= steps), min ratio
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;

@@ -119,6 +119,7 @@ Trainer::~Trainer() {
   pipeline_.reset();  // drains the streams
   for (Replica& r : replicas_) r.pipeline.reset();
   reducer_.reset();
+  collectives_.clear();
   optimizer_.reset();
   for (Replica& r : replicas_) {
     if (r.slabs != nullptr) r.backend->UnpinHostRange(r.slabs->base());
@@ -196,18 +197,62 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     request.rows_per_step /= devices;
     ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
     plan_text_ = DescribePlan(plan_, request, profile);
-    if (devices > 1) {
-      absl::StrAppend(&plan_text_, "\ndata       ", devices, " devices, each the plan above on ",
-                      "its share of the step (", request.rows_per_step,
-                      " sequences); gradients added on the host, one optimizer\n");
-    }
   }
 
   const ModelLayout layout = BuildLayout(config_);
   ASSIGN_OR_RETURN(store_, HostStore::Create(layout, numa_node));
   const bool clipping = spec.max_grad_norm > 0;
-  ASSIGN_OR_RETURN(slabs_, GradSlabPool::Create(GradSlabsNeeded(layout, clipping),
-                                                GradSlabElements(layout), numa_node));
+
+  // Data parallelism: the other devices (cuda:i+1 .. with i this one's, or more CPU
+  // backends), then how their gradients meet: reduce-scattered on the devices (NCCL, or
+  // the CPU streams' threads), else added on the host.
+  std::vector<Backend*> backends = {backend_.get()};
+  std::vector<BackendRequest> requests = {request};
+  if (devices > 1) {
+    const bool cpu = backend_->name() == "cpu";
+    const int first = cpu ? 0 : CudaDeviceIndexOf(request.kind);
+    for (int64_t d = 1; d < devices; ++d) {
+      Replica r;
+      const BackendRequest rq{cpu ? "cpu" : absl::StrCat("cuda:", first + d),
+                              spec.device_memory_cap_bytes};
+      absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(rq);
+      if (!backend.ok()) {
+        return Annotate(backend.status(), absl::StrCat("train.devices: device ", d, " (", rq.kind, ")"));
+      }
+      r.backend = *std::move(backend);
+      backends.push_back(r.backend.get());
+      requests.push_back(rq);
+      replicas_.push_back(std::move(r));
+    }
+    backend_->BindThread();  // creating the others made theirs current here
+    if (spec.gradient_reduce != "host") {
+      absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> group =
+          CreateGradCollectives(backends);
+      if (group.ok()) {
+        collectives_ = *std::move(group);
+      } else if (spec.gradient_reduce == "device") {
+        return Annotate(group.status(), "train.gradient_reduce: device");
+      } else {
+        reduce_note_ = absl::StrCat(" (", group.status().message(), ")");
+      }
+      backend_->BindThread();
+    }
+  }
+  const bool sharded = !collectives_.empty();
+  const int ranks = static_cast<int>(devices);
+  auto make_slabs = [&](int d, bool whole) -> absl::StatusOr<std::unique_ptr<GradSlabPool>> {
+    // Sharded, every device drains 1/N of each unit into slabs of 1/N of a layer. Added
+    // on the host, the first device's pool is the optimizer's (all of a clipped step's
+    // gradient) and each other device cycles a few of a layer's size.
+    const int node = BackendNumaNode(requests[d]);
+    if (sharded) {
+      return GradSlabPool::Create(GradShardSlabsNeeded(layout, clipping, ranks),
+                                  GradShardSlabElements(layout, ranks), node);
+    }
+    return GradSlabPool::Create(GradSlabsNeeded(layout, whole && clipping),
+                                GradSlabElements(layout), node);
+  };
+  ASSIGN_OR_RETURN(slabs_, make_slabs(0, true));
   // What crosses PCIe is page-locked once, here: the bf16 weights and the gradient slabs.
   RETURN_IF_ERROR(backend_->PinHostRange(store_->transfer_base(), store_->transfer_bytes()));
   pinned_.push_back(store_->transfer_base());
@@ -223,6 +268,7 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   po.weight_slots = plan_.weight_slots;
   po.kept_layers = plan_.kept_layers;
   po.record_timeline = true;  // per-stream busy time for the metrics
+  if (sharded) po.collective = collectives_[0].get();
   ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(config_, store_.get(), slabs_.get(),
                                                backend_.get(), po));
   HostOptimizerOptions oo;
@@ -235,34 +281,30 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   optimizer_ = std::make_unique<HostOptimizer>(store_.get(), slabs_.get(), backend_.get(), oo);
   batches_.resize(plan_.micro_batches);
   if (devices > 1) {
-    // The other devices: cuda:i+1 .. (i = this one's), or more CPU backends.
-    const bool cpu = backend_->name() == "cpu";
-    const int first = cpu ? 0 : CudaDeviceIndexOf(request.kind);
-    std::vector<Backend*> backends = {backend_.get()};
     std::vector<GradSlabPool*> pools = {slabs_.get()};
     for (int64_t d = 1; d < devices; ++d) {
-      Replica r;
-      const BackendRequest rq{cpu ? "cpu" : absl::StrCat("cuda:", first + d),
-                              spec.device_memory_cap_bytes};
-      absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(rq);
-      if (!backend.ok()) {
-        return Annotate(backend.status(), absl::StrCat("train.devices: device ", d, " (", rq.kind, ")"));
-      }
-      r.backend = *std::move(backend);
-      // A few slabs: its gradients are added into the first device's as they come.
-      ASSIGN_OR_RETURN(r.slabs, GradSlabPool::Create(GradSlabsNeeded(layout, false),
-                                                     GradSlabElements(layout),
-                                                     BackendNumaNode(rq)));
+      Replica& r = replicas_[d - 1];
+      ASSIGN_OR_RETURN(r.slabs, make_slabs(static_cast<int>(d), false));
       RETURN_IF_ERROR(r.backend->PinHostRange(r.slabs->base(), r.slabs->bytes()));
+      PipelineOptions rpo = po;
+      if (sharded) rpo.collective = collectives_[d].get();
       ASSIGN_OR_RETURN(r.pipeline, Pipeline::Create(config_, store_.get(), r.slabs.get(),
-                                                    r.backend.get(), po));
+                                                    r.backend.get(), rpo));
       r.batches.resize(plan_.micro_batches);
-      backends.push_back(r.backend.get());
       pools.push_back(r.slabs.get());
-      replicas_.push_back(std::move(r));
+      if (sharded) optimizer_->AddSlabPool(r.slabs.get());
     }
-    reducer_ = std::make_unique<GradReducer>(optimizer_.get(), backends, pools);
-    backend_->BindThread();  // creating the others made theirs current here
+    reducer_ = std::make_unique<GradReducer>(
+        optimizer_.get(), backends, pools,
+        sharded ? GradReducer::Mode::kSharded : GradReducer::Mode::kHostSum);
+    backend_->BindThread();
+    absl::StrAppend(&plan_text_, "\ndata       ", devices, " devices, each the plan above on ",
+                    "its share of the step; gradients ",
+                    sharded ? absl::StrCat("reduce-scattered on the devices (",
+                                           collectives_[0]->description(),
+                                           "), each drains 1/", devices)
+                            : absl::StrCat("added on the host", reduce_note_),
+                    "; one optimizer\n");
   }
 
   state_.data_seed = spec.data_seed;

@@ -157,8 +157,8 @@ class Trainer {
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<HostOptimizer> optimizer_;
   // Data parallelism (spec.devices > 1): the devices after the first, each with its own
-  // pipeline and gradient slabs, and the reducer that adds their gradients into the
-  // first's before the one optimizer sees them.
+  // pipeline and gradient slabs, and the reducer through which their gradients (summed
+  // on the devices, or on the host) reach the one optimizer.
   struct Replica {
     std::unique_ptr<Backend> backend;
     std::unique_ptr<GradSlabPool> slabs;
@@ -166,6 +166,9 @@ class Trainer {
     std::vector<MicroBatch> batches;
   };
   std::vector<Replica> replicas_;
+  // One per device when the devices reduce-scatter the gradients (spec.gradient_reduce).
+  std::vector<std::unique_ptr<GradCollective>> collectives_;
+  std::string reduce_note_;  // why they are added on the host instead, for the plan
   std::unique_ptr<GradReducer> reducer_;
   absl::StatusOr<StepResult> StepReplicas();
   std::unique_ptr<Packer> packer_;

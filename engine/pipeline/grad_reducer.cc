@@ -19,8 +19,8 @@ class GradReducer::Sink final : public GradSink {
 };
 
 GradReducer::GradReducer(GradSink* target, std::vector<Backend*> backends,
-                         std::vector<GradSlabPool*> pools)
-    : target_(target), backends_(std::move(backends)), pools_(std::move(pools)) {
+                         std::vector<GradSlabPool*> pools, Mode mode)
+    : target_(target), mode_(mode), backends_(std::move(backends)), pools_(std::move(pools)) {
   MT_CHECK(!backends_.empty() && backends_.size() == pools_.size());
   for (int r = 0; r < replicas(); ++r) sinks_.push_back(std::make_unique<Sink>(this, r));
   worker_ = std::thread([this] { Loop(); });
@@ -39,6 +39,10 @@ GradReducer::~GradReducer() {
 
 void GradReducer::Submit(int r, int64_t unit, float* slab, void* ready, int64_t offset,
                          int64_t count) {
+  if (mode_ == Mode::kSharded) {  // a shard of the sum already
+    target_->Submit(unit, slab, ready, offset, count);
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Piece& p = partial_[{unit, offset}];
   if (p.arrived == 0) {

@@ -1,19 +1,27 @@
 // Data parallelism over one host copy of the state: N pipelines, one per device, each run
 // its share of a step's micro-batches through the same layers (the weights they stream
-// come from the one host store). Each drains its gradient into its own slabs; the reducer
-// adds the N pieces of each unit's gradient on the host and hands the sum to the one
-// optimizer (the target), which updates every unit once.
+// come from the one host store), and one optimizer (the target) updates every unit once.
+// Two ways to meet there:
 //
-// replica(r) is the GradSink pipeline r is given. A piece (unit, offset) is complete when
-// all N replicas submitted it; a worker thread waits for the N copies (each on its own
-// backend's event), adds them into replica 0's slab (OpenMP, in replica order, so the sum
-// is deterministic), returns the others to their pools and submits the sum. Replicas
-// produce pieces in the same order, so the sums reach the target in that order too.
-// Finish() is a barrier: the last replica to call it waits for every sum to be submitted,
-// then calls the target's Finish(), whose norm all N return. AwaitUnit goes to the target.
+//   kHostSum   each pipeline drains its whole gradient into its own slabs; the reducer
+//              adds the N pieces of each unit's gradient on the host and hands the sum
+//              on. A piece (unit, offset) is complete when all N replicas submitted it; a
+//              worker thread waits for the N copies (each on its own backend's event),
+//              adds them into replica 0's slab (OpenMP, in replica order, so the sum is
+//              deterministic), returns the others to their pools and submits the sum.
+//              Replicas produce pieces in the same order, so the sums reach the target in
+//              that order too. REQUIRES: replica 0's pool is the target's.
+//   kSharded   the devices already reduce-scattered each gradient (PipelineOptions::
+//              collective): every piece arrives once, from the replica owning that shard,
+//              and goes straight to the target, which returns each slab to the pool it
+//              came from (HostOptimizer::AddSlabPool). Nothing is added on the host.
 //
-// REQUIRES: replica 0's pool is the target's (it returns replica 0's slabs).
-// Thread-safe: each replica's sink is used by that replica's thread.
+// Finish() is a barrier: the last replica to call it waits for every piece to be handed
+// on, then calls the target's Finish(), whose norm all N return. AwaitUnit goes to the
+// target.
+//
+// Thread-safe: each replica's sink is used by that replica's thread; the target's Submit
+// must be thread-safe in kSharded mode (HostOptimizer's is).
 #pragma once
 
 #include <condition_variable>
@@ -34,7 +42,9 @@ namespace megatrain {
 
 class GradReducer {
  public:
-  GradReducer(GradSink* target, std::vector<Backend*> backends, std::vector<GradSlabPool*> pools);
+  enum class Mode { kHostSum, kSharded };
+  GradReducer(GradSink* target, std::vector<Backend*> backends, std::vector<GradSlabPool*> pools,
+              Mode mode = Mode::kHostSum);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -55,6 +65,7 @@ class GradReducer {
   void Loop();
 
   GradSink* target_;
+  const Mode mode_;
   std::vector<Backend*> backends_;
   std::vector<GradSlabPool*> pools_;
   std::vector<std::unique_ptr<Sink>> sinks_;

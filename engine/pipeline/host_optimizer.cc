@@ -38,6 +38,15 @@ void HostOptimizer::RestoredLocked(int64_t step) {
   for (int64_t u = 0; u < store_->num_units(); ++u) updated_elements_[u] = store_->unit_elements(u);
 }
 
+void HostOptimizer::AddSlabPool(GradSlabPool* pool) { other_pools_.push_back(pool); }
+
+void HostOptimizer::ReleaseSlab(float* slab) {
+  for (GradSlabPool* p : other_pools_) {
+    if (p->Holds(slab)) return p->Release(slab);
+  }
+  pool_->Release(slab);
+}
+
 void HostOptimizer::BeginStep(double lr, int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   if (updated_step_.empty()) RestoredLocked(step - 1);
@@ -50,8 +59,8 @@ void HostOptimizer::Submit(int64_t unit, float* slab, void* ready, int64_t offse
                            int64_t count) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (pending_.empty()) pending_.assign(store_->num_units(), 0);
-    ++pending_[unit];
+    if (pending_.empty()) pending_.resize(store_->num_units());
+    ++pending_[unit][step_];
     Item item;
     item.unit = unit;
     item.slab = slab;
@@ -76,14 +85,21 @@ void HostOptimizer::Loop() {
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;
-    // Leftovers of a finished step first, in forward order; then arrival order.
+    // Leftovers of a finished step first, in forward order; then backward order (unit ids
+    // descending, a unit's pieces by offset), which is one pipeline's arrival order. With
+    // several devices (sharded data parallelism) a fast device's shard of a unit may
+    // arrive before a slow device's shard of an earlier unit: its copy waits on a
+    // reduce-scatter the slow device enqueues only once it has a slab, which it gets back
+    // only when its earlier shard is consumed. Taking the earlier unit first means the
+    // worker only ever waits on work that every device has enqueued.
+    auto before = [](const Item& a, const Item& b) {
+      if (a.forward_order != b.forward_order) return a.forward_order;
+      if (a.forward_order) return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
+      return a.unit != b.unit ? a.unit > b.unit : a.offset < b.offset;
+    };
     auto pick = queue_.begin();
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (it->forward_order &&
-          (!pick->forward_order ||
-           std::make_pair(it->unit, it->offset) < std::make_pair(pick->unit, pick->offset))) {
-        pick = it;
-      }
+      if (before(*it, *pick)) pick = it;
     }
     Item item = *pick;
     queue_.erase(pick);
@@ -103,7 +119,7 @@ void HostOptimizer::Loop() {
         Update(h, h.slab, item.coef);
         busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now() - t0).count();
-        pool_->Release(h.slab);
+        ReleaseSlab(h.slab);
         std::lock_guard<std::mutex> done(mu_);
         PieceDone(h);
         cv_.notify_all();
@@ -124,7 +140,7 @@ void HostOptimizer::Loop() {
       ss = SumOfSquares(item.slab, item.count);
     } else {
       ss = Update(item, item.slab, 1.0f);
-      pool_->Release(item.slab);
+      ReleaseSlab(item.slab);
     }
     busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - t0).count();
@@ -174,6 +190,8 @@ double HostOptimizer::Finish() {
   if (options_.max_grad_norm > 0 && !held_.empty()) {
     Item apply;
     apply.coef = ClipCoefficient(norm, options_.max_grad_norm);
+    apply.unit = -1;
+    apply.forward_order = true;  // before any piece of the next step
     queue_.push_back(apply);
     ++in_flight_;
     cv_.notify_all();
@@ -183,12 +201,16 @@ double HostOptimizer::Finish() {
 
 void HostOptimizer::AwaitUnit(int64_t unit) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return pending_.empty() || pending_[unit] == 0; });
+  // Only earlier steps' pieces: in data parallelism a faster device may already have
+  // handed over this step's piece of the unit that a slower one is about to upload.
+  cv_.wait(lock, [&] {
+    return pending_.empty() || pending_[unit].empty() || pending_[unit].begin()->first >= step_;
+  });
 }
 
 void HostOptimizer::PieceDone(const Item& item) {
   const int64_t u = item.unit;
-  --pending_[u];
+  if (--pending_[u][item.step] == 0) pending_[u].erase(item.step);
   if (updated_step_[u] != item.step) {
     updated_step_[u] = item.step;
     updated_elements_[u] = 0;

@@ -13,13 +13,15 @@
 // only for the unit it is about to upload. Weight decay applies to matrices only
 // (TensorSlot).
 //
-// Thread-safe: Submit() and Finish() are called from the pipeline thread.
+// Thread-safe. Submit() is called from the pipeline thread, or from every replica's thread
+// in sharded data parallelism (pipeline/grad_reducer.h); Finish() from one thread.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -50,6 +52,9 @@ class HostOptimizer final : public GradSink {
   void Restored(int64_t step);
   // Sets the learning rate and 1-based step count for the next step's updates.
   void BeginStep(double lr, int64_t step);
+  // Slabs may also come from `pool` (another device's, in sharded data parallelism);
+  // each is returned to the pool that holds it. Before the first Submit().
+  void AddSlabPool(GradSlabPool* pool);
   void Submit(int64_t unit, float* slab, void* ready, int64_t offset, int64_t count) override;
   double Finish() override;
   void AwaitUnit(int64_t unit) override;
@@ -98,8 +103,12 @@ class HostOptimizer final : public GradSink {
   // Under mu_: the item's piece of its unit is updated.
   void PieceDone(const Item& item);
 
+  // Returns a consumed slab to the pool it came from.
+  void ReleaseSlab(float* slab);
+
   HostStore* store_;
   GradSlabPool* pool_;
+  std::vector<GradSlabPool*> other_pools_;  // AddSlabPool
   Backend* backend_;
   HostOptimizerOptions options_;
   double lr_ = 0.0;
@@ -109,7 +118,7 @@ class HostOptimizer final : public GradSink {
   std::condition_variable cv_;
   std::deque<Item> queue_;
   int64_t in_flight_ = 0;   // submitted, not yet consumed by the worker
-  std::vector<int64_t> pending_;  // per unit: pieces whose update is owed
+  std::vector<std::map<int64_t, int64_t>> pending_;  // per unit, step: pieces owed an update
   double sum_squares_ = 0;  // this step's
   int64_t norms_pending_ = 0;  // submitted pieces whose squares are not yet summed
   std::vector<Item> held_;  // clipping: waiting for the norm

@@ -117,10 +117,16 @@ absl::Status Pipeline::Allocate(bool count_only) {
   const int64_t head_n = layout.units[layout.HeadUnit()].num_elements;
   RETURN_IF_ERROR(alloc(&embed_slot_, embed_n * wsize, "the embedding"));
   RETURN_IF_ERROR(alloc(&head_slot_, head_n * wsize, "the head"));
-  RETURN_IF_ERROR(alloc(&embed_grad_, embed_n * gsize, "the embedding gradient"));
-  RETURN_IF_ERROR(alloc(&head_grad_, head_n * gsize, "the head gradient"));
+  // A reduce-scatter needs every rank's shard in the buffer: pad to whole shards.
+  auto grad_elements = [&](int64_t n) {
+    const GradCollective* c = options_.collective;
+    return c == nullptr ? n : c->size() * GradShardElements(n, c->size());
+  };
+  RETURN_IF_ERROR(alloc(&embed_grad_, grad_elements(embed_n) * gsize, "the embedding gradient"));
+  RETURN_IF_ERROR(alloc(&head_grad_, grad_elements(head_n) * gsize, "the head gradient"));
   for (int i = 0; i < 2; ++i) {
-    RETURN_IF_ERROR(alloc(&layer_grad_[i], max_layer * gsize, "a layer gradient buffer"));
+    RETURN_IF_ERROR(alloc(&layer_grad_[i], grad_elements(max_layer) * gsize,
+                          "a layer gradient buffer"));
     if (count_only) continue;
     grad_ready_[i] = Event(be);
     grad_free_[i] = Event(be);
@@ -298,11 +304,20 @@ void Pipeline::DrainGradient(int64_t unit, void* device_grad, void* done_event,
   backend_->StreamWait(StreamId::kD2H, done_event);
   const int64_t n = store_->unit_elements(unit);
   const int64_t piece = slabs_->slab_elements();
+  int64_t begin = 0, end = n;  // what this pipeline drains
+  if (GradCollective* c = options_.collective; c != nullptr) {
+    const int64_t shard = GradShardElements(n, c->size());
+    // On the D2H stream, ahead of the copies; not a span: the stream's busy time stands
+    // for PCIe, and this waits for the other devices.
+    c->ReduceScatter(device_grad, shard, StreamId::kD2H);
+    begin = std::min(n, c->rank() * shard);
+    end = std::min(n, begin + shard);
+  }
   const int span = SpanBegin(StreamId::kD2H, "d2h g " + std::to_string(unit));
   // A unit larger than a slab (the embedding, the lm_head) goes in slab-sized pieces, so
   // the host holds a few slabs of a layer's size whatever the vocabulary.
-  for (int64_t offset = 0; offset < n; offset += piece) {
-    const int64_t count = std::min(piece, n - offset);
+  for (int64_t offset = begin; offset < end; offset += piece) {
+    const int64_t count = std::min(piece, end - offset);
     float* slab = slabs_->Acquire();  // returned by the sink once it has read the piece
     Event& ready = slab_ready_[slabs_->IndexOf(slab)];
     backend_->DownloadGrads(slab, Offset(device_grad, offset, backend_->grad_dtype()), count,
@@ -310,7 +325,7 @@ void Pipeline::DrainGradient(int64_t unit, void* device_grad, void* done_event,
     backend_->Record(ready.get(), StreamId::kD2H);
     sink->Submit(unit, slab, ready.get(), offset, count);
   }
-  d2h_bytes_ += 4 * n;
+  d2h_bytes_ += 4 * (end - begin);
   SpanEnd(span);
   if (free_event != nullptr) backend_->Record(free_event, StreamId::kD2H);
   backend_->Record(unit_done_[unit].get(), StreamId::kD2H);

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
+#include "engine/common/collective.h"
 #include "engine/data/packer.h"
 #include "engine/layers/decoder.h"
 #include "engine/layers/head.h"
@@ -59,6 +60,11 @@ struct PipelineOptions {
   // Record a span (two events) around every transfer and every layer's compute, and
   // return the step's timeline. Costs a little; for benchmarks and diagnosis.
   bool record_timeline = false;
+  // Data parallelism with the reduction on the devices: each unit's gradient is
+  // reduce-scattered across the group on the D2H stream before it drains, and this
+  // pipeline drains (and hands the sink) only its rank's shard. Gradient buffers are
+  // padded to size() shards. Null: the whole gradient drains.
+  GradCollective* collective = nullptr;
 };
 
 // One piece of work on one stream, in milliseconds from the start of the step.

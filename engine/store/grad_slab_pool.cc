@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/common/check.h"
+#include "engine/common/collective.h"
 #include "engine/common/status.h"
 
 namespace megatrain {
@@ -38,6 +39,23 @@ int64_t GradSlabsNeeded(const ModelLayout& layout, bool clipping) {
   const int64_t slab = GradSlabElements(layout);
   int64_t pieces = 0;
   for (const UnitLayout& u : layout.units) pieces += (u.num_elements + slab - 1) / slab;
+  return pieces;
+}
+
+int64_t GradShardSlabElements(const ModelLayout& layout, int ranks) {
+  return GradShardElements(GradSlabElements(layout), ranks);
+}
+
+int64_t GradShardSlabsNeeded(const ModelLayout& layout, bool clipping, int ranks) {
+  if (!clipping) return 2;
+  // The pieces of this rank's shard of each unit (the same count for every rank, up to
+  // the last rank's shorter tail: count the first rank's).
+  const int64_t slab = GradShardSlabElements(layout, ranks);
+  int64_t pieces = 0;
+  for (const UnitLayout& u : layout.units) {
+    const int64_t shard = std::min(u.num_elements, GradShardElements(u.num_elements, ranks));
+    pieces += (shard + slab - 1) / slab;
+  }
   return pieces;
 }
 

@@ -23,6 +23,13 @@ int64_t GradSlabElements(const ModelLayout& layout);
 // known; otherwise two cycle (one being read by the optimizer, one being filled).
 int64_t GradSlabsNeeded(const ModelLayout& layout, bool clipping);
 
+// The same for one of `ranks` devices that reduce-scatter on the device
+// (common/collective.h): each drains only its shard of every unit, so its slabs are
+// 1/ranks of a layer and it needs as many of them as a whole job: the host holds no more
+// gradient than with one device.
+int64_t GradShardSlabElements(const ModelLayout& layout, int ranks);
+int64_t GradShardSlabsNeeded(const ModelLayout& layout, bool clipping, int ranks);
+
 class GradSlabPool {
  public:
   // `num_slabs` slabs of `slab_elements` f32 each.
@@ -33,6 +40,11 @@ class GradSlabPool {
   void Release(float* slab);
   // 0 .. num_slabs()-1: which slab `slab` is (for per-slab state such as events).
   int64_t IndexOf(const float* slab) const;
+  // Whether `slab` is one of this pool's.
+  bool Holds(const float* slab) const {
+    const char* p = reinterpret_cast<const char*>(slab);
+    return p >= arena_.data() && p < arena_.data() + arena_.bytes();
+  }
 
   int64_t num_slabs() const { return static_cast<int64_t>(slabs_.size()); }
   int64_t slab_elements() const { return slab_elements_; }

@@ -94,9 +94,11 @@ TEST(Trainer, TinyModelOverfitsASmallText) {
 }
 
 // Data parallelism on the CPU backend's simulated devices: the same global batch split
-// over two devices gives the one-device losses and gradient norms, step after step (the
-// updates in between included), with and without clipping; and checkpoints of either
-// resume in the other.
+// over two or four devices gives the one-device losses and gradient norms, step after step
+// (the updates in between included), with and without clipping, whether the devices
+// reduce-scatter the gradients (each drains its shard) or the host adds them. The two
+// reductions add in the same order, so their weights, and losses, are bit-identical.
+// Checkpoints of either resume in the other.
 TEST(Trainer, DataParallelOverTwoDevicesMatchesOneDevice) {
   for (const bool clipping : {true, false}) {
     const std::string dir = TempDir(clipping ? "dp_clip" : "dp_noclip");
@@ -108,17 +110,39 @@ TEST(Trainer, DataParallelOverTwoDevicesMatchesOneDevice) {
       return yaml;
     };
     absl::StatusOr<std::unique_ptr<Trainer>> one = Make(dir, spec(""));
-    absl::StatusOr<std::unique_ptr<Trainer>> two = Make(dir, spec("  devices: 2\n"));
+    absl::StatusOr<std::unique_ptr<Trainer>> host =
+        Make(dir, spec("  devices: 2\n  gradient_reduce: host\n"));
+    absl::StatusOr<std::unique_ptr<Trainer>> two =
+        Make(dir, spec("  devices: 2\n  gradient_reduce: device\n"));
+    absl::StatusOr<std::unique_ptr<Trainer>> four = Make(dir, spec("  devices: 4\n"));
     ASSERT_TRUE(one.ok()) << one.status();
+    ASSERT_TRUE(host.ok()) << host.status();
     ASSERT_TRUE(two.ok()) << two.status();
+    ASSERT_TRUE(four.ok()) << four.status();
     EXPECT_EQ((*two)->plan().micro_batches, 2);  // each device's share of the four
+    EXPECT_EQ((*four)->plan().micro_batches, 1);
+    EXPECT_NE((*host)->plan_text().find("added on the host"), std::string::npos)
+        << (*host)->plan_text();
+    EXPECT_NE((*two)->plan_text().find("reduce-scattered on the devices (host threads), each "
+                                       "drains 1/2"),
+              std::string::npos)
+        << (*two)->plan_text();
+    EXPECT_NE((*four)->plan_text().find("drains 1/4"), std::string::npos);  // auto: device
     while (!(*one)->done()) {
       absl::StatusOr<StepReport> a = (*one)->Step();
+      absl::StatusOr<StepReport> h = (*host)->Step();
       absl::StatusOr<StepReport> b = (*two)->Step();
+      absl::StatusOr<StepReport> d = (*four)->Step();
       ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(h.ok()) << h.status();
       ASSERT_TRUE(b.ok()) << b.status();
+      ASSERT_TRUE(d.ok()) << d.status();
       EXPECT_NEAR(b->loss, a->loss, 1e-5 * a->loss) << "step " << a->step;
       EXPECT_NEAR(b->grad_norm, a->grad_norm, 1e-4 * a->grad_norm) << "step " << a->step;
+      EXPECT_NEAR(d->loss, a->loss, 1e-5 * a->loss) << "step " << a->step;
+      EXPECT_NEAR(d->grad_norm, a->grad_norm, 1e-4 * a->grad_norm) << "step " << a->step;
+      EXPECT_EQ(b->loss, h->loss) << "step " << a->step;
+      EXPECT_NEAR(b->grad_norm, h->grad_norm, 1e-6 * h->grad_norm) << "step " << a->step;
     }
     // Checkpoints do not depend on the device count: either resumes the other's.
     absl::StatusOr<JobSpec> s1 = ParseJobSpec(spec(""), dir);
