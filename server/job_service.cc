@@ -79,8 +79,14 @@ grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::SubmitJ
   absl::Status ran = RunAs(who, [&] { spec = SpecFromRequest(*req); });
   if (!ran.ok()) return ToGrpc(ran);
   if (!spec.ok()) return ToGrpc(spec.status());
-  if (grpc::Status one = OneDevice(*spec); !one.ok()) return one;
-  return Plan(*spec, resp);
+  // A plan for several devices is the planner's answer for this box; only running one
+  // is megatrain-train's (OneDevice at submit).
+  grpc::Status planned = Plan(*spec, resp);
+  if (planned.ok() && spec->devices > 1) {
+    resp->set_text(absl::StrCat(resp->text(), "note       the daemon runs each job on one "
+                                              "device; run this one with megatrain-train\n"));
+  }
+  return planned;
 }
 
 grpc::Status JobServiceImpl::Audited(const Caller& who, const std::string& action,

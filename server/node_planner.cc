@@ -27,6 +27,12 @@ absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
   if (spec.device_memory_cap_bytes > 0) {
     device = std::min(device, PlannableDeviceBytes(spec.device_memory_cap_bytes));
   }
+  if (spec.devices > 1 && backend_->name() != "cpu" &&
+      spec.devices > static_cast<int64_t>(ListGpus().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("train.devices is ", spec.devices,
+                                                   "; this node has ", ListGpus().size(),
+                                                   " GPU(s)"));
+  }
   const PlanRequest request = JobPlanRequest(spec, config, device, host_budget_bytes_);
   ASSIGN_OR_RETURN(Plan plan, MakePlan(request, profile_, backend_.get()));
   v1::JobPlan out;
@@ -36,6 +42,8 @@ absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
   out.set_checkpoints_on_host(plan.checkpoints_on_host);
   out.set_weight_slots(plan.weight_slots);
   out.set_kept_layers(plan.kept_layers);
+  out.set_devices(plan.devices);
+  out.set_reduce_seconds(plan.step.reduce_seconds);
   const StepPrediction& s = plan.step;
   const int64_t tokens = request.rows_per_step * request.seq_len;
   out.set_tokens_per_step(tokens);

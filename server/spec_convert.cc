@@ -71,6 +71,8 @@ std::string SpecMessageToYaml(const v1::JobSpec& s) {
     num("activation_checkpoint_every", t.activation_checkpoint_every());
     num("loss_chunk_tokens", t.loss_chunk_tokens());
     str("activation_checkpoints", t.activation_checkpoints());
+    num("devices", t.devices());
+    str("gradient_reduce", t.gradient_reduce());
     out << YAML::EndMap;
   }
   if (s.has_checkpoint()) {

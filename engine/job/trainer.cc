@@ -150,6 +150,8 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.checkpoints = spec.activation_checkpoints;
   r.device_budget_bytes = device_budget_bytes;
   r.host_budget_bytes = host_budget_bytes;
+  r.devices = std::max<int64_t>(1, spec.devices);
+  r.reduce_on_devices = spec.gradient_reduce != "host";
   return r;
 }
 
@@ -188,21 +190,6 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     ASSIGN_OR_RETURN(profile, LoadOrMeasureProfile(backend_.get(), DefaultProfilePath()));
   }
   const int64_t devices = std::max<int64_t>(1, spec.devices);
-  {
-    const int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
-    const int64_t host = profile.host_memory_bytes;
-    PlanRequest request = JobPlanRequest(spec, config_, device, host);
-    // Each device plans its share of the step (micro_batch_rows, derived from the whole
-    // step, stays).
-    request.rows_per_step /= devices;
-    ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
-    plan_text_ = DescribePlan(plan_, request, profile);
-  }
-
-  const ModelLayout layout = BuildLayout(config_);
-  ASSIGN_OR_RETURN(store_, HostStore::Create(layout, numa_node));
-  const bool clipping = spec.max_grad_norm > 0;
-
   // Data parallelism: the other devices (cuda:i+1 .. with i this one's, or more CPU
   // backends), then how their gradients meet: reduce-scattered on the devices (NCCL, or
   // the CPU streams' threads), else added on the host.
@@ -238,6 +225,26 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
       backend_->BindThread();
     }
   }
+  // The plan: micro-batch, checkpoints, weight slots (engine/plan/planner.h), for this
+  // device's share of the step when there are several.
+  {
+    const int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
+    const int64_t host = profile.host_memory_bytes;
+    PlanRequest request = JobPlanRequest(spec, config_, device, host);
+    request.reduce_on_devices = !collectives_.empty();
+    ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
+    plan_text_ = DescribePlan(plan_, request, profile);
+    if (!collectives_.empty()) {
+      absl::StrAppend(&plan_text_, "reduce     ", collectives_[0]->description(), "\n");
+    } else if (!reduce_note_.empty()) {
+      absl::StrAppend(&plan_text_, "reduce     on the host", reduce_note_, "\n");
+    }
+  }
+
+  const ModelLayout layout = BuildLayout(config_);
+  ASSIGN_OR_RETURN(store_, HostStore::Create(layout, numa_node));
+  const bool clipping = spec.max_grad_norm > 0;
+
   const bool sharded = !collectives_.empty();
   const int ranks = static_cast<int>(devices);
   auto make_slabs = [&](int d, bool whole) -> absl::StatusOr<std::unique_ptr<GradSlabPool>> {
@@ -298,13 +305,6 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
         optimizer_.get(), backends, pools,
         sharded ? GradReducer::Mode::kSharded : GradReducer::Mode::kHostSum);
     backend_->BindThread();
-    absl::StrAppend(&plan_text_, "\ndata       ", devices, " devices, each the plan above on ",
-                    "its share of the step; gradients ",
-                    sharded ? absl::StrCat("reduce-scattered on the devices (",
-                                           collectives_[0]->description(),
-                                           "), each drains 1/", devices)
-                            : absl::StrCat("added on the host", reduce_note_),
-                    "; one optimizer\n");
   }
 
   state_.data_seed = spec.data_seed;

@@ -99,10 +99,19 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const int64_t num_ckpt = (L + K - 1) / K;
   const int64_t ckpt_bytes = M * n * C * act;  // one checkpoint, all micro-batches
   plan->host_store_bytes = 14 * total;
-  plan->host_slab_bytes = 4 * GradSlabElements(layout) * GradSlabsNeeded(layout, r.clipping);
+  const int64_t N = std::max<int64_t>(1, plan->devices);
+  const bool sharded = N > 1 && r.reduce_on_devices;
+  if (sharded) {  // every device its shard: together as much as one device's
+    const int ranks = static_cast<int>(N);
+    plan->host_slab_bytes = 4 * N * GradShardSlabElements(layout, ranks) *
+                            GradShardSlabsNeeded(layout, r.clipping, ranks);
+  } else {  // added on the host: the others cycle two slabs each
+    plan->host_slab_bytes = 4 * GradSlabElements(layout) *
+                            (GradSlabsNeeded(layout, r.clipping) + (N - 1) * GradSlabsNeeded(layout, false));
+  }
   plan->host_checkpoint_bytes = plan->checkpoints_on_host ? (num_ckpt + 1) * ckpt_bytes : 0;
   plan->host_bytes = plan->host_store_bytes + plan->host_slab_bytes +
-                     plan->host_checkpoint_bytes + (cpu ? plan->device_bytes : 0);
+                     N * plan->host_checkpoint_bytes + (cpu ? N * plan->device_bytes : 0);
 
   // Kernels.
   StepPrediction& s = plan->step;
@@ -133,7 +142,8 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const int64_t h2d_fwd = L * w_layer + 2 * (embed_n + head_n) + 16 * n * M;
   const int64_t h2d_bwd = reuploads * w_layer + ckpt_total;
   const int64_t d2h_fwd = ckpt_total;
-  const int64_t d2h_bwd = 4 * total;  // gradients land as fp32
+  // Gradients land as fp32; reduce-scattered first, each device drains its shard.
+  const int64_t d2h_bwd = 4 * total / (sharded ? N : 1);
   s.h2d_bytes = h2d_fwd + h2d_bwd;
   s.d2h_bytes = d2h_fwd + d2h_bwd + 4 * n * M;
   const double h2d_rate = 1e9 * std::max(1e-6, p.h2d_gbps);
@@ -144,12 +154,17 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   s.pcie_seconds = std::max({s.h2d_seconds, s.d2h_seconds,
                              (s.h2d_bytes + s.d2h_bytes) / duplex_rate});
   if (cpu) s.pcie_seconds = 0;  // copies on the CPU are memcpy, counted as compute
+  // The reduce-scatter moves (N-1)/N of the gradient in and out of each device, on the
+  // D2H stream ahead of the copies.
+  const double peer_rate = 1e9 * (r.peer_gbps > 0 ? r.peer_gbps : std::max(1e-6, p.d2h_gbps));
+  s.reduce_seconds = sharded ? 4.0 * total * (N - 1) / N / peer_rate : 0;
 
   // The optimizer: AdamW of every parameter (+ the clipping norm over every gradient).
   // AdamW moves 30 bytes a parameter at memory bandwidth; the step's DMA (weights in,
   // gradients out) shares that bandwidth while it runs.
+  // With several devices, all of their DMA.
   const double adamw = std::max(1.0, p.adamw_params_per_second) /
-                       (1.0 + (s.h2d_bytes + s.d2h_bytes) / (30.0 * total));
+                       (1.0 + N * (s.h2d_bytes + s.d2h_bytes) / (30.0 * total));
   const double norm = r.clipping ? 4.0 * total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
   s.optimizer_seconds = total / adamw + norm;
 
@@ -160,7 +175,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
                            : std::max({fwd_compute, h2d_fwd / h2d_rate, d2h_fwd / d2h_rate}) + fill;
   const double t_bwd =
       cpu ? bwd_compute
-          : std::max({bwd_compute, h2d_bwd / h2d_rate, d2h_bwd / d2h_rate,
+          : std::max({bwd_compute, h2d_bwd / h2d_rate, d2h_bwd / d2h_rate + s.reduce_seconds,
                       (h2d_bwd + d2h_bwd) / duplex_rate});
   const double head_d2h = cpu ? 0 : 4.0 * head_n / d2h_rate;
   if (r.clipping) {
@@ -174,7 +189,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
     s.seconds = t_fwd + s.head_seconds + std::max(t_bwd + tail, head_d2h + total / adamw);
   }
 
-  const double tokens = static_cast<double>(M) * n;
+  const double tokens = static_cast<double>(M) * n * N;  // the whole step's
   s.model_flops = 6.0 * MatmulParameters(c) * tokens +
                   6.0 * L * r.seq_len * c.num_heads * c.head_dim * tokens;
   // Hardware: the forward runs (2 + (K-1)/K) times per layer, the head once.
@@ -209,13 +224,23 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
         "train.micro_batch_rows (", r.micro_batch_rows, ") must divide the sequences per step (",
         r.rows_per_step, ")"));
   }
+  const int64_t devices = std::max<int64_t>(1, r.devices);
+  if (r.rows_per_step % devices != 0 ||
+      (r.micro_batch_rows > 0 && (r.rows_per_step / r.micro_batch_rows) % devices != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.devices (", devices, ") must divide the step's ",
+        r.micro_batch_rows > 0 ? r.rows_per_step / r.micro_batch_rows : r.rows_per_step,
+        r.micro_batch_rows > 0 ? " micro-batches" : " sequences",
+        ": each device takes an equal share"));
+  }
+  const int64_t share = r.rows_per_step / devices;  // each device's sequences
   const bool cpu = backend->name() == "cpu";
   std::vector<int64_t> rows;
   if (r.micro_batch_rows > 0) {
     rows = {r.micro_batch_rows};
   } else {
-    for (int64_t d = 1; d <= r.rows_per_step; ++d) {
-      if (r.rows_per_step % d == 0) rows.push_back(d);
+    for (int64_t d = 1; d <= share; ++d) {
+      if (share % d == 0) rows.push_back(d);
     }
   }
   std::vector<int64_t> ks;
@@ -250,7 +275,8 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
         for (int64_t slots : slot_choices) {
           Plan plan;
           plan.micro_batch_rows = mb;
-          plan.micro_batches = r.rows_per_step / mb;
+          plan.micro_batches = share / mb;
+          plan.devices = devices;
           plan.checkpoint_every = k;
           plan.checkpoints_on_host = host;
           plan.weight_slots = slots;
@@ -337,9 +363,20 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
                         profile.backend, profile.h2d_gbps, profile.d2h_gbps,
                         profile.gemm_peak_tflops, profile.adamw_params_per_second / 1e9);
   absl::StrAppendFormat(&out, "batch      %d tokens per step = %d sequence(s) of %d; %d micro-batch(es) "
-                              "of %d sequence(s)\n",
+                              "of %d sequence(s)%s\n",
                         tokens, r.rows_per_step, r.seq_len, plan.micro_batches,
-                        plan.micro_batch_rows);
+                        plan.micro_batch_rows, plan.devices > 1 ? " on each device" : "");
+  if (plan.devices > 1) {
+    absl::StrAppendFormat(
+        &out, "devices    %d, data parallel over one host copy of the state; gradients %s\n",
+        plan.devices,
+        r.reduce_on_devices
+            ? absl::StrFormat("reduce-scattered device to device (%.3f s at %.0f GB/s), each "
+                              "drains 1/%d over its own PCIe link",
+                              s.reduce_seconds,
+                              r.peer_gbps > 0 ? r.peer_gbps : profile.d2h_gbps, plan.devices)
+            : std::string("drained whole by every device and added on the host"));
+  }
   absl::StrAppendFormat(
       &out, "memory     layer inputs kept every %d layer(s) %s%s; %d weight slot(s)%s\n",
       plan.checkpoint_every, plan.checkpoints_on_host ? "in pinned host memory" : "on the device",
@@ -352,9 +389,10 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
                                 "(not recomputed)\n",
                           plan.kept_layers);
   }
-  absl::StrAppendFormat(&out, "           device %s of %s; host %s of %s (training state %s, "
+  absl::StrAppendFormat(&out, "           device %s of %s%s; host %s of %s (training state %s, "
                               "gradient slabs %s, checkpoints %s)\n",
-                        GiB(plan.device_bytes), GiB(r.device_budget_bytes), GiB(plan.host_bytes),
+                        GiB(plan.device_bytes), GiB(r.device_budget_bytes),
+                        plan.devices > 1 ? " on each" : "", GiB(plan.host_bytes),
                         GiB(r.host_budget_bytes), GiB(plan.host_store_bytes),
                         GiB(plan.host_slab_bytes), GiB(plan.host_checkpoint_bytes));
   const double tps = tokens / std::max(1e-12, s.seconds);
@@ -365,9 +403,10 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
                             : 0.0);
   absl::StrAppendFormat(&out, "bound      %s\n", s.bound);
   absl::StrAppendFormat(&out, "           kernels %.3f s (forward %.3f, loss %.3f); PCIe %.3f s (%s in, "
-                              "%s out); CPU AdamW %.3f s\n",
+                              "%s out%s); CPU AdamW %.3f s\n",
                         s.compute_seconds, s.forward_seconds, s.head_seconds, s.pcie_seconds,
-                        Bytes(s.h2d_bytes), Bytes(s.d2h_bytes), s.optimizer_seconds);
+                        Bytes(s.h2d_bytes), Bytes(s.d2h_bytes),
+                        plan.devices > 1 ? ", each device" : "", s.optimizer_seconds);
   if (r.clipping) {
     absl::StrAppendFormat(&out, "clipping   on: updates wait for the global norm and run during "
                                 "the next forward (train.max_grad_norm: 0 overlaps them with "

@@ -53,6 +53,15 @@ struct PlanRequest {
   // the free device memory; on the CPU backend, its buffers are host memory).
   int64_t device_budget_bytes = 0;
   int64_t host_budget_bytes = 0;
+  // Data parallelism: devices of the budget above each take rows_per_step / devices of
+  // the step's sequences, over the one host copy of the state. Their gradients are
+  // reduce-scattered device to device (each drains 1/devices over its own PCIe link) or,
+  // without reduce_on_devices, each drains all of it and the host adds.
+  int64_t devices = 1;
+  bool reduce_on_devices = true;
+  // Device-to-device rate of that reduce-scatter (GB/s per device; NVLink, or PCIe peer
+  // copies); 0: the PCIe rate (no NVLink assumed).
+  double peer_gbps = 0;
 };
 
 // Predicted seconds and bytes of one steady-state step.
@@ -64,16 +73,18 @@ struct StepPrediction {
   double h2d_seconds = 0, d2h_seconds = 0;
   double pcie_seconds = 0;       // the PCIe floor: each way alone and both at once
   double optimizer_seconds = 0;  // CPU AdamW (and the clipping norm) of every parameter
-  int64_t h2d_bytes = 0, d2h_bytes = 0;
+  double reduce_seconds = 0;     // data parallelism: the reduce-scatter, on the D2H stream
+  int64_t h2d_bytes = 0, d2h_bytes = 0;  // per device
   double model_flops = 0;        // 6 N T + 6 L s d T
   double hardware_flops = 0;     // what the kernels execute, recomputation included
   std::string bound;             // "GPU compute" | "PCIe" | "CPU optimizer" | ...
 };
 
 struct Plan {
-  // The choices.
+  // The choices (micro_batches: each device's share of the step).
   int64_t micro_batch_rows = 0;
   int64_t micro_batches = 0;
+  int64_t devices = 1;
   int64_t checkpoint_every = 1;
   bool checkpoints_on_host = false;
   int64_t weight_slots = 2;
@@ -81,7 +92,7 @@ struct Plan {
   int64_t loss_chunk_tokens = 4096;
   // What they cost.
   StepPrediction step;
-  int64_t device_bytes = 0;      // allocated by the pipeline
+  int64_t device_bytes = 0;      // allocated by the pipeline, on each device
   int64_t host_bytes = 0;        // store + gradient slabs + host checkpoints (+ CPU buffers)
   int64_t host_store_bytes = 0, host_slab_bytes = 0, host_checkpoint_bytes = 0;
   int64_t num_parameters = 0;
@@ -96,7 +107,7 @@ struct Plan {
                                             const MachineProfile& profile, Backend* backend);
 
 // The prediction for one fixed set of choices (plan fields micro_batch_rows ..
-// loss_chunk_tokens); fills the rest of `plan`.
+// loss_chunk_tokens, devices); fills the rest of `plan`.
 void PredictPlan(const PlanRequest& request, const MachineProfile& profile, Backend* backend,
                  Plan* plan);
 

@@ -857,6 +857,20 @@ class BadSpecTest(DaemonTestCase):
         logs = self.cli_ok("logs", job_id).stdout
         self.assertIn("plan: ", logs)
 
+        # Several devices: planned (each takes half the step, the gradients are
+        # reduce-scattered), though the daemon itself runs one device per job.
+        spec["train"]["devices"] = 2
+        dp = self.spec_file(spec)
+        text = self.cli_ok("plan", dp).stdout
+        for want in ("256 tokens per step", "on each device", "devices    2",
+                     "each drains 1/2", "megatrain-train"):
+            self.assertIn(want, text)
+        plan2 = self.cli_json("plan", dp)
+        self.assertEqual(int(plan2["devices"]), 2)
+        self.assertEqual(int(plan2["micro_batch_rows"]) * int(plan2["micro_batches"]), 4)
+        self.assertEqual(len(self.cli_json("list")["jobs"]), 1)
+        del spec["train"]["devices"]
+
         # A model whose training state outgrows the host: refused with the numbers.
         huge = make_spec(steps=1)
         huge["model"]["config"] = dict(MODEL_CONFIG, hidden_size=16384, intermediate_size=53248,

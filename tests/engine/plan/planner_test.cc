@@ -235,5 +235,52 @@ TEST(Planner, DescribesThePlanInWords) {
   }
 }
 
+// Several devices: each takes its share of the step's micro-batches, the step's work
+// divides, each device drains 1/N of the gradient when they reduce-scatter (and all of it
+// when the host adds), and the host holds no more gradient slabs than with one device.
+TEST(Planner, DataParallelDividesTheStepAndNotTheHostState) {
+  SizingBackend be;
+  const PlanRequest one_r = Request(Qwen7B(), 65536, 130);
+  PlanRequest two_r = one_r;
+  two_r.devices = 2;
+  two_r.peer_gbps = 300;
+  PlanRequest host_r = two_r;
+  host_r.reduce_on_devices = false;
+  absl::StatusOr<Plan> one = MakePlan(one_r, H200Like(), &be);
+  absl::StatusOr<Plan> two = MakePlan(two_r, H200Like(), &be);
+  absl::StatusOr<Plan> host = MakePlan(host_r, H200Like(), &be);
+  ASSERT_TRUE(one.ok() && two.ok() && host.ok()) << two.status() << host.status();
+  EXPECT_EQ(two->devices, 2);
+  EXPECT_EQ(two->micro_batch_rows * two->micro_batches, 8);  // its share of 16 sequences
+  EXPECT_DOUBLE_EQ(two->step.model_flops, one->step.model_flops);  // the whole step's
+  // Gradients land as fp32: all of them on one device, half on each of two.
+  const int64_t grads = 4 * one->num_parameters;
+  EXPECT_NEAR(two->step.d2h_bytes, one->step.d2h_bytes - grads / 2, 1e6);
+  EXPECT_NEAR(host->step.d2h_bytes, one->step.d2h_bytes, 1e6);  // less: its half of the losses
+  EXPECT_NEAR(two->step.reduce_seconds, grads / 2 / 300e9, 1e-3);
+  EXPECT_EQ(host->step.reduce_seconds, 0);
+  // Compute-bound: two devices take a little over half the time.
+  EXPECT_LT(two->step.seconds, 0.6 * one->step.seconds);
+  EXPECT_GT(two->step.seconds, 0.45 * one->step.seconds);
+  // Host memory: sharded slabs add up to one device's; added on the host, the second
+  // device cycles two slabs of a layer's size (fp32).
+  const int64_t layer = BuildLayout(Qwen7B()).MaxDecoderElements();
+  EXPECT_LE(two->host_slab_bytes, one->host_slab_bytes + 2 * 4 * 64 * 2);
+  EXPECT_EQ(host->host_slab_bytes, one->host_slab_bytes + 2 * 4 * layer);
+  const std::string text = DescribePlan(*two, two_r, H200Like());
+  for (const char* want : {"65536 tokens per step = 16 sequence(s)", "on each device",
+                           "devices    2", "each drains 1/2 over its own PCIe link"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+  // Every device an equal share, or a clear refusal.
+  PlanRequest odd = one_r;
+  odd.devices = 3;
+  absl::StatusOr<Plan> refused = MakePlan(odd, H200Like(), &be);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("train.devices (3) must divide the step's 16 sequences"),
+            std::string::npos)
+      << refused.status();
+}
+
 }  // namespace
 }  // namespace megatrain
