@@ -33,6 +33,14 @@ int BackendNumaNode(const BackendRequest& request);
 [[nodiscard]] absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> CreateGradCollectives(
     const std::vector<Backend*>& backends);
 
+// The rate of a reduce-scatter over `group` (of `backends`): GB/s each device moves to
+// the others, (N-1)/N of a `bytes` buffer per call, timed over a few calls after a
+// warm-up. The planner's peer rate (NVLink, or PCIe peer copies). Allocates `bytes` on
+// every device for the while.
+[[nodiscard]] absl::StatusOr<double> MeasureReduceScatterGbps(
+    const std::vector<Backend*>& backends,
+    const std::vector<std::unique_ptr<GradCollective>>& group, int64_t bytes = 256ll << 20);
+
 struct GpuInfo {
   int index = 0;
   std::string name;

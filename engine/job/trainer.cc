@@ -232,6 +232,12 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     const int64_t host = profile.host_memory_bytes;
     PlanRequest request = JobPlanRequest(spec, config_, device, host);
     request.reduce_on_devices = !collectives_.empty();
+    if (!collectives_.empty() && backend_->name() != "cpu") {
+      // NVLink or PCIe between the GPUs: measured here, once per job (a few ms).
+      absl::StatusOr<double> peer = MeasureReduceScatterGbps(backends, collectives_);
+      backend_->BindThread();
+      if (peer.ok()) request.peer_gbps = *peer;
+    }
     ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
     plan_text_ = DescribePlan(plan_, request, profile);
     if (!collectives_.empty()) {

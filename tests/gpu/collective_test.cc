@@ -26,6 +26,12 @@ TEST(NcclCollective, ReduceScattersOverEveryGpu) {
       CreateGradCollectives(backends);
   ASSERT_TRUE(group.ok()) << group.status();
   testing::CheckReduceScatter(backends, *group);
+  if (backends.size() > 1) {
+    absl::StatusOr<double> gbps = MeasureReduceScatterGbps(backends, *group);
+    ASSERT_TRUE(gbps.ok()) << gbps.status();
+    std::printf("reduce-scatter over %zu GPUs: %.0f GB/s per device\n", backends.size(), *gbps);
+    EXPECT_GT(*gbps, 1.0);
+  }
 }
 
 }  // namespace

@@ -22,6 +22,22 @@ TEST(CpuCollective, ReduceScattersOverTwoAndThreeDevices) {
   }
 }
 
+TEST(CpuCollective, ItsRateIsMeasurable) {
+  std::vector<std::unique_ptr<Backend>> owned;
+  std::vector<Backend*> backends;
+  for (int r = 0; r < 2; ++r) {
+    owned.push_back(CreateCpuBackend(CpuBackendOptions{}));
+    backends.push_back(owned.back().get());
+  }
+  absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> group =
+      CreateGradCollectives(backends);
+  ASSERT_TRUE(group.ok()) << group.status();
+  absl::StatusOr<double> gbps = MeasureReduceScatterGbps(backends, *group, 4 << 20);
+  ASSERT_TRUE(gbps.ok()) << gbps.status();
+  EXPECT_GT(*gbps, 0);
+  EXPECT_FALSE(MeasureReduceScatterGbps({backends[0]}, *group).ok());  // not a group
+}
+
 TEST(CpuCollective, RefusesBackendsOfDifferentPrecision) {
   std::unique_ptr<Backend> f32 = CreateCpuBackend(CpuBackendOptions{});
   CpuBackendOptions o;
