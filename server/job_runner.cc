@@ -14,7 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "engine/common/device_name.h"
 #include "engine/engine.h"
 #include "server/node_service.h"
 #include "server/run_as.h"
@@ -24,6 +26,9 @@ namespace megatrain::server {
 namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// Devices a job runs on (its plan's; jobs stored before data parallelism: one).
+int64_t JobDevices(const v1::Job& j) { return std::max<int64_t>(1, j.plan().devices()); }
 
 bool Terminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
@@ -72,9 +77,65 @@ std::vector<int64_t> JobRunner::running_jobs() const {
 
 JobRunner::Lane* JobRunner::LaneRunning(int64_t job_id) {
   for (auto& lane : lanes_) {
-    if (lane->running == job_id && job_id != 0) return lane.get();
+    // A gang's job is run by its lead lane; the lanes lent to it only show it.
+    if (lane->running == job_id && job_id != 0 && lane->lent_to == nullptr) return lane.get();
   }
   return nullptr;
+}
+
+std::optional<std::vector<JobRunner::Lane*>> JobRunner::GangFor(const Lane& lane,
+                                                                int64_t devices,
+                                                                bool idle) const {
+  std::vector<Lane*> gang;
+  if (devices <= 1) return gang;
+  auto usable = [&](const Lane* l) {
+    return !idle || (l->running == 0 && l->lent_to == nullptr);
+  };
+  if (lane.device == "cpu") {  // simulated devices: any other CPU lanes
+    for (const auto& l : lanes_) {
+      if (l.get() == &lane || l->device != "cpu" || !usable(l.get())) continue;
+      gang.push_back(l.get());
+      if (static_cast<int64_t>(gang.size()) + 1 == devices) return gang;
+    }
+    return std::nullopt;
+  }
+  // The trainer takes cuda:k+1 .. k+N-1 after the lane's cuda:k (Trainer::Init).
+  const int first = CudaDeviceIndexOf(lane.device);
+  if (first < 0) return std::nullopt;
+  for (int64_t d = 1; d < devices; ++d) {
+    const std::string want = absl::StrCat("cuda:", first + d);
+    Lane* found = nullptr;
+    for (const auto& l : lanes_) {
+      if (l->device == want) found = l.get();
+    }
+    if (found == nullptr || !usable(found)) return std::nullopt;
+    gang.push_back(found);
+  }
+  return gang;
+}
+
+absl::Status JobRunner::CanRunDevices(int64_t devices) const {
+  MutexLock lock(&mu_);
+  std::vector<std::string> names;
+  for (const auto& lane : lanes_) {
+    if (GangFor(*lane, devices, /*idle=*/false).has_value()) return absl::OkStatus();
+    names.push_back(lane->device);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "train.devices is ", devices, "; this daemon's lanes (", absl::StrJoin(names, ", "),
+      ") hold no ", devices, " devices in a row (cuda:k .. cuda:k+", devices - 1, ")"));
+}
+
+void JobRunner::ReleaseLane(Lane& lane) {
+  lane.running = 0;
+  lane.preempting_for = 0;
+  for (Lane* g : lane.gang) {
+    g->running = 0;
+    g->running_priority = 0;
+    g->lent_to = nullptr;
+    g->wake = true;
+  }
+  lane.gang.clear();
 }
 
 absl::Status JobRunner::SetState(v1::Job* job, v1::JobState state, const std::string& why) {
@@ -191,6 +252,10 @@ struct UserLoad {
 
 bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
   for (;;) {
+    {
+      MutexLock lock(&mu_);
+      if (lane.lent_to != nullptr) return false;  // its device is in another lane's gang
+    }
     absl::StatusOr<std::vector<v1::Job>> queued = store_->ListInState(v1::JOB_STATE_QUEUED);
     if (!queued.ok() || queued->empty()) return false;
     absl::StatusOr<std::vector<v1::Job>> running = store_->ListInState(v1::JOB_STATE_RUNNING);
@@ -241,6 +306,24 @@ bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
         why = absl::StrFormat("needs %.2f GiB of host memory; %.2f GiB is available now",
                               GiB(j->host_bytes_estimate()), GiB(available));
       }
+      if (why.empty() && JobDevices(*j) > 1) {
+        // Several devices: from this lane, with its gang idle now; else it waits, and so
+        // does everything behind it (no lane backfills: it would never find them free).
+        std::string reason;
+        {
+          MutexLock lock(&mu_);
+          if (!GangFor(lane, JobDevices(*j), /*idle=*/true).has_value()) {
+            int idle = 0;
+            for (const auto& l : lanes_) idle += l->running == 0 && l->lent_to == nullptr;
+            reason = absl::StrFormat("needs %d devices at once; %d of the node's %d are free",
+                                     JobDevices(*j), idle, static_cast<int>(lanes_.size()));
+          }
+        }
+        if (!reason.empty()) {
+          if (j->waiting() != reason) SetWaiting(j->id(), reason);
+          return false;
+        }
+      }
       if (why.empty()) {
         best = j;
         break;
@@ -250,10 +333,19 @@ bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
     if (best == nullptr) return false;
     {
       MutexLock lock(&mu_);
+      std::optional<std::vector<Lane*>> gang = GangFor(lane, JobDevices(*best), true);
+      if (lane.lent_to != nullptr) return false;  // lent to another lane meanwhile
+      if (!gang.has_value()) continue;            // a gang lane was taken meanwhile
       lane.running = best->id();  // from here on, requests for it reach this lane
       lane.running_priority = best->priority();
       lane.request = Request::kNone;
       lane.checkpoint_requests = 0;
+      lane.gang = *std::move(gang);
+      for (Lane* g : lane.gang) {
+        g->running = best->id();
+        g->running_priority = best->priority();
+        g->lent_to = &lane;
+      }
     }
     if (!best->waiting().empty()) SetWaiting(best->id(), "");
     absl::StatusOr<v1::Job> claimed =
@@ -263,7 +355,7 @@ bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
       return true;
     }
     MutexLock lock(&mu_);
-    lane.running = 0;  // cancelled, held or taken by another lane meanwhile: look again
+    ReleaseLane(lane);  // cancelled, held or taken by another lane meanwhile: look again
   }
 }
 
@@ -274,7 +366,7 @@ std::optional<v1::Job> JobRunner::Preemptor(Lane& lane, const v1::Job& running) 
     MutexLock lock(&mu_);
     for (const auto& other : lanes_) {
       if (other->running == 0) return std::nullopt;  // an idle lane will take it
-      if (other.get() == &lane) continue;
+      if (other.get() == &lane || other->lent_to != nullptr) continue;
       if (other->preempting_for != 0) taken.insert(other->preempting_for);
       // Only the lane with the lowest-priority job steps aside (ties: the first lane).
       if (other->running_priority < running.priority() ||
@@ -290,6 +382,7 @@ std::optional<v1::Job> JobRunner::Preemptor(Lane& lane, const v1::Job& running) 
   const v1::Job* best = nullptr;
   for (const v1::Job& j : *queued) {
     if (j.priority() <= running.priority() || taken.count(j.id()) > 0) continue;
+    if (JobDevices(j) > 1) continue;  // one lane freed would not start it
     if (j.host_bytes_estimate() > available) continue;
     if (best == nullptr || j.priority() > best->priority()) best = &j;
   }
@@ -326,13 +419,17 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     if (drop_trainer) std::exchange(drop_trainer, nullptr)();
     (void)SetState(&job, state, why);
     MutexLock lock(&mu_);
-    lane.running = 0;
-    lane.preempting_for = 0;
+    ReleaseLane(lane);
   };
-  job.set_device(lane.device);
+  std::string devices = lane.device;
+  {
+    MutexLock lock(&mu_);
+    for (const Lane* g : lane.gang) absl::StrAppend(&devices, ",", g->device);
+  }
+  job.set_device(devices);
   job.clear_error();
   (void)store_->Update(job);
-  Log(job.id(), absl::StrCat("running on ", lane.device));
+  Log(job.id(), absl::StrCat("running on ", devices));
 
   absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml(), "", "stored job spec");
   if (!spec.ok()) {
@@ -391,7 +488,7 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
   auto charge = [&](bool now_or_never) {
     const absl::Time now = absl::Now();
     if (!now_or_never && now - charged_until < absl::Seconds(10)) return;
-    (void)store_->AddUsage(job.owner(), absl::ToDoubleSeconds(now - charged_until),
+    (void)store_->AddUsage(job.owner(), JobDevices(job) * absl::ToDoubleSeconds(now - charged_until),
                            config().fair_share_half_life_hours * 3600);
     charged_until = now;
   };

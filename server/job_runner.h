@@ -11,6 +11,13 @@
 // running the lowest-priority job checkpoints and requeues it (losing no step) for a
 // waiting job of higher priority that would fit.
 //
+// A job of several devices (train.devices: N) runs on a gang of lanes: the lane that
+// takes it (cuda:k) and the lanes of cuda:k+1 .. k+N-1 (any N-1 others of CPU lanes),
+// all idle; the others are lent to it and take nothing else until it stops. While such a
+// job is the first in order and cannot start, no lane takes a job behind it: it waits
+// for its lanes, and cannot be starved by smaller jobs. It never preempts. Its device
+// time is charged N times.
+//
 // A job's files are touched only as its owner: the trainer is created, stepped,
 // checkpointed and destroyed on a UserWorker of the owner (server/run_as.h).
 //
@@ -69,8 +76,11 @@ class JobRunner {
   absl::Status HoldRunning(int64_t job_id);
   // Blocks until the checkpoint after the current step is written.
   absl::StatusOr<v1::CheckpointJobResponse> CheckpointRunning(int64_t job_id);
-  // The jobs running now, one entry per lane (0: idle).
+  // The jobs running now, one entry per lane (0: idle; a gang's job on each of its lanes).
   std::vector<int64_t> running_jobs() const;
+  // OK when some N of the lanes can form a gang (a job of N devices can ever run here),
+  // else InvalidArgument naming the lanes.
+  absl::Status CanRunDevices(int64_t devices) const;
 
   // Commits a state change and tells watchers. REQUIRES: the caller owns the job's
   // state (the runner while it runs the job; otherwise use Transition).
@@ -96,7 +106,15 @@ class JobRunner {
     int64_t checkpoint_requests = 0;  // pending
     int64_t checkpoints_done = 0;     // completed request rounds
     absl::StatusOr<v1::CheckpointJobResponse> last_checkpoint;
+    Lane* lent_to = nullptr;          // the lane whose gang job uses this one's device
+    std::vector<Lane*> gang;          // the lanes lent to this one's job
   };
+  // The other lanes a job of `devices` on `lane` would use: the devices after lane's, or
+  // other CPU lanes; with `idle`, only if all are idle now. nullopt when there are none.
+  std::optional<std::vector<Lane*>> GangFor(const Lane& lane, int64_t devices, bool idle) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under mu_: `lane` stops running; its gang's lanes are idle again and look at the queue.
+  void ReleaseLane(Lane& lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop(Lane& lane);
   bool PickNext(Lane& lane, v1::Job* job);
   void Run(Lane& lane, v1::Job job);

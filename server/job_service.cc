@@ -18,15 +18,6 @@ bool Terminal(v1::JobState s) {
 
 double GiB(int64_t b) { return b / double(1ll << 30); }
 
-// The daemon gives each job one device (a lane per GPU).
-grpc::Status OneDevice(const JobSpec& spec) {
-  if (spec.devices <= 1) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrCat("train.devices is ", spec.devices, ": the daemon runs each "
-                                   "job on one device (a lane per GPU); run data-parallel jobs "
-                                   "with megatrain-train for now"));
-}
-
 // Who calls: UNAUTHENTICATED ends the call.
 #define MT_IDENTIFY(who, ctx)                                          \
   absl::StatusOr<Caller> who##_or = options_.auth->Identify(*(ctx));   \
@@ -79,14 +70,7 @@ grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::SubmitJ
   absl::Status ran = RunAs(who, [&] { spec = SpecFromRequest(*req); });
   if (!ran.ok()) return ToGrpc(ran);
   if (!spec.ok()) return ToGrpc(spec.status());
-  // A plan for several devices is the planner's answer for this box; only running one
-  // is megatrain-train's (OneDevice at submit).
-  grpc::Status planned = Plan(*spec, resp);
-  if (planned.ok() && spec->devices > 1) {
-    resp->set_text(absl::StrCat(resp->text(), "note       the daemon runs each job on one "
-                                              "device; run this one with megatrain-train\n"));
-  }
-  return planned;
+  return Plan(*spec, resp);
 }
 
 grpc::Status JobServiceImpl::Audited(const Caller& who, const std::string& action,
@@ -140,7 +124,9 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
   if (!ran.ok()) return ToGrpc(ran);
   if (!spec.ok()) return ToGrpc(spec.status());
   *detail = absl::StrCat(spec->name, ", priority ", req.priority());
-  if (grpc::Status one = OneDevice(*spec); !one.ok()) return one;
+  if (spec->devices > 1) {
+    if (absl::Status can = runner_->CanRunDevices(spec->devices); !can.ok()) return ToGrpc(can);
+  }
   const UserLimits limits = options_.config->LimitsFor(who.user);
   if (!who.admin && req.priority() > limits.max_priority) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,

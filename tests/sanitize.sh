@@ -3,8 +3,9 @@
 #   asan: AddressSanitizer + UndefinedBehaviorSanitizer, every CPU engine, server and client
 #         unit test;
 #   tsan: ThreadSanitizer, the pipeline (threads as streams, the host optimizer, background
-#         checkpoints), the trainer and the server (job store, metrics registry, daemon
-#         metrics, the server's mutex). The server locks
+#         checkpoints, the CPU reduce-scatter of data parallelism), the trainer and the
+#         server (job store, metrics registry, daemon metrics, the server's mutex). The
+#         server locks
 #         with server/mutex.h (std::mutex), which TSan sees; gRPC and SQLite, from
 #         Debian, are not instrumented, so their own internals are not checked.
 # Usage: tests/sanitize.sh [asan|tsan|all]   (BUILD_ROOT: where the build folders go)
@@ -43,8 +44,8 @@ fi
 if [[ $WHICH == tsan || $WHICH == all ]]; then
   dir="$ROOT/build-tsan"
   configure "$dir" thread
-  mapfile -t t < <(targets "$dir" '^(pipeline|trainer|job_store|metrics|daemon_metrics|server_mutex|access)_test$')
-  [[ ${#t[@]} -ge 7 ]] || { echo "sanitize.sh: TSan targets not found: ${t[*]}" >&2; exit 1; }
+  mapfile -t t < <(targets "$dir" '^(pipeline|trainer|collective|job_store|metrics|daemon_metrics|server_mutex|access)_test$')
+  [[ ${#t[@]} -ge 8 ]] || { echo "sanitize.sh: TSan targets not found: ${t[*]}" >&2; exit 1; }
   cmake --build "$dir" -j"$jobs" --target "${t[@]}"
   # OpenMP teams of one: libgomp is not instrumented, so its barriers would read as races.
   # Our own threads (the CPU backend's streams, the host optimizer) are

@@ -776,6 +776,55 @@ class PriorityTest(DaemonTestCase):
         self.assertEqual(self.status(held)["state"], "JOB_STATE_HELD")
 
 
+class GangTest(DaemonTestCase):
+    """A job of two devices on a daemon of two lanes (--device cpu,cpu: two simulated
+    devices): it waits for both lanes, holds back the jobs behind it meanwhile (so smaller
+    jobs cannot starve it), runs data parallel on both, and gives them back."""
+
+    def daemon_args(self):
+        return ("--device", "cpu,cpu")
+
+    def test_a_two_device_job_waits_for_both_lanes_and_runs_on_them(self):
+        # Three devices: refused at submit, naming the lanes.
+        three = make_spec(steps=2, name="three")
+        three["train"]["micro_batches"] = 3
+        three["train"]["devices"] = 3
+        r = self.cli("submit", self.spec_file(three, "three.yaml"))
+        self.assertEqual(r.returncode, EXIT_USAGE, r.stdout + r.stderr)
+        self.assertIn("train.devices is 3; this daemon's lanes (cpu, cpu) hold no 3 devices",
+                      r.stderr)
+
+        blocker = self.submit(make_spec(steps=100000, name="blocker"), name="blocker.yaml")
+        self.wait_running_at(blocker, 1)
+        gang_spec = make_spec(steps=4, name="gang")
+        gang_spec["train"]["devices"] = 2
+        gang = self.submit(gang_spec, name="gang.yaml")
+        self.assertEqual(int(self.status(gang)["plan"]["devices"]), 2)
+        waiting = self.wait_for(gang, lambda j: j.get("waiting", ""), "waiting with a reason")
+        self.assertIn("needs 2 devices at once; 1 of the node's 2 are free", waiting["waiting"])
+        # A one-device job behind it does not take the free lane.
+        behind = self.submit(make_spec(steps=2, name="behind"), name="behind.yaml")
+        time.sleep(3)
+        self.assertEqual(self.status(behind)["state"], "JOB_STATE_QUEUED")
+        self.assertEqual(self.status(gang)["state"], "JOB_STATE_QUEUED")
+
+        self.cli_ok("cancel", blocker)
+        self.watch_ok(gang)
+        done = self.status(gang)
+        self.assertEqual(done["device"], "cpu,cpu")
+        logs = self.log_texts(gang)
+        self.assertIn("running on cpu,cpu", logs)
+        self.assertTrue(any("devices    2" in t for t in logs), logs)
+        self.assertTrue(any("reduce     host threads" in t for t in logs), logs)
+        # Both lanes are given back: the job behind it runs, and so does another beside it.
+        beside = self.submit(make_spec(steps=100000, name="beside"), name="beside.yaml")
+        self.watch_ok(behind)
+        self.wait_running_at(beside, 1)
+        self.assertLessEqual(int(done["finished_unix_ms"]),
+                             int(self.status(behind)["started_unix_ms"]))
+        self.cli_ok("cancel", beside)
+
+
 class BadSpecTest(DaemonTestCase):
     """6. Bad specs are refused with a message naming the field; the daemon serves on."""
 
@@ -820,9 +869,9 @@ class BadSpecTest(DaemonTestCase):
         self.assert_refused("[1, 2]\n", EXIT_USAGE)
         both = good.replace("model:\n", "model:\n  path: \"x\"\n", 1)
         self.assert_refused(both, EXIT_USAGE, "model.path")
-        # Several devices per job are megatrain-train's for now; the daemon says so.
+        # Several devices per job need that many lanes; this daemon has one.
         self.assert_refused(good.replace("  steps: 3", "  steps: 3\n  devices: 2"), EXIT_USAGE,
-                            "train.devices", "megatrain-train")
+                            "train.devices is 2", "hold no 2 devices")
 
         # Not a file at all: the CLI says so (usage).
         r = self.cli("submit", os.path.join(self.tmp, "no-such-spec.yaml"))
@@ -858,12 +907,12 @@ class BadSpecTest(DaemonTestCase):
         self.assertIn("plan: ", logs)
 
         # Several devices: planned (each takes half the step, the gradients are
-        # reduce-scattered), though the daemon itself runs one device per job.
+        # reduce-scattered), whether or not this daemon has the lanes to run it.
         spec["train"]["devices"] = 2
         dp = self.spec_file(spec)
         text = self.cli_ok("plan", dp).stdout
         for want in ("256 tokens per step", "on each device", "devices    2",
-                     "each drains 1/2", "megatrain-train"):
+                     "each drains 1/2"):
             self.assertIn(want, text)
         plan2 = self.cli_json("plan", dp)
         self.assertEqual(int(plan2["devices"]), 2)
