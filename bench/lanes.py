@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Several GPUs under one megatraind: one lane per GPU, jobs of two users side by side.
+"""Several GPUs under one megatraind: one lane per GPU, jobs of two users side by side,
+then (two GPUs or more) one job on all of them at once (train.devices: a gang of lanes).
 
 Starts megatraind (--device auto: a lane per GPU) as root, creates a local user for the
 run, and submits the same job three ways:
@@ -148,6 +149,19 @@ def main():
     result["devices_used"] = sorted({j["device"] for j in side})
     ref = alone[0]["tokens_per_second"]
     result["side_by_side_vs_alone"] = [j["tokens_per_second"] / ref if ref else None for j in side]
+    if gpus >= 2:
+        # One job on every GPU at once (a gang of lanes, data parallel), the user's.
+        plain_spec = spec
+        def gang_spec(name, folder):
+            return plain_spec(name, folder).replace("warmup_steps: 2}",
+                                                     f"warmup_steps: 2, devices: {gpus}}}")
+        spec = gang_spec
+        gang = finish([submit("gang", pw)])
+        result["gang"] = gang
+        result["gang_vs_alone"] = gang[0]["tokens_per_second"] / ref if ref else None
+        result["gang_log"] = [json.loads(l)["text"] for l in cli("logs", str(gang[0]["id"])).splitlines()
+                              if json.loads(l)["text"].startswith(("running on", "plan: devices",
+                                                                   "plan: reduce"))]
     daemon.terminate()
     daemon.wait(timeout=120)
     log.close()
