@@ -310,9 +310,15 @@ bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
         // Several devices: from this lane, with its gang idle now; else it waits, and so
         // does everything behind it (no lane backfills: it would never find them free).
         std::string reason;
+        bool ever = false;  // some lanes of this daemon can hold it (its lanes may have
+                            // changed since it was submitted)
         {
           MutexLock lock(&mu_);
-          if (!GangFor(lane, JobDevices(*j), /*idle=*/true).has_value()) {
+          for (const auto& l : lanes_) ever = ever || GangFor(*l, JobDevices(*j), false).has_value();
+          if (!ever) {
+            why = absl::StrFormat("needs %d devices; this daemon's lanes hold no %d in a row",
+                                  JobDevices(*j), JobDevices(*j));
+          } else if (!GangFor(lane, JobDevices(*j), /*idle=*/true).has_value()) {
             int idle = 0;
             for (const auto& l : lanes_) idle += l->running == 0 && l->lent_to == nullptr;
             reason = absl::StrFormat("needs %d devices at once; %d of the node's %d are free",

@@ -15,8 +15,9 @@
 // takes it (cuda:k) and the lanes of cuda:k+1 .. k+N-1 (any N-1 others of CPU lanes),
 // all idle; the others are lent to it and take nothing else until it stops. While such a
 // job is the first in order and cannot start, no lane takes a job behind it: it waits
-// for its lanes, and cannot be starved by smaller jobs. It never preempts. Its device
-// time is charged N times.
+// for its lanes, and cannot be starved by smaller jobs (one that no run of this daemon's
+// lanes can hold, after a restart with fewer, waits aside and blocks nothing). It never
+// preempts. Its device time is charged N times.
 //
 // A job's files are touched only as its owner: the trainer is created, stepped,
 // checkpointed and destroyed on a UserWorker of the owner (server/run_as.h).
