@@ -81,8 +81,11 @@ class NcclCollective final : public GradCollective {
   NcclCollective(const NcclApi* api, ncclComm_t comm, NcclRank rank, int index, int size)
       : api_(api), comm_(comm), rank_(rank), index_(index), size_(size) {}
   ~NcclCollective() override {
+    int current = 0;
+    cudaGetDevice(&current);
     cudaSetDevice(rank_.device);
     api_->comm_destroy(comm_);
+    cudaSetDevice(current);  // the caller's thread keeps its device
   }
   int rank() const override { return index_; }
   int size() const override { return size_; }
