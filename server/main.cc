@@ -260,6 +260,7 @@ int Run(const DaemonConfig& config) {
 }  // namespace megatrain::server
 
 int main(int argc, char** argv) {
+  megatrain::SetCollectiveDefaults();  // before any thread
   // Block the stop signals in every thread; main waits for them with sigwait.
   sigset_t signals;
   sigemptyset(&signals);

@@ -3,6 +3,7 @@
 #include "engine/common/status.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "engine/backend/cpu_backend.h"
@@ -47,6 +48,12 @@ int BackendNumaNode(const BackendRequest& request) {
   }
 #endif
   return -1;
+}
+
+void SetCollectiveDefaults() {
+  // NVLink SHARP (multicast) buys nothing for a reduce-scatter over a few GPUs, and some
+  // shared machines forbid it; a value the user set is left alone.
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> CreateGradCollectives(

@@ -26,6 +26,10 @@ bool CudaAvailable();
 // The NUMA node nearest the device the backend uses, or -1 (CPU backend, unknown).
 int BackendNumaNode(const BackendRequest& request);
 
+// NCCL's environment defaults (NCCL_NVLS_ENABLE=0 unless set). setenv races with any
+// other thread's getenv: call it first thing in main(), before threads start.
+void SetCollectiveDefaults();
+
 // A reduce-scatter group over the devices of a data-parallel job (common/collective.h),
 // rank r = backends[r]: NCCL over CUDA devices, the streams' threads over CPU backends.
 // Unavailable when the devices cannot reduce on the device (NCCL not loadable): the

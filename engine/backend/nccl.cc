@@ -123,9 +123,6 @@ absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> CreateNcclCollectiv
     const std::vector<NcclRank>& ranks) {
   absl::StatusOr<const NcclApi*> api = LoadNccl();
   if (!api.ok()) return api.status();
-  // NVLink SHARP (multicast) buys nothing for a reduce-scatter over a few GPUs, and some
-  // shared machines forbid it; a value the user set is left alone.
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   std::vector<int> devices;
   for (const NcclRank& r : ranks) devices.push_back(r.device);
   std::vector<ncclComm_t> comms(ranks.size());

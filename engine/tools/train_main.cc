@@ -10,10 +10,12 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "engine/backend/factory.h"
 #include "engine/engine.h"
 #include "engine/tools/demo.h"
 
 int main(int argc, char** argv) {
+  megatrain::SetCollectiveDefaults();  // before any thread
   CLI::App app{"megatrain-train: run one megatrain job locally"};
   std::string spec_path;
   std::string demo_dir = "megatrain-demo";

@@ -10,6 +10,7 @@ namespace {
 TEST(NcclCollective, ReduceScattersOverEveryGpu) {
   const std::vector<GpuInfo> gpus = ListGpus();
   if (gpus.empty()) GTEST_SKIP() << "no CUDA device";
+  SetCollectiveDefaults();
   absl::StatusOr<std::string> version = NcclVersion();
   if (!version.ok()) GTEST_SKIP() << version.status();
   std::printf("%s, %zu GPU(s)\n", version->c_str(), gpus.size());
