@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/backend/factory.h"
 #include "engine/common/status.h"
 #include "engine/data/byte_tokenizer.h"
@@ -248,7 +249,19 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   }
 
   const ModelLayout layout = BuildLayout(config_);
-  ASSIGN_OR_RETURN(store_, HostStore::Create(layout, numa_node));
+  // One GPU: the store on its node. GPUs on several nodes: interleaved across theirs, and
+  // the optimizer's threads on all of them.
+  std::vector<int> device_nodes;
+  for (const BackendRequest& rq : requests) device_nodes.push_back(BackendNumaNode(rq));
+  const std::vector<int> store_nodes = StoreNodes(device_nodes);
+  const int optimizer_node = store_nodes.size() > 1 ? -1 : numa_node;
+  if (store_nodes.size() > 1) {
+    absl::StrAppend(&plan_text_, "numa       host store interleaved over NUMA nodes ",
+                    absl::StrJoin(store_nodes, ", "), " (the GPUs' own)\n");
+    ASSIGN_OR_RETURN(store_, HostStore::Create(layout, store_nodes));
+  } else {
+    ASSIGN_OR_RETURN(store_, HostStore::Create(layout, numa_node));
+  }
   const bool clipping = spec.max_grad_norm > 0;
 
   const bool sharded = !collectives_.empty();
@@ -290,7 +303,7 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   oo.hyper.eps = spec.eps;
   oo.weight_decay = spec.weight_decay;
   oo.max_grad_norm = spec.max_grad_norm;
-  oo.numa_node = numa_node;
+  oo.numa_node = optimizer_node;
   optimizer_ = std::make_unique<HostOptimizer>(store_.get(), slabs_.get(), backend_.get(), oo);
   batches_.resize(plan_.micro_batches);
   if (devices > 1) {

@@ -3,6 +3,7 @@
 #include <numa.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -18,6 +19,33 @@ constexpr size_t kPage = 4096;
 size_t RoundUp(size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
 }  // namespace
+
+std::vector<int> StoreNodes(const std::vector<int>& device_nodes) {
+  std::vector<int> nodes;
+  for (int n : device_nodes) {
+    if (n >= 0 && std::find(nodes.begin(), nodes.end(), n) == nodes.end()) nodes.push_back(n);
+  }
+  return nodes;
+}
+
+absl::StatusOr<HostArena> HostArena::Map(size_t bytes, const char* what,
+                                         const std::vector<int>& nodes) {
+  std::vector<int> known;
+  if (numa_available() >= 0) {
+    for (int n : nodes) {
+      if (n >= 0 && n <= numa_max_node()) known.push_back(n);
+    }
+  }
+  if (known.size() <= 1) return Map(bytes, what, known.empty() ? -1 : known[0]);
+  ASSIGN_OR_RETURN(HostArena arena, Map(bytes, what, -1));
+  if (arena.data_ != nullptr) {
+    struct bitmask* mask = numa_allocate_nodemask();
+    for (int n : known) numa_bitmask_setbit(mask, n);
+    numa_interleave_memory(arena.data_, arena.bytes_, mask);  // before the pages are touched
+    numa_free_nodemask(mask);
+  }
+  return arena;
+}
 
 absl::StatusOr<HostArena> HostArena::Map(size_t bytes, const char* what, int numa_node) {
   HostArena arena;
@@ -57,6 +85,11 @@ HostArena& HostArena::operator=(HostArena&& o) noexcept {
 
 absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout,
                                                              int numa_node) {
+  return Create(layout, numa_node >= 0 ? std::vector<int>{numa_node} : std::vector<int>{});
+}
+
+absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout,
+                                                             const std::vector<int>& nodes) {
   std::unique_ptr<HostStore> store(new HostStore(layout));
   size_t transfer_bytes = 0, state_bytes = 0;
   for (const UnitLayout& u : layout.units) {
@@ -65,8 +98,8 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& 
     transfer_bytes += RoundUp(u.num_elements * sizeof(uint16_t));
     state_bytes += 3 * RoundUp(u.num_elements * sizeof(float));
   }
-  ASSIGN_OR_RETURN(store->transfer_, HostArena::Map(transfer_bytes, "bf16 weights", numa_node));
-  ASSIGN_OR_RETURN(store->state_, HostArena::Map(state_bytes, "fp32 master weights and AdamW moments", numa_node));
+  ASSIGN_OR_RETURN(store->transfer_, HostArena::Map(transfer_bytes, "bf16 weights", nodes));
+  ASSIGN_OR_RETURN(store->state_, HostArena::Map(state_bytes, "fp32 master weights and AdamW moments", nodes));
   return store;
 }
 

@@ -22,12 +22,20 @@
 namespace megatrain {
 
 // Page-aligned anonymous memory; move-only.
+// The NUMA nodes a data-parallel job's host store spreads over: the distinct known nodes
+// (>= 0) of its devices, in device order. Empty: the default policy.
+std::vector<int> StoreNodes(const std::vector<int>& device_nodes);
+
 class HostArena {
  public:
   HostArena() = default;
   // numa_node >= 0 binds the pages to that node (libnuma), before they are touched.
   [[nodiscard]] static absl::StatusOr<HostArena> Map(size_t bytes, const char* what,
                                                      int numa_node = -1);
+  // The same over a set of nodes: one binds, several interleave the pages across them
+  // (nodes this machine lacks are left out; none: the default policy).
+  [[nodiscard]] static absl::StatusOr<HostArena> Map(size_t bytes, const char* what,
+                                                     const std::vector<int>& nodes);
   ~HostArena();
   HostArena(HostArena&& o) noexcept;
   HostArena& operator=(HostArena&& o) noexcept;
@@ -46,6 +54,10 @@ class HostStore {
   // numa_node: where both arenas live (the node nearest the GPU), -1 = default policy.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostStore>> Create(
       const ModelLayout& layout, int numa_node = -1);
+  // Over the nodes of several GPUs (StoreNodes): interleaved across them, so that every
+  // GPU streams from its own node's memory as much as from the others'.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostStore>> Create(
+      const ModelLayout& layout, const std::vector<int>& nodes);
 
   const ModelLayout& layout() const { return layout_; }
   int64_t num_units() const { return static_cast<int64_t>(layout_.units.size()); }

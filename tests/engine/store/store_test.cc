@@ -1,6 +1,8 @@
 // Tests for the host store and what fills it: the unit layout (fused q/k/v and gate/up,
 // 64-element groups, Hugging Face names), the 4 KiB-aligned arenas, bf16 rounding, the
 // gradient slab pool's blocking, random init and loading safetensors weights.
+#include <numa.h>
+#include <numaif.h>
 #include <omp.h>
 #include <stdlib.h>
 
@@ -25,6 +27,11 @@
 #include "engine/model/safetensors.h"
 #include "engine/store/grad_slab_pool.h"
 #include "engine/store/host_store.h"
+
+#include <numa.h>
+#include <numaif.h>
+
+#include <cstring>
 #include "engine/store/model_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -309,6 +316,27 @@ TEST(HostStoreTest, FreshStoreIsZeroed) {
       ASSERT_EQ(store->exp_avg_sq(u)[i], 0.0f);
     }
   }
+}
+
+// Data parallelism over GPUs on several NUMA nodes: the store spreads over the distinct
+// known nodes of the devices; nodes this machine lacks are left out, so a set of one known
+// node binds to it (what this one-node machine can check: its memory policy).
+TEST(HostArenaTest, NodeSetsBindOrInterleaveAndIgnoreNodesThatAreNotThere) {
+  EXPECT_EQ(StoreNodes({}), std::vector<int>{});
+  EXPECT_EQ(StoreNodes({-1, -1}), std::vector<int>{});
+  EXPECT_EQ(StoreNodes({1, 0, 1, -1, 0}), (std::vector<int>{1, 0}));
+  if (numa_available() < 0) GTEST_SKIP() << "no NUMA support";
+  const int missing = numa_max_node() + 1;
+  absl::StatusOr<HostArena> arena = HostArena::Map(1 << 20, "test", std::vector<int>{0, missing});
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  int mode = -1;
+  ASSERT_EQ(get_mempolicy(&mode, nullptr, 0, arena->data(), MPOL_F_ADDR), 0);
+  EXPECT_EQ(mode, numa_max_node() == 0 ? MPOL_BIND : MPOL_INTERLEAVE);
+  std::memset(arena->data(), 1, arena->bytes());  // usable
+  absl::StatusOr<HostArena> none = HostArena::Map(1 << 20, "test", std::vector<int>{missing});
+  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_EQ(get_mempolicy(&mode, nullptr, 0, none->data(), MPOL_F_ADDR), 0);
+  EXPECT_EQ(mode, MPOL_DEFAULT);
 }
 
 TEST(HostArenaTest, MapOfZeroBytesIsEmptyAndImpossibleSizeIsResourceExhausted) {
