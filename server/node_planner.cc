@@ -27,11 +27,12 @@ absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
   if (spec.device_memory_cap_bytes > 0) {
     device = std::min(device, PlannableDeviceBytes(spec.device_memory_cap_bytes));
   }
-  if (spec.devices > 1 && backend_->name() != "cpu" &&
-      spec.devices > static_cast<int64_t>(ListGpus().size())) {
-    return absl::InvalidArgumentError(absl::StrCat("train.devices is ", spec.devices,
-                                                   "; this node has ", ListGpus().size(),
-                                                   " GPU(s)"));
+  if (spec.devices > 1 && backend_->name() != "cpu") {
+    const int64_t gpus = static_cast<int64_t>(ListGpus().size());
+    if (spec.devices > gpus) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.devices is ", spec.devices, "; this node has ", gpus, " GPU(s)"));
+    }
   }
   const PlanRequest request = JobPlanRequest(spec, config, device, host_budget_bytes_);
   ASSIGN_OR_RETURN(Plan plan, MakePlan(request, profile_, backend_.get()));

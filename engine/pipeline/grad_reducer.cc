@@ -23,7 +23,8 @@ GradReducer::GradReducer(GradSink* target, std::vector<Backend*> backends,
     : target_(target), mode_(mode), backends_(std::move(backends)), pools_(std::move(pools)) {
   MT_CHECK(!backends_.empty() && backends_.size() == pools_.size());
   for (int r = 0; r < replicas(); ++r) sinks_.push_back(std::make_unique<Sink>(this, r));
-  worker_ = std::thread([this] { Loop(); });
+  // Sharded, pieces go straight on from the replicas' threads: nothing to add.
+  if (mode_ == Mode::kHostSum) worker_ = std::thread([this] { Loop(); });
 }
 
 GradSink* GradReducer::replica(int r) { return sinks_[r].get(); }
@@ -34,7 +35,7 @@ GradReducer::~GradReducer() {
     stop_ = true;
   }
   cv_.notify_all();
-  worker_.join();
+  if (worker_.joinable()) worker_.join();
 }
 
 void GradReducer::Submit(int r, int64_t unit, float* slab, void* ready, int64_t offset,

@@ -79,7 +79,7 @@ class GradReducer {
   int finished_ = 0;       // replicas in Finish() this round
   int64_t round_ = 0;      // completed Finish() rounds
   double norm_ = 0;        // of the last round
-  std::thread worker_;
+  std::thread worker_;  // kHostSum only
 };
 
 }  // namespace megatrain

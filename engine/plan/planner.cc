@@ -156,8 +156,8 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   if (cpu) s.pcie_seconds = 0;  // copies on the CPU are memcpy, counted as compute
   // The reduce-scatter moves (N-1)/N of the gradient in and out of each device, on the
   // D2H stream ahead of the copies.
-  const double peer_rate = 1e9 * (r.peer_gbps > 0 ? r.peer_gbps : std::max(1e-6, p.d2h_gbps));
-  s.reduce_seconds = sharded ? 4.0 * total * (N - 1) / N / peer_rate : 0;
+  s.peer_gbps = r.peer_gbps > 0 ? r.peer_gbps : std::max(1e-6, p.d2h_gbps);
+  s.reduce_seconds = sharded ? 4.0 * total * (N - 1) / N / (1e9 * s.peer_gbps) : 0;
 
   // The optimizer: AdamW of every parameter (+ the clipping norm over every gradient).
   // AdamW moves 30 bytes a parameter at memory bandwidth; the step's DMA (weights in,
@@ -373,8 +373,7 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
         r.reduce_on_devices
             ? absl::StrFormat("reduce-scattered device to device (%.3f s at %.0f GB/s), each "
                               "drains 1/%d over its own PCIe link",
-                              s.reduce_seconds,
-                              r.peer_gbps > 0 ? r.peer_gbps : profile.d2h_gbps, plan.devices)
+                              s.reduce_seconds, s.peer_gbps, plan.devices)
             : std::string("drained whole by every device and added on the host"));
   }
   absl::StrAppendFormat(

@@ -74,6 +74,7 @@ struct StepPrediction {
   double pcie_seconds = 0;       // the PCIe floor: each way alone and both at once
   double optimizer_seconds = 0;  // CPU AdamW (and the clipping norm) of every parameter
   double reduce_seconds = 0;     // data parallelism: the reduce-scatter, on the D2H stream
+  double peer_gbps = 0;          // at this device-to-device rate (the request's, or PCIe's)
   int64_t h2d_bytes = 0, d2h_bytes = 0;  // per device
   double model_flops = 0;        // 6 N T + 6 L s d T
   double hardware_flops = 0;     // what the kernels execute, recomputation included
