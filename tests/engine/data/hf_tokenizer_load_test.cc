@@ -19,8 +19,12 @@ namespace {
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 
+// Under the running test's own name: ctest runs each test in its own process, in
+// parallel, and they share TempDir().
 std::string WriteFile(const std::string& name, const std::string& text) {
-  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", test->test_suite_name(), ".",
+                                        test->name(), "-", name);
   std::ofstream(path, std::ios::binary) << text;
   return path;
 }
