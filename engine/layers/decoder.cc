@@ -50,6 +50,10 @@ int64_t DecoderLayer::SavedBytes(int64_t n) const {
 
 DecoderSaved DecoderLayer::CarveSaved(void* base, int64_t n, const DecoderSaved& scratch) const {
   DecoderSaved w = CarveWorkspace(base, n);  // the saved fields come first
+  if (!config_.qk_norm) w.qkv = scratch.qkv;
+  w.h = scratch.h;
+  w.h2 = scratch.h2;
+  w.a = scratch.a;
   w.dh = scratch.dh;
   w.dqkv = scratch.dqkv;
   w.dq = scratch.dq;
@@ -69,9 +73,10 @@ DecoderSaved DecoderLayer::CarveWorkspace(void* base, int64_t n, int64_t* bytes,
   const int64_t D = config_.head_dim, I = config_.intermediate_size;
   Carver c(base);
   DecoderSaved w;
-  w.h = c.Take(n * C * act);
+  // Saved: what Backward cannot rebuild cheaply. qkv only with QK-norm (its backward reads
+  // the unnormalised heads); h, h2 and a are rebuilt from x, x2 and gu (Rebuild).
   w.rstd1 = c.Take(n * stat);
-  w.qkv = c.Take(n * qkv_dim_ * act);
+  if (config_.qk_norm) w.qkv = c.Take(n * qkv_dim_ * act);
   w.q = c.Take(n * H * D * act);
   w.k = c.Take(n * KV * D * act);
   w.v = c.Take(n * KV * D * act);
@@ -80,11 +85,13 @@ DecoderSaved DecoderLayer::CarveWorkspace(void* base, int64_t n, int64_t* bytes,
   w.o = c.Take(n * H * D * act);
   w.lse = c.Take(n * H * stat);
   w.x2 = c.Take(n * C * act);
-  w.h2 = c.Take(n * C * act);
   w.rstd2 = c.Take(n * stat);
   w.gu = c.Take(n * 2 * I * act);
-  w.a = c.Take(n * I * act);
   if (saved_bytes != nullptr) *saved_bytes = c.used();  // the scratch follows
+  if (!config_.qk_norm) w.qkv = c.Take(n * qkv_dim_ * act);
+  w.h = c.Take(n * C * act);
+  w.h2 = c.Take(n * C * act);
+  w.a = c.Take(n * I * act);
   w.dh = c.Take(n * C * act);
   w.dqkv = c.Take(n * qkv_dim_ * act);
   w.dq = c.Take(n * H * D * act);
@@ -119,6 +126,17 @@ void DecoderLayer::Forward(const DecoderTensors& w, const void* x, void* out,
   be.SwiGlu(ws.a, ws.gu, n, I, s);                                           // a = silu(g) * u
   be.CopyOnDevice(out, ws.x2, n * C * DTypeSize(be.act_dtype()), s);
   be.Linear(out, ws.a, w.down, nullptr, n, I, C, true, s);                   // out = x2 + a Wd^T
+}
+
+void DecoderLayer::Rebuild(const DecoderTensors& w, const void* x, const DecoderSaved& ws,
+                           const DeviceBatch& b, StreamId s) const {
+  Backend& be = *backend_;
+  const int64_t n = b.num_tokens, C = config_.hidden_size, I = config_.intermediate_size;
+  const double eps = config_.rms_norm_eps;
+  // The same kernels on the same inputs as Forward: the same bits (rstd is rewritten as is).
+  be.RmsNorm(ws.h, ws.rstd1, x, w.input_norm, n, C, eps, s);
+  be.RmsNorm(ws.h2, ws.rstd2, ws.x2, w.post_norm, n, C, eps, s);
+  be.SwiGlu(ws.a, ws.gu, n, I, s);
 }
 
 void DecoderLayer::Backward(const DecoderTensors& w, const DecoderTensors& g, const void* x,

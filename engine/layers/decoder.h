@@ -38,7 +38,10 @@ struct DecoderTensors {
   void* down = nullptr;        // (C, I)
 };
 
-// Activations saved by Forward(save=true) for Backward, for one micro-batch of n tokens.
+// Forward's intermediates, for one micro-batch of n tokens. Those Backward needs are kept
+// per layer when the layer is kept (the "saved" fields: rstd1, q, k, v, rstd_q, rstd_k, o,
+// lse, x2, rstd2, gu, and qkv with QK-norm); h, h2 and a live in the shared scratch and are
+// rebuilt by Rebuild, at the cost of two norms and a SwiGLU.
 struct DecoderSaved {
   void* h;       // act (n, C)
   void* rstd1;   // stat (n)
@@ -93,8 +96,14 @@ class DecoderLayer {
   void Forward(const DecoderTensors& w, const void* x, void* out, const DecoderSaved& ws,
                const DeviceBatch& batch, const float* inv_freq, StreamId s) const;
 
+  // Recomputes the scratch intermediates (h, h2, a) of a kept layer from its saved fields,
+  // bit for bit as Forward made them. Call before Backward unless Forward just ran into ws.
+  void Rebuild(const DecoderTensors& w, const void* x, const DecoderSaved& ws,
+               const DeviceBatch& batch, StreamId s) const;
+
   // dres act (n,C): on entry dL/d(out), on exit dL/dx. Weight gradients accumulate into
-  // g. REQUIRES: ws holds Forward's intermediates for this x and these weights.
+  // g. REQUIRES: ws holds Forward's intermediates for this x and these weights (for a kept
+  // layer, after Rebuild).
   void Backward(const DecoderTensors& w, const DecoderTensors& g, const void* x, void* dres,
                 const DecoderSaved& ws, const DeviceBatch& batch, const float* inv_freq,
                 StreamId s) const;

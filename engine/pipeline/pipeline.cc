@@ -476,9 +476,11 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
       const int span = SpanBegin(StreamId::kCompute, "bwd " + std::to_string(l));
       for (int64_t m = 0; m < M; ++m) {
         void* dres = static_cast<char*>(dres_.get()) + m * n * act_row_bytes_;
-        if (!Kept(l)) {  // rebuild its intermediates
+        if (!Kept(l)) {  // recompute its intermediates
           decoder_.Forward(w, input(l, m), scratch_out_.get(), saved_, db[m], inv_freq,
                            StreamId::kCompute);
+        } else {  // rebuild the few it did not keep
+          decoder_.Rebuild(w, input(l, m), SavedFor(l, m), db[m], StreamId::kCompute);
         }
         decoder_.Backward(w, gw, input(l, m), dres, SavedFor(l, m), db[m], inv_freq,
                           StreamId::kCompute);

@@ -54,7 +54,8 @@ struct PipelineOptions {
   int64_t weight_slots = 0;
   // Keep the intermediates of the top `kept_layers` layers (every micro-batch's) from the
   // forward to the backward instead of recomputing them: a forward pass fewer per kept
-  // layer, DecoderLayer::SavedBytes(n) of device memory per layer and micro-batch.
+  // layer (two norms and a SwiGLU rebuild the rest), DecoderLayer::SavedBytes(n) of device
+  // memory per layer and micro-batch.
   // REQUIRES checkpoint_every == 1 when > 0.
   int64_t kept_layers = 0;
   // Record a span (two events) around every transfer and every layer's compute, and

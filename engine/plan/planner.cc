@@ -28,6 +28,7 @@ struct Matmul {
 struct LayerTimes {
   double forward = 0;   // one forward pass
   double backward = 0;  // one backward pass (after its re-forward)
+  double rebuild = 0;   // a kept layer's rebuild of what it did not keep (DecoderLayer::Rebuild)
 };
 
 LayerTimes LayerKernelSeconds(const ModelConfig& c, const MachineProfile& p, int64_t n,
@@ -49,6 +50,8 @@ LayerTimes LayerKernelSeconds(const ModelConfig& c, const MachineProfile& p, int
   const double bytes = static_cast<double>(act) * n * (8 * C + 2 * qkv + 2 * hd + 3 * I);
   t.forward += bytes / (1e9 * std::max(1e-6, p.device_gbps));
   t.backward += 2 * bytes / (1e9 * std::max(1e-6, p.device_gbps));
+  // Rebuild: two norms (read x, write h) and a SwiGLU (read g and u, write a).
+  t.rebuild = static_cast<double>(act) * n * (4 * C + 3 * I) / (1e9 * std::max(1e-6, p.device_gbps));
   return t;
 }
 
@@ -128,8 +131,8 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const double recompute = static_cast<double>(K - 1) / K;
   const double fwd_compute = M * (L * lt.forward + embed);
   const double bwd_compute =
-      M * (L * (lt.forward * (1 + recompute) + lt.backward) - plan->kept_layers * lt.forward +
-           embed) +
+      M * (L * (lt.forward * (1 + recompute) + lt.backward) -
+           plan->kept_layers * (lt.forward - lt.rebuild) + embed) +
       zero_grads;
   s.forward_seconds = fwd_compute;
   s.head_seconds = M * head;
@@ -306,15 +309,25 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
           }
           if (device_need > r.device_budget_bytes || plan.host_bytes > r.host_budget_bytes) continue;
           ++fitting;
-          const bool faster = plan.step.seconds < best.step.seconds * 0.99;
-          const bool as_fast = plan.step.seconds <= best.step.seconds * 1.01;
-          // As fast: the one that holds less host memory (the box's shared resource),
-          // then recomputes less, then takes less device memory.
-          const auto cost = [](const Plan& x) {
-            return std::make_tuple(x.host_bytes, x.checkpoint_every, x.device_bytes);
-          };
-          const bool leaner = cost(plan) < cost(best);
-          if (!have_best || faster || (as_fast && leaner)) {
+          // Host memory is the box's shared resource: a plan that holds more of it (pinned
+          // checkpoints) must be 5% faster to be chosen, and one that holds less wins unless
+          // 5% slower. Otherwise: faster by 1%, or as fast and recomputing less, then taking
+          // less device memory.
+          bool better;
+          if (!have_best) {
+            better = true;
+          } else if (plan.host_bytes != best.host_bytes) {
+            better = plan.host_bytes < best.host_bytes
+                         ? plan.step.seconds <= best.step.seconds * 1.05
+                         : plan.step.seconds < best.step.seconds * 0.95;
+          } else {
+            const auto cost = [](const Plan& x) {
+              return std::make_tuple(x.checkpoint_every, x.device_bytes);
+            };
+            better = plan.step.seconds < best.step.seconds * 0.99 ||
+                     (plan.step.seconds <= best.step.seconds * 1.01 && cost(plan) < cost(best));
+          }
+          if (better) {
             best = plan;
             have_best = true;
           }

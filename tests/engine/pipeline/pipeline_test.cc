@@ -133,28 +133,51 @@ TEST(Pipeline, ResidentLayersSkipTheBackwardUploadAndChangeNoBit) {
 }
 
 TEST(Pipeline, KeptActivationsSkipTheReforwardAndChangeNoBit) {
-  const ModelConfig c = TinyConfig(Variant::kQwen3QkNorm);
-  const std::vector<MicroBatch> batches = {RandomBatch(1, 10, c.vocab_size, 1),
-                                           RandomBatch(1, 10, c.vocab_size, 2)};
-  std::vector<std::vector<float>> reference;
-  double reference_loss = 0;
-  for (int64_t kept = 0; kept <= c.num_layers; ++kept) {
-    for (bool host : {false, true}) {
-      Harness h(c, 2, 10, 1, host, 0, kept);
-      RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
-      const StepResult r = h.Run(batches, &sink);
-      if (kept == 0 && !host) {
-        reference = sink.grads;
-        reference_loss = r.loss;
-        continue;
-      }
-      EXPECT_EQ(r.loss, reference_loss) << "kept " << kept;
-      for (size_t u = 0; u < reference.size(); ++u) {
-        EXPECT_EQ(sink.grads[u], reference[u]) << "kept " << kept << " unit " << u;
+  // With QK-norm the unnormalised qkv is kept; without, it is not. Either way a kept layer
+  // rebuilds h, h2 and a, and its gradients are the recomputed ones, bit for bit.
+  for (Variant variant : {Variant::kQwen3QkNorm, Variant::kQwen2UntiedBias}) {
+    const ModelConfig c = TinyConfig(variant);
+    const std::vector<MicroBatch> batches = {RandomBatch(1, 10, c.vocab_size, 1),
+                                             RandomBatch(1, 10, c.vocab_size, 2)};
+    std::vector<std::vector<float>> reference;
+    double reference_loss = 0;
+    for (int64_t kept = 0; kept <= c.num_layers; ++kept) {
+      for (bool host : {false, true}) {
+        Harness h(c, 2, 10, 1, host, 0, kept);
+        RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
+        const StepResult r = h.Run(batches, &sink);
+        if (kept == 0 && !host) {
+          reference = sink.grads;
+          reference_loss = r.loss;
+          continue;
+        }
+        EXPECT_EQ(r.loss, reference_loss) << "kept " << kept << " qk_norm " << c.qk_norm;
+        for (size_t u = 0; u < reference.size(); ++u) {
+          EXPECT_EQ(sink.grads[u], reference[u])
+              << "kept " << kept << " unit " << u << " qk_norm " << c.qk_norm;
+        }
       }
     }
   }
+  {
+    // What a kept layer holds per token: q, k, v, o, x2, gu and the stats, plus qkv only
+    // with QK-norm; not h, h2 or a.
+    std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+    for (Variant variant : {Variant::kQwen3QkNorm, Variant::kQwen2UntiedBias}) {
+      const ModelConfig c = TinyConfig(variant);
+      const ModelLayout layout = BuildLayout(c);
+      const DecoderLayer layer(c, layout.units[layout.DecoderUnit(0)], be.get());
+      const int64_t H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
+      const int64_t act = DTypeSize(be->act_dtype()), stat = DTypeSize(be->stat_dtype());
+      int64_t per_token = act * ((2 * H + 2 * KV) * D + c.hidden_size + 2 * c.intermediate_size) +
+                          stat * (2 + 2 * H + KV);
+      if (c.qk_norm) per_token += act * (H + 2 * KV) * D;
+      EXPECT_EQ(layer.SavedBytes(256), 256 * per_token) << "qk_norm " << c.qk_norm;
+      EXPECT_LT(layer.SavedBytes(256), layer.WorkspaceBytes(256));  // 256: no rounding
+    }
+  }
   // Kept layers need K = 1.
+  const ModelConfig c = TinyConfig(Variant::kQwen3QkNorm);
   std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
   std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
   std::unique_ptr<GradSlabPool> pool =
