@@ -6,8 +6,10 @@
 // query tile over its key tiles; dk/dv runs per (key tile, kv head) over the H/KV query
 // heads of the group and the query tiles after it. Every output element is summed by one
 // thread in a fixed order, so gradients are bit-reproducible, at the price of computing S
-// and dP twice. Delta_i = dO_i.O_i is recomputed where it is needed (a D-long dot product
-// per query and tile), because launchers allocate no temporaries.
+// and dP twice. Delta_i = dO_i.O_i is computed once, by a small kernel that runs first, and
+// parked in dq's own storage (fp32, in the first 4 bytes of each (query, head) row), since
+// launchers allocate no temporaries: dk/dv reads it from there, and each dq block reads
+// its rows' deltas before it overwrites those rows with their dq.
 //
 // Tiles (see Tiles below): a warp owns 32 queries (16 for D > 128) in the forward and dq and
 // 16 keys in dk/dv, and reads its operands from shared memory with ldmatrix; the tiles it
@@ -291,43 +293,30 @@ __device__ __forceinline__ float Dot8(uint4 a, uint4 b) {
   return sum;
 }
 
-// s_delta[r] = dO_i . O_i for query i = row0 + r of head h (0 past n), fp32.
-template <int kD, int kRows, int kThreads>
-__device__ __forceinline__ void ComputeDelta(float* s_delta, const bf16* dout, const bf16* o,
-                                             int row0, int n, int H, int h, int D) {
-  constexpr int kLanes = kD / 8 < 32 ? kD / 8 : 32;  // lanes per row: one 8-wide chunk each
-  constexpr int kRowsPerPass = kThreads / kLanes;
-  static_assert(kRows % kRowsPerPass == 0, "every lane of a warp takes part in each pass");
+// Delta of (query i, head h) = dO . O in fp32, parked at dq + (i*H + h)*D as a float.
+// kLanes lanes take a row, one 8-wide chunk each; 128 threads.
+template <int kD>
+__global__ void __launch_bounds__(kGroupThreads) AttentionDeltaKernel(
+    bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ o,
+    int64_t rows, int D) {
+  constexpr int kLanes = kD / 8 < 32 ? kD / 8 : 32;
+  constexpr int kRowsPerBlock = kGroupThreads / kLanes;
   const int sub = threadIdx.x % kLanes;
-  for (int r = threadIdx.x / kLanes; r < kRows; r += kRowsPerPass) {
-    const int i = row0 + r;
-    float sum = 0.0f;
-    if (i < n && sub * 8 < D) {
-      const int64_t off = (static_cast<int64_t>(i) * H + h) * D + sub * 8;
-      sum = Dot8(__ldg(reinterpret_cast<const uint4*>(dout + off)),
-                 __ldg(reinterpret_cast<const uint4*>(o + off)));
-    }
-#pragma unroll
-    for (int off = kLanes / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (sub == 0) s_delta[r] = sum;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  float sum = 0.0f;
+  if (row < rows && sub * 8 < D) {
+    const int64_t off = row * D + sub * 8;
+    sum = Dot8(__ldg(reinterpret_cast<const uint4*>(dout + off)),
+               __ldg(reinterpret_cast<const uint4*>(o + off)));
   }
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (sub == 0 && row < rows) *reinterpret_cast<float*>(dq + row * D) = sum;
 }
 
-// s_delta[r] = dO_r . O_r for the kRows rows of s_do and s_o (kRows, kD + 8), fp32; zero rows
-// give 0.
-template <int kD, int kRows, int kThreads>
-__device__ __forceinline__ void DeltaFromSmem(float* s_delta, const bf16* s_do, const bf16* s_o) {
-  constexpr int kLanes = kD / 8 < 32 ? kD / 8 : 32;  // lanes per row: one 8-wide chunk each
-  constexpr int kRowsPerPass = kThreads / kLanes;
-  static_assert(kD / 8 <= 32 && kRows % kRowsPerPass == 0, "whole passes of whole warps");
-  const int sub = threadIdx.x % kLanes;
-  for (int r = threadIdx.x / kLanes; r < kRows; r += kRowsPerPass) {
-    float sum = Dot8(*reinterpret_cast<const uint4*>(s_do + r * (kD + 8) + sub * 8),
-                     *reinterpret_cast<const uint4*>(s_o + r * (kD + 8) + sub * 8));
-#pragma unroll
-    for (int off = kLanes / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (sub == 0) s_delta[r] = sum;
-  }
+// The parked delta of query i, head h (AttentionDeltaKernel).
+__device__ __forceinline__ const float* ParkedDelta(const bf16* dq, int i, int H, int h, int D) {
+  return reinterpret_cast<const float*>(dq + (static_cast<int64_t>(i) * H + h) * D);
 }
 
 // The first query e >= j_last + 1 with e == n or doc_start[e] > j_last: with doc_start
@@ -500,8 +489,7 @@ constexpr int DqSmemBytes() {
 template <int kD>
 __global__ void __launch_bounds__(kGroupThreads) AttentionDqKernel(
     bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
-    const bf16* __restrict__ k, const bf16* __restrict__ v, const bf16* __restrict__ o,
-    const float* __restrict__ lse, const int32_t* __restrict__ doc_start, int n, int H, int KV,
+    const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ lse, const int32_t* __restrict__ doc_start, int n, int H, int KV,
     int D, float scale_log2, float scale) {
   constexpr int kThreads = kGroupThreads, kStride = kD + 8, kMT = Tiles<kD>::kMT;
   constexpr int kKeys = Tiles<kD>::kDqKeys, kM = QueryBlock<kD>(), kTile = kKeys * kStride;
@@ -527,7 +515,9 @@ __global__ void __launch_bounds__(kGroupThreads) AttentionDqKernel(
   LoadRows<kD, kKeys, kThreads>(s_k, k, first, n, KV, kvh, D);
   LoadRows<kD, kKeys, kThreads>(s_v, v, first, n, KV, kvh, D);
   CpAsyncCommit();
-  ComputeDelta<kD, kM, kThreads>(s_delta, dout, o, i0, n, H, h, D);
+  for (int r = threadIdx.x; r < kM; r += kThreads) {  // before this block overwrites them
+    s_delta[r] = i0 + r < n ? *ParkedDelta(dq, i0 + r, H, h, D) : 0.0f;
+  }
   __syncthreads();
   int qi[kMT][2], qds[kMT][2];
   float delta[kMT][2], lse2[kMT][2];  // lse in log2 units; +inf past n so that P is 0 there
@@ -584,19 +574,21 @@ __global__ void __launch_bounds__(kGroupThreads) AttentionDqKernel(
 
 template <int kD>
 constexpr int DkDvSmemBytes() {
-  return (2 * kWarpRows * kGroupWarps + 6 * Tiles<kD>::kQueries) * (kD + 8) * 2 +
+  return (2 * kWarpRows * kGroupWarps + 4 * Tiles<kD>::kQueries) * (kD + 8) * 2 +
          6 * Tiles<kD>::kQueries * 4;
 }
 
 // dk = scale * sum_i dS_ij q_i, dv = sum_i P_ij dO_i over the query heads of kv head g.
-// grid (ceil(n/64), KV), 128 * kSplit threads: 64 keys per block; warp w owns keys
+// grid (ceil(ceil(n/64)/2), KV), 128 * kSplit threads: two 64-key blocks per block, one
+// after the other (x and its mirror); warp w owns keys
 // 16*(w%4) .. +15 and columns (w/4) * kD/kSplit .. + kD/kSplit of dk and dv. The block walks
-// (head, query tile) in order, double-buffering q, dO, o, lse and doc_start of the tiles.
+// (head, query tile) in order, double-buffering q, dO, lse, delta (parked in dq) and
+// doc_start of the tiles.
 template <int kD>
 __global__ void __launch_bounds__(kGroupThreads * Tiles<kD>::kSplit) AttentionDkDvKernel(
     bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
     const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-    const bf16* __restrict__ o, const float* __restrict__ lse,
+    const bf16* __restrict__ dq, const float* __restrict__ lse,
     const int32_t* __restrict__ doc_start, int n, int H, int KV, int D, float scale_log2,
     float scale) {
   constexpr int kSplit = Tiles<kD>::kSplit, kQ = Tiles<kD>::kQueries;
@@ -608,86 +600,94 @@ __global__ void __launch_bounds__(kGroupThreads * Tiles<kD>::kSplit) AttentionDk
   bf16* s_v = s_k + kN * kStride;                              // (kN, kStride)
   bf16* s_q = s_v + kN * kStride;                              // (2, kQ, kStride)
   bf16* s_do = s_q + 2 * kTile;                                // (2, kQ, kStride)
-  bf16* s_o = s_do + 2 * kTile;                                // (2, kQ, kStride)
-  float* s_lse = reinterpret_cast<float*>(s_o + 2 * kTile);    // (2, kQ) natural log
+  float* s_lse = reinterpret_cast<float*>(s_do + 2 * kTile);   // (2, kQ) natural log
   float* s_delta = s_lse + 2 * kQ;                             // (2, kQ)
   int* s_ds = reinterpret_cast<int*>(s_delta + 2 * kQ);        // (2, kQ)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows = (warp % kGroupWarps) * kWarpRows, col0 = (warp / kGroupWarps) * kSlice;
-  const int j0 = blockIdx.x * kN, kvh = blockIdx.y, group = H / KV;
-  const int j_last = min(j0 + kN, n) - 1;
-  const int kj[2] = {j0 + rows + lane / 4, j0 + rows + lane / 4 + 8};  // this thread's keys
-  // Query tiles [j0, i_end) of each head of the group see our keys.
-  const int q_tiles = (QueryEnd(doc_start, j_last, n) - j0 + kQ - 1) / kQ;
-  const int items = group * q_tiles;
+  const int kvh = blockIdx.y, group = H / KV;
+  const int key_blocks = (n + kN - 1) / kN;
+  // Two key blocks, mirrored: x and key_blocks-1-x. A key block's work grows with the
+  // queries after it in its document, so with documents of equal length the pair's work is
+  // the same for every block, and no long block is left to run alone at the end.
+  for (int pass = 0; pass < 2; ++pass) {
+    const int x = static_cast<int>(blockIdx.x), xb = pass == 0 ? x : key_blocks - 1 - x;
+    if (pass == 1 && xb <= x) break;
+    if (pass == 1) __syncthreads();  // every warp is done with the first block's shared memory
+    const int j0 = xb * kN;
+    const int j_last = min(j0 + kN, n) - 1;
+    const int kj[2] = {j0 + rows + lane / 4, j0 + rows + lane / 4 + 8};  // this thread's keys
+    // Query tiles [j0, i_end) of each head of the group see our keys.
+    const int q_tiles = (QueryEnd(doc_start, j_last, n) - j0 + kQ - 1) / kQ;
+    const int items = group * q_tiles;
 
-  // Query tile `item` (head-major) into buffer b.
-  auto load_item = [&](int item, int b) {
-    const int h = kvh * group + item / q_tiles, i0 = j0 + (item % q_tiles) * kQ;
-    LoadRows<kD, kQ, kThreads>(s_q + b * kTile, q, i0, n, H, h, D);
-    LoadRows<kD, kQ, kThreads>(s_do + b * kTile, dout, i0, n, H, h, D);
-    LoadRows<kD, kQ, kThreads>(s_o + b * kTile, o, i0, n, H, h, D);
-    if (threadIdx.x < kQ) {
-      const int i = i0 + threadIdx.x;
-      if (i < n) {
-        CpAsync4(s_lse + b * kQ + threadIdx.x, lse + static_cast<int64_t>(i) * H + h);
-        CpAsync4(s_ds + b * kQ + threadIdx.x, doc_start + i);
-      } else {
-        s_lse[b * kQ + threadIdx.x] = INFINITY;  // P = 0
-        s_ds[b * kQ + threadIdx.x] = INT_MAX;    // sees no key
+    // Query tile `item` (head-major) into buffer b.
+    auto load_item = [&](int item, int b) {
+      const int h = kvh * group + item / q_tiles, i0 = j0 + (item % q_tiles) * kQ;
+      LoadRows<kD, kQ, kThreads>(s_q + b * kTile, q, i0, n, H, h, D);
+      LoadRows<kD, kQ, kThreads>(s_do + b * kTile, dout, i0, n, H, h, D);
+      if (threadIdx.x < kQ) {
+        const int i = i0 + threadIdx.x;
+        if (i < n) {
+          CpAsync4(s_lse + b * kQ + threadIdx.x, lse + static_cast<int64_t>(i) * H + h);
+          CpAsync4(s_ds + b * kQ + threadIdx.x, doc_start + i);
+          CpAsync4(s_delta + b * kQ + threadIdx.x, ParkedDelta(dq, i, H, h, D));
+        } else {
+          s_lse[b * kQ + threadIdx.x] = INFINITY;  // P = 0
+          s_delta[b * kQ + threadIdx.x] = 0.0f;
+          s_ds[b * kQ + threadIdx.x] = INT_MAX;    // sees no key
+        }
       }
-    }
-  };
-  LoadRows<kD, kN, kThreads>(s_k, k, j0, n, KV, kvh, D);
-  LoadRows<kD, kN, kThreads>(s_v, v, j0, n, KV, kvh, D);
-  load_item(0, 0);
-  CpAsyncCommit();
-  const bf16* s_kw = s_k + rows * kStride;
-  const bf16* s_vw = s_v + rows * kStride;
-
-  float acc_k[1][kSlice / 8][4] = {}, acc_v[1][kSlice / 8][4] = {};
-  for (int item = 0, buf = 0; item < items; ++item, buf ^= 1) {
-    CpAsyncWaitAll();
-    __syncthreads();  // this item's tiles are visible; every warp is done with the other buffer
-    if (item + 1 < items) load_item(item + 1, buf ^ 1);
+    };
+    LoadRows<kD, kN, kThreads>(s_k, k, j0, n, KV, kvh, D);
+    LoadRows<kD, kN, kThreads>(s_v, v, j0, n, KV, kvh, D);
+    load_item(0, 0);
     CpAsyncCommit();
-    const int i0 = j0 + (item % q_tiles) * kQ;
-    const bf16* s_qb = s_q + buf * kTile;
-    const bf16* s_dob = s_do + buf * kTile;
-    const float* s_lseb = s_lse + buf * kQ;
-    const float* s_deltab = s_delta + buf * kQ;
-    const int* s_dsb = s_ds + buf * kQ;
-    DeltaFromSmem<kD, kQ, kThreads>(s_delta + buf * kQ, s_dob, s_o + buf * kTile);
-    __syncthreads();
-    // doc_start is nondecreasing, so the tile's last valid query has the largest.
-    const bool masked = s_dsb[min(kQ, n - i0) - 1] > j0 || i0 < j_last;
-    float s[1][kQ / 8][4] = {}, dp[1][kQ / 8][4] = {};  // S^T, dP^T: keys x queries
-    MmaABt<kD, 1, kQ / 8>(s, s_kw, s_qb);
-    MmaABt<kD, 1, kQ / 8>(dp, s_vw, s_dob);
-#pragma unroll
-    for (int t = 0; t < kQ / 8; ++t) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = t * 8 + (lane % 4) * 2 + e % 2, j = kj[e / 2];
-        const bool off = masked && (j < s_dsb[c] || j > i0 + c);
-        const float p = off ? 0.0f : exp2f(s[0][t][e] * scale_log2 - s_lseb[c] * kLog2e);
-        s[0][t][e] = p;
-        dp[0][t][e] = p * (dp[0][t][e] - s_deltab[c]);  // dS^T
-      }
-    }
-    MmaPB<kD, 1, kQ, kSlice / 8>(acc_v, s, s_dob, col0);
-    MmaPB<kD, 1, kQ, kSlice / 8>(acc_k, dp, s_qb, col0);
-  }
+    const bf16* s_kw = s_k + rows * kStride;
+    const bf16* s_vw = s_v + rows * kStride;
 
-  // Stage dk in s_k and dv in s_v (every warp is past its last read of both), then store.
-  __syncthreads();
-  const float mul_k[1][2] = {{scale, scale}}, mul_v[1][2] = {{1.0f, 1.0f}};
-  StageRows<kD, 1, kSlice / 8>(s_k + rows * kStride, acc_k, mul_k, col0);
-  StageRows<kD, 1, kSlice / 8>(s_v + rows * kStride, acc_v, mul_v, col0);
-  __syncthreads();
-  StoreRows<kD, kN>(dk, s_k, j0, n, KV, kvh, D, threadIdx.x, kThreads);
-  StoreRows<kD, kN>(dv, s_v, j0, n, KV, kvh, D, threadIdx.x, kThreads);
+    float acc_k[1][kSlice / 8][4] = {}, acc_v[1][kSlice / 8][4] = {};
+    for (int item = 0, buf = 0; item < items; ++item, buf ^= 1) {
+      CpAsyncWaitAll();
+      __syncthreads();  // this item's tiles are visible; every warp is done with the other buffer
+      if (item + 1 < items) load_item(item + 1, buf ^ 1);
+      CpAsyncCommit();
+      const int i0 = j0 + (item % q_tiles) * kQ;
+      const bf16* s_qb = s_q + buf * kTile;
+      const bf16* s_dob = s_do + buf * kTile;
+      const float* s_lseb = s_lse + buf * kQ;
+      const float* s_deltab = s_delta + buf * kQ;
+      const int* s_dsb = s_ds + buf * kQ;
+      // doc_start is nondecreasing, so the tile's last valid query has the largest.
+      const bool masked = s_dsb[min(kQ, n - i0) - 1] > j0 || i0 < j_last;
+      float s[1][kQ / 8][4] = {}, dp[1][kQ / 8][4] = {};  // S^T, dP^T: keys x queries
+      MmaABt<kD, 1, kQ / 8>(s, s_kw, s_qb);
+      MmaABt<kD, 1, kQ / 8>(dp, s_vw, s_dob);
+  #pragma unroll
+      for (int t = 0; t < kQ / 8; ++t) {
+  #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = t * 8 + (lane % 4) * 2 + e % 2, j = kj[e / 2];
+          const bool off = masked && (j < s_dsb[c] || j > i0 + c);
+          const float p = off ? 0.0f : exp2f(s[0][t][e] * scale_log2 - s_lseb[c] * kLog2e);
+          s[0][t][e] = p;
+          dp[0][t][e] = p * (dp[0][t][e] - s_deltab[c]);  // dS^T
+        }
+      }
+      MmaPB<kD, 1, kQ, kSlice / 8>(acc_v, s, s_dob, col0);
+      MmaPB<kD, 1, kQ, kSlice / 8>(acc_k, dp, s_qb, col0);
+    }
+
+    // Stage dk in s_k and dv in s_v (every warp is past its last read of both), then store.
+    __syncthreads();
+    const float mul_k[1][2] = {{scale, scale}}, mul_v[1][2] = {{1.0f, 1.0f}};
+    StageRows<kD, 1, kSlice / 8>(s_k + rows * kStride, acc_k, mul_k, col0);
+    StageRows<kD, 1, kSlice / 8>(s_v + rows * kStride, acc_v, mul_v, col0);
+    __syncthreads();
+    StoreRows<kD, kN>(dk, s_k, j0, n, KV, kvh, D, threadIdx.x, kThreads);
+    StoreRows<kD, kN>(dv, s_v, j0, n, KV, kvh, D, threadIdx.x, kThreads);
+  }
 }
 
 void CheckShapes(const char* op, int64_t n, int64_t H, int64_t KV, int64_t D,
@@ -734,16 +734,23 @@ void LaunchBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* 
   const float scale = 1.0f / sqrtf(static_cast<float>(D)), scale_log2 = kLog2e * scale;
   const int query_tiles = (n + QueryBlock<kD>() - 1) / QueryBlock<kD>();
   const int key_tiles = (n + kWarpRows * kGroupWarps - 1) / (kWarpRows * kGroupWarps);
-  constexpr int kDqBytes = DqSmemBytes<kD>();
-  SetSmem(AttentionDqKernel<kD>, kDqBytes);
-  AttentionDqKernel<kD><<<dim3(query_tiles, H), kGroupThreads, kDqBytes, stream>>>(
-      dq, dout, q, k, v, o, lse, doc_start, n, H, KV, D, scale_log2, scale);
+  const int key_pairs = (key_tiles + 1) / 2;  // each dk/dv block takes a tile and its mirror
+  constexpr int kLanes = kD / 8 < 32 ? kD / 8 : 32;
+  const int64_t rows = static_cast<int64_t>(n) * H;  // (query, head) pairs
+  const int64_t delta_blocks = (rows + kGroupThreads / kLanes - 1) / (kGroupThreads / kLanes);
+  AttentionDeltaKernel<kD><<<static_cast<unsigned>(delta_blocks), kGroupThreads, 0, stream>>>(
+      dq, dout, o, rows, D);
   MT_CUDA_LAUNCH_CHECK();
   constexpr int kDkDvBytes = DkDvSmemBytes<kD>();
   SetSmem(AttentionDkDvKernel<kD>, kDkDvBytes);
-  AttentionDkDvKernel<kD><<<dim3(key_tiles, KV), kGroupThreads * Tiles<kD>::kSplit, kDkDvBytes,
-                            stream>>>(dk, dv, dout, q, k, v, o, lse, doc_start, n, H, KV, D,
+  AttentionDkDvKernel<kD><<<dim3(key_pairs, KV), kGroupThreads * Tiles<kD>::kSplit, kDkDvBytes,
+                            stream>>>(dk, dv, dout, q, k, v, dq, lse, doc_start, n, H, KV, D,
                                       scale_log2, scale);
+  MT_CUDA_LAUNCH_CHECK();
+  constexpr int kDqBytes = DqSmemBytes<kD>();  // last: it overwrites the parked deltas
+  SetSmem(AttentionDqKernel<kD>, kDqBytes);
+  AttentionDqKernel<kD><<<dim3(query_tiles, H), kGroupThreads, kDqBytes, stream>>>(
+      dq, dout, q, k, v, lse, doc_start, n, H, KV, D, scale_log2, scale);
   MT_CUDA_LAUNCH_CHECK();
 }
 
