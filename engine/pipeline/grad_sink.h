@@ -22,6 +22,11 @@ class GradSink {
   // if any, is applied). The pipeline calls it before uploading the unit, so the next
   // step's forward waits only for the layers it needs.
   virtual void AwaitUnit(int64_t unit) {}
+  // Without blocking: true when every piece of `unit` submitted so far has been applied,
+  // so that its host weights are final for the next step. The pipeline asks after it has
+  // submitted the unit's whole gradient, and uploads the unit early when so. A sink that
+  // cannot tell (one replica's view of a shared update) says false.
+  virtual bool UnitUpdated(int64_t unit) { return false; }
 };
 
 }  // namespace megatrain

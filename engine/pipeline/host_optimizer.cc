@@ -208,6 +208,11 @@ void HostOptimizer::AwaitUnit(int64_t unit) {
   });
 }
 
+bool HostOptimizer::UnitUpdated(int64_t unit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_.empty() || pending_[unit].empty();
+}
+
 void HostOptimizer::PieceDone(const Item& item) {
   const int64_t u = item.unit;
   if (--pending_[u][item.step] == 0) pending_[u].erase(item.step);

@@ -58,6 +58,7 @@ class HostOptimizer final : public GradSink {
   void Submit(int64_t unit, float* slab, void* ready, int64_t offset, int64_t count) override;
   double Finish() override;
   void AwaitUnit(int64_t unit) override;
+  bool UnitUpdated(int64_t unit) override;
   // Blocks until every update is applied (before reading the store: checkpoints).
   void Drain();
   // Capture, for checkpoints written while training runs: BeginCapture(step) takes the

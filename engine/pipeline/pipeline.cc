@@ -113,6 +113,7 @@ absl::Status Pipeline::Allocate(bool count_only) {
     slot_free_.emplace_back(be);
   }
   slot_layer_.assign(num_slots_, -1);
+  fresh_.assign(config_.num_layers, false);
   const int64_t embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
   const int64_t head_n = layout.units[layout.HeadUnit()].num_elements;
   RETURN_IF_ERROR(alloc(&embed_slot_, embed_n * wsize, "the embedding"));
@@ -193,6 +194,7 @@ absl::Status Pipeline::Allocate(bool count_only) {
   losses_ready_ = Event(be);
   step_start_ = Event(be);
   step_end_ = Event(be);
+  uploads_done_ = Event(be);
   for (size_t u = 0; u < layout.units.size(); ++u) unit_done_.emplace_back(be);
   for (int64_t i = 0; i < slabs_->num_slabs(); ++i) slab_ready_.emplace_back(be);
   return absl::OkStatus();
@@ -228,6 +230,24 @@ void Pipeline::EnsureLoaded(int64_t layer) {
   SpanEnd(span);
   backend_->Record(slot_loaded_[s].get(), StreamId::kH2D);
   slot_layer_[s] = layer;
+}
+
+void Pipeline::UploadUpdated(int64_t lowest) {
+  for (; eager_next_ >= lowest && eager_next_ >= 0; --eager_next_) {
+    const int64_t layer = eager_next_, unit = store_->layout().DecoderUnit(layer);
+    if (!sink_->UnitUpdated(unit)) return;  // updates land in backward order: look again later
+    const int64_t s = layer % num_slots_;  // its own slot
+    backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());  // its backward is done
+    const int span = SpanBegin(StreamId::kH2D, "h2d w " + std::to_string(layer) + " next");
+    h2d_bytes_ += 2 * store_->unit_elements(unit);
+    backend_->UploadWeights(slots_[s].get(), store_->weights(unit), store_->unit_elements(unit),
+                            StreamId::kH2D);
+    SpanEnd(span);
+    backend_->Record(slot_loaded_[s].get(), StreamId::kH2D);
+    slot_layer_[s] = layer;
+    fresh_[layer] = true;
+    ++early_uploads_;
+  }
 }
 
 void* Pipeline::UseSlot(int64_t layer) {
@@ -355,7 +375,14 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   // parallelism, so that the replicas' gradients add up to the step's.
   const int64_t denominator = step_targets > 0 ? step_targets : num_targets;
   const double scale = denominator > 0 ? 1.0 / denominator : 0.0;
-  std::fill(slot_layer_.begin(), slot_layer_.end(), -1);  // the optimizer changed weights
+  // The optimizer changed the weights: every slot is stale but those uploaded afresh in
+  // the last step's backward.
+  for (int64_t s = 0; s < num_slots_; ++s) {
+    if (slot_layer_[s] >= 0 && !fresh_[slot_layer_[s]]) slot_layer_[s] = -1;
+  }
+  std::fill(fresh_.begin(), fresh_.end(), false);
+  eager_next_ = num_slots_ >= L ? L - 1 : -1;  // resident slots only
+  early_uploads_ = 0;
   num_spans_ = 0;
   h2d_bytes_ = d2h_bytes_ = 0;
   if (options_.record_timeline) {
@@ -491,6 +518,7 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
       const int64_t unit = layout.DecoderUnit(l);
       DrainGradient(unit, layer_grad_[g].get(), grad_ready_[g].get(), grad_free_[g].get(),
                     sink);
+      UploadUpdated(l);  // the layers above whose update the optimizer has already applied
     }
     if (options_.checkpoints_on_host) be.Record(seg_in_free_[seg_slot].get(), StreamId::kCompute);
   }
@@ -503,10 +531,16 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   DrainGradient(eu, embed_grad_.get(), step_end_.get(), nullptr, sink);
 
   StepResult result;
+  UploadUpdated(0);
   result.grad_norm = sink->Finish();
+  UploadUpdated(0);
   // The D2H stream is in order: its last work (the embedding gradient) is after the loss
-  // copy, and after every other stream's work of this step.
+  // copy, and after every other stream's work of this step but the early uploads on H2D.
   be.EventSync(unit_done_[eu].get());
+  if (options_.record_timeline && early_uploads_ > 0) {  // their spans must be complete
+    be.Record(uploads_done_.get(), StreamId::kH2D);
+    be.EventSync(uploads_done_.get());
+  }
   double loss_sum = 0;
   for (int64_t i = 0; i < M * n; ++i) loss_sum += ReadStat(&host_losses_[i * stat], be.stat_dtype());
   result.num_targets = num_targets;
@@ -514,6 +548,7 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   result.h2d_bytes = h2d_bytes_;
   result.d2h_bytes = d2h_bytes_;
+  result.early_uploads = early_uploads_;
   for (int i = 0; i < num_spans_; ++i) {
     const Span& span = spans_[i];
     result.timeline.push_back(

@@ -83,6 +83,9 @@ struct StepResult {
   double seconds = 0;
   int64_t h2d_bytes = 0;      // host -> device this step: weights, checkpoints, inputs
   int64_t d2h_bytes = 0;      // device -> host: gradients, checkpoints, losses
+  // Resident slots: layers uploaded for the next step during this one's backward (their
+  // update was applied in time); the next forward finds them loaded. Counted in h2d_bytes.
+  int64_t early_uploads = 0;
   std::vector<TimelineSpan> timeline;  // when PipelineOptions::record_timeline
 };
 
@@ -125,7 +128,10 @@ class Pipeline {
   // Allocates every device buffer; with count_only, only adds up device_bytes_.
   absl::Status Allocate(bool count_only = false);
 
-  void EnsureLoaded(int64_t layer);          // H2D layer's weights into its slot
+  void EnsureLoaded(int64_t layer);
+  // Resident slots only: uploads the layers from eager_next_ down to `lowest` whose update
+  // the sink has applied, stopping at the first it has not.
+  void UploadUpdated(int64_t lowest);          // H2D layer's weights into its slot
   void* UseSlot(int64_t layer);              // compute waits for the upload
   void ReleaseSlot(int64_t layer);           // compute is done with the slot
   void* Act(std::vector<DeviceBuffer>& v, int64_t i, int64_t m);
@@ -159,6 +165,12 @@ class Pipeline {
 
   std::vector<DeviceBuffer> slots_;       // S weight slots
   std::vector<int64_t> slot_layer_;       // layer in each slot, -1 = none/stale
+  // Resident slots (one per layer): layers whose next-step weights were uploaded during
+  // this step's backward, as soon as the optimizer had applied their update; and the next
+  // layer, going down, to look at.
+  std::vector<bool> fresh_;
+  int64_t eager_next_ = -1;
+  int64_t early_uploads_ = 0;
   std::vector<Event> slot_loaded_, slot_free_;
   DeviceBuffer embed_slot_, head_slot_, embed_grad_, head_grad_;
   Event embed_loaded_, head_loaded_;
@@ -188,7 +200,7 @@ class Pipeline {
   DeviceBuffer batch_ints_;               // M x 4 x (n) int32
   DeviceBuffer losses_;                   // M x (n) stat
   DeviceBuffer inv_freq_;                 // (D/2) f32
-  Event inputs_loaded_, losses_ready_, step_start_, step_end_;
+  Event inputs_loaded_, losses_ready_, step_start_, step_end_, uploads_done_;
   std::vector<char> host_losses_;
   struct Span {
     StreamId stream;

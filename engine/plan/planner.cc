@@ -142,8 +142,12 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const int64_t w_layer = 2 * layer_n;  // bf16 from the host store, whatever the slot type
   const int64_t reuploads = std::max<int64_t>(0, L - slots);  // backward finds the top S
   const int64_t ckpt_total = plan->checkpoints_on_host ? num_ckpt * ckpt_bytes : 0;
-  const int64_t h2d_fwd = L * w_layer + 2 * (embed_n + head_n) + 16 * n * M;
-  const int64_t h2d_bwd = reuploads * w_layer + ckpt_total;
+  // With a slot per layer (and one device), a layer's next weights go up in the backward,
+  // once the optimizer has applied its update (Pipeline::UploadUpdated), not in the next
+  // forward.
+  const bool early = slots >= L && plan->devices <= 1;
+  const int64_t h2d_fwd = (early ? 0 : L * w_layer) + 2 * (embed_n + head_n) + 16 * n * M;
+  const int64_t h2d_bwd = (early ? L * w_layer : reuploads * w_layer) + ckpt_total;
   const int64_t d2h_fwd = ckpt_total;
   // Gradients land as fp32; reduce-scattered first, each device drains its shard.
   const int64_t d2h_bwd = 4 * total / (sharded ? N : 1);
@@ -187,9 +191,16 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
                 std::max(t_bwd, norm);
   } else {
     // Each unit is updated as its gradient lands; the next step needs the embedding and
-    // layer 0, which land last.
-    const double tail = (cpu ? 0 : 4.0 * embed_n / d2h_rate) + (embed_n + layer_n) / adamw;
-    s.seconds = t_fwd + s.head_seconds + std::max(t_bwd + tail, head_d2h + total / adamw);
+    // layer 0, which land last, and uploads the embedding once it is updated.
+    const double embed_up = cpu ? 0 : 2.0 * embed_n / h2d_rate;
+    const double tail =
+        (cpu ? 0 : 4.0 * embed_n / d2h_rate) + (embed_n + layer_n) / adamw + embed_up;
+    // The optimizer's first piece: the lm_head's gradient, or (tied, the head holding only
+    // its norm) the top layer's after its backward.
+    const double first = head_n >= layer_n
+                             ? head_d2h
+                             : M * lt.backward + (cpu ? 0 : 4.0 * layer_n / d2h_rate);
+    s.seconds = t_fwd + s.head_seconds + std::max(t_bwd + tail, first + total / adamw + embed_up);
   }
 
   const double tokens = static_cast<double>(M) * n * N;  // the whole step's

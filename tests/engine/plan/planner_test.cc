@@ -282,28 +282,5 @@ TEST(Planner, DataParallelDividesTheStepAndNotTheHostState) {
       << refused.status();
 }
 
-TEST(Planner, DISABLED_PrintH200) {
-  std::FILE* f = std::fopen("/work/main/bench/results/h200-2026-11-30/machine_bench.json", "r");
-  std::string json;
-  char buf[4096];
-  size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) json.append(buf, got);
-  std::fclose(f);
-  absl::StatusOr<MachineProfile> p = ProfileFromJson(json);
-  ASSERT_TRUE(p.ok()) << p.status();
-  SizingBackend be;
-  for (int64_t rows : {0, 1, 2, 4, 8, 16}) {
-    PlanRequest r = Request(Qwen7B(), 65536, 139);
-    r.micro_batch_rows = rows;
-    r.host_budget_bytes = 120 * kGiB;
-    absl::StatusOr<Plan> plan = MakePlan(r, *p, &be);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    std::printf("rows %ld: mb %ld kept %ld host %d k %ld step %.3f compute %.3f dev %.1f GiB\n",
-                rows, plan->micro_batch_rows, plan->kept_layers, plan->checkpoints_on_host,
-                plan->checkpoint_every, plan->step.seconds, plan->step.compute_seconds,
-                plan->device_bytes / double(kGiB));
-  }
-}
-
 }  // namespace
 }  // namespace megatrain
