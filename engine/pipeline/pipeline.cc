@@ -220,10 +220,14 @@ void Pipeline::SpanEnd(int span) {
 void Pipeline::EnsureLoaded(int64_t layer) {
   const int64_t s = layer % num_slots_;
   if (slot_layer_[s] == layer) return;
-  const int64_t unit = store_->layout().DecoderUnit(layer);
-  sink_->AwaitUnit(unit);  // the previous step's update of this layer is applied
-  backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());
-  const int span = SpanBegin(StreamId::kH2D, "h2d w " + std::to_string(layer));
+  sink_->AwaitUnit(store_->layout().DecoderUnit(layer));  // its pending update is applied
+  Upload(layer, "h2d w ");
+}
+
+void Pipeline::Upload(int64_t layer, const char* label) {
+  const int64_t s = layer % num_slots_, unit = store_->layout().DecoderUnit(layer);
+  backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());  // the slot's last use is done
+  const int span = SpanBegin(StreamId::kH2D, label + std::to_string(layer));
   h2d_bytes_ += 2 * store_->unit_elements(unit);
   backend_->UploadWeights(slots_[s].get(), store_->weights(unit), store_->unit_elements(unit),
                           StreamId::kH2D);
@@ -234,17 +238,10 @@ void Pipeline::EnsureLoaded(int64_t layer) {
 
 void Pipeline::UploadUpdated(int64_t lowest) {
   for (; eager_next_ >= lowest && eager_next_ >= 0; --eager_next_) {
-    const int64_t layer = eager_next_, unit = store_->layout().DecoderUnit(layer);
-    if (!sink_->UnitUpdated(unit)) return;  // updates land in backward order: look again later
-    const int64_t s = layer % num_slots_;  // its own slot
-    backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());  // its backward is done
-    const int span = SpanBegin(StreamId::kH2D, "h2d w " + std::to_string(layer) + " next");
-    h2d_bytes_ += 2 * store_->unit_elements(unit);
-    backend_->UploadWeights(slots_[s].get(), store_->weights(unit), store_->unit_elements(unit),
-                            StreamId::kH2D);
-    SpanEnd(span);
-    backend_->Record(slot_loaded_[s].get(), StreamId::kH2D);
-    slot_layer_[s] = layer;
+    const int64_t layer = eager_next_;
+    // Updates land in backward order: at the first not yet applied, look again later.
+    if (!sink_->UnitUpdated(store_->layout().DecoderUnit(layer))) return;
+    Upload(layer, "h2d next w ");  // into its own slot, once its backward is done
     fresh_[layer] = true;
     ++early_uploads_;
   }

@@ -129,6 +129,9 @@ class Pipeline {
   absl::Status Allocate(bool count_only = false);
 
   void EnsureLoaded(int64_t layer);
+  // Uploads the layer's host weights into its slot on the H2D stream, after the slot's
+  // last use; a span named label + layer.
+  void Upload(int64_t layer, const char* label);
   // Resident slots only: uploads the layers from eager_next_ down to `lowest` whose update
   // the sink has applied, stopping at the first it has not.
   void UploadUpdated(int64_t lowest);          // H2D layer's weights into its slot
