@@ -51,7 +51,8 @@ LayerTimes LayerKernelSeconds(const ModelConfig& c, const MachineProfile& p, int
   t.forward += bytes / (1e9 * std::max(1e-6, p.device_gbps));
   t.backward += 2 * bytes / (1e9 * std::max(1e-6, p.device_gbps));
   // Rebuild: two norms (read x, write h) and a SwiGLU (read g and u, write a).
-  t.rebuild = static_cast<double>(act) * n * (4 * C + 3 * I) / (1e9 * std::max(1e-6, p.device_gbps));
+  t.rebuild =
+      static_cast<double>(act) * n * (4 * C + 3 * I) / (1e9 * std::max(1e-6, p.device_gbps));
   return t;
 }
 

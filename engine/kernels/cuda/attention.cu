@@ -489,8 +489,9 @@ constexpr int DqSmemBytes() {
 template <int kD>
 __global__ void __launch_bounds__(kGroupThreads) AttentionDqKernel(
     bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
-    const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ lse, const int32_t* __restrict__ doc_start, int n, int H, int KV,
-    int D, float scale_log2, float scale) {
+    const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ lse,
+    const int32_t* __restrict__ doc_start, int n, int H, int KV, int D, float scale_log2,
+    float scale) {
   constexpr int kThreads = kGroupThreads, kStride = kD + 8, kMT = Tiles<kD>::kMT;
   constexpr int kKeys = Tiles<kD>::kDqKeys, kM = QueryBlock<kD>(), kTile = kKeys * kStride;
   extern __shared__ __align__(16) unsigned char smem[];
