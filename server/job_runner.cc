@@ -88,9 +88,7 @@ std::optional<std::vector<JobRunner::Lane*>> JobRunner::GangFor(const Lane& lane
                                                                 bool idle) const {
   std::vector<Lane*> gang;
   if (devices <= 1) return gang;
-  auto usable = [&](const Lane* l) {
-    return !idle || (l->running == 0 && l->lent_to == nullptr);
-  };
+  auto usable = [&](const Lane* l) { return !idle || l->idle(); };
   if (lane.device == "cpu") {  // simulated devices: any other CPU lanes
     for (const auto& l : lanes_) {
       if (l.get() == &lane || l->device != "cpu" || !usable(l.get())) continue;
@@ -114,13 +112,18 @@ std::optional<std::vector<JobRunner::Lane*>> JobRunner::GangFor(const Lane& lane
   return gang;
 }
 
+bool JobRunner::AnyGang(int64_t devices) const {
+  for (const auto& lane : lanes_) {
+    if (GangFor(*lane, devices, /*idle=*/false).has_value()) return true;
+  }
+  return false;
+}
+
 absl::Status JobRunner::CanRunDevices(int64_t devices) const {
   MutexLock lock(&mu_);
+  if (AnyGang(devices)) return absl::OkStatus();
   std::vector<std::string> names;
-  for (const auto& lane : lanes_) {
-    if (GangFor(*lane, devices, /*idle=*/false).has_value()) return absl::OkStatus();
-    names.push_back(lane->device);
-  }
+  for (const auto& lane : lanes_) names.push_back(lane->device);
   return absl::InvalidArgumentError(absl::StrCat(
       "train.devices is ", devices, "; this daemon's lanes (", absl::StrJoin(names, ", "),
       ") hold no ", devices, " devices in a row (cuda:k .. cuda:k+", devices - 1, ")"));
@@ -310,17 +313,15 @@ bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
         // Several devices: from this lane, with its gang idle now; else it waits, and so
         // does everything behind it (no lane backfills: it would never find them free).
         std::string reason;
-        bool ever = false;  // some lanes of this daemon can hold it (its lanes may have
-                            // changed since it was submitted)
         {
           MutexLock lock(&mu_);
-          for (const auto& l : lanes_) ever = ever || GangFor(*l, JobDevices(*j), false).has_value();
-          if (!ever) {
+          // Its lanes may have changed since it was submitted (a restart with fewer).
+          if (!AnyGang(JobDevices(*j))) {
             why = absl::StrFormat("needs %d devices; this daemon's lanes hold no %d in a row",
                                   JobDevices(*j), JobDevices(*j));
           } else if (!GangFor(lane, JobDevices(*j), /*idle=*/true).has_value()) {
             int idle = 0;
-            for (const auto& l : lanes_) idle += l->running == 0 && l->lent_to == nullptr;
+            for (const auto& l : lanes_) idle += l->idle();
             reason = absl::StrFormat("needs %d devices at once; %d of the node's %d are free",
                                      JobDevices(*j), idle, static_cast<int>(lanes_.size()));
           }

@@ -109,11 +109,14 @@ class JobRunner {
     absl::StatusOr<v1::CheckpointJobResponse> last_checkpoint;
     Lane* lent_to = nullptr;          // the lane whose gang job uses this one's device
     std::vector<Lane*> gang;          // the lanes lent to this one's job
+    bool idle() const { return running == 0 && lent_to == nullptr; }
   };
   // The other lanes a job of `devices` on `lane` would use: the devices after lane's, or
   // other CPU lanes; with `idle`, only if all are idle now. nullopt when there are none.
   std::optional<std::vector<Lane*>> GangFor(const Lane& lane, int64_t devices, bool idle) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether some lane could ever run a job of `devices` (GangFor, idle or not).
+  bool AnyGang(int64_t devices) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Under mu_: `lane` stops running; its gang's lanes are idle again and look at the queue.
   void ReleaseLane(Lane& lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop(Lane& lane);

@@ -258,10 +258,8 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   if (store_nodes.size() > 1) {
     absl::StrAppend(&plan_text_, "numa       host store interleaved over NUMA nodes ",
                     absl::StrJoin(store_nodes, ", "), " (the GPUs' own)\n");
-    ASSIGN_OR_RETURN(store_, HostStore::Create(layout, store_nodes));
-  } else {
-    ASSIGN_OR_RETURN(store_, HostStore::Create(layout, numa_node));
   }
+  ASSIGN_OR_RETURN(store_, HostStore::Create(layout, store_nodes));
   const bool clipping = spec.max_grad_norm > 0;
 
   const bool sharded = !collectives_.empty();

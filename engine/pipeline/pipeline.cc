@@ -113,7 +113,7 @@ absl::Status Pipeline::Allocate(bool count_only) {
     slot_free_.emplace_back(be);
   }
   slot_layer_.assign(num_slots_, -1);
-  fresh_.assign(config_.num_layers, false);
+  fresh_from_ = config_.num_layers;
   const int64_t embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
   const int64_t head_n = layout.units[layout.HeadUnit()].num_elements;
   RETURN_IF_ERROR(alloc(&embed_slot_, embed_n * wsize, "the embedding"));
@@ -237,13 +237,13 @@ void Pipeline::Upload(int64_t layer, const char* label) {
 }
 
 void Pipeline::UploadUpdated(int64_t lowest) {
-  for (; eager_next_ >= lowest && eager_next_ >= 0; --eager_next_) {
-    const int64_t layer = eager_next_;
+  if (num_slots_ < config_.num_layers) return;  // slots are reused: none of its own
+  while (fresh_from_ > std::max<int64_t>(lowest, 0)) {
+    const int64_t layer = fresh_from_ - 1;
     // Updates land in backward order: at the first not yet applied, look again later.
     if (!sink_->UnitUpdated(store_->layout().DecoderUnit(layer))) return;
     Upload(layer, "h2d next w ");  // into its own slot, once its backward is done
-    fresh_[layer] = true;
-    ++early_uploads_;
+    fresh_from_ = layer;
   }
 }
 
@@ -375,11 +375,9 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   // The optimizer changed the weights: every slot is stale but those uploaded afresh in
   // the last step's backward.
   for (int64_t s = 0; s < num_slots_; ++s) {
-    if (slot_layer_[s] >= 0 && !fresh_[slot_layer_[s]]) slot_layer_[s] = -1;
+    if (slot_layer_[s] < fresh_from_) slot_layer_[s] = -1;
   }
-  std::fill(fresh_.begin(), fresh_.end(), false);
-  eager_next_ = num_slots_ >= L ? L - 1 : -1;  // resident slots only
-  early_uploads_ = 0;
+  fresh_from_ = L;
   num_spans_ = 0;
   h2d_bytes_ = d2h_bytes_ = 0;
   if (options_.record_timeline) {
@@ -534,7 +532,7 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   // The D2H stream is in order: its last work (the embedding gradient) is after the loss
   // copy, and after every other stream's work of this step but the early uploads on H2D.
   be.EventSync(unit_done_[eu].get());
-  if (options_.record_timeline && early_uploads_ > 0) {  // their spans must be complete
+  if (options_.record_timeline && fresh_from_ < L) {  // their spans must be complete
     be.Record(uploads_done_.get(), StreamId::kH2D);
     be.EventSync(uploads_done_.get());
   }
@@ -545,7 +543,7 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   result.h2d_bytes = h2d_bytes_;
   result.d2h_bytes = d2h_bytes_;
-  result.early_uploads = early_uploads_;
+  result.early_uploads = L - fresh_from_;
   for (int i = 0; i < num_spans_; ++i) {
     const Span& span = spans_[i];
     result.timeline.push_back(

@@ -128,13 +128,13 @@ class Pipeline {
   // Allocates every device buffer; with count_only, only adds up device_bytes_.
   absl::Status Allocate(bool count_only = false);
 
-  void EnsureLoaded(int64_t layer);
+  void EnsureLoaded(int64_t layer);          // H2D layer's weights into its slot, if stale
   // Uploads the layer's host weights into its slot on the H2D stream, after the slot's
   // last use; a span named label + layer.
   void Upload(int64_t layer, const char* label);
-  // Resident slots only: uploads the layers from eager_next_ down to `lowest` whose update
-  // the sink has applied, stopping at the first it has not.
-  void UploadUpdated(int64_t lowest);          // H2D layer's weights into its slot
+  // Resident slots only: uploads the layers below fresh_from_, down to `lowest`, whose
+  // update the sink has applied, stopping at the first it has not.
+  void UploadUpdated(int64_t lowest);
   void* UseSlot(int64_t layer);              // compute waits for the upload
   void ReleaseSlot(int64_t layer);           // compute is done with the slot
   void* Act(std::vector<DeviceBuffer>& v, int64_t i, int64_t m);
@@ -168,12 +168,10 @@ class Pipeline {
 
   std::vector<DeviceBuffer> slots_;       // S weight slots
   std::vector<int64_t> slot_layer_;       // layer in each slot, -1 = none/stale
-  // Resident slots (one per layer): layers whose next-step weights were uploaded during
-  // this step's backward, as soon as the optimizer had applied their update; and the next
-  // layer, going down, to look at.
-  std::vector<bool> fresh_;
-  int64_t eager_next_ = -1;
-  int64_t early_uploads_ = 0;
+  // Resident slots (one per layer): layers fresh_from_ .. L-1 hold their next-step weights,
+  // uploaded during this step's backward as soon as the optimizer had applied their update
+  // (updates land top down). L: none.
+  int64_t fresh_from_ = 0;
   std::vector<Event> slot_loaded_, slot_free_;
   DeviceBuffer embed_slot_, head_slot_, embed_grad_, head_grad_;
   Event embed_loaded_, head_loaded_;

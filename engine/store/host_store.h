@@ -21,11 +21,11 @@
 
 namespace megatrain {
 
-// Page-aligned anonymous memory; move-only.
 // The NUMA nodes a data-parallel job's host store spreads over: the distinct known nodes
 // (>= 0) of its devices, in device order. Empty: the default policy.
 std::vector<int> StoreNodes(const std::vector<int>& device_nodes);
 
+// Page-aligned anonymous memory; move-only.
 class HostArena {
  public:
   HostArena() = default;

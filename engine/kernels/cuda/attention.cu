@@ -293,14 +293,19 @@ __device__ __forceinline__ float Dot8(uint4 a, uint4 b) {
   return sum;
 }
 
+// (query, head) rows of one 128-thread AttentionDeltaKernel block: kD/8 lanes (at most 32)
+// take a row, one 8-wide chunk each.
+template <int kD>
+__host__ __device__ constexpr int DeltaRowsPerBlock() {
+  return kGroupThreads / (kD / 8 < 32 ? kD / 8 : 32);
+}
+
 // Delta of (query i, head h) = dO . O in fp32, parked at dq + (i*H + h)*D as a float.
-// kLanes lanes take a row, one 8-wide chunk each; 128 threads.
 template <int kD>
 __global__ void __launch_bounds__(kGroupThreads) AttentionDeltaKernel(
     bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ o,
     int64_t rows, int D) {
-  constexpr int kLanes = kD / 8 < 32 ? kD / 8 : 32;
-  constexpr int kRowsPerBlock = kGroupThreads / kLanes;
+  constexpr int kRowsPerBlock = DeltaRowsPerBlock<kD>(), kLanes = kGroupThreads / kRowsPerBlock;
   const int sub = threadIdx.x % kLanes;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
   float sum = 0.0f;
@@ -665,9 +670,9 @@ __global__ void __launch_bounds__(kGroupThreads * Tiles<kD>::kSplit) AttentionDk
       float s[1][kQ / 8][4] = {}, dp[1][kQ / 8][4] = {};  // S^T, dP^T: keys x queries
       MmaABt<kD, 1, kQ / 8>(s, s_kw, s_qb);
       MmaABt<kD, 1, kQ / 8>(dp, s_vw, s_dob);
-  #pragma unroll
+#pragma unroll
       for (int t = 0; t < kQ / 8; ++t) {
-  #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = t * 8 + (lane % 4) * 2 + e % 2, j = kj[e / 2];
           const bool off = masked && (j < s_dsb[c] || j > i0 + c);
@@ -736,9 +741,8 @@ void LaunchBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* 
   const int query_tiles = (n + QueryBlock<kD>() - 1) / QueryBlock<kD>();
   const int key_tiles = (n + kWarpRows * kGroupWarps - 1) / (kWarpRows * kGroupWarps);
   const int key_pairs = (key_tiles + 1) / 2;  // each dk/dv block takes a tile and its mirror
-  constexpr int kLanes = kD / 8 < 32 ? kD / 8 : 32;
   const int64_t rows = static_cast<int64_t>(n) * H;  // (query, head) pairs
-  const int64_t delta_blocks = (rows + kGroupThreads / kLanes - 1) / (kGroupThreads / kLanes);
+  const int64_t delta_blocks = (rows + DeltaRowsPerBlock<kD>() - 1) / DeltaRowsPerBlock<kD>();
   AttentionDeltaKernel<kD><<<static_cast<unsigned>(delta_blocks), kGroupThreads, 0, stream>>>(
       dq, dout, o, rows, D);
   MT_CUDA_LAUNCH_CHECK();

@@ -27,11 +27,6 @@
 #include "engine/model/safetensors.h"
 #include "engine/store/grad_slab_pool.h"
 #include "engine/store/host_store.h"
-
-#include <numa.h>
-#include <numaif.h>
-
-#include <cstring>
 #include "engine/store/model_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
