@@ -6,6 +6,7 @@
 #include "engine/pipeline/pipeline.h"
 #include "engine/store/model_io.h"
 #include "tests/engine/pipeline/recording_sink.h"
+#include "tests/engine/pipeline/sgd_sink.h"
 #include "tests/engine/pipeline/tiny_model.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -129,6 +130,33 @@ TEST_F(GpuTest, KeptActivationsAndResidentWeightsMatchTheCpu) {
   EXPECT_LT(gl->h2d_bytes, cl->h2d_bytes);
   gpu_->UnpinHostRange(gr.store->transfer_base());
   gpu_->UnpinHostRange(gr.pool->base());
+}
+
+// Resident slots on the GPU: each layer's next weights go up during the backward once the
+// sink has applied its update (Pipeline::UploadUpdated); three steps give the same losses,
+// bit for bit, as streaming the layers from two slots.
+TEST_F(GpuTest, EarlyUploadsChangeNoBitOfThreeSteps) {
+  const ModelConfig c = StepConfig(Variant::kQwen2UntiedBias, 4);
+  const std::vector<MicroBatch> batches = {RandomBatch(2, 64, c.vocab_size, 5)};
+  std::vector<std::vector<StepResult>> runs;
+  for (const int64_t slots : {int64_t{0}, c.num_layers}) {
+    Trained t = Make(c, gpu_.get(), 1, 128, 1, 0, slots);
+    SgdSink sink(gpu_.get(), t.pool.get(), t.store.get(), /*at_submit=*/true);
+    runs.emplace_back();
+    for (int step = 0; step < 3; ++step) {
+      absl::StatusOr<StepResult> r = t.pipeline->Step(batches, &sink);
+      ASSERT_TRUE(r.ok()) << r.status();
+      runs.back().push_back(*r);
+    }
+    gpu_->UnpinHostRange(t.store->transfer_base());
+    gpu_->UnpinHostRange(t.pool->base());
+  }
+  for (int step = 0; step < 3; ++step) {
+    EXPECT_EQ(runs[1][step].loss, runs[0][step].loss) << "step " << step;
+    EXPECT_EQ(runs[0][step].early_uploads, 0);
+    EXPECT_EQ(runs[1][step].early_uploads, c.num_layers);
+  }
+  EXPECT_LT(runs[0][2].loss, runs[0][0].loss);  // SGD on one batch: it learns
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, Step,

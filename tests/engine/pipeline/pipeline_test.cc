@@ -6,10 +6,10 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
-#include "engine/common/dtype.h"
 #include "engine/store/model_io.h"
 #include "tests/engine/pipeline/direct_model.h"
 #include "tests/engine/pipeline/recording_sink.h"
+#include "tests/engine/pipeline/sgd_sink.h"
 
 namespace megatrain::testing {
 namespace {
@@ -132,50 +132,6 @@ TEST(Pipeline, ResidentLayersSkipTheBackwardUploadAndChangeNoBit) {
   EXPECT_EQ(ra.h2d_bytes - rb.h2d_bytes, (c.num_layers - 2) * layer_bytes);
   EXPECT_EQ(Pipeline::NumWeightSlots(c, resident.options), c.num_layers);
 }
-
-// Plain SGD on the host store, applied when the gradient arrives (at_submit: the layer's
-// next weights are final at once) or only when the pipeline waits for the unit (as a
-// lagging optimizer would).
-class SgdSink : public RecordingSink {
- public:
-  SgdSink(Backend* be, GradSlabPool* pool, HostStore* store, bool at_submit)
-      : RecordingSink(be, pool, store->num_units()), store_(store), at_submit_(at_submit) {}
-  void Submit(int64_t unit, float* slab, void* ready, int64_t offset, int64_t count) override {
-    RecordingSink::Submit(unit, slab, ready, offset, count);
-    pending_.push_back(
-        Piece{unit, offset, std::vector<float>(grads[unit].begin() + offset,
-                                               grads[unit].begin() + offset + count)});
-    if (at_submit_) AwaitUnit(unit);
-  }
-  void AwaitUnit(int64_t unit) override {
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->unit != unit) {
-        ++it;
-        continue;
-      }
-      float* master = store_->master(unit);
-      uint16_t* weights = store_->weights(unit);
-      for (size_t i = 0; i < it->grad.size(); ++i) {
-        master[it->offset + i] -= 0.05f * it->grad[i];
-        weights[it->offset + i] = FloatToBf16(master[it->offset + i]);
-      }
-      it = pending_.erase(it);
-    }
-  }
-  bool UnitUpdated(int64_t unit) override {
-    return std::none_of(pending_.begin(), pending_.end(),
-                        [&](const Piece& p) { return p.unit == unit; });
-  }
-
- private:
-  struct Piece {
-    int64_t unit, offset;
-    std::vector<float> grad;
-  };
-  HostStore* store_;
-  bool at_submit_;
-  std::vector<Piece> pending_;
-};
 
 TEST(Pipeline, LayersUpdatedDuringBackwardAreUploadedEarlyAndChangeNoBit) {
   const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
