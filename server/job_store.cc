@@ -680,8 +680,9 @@ double Decayed(double seconds, int64_t from_ms, int64_t to_ms, double half_life_
 }
 }  // namespace
 
-absl::Status JobStore::AddUsage(const std::string& user, double seconds, double half_life_s) {
-  const int64_t now = NowUnixMs();
+absl::Status JobStore::AddUsage(const std::string& user, double seconds, double half_life_s,
+                                absl::Time at) {
+  const int64_t now = absl::ToUnixMillis(at);
   MutexLock lock(&mu_);
   double total = seconds;
   {
@@ -702,8 +703,9 @@ absl::Status JobStore::AddUsage(const std::string& user, double seconds, double 
   return Error(rc, "recording usage");
 }
 
-absl::StatusOr<std::map<std::string, double>> JobStore::Usage(double half_life_s) {
-  const int64_t now = NowUnixMs();
+absl::StatusOr<std::map<std::string, double>> JobStore::Usage(double half_life_s,
+                                                              absl::Time at) {
+  const int64_t now = absl::ToUnixMillis(at);
   MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kGetUsage));
   Query query(stmt);

@@ -24,6 +24,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "server/mutex.h"
 #include "megatrain/v1/jobs.pb.h"
 
@@ -136,10 +138,12 @@ class JobStore {
   absl::Status DeleteToken(int64_t id);
 
   // Fair-share usage: device seconds per user, decaying with half-life `half_life_s`
-  // (<= 0: never). AddUsage decays the stored total to now and adds `seconds`.
-  absl::Status AddUsage(const std::string& user, double seconds, double half_life_s);
-  // Every user's usage, decayed to now.
-  absl::StatusOr<std::map<std::string, double>> Usage(double half_life_s);
+  // (<= 0: never). AddUsage decays the stored total to `now` and adds `seconds`.
+  absl::Status AddUsage(const std::string& user, double seconds, double half_life_s,
+                        absl::Time now = absl::Now());
+  // Every user's usage, decayed to `now`.
+  absl::StatusOr<std::map<std::string, double>> Usage(double half_life_s,
+                                                      absl::Time now = absl::Now());
 
   // Number of jobs in each state. Every defined state except UNSPECIFIED has an entry,
   // 0 when no job is in it.

@@ -625,19 +625,25 @@ TEST_F(JobStoreTest, TokensAreFoundByHashListedAndRevoked) {
 
 TEST_F(JobStoreTest, UsageAddsUpAndDecaysWithTheHalfLife) {
   ASSERT_OK_AND_ASSIGN(auto store, JobStore::Open(path_));
-  ASSERT_OK(store->AddUsage("alice", 100, 0));  // half-life 0: never decays
-  ASSERT_OK(store->AddUsage("alice", 50, 0));
-  ASSERT_OK(store->AddUsage("bob", 10, 0));
-  ASSERT_OK_AND_ASSIGN(auto usage, store->Usage(0));
+  // An explicit clock: the decay is exact, however slow the machine writes.
+  const absl::Time t0 = absl::FromUnixSeconds(1'800'000'000);
+  ASSERT_OK(store->AddUsage("alice", 100, 0, t0));  // half-life 0: never decays
+  ASSERT_OK(store->AddUsage("alice", 50, 0, t0 + absl::Seconds(5)));
+  ASSERT_OK(store->AddUsage("bob", 10, 0, t0 + absl::Seconds(5)));
+  ASSERT_OK_AND_ASSIGN(auto usage, store->Usage(0, t0 + absl::Hours(1)));
   EXPECT_DOUBLE_EQ(usage["alice"], 150);
   EXPECT_DOUBLE_EQ(usage["bob"], 10);
-  // Read back with a 0.2 s half-life after ~0.4 s: about a quarter is left.
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  ASSERT_OK_AND_ASSIGN(auto decayed, store->Usage(0.2));
-  EXPECT_LT(decayed["alice"], 150 * 0.3);
-  EXPECT_GT(decayed["alice"], 150 * 0.05);
-  // Both decay alike (recorded a few ms apart, which a 0.2 s half-life barely sees).
-  EXPECT_NEAR(decayed["alice"] / decayed["bob"], 15, 0.5);
+  // Two half-lives later a quarter is left, for both alike.
+  ASSERT_OK_AND_ASSIGN(auto decayed, store->Usage(60, t0 + absl::Seconds(125)));
+  EXPECT_DOUBLE_EQ(decayed["alice"], 150 * 0.25);
+  EXPECT_DOUBLE_EQ(decayed["bob"], 10 * 0.25);
+  // Adding decays the stored total to the moment of the add first: 37.5 + 12.
+  ASSERT_OK(store->AddUsage("alice", 12, 60, t0 + absl::Seconds(125)));
+  ASSERT_OK_AND_ASSIGN(auto later, store->Usage(60, t0 + absl::Seconds(185)));
+  EXPECT_DOUBLE_EQ(later["alice"], (37.5 + 12) / 2);
+  // A read from before the last record does not grow it.
+  ASSERT_OK_AND_ASSIGN(auto earlier, store->Usage(60, t0));
+  EXPECT_DOUBLE_EQ(earlier["alice"], 37.5 + 12);
 }
 
 TEST_F(JobStoreTest, CountByStateCountsEveryState) {
