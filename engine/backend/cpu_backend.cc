@@ -122,8 +122,9 @@ class CpuBackend final : public Backend {
                  StreamId s) override {
     On(s, [=] { ref::Embedding<T>(P(out), tokens, P(table), n, C); });
   }
-  void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens, int64_t n,
-                         int64_t C, StreamId s) override {
+  void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens,
+                         const int32_t* /*order: the reference adds in position order*/,
+                         int64_t n, int64_t C, StreamId s) override {
     On(s, [=] { ref::EmbeddingBackward<T>(P(dtable), P(dout), tokens, n, C); });
   }
   void RmsNorm(void* out, void* rstd, const void* in, const void* w, int64_t rows, int64_t C,

@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
     cudaDeviceSynchronize();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (workspace_ != nullptr) cudaFree(workspace_);
+    if (partials_ != nullptr) cudaFree(partials_);
     for (cudaStream_t s : streams_) {
       if (s != nullptr) cudaStreamDestroy(s);
     }
@@ -75,6 +76,7 @@ class CudaBackend final : public Backend {
     MT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
     MT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kWorkspace));
     MT_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    MT_CUDA_CHECK(cudaMalloc(&partials_, cuda::kPartialFloats * sizeof(float)));
     return absl::OkStatus();
   }
 
@@ -196,9 +198,9 @@ class CudaBackend final : public Backend {
                  StreamId s) override {
     cuda::Embedding(B(out), tokens, B(table), n, C, S(s));
   }
-  void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens, int64_t n,
-                         int64_t C, StreamId s) override {
-    cuda::EmbeddingBackward(F(dtable), B(dout), tokens, n, C, S(s));
+  void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens,
+                         const int32_t* order, int64_t n, int64_t C, StreamId s) override {
+    cuda::EmbeddingBackward(F(dtable), B(dout), tokens, order, n, C, S(s));
   }
   void RmsNorm(void* out, void* rstd, const void* in, const void* w, int64_t rows, int64_t C,
                double eps, StreamId s) override {
@@ -206,7 +208,9 @@ class CudaBackend final : public Backend {
   }
   void RmsNormBackward(void* din, void* dw, const void* dout, const void* in, const void* w,
                        const void* rstd, int64_t rows, int64_t C, StreamId s) override {
-    cuda::RmsNormBackward(B(din), F(dw), B(dout), B(in), B(w), F(rstd), rows, C, S(s));
+    MT_CHECK_COMPUTE(s);  // the partials scratch is the compute stream's
+    cuda::RmsNormBackward(B(din), F(dw), B(dout), B(in), B(w), F(rstd), rows, C, partials_,
+                          cuda::kPartialFloats, S(s));
   }
   // Row-major out (N,OC) = in (N,IC) W^T: column-major out^T = W^T' in^T, i.e.
   // gemm(m=OC, n=N, k=IC, A=W (op T, lda=IC), B=in (op N, ldb=IC)).
@@ -249,9 +253,10 @@ class CudaBackend final : public Backend {
                           const void* k_norm_w, const void* rstd_q, const void* rstd_k,
                           const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
                           int64_t KV, int64_t D, double eps, StreamId s) override {
+    MT_CHECK_COMPUTE(s);  // the partials scratch is the compute stream's
     cuda::QkvPrepareBackward(B(dqkv), F(dq_norm_w), F(dk_norm_w), B(dq), B(dk), B(dv), B(qkv),
                              B(q_norm_w), B(k_norm_w), F(rstd_q), F(rstd_k), pos, inv_freq, n,
-                             H, KV, D, S(s));
+                             H, KV, D, partials_, cuda::kPartialFloats, S(s));
   }
   void Attention(void* o, void* lse, const void* q, const void* k, const void* v,
                  const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
@@ -304,6 +309,7 @@ class CudaBackend final : public Backend {
   cudaStream_t streams_[kNumStreams] = {};
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
+  float* partials_ = nullptr;  // kPartialFloats: the deterministic weight gradients' scratch
   mutable std::mutex mu_;
   std::unordered_map<void*, size_t> sizes_;
   int64_t cap_ = 0;

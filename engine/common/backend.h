@@ -84,9 +84,10 @@ class Backend {
   // out act (n,C) = table weight (V,C) [tokens (n)]
   virtual void Embedding(void* out, const int32_t* tokens, const void* table, int64_t n,
                          int64_t C, StreamId s) = 0;
-  // dtable grad (V,C) += scatter(dout act (n,C))
+  // dtable grad (V,C) += scatter(dout act (n,C)); order (n) is TokenOrder(tokens), the
+  // order in which a token's rows are added (a backend may add in position order, the same)
   virtual void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens,
-                                 int64_t n, int64_t C, StreamId s) = 0;
+                                 const int32_t* order, int64_t n, int64_t C, StreamId s) = 0;
   // out act (rows,C), rstd stat (rows) from in act, w weight (C)
   virtual void RmsNorm(void* out, void* rstd, const void* in, const void* w, int64_t rows,
                        int64_t C, double eps, StreamId s) = 0;

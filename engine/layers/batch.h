@@ -1,7 +1,9 @@
 // A micro-batch as the layer templates see it: device pointers to its int32 arrays.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace megatrain {
 
@@ -11,7 +13,21 @@ struct DeviceBatch {
   const int32_t* targets = nullptr;  // (n), -100 = no loss
   const int32_t* doc_start = nullptr;  // (n) first token of each token's document
   const int32_t* positions = nullptr;  // (n) RoPE positions
+  const int32_t* token_order = nullptr;  // (n) TokenOrder of tokens
 };
+
+// order (n) = the positions 0 .. n-1 sorted by (tokens[i], i): each token's positions in a
+// run, in increasing order. The embedding backward sums a token's gradient rows in this
+// order, so that it needs no atomics and its result does not vary from run to run.
+// REQUIRES: tokens[i] >= 0.
+inline void TokenOrder(const int32_t* tokens, int64_t n, int32_t* order) {
+  std::vector<uint64_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) {
+    keys[i] = uint64_t{static_cast<uint32_t>(tokens[i])} << 32 | static_cast<uint32_t>(i);
+  }
+  std::sort(keys.begin(), keys.end());
+  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(keys[i] & 0xffffffffu);
+}
 
 // Carves typed regions out of one device buffer, 256-byte aligned.
 class Carver {

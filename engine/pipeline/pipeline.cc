@@ -173,7 +173,8 @@ absl::Status Pipeline::Allocate(bool count_only) {
     }
   }
   RETURN_IF_ERROR(alloc(&head_ws_, head_.WorkspaceBytes(n), "the loss workspace"));
-  RETURN_IF_ERROR(alloc(&batch_ints_, M * 4 * n * sizeof(int32_t), "token arrays"));
+  RETURN_IF_ERROR(alloc(&batch_ints_, M * kBatchArrays * n * sizeof(int32_t), "token arrays"));
+  token_order_.resize(M * n);
   RETURN_IF_ERROR(alloc(&losses_, M * n * DTypeSize(be->stat_dtype()), "per-token losses"));
   host_losses_.resize(M * n * DTypeSize(be->stat_dtype()));
   const int64_t half = config_.head_dim / 2;
@@ -389,14 +390,17 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   std::vector<DeviceBatch> db(M);
   int32_t* ints = static_cast<int32_t*>(batch_ints_.get());
   for (int64_t m = 0; m < M; ++m) {
-    int32_t* base = ints + m * 4 * n;
+    int32_t* base = ints + m * kBatchArrays * n;
     const MicroBatch& b = batches[m];
+    int32_t* order = token_order_.data() + m * n;  // lives until the next step's copies
+    TokenOrder(b.tokens.data(), n, order);
     be.CopyToDevice(base, b.tokens.data(), n * 4, StreamId::kH2D);
     be.CopyToDevice(base + n, b.targets.data(), n * 4, StreamId::kH2D);
     be.CopyToDevice(base + 2 * n, b.doc_start.data(), n * 4, StreamId::kH2D);
     be.CopyToDevice(base + 3 * n, b.positions.data(), n * 4, StreamId::kH2D);
-    db[m] = DeviceBatch{n, base, base + n, base + 2 * n, base + 3 * n};
-    h2d_bytes_ += 16 * n;
+    be.CopyToDevice(base + 4 * n, order, n * 4, StreamId::kH2D);
+    db[m] = DeviceBatch{n, base, base + n, base + 2 * n, base + 3 * n, base + 4 * n};
+    h2d_bytes_ += kBatchArrays * 4 * n;
   }
   be.Record(inputs_loaded_.get(), StreamId::kH2D);
   const int64_t eu = ModelLayout::EmbeddingUnit(), hu = layout.HeadUnit();
@@ -520,7 +524,8 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   // Embedding backward.
   for (int64_t m = 0; m < M; ++m) {
     be.EmbeddingBackward(embed_grad_.get(), static_cast<char*>(dres_.get()) + m * n * act_row_bytes_,
-                         db[m].tokens, n, config_.hidden_size, StreamId::kCompute);
+                         db[m].tokens, db[m].token_order, n, config_.hidden_size,
+                         StreamId::kCompute);
   }
   be.Record(step_end_.get(), StreamId::kCompute);
   DrainGradient(eu, embed_grad_.get(), step_end_.get(), nullptr, sink);

@@ -98,6 +98,9 @@ std::array<double, kNumStreams> StreamBusySeconds(const std::vector<TimelineSpan
 
 class Pipeline {
  public:
+  // Per micro-batch: tokens, targets, doc_start, positions and TokenOrder, (n) int32 each.
+  static constexpr int64_t kBatchArrays = 5;
+
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Pipeline>> Create(
       const ModelConfig& config, HostStore* store, GradSlabPool* slabs, Backend* backend,
       const PipelineOptions& options);
@@ -198,7 +201,8 @@ class Pipeline {
   const DecoderSaved& SavedFor(int64_t layer, int64_t m) const {
     return Kept(layer) ? kept_[layer - (config_.num_layers - options_.kept_layers)][m] : saved_;
   }
-  DeviceBuffer batch_ints_;               // M x 4 x (n) int32
+  DeviceBuffer batch_ints_;               // M x kBatchArrays x (n) int32
+  std::vector<int32_t> token_order_;      // M x (n): the host side of the TokenOrder copies
   DeviceBuffer losses_;                   // M x (n) stat
   DeviceBuffer inv_freq_;                 // (D/2) f32
   Event inputs_loaded_, losses_ready_, step_start_, step_end_, uploads_done_;

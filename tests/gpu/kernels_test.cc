@@ -1,5 +1,9 @@
 // Every CUDA op against the CPU backend on fresh random inputs, within bf16 tolerances.
 // Inputs are bf16-exact, so the two differ only by the GPU's bf16 intermediate rounding.
+#include <array>
+#include <cmath>
+
+#include "engine/layers/batch.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -48,21 +52,97 @@ static std::vector<int32_t> DocStarts(int64_t n, std::vector<int64_t> starts) {
   return d;
 }
 
+// The backward adds each token's rows in TokenOrder, in position order: the reference's
+// sums, bit for bit. Long runs of one token cross the 32-position end search and the
+// 4-row loads.
 TEST_F(Kernels, EmbeddingForwardAndBackward) {
-  const int64_t n = 300, C = 136, V = 50;
-  std::vector<int32_t> tok(n);
-  for (int64_t i = 0; i < n; ++i) tok[i] = static_cast<int32_t>((i * 7919) % V);
-  Ints t = Int(tok);
-  Pair table = Weight(RandomBf16(V * C, 1)), out = Act(std::vector<float>(n * C)),
-       dout = Act(RandomBf16(n * C, 2)), dtable = Grad(RandomBf16(V * C, 3));
-  Both([&](Backend* b, bool c) {
-    b->Embedding(c ? out.c.get() : out.g.get(), static_cast<int32_t*>(c ? t.c.get() : t.g.get()),
-                 c ? table.c.get() : table.g.get(), n, C, StreamId::kCompute);
-    b->EmbeddingBackward(c ? dtable.c.get() : dtable.g.get(), c ? dout.c.get() : dout.g.get(),
-                         static_cast<int32_t*>(c ? t.c.get() : t.g.get()), n, C, StreamId::kCompute);
-  });
-  EXPECT_EQ(out.Err(), 0.0);
-  EXPECT_LT(dtable.Err(), 1e-5);
+  for (const auto& [n, C, V] : {std::array<int64_t, 3>{300, 136, 50},
+                                std::array<int64_t, 3>{5000, 64, 3},
+                                std::array<int64_t, 3>{777, 90, 1000}}) {
+    std::vector<int32_t> tok(n), order(n);
+    for (int64_t i = 0; i < n; ++i) tok[i] = static_cast<int32_t>((i * 7919) % V);
+    TokenOrder(tok.data(), n, order.data());
+    Ints t = Int(tok), o = Int(order);
+    Pair table = Weight(RandomBf16(V * C, 1)), out = Act(std::vector<float>(n * C)),
+         dout = Act(RandomBf16(n * C, 2)), dtable = Grad(RandomBf16(V * C, 3));
+    Both([&](Backend* b, bool c) {
+      auto I = [c](Ints& x) { return static_cast<int32_t*>(c ? x.c.get() : x.g.get()); };
+      b->Embedding(c ? out.c.get() : out.g.get(), I(t), c ? table.c.get() : table.g.get(), n, C,
+                   StreamId::kCompute);
+      b->EmbeddingBackward(c ? dtable.c.get() : dtable.g.get(), c ? dout.c.get() : dout.g.get(),
+                           I(t), I(o), n, C, StreamId::kCompute);
+    });
+    EXPECT_EQ(out.Err(), 0.0) << n;
+    EXPECT_EQ(dtable.Err(), 0.0) << n;
+  }
+}
+
+// The weight gradients that sum over every row (bias, RMSNorm, QK-norm) add in a fixed
+// order, without atomics: three runs over many rows give the same bits (a grid of many
+// blocks, the QK-norm's 1024 among them). The bias's is also checked against the CPU.
+TEST_F(Kernels, RowSummedWeightGradientsAreTheSameBitsOnEveryRun) {
+  const int64_t N = 20000, IC = 8, OC = 4608, C = 3584, H = 16, KV = 4, D = 128;
+  const int64_t QKV = (H + 2 * KV) * D;
+  Backend* g = gpu_.get();
+  const StreamId s = StreamId::kCompute;
+  Pair x = Act(RandomBf16(N * IC, 40)), W = Weight(RandomBf16(OC * IC, 41, 0.1f)),
+       dout = Act(RandomBf16(N * OC, 42)), din = Act(std::vector<float>(N * IC));
+  DeviceBuffer nx = Upload(g, DType::kBF16, RandomBf16(N * C, 44)),
+               nw = Upload(g, DType::kBF16, RandomBf16(C, 45, 0.2f, 1.0f)),
+               ndout = Upload(g, DType::kBF16, RandomBf16(N * C, 46)),
+               nout = Upload(g, DType::kBF16, std::vector<float>(N * C)),
+               ndin = Upload(g, DType::kBF16, std::vector<float>(N * C)),
+               nrstd = Upload(g, DType::kF32, std::vector<float>(N));
+  std::vector<int32_t> pos(N);
+  for (int64_t i = 0; i < N; ++i) pos[i] = static_cast<int32_t>(i % 4096);
+  std::vector<float> inv_freq(D / 2);
+  for (int64_t j = 0; j < D / 2; ++j) inv_freq[j] = std::pow(10000.0f, -2.0f * j / D);
+  DeviceBuffer qkv = Upload(g, DType::kBF16, RandomBf16(N * QKV, 47)),
+               qn = Upload(g, DType::kBF16, RandomBf16(D, 48, 0.2f, 1.0f)),
+               kn = Upload(g, DType::kBF16, RandomBf16(D, 49, 0.2f, 1.0f)),
+               q = Upload(g, DType::kBF16, std::vector<float>(N * H * D)),
+               k = Upload(g, DType::kBF16, std::vector<float>(N * KV * D)),
+               v = Upload(g, DType::kBF16, std::vector<float>(N * KV * D)),
+               rq = Upload(g, DType::kF32, std::vector<float>(N * H)),
+               rk = Upload(g, DType::kF32, std::vector<float>(N * KV)),
+               dq = Upload(g, DType::kBF16, RandomBf16(N * H * D, 50)),
+               dk = Upload(g, DType::kBF16, RandomBf16(N * KV * D, 51)),
+               dv = Upload(g, DType::kBF16, RandomBf16(N * KV * D, 52)),
+               dqkv = Upload(g, DType::kBF16, std::vector<float>(N * QKV)),
+               f = Upload(g, DType::kF32, inv_freq);
+  DeviceBuffer ps = UploadInts(g, pos);
+  const int32_t* p = static_cast<int32_t*>(ps.get());
+  g->RmsNorm(nout.get(), nrstd.get(), nx.get(), nw.get(), N, C, 1e-5, s);
+  g->QkvPrepare(q.get(), k.get(), v.get(), rq.get(), rk.get(), qkv.get(), qn.get(), kn.get(), p,
+                static_cast<float*>(f.get()), N, H, KV, D, 1e-6, s);
+  std::vector<std::vector<float>> bias, norm, qnorm, knorm;
+  for (int run = 0; run < 3; ++run) {
+    Pair dW = Grad(std::vector<float>(OC * IC)), db = Grad(RandomBf16(OC, 43));
+    Both([&](Backend* b, bool c) {
+      auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
+      b->LinearBackward(P(din), false, P(dW), P(db), P(dout), P(x), P(W), N, IC, OC, s);
+    });
+    EXPECT_LT(db.Err(), 1e-4);
+    bias.push_back(Download(g, DType::kF32, db.g, OC));
+    DeviceBuffer dw = Upload(g, DType::kF32, RandomBf16(C, 53)),
+                 dqn = Upload(g, DType::kF32, std::vector<float>(D)),
+                 dkn = Upload(g, DType::kF32, std::vector<float>(D));
+    g->RmsNormBackward(ndin.get(), dw.get(), ndout.get(), nx.get(), nw.get(), nrstd.get(), N, C,
+                       s);
+    g->QkvPrepareBackward(dqkv.get(), dqn.get(), dkn.get(), dq.get(), dk.get(), dv.get(),
+                          qkv.get(), qn.get(), kn.get(), rq.get(), rk.get(), p,
+                          static_cast<float*>(f.get()), N, H, KV, D, 1e-6, s);
+    g->SyncAll();
+    norm.push_back(Download(g, DType::kF32, dw, C));
+    qnorm.push_back(Download(g, DType::kF32, dqn, D));
+    knorm.push_back(Download(g, DType::kF32, dkn, D));
+  }
+  for (int run = 1; run < 3; ++run) {
+    EXPECT_TRUE(bias[run] == bias[0]) << "bias, run " << run;
+    EXPECT_TRUE(norm[run] == norm[0]) << "RMSNorm weight, run " << run;
+    EXPECT_TRUE(qnorm[run] == qnorm[0]) << "q norm weight, run " << run;
+    EXPECT_TRUE(knorm[run] == knorm[0]) << "k norm weight, run " << run;
+  }
 }
 
 TEST_F(Kernels, RmsNormForwardAndBackward) {

@@ -38,7 +38,7 @@ class SizingBackend final : public Backend {
   void CopyOnDevice(void* dst, const void* src, size_t bytes, StreamId s) override { cpu_->CopyOnDevice(dst, src, bytes, s); }
   void Zero(void* dst, size_t bytes, StreamId s) override { cpu_->Zero(dst, bytes, s); }
   void Embedding(void* out, const int32_t* tokens, const void* table, int64_t n, int64_t C, StreamId s) override { cpu_->Embedding(out, tokens, table, n, C, s); }
-  void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens, int64_t n, int64_t C, StreamId s) override { cpu_->EmbeddingBackward(dtable, dout, tokens, n, C, s); }
+  void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens, const int32_t* order, int64_t n, int64_t C, StreamId s) override { cpu_->EmbeddingBackward(dtable, dout, tokens, order, n, C, s); }
   void RmsNorm(void* out, void* rstd, const void* in, const void* w, int64_t rows, int64_t C, double eps, StreamId s) override { cpu_->RmsNorm(out, rstd, in, w, rows, C, eps, s); }
   void RmsNormBackward(void* din, void* dw, const void* dout, const void* in, const void* w, const void* rstd, int64_t rows, int64_t C, StreamId s) override { cpu_->RmsNormBackward(din, dw, dout, in, w, rstd, rows, C, s); }
   void Linear(void* out, const void* in, const void* W, const void* bias, int64_t N, int64_t IC, int64_t OC, bool accumulate, StreamId s) override { cpu_->Linear(out, in, W, bias, N, IC, OC, accumulate, s); }

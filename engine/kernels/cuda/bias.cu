@@ -1,11 +1,13 @@
 // Bias of a linear layer: add it to every output row (forward), sum dout's columns into
 // the fp32 bias gradient (backward).
 //
-// BiasGrad is a column reduction over up to millions of rows. A block is 32 column vectors
-// wide (x) by 8 row lanes (y): each warp reads 32 adjacent 16-byte vectors of one row, the
-// 8 lanes interleave over the block's chunk of rows, a shared-memory pass folds the lanes,
-// and one fp32 atomic per column per block lands in dbias. Row chunks (grid.y, at most
-// 65535) are sized so the grid fills the GPU about once.
+// BiasGrad is a column reduction over up to millions of rows, with no atomics, so that its
+// result does not vary from run to run. A block owns kColLanes column vectors (x) over all
+// the rows, in kRowLanes row lanes (y): a warp reads 4 adjacent 16-byte vectors of 8 rows
+// (two whole 32-byte sectors per row), each lane keeps kInFlight rows' loads in flight and
+// adds them in row order, a shared-memory pass folds the lanes in lane order, and one
+// thread per column adds the sum to dbias. Narrow blocks give a qkv bias (OC = 4608 in a
+// 7B) 144 of them, about one per SM.
 //
 // Shapes: out, dout (N, OC) bf16; bias (OC) bf16; dbias (OC) f32.
 #include <algorithm>
@@ -19,8 +21,9 @@ namespace megatrain::cuda {
 namespace {
 
 constexpr int64_t kMaxRowBlocks = 1 << 15;
-constexpr int kColLanes = 32;  // column vectors per BiasGrad block
-constexpr int kRowLanes = 8;   // rows summed side by side per BiasGrad block
+constexpr int kColLanes = 4;   // column vectors per BiasGrad block
+constexpr int kRowLanes = 64;  // rows summed side by side per BiasGrad block
+constexpr int kInFlight = 8;   // rows each row lane loads before adding them
 constexpr int kGradThreads = kColLanes * kRowLanes;
 
 // Rows on grid.x (grid-strided), tiles of blockDim.x column vectors on grid.y.
@@ -41,25 +44,32 @@ __global__ void AddBiasKernel(bf16* out, const bf16* bias, int64_t N, int64_t OC
   }
 }
 
-// Block (kColLanes, kRowLanes) sums rows [blockIdx.y * rows_per_chunk, ...) of the
-// kColLanes column vectors starting at blockIdx.x * kColLanes.
+// Block (kColLanes, kRowLanes) sums every row of the kColLanes column vectors starting at
+// blockIdx.x * kColLanes; row lane y takes rows y, y + kRowLanes, ... in that order.
 template <int kWidth>
 __global__ void __launch_bounds__(kGradThreads)
-    BiasGradKernel(float* dbias, const bf16* dout, int64_t N, int64_t OC, int64_t rows_per_chunk) {
-  // Element i of lane x's vector at [y][i * kColLanes + x]: conflict-free in both passes.
+    BiasGradKernel(float* dbias, const bf16* dout, int64_t N, int64_t OC) {
+  // Element i of lane x's vector at [y][i * kColLanes + x]: the fold reads rows of it
+  // conflict-free.
   __shared__ float partial[kRowLanes][kColLanes * kWidth];
   const int64_t vecs = OC / kWidth;
   const int64_t v = static_cast<int64_t>(blockIdx.x) * kColLanes + threadIdx.x;
-  const int64_t r0 = blockIdx.y * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < N ? r0 + rows_per_chunk : N;
   float acc[kWidth] = {};
   if (v < vecs) {
-#pragma unroll 4
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
-      float xv[kWidth];
-      Load<kWidth>(dout + r * OC + v * kWidth, xv);
+    for (int64_t r0 = threadIdx.y; r0 < N; r0 += kInFlight * kRowLanes) {
+      float xv[kInFlight][kWidth];
 #pragma unroll
-      for (int i = 0; i < kWidth; ++i) acc[i] += xv[i];
+      for (int k = 0; k < kInFlight; ++k) {
+        const int64_t r = r0 + k * kRowLanes;
+        if (r < N) Load<kWidth>(dout + r * OC + v * kWidth, xv[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        if (r0 + k * kRowLanes < N) {
+#pragma unroll
+          for (int i = 0; i < kWidth; ++i) acc[i] += xv[k][i];
+        }
+      }
     }
   }
 #pragma unroll
@@ -72,9 +82,8 @@ __global__ void __launch_bounds__(kGradThreads)
     const int64_t vx = static_cast<int64_t>(blockIdx.x) * kColLanes + x;
     if (vx < vecs) {
       float sum = 0.0f;
-#pragma unroll
       for (int y = 0; y < kRowLanes; ++y) sum += partial[y][f];
-      atomicAdd(dbias + vx * kWidth + i, sum);
+      dbias[vx * kWidth + i] += sum;  // this block is the column's only writer
     }
   }
 }
@@ -92,21 +101,9 @@ void LaunchAddBias(bf16* out, const bf16* bias, int64_t N, int64_t OC, cudaStrea
 
 template <int kWidth>
 void LaunchBiasGrad(float* dbias, const bf16* dout, int64_t N, int64_t OC, cudaStream_t stream) {
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  MT_CHECK_MSG(err == cudaSuccess, "reading the SM count: %s", cudaGetErrorString(err));
   const int64_t col_tiles = (OC / kWidth + kColLanes - 1) / kColLanes;
-  // About 8 blocks of 256 threads per SM in all, at least 4 rows per row lane.
-  const int64_t want_chunks = (static_cast<int64_t>(sms) * 8 + col_tiles - 1) / col_tiles;
-  const int64_t max_chunks = std::min<int64_t>(65535, (N + 4 * kRowLanes - 1) / (4 * kRowLanes));
-  const int64_t chunks = std::max<int64_t>(1, std::min(want_chunks, max_chunks));
-  const int64_t rows_per_chunk = (N + chunks - 1) / chunks;
-  const dim3 grid(static_cast<unsigned>(col_tiles),
-                  static_cast<unsigned>((N + rows_per_chunk - 1) / rows_per_chunk));
-  BiasGradKernel<kWidth>
-      <<<grid, dim3(kColLanes, kRowLanes), 0, stream>>>(dbias, dout, N, OC, rows_per_chunk);
+  BiasGradKernel<kWidth><<<static_cast<unsigned>(col_tiles), dim3(kColLanes, kRowLanes), 0,
+                           stream>>>(dbias, dout, N, OC);
   MT_CUDA_LAUNCH_CHECK();
 }
 

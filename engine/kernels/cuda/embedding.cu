@@ -1,13 +1,16 @@
 // Token embedding: gather rows of the table (forward), scatter-add into an fp32 table
 // gradient (backward).
 //
-// The backward uses fp32 atomics rather than the reference's position-ordered sums: the
-// GPU result is therefore not bit-identical across runs (sums of the same terms in another
-// order), which is accepted for a gradient. On sm_90 each 8-column slice is added with two
-// 16-byte float4 atomics instead of eight scalar ones.
+// The backward needs no atomics: it walks the positions in TokenOrder (sorted by token,
+// then position), where each token's positions form one run. A block takes a run, so each
+// row of dtable has one writer, and sums the run's rows onto dtable's row in position
+// order, as the reference does. The result is the reference's, bit for bit, on every run.
+// A warp finds the run's end 32 positions at a time; the rows are read four at a time so
+// that a frequent token's long run keeps several loads in flight.
 //
-// Shapes: tokens (n) int32 in [0, V); table, dtable (V, C); out, dout (n, C).
-// Grid: x strides over rows (no 65535 limit), y over tiles of kWidth-column vectors.
+// Shapes: tokens, order (n) int32, tokens in [0, V); table, dtable (V, C); out, dout (n, C).
+// Grid: x strides over rows (sorted positions in the backward; no 65535 limit), y over
+// tiles of kWidth-column vectors.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -41,34 +44,55 @@ __global__ void EmbeddingKernel(bf16* out, const int32_t* tokens, const bf16* ta
   }
 }
 
-// dtable[tokens[i]] += dout[i] with fp32 atomics.
+// dtable[t] += the rows of dout at t's positions, for the runs of TokenOrder that start
+// at sorted indices blockIdx.x, blockIdx.x + gridDim.x, ...
 template <int kWidth>
 __global__ void EmbeddingBackwardKernel(float* dtable, const bf16* dout, const int32_t* tokens,
-                                        int64_t n, int64_t C) {
+                                        const int32_t* order, int64_t n, int64_t C) {
+  constexpr int kRows = 4;  // rows in flight per thread
+  __shared__ int64_t s_end;
   const int64_t vecs = C / kWidth;
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    float* row = dtable + static_cast<int64_t>(tokens[i]) * C;
-    const bf16* g = dout + i * C;
+    const int32_t token = tokens[order[i]];
+    if (i > 0 && tokens[order[i - 1]] == token) continue;  // inside a run: not ours
+    if (threadIdx.x < 32) {
+      int64_t end = n;
+      for (int64_t j0 = i + 1; j0 < n; j0 += 32) {
+        const int64_t j = j0 + threadIdx.x;
+        const unsigned other = __ballot_sync(0xffffffffu, j >= n || tokens[order[j]] != token);
+        if (other != 0) {
+          end = j0 + __ffs(other) - 1;
+          break;
+        }
+      }
+      if (threadIdx.x == 0) s_end = end;
+    }
+    __syncthreads();
+    const int64_t end = s_end;
+    float* row = dtable + static_cast<int64_t>(token) * C;
     for (int64_t v = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < vecs;
          v += static_cast<int64_t>(gridDim.y) * blockDim.x) {
-      if constexpr (kWidth == 8) {
-        const uint4 raw = reinterpret_cast<const uint4*>(g)[v];
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-        const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-        const float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
-        float* dst = row + v * 8;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        atomicAdd(reinterpret_cast<float4*>(dst), make_float4(a.x, a.y, b.x, b.y));
-        atomicAdd(reinterpret_cast<float4*>(dst) + 1, make_float4(c.x, c.y, d.x, d.y));
-#else
-        atomicAdd(dst + 0, a.x), atomicAdd(dst + 1, a.y), atomicAdd(dst + 2, b.x);
-        atomicAdd(dst + 3, b.y), atomicAdd(dst + 4, c.x), atomicAdd(dst + 5, c.y);
-        atomicAdd(dst + 6, d.x), atomicAdd(dst + 7, d.y);
-#endif
-      } else {
-        atomicAdd(row + v, ToF(g[v]));
+      float acc[kWidth];
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) acc[e] = row[v * kWidth + e];
+      for (int64_t j = i; j < end; j += kRows) {
+        float g[kRows][kWidth];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (j + r < end) Load<kWidth>(dout + static_cast<int64_t>(order[j + r]) * C + v * kWidth, g[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (j + r < end) {
+#pragma unroll
+            for (int e = 0; e < kWidth; ++e) acc[e] += g[r][e];
+          }
+        }
       }
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) row[v * kWidth + e] = acc[e];
     }
+    __syncthreads();  // every thread has read s_end before the next run sets it
   }
 }
 
@@ -93,18 +117,17 @@ void Embedding(bf16* out, const int32_t* tokens, const bf16* table, int64_t n, i
   MT_CUDA_LAUNCH_CHECK();
 }
 
-void EmbeddingBackward(float* dtable, const bf16* dout, const int32_t* tokens, int64_t n, int64_t C,
-                       cudaStream_t stream) {
+void EmbeddingBackward(float* dtable, const bf16* dout, const int32_t* tokens,
+                       const int32_t* order, int64_t n, int64_t C, cudaStream_t stream) {
   if (n <= 0 || C <= 0) return;
-  // float4 atomics need 16-byte aligned fp32 rows (C % 4 == 0), the bf16 loads C % 8 == 0.
-  if (C % 8 == 0 && Aligned16(dtable) && Aligned16(dout)) {
+  if (C % 8 == 0 && Aligned16(dout)) {  // 16-byte bf16 loads
     const int threads = ThreadsFor(C / 8);
     EmbeddingBackwardKernel<8>
-        <<<GridFor(n, C / 8, threads), threads, 0, stream>>>(dtable, dout, tokens, n, C);
+        <<<GridFor(n, C / 8, threads), threads, 0, stream>>>(dtable, dout, tokens, order, n, C);
   } else {
     const int threads = ThreadsFor(C);
     EmbeddingBackwardKernel<1>
-        <<<GridFor(n, C, threads), threads, 0, stream>>>(dtable, dout, tokens, n, C);
+        <<<GridFor(n, C, threads), threads, 0, stream>>>(dtable, dout, tokens, order, n, C);
   }
   MT_CUDA_LAUNCH_CHECK();
 }

@@ -15,31 +15,46 @@ namespace megatrain::cuda {
 
 using bf16 = __nv_bfloat16;
 
+// The deterministic weight gradients (RMSNorm, QK-norm) take a scratch for their blocks'
+// partials: `partials`, `partial_floats` f32, stream-ordered (in use until the stream passes
+// the call). The launchers size their grids to fit it; it must hold one block's row (C, or
+// 2 * D floats). The CUDA backend gives kPartialFloats (8 MiB): a full grid up to C = 8192.
+constexpr int64_t kPartialFloats = int64_t{1} << 21;
+
+// reduce.cu: dst (count) += the column sums of partials (blocks, stride), row by row in
+// block order (bits independent of timing).
+void AddColumnSums(float* dst, const float* partials, int64_t blocks, int64_t count,
+                   int64_t stride, cudaStream_t stream);
+
 // embedding.cu
 void Embedding(bf16* out, const int32_t* tokens, const bf16* table, int64_t n, int64_t C,
                cudaStream_t stream);
-// dtable f32 (V,C) += scatter of dout (n,C).
-void EmbeddingBackward(float* dtable, const bf16* dout, const int32_t* tokens, int64_t n,
-                       int64_t C, cudaStream_t stream);
+// dtable f32 (V,C) += scatter of dout (n,C); order (n) is TokenOrder(tokens) (batch.h).
+// Deterministic: the reference's sums, bit for bit.
+void EmbeddingBackward(float* dtable, const bf16* dout, const int32_t* tokens,
+                       const int32_t* order, int64_t n, int64_t C, cudaStream_t stream);
 
 // rmsnorm.cu
 void RmsNorm(bf16* out, float* rstd, const bf16* in, const bf16* w, int64_t rows, int64_t C,
              float eps, cudaStream_t stream);
-// din bf16 (rows,C) +=, dw f32 (C) +=.
+// din bf16 (rows,C) +=, dw f32 (C) += (deterministic; partials: see kPartialFloats).
 void RmsNormBackward(bf16* din, float* dw, const bf16* dout, const bf16* in, const bf16* w,
-                     const float* rstd, int64_t rows, int64_t C, cudaStream_t stream);
+                     const float* rstd, int64_t rows, int64_t C, float* partials,
+                     int64_t partial_floats, cudaStream_t stream);
 
 // qkv_prepare.cu: split + QK-norm (norm weights may be null) + RoPE.
 void QkvPrepare(bf16* q, bf16* k, bf16* v, float* rstd_q, float* rstd_k, const bf16* qkv,
                 const bf16* q_norm_w, const bf16* k_norm_w, const int32_t* pos,
                 const float* inv_freq, int64_t n, int64_t H, int64_t KV, int64_t D, float eps,
                 cudaStream_t stream);
-// dqkv written; dq_norm_w, dk_norm_w f32 (D) += (null when norms are off).
+// dqkv written; dq_norm_w, dk_norm_w f32 (D) += (null when norms are off; deterministic).
+// partials: see kPartialFloats.
 void QkvPrepareBackward(bf16* dqkv, float* dq_norm_w, float* dk_norm_w, const bf16* dq,
                         const bf16* dk, const bf16* dv, const bf16* qkv, const bf16* q_norm_w,
                         const bf16* k_norm_w, const float* rstd_q, const float* rstd_k,
                         const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
-                        int64_t KV, int64_t D, cudaStream_t stream);
+                        int64_t KV, int64_t D, float* partials, int64_t partial_floats,
+                        cudaStream_t stream);
 
 // attention.cu: causal GQA within documents; memory linear in n (lse kept, P recomputed).
 void Attention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
@@ -60,7 +75,8 @@ void SwiGluBackward(bf16* dgu, const bf16* dout, const bf16* gu, int64_t N, int6
 void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t* targets,
                   int64_t N, int64_t V, float scale, cudaStream_t stream);
 
-// bias.cu: out (N,OC) += bias (OC) per row; dbias f32 (OC) += column sums of dout (N,OC).
+// bias.cu: out (N,OC) += bias (OC) per row; dbias f32 (OC) += column sums of dout (N,OC),
+// deterministic (no atomics).
 void AddBias(bf16* out, const bf16* bias, int64_t N, int64_t OC, cudaStream_t stream);
 void BiasGrad(float* dbias, const bf16* dout, int64_t N, int64_t OC, cudaStream_t stream);
 

@@ -4,14 +4,16 @@
 // The one non-obvious decision: a warp owns one head at a time and each lane always owns the
 // same features, the bf16 pairs (2w, 2w+1) and their RoPE partners (2w+D/2, 2w+1+D/2) for
 // w = lane, lane + 32. So the norm-weight gradients collect in registers over every head and
-// token a warp visits, and each block adds one partial per feature to global memory at the
-// end (2*D atomics per block, not per token). The RoPE angle float(pos) * inv_freq[j] is
+// token a warp visits; at the end the block folds its warps' partials in warp order into
+// one row of the caller's partials, and AddColumnSums adds the rows in block order. No
+// atomics: the gradients are the same bits on every run. The RoPE angle float(pos) * inv_freq[j] is
 // rounded to float like the reference; its cos/sin are taken in double, once per token.
 //
 // Shapes: qkv, dqkv (n, (H+2*KV)*D) bf16, rows [q (H*D) | k (KV*D) | v (KV*D)]; q, dq (n,H,D);
 // k, v, dk, dv (n,KV,D); rstd_q (n*H), rstd_k (n*KV) f32; q_norm_w, k_norm_w (D) bf16 or null;
 // dq_norm_w, dk_norm_w (D) f32; pos (n) int32; inv_freq (D/2) f32.
 // REQUIRES: D % 8 == 0, D <= 256, bf16 tensors 16-byte aligned.
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
@@ -26,7 +28,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxD = 256;
 constexpr int kLaneWords = kMaxD / 4 / 32;  // bf16 pairs per lane in each half of a head
-constexpr int kMaxBackwardBlocks = 1024;    // blocks of the backward, each loops over tokens
+constexpr int64_t kMaxBackwardBlocks = 1024;    // blocks of the backward, each loops over tokens
 
 // cos_t, sin_t (D/2) for one position, written by the block.
 __device__ __forceinline__ void RopeTable(float* cos_t, float* sin_t, int32_t pos,
@@ -187,20 +189,19 @@ __global__ void __launch_bounds__(kThreads) QkvPrepareKernel(
   CopyRow(v + i * KV * D, row + (H + KV) * D, KV * D / 8);
 }
 
-// grid (min(n, kMaxBackwardBlocks)), kThreads: each block loops over tokens, one head per
-// warp at a time, and adds its norm-weight partials once at the end.
+// grid (min(n, kMaxBackwardBlocks, rows of the scratch)), kThreads: each block loops over
+// tokens, one head per warp at a time, and writes its norm-weight partials once at the end.
 __global__ void __launch_bounds__(kThreads) QkvPrepareBackwardKernel(
-    bf16* __restrict__ dqkv, float* __restrict__ dq_norm_w, float* __restrict__ dk_norm_w,
-    const bf16* __restrict__ dq, const bf16* __restrict__ dk, const bf16* __restrict__ dv,
+    bf16* __restrict__ dqkv, const bf16* __restrict__ dq, const bf16* __restrict__ dk, const bf16* __restrict__ dv,
     const bf16* __restrict__ qkv, const bf16* __restrict__ q_norm_w,
     const bf16* __restrict__ k_norm_w, const float* __restrict__ rstd_q,
     const float* __restrict__ rstd_k, const int32_t* __restrict__ pos,
-    const float* __restrict__ inv_freq, int64_t n, int H, int KV, int D) {
+    const float* __restrict__ inv_freq, int64_t n, int H, int KV, int D,
+    float* __restrict__ partials) {
   __shared__ float cos_t[kMaxD / 2], sin_t[kMaxD / 2];
-  __shared__ float s_dw[2][kMaxD];  // the block's dq_norm_w, dk_norm_w partials
-  const int lane = threadIdx.x % 32, half = D / 2;
+  __shared__ float s_dw[kWarps][2][kMaxD];  // each warp's dq_norm_w, dk_norm_w partials
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = D / 2;
   const int64_t width = static_cast<int64_t>(H + 2 * KV) * D;
-  for (int d = threadIdx.x; d < D; d += kThreads) s_dw[0][d] = s_dw[1][d] = 0.0f;
   float2 dwq_a[kLaneWords] = {}, dwq_b[kLaneWords] = {};
   float2 dwk_a[kLaneWords] = {}, dwk_b[kLaneWords] = {};
 
@@ -224,25 +225,25 @@ __global__ void __launch_bounds__(kThreads) QkvPrepareBackwardKernel(
   }
 
   if (q_norm_w == nullptr && k_norm_w == nullptr) return;
-  __syncthreads();
 #pragma unroll
   for (int it = 0; it < kLaneWords; ++it) {
     const int j = 2 * (lane + 32 * it);
     if (j < half) {
-      atomicAdd(&s_dw[0][j], dwq_a[it].x);
-      atomicAdd(&s_dw[0][j + 1], dwq_a[it].y);
-      atomicAdd(&s_dw[0][j + half], dwq_b[it].x);
-      atomicAdd(&s_dw[0][j + 1 + half], dwq_b[it].y);
-      atomicAdd(&s_dw[1][j], dwk_a[it].x);
-      atomicAdd(&s_dw[1][j + 1], dwk_a[it].y);
-      atomicAdd(&s_dw[1][j + half], dwk_b[it].x);
-      atomicAdd(&s_dw[1][j + 1 + half], dwk_b[it].y);
+      float* q_w = s_dw[warp][0];
+      float* k_w = s_dw[warp][1];
+      q_w[j] = dwq_a[it].x, q_w[j + 1] = dwq_a[it].y;
+      q_w[j + half] = dwq_b[it].x, q_w[j + 1 + half] = dwq_b[it].y;
+      k_w[j] = dwk_a[it].x, k_w[j + 1] = dwk_a[it].y;
+      k_w[j + half] = dwk_b[it].x, k_w[j + 1 + half] = dwk_b[it].y;
     }
   }
   __syncthreads();
-  for (int d = threadIdx.x; d < D; d += kThreads) {
-    if (dq_norm_w != nullptr) atomicAdd(dq_norm_w + d, s_dw[0][d]);
-    if (dk_norm_w != nullptr) atomicAdd(dk_norm_w + d, s_dw[1][d]);
+  // Row blockIdx.x of partials: [q features (D) | k features (D)], warps added in order.
+  for (int f = threadIdx.x; f < 2 * D; f += kThreads) {
+    const int which = f / D, d = f % D;
+    float sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) sum += s_dw[w][which][d];
+    partials[static_cast<int64_t>(blockIdx.x) * 2 * D + f] = sum;
   }
 }
 
@@ -291,8 +292,12 @@ void QkvPrepareBackward(bf16* dqkv, float* dq_norm_w, float* dk_norm_w, const bf
                         const bf16* dk, const bf16* dv, const bf16* qkv, const bf16* q_norm_w,
                         const bf16* k_norm_w, const float* rstd_q, const float* rstd_k,
                         const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
-                        int64_t KV, int64_t D, cudaStream_t stream) {
+                        int64_t KV, int64_t D, float* partials, int64_t partial_floats,
+                        cudaStream_t stream) {
   CheckShapes("QkvPrepareBackward", n, H, KV, D, {dqkv, dq, dk, dv, qkv});
+  MT_CHECK_MSG(partials != nullptr && partial_floats >= 2 * D,
+               "QkvPrepareBackward: a scratch of %lld floats cannot hold a row of %lld",
+               static_cast<long long>(partial_floats), static_cast<long long>(2 * D));
   MT_CHECK_MSG((q_norm_w == nullptr) == (dq_norm_w == nullptr) &&
                    (k_norm_w == nullptr) == (dk_norm_w == nullptr),
                "QkvPrepareBackward: a norm-weight gradient must be given exactly with its weight");
@@ -301,11 +306,13 @@ void QkvPrepareBackward(bf16* dqkv, float* dq_norm_w, float* dk_norm_w, const bf
                "QkvPrepareBackward: a norm weight without its saved rstd");
   CheckNormWeights("QkvPrepareBackward", q_norm_w, k_norm_w);
   if (n == 0) return;
-  const int blocks = static_cast<int>(n < kMaxBackwardBlocks ? n : kMaxBackwardBlocks);
-  QkvPrepareBackwardKernel<<<blocks, kThreads, 0, stream>>>(
-      dqkv, dq_norm_w, dk_norm_w, dq, dk, dv, qkv, q_norm_w, k_norm_w, rstd_q, rstd_k, pos,
-      inv_freq, n, static_cast<int>(H), static_cast<int>(KV), static_cast<int>(D));
+  const int64_t blocks = std::min<int64_t>({n, kMaxBackwardBlocks, partial_floats / (2 * D)});
+  QkvPrepareBackwardKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      dqkv, dq, dk, dv, qkv, q_norm_w, k_norm_w, rstd_q, rstd_k, pos,
+      inv_freq, n, static_cast<int>(H), static_cast<int>(KV), static_cast<int>(D), partials);
   MT_CUDA_LAUNCH_CHECK();
+  if (dq_norm_w != nullptr) AddColumnSums(dq_norm_w, partials, blocks, D, 2 * D, stream);
+  if (dk_norm_w != nullptr) AddColumnSums(dk_norm_w, partials + D, blocks, D, 2 * D, stream);
 }
 
 }  // namespace megatrain::cuda

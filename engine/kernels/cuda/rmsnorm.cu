@@ -2,8 +2,9 @@
 //
 // The backward's weight gradient is a column sum over rows. Each block walks a contiguous
 // chunk of rows and keeps its partial dw in shared memory, one slot per column, owned by
-// the thread that handles that column (so no shared atomics), and adds it to dw with one
-// fp32 atomic per column at the end: blocks * C atomics in all instead of rows * C.
+// the thread that handles that column (so no shared atomics), and writes it to its row of
+// the caller's partials; AddColumnSums then adds the rows to dw in block order. No atomics:
+// the gradient is the same bits on every run.
 // With C = 16384 that slab is 64 KiB, above the default 48 KiB, so the launcher raises the
 // kernel's dynamic shared memory limit when needed.
 //
@@ -59,7 +60,7 @@ __global__ void RmsNormKernel(bf16* out, float* rstd, const bf16* in, const bf16
 template <int kWidth>
 __global__ void RmsNormBackwardKernel(bf16* din, float* dw, const bf16* dout, const bf16* in,
                                       const bf16* w, const float* rstd, int64_t rows, int64_t C,
-                                      int64_t rows_per_block) {
+                                      int64_t rows_per_block, float* partials) {
   extern __shared__ float dw_partial[];  // (kWidth, C / kWidth)
   __shared__ float scratch[32];
   const int64_t vecs = C / kWidth;
@@ -99,9 +100,10 @@ __global__ void RmsNormBackwardKernel(bf16* din, float* dw, const bf16* dout, co
     }
   }
   __syncthreads();
-  // Coalesced global atomics; the strided shared reads happen once per block.
+  // Coalesced writes of the block's row; the strided shared reads happen once per block.
+  float* row = partials + blockIdx.x * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    atomicAdd(dw + c, dw_partial[(c % kWidth) * vecs + c / kWidth]);
+    row[c] = dw_partial[(c % kWidth) * vecs + c / kWidth];
   }
 }
 
@@ -113,7 +115,8 @@ int ThreadsFor(int64_t vecs, int max_threads) {
 
 template <int kWidth>
 void LaunchBackward(bf16* din, float* dw, const bf16* dout, const bf16* in, const bf16* w,
-                    const float* rstd, int64_t rows, int64_t C, cudaStream_t stream) {
+                    const float* rstd, int64_t rows, int64_t C, float* partials,
+                    int64_t partial_floats, cudaStream_t stream) {
   const int threads = ThreadsFor(C / kWidth, 512);
   const size_t smem_bytes = static_cast<size_t>(C) * sizeof(float);
   auto* kernel = RmsNormBackwardKernel<kWidth>;
@@ -129,14 +132,16 @@ void LaunchBackward(bf16* din, float* dw, const bf16* dout, const bf16* in, cons
   CheckCuda(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem_bytes),
       "RmsNormBackward occupancy");
-  // One full wave: enough blocks to fill the GPU, as few as possible to bound the atomics.
-  const int64_t blocks =
-      std::min<int64_t>(rows, static_cast<int64_t>(sms) * std::max(1, blocks_per_sm));
+  // One full wave: enough blocks to fill the GPU, as few as possible to bound the partials,
+  // and no more than the scratch holds.
+  const int64_t blocks = std::min<int64_t>(
+      {rows, static_cast<int64_t>(sms) * std::max(1, blocks_per_sm), partial_floats / C});
   const int64_t rows_per_block = (rows + blocks - 1) / blocks;
   const int64_t used_blocks = (rows + rows_per_block - 1) / rows_per_block;
   kernel<<<static_cast<unsigned>(used_blocks), threads, smem_bytes, stream>>>(
-      din, dw, dout, in, w, rstd, rows, C, rows_per_block);
+      din, dw, dout, in, w, rstd, rows, C, rows_per_block, partials);
   MT_CUDA_LAUNCH_CHECK();
+  AddColumnSums(dw, partials, used_blocks, C, C, stream);
 }
 
 }  // namespace
@@ -156,12 +161,16 @@ void RmsNorm(bf16* out, float* rstd, const bf16* in, const bf16* w, int64_t rows
 }
 
 void RmsNormBackward(bf16* din, float* dw, const bf16* dout, const bf16* in, const bf16* w,
-                     const float* rstd, int64_t rows, int64_t C, cudaStream_t stream) {
+                     const float* rstd, int64_t rows, int64_t C, float* partials,
+                     int64_t partial_floats, cudaStream_t stream) {
   if (rows <= 0 || C <= 0) return;
+  MT_CHECK_MSG(partials != nullptr && partial_floats >= C,
+               "RmsNormBackward: a scratch of %lld floats cannot hold a row of %lld",
+               static_cast<long long>(partial_floats), static_cast<long long>(C));
   if (C % 8 == 0 && Aligned16(din) && Aligned16(dout) && Aligned16(in) && Aligned16(w)) {
-    LaunchBackward<8>(din, dw, dout, in, w, rstd, rows, C, stream);
+    LaunchBackward<8>(din, dw, dout, in, w, rstd, rows, C, partials, partial_floats, stream);
   } else {
-    LaunchBackward<1>(din, dw, dout, in, w, rstd, rows, C, stream);
+    LaunchBackward<1>(din, dw, dout, in, w, rstd, rows, C, partials, partial_floats, stream);
   }
 }
 

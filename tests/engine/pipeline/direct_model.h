@@ -36,7 +36,7 @@ class DirectModel {
     ws_ = Alloc(decoder_.WorkspaceBytes(max_tokens));
     head_ws_ = Alloc(head_.WorkspaceBytes(max_tokens));
     loss_ = Alloc(max_tokens * DTypeSize(be->stat_dtype()));
-    ints_ = Alloc(4 * max_tokens * sizeof(int32_t));
+    ints_ = Alloc(5 * max_tokens * sizeof(int32_t));
     std::vector<float> inv_freq(c.head_dim / 2);
     const RopeScaling& rs = c.rope_scaling;
     ref::RopeInvFreq(inv_freq.data(), c.head_dim, c.rope_theta,
@@ -68,7 +68,8 @@ class DirectModel {
     std::memcpy(ints + n, b.targets.data(), n * 4);
     std::memcpy(ints + 2 * n, b.doc_start.data(), n * 4);
     std::memcpy(ints + 3 * n, b.positions.data(), n * 4);
-    DeviceBatch db{n, ints, ints + n, ints + 2 * n, ints + 3 * n};
+    TokenOrder(b.tokens.data(), n, ints + 4 * n);
+    DeviceBatch db{n, ints, ints + n, ints + 2 * n, ints + 3 * n, ints + 4 * n};
     const double scale = 1.0 / b.num_targets();
     const float* inv_freq = static_cast<const float*>(inv_freq_.get());
     for (DeviceBuffer& g : grads_) be_->Zero(g.get(), g.bytes(), s);
@@ -90,7 +91,8 @@ class DirectModel {
       decoder_.Backward(w, decoder_.BindGrads(grads_[1 + l].get()), x_[l].get(), dres_.get(),
                         ws, db, inv_freq, s);
     }
-    be_->EmbeddingBackward(grads_[eu].get(), dres_.get(), db.tokens, n, config_.hidden_size, s);
+    be_->EmbeddingBackward(grads_[eu].get(), dres_.get(), db.tokens, db.token_order, n,
+                           config_.hidden_size, s);
     be_->SyncAll();
 
     double sum = 0;
