@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/layers/batch.h"
 #include "tests/engine/kernels/reference/test_util.h"
 
 namespace megatrain::ref {
@@ -94,6 +95,34 @@ TEST(EmbeddingTest, BackwardIsBitIdenticalAcrossThreadCounts) {
   }
   EXPECT_TRUE(testutil::BitIdentical(results[0], results[1]));
   EXPECT_TRUE(testutil::BitIdentical(results[0], results[2]));
+}
+
+// TokenOrder (layers/batch.h) is what the CUDA backward walks: every position once, sorted
+// by token and then position. Adding each token's rows in that order onto dtable gives the
+// reference's bits, which is what makes the GPU's sum equal to it.
+TEST(EmbeddingTest, TokenOrderRunsGiveTheReferencesBits) {
+  std::mt19937_64 rng(6);
+  const int64_t n = 1000, vocab = 13, C = 70;
+  std::vector<int32_t> tokens(n), order(n);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+  TokenOrder(tokens.data(), n, order.data());
+  std::vector<bool> seen(n, false);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(order[i] >= 0 && order[i] < n && !seen[order[i]]) << i;
+    seen[order[i]] = true;
+    if (i > 0) {
+      const int32_t a = order[i - 1], b = order[i];
+      EXPECT_TRUE(tokens[a] < tokens[b] || (tokens[a] == tokens[b] && a < b)) << i;
+    }
+  }
+  const auto g = testutil::ToFloat(testutil::RandomVec(rng, n * C));
+  testutil::VecF expected(vocab * C, 0.25f), runs(vocab * C, 0.25f);
+  EmbeddingBackward(expected.data(), g.data(), tokens.data(), n, C);
+  for (int64_t i = 0; i < n; ++i) {  // the CUDA kernel's loop, one token's run at a time
+    const int64_t p = order[i];
+    for (int64_t c = 0; c < C; ++c) runs[tokens[p] * C + c] += g[p * C + c];
+  }
+  EXPECT_TRUE(testutil::BitIdentical(expected, runs));
 }
 
 }  // namespace
