@@ -681,8 +681,8 @@ double Decayed(double seconds, int64_t from_ms, int64_t to_ms, double half_life_
 }  // namespace
 
 absl::Status JobStore::AddUsage(const std::string& user, double seconds, double half_life_s,
-                                absl::Time at) {
-  const int64_t now = absl::ToUnixMillis(at);
+                                absl::Time now) {
+  const int64_t now_ms = absl::ToUnixMillis(now);
   MutexLock lock(&mu_);
   double total = seconds;
   {
@@ -691,21 +691,21 @@ absl::Status JobStore::AddUsage(const std::string& user, double seconds, double 
     RETURN_IF_ERROR(Error(query.Bind(user), "reading usage"));
     const int rc = query.Step();
     if (rc == SQLITE_ROW) {
-      total += Decayed(query.Real(0), query.Int(1), now, half_life_s);
+      total += Decayed(query.Real(0), query.Int(1), now_ms, half_life_s);
     } else if (rc != SQLITE_DONE) {
       return Error(rc, "reading usage");
     }
   }
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kPutUsage));
   Query query(stmt);
-  int rc = query.Bind(user, RealNumber{total}, now);
+  int rc = query.Bind(user, RealNumber{total}, now_ms);
   if (rc == SQLITE_OK) rc = query.Step();
   return Error(rc, "recording usage");
 }
 
 absl::StatusOr<std::map<std::string, double>> JobStore::Usage(double half_life_s,
-                                                              absl::Time at) {
-  const int64_t now = absl::ToUnixMillis(at);
+                                                              absl::Time now) {
+  const int64_t now_ms = absl::ToUnixMillis(now);
   MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(sqlite3_stmt * stmt, Prepare(kGetUsage));
   Query query(stmt);
@@ -714,7 +714,7 @@ absl::StatusOr<std::map<std::string, double>> JobStore::Usage(double half_life_s
     const int rc = query.Step();
     if (rc == SQLITE_DONE) return usage;
     if (rc != SQLITE_ROW) return Error(rc, "reading usage");
-    usage[query.Text(0)] = Decayed(query.Real(1), query.Int(2), now, half_life_s);
+    usage[query.Text(0)] = Decayed(query.Real(1), query.Int(2), now_ms, half_life_s);
   }
 }
 

@@ -147,7 +147,8 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // once the optimizer has applied its update (Pipeline::UploadUpdated), not in the next
   // forward.
   const bool early = slots >= L && plan->devices <= 1;
-  const int64_t h2d_fwd = (early ? 0 : L * w_layer) + 2 * (embed_n + head_n) + Pipeline::kBatchArrays * 4 * n * M;
+  const int64_t h2d_fwd = (early ? 0 : L * w_layer) + 2 * (embed_n + head_n) +
+                          Pipeline::kBatchArrays * 4 * n * M;
   const int64_t h2d_bwd = (early ? L * w_layer : reuploads * w_layer) + ckpt_total;
   const int64_t d2h_fwd = ckpt_total;
   // Gradients land as fp32; reduce-scattered first, each device drains its shard.
