@@ -79,9 +79,7 @@ __global__ void EmbeddingBackwardKernel(float* dtable, const bf16* dout, const i
         float g[kRows][kWidth];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          if (j + r < end) {
-            Load<kWidth>(dout + static_cast<int64_t>(order[j + r]) * C + v * kWidth, g[r]);
-          }
+          if (j + r < end) Load<kWidth>(dout + static_cast<int64_t>(order[j + r]) * C + v * kWidth, g[r]);
         }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {

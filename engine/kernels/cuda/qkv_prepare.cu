@@ -6,9 +6,8 @@
 // w = lane, lane + 32. So the norm-weight gradients collect in registers over every head and
 // token a warp visits; at the end the block folds its warps' partials in warp order into
 // one row of the caller's partials, and AddColumnSums adds the rows in block order. No
-// atomics: the gradients are the same bits on every run. The RoPE angle
-// float(pos) * inv_freq[j] is rounded to float like the reference; its cos/sin are taken in
-// double, once per token.
+// atomics: the gradients are the same bits on every run. The RoPE angle float(pos) * inv_freq[j] is
+// rounded to float like the reference; its cos/sin are taken in double, once per token.
 //
 // Shapes: qkv, dqkv (n, (H+2*KV)*D) bf16, rows [q (H*D) | k (KV*D) | v (KV*D)]; q, dq (n,H,D);
 // k, v, dk, dv (n,KV,D); rstd_q (n*H), rstd_k (n*KV) f32; q_norm_w, k_norm_w (D) bf16 or null;
@@ -29,7 +28,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxD = 256;
 constexpr int kLaneWords = kMaxD / 4 / 32;  // bf16 pairs per lane in each half of a head
-constexpr int64_t kMaxBackwardBlocks = 1024;  // blocks of the backward, each loops over tokens
+constexpr int64_t kMaxBackwardBlocks = 1024;    // blocks of the backward, each loops over tokens
 
 // cos_t, sin_t (D/2) for one position, written by the block.
 __device__ __forceinline__ void RopeTable(float* cos_t, float* sin_t, int32_t pos,
@@ -193,8 +192,8 @@ __global__ void __launch_bounds__(kThreads) QkvPrepareKernel(
 // grid (min(n, kMaxBackwardBlocks, rows of the scratch)), kThreads: each block loops over
 // tokens, one head per warp at a time, and writes its norm-weight partials once at the end.
 __global__ void __launch_bounds__(kThreads) QkvPrepareBackwardKernel(
-    bf16* __restrict__ dqkv, const bf16* __restrict__ dq, const bf16* __restrict__ dk,
-    const bf16* __restrict__ dv, const bf16* __restrict__ qkv, const bf16* __restrict__ q_norm_w,
+    bf16* __restrict__ dqkv, const bf16* __restrict__ dq, const bf16* __restrict__ dk, const bf16* __restrict__ dv,
+    const bf16* __restrict__ qkv, const bf16* __restrict__ q_norm_w,
     const bf16* __restrict__ k_norm_w, const float* __restrict__ rstd_q,
     const float* __restrict__ rstd_k, const int32_t* __restrict__ pos,
     const float* __restrict__ inv_freq, int64_t n, int H, int KV, int D,
@@ -309,8 +308,8 @@ void QkvPrepareBackward(bf16* dqkv, float* dq_norm_w, float* dk_norm_w, const bf
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>({n, kMaxBackwardBlocks, partial_floats / (2 * D)});
   QkvPrepareBackwardKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      dqkv, dq, dk, dv, qkv, q_norm_w, k_norm_w, rstd_q, rstd_k, pos, inv_freq, n,
-      static_cast<int>(H), static_cast<int>(KV), static_cast<int>(D), partials);
+      dqkv, dq, dk, dv, qkv, q_norm_w, k_norm_w, rstd_q, rstd_k, pos,
+      inv_freq, n, static_cast<int>(H), static_cast<int>(KV), static_cast<int>(D), partials);
   MT_CUDA_LAUNCH_CHECK();
   if (dq_norm_w != nullptr) AddColumnSums(dq_norm_w, partials, blocks, D, 2 * D, stream);
   if (dk_norm_w != nullptr) AddColumnSums(dk_norm_w, partials + D, blocks, D, 2 * D, stream);

@@ -57,11 +57,10 @@ __global__ void RmsNormKernel(bf16* out, float* rstd, const bf16* in, const bf16
 //   din += s * (dy w - x s^2 dot / C),  dw_partial += dy x s.
 // dw_partial (C floats, dynamic shared memory) stores element i of column vector v at
 // i * (C / kWidth) + v, so a warp's accesses hit consecutive words: no bank conflicts.
-// At the end it becomes row b of partials (blocks, C).
 template <int kWidth>
-__global__ void RmsNormBackwardKernel(bf16* din, float* partials, const bf16* dout,
-                                      const bf16* in, const bf16* w, const float* rstd,
-                                      int64_t rows, int64_t C, int64_t rows_per_block) {
+__global__ void RmsNormBackwardKernel(bf16* din, float* dw, const bf16* dout, const bf16* in,
+                                      const bf16* w, const float* rstd, int64_t rows, int64_t C,
+                                      int64_t rows_per_block, float* partials) {
   extern __shared__ float dw_partial[];  // (kWidth, C / kWidth)
   __shared__ float scratch[32];
   const int64_t vecs = C / kWidth;
@@ -140,7 +139,7 @@ void LaunchBackward(bf16* din, float* dw, const bf16* dout, const bf16* in, cons
   const int64_t rows_per_block = (rows + blocks - 1) / blocks;
   const int64_t used_blocks = (rows + rows_per_block - 1) / rows_per_block;
   kernel<<<static_cast<unsigned>(used_blocks), threads, smem_bytes, stream>>>(
-      din, partials, dout, in, w, rstd, rows, C, rows_per_block);
+      din, dw, dout, in, w, rstd, rows, C, rows_per_block, partials);
   MT_CUDA_LAUNCH_CHECK();
   AddColumnSums(dw, partials, used_blocks, C, C, stream);
 }
