@@ -128,7 +128,7 @@ std::string FormatStep(const v1::Progress& p) {
 }
 
 std::string FormatLoss(const v1::Progress& p) {
-  if (p.step() == 0) return "-";
+  if (!p.has_loss() || !std::isfinite(p.loss())) return "-";
   return absl::StrFormat("%.4f", p.loss());
 }
 

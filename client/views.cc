@@ -71,7 +71,10 @@ std::string FormatJobStatus(const v1::Job& job, int64_t now_unix_ms, absl::TimeZ
   };
   if (!job.waiting().empty()) items.insert(items.begin() + 4, {"waiting", job.waiting()});
   if (job.resumed_from_step() > 0) {
-    items.emplace_back("resumed from", absl::StrCat("step ", job.resumed_from_step()));
+    const bool final_step = p.total_steps() > 0 && job.resumed_from_step() >= p.total_steps();
+    items.emplace_back("resumed from",
+                       absl::StrCat("step ", job.resumed_from_step(),
+                                    final_step ? " (its final checkpoint: nothing left to do)" : ""));
   }
   if (job.preemptions() > 0) {
     items.emplace_back("preempted", absl::StrCat(job.preemptions(), " time(s), resumed each time"));

@@ -13,6 +13,7 @@ PKGS=(
   libgtest-dev libgmock-dev libcli11-dev
   libpcre2-dev libutf8proc-dev
   libssl-dev openssl
+  prometheus-cpp-dev
   prometheus
 )
 missing=()

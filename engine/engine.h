@@ -5,5 +5,6 @@
 //   while (!(*t)->done()) { absl::StatusOr<StepReport> r = (*t)->Step(); ... }
 #pragma once
 
+#include "engine/job/inputs.h"   // IWYU pragma: export
 #include "engine/job/spec.h"     // IWYU pragma: export
 #include "engine/job/trainer.h"  // IWYU pragma: export

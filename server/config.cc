@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/address.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "yaml-cpp/yaml.h"
 
@@ -70,7 +71,7 @@ absl::Status LoadDaemonConfig(const std::string& path, DaemonConfig* config) {
   } catch (const YAML::BadFile&) {
     return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid YAML: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid YAML: ", Printable(e.what())));
   }
   if (root.IsNull()) return absl::OkStatus();
   if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": must be a mapping"));
@@ -128,7 +129,7 @@ absl::Status LoadDaemonConfig(const std::string& path, DaemonConfig* config) {
       }
     }
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", Printable(e.what())));
   }
   if (!(config->host_memory_fraction > 0 && config->host_memory_fraction <= 1)) {
     return absl::InvalidArgumentError(

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "engine/common/device_name.h"
+#include "engine/common/printable.h"
 #include "engine/engine.h"
 #include "server/node_service.h"
 #include "server/run_as.h"
@@ -179,7 +181,7 @@ absl::StatusOr<v1::Job> JobRunner::Transition(int64_t id,
 
 void JobRunner::Log(int64_t job_id, const std::string& text) {
   v1::LogLine line;
-  line.set_text(text);
+  line.set_text(Printable(text));
   (void)store_->AppendLog(job_id, &line);
   hub_->Notify(job_id);
 }
@@ -428,6 +430,11 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     MutexLock lock(&mu_);
     ReleaseLane(lane);
   };
+  // Failed: the error in the job (printable, as every message quoting file content is).
+  auto fail = [&](const absl::Status& status) {
+    job.set_error(Printable(status.message()));
+    finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", Printable(status.ToString())));
+  };
   std::string devices = lane.device;
   {
     MutexLock lock(&mu_);
@@ -440,8 +447,7 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
 
   absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml(), "", "stored job spec");
   if (!spec.ok()) {
-    job.set_error(std::string(spec.status().message()));
-    return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", spec.status().ToString()));
+    return fail(spec.status());
   }
   spec->checkpoint_dir = job.checkpoint_dir();
   // The lane's device decides where "auto" and CUDA jobs run (never the GPU a spec
@@ -455,8 +461,7 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
   absl::StatusOr<std::unique_ptr<UserWorker>> worker =
       owner.ok() ? UserWorker::Start(*owner) : absl::StatusOr<std::unique_ptr<UserWorker>>(owner.status());
   if (!worker.ok()) {
-    job.set_error(std::string(worker.status().message()));
-    return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", worker.status().ToString()));
+    return fail(worker.status());
   }
   UserWorker& as_owner = **worker;
   // The job's folder in the state folder (its default checkpoints) is its user's.
@@ -465,8 +470,7 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
   if (absl::StartsWith(spec->checkpoint_dir, own_dir + "/")) {
     absl::StatusOr<std::string> made = MakeJobFolder(options_.state_dir, job.id(), *owner);
     if (!made.ok()) {
-      job.set_error(std::string(made.status().message()));
-      return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", made.status().ToString()));
+      return fail(made.status());
     }
   }
   // Checked again: a folder may have been swapped for a link since submission.
@@ -475,14 +479,12 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     files = CheckJobFiles(*spec, FileRoots{config().file_roots, options_.state_dir}, own_dir);
   });
   if (!files.ok()) {
-    job.set_error(std::string(files.message()));
-    return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", files.ToString()));
+    return fail(files);
   }
   absl::StatusOr<std::unique_ptr<Trainer>> created = absl::UnknownError("not created");
   as_owner.Do([&] { created = Trainer::Create(*spec, options_.profile); });
   if (!created.ok()) {
-    job.set_error(std::string(created.status().message()));
-    return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", created.status().ToString()));
+    return fail(created.status());
   }
   // Destroyed as the owner too: it may be finishing a checkpoint.
   drop_trainer = [&] { as_owner.Do([&] { created->reset(); }); };
@@ -515,8 +517,19 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     // done: its progress is that checkpoint's step, not the last one recorded.
     job.mutable_progress()->set_step(t.step());
     job.mutable_progress()->set_total_steps(spec->steps);
+    // The loss shown until a step runs is the one the checkpoint recorded, else none.
+    if (std::isfinite(t.last_loss())) {
+      job.mutable_progress()->set_loss(t.last_loss());
+    } else {
+      job.mutable_progress()->clear_loss();
+    }
     Log(job.id(), absl::StrCat("resumed from the checkpoint of step ", t.resumed_from_step()));
+    if (t.done()) {
+      Log(job.id(), absl::StrCat("found the checkpoint of its final step ", t.step(),
+                                 ": nothing left to do"));
+    }
   }
+  const bool nothing_to_do = t.done();
   Log(job.id(), t.dataset_stats().Summary());
   Log(job.id(), absl::StrFormat("%s, %.2fM parameters, %s backend, %d tokens/step, %d steps",
                                 ArchitectureClassName(t.config().architecture),
@@ -611,8 +624,7 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     absl::StatusOr<StepReport> r = absl::UnknownError("no step");
     as_owner.Do([&] { r = t.Step(); });
     if (!r.ok()) {
-      job.set_error(std::string(r.status().message()));
-      return finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", r.status().ToString()));
+      return fail(r.status());
     }
     if (!r->checkpoint_error.empty()) Log(job.id(), r->checkpoint_error);
     for (const std::string& path : r->checkpoint_paths) {
@@ -673,7 +685,9 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     as_owner.Do([&] { all = ListCheckpoints(spec->checkpoint_dir); });
     if (!all.empty()) job.set_last_checkpoint(all.back());
   }
-  finish(v1::JOB_STATE_SUCCEEDED, "succeeded");
+  finish(v1::JOB_STATE_SUCCEEDED,
+         nothing_to_do ? "succeeded: its final checkpoint was already written; no step ran"
+                       : "succeeded");
 }
 
 }  // namespace megatrain::server

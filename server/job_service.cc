@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "engine/common/printable.h"
 #include "server/run_as.h"
 #include "server/spec_convert.h"
 
@@ -28,7 +29,7 @@ double GiB(int64_t b) { return b / double(1ll << 30); }
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), Printable(s.message()));
 }
 
 bool Owns(const Caller& who, const v1::Job& job) {

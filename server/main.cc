@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -89,6 +90,18 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// What stopping does, in words: "no job running; stopping", or "checkpointing job 4
+// and requeueing it; stopping" (each running job once, though a gang runs on several lanes).
+std::string StoppingMessage(std::vector<int64_t> running) {
+  std::sort(running.begin(), running.end());
+  running.erase(std::unique(running.begin(), running.end()), running.end());
+  running.erase(std::remove(running.begin(), running.end(), 0), running.end());
+  if (running.empty()) return "no job running; stopping";
+  return absl::StrCat("checkpointing job", running.size() > 1 ? "s " : " ",
+                      absl::StrJoin(running, ", "), " and requeueing ",
+                      running.size() > 1 ? "them" : "it", "; stopping");
 }
 
 int Run(const DaemonConfig& config) {
@@ -247,8 +260,8 @@ int Run(const DaemonConfig& config) {
   sigaddset(&signals, SIGINT);
   int sig = 0;
   sigwait(&signals, &sig);
-  std::printf("megatraind: %s: checkpointing the running job and stopping\n",
-              sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  std::printf("megatraind: %s: %s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+              StoppingMessage(runner.running_jobs()).c_str());
   std::fflush(stdout);
   runner.Shutdown();
   unix_listener->reset();  // no new connections

@@ -4,61 +4,25 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "engine/common/check.h"
+#include "prometheus/check_names.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 
 namespace megatrain::server {
 namespace {
-
-std::string FormatValue(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  if (v == std::floor(v) && std::fabs(v) < 1e15) return absl::StrFormat("%.0f", v);
-  return absl::StrFormat("%.17g", v);
-}
-
-std::string EscapeLabelValue(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
-  }
-  return out;
-}
-
-std::string EscapeHelp(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
-  }
-  return out;
-}
-
-// {a="x",b="y"} with `extra` (name, value) appended last; "" for no labels.
-std::string LabelText(const MetricLabels& labels, const char* extra_name = nullptr,
-                      const std::string& extra_value = "") {
-  std::string out;
-  for (const auto& [k, v] : labels) {
-    absl::StrAppend(&out, out.empty() ? "{" : ",", k, "=\"", EscapeLabelValue(v), "\"");
-  }
-  if (extra_name != nullptr) {
-    absl::StrAppend(&out, out.empty() ? "{" : ",", extra_name, "=\"", extra_value, "\"");
-  }
-  if (!out.empty()) out += "}";
-  return out;
-}
 
 const char* TypeName(MetricsRegistry::Type t) {
   switch (t) {
@@ -71,13 +35,36 @@ const char* TypeName(MetricsRegistry::Type t) {
 
 }  // namespace
 
+MetricsRegistry::MetricsRegistry()
+    : registry_(std::make_shared<prometheus::Registry>(prometheus::Registry::InsertBehavior::Throw)) {}
+
+MetricsRegistry::~MetricsRegistry() = default;
+
 void MetricsRegistry::Declare(const std::string& name, Type type, const std::string& help,
                               std::vector<double> buckets) {
   MutexLock lock(&mu_);
   MT_CHECK_MSG(families_.count(name) == 0, "metric %s declared twice", name.c_str());
   MT_CHECK_MSG(type != Type::kCounter || absl::EndsWith(name, "_total"),
                "counter %s must end in _total", name.c_str());
-  families_[name] = Family{type, help, std::move(buckets), {}};
+  MT_CHECK_MSG(prometheus::CheckMetricName(name), "%s is not a valid metric name", name.c_str());
+  // prometheus-cpp 1.0.1 writes HELP text as it is given; the format wants \\ and \n.
+  const std::string escaped_help =
+      absl::StrReplaceAll(help, {{"\\", "\\\\"}, {"\n", "\\n"}});
+  Family f;
+  f.type = type;
+  f.buckets = std::move(buckets);
+  switch (type) {
+    case Type::kCounter:
+      f.counters = &prometheus::BuildCounter().Name(name).Help(escaped_help).Register(*registry_);
+      break;
+    case Type::kGauge:
+      f.gauges = &prometheus::BuildGauge().Name(name).Help(escaped_help).Register(*registry_);
+      break;
+    case Type::kHistogram:
+      f.histograms = &prometheus::BuildHistogram().Name(name).Help(escaped_help).Register(*registry_);
+      break;
+  }
+  families_.emplace(name, std::move(f));
 }
 
 MetricsRegistry::Family* MetricsRegistry::Find(const std::string& name, Type type) {
@@ -87,37 +74,55 @@ MetricsRegistry::Family* MetricsRegistry::Find(const std::string& name, Type typ
   return &it->second;
 }
 
+MetricsRegistry::Family::Series& MetricsRegistry::SeriesOf(Family* family,
+                                                           const MetricLabels& labels) {
+  auto [it, made] = family->series.try_emplace(labels);
+  if (!made) return it->second;
+  for (const auto& [label, value] : labels) {
+    MT_CHECK_MSG(prometheus::CheckLabelName(label) && label != "le" && label != "quantile",
+                 "%s is not a valid label name", label.c_str());
+  }
+  Family::Series& s = it->second;
+  switch (family->type) {
+    case Type::kCounter: s.counter = &family->counters->Add(labels); break;
+    case Type::kGauge: s.gauge = &family->gauges->Add(labels); break;
+    case Type::kHistogram:
+      s.histogram = &family->histograms->Add(labels, prometheus::Histogram::BucketBoundaries(
+                                                         family->buckets));
+      break;
+  }
+  return s;
+}
+
+void MetricsRegistry::RemoveFromFamily(Family* family, const Family::Series& series) {
+  if (series.counter != nullptr) family->counters->Remove(series.counter);
+  if (series.gauge != nullptr) family->gauges->Remove(series.gauge);
+  if (series.histogram != nullptr) family->histograms->Remove(series.histogram);
+}
+
 void MetricsRegistry::Set(const std::string& name, const MetricLabels& labels, double value) {
   MutexLock lock(&mu_);
-  Find(name, Type::kGauge)->series[labels].value = value;
+  SeriesOf(Find(name, Type::kGauge), labels).gauge->Set(value);
 }
 
 void MetricsRegistry::Add(const std::string& name, const MetricLabels& labels, double delta) {
   MutexLock lock(&mu_);
   MT_CHECK_MSG(delta >= 0, "counter %s decreased", name.c_str());
-  Find(name, Type::kCounter)->series[labels].value += delta;
+  SeriesOf(Find(name, Type::kCounter), labels).counter->Increment(delta);
 }
 
 void MetricsRegistry::Observe(const std::string& name, const MetricLabels& labels,
                               double value) {
   MutexLock lock(&mu_);
-  Family* f = Find(name, Type::kHistogram);
-  Series& s = f->series[labels];
-  s.bucket_counts.resize(f->buckets.size());
-  for (size_t i = 0; i < f->buckets.size(); ++i) {
-    if (value <= f->buckets[i]) {
-      ++s.bucket_counts[i];
-      break;
-    }
-  }
-  s.value += value;
-  ++s.count;
+  SeriesOf(Find(name, Type::kHistogram), labels).histogram->Observe(value);
 }
 
 void MetricsRegistry::Clear(const std::string& name) {
   MutexLock lock(&mu_);
   auto it = families_.find(name);
-  if (it != families_.end()) it->second.series.clear();
+  if (it == families_.end()) return;
+  for (const auto& [labels, series] : it->second.series) RemoveFromFamily(&it->second, series);
+  it->second.series.clear();
 }
 
 void MetricsRegistry::RemoveSeries(const std::string& label, const std::string& value) {
@@ -126,6 +131,7 @@ void MetricsRegistry::RemoveSeries(const std::string& label, const std::string& 
     for (auto it = family.series.begin(); it != family.series.end();) {
       const auto l = it->first.find(label);
       if (l != it->first.end() && l->second == value) {
+        RemoveFromFamily(&family, it->second);
         it = family.series.erase(it);
       } else {
         ++it;
@@ -146,29 +152,18 @@ std::string MetricsRegistry::Serialize() {
     collectors = collectors_;
   }
   for (auto& c : collectors) c(*this);
-  MutexLock lock(&mu_);
-  std::string out;
-  for (const auto& [name, f] : families_) {
-    if (f.series.empty()) continue;
-    absl::StrAppend(&out, "# HELP ", name, " ", EscapeHelp(f.help), "\n# TYPE ", name, " ",
-                    TypeName(f.type), "\n");
-    for (const auto& [labels, s] : f.series) {
-      if (f.type != Type::kHistogram) {
-        absl::StrAppend(&out, name, LabelText(labels), " ", FormatValue(s.value), "\n");
-        continue;
-      }
-      uint64_t cumulative = 0;
-      for (size_t i = 0; i < f.buckets.size(); ++i) {
-        cumulative += i < s.bucket_counts.size() ? s.bucket_counts[i] : 0;
-        absl::StrAppend(&out, name, "_bucket", LabelText(labels, "le", FormatValue(f.buckets[i])),
-                        " ", cumulative, "\n");
-      }
-      absl::StrAppend(&out, name, "_bucket", LabelText(labels, "le", "+Inf"), " ", s.count, "\n");
-      absl::StrAppend(&out, name, "_sum", LabelText(labels), " ", FormatValue(s.value), "\n");
-      absl::StrAppend(&out, name, "_count", LabelText(labels), " ", s.count, "\n");
-    }
+  std::vector<prometheus::MetricFamily> families;
+  {
+    MutexLock lock(&mu_);  // a family is collected whole, never with half its series
+    families = registry_->Collect();
   }
-  return out;
+  // Families without a series say nothing: leave out their HELP and TYPE lines.
+  families.erase(std::remove_if(families.begin(), families.end(),
+                                [](const prometheus::MetricFamily& f) { return f.metric.empty(); }),
+                 families.end());
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, families);
+  return out.str();
 }
 
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {

@@ -1,20 +1,33 @@
-// Prometheus metrics: a registry of counter, gauge and histogram families with labelled
-// series, written out in the text exposition format (version 0.0.4), and the process
-// metrics (CPU, memory, file descriptors) that clients conventionally export.
+// Prometheus metrics: the daemon's counter, gauge and histogram families with labelled
+// series, kept in a prometheus-cpp registry and written out by its TextSerializer (the
+// text exposition format, version 0.0.4), and the process metrics (CPU, memory, file
+// descriptors) that clients conventionally export.
 //
-// Hand-written because prometheus-cpp is not packaged for Debian 12; the format is the
-// documented one and `promtool check metrics` checks our output in the tests.
+// A thin layer over prometheus-cpp core: families are declared once by name and series
+// are addressed by a label map, so the callers (daemon_metrics.cc) stay free of family
+// handles; it also remembers each family's series, which prometheus-cpp cannot list,
+// so that a finished job's series can be dropped (RemoveSeries) and a collector can
+// re-fill a gauge (Clear). The exposition is served by metrics_http.h.
 //
 // Thread-safe: one mutex; updates are per step or per state change, never per token.
 #pragma once
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "server/mutex.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
 
 namespace megatrain::server {
 
@@ -24,6 +37,9 @@ using MetricLabels = std::map<std::string, std::string>;
 class MetricsRegistry {
  public:
   enum class Type { kCounter, kGauge, kHistogram };
+
+  MetricsRegistry();
+  ~MetricsRegistry();
 
   // Declares a family. Counter names end in _total; histogram `buckets` are upper bounds
   // in increasing order (+Inf is implicit). Declaring a name twice is a programming error.
@@ -46,20 +62,31 @@ class MetricsRegistry {
   std::string Serialize();
 
  private:
-  struct Series {
-    double value = 0;                  // counter, gauge; histogram: sum
-    std::vector<uint64_t> bucket_counts;  // histogram: per bucket, not cumulative
-    uint64_t count = 0;                // histogram
-  };
+  // One declared family: its prometheus-cpp family (owned by registry_) and the series
+  // made in it, by labels.
   struct Family {
     Type type;
-    std::string help;
     std::vector<double> buckets;
+    prometheus::Family<prometheus::Counter>* counters = nullptr;
+    prometheus::Family<prometheus::Gauge>* gauges = nullptr;
+    prometheus::Family<prometheus::Histogram>* histograms = nullptr;
+    // The series made in it, by labels: the one pointer of its type is set.
+    struct Series {
+      prometheus::Counter* counter = nullptr;
+      prometheus::Gauge* gauge = nullptr;
+      prometheus::Histogram* histogram = nullptr;
+    };
     std::map<MetricLabels, Series> series;
   };
   Family* Find(const std::string& name, Type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The series of `family` with `labels`, made if new.
+  Family::Series& SeriesOf(Family* family, const MetricLabels& labels)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes one series from its prometheus-cpp family.
+  static void RemoveFromFamily(Family* family, const Family::Series& series);
 
   Mutex mu_;
+  std::shared_ptr<prometheus::Registry> registry_;
   std::map<std::string, Family> families_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(MetricsRegistry&)>> collectors_ ABSL_GUARDED_BY(mu_);
 };

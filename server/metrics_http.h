@@ -1,10 +1,17 @@
 // Serves a MetricsRegistry at GET /metrics over HTTP/1.1, for Prometheus to scrape.
 //
-// A deliberately small server: one thread, one request per connection (Connection:
-// close), requests read with a deadline and a size cap. Hand-written because the packaged
-// embeddable servers start their worker threads with a fixed 100 KiB stack, smaller than
-// the static TLS that cuBLASLt and OpenBLAS put in every thread of this process, so
-// their threads fail to start here.
+// The metrics are prometheus-cpp's (metrics.h); this is only their transport. A
+// deliberately small server: one thread, one request per connection (Connection: close),
+// requests read with a deadline and a size cap.
+//
+// Not prometheus-cpp-pull's Exposer: it serves through Debian's civetweb, which starts its
+// worker threads with a fixed 100 KiB stack, and glibc takes a thread's static TLS out of
+// its stack. This process carries ~170 KiB of static TLS (cuBLASLt 92 KiB, OpenBLAS
+// 60 KiB, cuBLAS 12 KiB, cudart 4 KiB: `readelf -lW <lib> | grep TLS`), so civetweb's
+// threads cannot start: the Exposer throws "null context when constructing CivetServer"
+// in a program linking those libraries and serves fine in one without cuBLAS (checked
+// with prometheus-cpp 1.0.1 and civetweb 1.15, Debian 12). This server's thread gets
+// the default 8 MiB stack.
 #pragma once
 
 #include <atomic>

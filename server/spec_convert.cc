@@ -1,13 +1,8 @@
 #include "server/spec_convert.h"
 
-#include <filesystem>
-#include <fstream>
-
 #include "absl/strings/str_cat.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
-#include "engine/data/dataset.h"
-#include "engine/job/trainer.h"
-#include "engine/model/safetensors.h"
 #include "yaml-cpp/yaml.h"
 
 namespace megatrain::server {
@@ -103,7 +98,7 @@ absl::StatusOr<JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request) {
       try {
         yaml = SpecMessageToYaml(request.spec());
       } catch (const YAML::Exception& e) {
-        return absl::InvalidArgumentError(absl::StrCat("spec.model.config_json: ", e.what()));
+        return absl::InvalidArgumentError(absl::StrCat("spec.model.config_json: ", Printable(e.what())));
       }
       break;
     default:
@@ -112,48 +107,7 @@ absl::StatusOr<JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request) {
   return ParseJobSpec(yaml, request.base_dir(), "job spec");
 }
 
-// Lines of the dataset read through the tokenizer when a job is submitted.
-constexpr int64_t kLinesCheckedAtSubmit = 64;
-
-absl::Status CheckSpecInputs(const JobSpec& spec) {
-  absl::StatusOr<ModelConfig> config = ResolveModelConfig(spec);
-  if (!config.ok()) return config.status();
-  if (!spec.model_path.empty()) {
-    absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(spec.model_path);
-    if (!reader.ok()) return Annotate(reader.status(), "model.path");
-  }
-  std::string tokenizer_dir;
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadJobTokenizer(spec, &tokenizer_dir);
-  if (!tokenizer.ok()) return tokenizer.status();
-  std::error_code ec;
-  if (std::filesystem::is_directory(spec.data_path, ec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.path: ", spec.data_path, " is a directory; expected a .jsonl file"));
-  }
-  std::ifstream data(spec.data_path);
-  if (!data) {
-    return absl::NotFoundError(absl::StrCat("data.path: cannot read ", spec.data_path));
-  }
-  // The first lines, through the job's own format and tokenizer: a wrong format or field
-  // name fails here, naming the line, instead of when the job starts.
-  absl::StatusOr<DatasetOptions> options = JobDatasetOptions(spec, tokenizer_dir);
-  if (!options.ok()) return options.status();
-  std::string line;
-  int64_t line_number = 0, checked = 0;
-  while (checked < kLinesCheckedAtSubmit && std::getline(data, line)) {
-    ++line_number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    ++checked;
-    absl::StatusOr<Example> example = ExampleFromLine(line, *options, **tokenizer);
-    if (!example.ok() && !options->skip_bad_lines) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.path: ", spec.data_path, ":", line_number, ": ", example.status().message(),
-          " (data.format is '", spec.data_format, "'; set data.on_bad_line: skip to leave "
-          "such lines out)"));
-    }
-  }
-  return absl::OkStatus();
-}
+absl::Status CheckSpecInputs(const JobSpec& spec) { return ValidateJobInputs(spec); }
 
 absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
                            const std::string& own_dir) {
@@ -161,7 +115,7 @@ absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
                                                             {"data.path", spec.data_path},
                                                             {"data.cache_dir", spec.data_cache_dir},
                                                             {"checkpoint.dir", spec.checkpoint_dir}};
-  if (spec.tokenizer != "byte" && spec.tokenizer != "model") {
+  if (spec.tokenizer != "auto" && spec.tokenizer != "byte" && spec.tokenizer != "model") {
     paths.push_back({"data.tokenizer", spec.tokenizer});
   }
   for (const auto& [field, path] : paths) {

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/check.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -282,7 +283,7 @@ absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerSt
     state->last_loss = loss.is_null() ? std::nan("") : loss.get<double>();
     state->spec_fingerprint = js.value("spec_fingerprint", "");
   } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(absl::StrCat(path, "/trainer_state.json: ", e.what()));
+    return absl::DataLossError(absl::StrCat(path, "/trainer_state.json: ", Printable(e.what())));
   }
   for (const PartInfo& part : kParts) {
     if (part.dtype != DType::kF32) continue;  // the bf16 weights follow from master

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 
 namespace megatrain {
@@ -157,16 +158,17 @@ absl::StatusOr<Example> PlainChat(const std::vector<ChatMessage>& messages,
   return e;
 }
 
-absl::StatusOr<Example> TokensExample(const json& doc, const Tokenizer& tokenizer) {
+absl::StatusOr<Example> TokensExample(const json& doc, int64_t vocab_size,
+                                      const char* vocab_owner) {
   ASSIGN_OR_RETURN(const json* ids, ArrayField(doc, "input_ids"));
-  const int64_t vocab = tokenizer.vocab_size();
   Example e;
   e.ids.reserve(ids->size());
   for (size_t i = 0; i < ids->size(); ++i) {
     const json& v = (*ids)[i];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("input_ids[", i, "] is ", v.dump(),
-                                                     ", expected an id in [0, ", vocab, ")"));
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input_ids[", i, "] is ", v.dump(), ", expected an id in [0, ",
+                       vocab_size, ") (", vocab_owner, " vocab_size is ", vocab_size, ")"));
     }
     e.ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
   }
@@ -308,13 +310,27 @@ Example EncodeWithTrainedSpans(const std::string& text,
   return e;
 }
 
+absl::Status CheckDatasetTrainable(const std::string& path, const DatasetStats& stats) {
+  if (stats.examples == 0 || stats.tokens == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.path: ", path, " holds no examples to train on (", stats.lines, " lines, ",
+        stats.bad_lines, " malformed",
+        stats.first_errors.empty() ? "" : absl::StrCat("; first: ", stats.first_errors[0]), ")"));
+  }
+  if (stats.trained_tokens == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.path: ", path, ": no token of any example is trained (every label is masked)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Example> ExampleFromLine(absl::string_view line, const DatasetOptions& options,
                                         const Tokenizer& tokenizer) {
   json doc;
   try {
     doc = json::parse(line.begin(), line.end());
   } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("not valid JSON: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat("not valid JSON: ", Printable(e.what())));
   }
   if (!doc.is_object()) {
     return absl::InvalidArgumentError(
@@ -328,7 +344,8 @@ absl::StatusOr<Example> ExampleFromLine(absl::string_view line, const DatasetOpt
       return TextExample(text, tokenizer);
     }
     case DataFormat::kTokens:
-      return TokensExample(doc, tokenizer);
+      if (options.vocab_size > 0) return TokensExample(doc, options.vocab_size, "the model's");
+      return TokensExample(doc, tokenizer.vocab_size(), "the tokenizer's");
     case DataFormat::kAlpaca: {
       ASSIGN_OR_RETURN(messages, AlpacaMessages(doc));
       break;
@@ -358,6 +375,9 @@ json DatasetSource(const DatasetOptions& options, const Tokenizer& tokenizer) {
               {"bos_id", tokenizer.bos_id()},
               {"eos_id", tokenizer.eos_id()},
               {"skip_bad_lines", options.skip_bad_lines}};
+  if (options.format == DataFormat::kTokens && options.vocab_size > 0) {
+    source["model_vocab_size"] = options.vocab_size;  // what the ids were checked against
+  }
   // The tokenizer file's identity, when the name is a path to one.
   const std::string name = tokenizer.name();
   if (const size_t colon = name.find(':'); colon != std::string::npos) {
@@ -513,17 +533,7 @@ absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
     return absl::DataLossError(absl::StrCat("data.path: reading ", options.path,
                                             " failed after line ", line_number));
   }
-  if (stats.examples == 0 || stats.tokens == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.path: ", options.path, " holds no examples to train on (", stats.lines,
-        " lines, ", stats.bad_lines, " malformed",
-        stats.first_errors.empty() ? "" : absl::StrCat("; first: ", stats.first_errors[0]), ")"));
-  }
-  if (stats.trained_tokens == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.path: ", options.path, ": no token of any example is trained (every label is "
-        "masked)"));
-  }
+  RETURN_IF_ERROR(CheckDatasetTrainable(options.path, stats));
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   json full_source = source;
   full_source["stats"] = stats.ToJson();

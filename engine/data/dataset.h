@@ -7,8 +7,9 @@
 //   alpaca    {"instruction", "input" (optional), "output"} -> user / assistant turns
 //   sharegpt  {"conversations": [{"from": "system|human|user|gpt|assistant", "value"}]}
 //   messages  {"messages": [{"role": "system|user|assistant", "content"}]}
-//   tokens    {"input_ids": [ids], "labels": [ids or -100] (optional)}: ids as given;
-//             a token is trained where its label is not -100 (all when no labels)
+//   tokens    {"input_ids": [ids], "labels": [ids or -100] (optional)}: ids as given,
+//             each below the model's vocab_size (no tokenizer is used); a token is
+//             trained where its label is not -100 (all when no labels)
 // Chat formats (alpaca, sharegpt, messages) render through the chat template: the model's
 // family (chat_template.h) or, with none, a plain "User: ...\n\nAssistant: ...<eos>"
 // layout. Only assistant turns, and the tokens that end them, are trained.
@@ -48,6 +49,8 @@ struct DatasetOptions {
   ChatOptions chat_options;                 // bos/eos strings, gpt-oss date ...
   bool skip_bad_lines = false;
   int threads = 0;                          // tokenizing threads; 0 = one per core
+  // kTokens: ids must lie in [0, vocab_size), the model's vocabulary (0 = the tokenizer's).
+  int64_t vocab_size = 0;
 };
 
 struct DatasetStats {
@@ -64,6 +67,12 @@ struct DatasetStats {
   // skipped, first: d.jsonl:3: not valid JSON ...; tokenized in 0.01 s".
   std::string Summary() const;
 };
+
+// InvalidArgument "data.path: <path> holds no examples to train on (...)" when `stats`
+// (of the whole file) found no example or no token, or "... no token of any example is
+// trained" when every label is masked; OK otherwise.
+[[nodiscard]] absl::Status CheckDatasetTrainable(const std::string& path,
+                                                 const DatasetStats& stats);
 
 // One line's example; errors name the problem but not the line (the caller adds it).
 absl::StatusOr<Example> ExampleFromLine(absl::string_view line, const DatasetOptions& options,

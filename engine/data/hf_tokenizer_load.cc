@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/data/hf_tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -363,7 +364,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
     }
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": unexpected structure (", e.what(), ")"));
+        absl::StrCat(where, ": unexpected structure (", Printable(e.what()), ")"));
   }
   return tok;
 }

@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/printable.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain {
@@ -29,7 +30,7 @@ absl::StatusOr<std::string> ParseLine(const std::string& line, const std::string
   try {
     doc = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": not valid JSON: ", Printable(e.what())));
   }
   if (!doc.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where,

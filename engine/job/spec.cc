@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/device_name.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/data/bpe_text.h"
 #include "nlohmann/json.hpp"
@@ -226,12 +227,12 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   RETURN_IF_ERROR(data.Int("tokenize_threads", &spec->tokenize_threads, 0));
   RETURN_IF_ERROR(data.String("tokenizer", &spec->tokenizer));
   if (spec->tokenizer.empty()) {
-    return data.Error("tokenizer", "must be 'byte', 'model', or a tokenizer.json path");
+    return data.Error("tokenizer", "must be 'auto', 'byte', 'model', or a tokenizer.json path");
   }
   if (spec->tokenizer == "model" && spec->model_path.empty()) {
     return data.Error("tokenizer", "is 'model', but model.path names no model folder");
   }
-  if (spec->tokenizer != "byte" && spec->tokenizer != "model") {
+  if (spec->tokenizer != "auto" && spec->tokenizer != "byte" && spec->tokenizer != "model") {
     spec->tokenizer = Resolve(base_dir, spec->tokenizer);
   }
   RETURN_IF_ERROR(data.Int("seq_len", &spec->seq_len, 2));
@@ -356,16 +357,16 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid YAML: ", Printable(e.what())));
   }
   JobSpec spec;
   absl::Status s;
   try {
     s = ParseSections(root, base_dir, &spec);
   } catch (const YAML::Exception& e) {
-    s = absl::InvalidArgumentError(e.what());
+    s = absl::InvalidArgumentError(Printable(e.what()));
   } catch (const nlohmann::json::exception& e) {
-    s = absl::InvalidArgumentError(absl::StrCat("model.config: ", e.what()));
+    s = absl::InvalidArgumentError(absl::StrCat("model.config: ", Printable(e.what())));
   }
   if (!s.ok()) return Annotate(s, source);
   // YAML escapes ("\_", "\xA0") can unescape to bytes that are not UTF-8; every string

@@ -5,7 +5,7 @@
 //   model:      {path: DIR} | {config: {...config.json fields...}} | {config_path: FILE}
 //               init_seed: 0                      # random init only
 //   data:       {path: FILE.jsonl, format: text|alpaca|sharegpt|messages|tokens,
-//                text_field: text, tokenizer: byte|model|PATH,
+//                text_field: text, tokenizer: auto|byte|model|PATH,
 //                chat_template: auto|plain|llama2|llama3|qwen3|gptoss, chat_date: "",
 //                packing: pack|pad, truncation: auto|split|truncate,
 //                on_bad_line: fail|skip, cache_dir: "", tokenize_threads: 0,
@@ -46,9 +46,11 @@ struct JobSpec {
   std::string data_path;
   std::string data_format = "text";
   std::string text_field = "text";
-  // "byte" (UTF-8 bytes, bos 256, eos 257), "model" (the model folder's tokenizer.json
-  // and tokenizer_config.json), or a path to a tokenizer.json or the folder holding it.
-  std::string tokenizer = "byte";
+  // "auto" (the model folder's tokenizer when it has a tokenizer.json, else byte), "byte"
+  // (UTF-8 bytes, bos 256, eos 257), "model" (the model folder's tokenizer.json and
+  // tokenizer_config.json), or a path to a tokenizer.json or the folder holding it.
+  // data.format tokens uses none: its ids are checked against the model's vocab_size.
+  std::string tokenizer = "auto";
   // Chat formats: "auto" (the family of tokenizer_config.json's chat_template, else
   // plain), "plain" ("User: ..\n\nAssistant: ..<eos>"), or a family name.
   std::string chat_template = "auto";

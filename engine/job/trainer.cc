@@ -13,8 +13,6 @@
 #include "absl/strings/str_join.h"
 #include "engine/backend/factory.h"
 #include "engine/common/status.h"
-#include "engine/data/byte_tokenizer.h"
-#include "engine/data/hf_tokenizer.h"
 #include "engine/data/jsonl.h"
 #include "engine/data/tokenizer.h"
 #include "engine/model/safetensors.h"
@@ -23,94 +21,6 @@
 #include "engine/store/model_io.h"
 
 namespace megatrain {
-
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(const JobSpec& spec, std::string* dir) {
-  namespace fs = std::filesystem;
-  if (spec.tokenizer == "byte") {
-    *dir = spec.model_path;  // a model folder's own tokenizer files still travel along
-    return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>());
-  }
-  fs::path json = spec.tokenizer == "model" ? fs::path(spec.model_path) : fs::path(spec.tokenizer);
-  if (json.extension() != ".json") json /= "tokenizer.json";
-  const fs::path config = json.parent_path() / "tokenizer_config.json";
-  *dir = json.parent_path().string();
-  absl::StatusOr<std::unique_ptr<Tokenizer>> t =
-      LoadHfTokenizer(json.string(), fs::exists(config) ? config.string() : "");
-  if (!t.ok()) return Annotate(t.status(), "data.tokenizer");
-  return t;
-}
-
-absl::StatusOr<DatasetOptions> JobDatasetOptions(const JobSpec& spec,
-                                                 const std::string& tokenizer_dir) {
-  namespace fs = std::filesystem;
-  DatasetOptions o;
-  o.path = spec.data_path;
-  ASSIGN_OR_RETURN(o.format, DataFormatFromName(spec.data_format));
-  o.text_field = spec.text_field;
-  o.skip_bad_lines = spec.on_bad_line == "skip";
-  o.threads = static_cast<int>(spec.tokenize_threads);
-  if (!IsChatFormat(o.format) || spec.chat_template == "plain") return o;
-
-  // tokenizer_config.json: the template's family and the bos / eos strings it prints.
-  nlohmann::json config = nlohmann::json::object();
-  const fs::path config_path = fs::path(tokenizer_dir) / "tokenizer_config.json";
-  if (spec.tokenizer != "byte" && fs::exists(config_path)) {
-    std::ifstream in(config_path);
-    config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (config.is_discarded() || !config.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.tokenizer: ", config_path.string(), " is not a JSON object"));
-    }
-  }
-  auto token_string = [&](const char* key) -> std::string {
-    const auto it = config.find(key);
-    if (it == config.end()) return "";
-    if (it->is_string()) return it->get<std::string>();
-    if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
-      return (*it)["content"].get<std::string>();
-    }
-    return "";
-  };
-  o.chat_options.bos_token = token_string("bos_token");
-  o.chat_options.eos_token = token_string("eos_token");
-  o.chat_options.date_string = spec.chat_date;
-  if (spec.chat_template != "auto") {
-    ASSIGN_OR_RETURN(ChatFormat f, ChatFormatFromName(spec.chat_template));
-    o.chat = f;
-    return o;
-  }
-  const auto it = config.find("chat_template");
-  if (it == config.end() || !it->is_string()) return o;  // no template: the plain layout
-  absl::StatusOr<ChatFormat> f = DetectChatFormat(it->get<std::string>());
-  if (!f.ok()) {
-    return Annotate(f.status(), absl::StrCat("data.chat_template: auto, but the chat_template of ",
-                                             config_path.string(),
-                                             " is none we know; name a family or 'plain'"));
-  }
-  o.chat = *f;
-  return o;
-}
-
-std::string JobDataCacheDir(const JobSpec& spec) {
-  namespace fs = std::filesystem;
-  if (!spec.data_cache_dir.empty()) return spec.data_cache_dir;
-  if (!spec.checkpoint_dir.empty()) return (fs::path(spec.checkpoint_dir) / "data-cache").string();
-  std::error_code ec;
-  fs::path tmp = fs::temp_directory_path(ec);
-  if (ec) tmp = "/tmp";
-  return (tmp / absl::StrCat("megatrain-data-cache-", ::getuid())).string();
-}
-
-PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer) {
-  PackOptions p;
-  p.mode = spec.packing == "pad" ? PackOptions::Mode::kPad : PackOptions::Mode::kPack;
-  const bool chat = spec.data_format == "alpaca" || spec.data_format == "sharegpt" ||
-                    spec.data_format == "messages";
-  const bool truncate = spec.truncation == "truncate" || (spec.truncation == "auto" && chat);
-  p.truncation = truncate ? PackOptions::Truncation::kTruncate : PackOptions::Truncation::kSplit;
-  p.pad_id = std::max(0, tokenizer.eos_id());
-  return p;
-}
 
 Trainer::~Trainer() {
   background_.reset();  // an unfinished background checkpoint is abandoned
@@ -168,16 +78,18 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
 
   // Data first: a broken dataset should fail before minutes of model loading.
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir_));
-  if (config_.vocab_size < tokenizer->vocab_size()) {
+  // Pre-tokenized ids are checked against the model's vocabulary, not the tokenizer's.
+  if (spec.data_format != "tokens" && config_.vocab_size < tokenizer->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.tokenizer: the ", tokenizer->name(), " tokenizer has ", tokenizer->vocab_size(),
         " ids; the model's vocab_size is ", config_.vocab_size));
   }
-  ASSIGN_OR_RETURN(DatasetOptions data, JobDatasetOptions(spec, tokenizer_dir_));
+  ASSIGN_OR_RETURN(DatasetOptions data,
+                   JobDatasetOptions(spec, tokenizer_dir_, config_.vocab_size));
   ASSIGN_OR_RETURN(std::shared_ptr<const TokenDocs> docs,
                    OpenOrBuildTokenStore(data, *tokenizer, JobDataCacheDir(spec), &dataset_stats_));
   packer_ = std::make_unique<Packer>(std::move(docs), spec.seq_len, spec.data_seed,
-                                     JobPackOptions(spec, *tokenizer));
+                                     JobPackOptions(spec, *tokenizer, config_.vocab_size));
 
   const BackendRequest request{spec.backend, spec.device_memory_cap_bytes};
   ASSIGN_OR_RETURN(backend_, CreateBackend(request));

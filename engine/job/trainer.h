@@ -18,6 +18,7 @@
 #include "engine/data/packer.h"
 #include "engine/data/tokenizer.h"
 #include "engine/job/background_checkpoint.h"
+#include "engine/job/inputs.h"
 #include "engine/job/spec.h"
 #include "engine/pipeline/host_optimizer.h"
 #include "engine/pipeline/grad_reducer.h"
@@ -60,20 +61,6 @@ struct StepReport {
   std::vector<int64_t> failed_checkpoint_steps;  // the steps whose checkpoint failed
 };
 
-// The tokenizer data.tokenizer names; *dir is the folder whose tokenizer files
-// checkpoints copy. Errors name data.tokenizer and the file.
-[[nodiscard]] absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(const JobSpec& spec,
-                                                                         std::string* dir);
-
-// The dataset settings of the spec: format, chat template ("auto" reads the family from
-// tokenizer_config.json in `tokenizer_dir`, with its bos / eos strings), bad-line policy.
-[[nodiscard]] absl::StatusOr<DatasetOptions> JobDatasetOptions(const JobSpec& spec,
-                                                               const std::string& tokenizer_dir);
-// Where the job's tokenized dataset is cached (data.cache_dir or its default).
-std::string JobDataCacheDir(const JobSpec& spec);
-// Packing settings of the spec for this tokenizer (padding id: eos, else 0).
-PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer);
-
 // What the planner needs to know of a job: the model, the batch, clipping and the choices
 // the spec fixes; the budgets are the caller's (the device's, the node's).
 PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
@@ -92,6 +79,9 @@ class Trainer {
   bool done() const { return state_.step >= spec_.steps; }
   int64_t step() const { return state_.step; }
   int64_t resumed_from_step() const { return resumed_from_; }
+  // The loss of the last step completed: in this run, else the one the checkpoint resumed
+  // from recorded (NaN where it recorded none); 0 before any step.
+  double last_loss() const { return state_.last_loss; }
 
   // Writes a checkpoint of the state after the last completed step and prunes old ones;
   // training waits. (A background checkpoint still being written is finished first.)

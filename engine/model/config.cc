@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/model/posix_file.h"
 #include "nlohmann/json.hpp"
@@ -344,7 +345,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
     return ParseObject(root, source);
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not valid JSON (", e.what(), "); fix or re-download the file"));
+        absl::StrCat(source, ": not valid JSON (", Printable(e.what()), "); fix or re-download the file"));
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/model/posix_file.h"
 #include "engine/model/safetensors.h"
@@ -33,7 +34,7 @@ absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::stri
     root = Json::parse(text);
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(index_path, ": not valid JSON (", e.what(), "); re-download it"));
+        absl::StrCat(index_path, ": not valid JSON (", Printable(e.what()), "); re-download it"));
   }
   auto it = root.is_object() ? root.find("weight_map") : root.end();
   if (it == root.end() || !it->is_object()) {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/check.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/model/posix_file.h"
 #include "nlohmann/json.hpp"
@@ -159,7 +160,7 @@ absl::Status ParseHeader(const std::string& path, const std::string& header, uin
     root = Json::parse(header);
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": header is not valid JSON (", e.what(), "); the file is corrupt or not safetensors"));
+        path, ": header is not valid JSON (", Printable(e.what()), "); the file is corrupt or not safetensors"));
   }
   if (!root.is_object()) {
     return absl::InvalidArgumentError(

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/common/check.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/model/posix_file.h"
 #include "engine/model/safetensors.h"
@@ -73,7 +74,7 @@ absl::StatusOr<std::string> BuildHeader(const std::string& path,
     text = header.dump();  // throws on names that are not valid UTF-8
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat("writing ", path, ": cannot encode the header (", e.what(), ")"));
+        absl::StrCat("writing ", path, ": cannot encode the header (", Printable(e.what()), ")"));
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string out(8, '\0');

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/backend/factory.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/optim/adamw.h"
 #include "engine/store/host_store.h"
@@ -250,7 +251,7 @@ absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& text) {
     p.host_memory_bytes = j.at("host_memory_bytes").get<int64_t>();
     p.cpu_threads = j.at("cpu_threads").get<int>();
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("machine profile: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat("machine profile: ", Printable(e.what())));
   }
   if (p.gemm.empty() || p.attention.empty() || !(p.h2d_gbps > 0) || !(p.d2h_gbps > 0) ||
       !(p.adamw_params_per_second > 0)) {

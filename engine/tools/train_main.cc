@@ -11,6 +11,7 @@
 
 #include "CLI/CLI.hpp"
 #include "engine/backend/factory.h"
+#include "engine/common/printable.h"
 #include "engine/engine.h"
 #include "engine/tools/demo.h"
 
@@ -55,12 +56,12 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<megatrain::JobSpec> spec = megatrain::LoadJobSpec(spec_path);
   if (!spec.ok()) {
-    std::fprintf(stderr, "error: %s\n", spec.status().ToString().c_str());
+    std::fprintf(stderr, "error: %s\n", megatrain::Printable(spec.status().ToString()).c_str());
     return 2;
   }
   absl::StatusOr<std::unique_ptr<megatrain::Trainer>> trainer = megatrain::Trainer::Create(*spec);
   if (!trainer.ok()) {
-    std::fprintf(stderr, "error: %s\n", trainer.status().ToString().c_str());
+    std::fprintf(stderr, "error: %s\n", megatrain::Printable(trainer.status().ToString()).c_str());
     return 2;
   }
   megatrain::Trainer& t = **trainer;
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<megatrain::StepReport> r = t.Step();
     if (!r.ok()) {
       std::fprintf(stderr, "error at step %lld: %s\n", static_cast<long long>(t.step() + 1),
-                   r.status().ToString().c_str());
+                   megatrain::Printable(r.status().ToString()).c_str());
       return 1;
     }
     if (!r->checkpoint_error.empty()) std::fprintf(stderr, "%s\n", r->checkpoint_error.c_str());
@@ -93,7 +94,7 @@ int main(int argc, char** argv) {
   if (!t.done() && !spec->checkpoint_dir.empty()) {
     absl::StatusOr<std::string> path = t.SaveCheckpoint();
     if (!path.ok()) {
-      std::fprintf(stderr, "error: %s\n", path.status().ToString().c_str());
+      std::fprintf(stderr, "error: %s\n", megatrain::Printable(path.status().ToString()).c_str());
       return 1;
     }
     std::printf("stopped at step %lld, checkpoint %s\n", static_cast<long long>(t.step()),

@@ -1,6 +1,8 @@
 // The pure formatting functions of client/format.h, one edge case per test.
 #include "client/format.h"
 
+#include <cmath>
+
 #include "gtest/gtest.h"
 
 namespace megatrain::client {
@@ -10,7 +12,7 @@ v1::Progress MakeProgress(int64_t step, int64_t total, double loss, double tok_s
   v1::Progress p;
   p.set_step(step);
   p.set_total_steps(total);
-  p.set_loss(loss);
+  if (step > 0) p.set_loss(loss);  // as the daemon: a loss once a step measured one
   p.set_tokens_per_second(tok_s);
   p.set_eta_seconds(eta_s);
   return p;
@@ -120,6 +122,21 @@ TEST(FormatStep, KnownTotalUnknownTotalAndNothing) {
 TEST(FormatLoss, DashBeforeTheFirstStep) {
   EXPECT_EQ(FormatLoss(MakeProgress(0, 200, 0, 0, 0)), "-");
   EXPECT_EQ(FormatLoss(MakeProgress(1, 200, 2.34123, 0, 0)), "2.3412");
+}
+
+// A job resumed at its final step ran none: its step is the last, its loss unmeasured
+// (or the checkpoint's, when it recorded one), never a made-up 0.
+TEST(FormatLoss, DashWhenNoLossWasMeasuredWhateverTheStep) {
+  v1::Progress p;
+  p.set_step(120);
+  p.set_total_steps(120);
+  EXPECT_EQ(FormatLoss(p), "-");
+  p.set_loss(std::nan(""));
+  EXPECT_EQ(FormatLoss(p), "-");
+  p.set_loss(0.8617);
+  EXPECT_EQ(FormatLoss(p), "0.8617");
+  p.set_loss(0);
+  EXPECT_EQ(FormatLoss(p), "0.0000");  // measured: shown
 }
 
 TEST(FormatProgressLine, AllFields) {

@@ -1061,7 +1061,8 @@ class GracefulStopTest(DaemonTestCase):
         stop_s = time.monotonic() - t0
         self.assertEqual(rc, 0, self.daemon.log())
         self.assertLess(stop_s, 20, "megatraind took too long to stop")
-        self.assertIn("SIGTERM", self.daemon.log())
+        self.assertIn(f"SIGTERM: checkpointing job {job_id} and requeueing it; stopping",
+                      self.daemon.log())
         self.assertFalse(os.path.exists(self.daemon.socket), "the socket is left behind")
         try:
             out, err = watch.communicate(timeout=30)
@@ -1099,6 +1100,9 @@ class GracefulStopTest(DaemonTestCase):
     def test_sigterm_while_idle_exits_0(self):
         self.watch_ok(self.submit(make_spec(steps=2)))
         self.assertEqual(self.daemon.stop(), 0, self.daemon.log())
+        # It says what it does: no job to checkpoint.
+        self.assertIn("megatraind: SIGTERM: no job running; stopping", self.daemon.log())
+        self.assertNotIn("checkpointing", self.daemon.log())
         self.daemon.start()
         self.assertEqual(len(self.cli_json("list")["jobs"]), 1)
 

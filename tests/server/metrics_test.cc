@@ -57,11 +57,11 @@ TEST(Metrics, ExpositionTextFollowsTheFormat) {
             "b_bytes 1500000000000\n"
             "# HELP c_seconds A histogram.\n"
             "# TYPE c_seconds histogram\n"
-            "c_seconds_bucket{job=\"1\",le=\"0.10000000000000001\"} 1\n"
+            "c_seconds_count{job=\"1\"} 3\n"
+            "c_seconds_sum{job=\"1\"} 7.55\n"
+            "c_seconds_bucket{job=\"1\",le=\"0.1\"} 1\n"
             "c_seconds_bucket{job=\"1\",le=\"1\"} 2\n"
-            "c_seconds_bucket{job=\"1\",le=\"+Inf\"} 3\n"
-            "c_seconds_sum{job=\"1\"} 7.5499999999999998\n"
-            "c_seconds_count{job=\"1\"} 3\n");
+            "c_seconds_bucket{job=\"1\",le=\"+Inf\"} 3\n");
 }
 
 TEST(Metrics, RemoveSeriesDropsAFinishedJobEverywhere) {
@@ -87,6 +87,19 @@ TEST(Metrics, ProcessCollectorReportsThisProcess) {
                            "process_max_fds ", "process_start_time_seconds "}) {
     EXPECT_NE(text.find(std::string("\n") + name), std::string::npos) << name << "\n" << text;
   }
+}
+
+// Names are checked where they are declared or first used, not left for Prometheus to
+// refuse the whole scrape.
+TEST(MetricsDeathTest, AnInvalidMetricOrLabelNameIsABug) {
+  MetricsRegistry r;
+  EXPECT_DEATH(r.Declare("bad-name", T::kGauge, "h"), "bad-name is not a valid metric name");
+  EXPECT_DEATH(r.Declare("9lives", T::kGauge, "h"), "is not a valid metric name");
+  r.Declare("ok", T::kGauge, "h");
+  EXPECT_DEATH(r.Set("ok", {{"bad label", "x"}}, 1), "bad label is not a valid label name");
+  EXPECT_DEATH(r.Set("ok", {{"__reserved", "x"}}, 1), "is not a valid label name");
+  r.Declare("h_seconds", T::kHistogram, "h", {1});
+  EXPECT_DEATH(r.Observe("h_seconds", {{"le", "1"}}, 1), "le is not a valid label name");
 }
 
 TEST(MetricsHttp, ServesTheRegistryAtSlashMetrics) {

@@ -158,7 +158,7 @@ TEST(JobSpecTest, OmittedSectionsAndFieldsTakeTheDocumentedDefaults) {
   EXPECT_EQ(spec->data_path, dir.Join("train.jsonl"));
   EXPECT_EQ(spec->data_format, "text");
   EXPECT_EQ(spec->text_field, "text");
-  EXPECT_EQ(spec->tokenizer, "byte");
+  EXPECT_EQ(spec->tokenizer, "auto");
   EXPECT_EQ(spec->seq_len, 256);
   EXPECT_EQ(spec->data_seed, 0u);
   EXPECT_EQ(spec->steps, 100);

@@ -66,6 +66,20 @@ TEST(SafetensorsErrorsTest, HeaderThatIsNotJsonIsRefused) {
   ExpectOpenFails(path, "", "not valid JSON");
 }
 
+// The parser's message quotes the bytes it last read: escaped, never raw binary.
+TEST(SafetensorsErrorsTest, HeaderThatIsNotUtf8IsQuotedEscaped) {
+  const std::string path = MakeTempDir() + "/binary.safetensors";
+  WriteFile(path, RawSafetensors("\xff\xfe\x01{", ""));
+  ExpectOpenFails(path, "", "not valid JSON");
+  const std::string message(SafetensorsFile::Open(path).status().message());
+  EXPECT_THAT(message, HasSubstr("\\xff")) << message;
+  for (const char c : message) {
+    const auto byte = static_cast<unsigned char>(c);
+    EXPECT_TRUE(byte >= 0x20 && byte < 0x7f) << "byte " << static_cast<int>(byte) << " in "
+                                             << message;
+  }
+}
+
 TEST(SafetensorsErrorsTest, HeaderThatIsNotAnObjectIsRefused) {
   ExpectOpenFails(WriteRaw(Json::array({1, 2}), 0), "", "not an object");
 }

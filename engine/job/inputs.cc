@@ -1,0 +1,188 @@
+#include "engine/job/inputs.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/status.h"
+#include "engine/data/byte_tokenizer.h"
+#include "engine/data/hf_tokenizer.h"
+#include "engine/model/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace megatrain {
+namespace fs = std::filesystem;
+
+std::string ResolvedTokenizer(const JobSpec& spec) {
+  if (spec.tokenizer != "auto") return spec.tokenizer;
+  std::error_code ec;
+  if (!spec.model_path.empty() &&
+      fs::is_regular_file(fs::path(spec.model_path) / "tokenizer.json", ec)) {
+    return "model";
+  }
+  return "byte";
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(const JobSpec& spec, std::string* dir) {
+  const std::string tokenizer = ResolvedTokenizer(spec);
+  if (tokenizer == "byte") {
+    *dir = spec.model_path;  // a model folder's own tokenizer files still travel along
+    return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>());
+  }
+  fs::path json = tokenizer == "model" ? fs::path(spec.model_path) : fs::path(tokenizer);
+  if (json.extension() != ".json") json /= "tokenizer.json";
+  const fs::path config = json.parent_path() / "tokenizer_config.json";
+  *dir = json.parent_path().string();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t =
+      LoadHfTokenizer(json.string(), fs::exists(config) ? config.string() : "");
+  if (!t.ok()) return Annotate(t.status(), "data.tokenizer");
+  return t;
+}
+
+absl::StatusOr<DatasetOptions> JobDatasetOptions(const JobSpec& spec,
+                                                 const std::string& tokenizer_dir,
+                                                 int64_t model_vocab_size) {
+  DatasetOptions o;
+  o.path = spec.data_path;
+  ASSIGN_OR_RETURN(o.format, DataFormatFromName(spec.data_format));
+  o.text_field = spec.text_field;
+  o.skip_bad_lines = spec.on_bad_line == "skip";
+  o.threads = static_cast<int>(spec.tokenize_threads);
+  if (o.format == DataFormat::kTokens) o.vocab_size = model_vocab_size;
+  if (!IsChatFormat(o.format) || spec.chat_template == "plain") return o;
+
+  // tokenizer_config.json: the template's family and the bos / eos strings it prints.
+  nlohmann::json config = nlohmann::json::object();
+  const fs::path config_path = fs::path(tokenizer_dir) / "tokenizer_config.json";
+  if (ResolvedTokenizer(spec) != "byte" && fs::exists(config_path)) {
+    std::ifstream in(config_path);
+    config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded() || !config.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.tokenizer: ", config_path.string(), " is not a JSON object"));
+    }
+  }
+  auto token_string = [&](const char* key) -> std::string {
+    const auto it = config.find(key);
+    if (it == config.end()) return "";
+    if (it->is_string()) return it->get<std::string>();
+    if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+      return (*it)["content"].get<std::string>();
+    }
+    return "";
+  };
+  o.chat_options.bos_token = token_string("bos_token");
+  o.chat_options.eos_token = token_string("eos_token");
+  o.chat_options.date_string = spec.chat_date;
+  if (spec.chat_template != "auto") {
+    ASSIGN_OR_RETURN(ChatFormat f, ChatFormatFromName(spec.chat_template));
+    o.chat = f;
+    return o;
+  }
+  const auto it = config.find("chat_template");
+  if (it == config.end() || !it->is_string()) return o;  // no template: the plain layout
+  absl::StatusOr<ChatFormat> f = DetectChatFormat(it->get<std::string>());
+  if (!f.ok()) {
+    return Annotate(f.status(), absl::StrCat("data.chat_template: auto, but the chat_template of ",
+                                             config_path.string(),
+                                             " is none we know; name a family or 'plain'"));
+  }
+  o.chat = *f;
+  return o;
+}
+
+std::string JobDataCacheDir(const JobSpec& spec) {
+  if (!spec.data_cache_dir.empty()) return spec.data_cache_dir;
+  if (!spec.checkpoint_dir.empty()) return (fs::path(spec.checkpoint_dir) / "data-cache").string();
+  std::error_code ec;
+  fs::path tmp = fs::temp_directory_path(ec);
+  if (ec) tmp = "/tmp";
+  return (tmp / absl::StrCat("megatrain-data-cache-", ::getuid())).string();
+}
+
+PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer,
+                           int64_t model_vocab_size) {
+  PackOptions p;
+  p.mode = spec.packing == "pad" ? PackOptions::Mode::kPad : PackOptions::Mode::kPack;
+  const bool chat = spec.data_format == "alpaca" || spec.data_format == "sharegpt" ||
+                    spec.data_format == "messages";
+  const bool truncate = spec.truncation == "truncate" || (spec.truncation == "auto" && chat);
+  p.truncation = truncate ? PackOptions::Truncation::kTruncate : PackOptions::Truncation::kSplit;
+  p.pad_id = tokenizer.eos_id() >= 0 && tokenizer.eos_id() < model_vocab_size ? tokenizer.eos_id()
+                                                                              : 0;
+  return p;
+}
+
+namespace {
+
+// Lines of the dataset read through the tokenizer when a job is submitted.
+constexpr int64_t kLinesCheckedAtSubmit = 64;
+
+bool IsBlankLine(const std::string& line) {
+  return line.find_first_not_of(" \t\r") == std::string::npos;
+}
+
+}  // namespace
+
+absl::Status ValidateJobInputs(const JobSpec& spec) {
+  ASSIGN_OR_RETURN(const ModelConfig config, ResolveModelConfig(spec));
+  if (!spec.model_path.empty()) {
+    absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(spec.model_path);
+    if (!reader.ok()) return Annotate(reader.status(), "model.path");
+  }
+  std::string tokenizer_dir;
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir));
+  std::error_code ec;
+  if (fs::is_directory(spec.data_path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.path: ", spec.data_path, " is a directory; expected a .jsonl file"));
+  }
+  std::ifstream data(spec.data_path);
+  if (!data) return absl::NotFoundError(absl::StrCat("data.path: cannot read ", spec.data_path));
+  // The first lines, through the job's own format and tokenizer: a wrong format or field
+  // name fails here, naming the line, instead of when the job starts. When they are the
+  // whole file, it must hold something to train on, as the job would find.
+  ASSIGN_OR_RETURN(const DatasetOptions options,
+                   JobDatasetOptions(spec, tokenizer_dir, config.vocab_size));
+  DatasetStats stats;
+  std::string line;
+  int64_t line_number = 0;
+  while (stats.lines < kLinesCheckedAtSubmit && std::getline(data, line)) {
+    ++line_number;
+    if (IsBlankLine(line)) continue;
+    ++stats.lines;
+    absl::StatusOr<Example> example = ExampleFromLine(line, options, *tokenizer);
+    if (!example.ok()) {
+      const std::string where = absl::StrCat(spec.data_path, ":", line_number, ": ",
+                                             example.status().message());
+      if (!options.skip_bad_lines) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.path: ", where, " (data.format is '", spec.data_format,
+                         "'; set data.on_bad_line: skip to leave such lines out)"));
+      }
+      ++stats.bad_lines;
+      if (stats.first_errors.empty()) stats.first_errors.push_back(where);
+      continue;
+    }
+    ++stats.examples;
+    stats.tokens += static_cast<int64_t>(example->ids.size());
+    stats.trained_tokens +=
+        example->trained.empty() ? static_cast<int64_t>(example->ids.size())
+                                 : std::count(example->trained.begin(), example->trained.end(), 1);
+  }
+  // Blank lines to the end, or more examples: only a file read to its end is judged.
+  while (stats.examples == 0 && std::getline(data, line)) {
+    if (!IsBlankLine(line)) return absl::OkStatus();
+  }
+  if (data.bad()) {
+    return absl::DataLossError(absl::StrCat("data.path: reading ", spec.data_path, " failed"));
+  }
+  if (!data.eof()) return absl::OkStatus();
+  return CheckDatasetTrainable(spec.data_path, stats);
+}
+
+}  // namespace megatrain

@@ -1,0 +1,115 @@
+// A job's inputs as checked before it is queued (ValidateJobInputs) and as the trainer
+// reads them: the default tokenizer, pre-tokenized ids against the model's vocabulary,
+// and datasets with nothing to train on.
+#include "engine/job/inputs.h"
+
+#include <string>
+
+#include "engine/job/trainer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/util/temp_dir.h"
+
+namespace megatrain {
+namespace {
+
+using ::testing::HasSubstr;
+using ::megatrain::testing::TempDir;
+using ::megatrain::testing::WriteFile;
+
+// A tiny random-init model of `vocab` ids, trained on data.jsonl in `dir`.
+std::string Spec(int vocab, const std::string& data_extra = "") {
+  return "model:\n"
+         "  config: {architectures: [LlamaForCausalLM], hidden_size: 32, intermediate_size: 64,\n"
+         "           num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1,\n"
+         "           vocab_size: " + std::to_string(vocab) + ", tie_word_embeddings: true}\n"
+         "data: {path: data.jsonl, seq_len: 16" + data_extra + "}\n"
+         "train: {steps: 1, micro_batch_rows: 1, micro_batches: 1}\n";
+}
+
+JobSpec Parse(const TempDir& dir, const std::string& yaml) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, dir.path());
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : JobSpec{};
+}
+
+TEST(JobInputs, TheDefaultTokenizerIsTheModelFoldersElseByte) {
+  TempDir dir;
+  JobSpec spec = Parse(dir, Spec(258));
+  EXPECT_EQ(spec.tokenizer, "auto");
+  EXPECT_EQ(ResolvedTokenizer(spec), "byte");  // random init: no model folder
+  spec.model_path = dir.Join("model");
+  WriteFile(dir.Join("model/config.json"), "{}");
+  EXPECT_EQ(ResolvedTokenizer(spec), "byte");  // a model folder without a tokenizer
+  WriteFile(dir.Join("model/tokenizer.json"), "{}");
+  EXPECT_EQ(ResolvedTokenizer(spec), "model");
+  spec.tokenizer = "byte";
+  EXPECT_EQ(ResolvedTokenizer(spec), "byte");  // named: as named
+}
+
+TEST(JobInputs, TokenIdsAreCheckedAgainstTheModelsVocabulary) {
+  TempDir dir;
+  WriteFile(dir.Join("data.jsonl"), "{\"input_ids\": [7108, 8191, 0, 5]}\n"
+                                    "{\"input_ids\": [1, 2, 3, 4, 5, 6, 7]}\n");
+  const JobSpec spec = Parse(dir, Spec(8192, ", format: tokens"));
+  EXPECT_TRUE(ValidateJobInputs(spec).ok()) << ValidateJobInputs(spec);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_EQ((*trainer)->dataset_stats().tokens, 11);
+
+  WriteFile(dir.Join("data.jsonl"), "{\"input_ids\": [1, 8192]}\n");
+  const absl::Status refused = ValidateJobInputs(spec);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("data.jsonl:1: input_ids[1] is 8192"));
+  EXPECT_THAT(refused.message(), HasSubstr("the model's vocab_size is 8192"));
+  absl::StatusOr<std::unique_ptr<Trainer>> failed = Trainer::Create(spec);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(), HasSubstr("the model's vocab_size is 8192"));
+}
+
+TEST(JobInputs, TokenIdsNeedNoTokenizerEvenForAVocabularySmallerThanBytes) {
+  TempDir dir;
+  WriteFile(dir.Join("data.jsonl"), "{\"input_ids\": [1, 99, 3, 50]}\n");
+  const JobSpec spec = Parse(dir, Spec(100, ", format: tokens"));
+  EXPECT_TRUE(ValidateJobInputs(spec).ok()) << ValidateJobInputs(spec);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  absl::StatusOr<StepReport> step = (*trainer)->Step();
+  ASSERT_TRUE(step.ok()) << step.status();
+}
+
+TEST(JobInputs, AnEmptyOrBlankDatasetIsRefusedAsTheJobWouldBe) {
+  TempDir dir;
+  const JobSpec spec = Parse(dir, Spec(258));
+  for (const char* text : {"", "\n\n  \n\t\r\n"}) {
+    WriteFile(dir.Join("data.jsonl"), text);
+    const absl::Status s = ValidateJobInputs(spec);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("holds no examples to train on (0 lines, 0 malformed)"));
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec);
+    ASSERT_FALSE(trainer.ok());
+    EXPECT_EQ(trainer.status().message(), s.message()) << "the same words at submit and start";
+  }
+}
+
+TEST(JobInputs, ADatasetOfOnlySkippedLinesIsRefused) {
+  TempDir dir;
+  WriteFile(dir.Join("data.jsonl"), "not json\n{\"txt\": \"wrong field\"}\n");
+  const JobSpec spec = Parse(dir, Spec(258, ", on_bad_line: skip"));
+  const absl::Status s = ValidateJobInputs(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("holds no examples to train on (2 lines, 2 malformed; "
+                                     "first: "));
+  EXPECT_THAT(s.message(), HasSubstr("data.jsonl:1: not valid JSON"));
+}
+
+TEST(JobInputs, ALongDatasetIsJudgedOnItsFirstLinesOnly) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "{\"text\": \"line\"}\n";
+  WriteFile(dir.Join("data.jsonl"), text);
+  EXPECT_TRUE(ValidateJobInputs(Parse(dir, Spec(258))).ok());
+}
+
+}  // namespace
+}  // namespace megatrain
