@@ -100,7 +100,7 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   if (given_profile != nullptr) {
     profile = *given_profile;
   } else {
-    ASSIGN_OR_RETURN(profile, LoadOrMeasureProfile(backend_.get(), DefaultProfilePath()));
+    ASSIGN_OR_RETURN(profile, LoadMachineProfile(backend_.get()));
   }
   const int64_t devices = std::max<int64_t>(1, spec.devices);
   // Data parallelism: the other devices (cuda:i+1 .. with i this one's, or more CPU

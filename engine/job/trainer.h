@@ -68,8 +68,9 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
 
 class Trainer {
  public:
-  // `profile`: the machine's rates for the planner; null = the cached one at
-  // DefaultProfilePath(), measured on first use.
+  // `profile`: the machine's rates for the planner; null = LoadMachineProfile()'s (the
+  // daemon's profile when there is one for this backend, so that a spec plans alike run
+  // here or by megatraind).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const JobSpec& spec, const MachineProfile* profile = nullptr);
   ~Trainer();

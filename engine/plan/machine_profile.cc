@@ -447,6 +447,7 @@ absl::StatusOr<MachineProfile> LoadOrMeasureProfile(Backend* backend, const std:
       absl::StatusOr<MachineProfile> cached = ProfileFromJson(ss.str());
       if (cached.ok() && cached->key == ProfileKey(backend)) {
         if (note != nullptr) *note = absl::StrCat("machine profile from ", path);
+        cached->source = path;
         return cached;
       }
       why = cached.ok() ? "measured on another machine or device"
@@ -463,7 +464,8 @@ absl::StatusOr<MachineProfile> LoadOrMeasureProfile(Backend* backend, const std:
     std::ofstream out(tmp, std::ios::trunc);
     out << ProfileToJson(p) << "\n";
     out.close();
-    if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (out && std::rename(tmp.c_str(), path.c_str()) == 0) p.source = path;
+    if (p.source.empty()) {
       std::remove(tmp.c_str());
       if (note != nullptr) {
         *note = absl::StrCat("machine profile measured (", why, "); could not cache it at ", path);
@@ -476,6 +478,32 @@ absl::StatusOr<MachineProfile> LoadOrMeasureProfile(Backend* backend, const std:
                             p.measure_seconds, why, path);
   }
   return p;
+}
+
+std::vector<std::string> DaemonProfilePaths() {
+  std::vector<std::string> paths = {"/var/lib/megatrain/machine-profile.json"};
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    paths.push_back(absl::StrCat(h, "/.local/state/megatrain/machine-profile.json"));
+  }
+  return paths;
+}
+
+absl::StatusOr<MachineProfile> LoadMachineProfile(Backend* backend, std::string* note) {
+  const char* given = std::getenv("MEGATRAIN_PROFILE");
+  if (given == nullptr || *given == '\0') {
+    for (const std::string& path : DaemonProfilePaths()) {
+      std::ifstream in(path);
+      if (!in) continue;
+      std::stringstream ss;
+      ss << in.rdbuf();
+      absl::StatusOr<MachineProfile> shared = ProfileFromJson(ss.str());
+      if (!shared.ok() || shared->key != ProfileKey(backend)) continue;
+      if (note != nullptr) *note = absl::StrCat("machine profile from ", path, " (megatraind's)");
+      shared->source = path;
+      return shared;
+    }
+  }
+  return LoadOrMeasureProfile(backend, DefaultProfilePath(), note);
 }
 
 }  // namespace megatrain

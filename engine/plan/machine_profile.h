@@ -45,6 +45,10 @@ struct MachineProfile {
   std::string backend;      // Backend::name()
   std::string measured_at;  // RFC 3339, UTC
   double measure_seconds = 0;
+  // Not stored: the file it was read from or cached at ("" : measured, not cached). The
+  // plan names it, since the planner's choices (the micro-batch split among them, which
+  // decides a step's bits) follow the measured rates.
+  std::string source;
 
   double h2d_gbps = 0;      // pinned host -> device, 1e9 bytes/s
   double d2h_gbps = 0;
@@ -92,5 +96,16 @@ struct ProfileOptions {
 // Where a profile is cached by default: $MEGATRAIN_PROFILE, else
 // $XDG_CACHE_HOME/megatrain/machine-profile.json, else ~/.cache/megatrain/...
 std::string DefaultProfilePath();
+
+// The profiles megatraind keeps on this machine, in its default state folders: the
+// system daemon's (/var/lib/megatrain) and this user's ($HOME/.local/state/megatrain).
+std::vector<std::string> DaemonProfilePaths();
+
+// The profile a job run outside the daemon plans with, so that one spec plans (and so
+// computes) alike on one machine however it runs: $MEGATRAIN_PROFILE when set; else the
+// first daemon profile (DaemonProfilePaths) measured for `backend`; else the one cached
+// at DefaultProfilePath(), measured there on first use.
+[[nodiscard]] absl::StatusOr<MachineProfile> LoadMachineProfile(Backend* backend,
+                                                                std::string* note = nullptr);
 
 }  // namespace megatrain

@@ -388,6 +388,10 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
                               "CPU AdamW %.2f G params/s\n",
                         profile.backend, profile.h2d_gbps, profile.d2h_gbps,
                         profile.gemm_peak_tflops, profile.adamw_params_per_second / 1e9);
+  // The rates behind every choice below: a spec plans alike wherever this profile is used.
+  absl::StrAppendFormat(&out, "profile    %s, measured %s\n",
+                        profile.source.empty() ? "not cached" : profile.source,
+                        profile.measured_at.empty() ? "-" : profile.measured_at);
   absl::StrAppendFormat(&out, "batch      %d tokens per step = %d sequence(s) of %d; %d micro-batch(es) "
                               "of %d sequence(s)%s\n",
                         tokens, r.rows_per_step, r.seq_len, plan.micro_batches,

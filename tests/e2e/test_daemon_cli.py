@@ -360,11 +360,11 @@ class DaemonTestCase(unittest.TestCase):
     def log_texts(self, job_id):
         return [line["text"] for line in self.cli_json_lines("logs", job_id)]
 
-    def run_local(self, spec, name, timeout=WAIT_S * 3):
+    def run_local(self, spec, name, timeout=WAIT_S * 3, env=None):
         """Runs `megatrain-train` on `spec` written to `name` beside data.jsonl."""
         path = self.spec_file(spec, name)
         r = subprocess.run([MEGATRAIN_TRAIN, path], capture_output=True, text=True,
-                           timeout=timeout, cwd=self.tmp)
+                           timeout=timeout, cwd=self.tmp, env=env)
         self.assertEqual(r.returncode, 0,
                          f"megatrain-train {name} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
         return r
@@ -1105,6 +1105,109 @@ class GracefulStopTest(DaemonTestCase):
         self.assertNotIn("checkpointing", self.daemon.log())
         self.daemon.start()
         self.assertEqual(len(self.cli_json("list")["jobs"]), 1)
+
+
+class PapercutsTest(DaemonTestCase):
+    """Issue 19: what a new user ran into, each checked through the CLI."""
+
+    def submit_raw(self, spec):
+        """`megatrain submit` of `spec`, its output as bytes (a message may be anything)."""
+        env = dict(os.environ, MEGATRAIN_ADDR=self.daemon.addr)
+        return subprocess.run([MEGATRAIN, "submit", self.spec_file(spec, "raw.yaml")],
+                              capture_output=True, env=env, timeout=120, cwd=self.tmp)
+
+    def test_inputs_that_cannot_train_are_refused_at_submit_naming_the_problem(self):
+        # An empty dataset, or one of blank lines only: refused now, not when it starts.
+        for name, text in (("empty.jsonl", ""), ("blank.jsonl", "\n  \n\t\n")):
+            with open(os.path.join(self.tmp, name), "w") as f:
+                f.write(text)
+            r = self.cli("submit", self.spec_file(make_spec(steps=2, data=name)))
+            self.assertEqual(r.returncode, EXIT_USAGE, r.stdout + r.stderr)
+            self.assertIn(f"{name} holds no examples to train on (0 lines, 0 malformed)",
+                          r.stderr)
+            self.assertEqual(r.stdout.strip(), "")
+
+        # Pre-tokenized ids are checked against the model's vocab_size, with no tokenizer.
+        vocab = 8192
+        with open(os.path.join(self.tmp, "ids.jsonl"), "w") as f:
+            rng = random.Random(3)
+            for _ in range(16):
+                f.write(json.dumps({"input_ids": [7108, vocab - 1] +
+                                    [rng.randrange(vocab) for _ in range(30)]}) + "\n")
+        tokens = make_spec(steps=2, data="ids.jsonl")
+        tokens["model"]["config"] = dict(MODEL_CONFIG, vocab_size=vocab)
+        del tokens["data"]["tokenizer"]
+        tokens["data"]["format"] = "tokens"
+        self.watch_ok(self.submit(tokens))
+        with open(os.path.join(self.tmp, "big-ids.jsonl"), "w") as f:
+            f.write(json.dumps({"input_ids": [1, vocab]}) + "\n")
+        tokens["data"]["path"] = "big-ids.jsonl"
+        r = self.cli("submit", self.spec_file(tokens))
+        self.assertEqual(r.returncode, EXIT_USAGE, r.stdout + r.stderr)
+        self.assertIn("input_ids[1] is 8192", r.stderr)
+        self.assertIn("the model's vocab_size is 8192", r.stderr)
+
+        # A safetensors header that is not UTF-8: quoted escaped, never as raw bytes.
+        model = os.path.join(self.tmp, "binary-model")
+        os.mkdir(model)
+        with open(os.path.join(model, "config.json"), "w") as f:
+            json.dump(MODEL_CONFIG, f)
+        header = b"\xff\xfe\x01{"
+        with open(os.path.join(model, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header)
+        r = self.submit_raw({"model": {"path": "binary-model"},
+                             "data": {"path": "data.jsonl", "seq_len": 32}})
+        self.assertNotEqual(r.returncode, EXIT_OK, r.stdout)
+        self.assertIn(b"model.safetensors", r.stderr)
+        self.assertIn(b"\\xff", r.stderr)
+        self.assertTrue(all(0x20 <= b < 0x7f or b == 0x0a for b in r.stderr), r.stderr)
+        self.assertEqual(len(self.cli_json("list")["jobs"]), 1)
+
+    def test_a_job_resumed_at_its_final_step_says_so_and_shows_the_recorded_loss(self):
+        spec = make_spec(steps=3, checkpoint={"dir": "done", "every_steps": 3})
+        self.run_local(spec, "local.yaml")
+        with open(os.path.join(self.tmp, "done", "checkpoint-3", "trainer_state.json")) as f:
+            loss = json.load(f)["last_loss"]
+        job_id = self.submit(spec, name="local.yaml")
+        self.watch_ok(job_id)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(job["progress"]["loss"], loss)
+        row = [line for line in self.cli_ok("list").stdout.splitlines()
+               if line.split()[0] == str(job_id)][0]
+        self.assertIn(f"{loss:.4f}", row.split())
+        self.assertNotIn("0.0000", row.split())
+        status = self.cli_ok("status", job_id).stdout
+        self.assertIn("step 3 (its final checkpoint: nothing left to do)", status)
+        texts = self.log_texts(job_id)
+        self.assertIn("found the checkpoint of its final step 3: nothing left to do", texts)
+        self.assertIn("succeeded: its final checkpoint was already written; no step ran", texts)
+
+    def test_the_same_spec_gives_the_same_bits_run_here_or_by_the_daemon(self):
+        # The planner splits the step (no micro_batch_rows given) from the machine's
+        # measured rates: megatrain-train plans with the daemon's profile, found in the
+        # default state folder of a daemon of this user (HOME points here).
+        home = os.path.join(self.tmp, "home")
+        os.makedirs(os.path.join(home, ".local", "state"))
+        os.symlink(self.daemon.state_dir, os.path.join(home, ".local", "state", "megatrain"))
+        spec = make_spec(steps=8, name="same", checkpoint={"dir": "by-daemon", "every_steps": 8})
+        del spec["train"]["micro_batch_rows"], spec["train"]["micro_batches"]
+        spec["train"]["tokens_per_step"] = 256  # 8 sequences of 32
+        job_id = self.submit(spec, name="same.yaml")
+        self.watch_ok(job_id)
+        job = self.status(job_id)
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("MEGATRAIN_PROFILE", "XDG_CACHE_HOME")}
+        env["HOME"] = home
+        local = self.run_local(dict(spec, checkpoint={"dir": "here", "every_steps": 8}),
+                               "here.yaml", env=env).stdout
+        profile = os.path.join(home, ".local", "state", "megatrain", "machine-profile.json")
+        self.assertIn(f"profile    {profile}, measured", local)
+        batch = [t[len("plan: "):] for t in self.log_texts(job_id) if t.startswith("plan: batch")]
+        self.assertEqual(len(batch), 1, batch)
+        self.assertIn(batch[0], local)  # the same split of the step
+        self.assert_same_checkpoint(job["last_checkpoint"],
+                                    os.path.join(self.tmp, "here", "checkpoint-8"))
 
 
 if __name__ == "__main__":
