@@ -1116,7 +1116,7 @@ class PapercutsTest(DaemonTestCase):
         return subprocess.run([MEGATRAIN, "submit", self.spec_file(spec, "raw.yaml")],
                               capture_output=True, env=env, timeout=120, cwd=self.tmp)
 
-    def test_inputs_that_cannot_train_are_refused_at_submit_naming_the_problem(self):
+    def test_an_empty_dataset_is_refused_at_submit(self):
         # An empty dataset, or one of blank lines only: refused now, not when it starts.
         for name, text in (("empty.jsonl", ""), ("blank.jsonl", "\n  \n\t\n")):
             with open(os.path.join(self.tmp, name), "w") as f:
@@ -1126,7 +1126,9 @@ class PapercutsTest(DaemonTestCase):
             self.assertIn(f"{name} holds no examples to train on (0 lines, 0 malformed)",
                           r.stderr)
             self.assertEqual(r.stdout.strip(), "")
+        self.assertEqual(self.cli_json("list")["jobs"], [])
 
+    def test_token_ids_are_checked_against_the_models_vocab_size(self):
         # Pre-tokenized ids are checked against the model's vocab_size, with no tokenizer.
         vocab = 8192
         with open(os.path.join(self.tmp, "ids.jsonl"), "w") as f:
@@ -1147,7 +1149,7 @@ class PapercutsTest(DaemonTestCase):
         self.assertIn("input_ids[1] is 8192", r.stderr)
         self.assertIn("the model's vocab_size is 8192", r.stderr)
 
-        # A safetensors header that is not UTF-8: quoted escaped, never as raw bytes.
+    def test_a_safetensors_header_that_is_not_utf8_is_quoted_escaped(self):
         model = os.path.join(self.tmp, "binary-model")
         os.mkdir(model)
         with open(os.path.join(model, "config.json"), "w") as f:
@@ -1161,7 +1163,7 @@ class PapercutsTest(DaemonTestCase):
         self.assertIn(b"model.safetensors", r.stderr)
         self.assertIn(b"\\xff", r.stderr)
         self.assertTrue(all(0x20 <= b < 0x7f or b == 0x0a for b in r.stderr), r.stderr)
-        self.assertEqual(len(self.cli_json("list")["jobs"]), 1)
+        self.assertEqual(self.cli_json("list")["jobs"], [])
 
     def test_a_job_resumed_at_its_final_step_says_so_and_shows_the_recorded_loss(self):
         spec = make_spec(steps=3, checkpoint={"dir": "done", "every_steps": 3})
