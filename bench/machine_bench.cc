@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   if (!save.empty()) std::ofstream(save) << ProfileToJson(*p) << "\n";
   nlohmann::json out = nlohmann::json::parse(ProfileToJson(*p));
   out["benchmark"] = "machine_bench";
-  const bool cpu = (*be)->name() == "cpu";
+  const bool cpu = (*be)->kind() == BackendKind::kCpu;
   out["rmsnorm"] = nlohmann::json::array(
       {NormRates(be->get(), cpu ? 1024 : 16384, cpu ? 512 : 3584),
        NormRates(be->get(), cpu ? 1024 : 65536, cpu ? 1024 : 4096)});

@@ -20,7 +20,7 @@
 
 #include "CLI/CLI.hpp"
 #include "engine/backend/factory.h"
-#include "engine/pipeline/host_optimizer.h"
+#include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/plan/planner.h"
 #include "engine/store/model_io.h"

@@ -12,20 +12,20 @@ namespace megatrain::server {
 namespace {
 
 std::string GroupName(gid_t gid) {
-  group gr, *found = nullptr;
-  std::vector<char> buf(16384);
-  if (getgrgid_r(gid, &gr, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+  group entry, *found = nullptr;
+  std::vector<char> buffer(16384);
+  if (getgrgid_r(gid, &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr) {
     return std::to_string(gid);
   }
-  return gr.gr_name;
+  return entry.gr_name;
 }
 
-void ToProto(const TokenRecord& t, v1::Token* out) {
-  out->set_id(t.id);
-  out->set_user(t.user);
-  out->set_name(t.name);
-  out->set_created_unix_ms(t.created_ms);
-  out->set_last_used_unix_ms(t.last_used_ms);
+void ToProto(const TokenRecord& token, v1::Token* out) {
+  out->set_id(token.id);
+  out->set_user(token.user);
+  out->set_name(token.name);
+  out->set_created_unix_ms(token.created_ms);
+  out->set_last_used_unix_ms(token.last_used_ms);
 }
 
 grpc::Status AdminOnly(const Caller& who, const Authenticator& auth, const std::string& what) {
@@ -40,11 +40,6 @@ grpc::Status AdminOnly(const Caller& who, const Authenticator& auth, const std::
 
 }  // namespace
 
-#define MT_IDENTIFY(who, ctx)                                    \
-  absl::StatusOr<Caller> who##_or = auth_->Identify(*(ctx));     \
-  if (!who##_or.ok()) return ToGrpc(who##_or.status());          \
-  [[maybe_unused]] const Caller& who = *who##_or
-
 AccessServiceImpl::AccessServiceImpl(JobStore* store, Authenticator* auth,
                                      const DaemonConfig* config)
     : store_(store), auth_(auth), config_(config) {}
@@ -56,16 +51,21 @@ grpc::Status AccessServiceImpl::Audited(const Caller& who, const std::string& ac
   entry.action = action;
   entry.detail = detail;
   entry.outcome = Outcome(result);
-  (void)store_->Audit(entry);
+  // The outcome is decided, and what the call changed committed: an entry that fails is
+  // reported, not returned.
+  if (absl::Status audited = store_->Audit(entry); !audited.ok()) {
+    ReportWriteFailure(0, absl::StrCat("recording the audit entry of ", who.user, "'s ", action),
+                       audited);
+  }
   return result;
 }
 
 grpc::Status AccessServiceImpl::WhoAmI(grpc::ServerContext* ctx, const v1::WhoAmIRequest*,
                                        v1::Identity* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, auth_, ctx);
   resp->set_user(who.user);
   resp->set_uid(who.uid);
-  for (gid_t g : who.groups) resp->add_groups(GroupName(g));
+  for (gid_t gid : who.groups) resp->add_groups(GroupName(gid));
   resp->set_admin(who.admin);
   resp->set_authenticated_by(who.via);
   return grpc::Status::OK;
@@ -74,7 +74,7 @@ grpc::Status AccessServiceImpl::WhoAmI(grpc::ServerContext* ctx, const v1::WhoAm
 grpc::Status AccessServiceImpl::CreateToken(grpc::ServerContext* ctx,
                                             const v1::CreateTokenRequest* req,
                                             v1::CreateTokenResponse* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, auth_, ctx);
   const std::string user = req->user().empty() ? who.user : req->user();
   auto create = [&]() -> grpc::Status {
     // Only where the kernel vouches for the caller: a leaked token cannot mint more.
@@ -101,16 +101,17 @@ grpc::Status AccessServiceImpl::CreateToken(grpc::ServerContext* ctx,
     return grpc::Status::OK;
   };
   grpc::Status result = create();
-  return Audited(who, "create-token",
-                 absl::StrCat("for ", user, result.ok() ? absl::StrCat(", token ", resp->token().id()) : "",
-                              req->name().empty() ? "" : absl::StrCat(" (", req->name(), ")")),
-                 result);
+  return Audited(
+      who, "create-token",
+      absl::StrCat("for ", user, result.ok() ? absl::StrCat(", token ", resp->token().id()) : "",
+                   req->name().empty() ? "" : absl::StrCat(" (", req->name(), ")")),
+      result);
 }
 
 grpc::Status AccessServiceImpl::ListTokens(grpc::ServerContext* ctx,
                                            const v1::ListTokensRequest* req,
                                            v1::ListTokensResponse* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, auth_, ctx);
   std::string user = req->user().empty() ? who.user : req->user();
   if (user != who.user) {
     if (grpc::Status admin = AdminOnly(who, *auth_, "listing another user's tokens"); !admin.ok()) {
@@ -120,14 +121,14 @@ grpc::Status AccessServiceImpl::ListTokens(grpc::ServerContext* ctx,
   if (user == "*") user = "";
   absl::StatusOr<std::vector<TokenRecord>> tokens = store_->ListTokens(user);
   if (!tokens.ok()) return ToGrpc(tokens.status());
-  for (const TokenRecord& t : *tokens) ToProto(t, resp->add_tokens());
+  for (const TokenRecord& token : *tokens) ToProto(token, resp->add_tokens());
   return grpc::Status::OK;
 }
 
 grpc::Status AccessServiceImpl::RevokeToken(grpc::ServerContext* ctx,
                                             const v1::RevokeTokenRequest* req,
                                             v1::RevokeTokenResponse*) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, auth_, ctx);
   auto revoke = [&]() -> grpc::Status {
     absl::StatusOr<TokenRecord> token = store_->GetToken(req->id());
     if (!token.ok()) return ToGrpc(token.status());
@@ -144,27 +145,28 @@ grpc::Status AccessServiceImpl::RevokeToken(grpc::ServerContext* ctx,
 
 grpc::Status AccessServiceImpl::ListAudit(grpc::ServerContext* ctx, const v1::ListAuditRequest* req,
                                           v1::ListAuditResponse* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, auth_, ctx);
   if (grpc::Status admin = AdminOnly(who, *auth_, "the audit log"); !admin.ok()) return admin;
   const int limit = req->limit() <= 0 ? 100 : std::min(req->limit(), 10000);
-  absl::StatusOr<std::vector<AuditEntry>> entries = store_->AuditLog(limit, req->user(), req->job_id());
+  absl::StatusOr<std::vector<AuditEntry>> entries =
+      store_->AuditLog(limit, req->user(), req->job_id());
   if (!entries.ok()) return ToGrpc(entries.status());
-  for (const AuditEntry& e : *entries) {
+  for (const AuditEntry& entry : *entries) {
     v1::AuditEntry* out = resp->add_entries();
-    out->set_id(e.id);
-    out->set_unix_ms(e.unix_ms);
-    out->set_user(e.user);
-    out->set_action(e.action);
-    out->set_job_id(e.job_id);
-    out->set_detail(e.detail);
-    out->set_outcome(e.outcome);
+    out->set_id(entry.id);
+    out->set_unix_ms(entry.unix_ms);
+    out->set_user(entry.user);
+    out->set_action(entry.action);
+    out->set_job_id(entry.job_id);
+    out->set_detail(entry.detail);
+    out->set_outcome(entry.outcome);
   }
   return grpc::Status::OK;
 }
 
 grpc::Status AccessServiceImpl::GetUsage(grpc::ServerContext* ctx, const v1::GetUsageRequest*,
                                          v1::GetUsageResponse* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, auth_, ctx);
   const double half_life_s = config_->fair_share_half_life_hours * 3600;
   absl::StatusOr<std::map<std::string, double>> usage = store_->Usage(half_life_s);
   if (!usage.ok()) return ToGrpc(usage.status());
@@ -173,29 +175,30 @@ grpc::Status AccessServiceImpl::GetUsage(grpc::ServerContext* ctx, const v1::Get
   absl::StatusOr<std::vector<v1::Job>> active = store_->List(
       {v1::JOB_STATE_RUNNING, v1::JOB_STATE_QUEUED, v1::JOB_STATE_HELD}, "", 0, 1000000);
   if (!active.ok()) return ToGrpc(active.status());
-  for (const v1::Job& j : *active) {
-    v1::UserUsage& u = users[j.owner()];
-    if (j.state() == v1::JOB_STATE_RUNNING) {
-      u.set_running_jobs(u.running_jobs() + 1);
-      u.set_running_host_bytes(u.running_host_bytes() + j.host_bytes_estimate());
+  for (const v1::Job& job : *active) {
+    v1::UserUsage& of_owner = users[job.owner()];
+    if (job.state() == v1::JOB_STATE_RUNNING) {
+      of_owner.set_running_jobs(of_owner.running_jobs() + 1);
+      of_owner.set_running_host_bytes(of_owner.running_host_bytes() + job.host_bytes_estimate());
     } else {
-      u.set_queued_jobs(u.queued_jobs() + 1);
+      of_owner.set_queued_jobs(of_owner.queued_jobs() + 1);
     }
   }
   std::vector<v1::UserUsage> ordered;
-  for (auto& [user, u] : users) {
+  for (auto& [user, of_user] : users) {
     const UserLimits limits = config_->LimitsFor(user);
-    u.set_user(user);
-    u.set_max_running_jobs(limits.max_running_jobs);
-    u.set_max_queued_jobs(limits.max_queued_jobs);
-    u.set_max_host_bytes(limits.max_host_bytes);
-    u.set_max_priority(limits.max_priority);
-    ordered.push_back(u);
+    of_user.set_user(user);
+    of_user.set_max_running_jobs(limits.max_running_jobs);
+    of_user.set_max_queued_jobs(limits.max_queued_jobs);
+    of_user.set_max_host_bytes(limits.max_host_bytes);
+    of_user.set_max_priority(limits.max_priority);
+    ordered.push_back(of_user);
   }
-  std::stable_sort(ordered.begin(), ordered.end(), [](const v1::UserUsage& a, const v1::UserUsage& b) {
-    return a.gpu_hours() < b.gpu_hours();
-  });
-  for (v1::UserUsage& u : ordered) *resp->add_users() = std::move(u);
+  std::stable_sort(ordered.begin(), ordered.end(),
+                   [](const v1::UserUsage& lhs, const v1::UserUsage& rhs) {
+                     return lhs.gpu_hours() < rhs.gpu_hours();
+                   });
+  for (v1::UserUsage& of_user : ordered) *resp->add_users() = std::move(of_user);
   resp->set_half_life_hours(config_->fair_share_half_life_hours);
   return grpc::Status::OK;
 }

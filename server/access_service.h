@@ -17,22 +17,26 @@ class AccessServiceImpl final : public v1::AccessService::Service {
  public:
   AccessServiceImpl(JobStore* store, Authenticator* auth, const DaemonConfig* config);
 
-  grpc::Status WhoAmI(grpc::ServerContext* ctx, const v1::WhoAmIRequest* req,
-                      v1::Identity* resp) override;
-  grpc::Status CreateToken(grpc::ServerContext* ctx, const v1::CreateTokenRequest* req,
-                           v1::CreateTokenResponse* resp) override;
-  grpc::Status ListTokens(grpc::ServerContext* ctx, const v1::ListTokensRequest* req,
-                          v1::ListTokensResponse* resp) override;
-  grpc::Status RevokeToken(grpc::ServerContext* ctx, const v1::RevokeTokenRequest* req,
-                           v1::RevokeTokenResponse* resp) override;
-  grpc::Status ListAudit(grpc::ServerContext* ctx, const v1::ListAuditRequest* req,
-                         v1::ListAuditResponse* resp) override;
-  grpc::Status GetUsage(grpc::ServerContext* ctx, const v1::GetUsageRequest* req,
-                        v1::GetUsageResponse* resp) override;
+  [[nodiscard]] grpc::Status WhoAmI(grpc::ServerContext* ctx, const v1::WhoAmIRequest* req,
+                                    v1::Identity* resp) override;
+  [[nodiscard]] grpc::Status CreateToken(grpc::ServerContext* ctx,
+                                         const v1::CreateTokenRequest* req,
+                                         v1::CreateTokenResponse* resp) override;
+  [[nodiscard]] grpc::Status ListTokens(grpc::ServerContext* ctx, const v1::ListTokensRequest* req,
+                                        v1::ListTokensResponse* resp) override;
+  [[nodiscard]] grpc::Status RevokeToken(grpc::ServerContext* ctx,
+                                         const v1::RevokeTokenRequest* req,
+                                         v1::RevokeTokenResponse* resp) override;
+  [[nodiscard]] grpc::Status ListAudit(grpc::ServerContext* ctx, const v1::ListAuditRequest* req,
+                                       v1::ListAuditResponse* resp) override;
+  [[nodiscard]] grpc::Status GetUsage(grpc::ServerContext* ctx, const v1::GetUsageRequest* req,
+                                      v1::GetUsageResponse* resp) override;
 
  private:
-  grpc::Status Audited(const Caller& who, const std::string& action, const std::string& detail,
-                       grpc::Status result);
+  // Records `action` by `who` with the outcome `result`, and returns `result` (as
+  // JobServiceImpl::Audited does).
+  [[nodiscard]] grpc::Status Audited(const Caller& who, const std::string& action,
+                                     const std::string& detail, grpc::Status result);
 
   JobStore* store_;
   Authenticator* auth_;

@@ -14,7 +14,7 @@
 
 #include <string>
 
-#include "engine/job/trainer.h"
+#include "engine/engine.h"
 #include "megatrain/v1/jobs.pb.h"
 #include "server/job_store.h"
 #include "server/metrics.h"

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "absl/container/flat_hash_map.h"
-#include "server/mutex.h"
+#include "engine/common/mutex.h"
 #include "absl/time/time.h"
 
 namespace megatrain::server {

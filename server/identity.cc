@@ -26,19 +26,21 @@ namespace megatrain::server {
 namespace {
 
 absl::StatusOr<Caller> FromPasswd(const passwd& pw) {
-  Caller c;
-  c.user = pw.pw_name;
-  c.uid = pw.pw_uid;
-  c.gid = pw.pw_gid;
-  int n = 32;
-  std::vector<gid_t> groups(n);
-  while (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n) < 0) groups.resize(n);
-  groups.resize(n);
-  c.groups.push_back(pw.pw_gid);
-  for (gid_t g : groups) {
-    if (g != pw.pw_gid) c.groups.push_back(g);
+  Caller caller;
+  caller.user = pw.pw_name;
+  caller.uid = pw.pw_uid;
+  caller.gid = pw.pw_gid;
+  int num_groups = 32;
+  std::vector<gid_t> groups(num_groups);
+  while (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &num_groups) < 0) {
+    groups.resize(num_groups);
   }
-  return c;
+  groups.resize(num_groups);
+  caller.groups.push_back(pw.pw_gid);
+  for (gid_t gid : groups) {
+    if (gid != pw.pw_gid) caller.groups.push_back(gid);
+  }
+  return caller;
 }
 
 }  // namespace
@@ -65,8 +67,8 @@ std::string NewToken() {
   unsigned char bytes[32];
   size_t got = 0;
   while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n > 0) got += n;
+    const ssize_t filled = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (filled > 0) got += filled;
   }
   return absl::StrCat("mt_", absl::BytesToHexString(absl::string_view(
                                  reinterpret_cast<const char*>(bytes), sizeof(bytes))));
@@ -91,14 +93,14 @@ void Authenticator::AddPeer(int fd, uid_t uid) {
 void Authenticator::SetAdmin(Caller* caller) const {
   caller->admin = caller->uid == 0;
   if (caller->admin || admin_group_.empty()) return;
-  group gr, *found = nullptr;
-  std::vector<char> buf(16384);
-  if (getgrnam_r(admin_group_.c_str(), &gr, buf.data(), buf.size(), &found) != 0 ||
+  group admins, *found = nullptr;
+  std::vector<char> buffer(16384);
+  if (getgrnam_r(admin_group_.c_str(), &admins, buffer.data(), buffer.size(), &found) != 0 ||
       found == nullptr) {
     return;
   }
-  for (gid_t g : caller->groups) {
-    if (g == gr.gr_gid) caller->admin = true;
+  for (gid_t gid : caller->groups) {
+    if (gid == admins.gr_gid) caller->admin = true;
   }
 }
 
@@ -170,15 +172,16 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::str
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 128) != 0) {
     const int err = errno;
     ::close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", path, ": ", std::strerror(err)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", path, ": ", std::strerror(err)));
   }
   chmod(path.c_str(), 0666);  // every lab member may connect; each call is checked
-  std::unique_ptr<UnixListener> l(new UnixListener(path, fd, server, auth));
-  if (pipe2(l->wake_, O_CLOEXEC) != 0) {
+  std::unique_ptr<UnixListener> listener(new UnixListener(path, fd, server, auth));
+  if (pipe2(listener->wake_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
-  l->thread_ = std::thread([p = l.get()] { p->Loop(); });
-  return l;
+  listener->thread_ = std::thread([started = listener.get()] { started->Loop(); });
+  return listener;
 }
 
 UnixListener::UnixListener(std::string path, int fd, grpc::Server* server, Authenticator* auth)
@@ -190,8 +193,8 @@ UnixListener::~UnixListener() {
     (void)!write(wake_[1], &stop, 1);
     thread_.join();
   }
-  for (int f : wake_) {
-    if (f >= 0) ::close(f);
+  for (int pipe_fd : wake_) {
+    if (pipe_fd >= 0) ::close(pipe_fd);
   }
   ::close(fd_);
   ::unlink(path_.c_str());

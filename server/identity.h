@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "server/job_store.h"
-#include "server/mutex.h"
 
 namespace megatrain::server {
 
@@ -39,9 +39,9 @@ struct Caller {
 };
 
 // The local account with uid `uid` (NOT_FOUND if there is none).
-absl::StatusOr<Caller> LookupUid(uid_t uid);
+[[nodiscard]] absl::StatusOr<Caller> LookupUid(uid_t uid);
 // The local account named `user` (NOT_FOUND if there is none).
-absl::StatusOr<Caller> LookupUser(const std::string& user);
+[[nodiscard]] absl::StatusOr<Caller> LookupUser(const std::string& user);
 
 // A fresh token: "mt_" and 64 hex digits from the kernel's random source.
 std::string NewToken();
@@ -57,7 +57,7 @@ class Authenticator {
   void AddPeer(int fd, uid_t uid);
 
   // The caller of `ctx`: UNAUTHENTICATED, with the reason, when it cannot be known.
-  absl::StatusOr<Caller> Identify(const grpc::ServerContext& ctx);
+  [[nodiscard]] absl::StatusOr<Caller> Identify(const grpc::ServerContext& ctx);
 
   // Sets caller->admin from uid 0 and the admin group.
   void SetAdmin(Caller* caller) const;
@@ -70,14 +70,26 @@ class Authenticator {
   std::unordered_map<int, uid_t> peers_ ABSL_GUARDED_BY(mu_);
 };
 
+// The first statement of an RPC handler (one returning grpc::Status): binds `caller`, a
+// const Caller&, to who calls `ctx` as `authenticator` (an Authenticator*) identifies
+// them, or ends the call with the UNAUTHENTICATED error, through ToGrpc
+// (server/job_service.h, which the expanding file includes).
+//
+//   MT_IDENTIFY(who, auth_, ctx);
+//   if (!who.admin) ...
+#define MT_IDENTIFY(caller, authenticator, ctx)                                         \
+  ::absl::StatusOr<::megatrain::server::Caller> caller##_or =                           \
+      (authenticator)->Identify(*(ctx));                                                \
+  if (!caller##_or.ok()) return ::megatrain::server::ToGrpc(caller##_or.status());      \
+  [[maybe_unused]] const ::megatrain::server::Caller& caller = *caller##_or
+
 // Listens on a Unix socket and feeds accepted connections to `server`, recording each
 // peer's uid with `auth`. The socket is created 0666 (anyone may connect; what they may
 // do is decided per call), replacing a stale one.
 class UnixListener {
  public:
-  static absl::StatusOr<std::unique_ptr<UnixListener>> Start(const std::string& path,
-                                                             grpc::Server* server,
-                                                             Authenticator* auth);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<UnixListener>> Start(
+      const std::string& path, grpc::Server* server, Authenticator* auth);
   ~UnixListener();  // stops accepting and removes the socket file
   UnixListener(const UnixListener&) = delete;
   UnixListener& operator=(const UnixListener&) = delete;

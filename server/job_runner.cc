@@ -1,15 +1,12 @@
 #include "server/job_runner.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <set>
 #include <utility>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +16,8 @@
 #include "absl/time/clock.h"
 #include "engine/common/device_name.h"
 #include "engine/common/printable.h"
+#include "engine/common/status.h"
+#include "engine/common/units.h"
 #include "engine/engine.h"
 #include "server/node_service.h"
 #include "server/run_as.h"
@@ -27,13 +26,12 @@
 namespace megatrain::server {
 namespace {
 
-int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-
 // Devices a job runs on (its plan's; jobs stored before data parallelism: one).
-int64_t JobDevices(const v1::Job& j) { return std::max<int64_t>(1, j.plan().devices()); }
+int64_t JobDevices(const v1::Job& job) { return std::max<int64_t>(1, job.plan().devices()); }
 
-bool Terminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+bool Terminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
 }
 
 }  // namespace
@@ -50,8 +48,8 @@ JobRunner::~JobRunner() { Shutdown(); }
 
 void JobRunner::Start() {
   for (auto& lane : lanes_) {
-    Lane* l = lane.get();
-    l->thread = std::thread([this, l] { Loop(*l); });
+    Lane* own = lane.get();
+    own->thread = std::thread([this, own] { Loop(*own); });
   }
 }
 
@@ -90,11 +88,11 @@ std::optional<std::vector<JobRunner::Lane*>> JobRunner::GangFor(const Lane& lane
                                                                 bool idle) const {
   std::vector<Lane*> gang;
   if (devices <= 1) return gang;
-  auto usable = [&](const Lane* l) { return !idle || l->idle(); };
+  auto usable = [&](const Lane* other) { return !idle || other->idle(); };
   if (lane.device == "cpu") {  // simulated devices: any other CPU lanes
-    for (const auto& l : lanes_) {
-      if (l.get() == &lane || l->device != "cpu" || !usable(l.get())) continue;
-      gang.push_back(l.get());
+    for (const auto& other : lanes_) {
+      if (other.get() == &lane || other->device != "cpu" || !usable(other.get())) continue;
+      gang.push_back(other.get());
       if (static_cast<int64_t>(gang.size()) + 1 == devices) return gang;
     }
     return std::nullopt;
@@ -102,11 +100,11 @@ std::optional<std::vector<JobRunner::Lane*>> JobRunner::GangFor(const Lane& lane
   // The trainer takes cuda:k+1 .. k+N-1 after the lane's cuda:k (Trainer::Init).
   const int first = CudaDeviceIndexOf(lane.device);
   if (first < 0) return std::nullopt;
-  for (int64_t d = 1; d < devices; ++d) {
-    const std::string want = absl::StrCat("cuda:", first + d);
+  for (int64_t offset = 1; offset < devices; ++offset) {
+    const std::string want = absl::StrCat("cuda:", first + offset);
     Lane* found = nullptr;
-    for (const auto& l : lanes_) {
-      if (l->device == want) found = l.get();
+    for (const auto& other : lanes_) {
+      if (other->device == want) found = other.get();
     }
     if (found == nullptr || !usable(found)) return std::nullopt;
     gang.push_back(found);
@@ -134,33 +132,36 @@ absl::Status JobRunner::CanRunDevices(int64_t devices) const {
 void JobRunner::ReleaseLane(Lane& lane) {
   lane.running = 0;
   lane.preempting_for = 0;
-  for (Lane* g : lane.gang) {
-    g->running = 0;
-    g->running_priority = 0;
-    g->lent_to = nullptr;
-    g->wake = true;
+  for (Lane* lent : lane.gang) {
+    lent->running = 0;
+    lent->running_priority = 0;
+    lent->lent_to = nullptr;
+    lent->wake = true;
   }
   lane.gang.clear();
 }
 
 absl::Status JobRunner::SetState(v1::Job* job, v1::JobState state, const std::string& why) {
   // The log line first: a follower that sees the terminal state has every line by then.
+  absl::Status logged;
   if (!why.empty()) {
     v1::LogLine line;
     line.set_text(why);
-    (void)store_->AppendLog(job->id(), &line);
+    logged = store_->AppendLog(job->id(), &line).status();
   }
   job->set_state(state);
-  if (state == v1::JOB_STATE_RUNNING && job->started_unix_ms() == 0) job->set_started_unix_ms(NowMs());
-  if (Terminal(state)) job->set_finished_unix_ms(NowMs());
-  absl::Status s = store_->Update(*job);
-  if (s.ok()) {
+  if (state == v1::JOB_STATE_RUNNING && job->started_unix_ms() == 0) {
+    job->set_started_unix_ms(NowUnixMs());
+  }
+  if (Terminal(state)) job->set_finished_unix_ms(NowUnixMs());
+  absl::Status stored = store_->Update(*job);
+  if (stored.ok()) {
     v1::JobEvent event;
     *event.mutable_state_change() = *job;
-    s = store_->AppendEvent(job->id(), &event).status();
+    stored = store_->AppendEvent(job->id(), &event).status();
   }
   hub_->Notify(job->id());
-  return s;
+  return logged.ok() ? stored : logged;
 }
 
 absl::StatusOr<v1::Job> JobRunner::Transition(int64_t id,
@@ -174,15 +175,17 @@ absl::StatusOr<v1::Job> JobRunner::Transition(int64_t id,
         "job ", id, " is ", absl::AsciiStrToLower(v1::JobState_Name(job->state()).substr(10)),
         "; cannot make it ", absl::AsciiStrToLower(v1::JobState_Name(to).substr(10))));
   }
-  absl::Status s = SetState(&*job, to, why);
-  if (!s.ok()) return s;
+  RETURN_IF_ERROR(SetState(&*job, to, why));
   return job;
 }
 
 void JobRunner::Log(int64_t job_id, const std::string& text) {
   v1::LogLine line;
   line.set_text(Printable(text));
-  (void)store_->AppendLog(job_id, &line);
+  if (absl::Status logged = store_->AppendLog(job_id, &line).status(); !logged.ok()) {
+    ReportWriteFailure(job_id, absl::StrCat("recording the log line \"", line.text(), "\""),
+                       logged);
+  }
   hub_->Notify(job_id);
 }
 
@@ -239,13 +242,15 @@ void JobRunner::SetWaiting(int64_t id, const std::string& why) {
     waiting_noted_[id] = now;
   }
   job->set_waiting(why);
-  if (store_->Update(*job).ok() && !why.empty()) Log(id, absl::StrCat("waiting: ", why));
+  if (absl::Status recorded = store_->Update(*job); !recorded.ok()) {
+    ReportWriteFailure(id, "recording why it waits", recorded);
+  } else if (!why.empty()) {
+    Log(id, absl::StrCat("waiting: ", why));
+  }
   hub_->Notify(id);
 }
 
 namespace {
-
-double GiB(int64_t b) { return b / double(1ll << 30); }
 
 // What the running jobs of each user hold.
 struct UserLoad {
@@ -253,7 +258,47 @@ struct UserLoad {
   int64_t host_bytes = 0;
 };
 
+// Why `job` may not start now, with its user's `limits` and `load` and `available` bytes
+// of host memory (0: unknown); "" when it may.
+std::string WhyItWaits(const v1::Job& job, const UserLimits& limits, const UserLoad& load,
+                       int64_t available) {
+  if (limits.max_running_jobs > 0 && load.running >= limits.max_running_jobs) {
+    return absl::StrCat(job.owner(), " has ", load.running, " running jobs, the most allowed");
+  }
+  if (limits.max_host_bytes > 0 &&
+      load.host_bytes + job.host_bytes_estimate() > limits.max_host_bytes) {
+    return absl::StrFormat("%s's running jobs hold %.2f GiB of host memory; this one needs "
+                           "%.2f GiB more, over the limit of %.2f GiB",
+                           job.owner(), GiB(load.host_bytes), GiB(job.host_bytes_estimate()),
+                           GiB(limits.max_host_bytes));
+  }
+  if (available > 0 && job.host_bytes_estimate() > available) {
+    return absl::StrFormat("needs %.2f GiB of host memory; %.2f GiB is available now",
+                           GiB(job.host_bytes_estimate()), GiB(available));
+  }
+  return "";
+}
+
 }  // namespace
+
+std::vector<const v1::Job*> JobRunner::QueueOrder(const std::vector<v1::Job>& queued) {
+  const double half_life_s = config().fair_share_half_life_hours * 3600;
+  absl::StatusOr<std::map<std::string, double>> usage = store_->Usage(half_life_s);
+  auto used = [&](const std::string& user) {
+    if (!usage.ok()) return 0.0;
+    auto it = usage->find(user);
+    return it == usage->end() ? 0.0 : it->second;
+  };
+  std::vector<const v1::Job*> order;
+  for (const v1::Job& queued_job : queued) order.push_back(&queued_job);
+  std::stable_sort(order.begin(), order.end(), [&](const v1::Job* lhs, const v1::Job* rhs) {
+    if (lhs->priority() != rhs->priority()) return lhs->priority() > rhs->priority();
+    const double lhs_used = used(lhs->owner()), rhs_used = used(rhs->owner());
+    if (lhs_used != rhs_used) return lhs_used < rhs_used;
+    return lhs->id() < rhs->id();
+  });
+  return order;
+}
 
 bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
   for (;;) {
@@ -267,77 +312,50 @@ bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
     std::map<std::string, UserLoad> load;
     int64_t reserved = 0;  // what running jobs were admitted with
     if (running.ok()) {
-      for (const v1::Job& r : *running) {
-        load[r.owner()].running += 1;
-        load[r.owner()].host_bytes += r.host_bytes_estimate();
-        reserved += r.host_bytes_estimate();
+      for (const v1::Job& running_job : *running) {
+        load[running_job.owner()].running += 1;
+        load[running_job.owner()].host_bytes += running_job.host_bytes_estimate();
+        reserved += running_job.host_bytes_estimate();
       }
     }
-    const double half_life_s = config().fair_share_half_life_hours * 3600;
-    absl::StatusOr<std::map<std::string, double>> usage = store_->Usage(half_life_s);
-    auto used = [&](const std::string& user) {
-      if (!usage.ok()) return 0.0;
-      auto it = usage->find(user);
-      return it == usage->end() ? 0.0 : it->second;
-    };
-    // Priority, then fair share, then age.
-    std::vector<const v1::Job*> order;
-    for (const v1::Job& j : *queued) order.push_back(&j);
-    std::stable_sort(order.begin(), order.end(), [&](const v1::Job* a, const v1::Job* b) {
-      if (a->priority() != b->priority()) return a->priority() > b->priority();
-      const double ua = used(a->owner()), ub = used(b->owner());
-      if (ua != ub) return ua < ub;
-      return a->id() < b->id();
-    });
     int64_t available = ReadHostMemory().available_bytes;
     if (options_.host_memory_bytes > 0) {
       // A job another lane just claimed holds its memory before it has allocated it.
       available = std::min(available, options_.host_memory_bytes - reserved);
     }
     const v1::Job* best = nullptr;
-    for (const v1::Job* j : order) {
-      const UserLimits limits = config().LimitsFor(j->owner());
-      const UserLoad& mine = load[j->owner()];
-      std::string why;
-      if (limits.max_running_jobs > 0 && mine.running >= limits.max_running_jobs) {
-        why = absl::StrCat(j->owner(), " has ", mine.running, " running jobs, the most allowed");
-      } else if (limits.max_host_bytes > 0 &&
-                 mine.host_bytes + j->host_bytes_estimate() > limits.max_host_bytes) {
-        why = absl::StrFormat("%s's running jobs hold %.2f GiB of host memory; this one needs "
-                              "%.2f GiB more, over the limit of %.2f GiB",
-                              j->owner(), GiB(mine.host_bytes), GiB(j->host_bytes_estimate()),
-                              GiB(limits.max_host_bytes));
-      } else if (available > 0 && j->host_bytes_estimate() > available) {
-        why = absl::StrFormat("needs %.2f GiB of host memory; %.2f GiB is available now",
-                              GiB(j->host_bytes_estimate()), GiB(available));
-      }
-      if (why.empty() && JobDevices(*j) > 1) {
+    for (const v1::Job* candidate : QueueOrder(*queued)) {
+      const int64_t devices = JobDevices(*candidate);
+      std::string why = WhyItWaits(*candidate, config().LimitsFor(candidate->owner()),
+                                   load[candidate->owner()], available);
+      if (why.empty() && devices > 1) {
         // Several devices: from this lane, with its gang idle now; else it waits, and so
         // does everything behind it (no lane backfills: it would never find them free).
         std::string reason;
         {
           MutexLock lock(&mu_);
           // Its lanes may have changed since it was submitted (a restart with fewer).
-          if (!AnyGang(JobDevices(*j))) {
+          if (!AnyGang(devices)) {
             why = absl::StrFormat("needs %d devices; this daemon's lanes hold no %d in a row",
-                                  JobDevices(*j), JobDevices(*j));
-          } else if (!GangFor(lane, JobDevices(*j), /*idle=*/true).has_value()) {
+                                  devices, devices);
+          } else if (!GangFor(lane, devices, /*idle=*/true).has_value()) {
             int idle = 0;
-            for (const auto& l : lanes_) idle += l->idle();
+            for (const auto& other : lanes_) idle += other->idle();
             reason = absl::StrFormat("needs %d devices at once; %d of the node's %d are free",
-                                     JobDevices(*j), idle, static_cast<int>(lanes_.size()));
+                                     devices, idle, static_cast<int>(lanes_.size()));
           }
         }
         if (!reason.empty()) {
-          if (j->waiting() != reason) SetWaiting(j->id(), reason);
+          if (candidate->waiting() != reason) SetWaiting(candidate->id(), reason);
           return false;
         }
       }
       if (why.empty()) {
-        best = j;
+        best = candidate;
         break;
       }
-      if (j->waiting() != why) SetWaiting(j->id(), why);  // a write only when it changed
+      // A write only when it changed.
+      if (candidate->waiting() != why) SetWaiting(candidate->id(), why);
     }
     if (best == nullptr) return false;
     {
@@ -350,10 +368,10 @@ bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
       lane.request = Request::kNone;
       lane.checkpoint_requests = 0;
       lane.gang = *std::move(gang);
-      for (Lane* g : lane.gang) {
-        g->running = best->id();
-        g->running_priority = best->priority();
-        g->lent_to = &lane;
+      for (Lane* lent : lane.gang) {
+        lent->running = best->id();
+        lent->running_priority = best->priority();
+        lent->lent_to = &lane;
       }
     }
     if (!best->waiting().empty()) SetWaiting(best->id(), "");
@@ -389,11 +407,11 @@ std::optional<v1::Job> JobRunner::Preemptor(Lane& lane, const v1::Job& running) 
   // What the host would have once this job left.
   const int64_t available = ReadHostMemory().available_bytes + running.host_bytes_estimate();
   const v1::Job* best = nullptr;
-  for (const v1::Job& j : *queued) {
-    if (j.priority() <= running.priority() || taken.count(j.id()) > 0) continue;
-    if (JobDevices(j) > 1) continue;  // one lane freed would not start it
-    if (j.host_bytes_estimate() > available) continue;
-    if (best == nullptr || j.priority() > best->priority()) best = &j;
+  for (const v1::Job& candidate : *queued) {
+    if (candidate.priority() <= running.priority() || taken.count(candidate.id()) > 0) continue;
+    if (JobDevices(candidate) > 1) continue;  // one lane freed would not start it
+    if (candidate.host_bytes_estimate() > available) continue;
+    if (best == nullptr || candidate.priority() > best->priority()) best = &candidate;
   }
   if (best == nullptr) return std::nullopt;
   MutexLock lock(&mu_);
@@ -419,275 +437,343 @@ void JobRunner::Loop(Lane& lane) {
   }
 }
 
-void JobRunner::Run(Lane& lane, v1::Job job) {
-  // Set once the trainer exists: frees it (its host memory, its device) as the owner.
-  std::function<void()> drop_trainer;
-  // The trainer is gone before the state changes: a job requeued (preempted, stopping)
-  // or held and released at once may be taken by another lane right away.
-  auto finish = [&](v1::JobState state, const std::string& why) {
-    if (drop_trainer) std::exchange(drop_trainer, nullptr)();
-    (void)SetState(&job, state, why);
-    MutexLock lock(&mu_);
-    ReleaseLane(lane);
-  };
-  // Failed: the error in the job (printable, as every message quoting file content is).
-  auto fail = [&](const absl::Status& status) {
-    job.set_error(Printable(status.message()));
-    finish(v1::JOB_STATE_FAILED, absl::StrCat("error: ", Printable(status.ToString())));
-  };
-  std::string devices = lane.device;
-  {
-    MutexLock lock(&mu_);
-    for (const Lane* g : lane.gang) absl::StrAppend(&devices, ",", g->device);
+// One run of a job on a lane: what PrepareJob makes and the stages after it share.
+// as_owner is declared before trainer: the trainer is destroyed on it.
+struct JobRunner::RunningJob {
+  RunningJob(Lane& lane, v1::Job job) : lane(lane), job(std::move(job)) {}
+  // A trainer still alive (no Finish) is freed as the owner too.
+  ~RunningJob() {
+    if (trainer != nullptr) as_owner->Do([this] { trainer.reset(); });
   }
-  job.set_device(devices);
-  job.clear_error();
-  (void)store_->Update(job);
-  Log(job.id(), absl::StrCat("running on ", devices));
+  RunningJob(const RunningJob&) = delete;
+  RunningJob& operator=(const RunningJob&) = delete;
 
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(job.spec_yaml(), "", "stored job spec");
-  if (!spec.ok()) {
-    return fail(spec.status());
-  }
-  spec->checkpoint_dir = job.checkpoint_dir();
-  // The lane's device decides where "auto" and CUDA jobs run (never the GPU a spec
-  // names: that one may be another lane's).
-  if (spec->backend == "auto") spec->backend = lane.device;
-  if (spec->backend.rfind("cuda", 0) == 0 && lane.device != "cpu") spec->backend = lane.device;
-  // Everything that touches the job's files runs on a worker that is its owner.
-  absl::StatusOr<Caller> owner = job.owner_uid() != 0 || job.owner() == "root"
-                                     ? LookupUid(job.owner_uid())
-                                     : LookupUser(job.owner());
-  absl::StatusOr<std::unique_ptr<UserWorker>> worker =
-      owner.ok() ? UserWorker::Start(*owner) : absl::StatusOr<std::unique_ptr<UserWorker>>(owner.status());
-  if (!worker.ok()) {
-    return fail(worker.status());
-  }
-  UserWorker& as_owner = **worker;
-  // The job's folder in the state folder (its default checkpoints) is its user's.
-  const std::string own_dir =
-      (std::filesystem::path(options_.state_dir) / "jobs" / std::to_string(job.id())).string();
-  if (absl::StartsWith(spec->checkpoint_dir, own_dir + "/")) {
-    absl::StatusOr<std::string> made = MakeJobFolder(options_.state_dir, job.id(), *owner);
-    if (!made.ok()) {
-      return fail(made.status());
-    }
-  }
-  // Checked again: a folder may have been swapped for a link since submission.
-  absl::Status files;
-  as_owner.Do([&] {
-    files = CheckJobFiles(*spec, FileRoots{config().file_roots, options_.state_dir}, own_dir);
-  });
-  if (!files.ok()) {
-    return fail(files);
-  }
-  absl::StatusOr<std::unique_ptr<Trainer>> created = absl::UnknownError("not created");
-  as_owner.Do([&] { created = Trainer::Create(*spec, options_.profile); });
-  if (!created.ok()) {
-    return fail(created.status());
-  }
-  // Destroyed as the owner too: it may be finishing a checkpoint.
-  drop_trainer = [&] { as_owner.Do([&] { created->reset(); }); };
-  absl::Cleanup drop_on_any_return = [&] {
-    if (drop_trainer) std::exchange(drop_trainer, nullptr)();
-  };
-  // Fair share: the device time this job takes, charged to its owner as it goes.
-  // Recorded every 10 s at most (each record is a durable write), and when it stops.
-  absl::Time charged_until = absl::Now();
-  auto charge = [&](bool now_or_never) {
-    const absl::Time now = absl::Now();
-    if (!now_or_never && now - charged_until < absl::Seconds(10)) return;
-    (void)store_->AddUsage(job.owner(), JobDevices(job) * absl::ToDoubleSeconds(now - charged_until),
-                           config().fair_share_half_life_hours * 3600);
-    charged_until = now;
-  };
-  absl::Cleanup charge_rest = [&] { charge(true); };
-  absl::Time next_preemption_check = absl::Now() + absl::Seconds(1);
-  Trainer& t = **created;
-  if (options_.metrics != nullptr) {
-    options_.metrics->JobStarted(job, t.pinned_host_bytes(), t.pageable_host_bytes(), t.step(),
-                                 spec->steps);
-  }
-  absl::Cleanup stopped = [&] {
-    if (options_.metrics != nullptr) options_.metrics->JobStopped(job);
-  };
-  if (t.resumed_from_step() > 0) {
-    job.set_resumed_from_step(t.resumed_from_step());
-    // A job killed after its final checkpoint but before its end was recorded resumes
-    // done: its progress is that checkpoint's step, not the last one recorded.
-    job.mutable_progress()->set_step(t.step());
-    job.mutable_progress()->set_total_steps(spec->steps);
-    // The loss shown until a step runs is the one the checkpoint recorded, else none.
-    if (std::isfinite(t.last_loss())) {
-      job.mutable_progress()->set_loss(t.last_loss());
-    } else {
-      job.mutable_progress()->clear_loss();
-    }
-    Log(job.id(), absl::StrCat("resumed from the checkpoint of step ", t.resumed_from_step()));
-    if (t.done()) {
-      Log(job.id(), absl::StrCat("found the checkpoint of its final step ", t.step(),
-                                 ": nothing left to do"));
-    }
-  }
-  const bool nothing_to_do = t.done();
-  Log(job.id(), t.dataset_stats().Summary());
-  Log(job.id(), absl::StrFormat("%s, %.2fM parameters, %s backend, %d tokens/step, %d steps",
-                                ArchitectureClassName(t.config().architecture),
-                                t.num_parameters() / 1e6, t.backend_name(),
-                                spec->tokens_per_step_resolved(), spec->steps));
-  for (absl::string_view line : absl::StrSplit(t.plan_text(), '\n', absl::SkipEmpty())) {
-    Log(job.id(), absl::StrCat("plan: ", line));
-  }
-  auto save = [&]() -> absl::StatusOr<std::string> {
-    absl::StatusOr<std::string> path = absl::UnknownError("not saved");
-    as_owner.Do([&] { path = t.SaveCheckpoint(); });
-    if (path.ok()) {
-      if (options_.metrics != nullptr) {
-        options_.metrics->CheckpointWritten(job, t.last_checkpoint_seconds(),
-                                            t.last_checkpoint_bytes());
-      }
-      job.set_last_checkpoint(*path);
-      Log(job.id(), absl::StrCat("checkpoint ", *path));
-    }
-    return path;
-  };
-  double seconds_sum = 0;
+  Lane& lane;
+  v1::Job job;  // as last stored, plus what the next record adds
+  JobSpec spec;  // the stored spec, with the lane's backend and the job's checkpoints
+  // Everything that touches the job's files runs on it: it is the job's owner.
+  std::unique_ptr<UserWorker> as_owner;
+  std::unique_ptr<Trainer> trainer;  // created, stepped and destroyed on as_owner
+  bool began = false;  // BeginTraining ran: Finish stops the metrics and charges usage
+  bool nothing_to_do = false;  // resumed from the checkpoint of its final step
+  absl::Time charged_until;  // device time up to here is charged to the owner
+  absl::Time next_preemption_check;
+  // Seconds of the steps after the first (which includes warm-up), for the ETA.
+  double timed_seconds = 0;
   int64_t timed_steps = 0;
   // A `megatrain checkpoint` being answered: the step whose checkpoint is being written
   // while training goes on (-1: none). Requests that come meanwhile get the same one.
   int64_t answering_step = -1;
-  auto answer = [&](absl::StatusOr<v1::CheckpointJobResponse> response) {
-    MutexLock lock(&mu_);
-    lane.last_checkpoint = std::move(response);
-    lane.checkpoint_requests = 0;
-    ++lane.checkpoints_done;
-    answering_step = -1;
-  };
-  while (!t.done()) {
-    Request request;
-    int64_t checkpoint_requests;
-    bool stop;
-    {
-      MutexLock lock(&mu_);
-      request = lane.request;
-      checkpoint_requests = lane.checkpoint_requests;
-      stop = stop_;
+};
+
+namespace {
+
+v1::CheckpointJobResponse CheckpointResponse(const std::string& path, int64_t step) {
+  v1::CheckpointJobResponse response;
+  response.set_path(path);
+  response.set_step(step);
+  return response;
+}
+
+}  // namespace
+
+void JobRunner::Run(Lane& lane, v1::Job job) {
+  RunningJob run(lane, std::move(job));
+  if (absl::Status prepared = PrepareJob(run); !prepared.ok()) return Fail(run, prepared);
+  BeginTraining(run);
+  while (!run.trainer->done()) {
+    // Requests first (they may end the run), then the step, as the owner.
+    if (std::optional<RunEnd> end = HandleRequests(run)) {
+      return Finish(run, end->state, end->why);
     }
-    if (checkpoint_requests > 0 && answering_step < 0) {
-      // Of the next step, written while training goes on (Trainer::CheckpointNextStep);
-      // answered when a step reports it committed (or the final checkpoint is it).
-      answering_step = t.step() + 1;
-      t.CheckpointNextStep();
-    }
-    if (request == Request::kCancel) {
-      std::string why;
-      {
-        MutexLock lock(&mu_);
-        why = lane.cancel_why;
-      }
-      return finish(v1::JOB_STATE_CANCELLED, why);
-    }
-    // Preemption: a waiting job of higher priority takes the device; this one resumes
-    // from the checkpoint written now, losing no step.
-    std::optional<v1::Job> preemptor;
-    if (absl::Now() >= next_preemption_check) {
-      next_preemption_check = absl::Now() + absl::Seconds(1);
-      preemptor = Preemptor(lane, job);
-    }
-    if (preemptor.has_value()) {
-      absl::StatusOr<std::string> path = save();
-      if (path.ok()) {
-        job.set_preemptions(job.preemptions() + 1);
-        if (options_.metrics != nullptr) options_.metrics->Preempted(job);
-        return finish(v1::JOB_STATE_QUEUED,
-                      absl::StrCat("preempted by job ", preemptor->id(), " of ", preemptor->owner(),
-                                   " (priority ", preemptor->priority(), " > ", job.priority(),
-                                   "): checkpointed at step ", t.step(), ", will resume from it"));
-      }
-      Log(job.id(), absl::StrCat("not preempted: the checkpoint failed: ",
-                                 path.status().ToString()));
-      MutexLock lock(&mu_);
-      lane.preempting_for = 0;
-    }
-    if (request == Request::kHold || stop) {
-      absl::StatusOr<std::string> path = save();
-      if (!path.ok()) Log(job.id(), absl::StrCat("checkpoint failed: ", path.status().ToString()));
-      if (path.ok() && answering_step == t.step()) {  // the one `megatrain checkpoint` awaits
-        v1::CheckpointJobResponse response;
-        response.set_path(*path);
-        response.set_step(answering_step);
-        answer(response);
-      }
-      return finish(stop ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_HELD,
-                    stop ? "daemon stopping: checkpointed, will resume" : "held: checkpointed");
-    }
-    absl::StatusOr<StepReport> r = absl::UnknownError("no step");
-    as_owner.Do([&] { r = t.Step(); });
-    if (!r.ok()) {
-      return fail(r.status());
-    }
-    if (!r->checkpoint_error.empty()) Log(job.id(), r->checkpoint_error);
-    for (const std::string& path : r->checkpoint_paths) {
-      job.set_last_checkpoint(path);
-      Log(job.id(), absl::StrCat("checkpoint ", path));
-      if (answering_step >= 0 &&
-          std::filesystem::path(path).filename() == absl::StrCat("checkpoint-", answering_step)) {
-        v1::CheckpointJobResponse response;
-        response.set_path(path);
-        response.set_step(answering_step);
-        answer(response);
-      }
-    }
-    for (int64_t failed : r->failed_checkpoint_steps) {
-      if (failed == answering_step) answer(absl::InternalError(r->checkpoint_error));
-    }
-    if (r->checkpoint_wait_seconds > 0.05) {
-      Log(job.id(), absl::StrFormat("step %d waited %.2f s for checkpoints being written "
-                                    "(the disk takes them slower than the steps come)",
-                                    r->step, r->checkpoint_wait_seconds));
-    }
-    if (options_.metrics != nullptr) {
-      options_.metrics->StepDone(job, *r);
-      if (!r->checkpoint_paths.empty()) {
-        options_.metrics->CheckpointWritten(job, t.last_checkpoint_seconds(),
-                                            t.last_checkpoint_bytes());
-      }
-    }
-    if (r->step > 1) {  // the first step includes warm-up; leave it out of the ETA
-      seconds_sum += r->seconds;
-      ++timed_steps;
-    }
-    const double mean = timed_steps > 0 ? seconds_sum / timed_steps : r->seconds;
-    v1::Progress* p = job.mutable_progress();
-    p->set_step(r->step);
-    p->set_total_steps(r->total_steps);
-    p->set_loss(r->loss);
-    p->set_learning_rate(r->lr);
-    p->set_grad_norm(r->grad_norm);
-    p->set_tokens_per_second(r->tokens_per_second);
-    p->set_tflops(r->model_tflops);
-    p->set_step_seconds(r->seconds);
-    p->set_eta_seconds(mean * (r->total_steps - r->step));
-    (void)store_->Update(job);
-    v1::JobEvent event;
-    *event.mutable_progress() = *p;
-    (void)store_->AppendEvent(job.id(), &event);
-    if (r->step == 1 || r->step % 10 == 0 || r->step == r->total_steps) {
-      Log(job.id(), absl::StrFormat("step %d/%d loss %.4f lr %.3e grad_norm %.3f %.0f tok/s",
-                                    r->step, r->total_steps, r->loss, r->lr, r->grad_norm,
-                                    r->tokens_per_second));
-    }
-    charge(false);
-    hub_->Notify(job.id());
+    absl::StatusOr<StepReport> report = absl::UnknownError("no step");
+    run.as_owner->Do([&] { report = run.trainer->Step(); });
+    if (!report.ok()) return Fail(run, report.status());
+    RecordStep(run, *report);
   }
-  if (!spec->checkpoint_dir.empty()) {
+  if (!run.spec.checkpoint_dir.empty()) {
     std::vector<std::string> all;
-    as_owner.Do([&] { all = ListCheckpoints(spec->checkpoint_dir); });
-    if (!all.empty()) job.set_last_checkpoint(all.back());
+    run.as_owner->Do([&] { all = ListCheckpoints(run.spec.checkpoint_dir); });
+    if (!all.empty()) run.job.set_last_checkpoint(all.back());
   }
-  finish(v1::JOB_STATE_SUCCEEDED,
-         nothing_to_do ? "succeeded: its final checkpoint was already written; no step ran"
-                       : "succeeded");
+  Finish(run, v1::JOB_STATE_SUCCEEDED,
+         run.nothing_to_do ? "succeeded: its final checkpoint was already written; no step ran"
+                           : "succeeded");
+}
+
+absl::Status JobRunner::PrepareJob(RunningJob& run) {
+  v1::Job& job = run.job;
+  std::string devices = run.lane.device;
+  {
+    MutexLock lock(&mu_);
+    for (const Lane* lent : run.lane.gang) absl::StrAppend(&devices, ",", lent->device);
+  }
+  job.set_device(devices);
+  job.clear_error();
+  // Job records are whole: one that fails is reported, and the next one carries it.
+  if (absl::Status recorded = store_->Update(job); !recorded.ok()) {
+    ReportWriteFailure(job.id(), "recording its devices", recorded);
+  }
+  Log(job.id(), absl::StrCat("running on ", devices));
+
+  ASSIGN_OR_RETURN(run.spec, ParseJobSpec(job.spec_yaml(), "", "stored job spec"));
+  JobSpec& spec = run.spec;
+  spec.checkpoint_dir = job.checkpoint_dir();
+  // The lane's device decides where "auto" and CUDA jobs run (never the GPU a spec
+  // names: that one may be another lane's).
+  if (spec.backend == "auto") spec.backend = run.lane.device;
+  if (spec.backend.rfind("cuda", 0) == 0 && run.lane.device != "cpu") {
+    spec.backend = run.lane.device;
+  }
+  absl::StatusOr<Caller> owner = job.owner_uid() != 0 || job.owner() == "root"
+                                     ? LookupUid(job.owner_uid())
+                                     : LookupUser(job.owner());
+  if (!owner.ok()) return owner.status();
+  ASSIGN_OR_RETURN(run.as_owner, UserWorker::Start(*owner));
+  // The job's folder in the state folder (its default checkpoints) is its user's.
+  const std::string own_dir =
+      (std::filesystem::path(options_.state_dir) / "jobs" / std::to_string(job.id())).string();
+  if (absl::StartsWith(spec.checkpoint_dir, own_dir + "/")) {
+    RETURN_IF_ERROR(MakeJobFolder(options_.state_dir, job.id(), *owner).status());
+  }
+  // Checked again: a folder may have been swapped for a link since submission.
+  absl::Status files;
+  run.as_owner->Do([&] {
+    files = CheckJobFiles(spec, FileRoots{config().file_roots, options_.state_dir}, own_dir);
+  });
+  RETURN_IF_ERROR(files);
+  absl::StatusOr<std::unique_ptr<Trainer>> created = absl::UnknownError("not created");
+  run.as_owner->Do([&] { created = Trainer::Create(spec, options_.profile); });
+  if (!created.ok()) return created.status();
+  run.trainer = *std::move(created);
+  return absl::OkStatus();
+}
+
+void JobRunner::BeginTraining(RunningJob& run) {
+  v1::Job& job = run.job;
+  const Trainer& trainer = *run.trainer;
+  // Fair share: the device time this job takes, charged to its owner as it goes.
+  run.charged_until = absl::Now();
+  run.next_preemption_check = absl::Now() + absl::Seconds(1);
+  if (options_.metrics != nullptr) {
+    options_.metrics->JobStarted(job, trainer.pinned_host_bytes(), trainer.pageable_host_bytes(),
+                                 trainer.step(), run.spec.steps);
+  }
+  run.began = true;
+  if (trainer.resumed_from_step() > 0) {
+    job.set_resumed_from_step(trainer.resumed_from_step());
+    // A job killed after its final checkpoint but before its end was recorded resumes
+    // done: its progress is that checkpoint's step, not the last one recorded.
+    job.mutable_progress()->set_step(trainer.step());
+    job.mutable_progress()->set_total_steps(run.spec.steps);
+    // The loss shown until a step runs is the one the checkpoint recorded, else none.
+    if (std::isfinite(trainer.last_loss())) {
+      job.mutable_progress()->set_loss(trainer.last_loss());
+    } else {
+      job.mutable_progress()->clear_loss();
+    }
+    Log(job.id(),
+        absl::StrCat("resumed from the checkpoint of step ", trainer.resumed_from_step()));
+    if (trainer.done()) {
+      Log(job.id(), absl::StrCat("found the checkpoint of its final step ", trainer.step(),
+                                 ": nothing left to do"));
+    }
+  }
+  run.nothing_to_do = trainer.done();
+  Log(job.id(), trainer.dataset_stats().Summary());
+  Log(job.id(), absl::StrFormat("%s, %.2fM parameters, %s backend, %d tokens/step, %d steps",
+                                ArchitectureClassName(trainer.config().architecture),
+                                trainer.num_parameters() / 1e6, trainer.backend_name(),
+                                run.spec.tokens_per_step_resolved(), run.spec.steps));
+  for (absl::string_view line : absl::StrSplit(trainer.plan_text(), '\n', absl::SkipEmpty())) {
+    Log(job.id(), absl::StrCat("plan: ", line));
+  }
+}
+
+std::optional<JobRunner::RunEnd> JobRunner::HandleRequests(RunningJob& run) {
+  Lane& lane = run.lane;
+  Trainer& trainer = *run.trainer;
+  Request request;
+  int64_t checkpoint_requests;
+  bool stop;
+  {
+    MutexLock lock(&mu_);
+    request = lane.request;
+    checkpoint_requests = lane.checkpoint_requests;
+    stop = stop_;
+  }
+  if (checkpoint_requests > 0 && run.answering_step < 0) {
+    // Of the next step, written while training goes on (Trainer::CheckpointNextStep);
+    // answered when a step reports it committed (or the final checkpoint is it).
+    run.answering_step = trainer.step() + 1;
+    trainer.CheckpointNextStep();
+  }
+  if (request == Request::kCancel) {
+    MutexLock lock(&mu_);
+    return RunEnd{v1::JOB_STATE_CANCELLED, lane.cancel_why};
+  }
+  if (absl::Now() >= run.next_preemption_check) {
+    run.next_preemption_check = absl::Now() + absl::Seconds(1);
+    if (std::optional<RunEnd> end = Preempt(run)) return end;
+  }
+  if (request == Request::kHold || stop) {
+    absl::StatusOr<std::string> path = SaveCheckpoint(run);
+    if (!path.ok()) {
+      Log(run.job.id(), absl::StrCat("checkpoint failed: ", path.status().ToString()));
+    }
+    if (path.ok() && run.answering_step == trainer.step()) {  // the one awaited
+      AnswerCheckpoint(run, CheckpointResponse(*path, run.answering_step));
+    }
+    if (stop) return RunEnd{v1::JOB_STATE_QUEUED, "daemon stopping: checkpointed, will resume"};
+    return RunEnd{v1::JOB_STATE_HELD, "held: checkpointed"};
+  }
+  return std::nullopt;
+}
+
+std::optional<JobRunner::RunEnd> JobRunner::Preempt(RunningJob& run) {
+  // A waiting job of higher priority takes the device; this one resumes from the
+  // checkpoint written now, losing no step.
+  std::optional<v1::Job> preemptor = Preemptor(run.lane, run.job);
+  if (!preemptor.has_value()) return std::nullopt;
+  absl::StatusOr<std::string> path = SaveCheckpoint(run);
+  if (!path.ok()) {
+    Log(run.job.id(),
+        absl::StrCat("not preempted: the checkpoint failed: ", path.status().ToString()));
+    MutexLock lock(&mu_);
+    run.lane.preempting_for = 0;
+    return std::nullopt;
+  }
+  run.job.set_preemptions(run.job.preemptions() + 1);
+  if (options_.metrics != nullptr) options_.metrics->Preempted(run.job);
+  return RunEnd{v1::JOB_STATE_QUEUED,
+                absl::StrCat("preempted by job ", preemptor->id(), " of ", preemptor->owner(),
+                             " (priority ", preemptor->priority(), " > ", run.job.priority(),
+                             "): checkpointed at step ", run.trainer->step(),
+                             ", will resume from it")};
+}
+
+void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
+  v1::Job& job = run.job;
+  if (!report.checkpoint_error.empty()) Log(job.id(), report.checkpoint_error);
+  for (const std::string& path : report.checkpoint_paths) {
+    job.set_last_checkpoint(path);
+    Log(job.id(), absl::StrCat("checkpoint ", path));
+    if (run.answering_step >= 0 && std::filesystem::path(path).filename() ==
+                                       absl::StrCat("checkpoint-", run.answering_step)) {
+      AnswerCheckpoint(run, CheckpointResponse(path, run.answering_step));
+    }
+  }
+  for (int64_t failed : report.failed_checkpoint_steps) {
+    if (failed == run.answering_step) {
+      AnswerCheckpoint(run, absl::InternalError(report.checkpoint_error));
+    }
+  }
+  if (report.checkpoint_wait_seconds > 0.05) {
+    Log(job.id(), absl::StrFormat("step %d waited %.2f s for checkpoints being written "
+                                  "(the disk takes them slower than the steps come)",
+                                  report.step, report.checkpoint_wait_seconds));
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->StepDone(job, report);
+    if (!report.checkpoint_paths.empty()) {
+      options_.metrics->CheckpointWritten(job, run.trainer->last_checkpoint_seconds(),
+                                          run.trainer->last_checkpoint_bytes());
+    }
+  }
+  if (report.step > 1) {  // the first step includes warm-up; leave it out of the ETA
+    run.timed_seconds += report.seconds;
+    ++run.timed_steps;
+  }
+  const double mean_step_seconds =
+      run.timed_steps > 0 ? run.timed_seconds / run.timed_steps : report.seconds;
+  v1::Progress* progress = job.mutable_progress();
+  progress->set_step(report.step);
+  progress->set_total_steps(report.total_steps);
+  progress->set_loss(report.loss);
+  progress->set_learning_rate(report.lr);
+  progress->set_grad_norm(report.grad_norm);
+  progress->set_tokens_per_second(report.tokens_per_second);
+  progress->set_tflops(report.model_tflops);
+  progress->set_step_seconds(report.seconds);
+  progress->set_eta_seconds(mean_step_seconds * (report.total_steps - report.step));
+  // Job records are whole: one that fails is reported, and the next step's carries it.
+  // Its event is sent only once the job holds what it says.
+  if (absl::Status recorded = store_->Update(job); !recorded.ok()) {
+    ReportWriteFailure(job.id(), "recording progress", recorded);
+  } else {
+    v1::JobEvent event;
+    *event.mutable_progress() = *progress;
+    if (absl::Status sent = store_->AppendEvent(job.id(), &event).status(); !sent.ok()) {
+      ReportWriteFailure(job.id(), "recording a progress event", sent);
+    }
+  }
+  if (report.step == 1 || report.step % 10 == 0 || report.step == report.total_steps) {
+    Log(job.id(), absl::StrFormat("step %d/%d loss %.4f lr %.3e grad_norm %.3f %.0f tok/s",
+                                  report.step, report.total_steps, report.loss, report.lr,
+                                  report.grad_norm, report.tokens_per_second));
+  }
+  ChargeUsage(run, /*now_or_never=*/false);
+  hub_->Notify(job.id());
+}
+
+void JobRunner::Finish(RunningJob& run, v1::JobState state, const std::string& why) {
+  // The trainer is gone before the state changes: a job requeued (preempted, stopping)
+  // or held and released at once may be taken by another lane right away. It is
+  // destroyed as the owner: it may be finishing a checkpoint.
+  if (run.trainer != nullptr) run.as_owner->Do([&] { run.trainer.reset(); });
+  if (absl::Status changed = SetState(&run.job, state, why); !changed.ok()) {
+    ReportWriteFailure(run.job.id(), "recording its state change", changed);
+  }
+  {
+    MutexLock lock(&mu_);
+    ReleaseLane(run.lane);
+  }
+  if (!run.began) return;
+  if (options_.metrics != nullptr) options_.metrics->JobStopped(run.job);
+  ChargeUsage(run, /*now_or_never=*/true);
+}
+
+void JobRunner::Fail(RunningJob& run, const absl::Status& status) {
+  // The error in the job (printable, as every message quoting file content is).
+  run.job.set_error(Printable(status.message()));
+  Finish(run, v1::JOB_STATE_FAILED, absl::StrCat("error: ", Printable(status.ToString())));
+}
+
+absl::StatusOr<std::string> JobRunner::SaveCheckpoint(RunningJob& run) {
+  absl::StatusOr<std::string> path = absl::UnknownError("not saved");
+  run.as_owner->Do([&] { path = run.trainer->SaveCheckpoint(); });
+  if (!path.ok()) return path;
+  if (options_.metrics != nullptr) {
+    options_.metrics->CheckpointWritten(run.job, run.trainer->last_checkpoint_seconds(),
+                                        run.trainer->last_checkpoint_bytes());
+  }
+  run.job.set_last_checkpoint(*path);
+  Log(run.job.id(), absl::StrCat("checkpoint ", *path));
+  return path;
+}
+
+void JobRunner::AnswerCheckpoint(RunningJob& run,
+                                 absl::StatusOr<v1::CheckpointJobResponse> response) {
+  MutexLock lock(&mu_);
+  run.lane.last_checkpoint = std::move(response);
+  run.lane.checkpoint_requests = 0;
+  ++run.lane.checkpoints_done;
+  run.answering_step = -1;
+}
+
+void JobRunner::ChargeUsage(RunningJob& run, bool now_or_never) {
+  const absl::Time now = absl::Now();
+  if (!now_or_never && now - run.charged_until < absl::Seconds(10)) return;
+  const double device_seconds =
+      JobDevices(run.job) * absl::ToDoubleSeconds(now - run.charged_until);
+  absl::Status charged = store_->AddUsage(run.job.owner(), device_seconds,
+                                          config().fair_share_half_life_hours * 3600);
+  if (!charged.ok()) {
+    // The time stays uncharged: the next record charges it too.
+    ReportWriteFailure(run.job.id(), "charging its device time", charged);
+    return;
+  }
+  run.charged_until = now;
 }
 
 }  // namespace megatrain::server

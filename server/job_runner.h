@@ -25,23 +25,25 @@
 // A job runs on the engine's Trainer in this process. Between steps the runner honours
 // requests: cancel, checkpoint now, hold (checkpoint and step aside), and shutdown
 // (checkpoint and requeue, so the next daemon resumes it). Every state change and step is
-// committed to the job store before watchers are woken.
+// committed to the job store before watchers are woken. A write that fails is returned
+// where a caller can act on it (SetState, Transition); in a lane's loop, where none can,
+// it is reported on stderr naming the job (ReportWriteFailure) and the job goes on.
 //
 // Thread-safe: requests come from RPC threads; the loop runs on the runner's own thread.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <initializer_list>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/mutex.h"
-#include "engine/plan/machine_profile.h"
+#include "engine/common/mutex.h"
+#include "engine/engine.h"
 #include "megatrain/v1/jobs.pb.h"
 #include "server/config.h"
 #include "server/daemon_metrics.h"
@@ -73,23 +75,29 @@ class JobRunner {
   void Wake();
 
   // Requests against a running job; NotFound when no lane runs it.
-  absl::Status CancelRunning(int64_t job_id, const std::string& why = "cancelled");
-  absl::Status HoldRunning(int64_t job_id);
+  [[nodiscard]] absl::Status CancelRunning(int64_t job_id, const std::string& why = "cancelled");
+  [[nodiscard]] absl::Status HoldRunning(int64_t job_id);
   // Blocks until the checkpoint after the current step is written.
-  absl::StatusOr<v1::CheckpointJobResponse> CheckpointRunning(int64_t job_id);
+  [[nodiscard]] absl::StatusOr<v1::CheckpointJobResponse> CheckpointRunning(int64_t job_id);
   // The jobs running now, one entry per lane (0: idle; a gang's job on each of its lanes).
   std::vector<int64_t> running_jobs() const;
   // OK when some N of the lanes can form a gang (a job of N devices can ever run here),
   // else InvalidArgument naming the lanes.
-  absl::Status CanRunDevices(int64_t devices) const;
+  [[nodiscard]] absl::Status CanRunDevices(int64_t devices) const;
 
-  // Commits a state change and tells watchers. REQUIRES: the caller owns the job's
-  // state (the runner while it runs the job; otherwise use Transition).
-  absl::Status SetState(v1::Job* job, v1::JobState state, const std::string& why);
+  // Commits a state change and tells watchers: the log line `why` (unless ""), the job,
+  // then a state-change event (only once the job is stored). A log line that fails does
+  // not keep the state from being stored; the first error is returned. REQUIRES: the
+  // caller owns the job's state (the runner while it runs the job; otherwise use
+  // Transition).
+  [[nodiscard]] absl::Status SetState(v1::Job* job, v1::JobState state, const std::string& why);
   // Atomically (with respect to other transitions) moves job `id` from one of `from` to
   // `to`: FailedPrecondition naming the current state otherwise.
-  absl::StatusOr<v1::Job> Transition(int64_t id, std::initializer_list<v1::JobState> from,
-                                     v1::JobState to, const std::string& why);
+  [[nodiscard]] absl::StatusOr<v1::Job> Transition(int64_t id,
+                                                   std::initializer_list<v1::JobState> from,
+                                                   v1::JobState to, const std::string& why);
+  // Appends a line to the job's log and wakes its watchers. A line the store fails to
+  // take is reported on stderr (ReportWriteFailure): no caller could do more with it.
   void Log(int64_t job_id, const std::string& text);
 
  private:
@@ -120,14 +128,55 @@ class JobRunner {
   // Under mu_: `lane` stops running; its gang's lanes are idle again and look at the queue.
   void ReleaseLane(Lane& lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop(Lane& lane);
+  // Claims for `lane` the first queued job it may run (its gang too), moved to RUNNING
+  // into *job; false when there is none (the jobs passed over note why they wait).
   bool PickNext(Lane& lane, v1::Job* job);
+  // The queued jobs in the order they are offered: priority, then fair share, then age.
+  std::vector<const v1::Job*> QueueOrder(const std::vector<v1::Job>& queued);
+
+  // One run of a job on a lane: what the stages of Run share (defined in the .cc).
+  struct RunningJob;
+  // How a run ends: the state it leaves the job in, and the reason logged.
+  struct RunEnd {
+    v1::JobState state;
+    std::string why;
+  };
+  // Runs `job`, claimed by `lane`, to its end: PrepareJob, BeginTraining, then steps
+  // with HandleRequests before and RecordStep after each, and Finish.
   void Run(Lane& lane, v1::Job job);
+  // Parses the stored spec, resolves the backend for the lane, starts the owner's
+  // UserWorker, makes the job's folder, checks its files and creates the Trainer.
+  [[nodiscard]] absl::Status PrepareJob(RunningJob& run);
+  // Once the trainer exists: starts the usage clock and the metrics, logs what runs.
+  void BeginTraining(RunningJob& run);
+  // Between steps: checkpoint now, cancel, preemption, hold, the daemon stopping. How the
+  // run ends, or nullopt to take the next step.
+  [[nodiscard]] std::optional<RunEnd> HandleRequests(RunningJob& run);
+  // Checkpoints and steps aside for a waiting job of higher priority, if there is one.
+  [[nodiscard]] std::optional<RunEnd> Preempt(RunningJob& run);
+  // After a step: its checkpoints, metrics, progress (stored, an event), log, usage.
+  void RecordStep(RunningJob& run, const StepReport& report);
+  // Drops the trainer (as the owner), then commits the state change, frees the lane,
+  // stops the job's metrics and charges the rest of its device time.
+  void Finish(RunningJob& run, v1::JobState state, const std::string& why);
+  // Finish as FAILED with `status` as the job's error.
+  void Fail(RunningJob& run, const absl::Status& status);
+  // Writes a checkpoint now (training waits); its path.
+  [[nodiscard]] absl::StatusOr<std::string> SaveCheckpoint(RunningJob& run);
+  // Answers the `megatrain checkpoint` requests of the lane (CheckpointRunning).
+  void AnswerCheckpoint(RunningJob& run, absl::StatusOr<v1::CheckpointJobResponse> response);
+  // Charges the device time since the last charge to the owner: at most every 10 s (each
+  // record is a durable write) unless `now_or_never`. Time a failed record leaves
+  // uncharged is charged by the next.
+  void ChargeUsage(RunningJob& run, bool now_or_never);
   Lane* LaneRunning(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes why queued job `id` waits ("" : it no longer does), if that changed.
   void SetWaiting(int64_t id, const std::string& why);
   // A queued job that should take `lane`'s device from `running`, if any (preemption).
   std::optional<v1::Job> Preemptor(Lane& lane, const v1::Job& running);
-  const DaemonConfig& config() const { return options_.config != nullptr ? *options_.config : defaults_; }
+  const DaemonConfig& config() const {
+    return options_.config != nullptr ? *options_.config : defaults_;
+  }
 
   DaemonConfig defaults_;
 

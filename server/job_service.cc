@@ -7,29 +7,23 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "engine/common/printable.h"
+#include "engine/common/units.h"
 #include "server/run_as.h"
 #include "server/spec_convert.h"
 
 namespace megatrain::server {
 namespace {
 
-bool Terminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+bool Terminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
 }
-
-double GiB(int64_t b) { return b / double(1ll << 30); }
-
-// Who calls: UNAUTHENTICATED ends the call.
-#define MT_IDENTIFY(who, ctx)                                          \
-  absl::StatusOr<Caller> who##_or = options_.auth->Identify(*(ctx));   \
-  if (!who##_or.ok()) return ToGrpc(who##_or.status());                \
-  [[maybe_unused]] const Caller& who = *who##_or
 
 }  // namespace
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), Printable(s.message()));
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), Printable(status.message()));
 }
 
 bool Owns(const Caller& who, const v1::Job& job) {
@@ -65,7 +59,7 @@ grpc::Status JobServiceImpl::Plan(const JobSpec& spec, v1::JobPlan* plan) {
 
 grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                      v1::JobPlan* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, options_.auth, ctx);
   if (absl::Status can = CanActFor(who); !can.ok()) return ToGrpc(can);
   absl::StatusOr<JobSpec> spec = absl::UnknownError("spec not read");
   absl::Status ran = RunAs(who, [&] { spec = SpecFromRequest(*req); });
@@ -83,7 +77,13 @@ grpc::Status JobServiceImpl::Audited(const Caller& who, const std::string& actio
   entry.job_id = job_id;
   entry.detail = detail;
   entry.outcome = Outcome(result);
-  (void)store_->Audit(entry);
+  // The outcome is decided, and what the call changed committed: an entry that fails is
+  // reported, not returned.
+  if (absl::Status audited = store_->Audit(entry); !audited.ok()) {
+    ReportWriteFailure(job_id,
+                       absl::StrCat("recording the audit entry of ", who.user, "'s ", action),
+                       audited);
+  }
   return result;
 }
 
@@ -104,7 +104,7 @@ grpc::Status JobServiceImpl::MayChange(const Caller& who, int64_t id, const std:
 
 grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                        v1::Job* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, options_.auth, ctx);
   std::string detail;
   grpc::Status result = Submit(who, *req, resp, &detail);
   return Audited(who, "submit", result.ok() ? resp->id() : 0, detail, result);
@@ -147,7 +147,7 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
         {v1::JOB_STATE_QUEUED, v1::JOB_STATE_HELD}, who.user, 0, limits.max_queued_jobs + 1);
     if (!waiting.ok()) return ToGrpc(waiting.status());
     int mine = 0;
-    for (const v1::Job& j : *waiting) mine += Owns(who, j) ? 1 : 0;
+    for (const v1::Job& waiting_job : *waiting) mine += Owns(who, waiting_job) ? 1 : 0;
     if (mine >= limits.max_queued_jobs) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                           absl::StrCat(who.user, " has ", mine, " jobs queued or held, the most ",
@@ -175,7 +175,7 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
   job.set_state(v1::JOB_STATE_UNSPECIFIED);
   job.set_host_bytes_estimate(need);
   *job.mutable_plan() = plan;
-  job.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+  job.set_created_unix_ms(NowUnixMs());
   absl::StatusOr<int64_t> id = store_->Insert(&job);
   if (!id.ok()) return ToGrpc(id.status());
   // The daemon keeps every job's checkpoints, so it can resume any job after a crash: in
@@ -184,7 +184,12 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
     absl::StatusOr<std::string> dir = MakeJobFolder(options_.state_dir, *id, who);
     if (!dir.ok()) {
       job.set_error(std::string(dir.status().message()));
-      (void)runner_->SetState(&job, v1::JOB_STATE_FAILED, absl::StrCat("error: ", job.error()));
+      // The call fails with the folder's error either way; a failed record is reported.
+      if (absl::Status failed = runner_->SetState(&job, v1::JOB_STATE_FAILED,
+                                                  absl::StrCat("error: ", job.error()));
+          !failed.ok()) {
+        ReportWriteFailure(job.id(), "recording its failure", failed);
+      }
       return ToGrpc(dir.status());
     }
     spec->checkpoint_dir = *dir + "/checkpoints";
@@ -192,10 +197,10 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
   job.set_checkpoint_dir(spec->checkpoint_dir);
   job.set_spec_yaml(JobSpecToYaml(*spec));
   job.mutable_progress()->set_total_steps(spec->steps);
-  absl::Status s =
+  absl::Status queued =
       runner_->SetState(&job, req.hold() ? v1::JOB_STATE_HELD : v1::JOB_STATE_QUEUED,
                         absl::StrCat("submitted by ", job.owner(), req.hold() ? ", held" : ""));
-  if (!s.ok()) return ToGrpc(s);
+  if (!queued.ok()) return ToGrpc(queued);
   runner_->Wake();
   *resp = job;
   return grpc::Status::OK;
@@ -203,7 +208,7 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                     v1::Job* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, options_.auth, ctx);
   absl::StatusOr<v1::Job> job = store_->Get(req->id());
   if (!job.ok()) return ToGrpc(job.status());
   *resp = *job;
@@ -212,7 +217,7 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRe
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                       v1::ListJobsResponse* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, options_.auth, ctx);
   int limit = req->page_size() <= 0 ? 100 : std::min(req->page_size(), 1000);
   int64_t before = 0;
   if (!req->page_token().empty() && !absl::SimpleAtoi(req->page_token(), &before)) {
@@ -220,10 +225,12 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJo
                         "page_token is not one this server returned");
   }
   std::vector<v1::JobState> typed;
-  for (int s : req->states()) typed.push_back(static_cast<v1::JobState>(s));
+  for (int state : req->states()) typed.push_back(static_cast<v1::JobState>(state));
   absl::StatusOr<std::vector<v1::Job>> jobs = store_->List(typed, req->owner(), before, limit + 1);
   if (!jobs.ok()) return ToGrpc(jobs.status());
-  for (int i = 0; i < static_cast<int>(jobs->size()) && i < limit; ++i) *resp->add_jobs() = (*jobs)[i];
+  for (int i = 0; i < static_cast<int>(jobs->size()) && i < limit; ++i) {
+    *resp->add_jobs() = (*jobs)[i];
+  }
   if (static_cast<int>(jobs->size()) > limit) {
     resp->set_next_page_token(std::to_string((*jobs)[limit - 1].id()));
   }
@@ -232,7 +239,7 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJo
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                       grpc::ServerWriter<v1::JobEvent>* writer) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, options_.auth, ctx);
   int64_t version = hub_->Version(req->id());
   // Read the last seq before the job: an event in between is sent twice, never missed.
   absl::StatusOr<int64_t> last = store_->LastEventSeq(req->id());
@@ -243,17 +250,19 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   v1::JobEvent first;
   first.set_job_id(job->id());
   first.set_seq(seq);
-  first.set_unix_ms(absl::ToUnixMillis(absl::Now()));
+  first.set_unix_ms(NowUnixMs());
   *first.mutable_state_change() = *job;
   if (!writer->Write(first)) return grpc::Status::OK;
   if (Terminal(job->state())) return grpc::Status::OK;
   while (!ctx->IsCancelled()) {
     absl::StatusOr<std::vector<v1::JobEvent>> events = store_->EventsAfter(req->id(), seq, 1000);
     if (!events.ok()) return ToGrpc(events.status());
-    for (const v1::JobEvent& e : *events) {
-      seq = e.seq();
-      if (!writer->Write(e)) return grpc::Status::OK;
-      if (e.has_state_change() && Terminal(e.state_change().state())) return grpc::Status::OK;
+    for (const v1::JobEvent& event : *events) {
+      seq = event.seq();
+      if (!writer->Write(event)) return grpc::Status::OK;
+      if (event.has_state_change() && Terminal(event.state_change().state())) {
+        return grpc::Status::OK;
+      }
     }
     if (events->empty()) {
       version = hub_->WaitPast(req->id(), version, absl::Now() + absl::Milliseconds(500));
@@ -264,7 +273,7 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
 
 grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogsRequest* req,
                                         grpc::ServerWriter<v1::LogLine>* writer) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, options_.auth, ctx);
   absl::StatusOr<v1::Job> exists = store_->Get(req->id());
   if (!exists.ok()) return ToGrpc(exists.status());
   int64_t seq = 0;
@@ -272,16 +281,18 @@ grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::Stre
   while (!ctx->IsCancelled()) {
     absl::StatusOr<std::vector<v1::LogLine>> lines = store_->LogsAfter(req->id(), seq, 1000);
     if (!lines.ok()) return ToGrpc(lines.status());
-    for (const v1::LogLine& l : *lines) {
-      seq = l.seq();
-      if (!writer->Write(l)) return grpc::Status::OK;
+    for (const v1::LogLine& line : *lines) {
+      seq = line.seq();
+      if (!writer->Write(line)) return grpc::Status::OK;
     }
     if (!lines->empty()) continue;
     absl::StatusOr<v1::Job> job = store_->Get(req->id());
     if (!req->follow() || !job.ok() || Terminal(job->state())) {
       // One more read: lines written just before the terminal state.
       absl::StatusOr<std::vector<v1::LogLine>> rest = store_->LogsAfter(req->id(), seq, 1000);
-      if (rest.ok()) for (const v1::LogLine& l : *rest) writer->Write(l);
+      if (rest.ok()) {
+        for (const v1::LogLine& line : *rest) writer->Write(line);
+      }
       return grpc::Status::OK;
     }
     version = hub_->WaitPast(req->id(), version, absl::Now() + absl::Milliseconds(500));
@@ -301,13 +312,14 @@ grpc::Status JobServiceImpl::AwaitNotRunning(int64_t id, v1::Job* resp) {
     }
     version = hub_->WaitPast(id, version, absl::Now() + absl::Milliseconds(100));
   }
-  return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                      absl::StrCat("job ", id, " is still finishing its step; it will stop after it"));
+  return grpc::Status(
+      grpc::StatusCode::DEADLINE_EXCEEDED,
+      absl::StrCat("job ", id, " is still finishing its step; it will stop after it"));
 }
 
 grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                                        v1::Job* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, options_.auth, ctx);
   auto cancel = [&]() -> grpc::Status {
     if (grpc::Status may = MayChange(who, req->id(), "cancel"); !may.ok()) return may;
     const std::string why = absl::StrCat("cancelled by ", who.user);
@@ -328,7 +340,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::Cance
 grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* ctx,
                                            const v1::CheckpointJobRequest* req,
                                            v1::CheckpointJobResponse* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, options_.auth, ctx);
   auto checkpoint = [&]() -> grpc::Status {
     v1::Job job;
     if (grpc::Status may = MayChange(who, req->id(), "checkpoint", &job); !may.ok()) return may;
@@ -337,9 +349,9 @@ grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* ctx,
                           absl::StrCat("job ", req->id(), " is ", v1::JobState_Name(job.state()),
                                        "; only a running job can checkpoint now"));
     }
-    absl::StatusOr<v1::CheckpointJobResponse> r = runner_->CheckpointRunning(req->id());
-    if (!r.ok()) return ToGrpc(r.status());
-    *resp = *r;
+    absl::StatusOr<v1::CheckpointJobResponse> written = runner_->CheckpointRunning(req->id());
+    if (!written.ok()) return ToGrpc(written.status());
+    *resp = *written;
     return grpc::Status::OK;
   };
   grpc::Status result = checkpoint();
@@ -348,7 +360,7 @@ grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* ctx,
 
 grpc::Status JobServiceImpl::HoldJob(grpc::ServerContext* ctx, const v1::HoldJobRequest* req,
                                      v1::Job* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, options_.auth, ctx);
   auto hold = [&]() -> grpc::Status {
     if (grpc::Status may = MayChange(who, req->id(), "hold"); !may.ok()) return may;
     const std::string why = absl::StrCat("held by ", who.user);
@@ -367,7 +379,7 @@ grpc::Status JobServiceImpl::HoldJob(grpc::ServerContext* ctx, const v1::HoldJob
 
 grpc::Status JobServiceImpl::ReleaseJob(grpc::ServerContext* ctx, const v1::ReleaseJobRequest* req,
                                         v1::Job* resp) {
-  MT_IDENTIFY(who, ctx);
+  MT_IDENTIFY(who, options_.auth, ctx);
   auto release = [&]() -> grpc::Status {
     if (grpc::Status may = MayChange(who, req->id(), "release"); !may.ok()) return may;
     absl::StatusOr<v1::Job> job =

@@ -38,39 +38,41 @@ class JobServiceImpl final : public v1::JobService::Service {
   JobServiceImpl(JobStore* store, EventHub* hub, JobRunner* runner,
                  const JobServiceOptions& options);
 
-  grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
-                         v1::Job* resp) override;
-  grpc::Status PlanJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
-                       v1::JobPlan* resp) override;
-  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
-                      v1::Job* resp) override;
-  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
-                        v1::ListJobsResponse* resp) override;
-  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
-                        grpc::ServerWriter<v1::JobEvent>* writer) override;
-  grpc::Status StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogsRequest* req,
-                          grpc::ServerWriter<v1::LogLine>* writer) override;
-  grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
-                         v1::Job* resp) override;
-  grpc::Status CheckpointJob(grpc::ServerContext* ctx, const v1::CheckpointJobRequest* req,
-                             v1::CheckpointJobResponse* resp) override;
-  grpc::Status HoldJob(grpc::ServerContext* ctx, const v1::HoldJobRequest* req,
-                       v1::Job* resp) override;
-  grpc::Status ReleaseJob(grpc::ServerContext* ctx, const v1::ReleaseJobRequest* req,
-                          v1::Job* resp) override;
+  [[nodiscard]] grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
+                                       v1::Job* resp) override;
+  [[nodiscard]] grpc::Status PlanJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
+                                     v1::JobPlan* resp) override;
+  [[nodiscard]] grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
+                                    v1::Job* resp) override;
+  [[nodiscard]] grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
+                                      v1::ListJobsResponse* resp) override;
+  [[nodiscard]] grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                                      grpc::ServerWriter<v1::JobEvent>* writer) override;
+  [[nodiscard]] grpc::Status StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogsRequest* req,
+                                        grpc::ServerWriter<v1::LogLine>* writer) override;
+  [[nodiscard]] grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
+                                       v1::Job* resp) override;
+  [[nodiscard]] grpc::Status CheckpointJob(grpc::ServerContext* ctx,
+                                           const v1::CheckpointJobRequest* req,
+                                           v1::CheckpointJobResponse* resp) override;
+  [[nodiscard]] grpc::Status HoldJob(grpc::ServerContext* ctx, const v1::HoldJobRequest* req,
+                                     v1::Job* resp) override;
+  [[nodiscard]] grpc::Status ReleaseJob(grpc::ServerContext* ctx, const v1::ReleaseJobRequest* req,
+                                        v1::Job* resp) override;
 
  private:
-  grpc::Status Plan(const JobSpec& spec, v1::JobPlan* plan);
-  grpc::Status AwaitNotRunning(int64_t id, v1::Job* resp);
-  grpc::Status Submit(const Caller& who, const v1::SubmitJobRequest& req, v1::Job* resp,
-                      std::string* detail);
+  [[nodiscard]] grpc::Status Plan(const JobSpec& spec, v1::JobPlan* plan);
+  [[nodiscard]] grpc::Status AwaitNotRunning(int64_t id, v1::Job* resp);
+  [[nodiscard]] grpc::Status Submit(const Caller& who, const v1::SubmitJobRequest& req,
+                                    v1::Job* resp, std::string* detail);
   // OK when `who` may change job `id` (`action` names the change in the error); the job
   // as read goes to *found when given.
-  grpc::Status MayChange(const Caller& who, int64_t id, const std::string& action,
-                         v1::Job* found = nullptr);
-  // Records `action` by `who` with the outcome `result`, and returns `result`.
-  grpc::Status Audited(const Caller& who, const std::string& action, int64_t job_id,
-                       const std::string& detail, grpc::Status result);
+  [[nodiscard]] grpc::Status MayChange(const Caller& who, int64_t id, const std::string& action,
+                                       v1::Job* found = nullptr);
+  // Records `action` by `who` with the outcome `result`, and returns `result` (an entry
+  // the store fails to take is reported on stderr: the outcome is decided by then).
+  [[nodiscard]] grpc::Status Audited(const Caller& who, const std::string& action, int64_t job_id,
+                                     const std::string& detail, grpc::Status result);
 
   JobStore* store_;
   EventHub* hub_;
@@ -80,7 +82,7 @@ class JobServiceImpl final : public v1::JobService::Service {
 };
 
 // absl::Status -> grpc::Status (the codes are the same numbers).
-grpc::Status ToGrpc(const absl::Status& s);
+[[nodiscard]] grpc::Status ToGrpc(const absl::Status& status);
 // Whether `who` owns `job` (by uid; by name for jobs stored without one).
 bool Owns(const Caller& who, const v1::Job& job);
 // "OK" or "CODE: message", as the audit log records an outcome.

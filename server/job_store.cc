@@ -12,14 +12,15 @@
 #include <sqlite3.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/check.h"
 #include "engine/common/status.h"
+#include "engine/common/units.h"
 
 namespace megatrain::server {
 namespace {
@@ -126,12 +127,6 @@ constexpr char kPutUsage[] =
 constexpr char kUsageOf[] = "SELECT seconds, updated_ms FROM usage WHERE user = ?";
 constexpr char kCountByState[] = "SELECT state, COUNT(*) FROM jobs GROUP BY state";
 
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 absl::Status JobNotFound(int64_t id) {
   return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
 }
@@ -199,7 +194,9 @@ class Query {
 
  private:
   int BindOne(int index, int64_t value) { return sqlite3_bind_int64(stmt_, index, value); }
-  int BindOne(int index, RealNumber value) { return sqlite3_bind_double(stmt_, index, value.value); }
+  int BindOne(int index, RealNumber value) {
+    return sqlite3_bind_double(stmt_, index, value.value);
+  }
   int BindOne(int index, absl::string_view text) {
     return sqlite3_bind_text64(stmt_, index, text.data(), text.size(), SQLITE_TRANSIENT,
                                SQLITE_UTF8);
@@ -214,6 +211,13 @@ class Query {
 };
 
 }  // namespace
+
+void ReportWriteFailure(int64_t job_id, absl::string_view doing, const absl::Status& status) {
+  const std::string job = job_id != 0 ? absl::StrCat("job ", job_id, ": ") : "";
+  // One call, one line: lines of concurrent callers do not interleave.
+  std::fprintf(stderr, "megatraind: %s%s failed: %s\n", job.c_str(), std::string(doing).c_str(),
+               status.ToString().c_str());
+}
 
 JobStore::JobStore(std::string path) : path_(std::move(path)) {}
 
@@ -262,8 +266,9 @@ absl::Status JobStore::CreateOrCheckSchema() {
   absl::StatusOr<int> locked_version = ReadSchemaVersion();
   absl::Status status = locked_version.status();
   if (status.ok() && *locked_version == 0) {
-    status = Exec(absl::StrCat(kSchema, kSchema2Tables, "PRAGMA user_version = ", kSchemaVersion, ";"),
-                  "creating the schema");
+    status =
+        Exec(absl::StrCat(kSchema, kSchema2Tables, "PRAGMA user_version = ", kSchemaVersion, ";"),
+             "creating the schema");
   } else if (status.ok() && *locked_version == 1) {
     status = Exec(absl::StrCat(kUpgrade1To2, kSchema2Tables, "PRAGMA user_version = 2;"),
                   "upgrading the schema from version 1");
@@ -668,7 +673,9 @@ absl::Status JobStore::DeleteToken(int64_t id) {
   int rc = query.Bind(id);
   if (rc == SQLITE_OK) rc = query.Step();
   RETURN_IF_ERROR(Error(rc, "deleting a token"));
-  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("token ", id, " not found"));
+  if (sqlite3_changes(db_) == 0) {
+    return absl::NotFoundError(absl::StrCat("token ", id, " not found"));
+  }
   return absl::OkStatus();
 }
 

@@ -29,7 +29,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "client/address.h"
-#include "engine/backend/factory.h"
+#include "engine/engine.h"
 #include "server/access_service.h"
 #include "server/config.h"
 #include "server/identity.h"
@@ -195,8 +195,9 @@ int Run(const DaemonConfig& config) {
   absl::StatusOr<std::vector<v1::Job>> running = (*store)->ListInState(v1::JOB_STATE_RUNNING);
   if (running.ok()) {
     for (v1::Job job : *running) {
-      (void)runner.SetState(&job, v1::JOB_STATE_QUEUED,
-                            "daemon restarted: requeued, resumes from its last checkpoint");
+      const absl::Status requeued = runner.SetState(
+          &job, v1::JOB_STATE_QUEUED, "daemon restarted: requeued, resumes from its last checkpoint");
+      if (!requeued.ok()) ReportWriteFailure(job.id(), "requeueing it at startup", requeued);
     }
   }
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "server/mutex.h"
+#include "engine/common/mutex.h"
 
 namespace prometheus {
 class Counter;

@@ -2,7 +2,6 @@
 
 #include <filesystem>
 
-#include "engine/backend/factory.h"
 #include "engine/common/status.h"
 
 namespace megatrain {
@@ -10,32 +9,16 @@ namespace megatrain {
 absl::StatusOr<std::unique_ptr<NodePlanner>> NodePlanner::Create(const std::string& device,
                                                                  const std::string& state_dir,
                                                                  int64_t host_budget_bytes) {
-  std::unique_ptr<NodePlanner> p(new NodePlanner);
-  p->host_budget_bytes_ = host_budget_bytes;
-  ASSIGN_OR_RETURN(p->backend_, CreateBackend(BackendRequest{device == "cpu" ? "cpu" : "cuda"}));
   const std::string path = (std::filesystem::path(state_dir) / "machine-profile.json").string();
-  ASSIGN_OR_RETURN(p->profile_, LoadOrMeasureProfile(p->backend_.get(), path, &p->note_));
-  return p;
+  ASSIGN_OR_RETURN(std::unique_ptr<JobPlanner> planner,
+                   JobPlanner::Create(device, path, host_budget_bytes));
+  return std::unique_ptr<NodePlanner>(new NodePlanner(std::move(planner)));
 }
 
 absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
-  ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
-  server::MutexLock lock(&mu_);
-  // The device as a job finds it: all of it but the library workspaces (Trainer::Init),
-  // or the job's cap.
-  int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
-  if (spec.device_memory_cap_bytes > 0) {
-    device = std::min(device, PlannableDeviceBytes(spec.device_memory_cap_bytes));
-  }
-  if (spec.devices > 1 && backend_->name() != "cpu") {
-    const int64_t gpus = static_cast<int64_t>(ListGpus().size());
-    if (spec.devices > gpus) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("train.devices is ", spec.devices, "; this node has ", gpus, " GPU(s)"));
-    }
-  }
-  const PlanRequest request = JobPlanRequest(spec, config, device, host_budget_bytes_);
-  ASSIGN_OR_RETURN(Plan plan, MakePlan(request, profile_, backend_.get()));
+  ASSIGN_OR_RETURN(const PlannedJob planned, planner_->PlanJob(spec));
+  const Plan& plan = planned.plan;
+  const PlanRequest& request = planned.request;
   v1::JobPlan out;
   out.set_micro_batch_rows(plan.micro_batch_rows);
   out.set_micro_batches(plan.micro_batches);
@@ -59,7 +42,7 @@ absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
   out.set_d2h_bytes(s.d2h_bytes);
   out.set_device_bytes(plan.device_bytes);
   out.set_host_bytes(plan.host_bytes);
-  out.set_text(DescribePlan(plan, request, profile_));
+  out.set_text(planned.text);
   return out;
 }
 

@@ -1,6 +1,6 @@
-// The node's planner: the machine profile (measured once, cached in the state folder) and
-// a backend of the node's kind to size plans against. Admission, `megatrain plan` and the
-// runner all plan with it, so what was admitted is what runs.
+// The node's planner: the engine's JobPlanner for this node's device, its profile kept in
+// the state folder, and its plans as the API's JobPlan message. Admission, `megatrain
+// plan` and the runner all plan with it, so what was admitted is what runs.
 //
 // Thread-safe.
 #pragma once
@@ -9,7 +9,6 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/mutex.h"
 #include "engine/engine.h"
 #include "megatrain/v1/jobs.pb.h"
 
@@ -25,17 +24,13 @@ class NodePlanner {
   // The plan of `spec` on this node: FailedPrecondition naming the memory that runs out.
   [[nodiscard]] absl::StatusOr<v1::JobPlan> PlanJob(const JobSpec& spec);
 
-  const MachineProfile& profile() const { return profile_; }
-  const std::string& note() const { return note_; }  // where the profile came from
+  const MachineProfile& profile() const { return planner_->profile(); }
+  const std::string& note() const { return planner_->note(); }  // where the profile came from
 
  private:
-  NodePlanner() = default;
+  explicit NodePlanner(std::unique_ptr<JobPlanner> planner) : planner_(std::move(planner)) {}
 
-  server::Mutex mu_;
-  std::unique_ptr<Backend> backend_;  // sizes plans; never runs a job
-  MachineProfile profile_;
-  std::string note_;
-  int64_t host_budget_bytes_ = 0;
+  std::unique_ptr<JobPlanner> planner_;
 };
 
 }  // namespace megatrain

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/stubs/common.h"
-#include "engine/backend/factory.h"
+#include "engine/engine.h"
 #include "grpcpp/grpcpp.h"
 
 namespace megatrain::server {

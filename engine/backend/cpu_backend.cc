@@ -37,6 +37,7 @@ template <typename T>
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
+  BackendKind kind() const override { return BackendKind::kCpu; }
   DType weight_dtype() const override { return kDTypeOf<T>; }
   DType act_dtype() const override { return kDTypeOf<T>; }
   DType grad_dtype() const override { return kDTypeOf<T>; }

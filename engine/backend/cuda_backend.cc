@@ -13,34 +13,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/common/check.h"
+#include "engine/common/cuda_check.h"
+#include "engine/common/units.h"
 #include "engine/kernels/cuda/ops.h"
-
-#define MT_CUDA_CHECK(expr)                                                               \
-  do {                                                                                   \
-    cudaError_t mt_e_ = (expr);                                                           \
-    if (mt_e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                  \
-                   cudaGetErrorString(mt_e_));                                            \
-      std::abort();                                                                       \
-    }                                                                                    \
-  } while (0)
-
-#define MT_CUBLAS_CHECK(expr)                                                             \
-  do {                                                                                   \
-    cublasStatus_t mt_s_ = (expr);                                                        \
-    if (mt_s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
-      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr,    \
-                   static_cast<int>(mt_s_));                                              \
-      std::abort();                                                                       \
-    }                                                                                    \
-  } while (0)
 
 namespace megatrain {
 namespace {
 
 using cuda::bf16;
-
-double GiB(int64_t b) { return b / double(1ll << 30); }
 
 class CudaBackend final : public Backend {
  public:
@@ -71,7 +52,7 @@ class CudaBackend final : public Backend {
                                          : static_cast<int64_t>(free_bytes);
     for (cudaStream_t& s : streams_) MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     MT_CUBLAS_CHECK(cublasCreate(&cublas_));
-    MT_CUBLAS_CHECK(cublasSetStream(cublas_, S(StreamId::kCompute)));
+    MT_CUBLAS_CHECK(cublasSetStream(cublas_, Stream(StreamId::kCompute)));
     constexpr size_t kWorkspace = 32ull << 20;
     MT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
     MT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kWorkspace));
@@ -81,8 +62,9 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return name_; }
+  BackendKind kind() const override { return BackendKind::kCuda; }
   int device() const { return device_; }
-  cudaStream_t native_stream(StreamId s) const { return S(s); }
+  cudaStream_t native_stream(StreamId s) const { return Stream(s); }
   DType weight_dtype() const override { return DType::kBF16; }
   DType act_dtype() const override { return DType::kBF16; }
   DType grad_dtype() const override { return DType::kF32; }
@@ -157,10 +139,10 @@ class CudaBackend final : public Backend {
   }
   void DestroyEvent(void* event) override { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
   void Record(void* event, StreamId s) override {
-    MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), S(s)));
+    MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), Stream(s)));
   }
   void StreamWait(StreamId s, void* event) override {
-    MT_CUDA_CHECK(cudaStreamWaitEvent(S(s), static_cast<cudaEvent_t>(event), 0));
+    MT_CUDA_CHECK(cudaStreamWaitEvent(Stream(s), static_cast<cudaEvent_t>(event), 0));
   }
   void EventSync(void* event) override {
     MT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
@@ -176,132 +158,127 @@ class CudaBackend final : public Backend {
   }
 
   void UploadWeights(void* slot, const uint16_t* host_bf16, int64_t n, StreamId s) override {
-    MT_CUDA_CHECK(cudaMemcpyAsync(slot, host_bf16, n * 2, cudaMemcpyHostToDevice, S(s)));
+    MT_CUDA_CHECK(cudaMemcpyAsync(slot, host_bf16, n * 2, cudaMemcpyHostToDevice, Stream(s)));
   }
   void DownloadGrads(float* host, const void* grad, int64_t n, StreamId s) override {
-    MT_CUDA_CHECK(cudaMemcpyAsync(host, grad, n * 4, cudaMemcpyDeviceToHost, S(s)));
+    MT_CUDA_CHECK(cudaMemcpyAsync(host, grad, n * 4, cudaMemcpyDeviceToHost, Stream(s)));
   }
   void CopyToDevice(void* dst, const void* host, size_t bytes, StreamId s) override {
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, S(s)));
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, Stream(s)));
   }
   void CopyToHost(void* host, const void* src, size_t bytes, StreamId s) override {
-    MT_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, S(s)));
+    MT_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, Stream(s)));
   }
   void CopyOnDevice(void* dst, const void* src, size_t bytes, StreamId s) override {
-    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, S(s)));
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, Stream(s)));
   }
   void Zero(void* dst, size_t bytes, StreamId s) override {
-    MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, S(s)));
+    MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, Stream(s)));
   }
 
   void Embedding(void* out, const int32_t* tokens, const void* table, int64_t n, int64_t C,
                  StreamId s) override {
-    cuda::Embedding(B(out), tokens, B(table), n, C, S(s));
+    cuda::Embedding(Bf16(out), tokens, Bf16(table), n, C, Stream(s));
   }
   void EmbeddingBackward(void* dtable, const void* dout, const int32_t* tokens,
                          const int32_t* order, int64_t n, int64_t C, StreamId s) override {
-    cuda::EmbeddingBackward(F(dtable), B(dout), tokens, order, n, C, S(s));
+    cuda::EmbeddingBackward(F32(dtable), Bf16(dout), tokens, order, n, C, Stream(s));
   }
   void RmsNorm(void* out, void* rstd, const void* in, const void* w, int64_t rows, int64_t C,
                double eps, StreamId s) override {
-    cuda::RmsNorm(B(out), F(rstd), B(in), B(w), rows, C, static_cast<float>(eps), S(s));
+    cuda::RmsNorm(Bf16(out), F32(rstd), Bf16(in), Bf16(w), rows, C, static_cast<float>(eps), Stream(s));
   }
   void RmsNormBackward(void* din, void* dw, const void* dout, const void* in, const void* w,
                        const void* rstd, int64_t rows, int64_t C, StreamId s) override {
-    MT_CHECK_COMPUTE(s);  // the partials scratch is the compute stream's
-    cuda::RmsNormBackward(B(din), F(dw), B(dout), B(in), B(w), F(rstd), rows, C, partials_,
-                          cuda::kPartialFloats, S(s));
+    CheckComputeStream(s);  // the partials scratch is the compute stream's
+    cuda::RmsNormBackward(Bf16(din), F32(dw), Bf16(dout), Bf16(in), Bf16(w), F32(rstd), rows, C, partials_,
+                          cuda::kPartialFloats, Stream(s));
   }
   // Row-major out (N,OC) = in (N,IC) W^T: column-major out^T = W^T' in^T, i.e.
   // gemm(m=OC, n=N, k=IC, A=W (op T, lda=IC), B=in (op N, ldb=IC)).
   void Linear(void* out, const void* in, const void* W, const void* bias, int64_t N,
               int64_t IC, int64_t OC, bool accumulate, StreamId s) override {
-    MT_CHECK_COMPUTE(s);
+    CheckComputeStream(s);
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, I(OC), I(N), I(IC), &alpha, W,
-                                 CUDA_R_16BF, I(IC), in, CUDA_R_16BF, I(IC), &beta, out,
-                                 CUDA_R_16BF, I(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    if (bias != nullptr) cuda::AddBias(B(out), B(bias), N, OC, S(s));
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CublasDim(OC), CublasDim(N), CublasDim(IC), &alpha, W,
+                                 CUDA_R_16BF, CublasDim(IC), in, CUDA_R_16BF, CublasDim(IC), &beta, out,
+                                 CUDA_R_16BF, CublasDim(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias != nullptr) cuda::AddBias(Bf16(out), Bf16(bias), N, OC, Stream(s));
   }
   void LinearBackward(void* din, bool din_accumulate, void* dW, void* dbias, const void* dout,
                       const void* in, const void* W, int64_t N, int64_t IC, int64_t OC,
                       StreamId s) override {
-    MT_CHECK_COMPUTE(s);
+    CheckComputeStream(s);
     const float one = 1.0f, zero = 0.0f;
     if (din != nullptr) {
       // din^T (IC,N) = W^T (IC,OC) dout^T (OC,N)
-      MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, I(IC), I(N), I(OC), &one, W,
-                                   CUDA_R_16BF, I(IC), dout, CUDA_R_16BF, I(OC),
-                                   din_accumulate ? &one : &zero, din, CUDA_R_16BF, I(IC),
+      MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, CublasDim(IC), CublasDim(N), CublasDim(OC), &one, W,
+                                   CUDA_R_16BF, CublasDim(IC), dout, CUDA_R_16BF, CublasDim(OC),
+                                   din_accumulate ? &one : &zero, din, CUDA_R_16BF, CublasDim(IC),
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
     // dW^T (IC,OC) += in^T (IC,N) dout (N,OC), in fp32.
-    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, I(IC), I(OC), I(N), &one, in,
-                                 CUDA_R_16BF, I(IC), dout, CUDA_R_16BF, I(OC), &one, dW,
-                                 CUDA_R_32F, I(IC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    if (dbias != nullptr) cuda::BiasGrad(F(dbias), B(dout), N, OC, S(s));
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, CublasDim(IC), CublasDim(OC), CublasDim(N), &one, in,
+                                 CUDA_R_16BF, CublasDim(IC), dout, CUDA_R_16BF, CublasDim(OC), &one, dW,
+                                 CUDA_R_32F, CublasDim(IC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (dbias != nullptr) cuda::BiasGrad(F32(dbias), Bf16(dout), N, OC, Stream(s));
   }
   void QkvPrepare(void* q, void* k, void* v, void* rstd_q, void* rstd_k, const void* qkv,
                   const void* q_norm_w, const void* k_norm_w, const int32_t* pos,
                   const float* inv_freq, int64_t n, int64_t H, int64_t KV, int64_t D,
                   double eps, StreamId s) override {
-    cuda::QkvPrepare(B(q), B(k), B(v), F(rstd_q), F(rstd_k), B(qkv), B(q_norm_w), B(k_norm_w),
-                     pos, inv_freq, n, H, KV, D, static_cast<float>(eps), S(s));
+    cuda::QkvPrepare(Bf16(q), Bf16(k), Bf16(v), F32(rstd_q), F32(rstd_k), Bf16(qkv), Bf16(q_norm_w), Bf16(k_norm_w),
+                     pos, inv_freq, n, H, KV, D, static_cast<float>(eps), Stream(s));
   }
   void QkvPrepareBackward(void* dqkv, void* dq_norm_w, void* dk_norm_w, const void* dq,
                           const void* dk, const void* dv, const void* qkv, const void* q_norm_w,
                           const void* k_norm_w, const void* rstd_q, const void* rstd_k,
                           const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
                           int64_t KV, int64_t D, double eps, StreamId s) override {
-    MT_CHECK_COMPUTE(s);  // the partials scratch is the compute stream's
-    cuda::QkvPrepareBackward(B(dqkv), F(dq_norm_w), F(dk_norm_w), B(dq), B(dk), B(dv), B(qkv),
-                             B(q_norm_w), B(k_norm_w), F(rstd_q), F(rstd_k), pos, inv_freq, n,
-                             H, KV, D, partials_, cuda::kPartialFloats, S(s));
+    CheckComputeStream(s);  // the partials scratch is the compute stream's
+    cuda::QkvPrepareBackward(Bf16(dqkv), F32(dq_norm_w), F32(dk_norm_w), Bf16(dq), Bf16(dk), Bf16(dv), Bf16(qkv),
+                             Bf16(q_norm_w), Bf16(k_norm_w), F32(rstd_q), F32(rstd_k), pos, inv_freq, n,
+                             H, KV, D, partials_, cuda::kPartialFloats, Stream(s));
   }
   void Attention(void* o, void* lse, const void* q, const void* k, const void* v,
                  const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
                  StreamId s) override {
-    cuda::Attention(B(o), F(lse), B(q), B(k), B(v), doc_start, n, H, KV, D, S(s));
+    cuda::Attention(Bf16(o), F32(lse), Bf16(q), Bf16(k), Bf16(v), doc_start, n, H, KV, D, Stream(s));
   }
   void AttentionBackward(void* dq, void* dk, void* dv, const void* dout, const void* q,
                          const void* k, const void* v, const void* o, const void* lse,
                          const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
                          StreamId s) override {
-    cuda::AttentionBackward(B(dq), B(dk), B(dv), B(dout), B(q), B(k), B(v), B(o), F(lse),
-                            doc_start, n, H, KV, D, S(s));
+    cuda::AttentionBackward(Bf16(dq), Bf16(dk), Bf16(dv), Bf16(dout), Bf16(q), Bf16(k), Bf16(v), Bf16(o), F32(lse),
+                            doc_start, n, H, KV, D, Stream(s));
   }
   void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) override {
-    cuda::SwiGlu(B(out), B(gu), N, I, S(s));
+    cuda::SwiGlu(Bf16(out), Bf16(gu), N, I, Stream(s));
   }
   void SwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I,
                       StreamId s) override {
-    cuda::SwiGluBackward(B(dgu), B(dout), B(gu), N, I, S(s));
+    cuda::SwiGluBackward(Bf16(dgu), Bf16(dout), Bf16(gu), N, I, Stream(s));
   }
   void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets,
                     int64_t N, int64_t V, double scale, StreamId s) override {
-    cuda::CrossEntropy(B(dlogits), F(loss), B(logits), targets, N, V, static_cast<float>(scale),
-                       S(s));
+    cuda::CrossEntropy(Bf16(dlogits), F32(loss), Bf16(logits), targets, N, V, static_cast<float>(scale),
+                       Stream(s));
   }
 
  private:
-  cudaStream_t S(StreamId s) const { return streams_[static_cast<int>(s)]; }
-  static bf16* B(void* p) { return static_cast<bf16*>(p); }
-  static const bf16* B(const void* p) { return static_cast<const bf16*>(p); }
-  static float* F(void* p) { return static_cast<float*>(p); }
-  static const float* F(const void* p) { return static_cast<const float*>(p); }
-  static int I(int64_t v) {
-    if (v > INT32_MAX) {
-      std::fprintf(stderr, "cuda backend: GEMM dimension %lld exceeds int\n", static_cast<long long>(v));
-      std::abort();
-    }
+  cudaStream_t Stream(StreamId s) const { return streams_[static_cast<int>(s)]; }
+  static bf16* Bf16(void* p) { return static_cast<bf16*>(p); }
+  static const bf16* Bf16(const void* p) { return static_cast<const bf16*>(p); }
+  static float* F32(void* p) { return static_cast<float*>(p); }
+  static const float* F32(const void* p) { return static_cast<const float*>(p); }
+  static int CublasDim(int64_t v) {
+    MT_CHECK_MSG(v <= INT32_MAX, "cuda backend: GEMM dimension %lld exceeds int",
+                 static_cast<long long>(v));
     return static_cast<int>(v);
   }
   // cuBLAS is bound to the compute stream.
-  void MT_CHECK_COMPUTE(StreamId s) const {
-    if (s != StreamId::kCompute) {
-      std::fprintf(stderr, "cuda backend: GEMMs run on the compute stream only\n");
-      std::abort();
-    }
+  void CheckComputeStream(StreamId s) const {
+    MT_CHECK_MSG(s == StreamId::kCompute, "cuda backend: GEMMs run on the compute stream only");
   }
 
   int device_ = 0;

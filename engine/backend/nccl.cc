@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/cuda_check.h"
 
 namespace megatrain {
 namespace {
@@ -90,17 +91,13 @@ class NcclCollective final : public GradCollective {
   int rank() const override { return index_; }
   int size() const override { return size_; }
   void ReduceScatter(void* buf, int64_t shard, StreamId stream) override {
-    float* f = static_cast<float*>(buf);
-    // In place: rank r's shard of the sum lands where its own shard was.
-    const ncclResult_t r = api_->reduce_scatter(
-        f, f + index_ * shard, static_cast<size_t>(shard), ncclFloat32, ncclSum, comm_,
-        static_cast<cudaStream_t>(rank_.streams[static_cast<int>(stream)]));
-    if (r != ncclSuccess) {
-      // Like a failed kernel launch: the step cannot go on with a gradient missing.
-      std::fprintf(stderr, "ncclReduceScatter on cuda:%d failed: %s\n", rank_.device,
-                   api_->error_string(r));
-      std::abort();
-    }
+    float* grad = static_cast<float*>(buf);
+    // In place: rank r's shard of the sum lands where its own shard was. A failure is
+    // like a failed kernel launch: the step cannot go on with a gradient missing.
+    MT_NCCL_CHECK(api_, api_->reduce_scatter(
+                            grad, grad + index_ * shard, static_cast<size_t>(shard), ncclFloat32,
+                            ncclSum, comm_,
+                            static_cast<cudaStream_t>(rank_.streams[static_cast<int>(stream)])));
   }
   std::string description() const override { return api_->description; }
 

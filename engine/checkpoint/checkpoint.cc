@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/check.h"
+#include "engine/common/durable_file.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/model/safetensors.h"
@@ -25,26 +26,6 @@ namespace {
 constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json",
                                            "special_tokens_map.json", "tokenizer.model",
                                            "generation_config.json", "chat_template.jinja"};
-
-absl::Status FsyncPath(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, ": ", std::strerror(errno)));
-  int rc = fsync(fd);
-  int err = errno;
-  close(fd);
-  if (rc != 0) return absl::InternalError(absl::StrCat("fsync ", path, ": ", std::strerror(err)));
-  return absl::OkStatus();
-}
-
-absl::Status WriteFileSynced(const std::string& path, const std::string& text) {
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-  }
-  return FsyncPath(path);
-}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -27,11 +27,16 @@ namespace megatrain {
 enum class StreamId { kCompute = 0, kH2D = 1, kD2H = 2 };
 constexpr int kNumStreams = 3;
 
+// What a backend runs on. The CPU backend's "device memory" is the box's shared RAM and
+// its streams are threads: the planner and the trainer branch on this, never on name().
+enum class BackendKind { kCpu, kCuda };
+
 class Backend {
  public:
   virtual ~Backend() = default;
 
   virtual std::string name() const = 0;  // "cpu", "cuda:0"
+  virtual BackendKind kind() const = 0;
   virtual DType weight_dtype() const = 0;
   virtual DType act_dtype() const = 0;
   virtual DType grad_dtype() const = 0;

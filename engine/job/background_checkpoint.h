@@ -30,7 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/checkpoint/checkpoint.h"
-#include "engine/pipeline/host_optimizer.h"
+#include "engine/optim/host_optimizer.h"
 #include "engine/store/host_store.h"
 
 namespace megatrain {

@@ -11,7 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/backend/devices.h"
 #include "engine/backend/factory.h"
+#include "engine/plan/rates.h"
 #include "engine/common/status.h"
 #include "engine/data/jsonl.h"
 #include "engine/data/tokenizer.h"
@@ -66,6 +68,9 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   return r;
 }
 
+// Setup, in stages: the data first (a broken dataset fails before minutes of model
+// loading), then the devices, the plan, the host store, the pipelines and the optimizer,
+// and last the weights (a checkpoint resumed, the model folder's, or random).
 absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_profile) {
   spec_ = spec;
   ASSIGN_OR_RETURN(config_, ResolveModelConfig(spec));
@@ -75,8 +80,25 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
         "data.seq_len ", spec.seq_len, " exceeds the model's sliding_window ",
         config_.sliding_window, "; sliding-window attention is not implemented"));
   }
+  RETURN_IF_ERROR(InitData(spec));
+  DeviceSet devices;
+  devices.requests = {BackendRequest{spec.backend, spec.device_memory_cap_bytes}};
+  ASSIGN_OR_RETURN(backend_, CreateBackend(devices.requests[0]));
+  devices.backends = {backend_.get()};
+  MachineProfile profile;
+  if (given_profile != nullptr) {
+    profile = *given_profile;
+  } else {
+    ASSIGN_OR_RETURN(profile, LoadMachineProfile(backend_.get()));
+  }
+  RETURN_IF_ERROR(InitReplicas(spec, &devices));
+  RETURN_IF_ERROR(InitPlan(spec, profile, devices));
+  RETURN_IF_ERROR(InitStore(spec, devices));
+  RETURN_IF_ERROR(InitPipelines(spec, devices));
+  return Restore(spec);
+}
 
-  // Data first: a broken dataset should fail before minutes of model loading.
+absl::Status Trainer::InitData(const JobSpec& spec) {
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir_));
   // Pre-tokenized ids are checked against the model's vocabulary, not the tokenizer's.
   if (spec.data_format != "tokens" && config_.vocab_size < tokenizer->vocab_size()) {
@@ -90,152 +112,168 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
                    OpenOrBuildTokenStore(data, *tokenizer, JobDataCacheDir(spec), &dataset_stats_));
   packer_ = std::make_unique<Packer>(std::move(docs), spec.seq_len, spec.data_seed,
                                      JobPackOptions(spec, *tokenizer, config_.vocab_size));
+  return absl::OkStatus();
+}
 
-  const BackendRequest request{spec.backend, spec.device_memory_cap_bytes};
-  ASSIGN_OR_RETURN(backend_, CreateBackend(request));
-  const int numa_node = BackendNumaNode(request);
+// Data parallelism: the other devices (cuda:i+1 .. with i this one's, or more CPU
+// backends), then how their gradients meet: reduce-scattered on the devices (NCCL, or
+// the CPU streams' threads), else added on the host.
+absl::Status Trainer::InitReplicas(const JobSpec& spec, DeviceSet* devices) {
+  const int64_t count = std::max<int64_t>(1, spec.devices);
+  if (count == 1) return absl::OkStatus();
+  const bool cpu = backend_->kind() == BackendKind::kCpu;
+  const int first = cpu ? 0 : CudaDeviceIndexOf(devices->requests[0].kind);
+  for (int64_t d = 1; d < count; ++d) {
+    Replica replica;
+    const BackendRequest request{cpu ? "cpu" : absl::StrCat("cuda:", first + d),
+                                 spec.device_memory_cap_bytes};
+    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(request);
+    if (!backend.ok()) {
+      return Annotate(backend.status(),
+                      absl::StrCat("train.devices: device ", d, " (", request.kind, ")"));
+    }
+    replica.backend = *std::move(backend);
+    devices->backends.push_back(replica.backend.get());
+    devices->requests.push_back(request);
+    replicas_.push_back(std::move(replica));
+  }
+  backend_->BindThread();  // creating the others made theirs current here
+  if (spec.gradient_reduce != "host") {
+    absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> group =
+        CreateGradCollectives(devices->backends);
+    if (group.ok()) {
+      collectives_ = *std::move(group);
+    } else if (spec.gradient_reduce == "device") {
+      return Annotate(group.status(), "train.gradient_reduce: device");
+    } else {
+      reduce_note_ = absl::StrCat(" (", group.status().message(), ")");
+    }
+    backend_->BindThread();
+  }
+  return absl::OkStatus();
+}
 
-  // The plan: micro-batch, checkpoints, weight slots (engine/plan/planner.h).
-  MachineProfile profile;
-  if (given_profile != nullptr) {
-    profile = *given_profile;
-  } else {
-    ASSIGN_OR_RETURN(profile, LoadMachineProfile(backend_.get()));
+// The plan: micro-batch, checkpoints, weight slots (engine/plan/planner.h), for this
+// device's share of the step when there are several.
+absl::Status Trainer::InitPlan(const JobSpec& spec, const MachineProfile& profile,
+                               const DeviceSet& devices) {
+  const int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
+  const int64_t host = profile.host_memory_bytes;
+  PlanRequest request = JobPlanRequest(spec, config_, device, host);
+  request.reduce_on_devices = !collectives_.empty();
+  if (!collectives_.empty() && backend_->kind() != BackendKind::kCpu) {
+    // NVLink or PCIe between the GPUs: measured here, once per job (a few ms).
+    absl::StatusOr<double> peer = MeasureReduceScatterGbps(devices.backends, collectives_);
+    backend_->BindThread();
+    if (peer.ok()) request.peer_gbps = *peer;
   }
-  const int64_t devices = std::max<int64_t>(1, spec.devices);
-  // Data parallelism: the other devices (cuda:i+1 .. with i this one's, or more CPU
-  // backends), then how their gradients meet: reduce-scattered on the devices (NCCL, or
-  // the CPU streams' threads), else added on the host.
-  std::vector<Backend*> backends = {backend_.get()};
-  std::vector<BackendRequest> requests = {request};
-  if (devices > 1) {
-    const bool cpu = backend_->name() == "cpu";
-    const int first = cpu ? 0 : CudaDeviceIndexOf(request.kind);
-    for (int64_t d = 1; d < devices; ++d) {
-      Replica r;
-      const BackendRequest rq{cpu ? "cpu" : absl::StrCat("cuda:", first + d),
-                              spec.device_memory_cap_bytes};
-      absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(rq);
-      if (!backend.ok()) {
-        return Annotate(backend.status(), absl::StrCat("train.devices: device ", d, " (", rq.kind, ")"));
-      }
-      r.backend = *std::move(backend);
-      backends.push_back(r.backend.get());
-      requests.push_back(rq);
-      replicas_.push_back(std::move(r));
-    }
-    backend_->BindThread();  // creating the others made theirs current here
-    if (spec.gradient_reduce != "host") {
-      absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> group =
-          CreateGradCollectives(backends);
-      if (group.ok()) {
-        collectives_ = *std::move(group);
-      } else if (spec.gradient_reduce == "device") {
-        return Annotate(group.status(), "train.gradient_reduce: device");
-      } else {
-        reduce_note_ = absl::StrCat(" (", group.status().message(), ")");
-      }
-      backend_->BindThread();
-    }
+  ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
+  plan_text_ = DescribePlan(plan_, request, profile);
+  if (!collectives_.empty()) {
+    absl::StrAppend(&plan_text_, "reduce     ", collectives_[0]->description(), "\n");
+  } else if (!reduce_note_.empty()) {
+    absl::StrAppend(&plan_text_, "reduce     on the host", reduce_note_, "\n");
   }
-  // The plan: micro-batch, checkpoints, weight slots (engine/plan/planner.h), for this
-  // device's share of the step when there are several.
-  {
-    const int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
-    const int64_t host = profile.host_memory_bytes;
-    PlanRequest request = JobPlanRequest(spec, config_, device, host);
-    request.reduce_on_devices = !collectives_.empty();
-    if (!collectives_.empty() && backend_->name() != "cpu") {
-      // NVLink or PCIe between the GPUs: measured here, once per job (a few ms).
-      absl::StatusOr<double> peer = MeasureReduceScatterGbps(backends, collectives_);
-      backend_->BindThread();
-      if (peer.ok()) request.peer_gbps = *peer;
-    }
-    ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
-    plan_text_ = DescribePlan(plan_, request, profile);
-    if (!collectives_.empty()) {
-      absl::StrAppend(&plan_text_, "reduce     ", collectives_[0]->description(), "\n");
-    } else if (!reduce_note_.empty()) {
-      absl::StrAppend(&plan_text_, "reduce     on the host", reduce_note_, "\n");
-    }
-  }
+  return absl::OkStatus();
+}
 
-  const ModelLayout layout = BuildLayout(config_);
+// The host store, and the gradient slabs of the first device; what crosses PCIe (the
+// bf16 weights and the slabs) is page-locked once, here.
+absl::Status Trainer::InitStore(const JobSpec& spec, const DeviceSet& devices) {
   // One GPU: the store on its node. GPUs on several nodes: interleaved across theirs, and
   // the optimizer's threads on all of them.
   std::vector<int> device_nodes;
-  for (const BackendRequest& rq : requests) device_nodes.push_back(BackendNumaNode(rq));
+  for (const BackendRequest& request : devices.requests) {
+    device_nodes.push_back(BackendNumaNode(request));
+  }
   const std::vector<int> store_nodes = StoreNodes(device_nodes);
-  const int optimizer_node = store_nodes.size() > 1 ? -1 : numa_node;
   if (store_nodes.size() > 1) {
     absl::StrAppend(&plan_text_, "numa       host store interleaved over NUMA nodes ",
                     absl::StrJoin(store_nodes, ", "), " (the GPUs' own)\n");
   }
-  ASSIGN_OR_RETURN(store_, HostStore::Create(layout, store_nodes));
-  const bool clipping = spec.max_grad_norm > 0;
-
-  const bool sharded = !collectives_.empty();
-  const int ranks = static_cast<int>(devices);
-  auto make_slabs = [&](int d, bool whole) -> absl::StatusOr<std::unique_ptr<GradSlabPool>> {
-    // Sharded, every device drains 1/N of each unit into slabs of 1/N of a layer. Added
-    // on the host, the first device's pool is the optimizer's (all of a clipped step's
-    // gradient) and each other device cycles a few of a layer's size.
-    const int node = BackendNumaNode(requests[d]);
-    if (sharded) {
-      return GradSlabPool::Create(GradShardSlabsNeeded(layout, clipping, ranks),
-                                  GradShardSlabElements(layout, ranks), node);
-    }
-    return GradSlabPool::Create(GradSlabsNeeded(layout, whole && clipping),
-                                GradSlabElements(layout), node);
-  };
-  ASSIGN_OR_RETURN(slabs_, make_slabs(0, true));
-  // What crosses PCIe is page-locked once, here: the bf16 weights and the gradient slabs.
+  ASSIGN_OR_RETURN(store_, HostStore::Create(BuildLayout(config_), store_nodes));
+  ASSIGN_OR_RETURN(slabs_, MakeSlabs(spec, devices, 0));
   RETURN_IF_ERROR(backend_->PinHostRange(store_->transfer_base(), store_->transfer_bytes()));
   pinned_.push_back(store_->transfer_base());
   RETURN_IF_ERROR(backend_->PinHostRange(slabs_->base(), slabs_->bytes()));
   pinned_.push_back(slabs_->base());
+  return absl::OkStatus();
+}
 
-  PipelineOptions po;
-  po.micro_batches = plan_.micro_batches;
-  po.tokens_per_micro_batch = plan_.micro_batch_rows * spec.seq_len;
-  po.checkpoint_every = plan_.checkpoint_every;
-  po.loss_chunk_tokens = plan_.loss_chunk_tokens;
-  po.checkpoints_on_host = plan_.checkpoints_on_host;
-  po.weight_slots = plan_.weight_slots;
-  po.kept_layers = plan_.kept_layers;
-  po.record_timeline = true;  // per-stream busy time for the metrics
-  if (sharded) po.collective = collectives_[0].get();
-  ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(config_, store_.get(), slabs_.get(),
-                                               backend_.get(), po));
-  HostOptimizerOptions oo;
-  oo.hyper.beta1 = spec.beta1;
-  oo.hyper.beta2 = spec.beta2;
-  oo.hyper.eps = spec.eps;
-  oo.weight_decay = spec.weight_decay;
-  oo.max_grad_norm = spec.max_grad_norm;
-  oo.numa_node = optimizer_node;
-  optimizer_ = std::make_unique<HostOptimizer>(store_.get(), slabs_.get(), backend_.get(), oo);
-  batches_.resize(plan_.micro_batches);
-  if (devices > 1) {
-    std::vector<GradSlabPool*> pools = {slabs_.get()};
-    for (int64_t d = 1; d < devices; ++d) {
-      Replica& r = replicas_[d - 1];
-      ASSIGN_OR_RETURN(r.slabs, make_slabs(static_cast<int>(d), false));
-      RETURN_IF_ERROR(r.backend->PinHostRange(r.slabs->base(), r.slabs->bytes()));
-      PipelineOptions rpo = po;
-      if (sharded) rpo.collective = collectives_[d].get();
-      ASSIGN_OR_RETURN(r.pipeline, Pipeline::Create(config_, store_.get(), r.slabs.get(),
-                                                    r.backend.get(), rpo));
-      r.batches.resize(plan_.micro_batches);
-      pools.push_back(r.slabs.get());
-      if (sharded) optimizer_->AddSlabPool(r.slabs.get());
-    }
-    reducer_ = std::make_unique<GradReducer>(
-        optimizer_.get(), backends, pools,
-        sharded ? GradReducer::Mode::kSharded : GradReducer::Mode::kHostSum);
-    backend_->BindThread();
+absl::StatusOr<std::unique_ptr<GradSlabPool>> Trainer::MakeSlabs(const JobSpec& spec,
+                                                                 const DeviceSet& devices,
+                                                                 int device) const {
+  // Sharded, every device drains 1/N of each unit into slabs of 1/N of a layer. Added on
+  // the host, the first device's pool is the optimizer's (all of a clipped step's
+  // gradient) and each other device cycles a few of a layer's size.
+  const ModelLayout& layout = store_->layout();
+  const bool clipping = spec.max_grad_norm > 0;
+  const int node = BackendNumaNode(devices.requests[device]);
+  if (!collectives_.empty()) {
+    const int ranks = static_cast<int>(devices.backends.size());
+    return GradSlabPool::Create(GradShardSlabsNeeded(layout, clipping, ranks),
+                                GradShardSlabElements(layout, ranks), node);
   }
+  return GradSlabPool::Create(GradSlabsNeeded(layout, device == 0 && clipping),
+                              GradSlabElements(layout), node);
+}
 
+// A pipeline per device as the plan says, the host optimizer, and with several devices
+// the reducer through which their gradients reach it.
+absl::Status Trainer::InitPipelines(const JobSpec& spec, const DeviceSet& devices) {
+  const bool sharded = !collectives_.empty();
+  PipelineOptions pipeline_options;
+  pipeline_options.micro_batches = plan_.micro_batches;
+  pipeline_options.tokens_per_micro_batch = plan_.micro_batch_rows * spec.seq_len;
+  pipeline_options.checkpoint_every = plan_.checkpoint_every;
+  pipeline_options.loss_chunk_tokens = plan_.loss_chunk_tokens;
+  pipeline_options.checkpoints_on_host = plan_.checkpoints_on_host;
+  pipeline_options.weight_slots = plan_.weight_slots;
+  pipeline_options.kept_layers = plan_.kept_layers;
+  pipeline_options.record_timeline = true;  // per-stream busy time for the metrics
+  if (sharded) pipeline_options.collective = collectives_[0].get();
+  ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(config_, store_.get(), slabs_.get(),
+                                               backend_.get(), pipeline_options));
+  HostOptimizerOptions optimizer_options;
+  optimizer_options.hyper.beta1 = spec.beta1;
+  optimizer_options.hyper.beta2 = spec.beta2;
+  optimizer_options.hyper.eps = spec.eps;
+  optimizer_options.weight_decay = spec.weight_decay;
+  optimizer_options.max_grad_norm = spec.max_grad_norm;
+  // On the store's node; with the store over several nodes, on all of them.
+  std::vector<int> device_nodes;
+  for (const BackendRequest& request : devices.requests) {
+    device_nodes.push_back(BackendNumaNode(request));
+  }
+  optimizer_options.numa_node =
+      StoreNodes(device_nodes).size() > 1 ? -1 : BackendNumaNode(devices.requests[0]);
+  optimizer_ = std::make_unique<HostOptimizer>(store_.get(), slabs_.get(), backend_.get(),
+                                               optimizer_options);
+  batches_.resize(plan_.micro_batches);
+  if (replicas_.empty()) return absl::OkStatus();
+  std::vector<GradSlabPool*> pools = {slabs_.get()};
+  for (size_t d = 1; d < devices.backends.size(); ++d) {
+    Replica& replica = replicas_[d - 1];
+    ASSIGN_OR_RETURN(replica.slabs, MakeSlabs(spec, devices, static_cast<int>(d)));
+    RETURN_IF_ERROR(replica.backend->PinHostRange(replica.slabs->base(), replica.slabs->bytes()));
+    PipelineOptions replica_options = pipeline_options;
+    if (sharded) replica_options.collective = collectives_[d].get();
+    ASSIGN_OR_RETURN(replica.pipeline, Pipeline::Create(config_, store_.get(), replica.slabs.get(),
+                                                        replica.backend.get(), replica_options));
+    replica.batches.resize(plan_.micro_batches);
+    pools.push_back(replica.slabs.get());
+    if (sharded) optimizer_->AddSlabPool(replica.slabs.get());
+  }
+  reducer_ = std::make_unique<GradReducer>(
+      optimizer_.get(), devices.backends, pools,
+      sharded ? GradReducer::Mode::kSharded : GradReducer::Mode::kHostSum);
+  backend_->BindThread();
+  return absl::OkStatus();
+}
+
+// The weights and the trainer state: from the newest checkpoint of this job in
+// checkpoint.dir, else the model folder's, else random (model.init_seed).
+absl::Status Trainer::Restore(const JobSpec& spec) {
   state_.data_seed = spec.data_seed;
   state_.init_seed = spec.init_seed;
   state_.spec_fingerprint = spec.Fingerprint();

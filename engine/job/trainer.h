@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/backend/factory.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/common/backend.h"
 #include "engine/data/dataset.h"
@@ -20,7 +21,7 @@
 #include "engine/job/background_checkpoint.h"
 #include "engine/job/inputs.h"
 #include "engine/job/spec.h"
-#include "engine/pipeline/host_optimizer.h"
+#include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/grad_reducer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/plan/planner.h"
@@ -131,7 +132,24 @@ class Trainer {
 
  private:
   Trainer() = default;
+  // The job's devices: the first (backend_) and the replicas', with what made each.
+  struct DeviceSet {
+    std::vector<Backend*> backends;
+    std::vector<BackendRequest> requests;
+  };
+  // Setup, stage by stage (Init runs them in this order).
   absl::Status Init(const JobSpec& spec, const MachineProfile* profile);
+  absl::Status InitData(const JobSpec& spec);
+  absl::Status InitReplicas(const JobSpec& spec, DeviceSet* devices);
+  absl::Status InitPlan(const JobSpec& spec, const MachineProfile& profile,
+                        const DeviceSet& devices);
+  absl::Status InitStore(const JobSpec& spec, const DeviceSet& devices);
+  absl::Status InitPipelines(const JobSpec& spec, const DeviceSet& devices);
+  absl::Status Restore(const JobSpec& spec);
+  // The gradient slabs of device `device` of `devices` (0: the optimizer's).
+  absl::StatusOr<std::unique_ptr<GradSlabPool>> MakeSlabs(const JobSpec& spec,
+                                                          const DeviceSet& devices,
+                                                          int device) const;
   CheckpointOptions checkpoint_options() const;
   // Takes the background checkpoint's outcome into the report, waiting for it if `wait`.
   void CollectBackground(bool wait, StepReport* report);

@@ -15,7 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
-#include "engine/model/posix_file.h"
+#include "engine/common/durable_file.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain {

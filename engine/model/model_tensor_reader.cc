@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
-#include "engine/model/posix_file.h"
+#include "engine/common/durable_file.h"
 #include "engine/model/safetensors.h"
 #include "nlohmann/json.hpp"
 

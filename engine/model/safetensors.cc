@@ -20,7 +20,7 @@
 #include "engine/common/check.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
-#include "engine/model/posix_file.h"
+#include "engine/common/durable_file.h"
 #include "nlohmann/json.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");

@@ -14,7 +14,7 @@
 #include "engine/common/check.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
-#include "engine/model/posix_file.h"
+#include "engine/common/durable_file.h"
 #include "engine/model/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -88,28 +88,14 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
                               const std::map<std::string, std::string>& metadata) {
   RETURN_IF_ERROR(CheckTensors(path, tensors));
   ASSIGN_OR_RETURN(std::string header, BuildHeader(path, tensors, metadata));
-  const std::string tmp = path + ".tmp";
-  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("creating ", tmp));
-  const std::string context = absl::StrCat("writing ", tmp);
-  absl::Status status = WriteAll(fd.get(), header.data(), header.size(), context);
-  for (const TensorToWrite& t : tensors) {
-    if (!status.ok()) break;
-    status = WriteAll(fd.get(), t.data, NumBytes(t), absl::StrCat(context, " (tensor '", t.name, "')"));
-  }
-  if (status.ok() && ::fsync(fd.get()) != 0) {
-    status = ErrnoError(errno, absl::StrCat("fsync of ", tmp));
-  }
-  if (status.ok()) status = fd.Close(tmp);
-  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = ErrnoError(errno, absl::StrCat("renaming ", tmp, " to ", path));
-  }
-  if (!status.ok()) {
-    fd = ScopedFd();
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  return FsyncDir(DirName(path));
+  return WriteFileDurably(path, [&](int fd, const std::string& context) {
+    RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), context));
+    for (const TensorToWrite& t : tensors) {
+      RETURN_IF_ERROR(
+          WriteAll(fd, t.data, NumBytes(t), absl::StrCat(context, " (tensor '", t.name, "')")));
+    }
+    return absl::OkStatus();
+  });
 }
 
 struct ShardedSafetensorsWriter::Shard {

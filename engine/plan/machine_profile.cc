@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/backend/devices.h"
 #include "engine/backend/factory.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
@@ -141,7 +142,7 @@ int CpuThreads() {
 }
 
 int64_t DeviceMemoryBytes(Backend* backend) {
-  if (backend->name() == "cpu") return 0;
+  if (backend->kind() == BackendKind::kCpu) return 0;
   for (const GpuInfo& g : ListGpus()) return g.memory_bytes;  // the backend uses device 0
   return 0;
 }
@@ -276,7 +277,7 @@ std::string ProfileKey(Backend* backend) {
 
 absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileOptions& options) {
   const auto started = std::chrono::steady_clock::now();
-  const bool cpu = be->name() == "cpu";
+  const bool cpu = be->kind() == BackendKind::kCpu;
   const bool quick = options.quick || cpu;
   MachineProfile p;
   p.key = ProfileKey(be);

@@ -73,7 +73,7 @@ std::string Params(double n) {
 void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend, Plan* plan) {
   const ModelConfig& c = r.config;
   const ModelLayout layout = BuildLayout(c);
-  const bool cpu = backend->name() == "cpu";
+  const bool cpu = backend->kind() == BackendKind::kCpu;
   const int64_t L = c.num_layers, C = c.hidden_size, V = c.vocab_size;
   const int64_t M = plan->micro_batches, n = plan->micro_batch_rows * r.seq_len;
   const int64_t K = plan->checkpoint_every;
@@ -250,7 +250,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
         ": each device takes an equal share"));
   }
   const int64_t share = r.rows_per_step / devices;  // each device's sequences
-  const bool cpu = backend->name() == "cpu";
+  const bool cpu = backend->kind() == BackendKind::kCpu;
   std::vector<int64_t> rows;
   if (r.micro_batch_rows > 0) {
     rows = {r.micro_batch_rows};

@@ -1,6 +1,8 @@
 // NCCL reduce-scatter over every visible GPU (one GPU: a group of one), through the same
 // check as the CPU group. Skips without a GPU, and says so when NCCL cannot be loaded.
+#include "engine/backend/devices.h"
 #include "engine/backend/factory.h"
+#include "engine/plan/rates.h"
 #include "engine/backend/nccl.h"
 #include "tests/engine/backend/reduce_scatter_check.h"
 

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/backend/devices.h"
 #include "engine/backend/factory.h"
 #include "engine/common/backend.h"
 #include "engine/common/check.h"

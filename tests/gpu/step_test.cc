@@ -2,7 +2,7 @@
 // the AdamW-updated weights; and the device working set does not grow with depth.
 #include <algorithm>
 
-#include "engine/pipeline/host_optimizer.h"
+#include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/store/model_io.h"
 #include "tests/engine/pipeline/recording_sink.h"
@@ -47,7 +47,7 @@ Trained Make(const ModelConfig& c, Backend* be, int64_t micro_batches, int64_t t
   o.tokens_per_micro_batch = tokens;
   o.checkpoint_every = k;
   o.loss_chunk_tokens = 100;
-  o.checkpoints_on_host = be->name() != "cpu";  // as the trainer runs on a GPU
+  o.checkpoints_on_host = be->kind() != BackendKind::kCpu;  // as the trainer runs on a GPU
   o.kept_layers = kept_layers;
   o.weight_slots = weight_slots;
   absl::StatusOr<std::unique_ptr<Pipeline>> p = Pipeline::Create(c, r.store.get(), r.pool.get(), be, o);

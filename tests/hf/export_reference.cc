@@ -12,7 +12,7 @@
 #include "engine/backend/cpu_backend.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/model/safetensors.h"
-#include "engine/pipeline/host_optimizer.h"
+#include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/store/model_io.h"
 #include "nlohmann/json.hpp"

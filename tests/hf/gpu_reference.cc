@@ -18,7 +18,7 @@
 #include "engine/layers/decoder.h"
 #include "engine/model/safetensors.h"
 #include "engine/optim/schedule.h"
-#include "engine/pipeline/host_optimizer.h"
+#include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/store/model_io.h"
 #include "nlohmann/json.hpp"

@@ -1,6 +1,6 @@
-// server::Mutex keeps absl::Mutex's Await semantics: a waiter's condition is checked again
+// megatrain::Mutex (engine/common/mutex.h) keeps absl::Mutex's Await semantics: a waiter's condition is checked again
 // whenever the mutex is released, with no explicit notify, and timeouts give up.
-#include "server/mutex.h"
+#include "engine/common/mutex.h"
 
 #include <atomic>
 #include <thread>

@@ -15,6 +15,7 @@ class SizingBackend final : public Backend {
  public:
   SizingBackend() : cpu_(CreateCpuBackend(CpuBackendOptions{})) {}
   std::string name() const override { return "cuda:sizing"; }
+  BackendKind kind() const override { return BackendKind::kCuda; }
   DType weight_dtype() const override { return DType::kBF16; }
   DType act_dtype() const override { return DType::kBF16; }
   DType grad_dtype() const override { return DType::kF32; }

@@ -6,8 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
+
+#include "engine/common/cuda_check.h"  // MT_CUDA_LAUNCH_CHECK
 
 namespace megatrain::cuda {
 
@@ -91,13 +91,3 @@ __device__ __forceinline__ void Store(bf16* p, const float (&v)[kWidth]) {
 
 }  // namespace megatrain::cuda
 
-// Launch errors are bugs (bad shapes reached a launcher): abort with file:line.
-#define MT_CUDA_LAUNCH_CHECK()                                                          \
-  do {                                                                                 \
-    cudaError_t mt_err_ = cudaGetLastError();                                           \
-    if (mt_err_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s:%d: CUDA launch failed: %s\n", __FILE__, __LINE__,       \
-                   cudaGetErrorString(mt_err_));                                        \
-      std::abort();                                                                     \
-    }                                                                                   \
-  } while (0)

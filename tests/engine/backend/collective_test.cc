@@ -1,6 +1,7 @@
 // The CPU backend's reduce-scatter group (simulated devices for data parallelism in CI).
 #include "engine/backend/cpu_backend.h"
 #include "engine/backend/factory.h"
+#include "engine/plan/rates.h"
 #include "tests/engine/backend/reduce_scatter_check.h"
 
 namespace megatrain {

@@ -1,10 +1,11 @@
-// POSIX file helpers for the model layer: full-length pread/write loops, durable
-// (fsync + rename) writes, and errno turned into absl::Status.
-//
-// Internal to engine/model/; other folders use safetensors.h and config.h.
+// POSIX file helpers: full-length pread/write loops, durable writes, and errno turned
+// into absl::Status. A durable write goes to "<path>.tmp", is fsynced, renamed onto its
+// name and its folder fsynced: a crash leaves the old file or the new one, never half of
+// one. Model files (model/), checkpoints (checkpoint/) and their callers write this way.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -62,8 +63,20 @@ absl::Status ErrnoError(int err, absl::string_view context);
 // fsyncs the directory, making a rename inside it durable.
 [[nodiscard]] absl::Status FsyncDir(const std::string& dir);
 
+// fsyncs a file or folder by name (a folder: making the renames inside it durable).
+[[nodiscard]] absl::Status FsyncPath(const std::string& path);
+
+// Writes `contents` to `path` and fsyncs it (no rename: for files inside a folder that is
+// itself renamed into place when whole, as a checkpoint is).
+[[nodiscard]] absl::Status WriteFileSynced(const std::string& path, absl::string_view contents);
+
 // Writes `contents` to "<path>.tmp", fsyncs it, renames it onto `path`, fsyncs the folder.
 [[nodiscard]] absl::Status WriteFileDurably(const std::string& path, absl::string_view contents);
+// The same, the file's bytes written by `write` (to `fd`; `context` names the file for
+// its errors). On any failure the temporary file is removed and the old file stands.
+[[nodiscard]] absl::Status WriteFileDurably(
+    const std::string& path,
+    const std::function<absl::Status(int fd, const std::string& context)>& write);
 
 // The whole file (meant for small files: indexes, configs).
 [[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::string& path);

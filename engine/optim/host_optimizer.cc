@@ -1,4 +1,4 @@
-#include "engine/pipeline/host_optimizer.h"
+#include "engine/optim/host_optimizer.h"
 
 #include <numa.h>
 

@@ -1,7 +1,7 @@
 // The host optimizer applies PyTorch AdamW (decoupled weight decay on matrices only,
 // bias correction, eps outside the sqrt) after global-norm clipping, with a warmup
 // schedule, and matches a closed-form double-precision reference over several steps.
-#include "engine/pipeline/host_optimizer.h"
+#include "engine/optim/host_optimizer.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,8 +1,9 @@
-// The server's mutex: Mutex's Await semantics (a waiter's condition is checked
-// again whenever the mutex is released) on std::mutex and std::condition_variable, so
-// ThreadSanitizer sees every lock. (Debian's abseil is not built with
-// -fsanitize=thread: TSan cannot see Mutex and would report every access it
-// guards.) Annotated for Clang's thread-safety analysis like Mutex.
+// The mutex of the engine and the server: absl::Mutex's Await semantics (a waiter's
+// condition is checked again whenever the mutex is released) on std::mutex and
+// std::condition_variable, so ThreadSanitizer sees every lock. (Debian's abseil is not
+// built with -fsanitize=thread: TSan cannot see absl::Mutex and would report every access
+// it guards.) Annotated for Clang's thread-safety analysis like absl::Mutex: members it
+// guards are ABSL_GUARDED_BY(mu_).
 #pragma once
 
 #include <chrono>
@@ -13,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace megatrain::server {
+namespace megatrain {
 
 class ABSL_LOCKABLE Mutex {
  public:
@@ -61,4 +62,4 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   Mutex* mu_;
 };
 
-}  // namespace megatrain::server
+}  // namespace megatrain

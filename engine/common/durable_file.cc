@@ -1,5 +1,5 @@
-// POSIX file helpers; see posix_file.h.
-#include "engine/model/posix_file.h"
+// POSIX file helpers and durable writes; see durable_file.h.
+#include "engine/common/durable_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -112,12 +112,29 @@ absl::Status FsyncDir(const std::string& dir) {
   return fd.Close(dir);
 }
 
-absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {
+absl::Status FsyncPath(const std::string& path) {
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("opening ", path));
+  if (::fsync(fd.get()) != 0) return ErrnoError(errno, absl::StrCat("fsync of ", path));
+  return fd.Close(path);
+}
+
+absl::Status WriteFileSynced(const std::string& path, absl::string_view contents) {
+  ScopedFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("creating ", path));
+  RETURN_IF_ERROR(WriteAll(fd.get(), contents.data(), contents.size(),
+                           absl::StrCat("writing ", path)));
+  if (::fsync(fd.get()) != 0) return ErrnoError(errno, absl::StrCat("fsync of ", path));
+  return fd.Close(path);
+}
+
+absl::Status WriteFileDurably(const std::string& path,
+                              const std::function<absl::Status(int fd, const std::string& context)>&
+                                  write) {
   const std::string tmp = path + ".tmp";
   ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("creating ", tmp));
-  absl::Status status = WriteAll(fd.get(), contents.data(), contents.size(),
-                                 absl::StrCat("writing ", tmp));
+  absl::Status status = write(fd.get(), absl::StrCat("writing ", tmp));
   if (status.ok() && ::fsync(fd.get()) != 0) {
     status = ErrnoError(errno, absl::StrCat("fsync of ", tmp));
   }
@@ -126,10 +143,17 @@ absl::Status WriteFileDurably(const std::string& path, absl::string_view content
     status = ErrnoError(errno, absl::StrCat("renaming ", tmp, " to ", path));
   }
   if (!status.ok()) {
+    fd = ScopedFd();
     ::unlink(tmp.c_str());
     return status;
   }
   return FsyncDir(DirName(path));
+}
+
+absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {
+  return WriteFileDurably(path, [&](int fd, const std::string& context) {
+    return WriteAll(fd, contents.data(), contents.size(), context);
+  });
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {

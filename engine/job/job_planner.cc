@@ -1,0 +1,47 @@
+#include "engine/job/job_planner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backend/devices.h"
+#include "engine/backend/factory.h"
+#include "engine/common/status.h"
+#include "engine/job/trainer.h"
+
+namespace megatrain {
+
+absl::StatusOr<std::unique_ptr<JobPlanner>> JobPlanner::Create(const std::string& device,
+                                                               const std::string& profile_path,
+                                                               int64_t host_budget_bytes) {
+  std::unique_ptr<JobPlanner> p(new JobPlanner);
+  p->host_budget_bytes_ = host_budget_bytes;
+  MutexLock lock(&p->mu_);
+  ASSIGN_OR_RETURN(p->backend_, CreateBackend(BackendRequest{device == "cpu" ? "cpu" : "cuda"}));
+  ASSIGN_OR_RETURN(p->profile_, LoadOrMeasureProfile(p->backend_.get(), profile_path, &p->note_));
+  return p;
+}
+
+absl::StatusOr<PlannedJob> JobPlanner::PlanJob(const JobSpec& spec) {
+  ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
+  MutexLock lock(&mu_);
+  // The device as a job finds it: all of it but the library workspaces (Trainer::Init),
+  // or the job's cap.
+  int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
+  if (spec.device_memory_cap_bytes > 0) {
+    device = std::min(device, PlannableDeviceBytes(spec.device_memory_cap_bytes));
+  }
+  if (spec.devices > 1 && backend_->kind() != BackendKind::kCpu) {
+    const int64_t gpus = static_cast<int64_t>(ListGpus().size());
+    if (spec.devices > gpus) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.devices is ", spec.devices, "; this node has ", gpus, " GPU(s)"));
+    }
+  }
+  PlannedJob out;
+  out.request = JobPlanRequest(spec, config, device, host_budget_bytes_);
+  ASSIGN_OR_RETURN(out.plan, MakePlan(out.request, profile_, backend_.get()));
+  out.text = DescribePlan(out.plan, out.request, profile_);
+  return out;
+}
+
+}  // namespace megatrain

@@ -1,0 +1,54 @@
+// Plans jobs for one kind of device of this machine without running them: the machine
+// profile (read from a file when it matches this machine, else measured, seconds, and
+// cached there) and a backend of that kind to size plans against. The daemon admits,
+// answers `megatrain plan` and runs jobs with one of these, so what was admitted is what
+// runs.
+//
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/common/backend.h"
+#include "engine/common/mutex.h"
+#include "engine/job/spec.h"
+#include "engine/plan/machine_profile.h"
+#include "engine/plan/planner.h"
+
+namespace megatrain {
+
+// A job's plan on this machine, with what it was asked and the plan in words.
+struct PlannedJob {
+  Plan plan;
+  PlanRequest request;
+  std::string text;  // DescribePlan
+};
+
+class JobPlanner {
+ public:
+  // device: "cpu" or "cuda:N"; the profile is read from / cached at `profile_path`.
+  // host_budget_bytes: the host memory a job may hold.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobPlanner>> Create(
+      const std::string& device, const std::string& profile_path, int64_t host_budget_bytes);
+
+  // The plan of `spec`: FailedPrecondition naming the memory that runs out,
+  // InvalidArgument for more devices than the machine has.
+  [[nodiscard]] absl::StatusOr<PlannedJob> PlanJob(const JobSpec& spec);
+
+  const MachineProfile& profile() const { return profile_; }
+  const std::string& note() const { return note_; }  // where the profile came from
+
+ private:
+  JobPlanner() = default;
+
+  Mutex mu_;
+  std::unique_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);  // sizes plans; never runs a job
+  MachineProfile profile_;
+  std::string note_;
+  int64_t host_budget_bytes_ = 0;
+};
+
+}  // namespace megatrain
