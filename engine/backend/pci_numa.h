@@ -12,6 +12,6 @@ namespace megatrain {
 // case): the first node of its nearest non-I/O ancestor in the hwloc topology. The
 // topology is loaded once per process. NotFound when hwloc does not list the device;
 // Unavailable when the topology cannot be loaded; -1 when the ancestor has no node.
-absl::StatusOr<int> NumaNodeOfPciDevice(absl::string_view bus_id);
+[[nodiscard]] absl::StatusOr<int> NumaNodeOfPciDevice(absl::string_view bus_id);
 
 }  // namespace megatrain

@@ -171,7 +171,7 @@ class Event {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  static absl::StatusOr<DeviceBuffer> Allocate(Backend* backend, size_t bytes) {
+  [[nodiscard]] static absl::StatusOr<DeviceBuffer> Allocate(Backend* backend, size_t bytes) {
     DeviceBuffer b;
     if (bytes == 0) return b;
     absl::StatusOr<void*> p = backend->Alloc(bytes);

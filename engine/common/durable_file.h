@@ -40,7 +40,7 @@ class ScopedFd {
 
 // "<context>: <strerror(err)>", with the absl code errno maps to (ENOENT -> NotFound,
 // ENOSPC -> ResourceExhausted, ...).
-absl::Status ErrnoError(int err, absl::string_view context);
+[[nodiscard]] absl::Status ErrnoError(int err, absl::string_view context);
 
 // Reads exactly `num_bytes` at `offset`, in chunks, retrying EINTR and short reads. A read
 // that hits end of file is DataLoss. Thread-safe (pread has no shared file position).

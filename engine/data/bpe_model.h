@@ -37,7 +37,7 @@ struct BpeModelOptions {
 class BpeModel {
  public:
   // InvalidArgument when a merge names a token, or makes one, that is not in the vocab.
-  static absl::StatusOr<BpeModel> Create(BpeModelOptions options);
+  [[nodiscard]] static absl::StatusOr<BpeModel> Create(BpeModelOptions options);
 
   // Appends the ids of `word` (UTF-8; one symbol per code point before merging).
   void EncodeWord(absl::string_view word, std::vector<int32_t>* ids) const;

@@ -54,7 +54,7 @@ class RegexSplitter {
  public:
   // Compiles an Oniguruma-syntax `pattern` (as stored in tokenizer.json).
   // InvalidArgument when the pattern uses a construct we do not rewrite or PCRE2 rejects.
-  static absl::StatusOr<RegexSplitter> Create(absl::string_view pattern);
+  [[nodiscard]] static absl::StatusOr<RegexSplitter> Create(absl::string_view pattern);
 
   // REQUIRES: `text` is valid UTF-8. Pieces are non-empty views into `text`.
   std::vector<absl::string_view> Split(absl::string_view text) const;
@@ -70,6 +70,6 @@ class RegexSplitter {
 
 // The PCRE2 pattern that matches what the JS reference compiles `pattern` to.
 // Exposed for tests. InvalidArgument for constructs we do not rewrite.
-absl::StatusOr<std::string> RewriteOnigurumaPattern(absl::string_view pattern);
+[[nodiscard]] absl::StatusOr<std::string> RewriteOnigurumaPattern(absl::string_view pattern);
 
 }  // namespace megatrain

@@ -95,7 +95,7 @@ struct ChatRendering {
 };
 
 // "llama2" | "llama3" | "qwen3" | "gptoss"; InvalidArgument listing them otherwise.
-absl::StatusOr<ChatFormat> ChatFormatFromName(absl::string_view name);
+[[nodiscard]] absl::StatusOr<ChatFormat> ChatFormatFromName(absl::string_view name);
 absl::string_view ChatFormatName(ChatFormat format);
 
 // The family of a tokenizer_config.json chat_template, by its markers: "<|channel|>"
@@ -103,7 +103,7 @@ absl::string_view ChatFormatName(ChatFormat format);
 // "[INST]" with "<<SYS>>" (llama2). NotFound for an empty template or one with none of
 // them; InvalidArgument for a relative that renders differently (Llama 3.1's dated system
 // header, ChatML without Qwen3's think handling, Mistral's [INST] without <<SYS>>).
-absl::StatusOr<ChatFormat> DetectChatFormat(absl::string_view chat_template);
+[[nodiscard]] absl::StatusOr<ChatFormat> DetectChatFormat(absl::string_view chat_template);
 
 // What `format`'s chat_template renders for `messages`, and the trained spans.
 // InvalidArgument, naming the message index, for:
@@ -114,7 +114,8 @@ absl::StatusOr<ChatFormat> DetectChatFormat(absl::string_view chat_template);
 //     assistant after the optional system message; gptoss assistant content holding
 //     "<|channel|>analysis<|message|>" or "<|channel|>final<|message|>";
 //   - llama2 with an empty eos_token.
-absl::StatusOr<ChatRendering> RenderChat(ChatFormat format, absl::Span<const ChatMessage> messages,
-                                         const ChatOptions& options);
+[[nodiscard]] absl::StatusOr<ChatRendering> RenderChat(ChatFormat format,
+                                                       absl::Span<const ChatMessage> messages,
+                                                       const ChatOptions& options);
 
 }  // namespace megatrain

@@ -37,7 +37,7 @@ namespace megatrain {
 enum class DataFormat { kText, kAlpaca, kShareGpt, kMessages, kTokens };
 
 // "text" | "alpaca" | "sharegpt" | "messages" | "tokens"; InvalidArgument listing them.
-absl::StatusOr<DataFormat> DataFormatFromName(absl::string_view name);
+[[nodiscard]] absl::StatusOr<DataFormat> DataFormatFromName(absl::string_view name);
 const char* DataFormatName(DataFormat format);
 bool IsChatFormat(DataFormat format);
 
@@ -75,14 +75,15 @@ struct DatasetStats {
                                                  const DatasetStats& stats);
 
 // One line's example; errors name the problem but not the line (the caller adds it).
-absl::StatusOr<Example> ExampleFromLine(absl::string_view line, const DatasetOptions& options,
-                                        const Tokenizer& tokenizer);
+[[nodiscard]] absl::StatusOr<Example> ExampleFromLine(absl::string_view line,
+                                                      const DatasetOptions& options,
+                                                      const Tokenizer& tokenizer);
 
 // Tokenizes the file into a new token store at `dir` (replacing any there), streaming:
 // one reader, `threads` tokenizers, one writer, a bounded number of chunks in flight.
 // Errors: NotFound (no file), InvalidArgument "path:line: ..." (a bad line without
 // skip_bad_lines, or no example at all), DataLoss (a read failed part-way).
-absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
+[[nodiscard]] absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
                                              const Tokenizer& tokenizer, const std::string& dir,
                                              const nlohmann::json& source);
 
@@ -92,7 +93,7 @@ nlohmann::json DatasetSource(const DatasetOptions& options, const Tokenizer& tok
 
 // Opens the token store for this dataset under `cache_dir` when one was built from the
 // same source, else builds it there first. `stats` (optional) says which happened.
-absl::StatusOr<std::shared_ptr<const TokenDocs>> OpenOrBuildTokenStore(
+[[nodiscard]] absl::StatusOr<std::shared_ptr<const TokenDocs>> OpenOrBuildTokenStore(
     const DatasetOptions& options, const Tokenizer& tokenizer, const std::string& cache_dir,
     DatasetStats* stats = nullptr);
 

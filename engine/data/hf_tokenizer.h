@@ -41,7 +41,7 @@ namespace megatrain {
 class HfTokenizer final : public Tokenizer {
  public:
   // See LoadHfTokenizer.
-  static absl::StatusOr<std::unique_ptr<HfTokenizer>> Load(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HfTokenizer>> Load(
       const std::string& tokenizer_json_path, const std::string& tokenizer_config_json_path);
 
   std::vector<int32_t> Encode(absl::string_view text) const override;
@@ -55,7 +55,7 @@ class HfTokenizer final : public Tokenizer {
   // The text of `ids` through the tokenizer.json decoder, special tokens included and
   // without clean_up_tokenization_spaces. decode(encode(x)) == x for the texts on which
   // the reference round-trips. OutOfRange for an id outside [0, vocab_size()).
-  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const;
+  [[nodiscard]] absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const;
 
  private:
   struct NormalizerStep {
@@ -137,7 +137,7 @@ class HfTokenizer final : public Tokenizer {
 // NotFound when a file is missing; InvalidArgument naming the file and the component for
 // malformed JSON or an unsupported component ("tokenizer.json: pre_tokenizer type
 // 'Whitespace' is not supported").
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(
     const std::string& tokenizer_json_path, const std::string& tokenizer_config_json_path);
 
 }  // namespace megatrain

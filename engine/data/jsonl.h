@@ -19,7 +19,7 @@ namespace megatrain {
 //                    with another type ("is a number, expected a string"); or the file
 //                    holds no documents
 //   DataLoss         reading failed part-way
-absl::StatusOr<std::vector<std::string>> ReadJsonlTexts(const std::string& path,
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ReadJsonlTexts(const std::string& path,
                                                         const std::string& field);
 
 }  // namespace megatrain

@@ -61,11 +61,6 @@ absl::StatusOr<int64_t> NonNegativeField(const nlohmann::json& json, const char*
 
 }  // namespace
 
-int64_t MicroBatch::num_targets() const {
-  return static_cast<int64_t>(
-      std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }));
-}
-
 nlohmann::json DataPositionToJson(const DataPosition& position) {
   return nlohmann::json{{"epoch", position.epoch},
                         {"doc_cursor", position.doc_cursor},

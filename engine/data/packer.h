@@ -18,29 +18,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/data/micro_batch.h"
 #include "engine/data/token_docs.h"
 #include "nlohmann/json_fwd.hpp"
 
 namespace megatrain {
-
-// The label of a token with no next token: the loss ignores it (PyTorch's ignore_index).
-constexpr int32_t kIgnoreIndex = -100;
-
-// rows * seq_len tokens, each array flattened row-major: element [r * seq_len + j].
-struct MicroBatch {
-  int64_t rows = 0;
-  int64_t seq_len = 0;
-  std::vector<int32_t> tokens;     // (rows*seq_len) input ids
-  std::vector<int32_t> targets;    // (rows*seq_len) the next token of the same document,
-                                   //   or kIgnoreIndex on a document's last token, before
-                                   //   an untrained token, and on padding
-  std::vector<int32_t> doc_start;  // (rows*seq_len) flat index of the first token of this
-                                   //   token's segment; always in the same row
-  std::vector<int32_t> positions;  // (rows*seq_len) RoPE position = flat index - doc_start
-
-  // The number of targets that are not kIgnoreIndex: the loss's token count.
-  int64_t num_targets() const;
-};
 
 // Where the packer is in the stream: the next token it emits is token `token_offset` of
 // document DocumentOrder(num_docs, seed, epoch)[doc_cursor]. Saved in checkpoints.
@@ -53,7 +35,7 @@ struct DataPosition {
 // {"epoch": E, "doc_cursor": C, "token_offset": T}
 nlohmann::json DataPositionToJson(const DataPosition& position);
 // InvalidArgument naming the field when one is missing, not an integer, or negative.
-absl::StatusOr<DataPosition> DataPositionFromJson(const nlohmann::json& json);
+[[nodiscard]] absl::StatusOr<DataPosition> DataPositionFromJson(const nlohmann::json& json);
 
 // The order documents are visited in during `epoch`: a permutation of [0, num_docs).
 // Fisher-Yates driven by std::mt19937_64 seeded from (seed, epoch), with our own

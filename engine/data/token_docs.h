@@ -39,7 +39,8 @@ class TokenDocs {
   static std::shared_ptr<const TokenDocs> FromExamples(const std::vector<Example>& examples);
   // Maps a finished token store. NotFound when there is no meta.json; DataLoss naming the
   // file when sizes, offsets or the header disagree.
-  static absl::StatusOr<std::shared_ptr<const TokenDocs>> Open(const std::string& dir);
+  [[nodiscard]] static absl::StatusOr<std::shared_ptr<const TokenDocs>> Open(
+      const std::string& dir);
 
   ~TokenDocs();
   TokenDocs(const TokenDocs&) = delete;

@@ -32,7 +32,7 @@ class Tokenizer {
 // Tokenizes each text as [bos] + Encode(text) + [eos], leaving out bos / eos when the
 // tokenizer has none. Documents of any length are kept, in order.
 // InvalidArgument when `texts` is empty or every document tokenizes to no tokens.
-absl::StatusOr<std::vector<std::vector<int32_t>>> TokenizeDocuments(
+[[nodiscard]] absl::StatusOr<std::vector<std::vector<int32_t>>> TokenizeDocuments(
     const std::vector<std::string>& texts, const Tokenizer& tokenizer);
 
 }  // namespace megatrain

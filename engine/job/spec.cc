@@ -163,18 +163,7 @@ std::string Resolve(const std::string& base_dir, const std::string& path) {
   return (fs::path(base_dir) / path).lexically_normal().string();
 }
 
-absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, JobSpec* spec) {
-  if (!root.IsMap()) return absl::InvalidArgumentError("must be a YAML mapping of sections");
-  Section top(root, "");
-  RETURN_IF_ERROR(top.String("name", &spec->name));
-  RETURN_IF_ERROR(top.String("backend", &spec->backend));
-  RETURN_IF_ERROR(top.Int("device_memory_cap_bytes", &spec->device_memory_cap_bytes, 0));
-  const bool cuda_n = spec->backend.rfind("cuda:", 0) == 0 && CudaDeviceIndexOf(spec->backend) >= 0;
-  if (spec->backend != "auto" && spec->backend != "cpu" && spec->backend != "cuda" && !cuda_n) {
-    return top.Error("backend",
-                     absl::StrCat("must be auto, cpu, cuda or cuda:N, got '", spec->backend, "'"));
-  }
-
+absl::Status ParseModel(Section& top, const std::string& base_dir, JobSpec* spec) {
   if (!top.Has("model")) return absl::InvalidArgumentError("field 'model' is required");
   Section model(top.Get("model"), "model");
   if (!top.Get("model").IsMap()) return top.Error("model", "must be a mapping");
@@ -201,7 +190,10 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     ss << in.rdbuf();
     spec->model_config_json = ss.str();
   }
+  return absl::OkStatus();
+}
 
+absl::Status ParseData(Section& top, const std::string& base_dir, JobSpec* spec) {
   if (!top.Has("data")) return absl::InvalidArgumentError("field 'data' is required");
   if (!top.Get("data").IsMap()) return top.Error("data", "must be a mapping");
   Section data(top.Get("data"), "data");
@@ -238,7 +230,10 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   RETURN_IF_ERROR(data.Int("seq_len", &spec->seq_len, 2));
   RETURN_IF_ERROR(data.Uint("seed", &spec->data_seed));
   RETURN_IF_ERROR(data.CheckNoUnknown());
+  return absl::OkStatus();
+}
 
+absl::Status ParseTrain(Section& top, JobSpec* spec) {
   if (top.Has("train")) {
     if (!top.Get("train").IsMap()) return top.Error("train", "must be a mapping");
     Section t(top.Get("train"), "train");
@@ -270,7 +265,10 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     RETURN_IF_ERROR(t.CheckNoUnknown());
   }
   spec->schedule.total_steps = spec->steps;
+  return absl::OkStatus();
+}
 
+absl::Status ParseCheckpoint(Section& top, const std::string& base_dir, JobSpec* spec) {
   if (top.Has("checkpoint")) {
     if (!top.Get("checkpoint").IsMap()) return top.Error("checkpoint", "must be a mapping");
     Section c(top.Get("checkpoint"), "checkpoint");
@@ -282,50 +280,73 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     RETURN_IF_ERROR(c.Bool("background", &spec->checkpoint_background));
     RETURN_IF_ERROR(c.CheckNoUnknown());
   }
-  RETURN_IF_ERROR(top.CheckNoUnknown());
+  return absl::OkStatus();
+}
+
+// The batch's shape: tokens per step, micro-batches and devices that divide it.
+absl::Status CheckBatchShape(const JobSpec& spec) {
   // In 128 bits: each factor may be up to 2^63 on its own.
-  const __int128 split = static_cast<__int128>(std::max<int64_t>(1, spec->micro_batches)) *
-                         std::max<int64_t>(1, spec->micro_batch_rows) * spec->seq_len;
-  if (split >= (__int128{1} << 31) || spec->tokens_per_step >= (int64_t{1} << 31)) {
+  const __int128 split = static_cast<__int128>(std::max<int64_t>(1, spec.micro_batches)) *
+                         std::max<int64_t>(1, spec.micro_batch_rows) * spec.seq_len;
+  if (split >= (__int128{1} << 31) || spec.tokens_per_step >= (int64_t{1} << 31)) {
     return absl::InvalidArgumentError(
         "train: tokens per step (tokens_per_step, or micro_batches * micro_batch_rows * "
         "data.seq_len) must be < 2^31");
   }
-  if (spec->tokens_per_step > 0 && spec->tokens_per_step % spec->seq_len != 0) {
+  if (spec.tokens_per_step > 0 && spec.tokens_per_step % spec.seq_len != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "train.tokens_per_step (", spec->tokens_per_step, ") must be a multiple of data.seq_len (",
-        spec->seq_len, "): a step is whole sequences"));
+        "train.tokens_per_step (", spec.tokens_per_step, ") must be a multiple of data.seq_len (",
+        spec.seq_len, "): a step is whole sequences"));
   }
-  const int64_t rows = spec->rows_per_step();
-  if (spec->micro_batch_rows > 0 && rows % spec->micro_batch_rows != 0) {
+  const int64_t rows = spec.rows_per_step();
+  if (spec.micro_batch_rows > 0 && rows % spec.micro_batch_rows != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "train.micro_batch_rows (", spec->micro_batch_rows, ") must divide the ", rows,
+        "train.micro_batch_rows (", spec.micro_batch_rows, ") must divide the ", rows,
         " sequences of a step (train.tokens_per_step / data.seq_len)"));
   }
-  if (spec->micro_batch_rows > 0 && spec->micro_batches > 0 &&
-      spec->micro_batch_rows * spec->micro_batches != rows) {
+  if (spec.micro_batch_rows > 0 && spec.micro_batches > 0 &&
+      spec.micro_batch_rows * spec.micro_batches != rows) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "train: micro_batch_rows * micro_batches (", spec->micro_batch_rows, " * ",
-        spec->micro_batches, ") must equal the ", rows,
+        "train: micro_batch_rows * micro_batches (", spec.micro_batch_rows, " * ",
+        spec.micro_batches, ") must equal the ", rows,
         " sequences of train.tokens_per_step; give tokens_per_step alone and let the planner "
         "split it"));
   }
-  if (spec->micro_batches > 0 && rows % spec->micro_batches != 0) {
+  if (spec.micro_batches > 0 && rows % spec.micro_batches != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "train.micro_batches (", spec->micro_batches, ") must divide the ", rows,
+        "train.micro_batches (", spec.micro_batches, ") must divide the ", rows,
         " sequences of a step"));
   }
-  if (spec->devices > 1) {
-    const int64_t rows_per_batch = spec->micro_batch_rows > 0 ? spec->micro_batch_rows
-                                   : spec->micro_batches > 0  ? rows / spec->micro_batches
+  if (spec.devices > 1) {
+    const int64_t rows_per_batch = spec.micro_batch_rows > 0 ? spec.micro_batch_rows
+                                   : spec.micro_batches > 0  ? rows / spec.micro_batches
                                                               : 1;
-    if ((rows / rows_per_batch) % spec->devices != 0) {
+    if ((rows / rows_per_batch) % spec.devices != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "train.devices (", spec->devices, ") must divide the step's ", rows / rows_per_batch,
+          "train.devices (", spec.devices, ") must divide the step's ", rows / rows_per_batch,
           " micro-batches of ", rows_per_batch, " sequence(s): each device takes an equal share"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, JobSpec* spec) {
+  if (!root.IsMap()) return absl::InvalidArgumentError("must be a YAML mapping of sections");
+  Section top(root, "");
+  RETURN_IF_ERROR(top.String("name", &spec->name));
+  RETURN_IF_ERROR(top.String("backend", &spec->backend));
+  RETURN_IF_ERROR(top.Int("device_memory_cap_bytes", &spec->device_memory_cap_bytes, 0));
+  const bool cuda_n = spec->backend.rfind("cuda:", 0) == 0 && CudaDeviceIndexOf(spec->backend) >= 0;
+  if (spec->backend != "auto" && spec->backend != "cpu" && spec->backend != "cuda" && !cuda_n) {
+    return top.Error("backend",
+                     absl::StrCat("must be auto, cpu, cuda or cuda:N, got '", spec->backend, "'"));
+  }
+  RETURN_IF_ERROR(ParseModel(top, base_dir, spec));
+  RETURN_IF_ERROR(ParseData(top, base_dir, spec));
+  RETURN_IF_ERROR(ParseTrain(top, spec));
+  RETURN_IF_ERROR(ParseCheckpoint(top, base_dir, spec));
+  RETURN_IF_ERROR(top.CheckNoUnknown());
+  return CheckBatchShape(*spec);
 }
 
 }  // namespace

@@ -138,23 +138,23 @@ class Trainer {
     std::vector<BackendRequest> requests;
   };
   // Setup, stage by stage (Init runs them in this order).
-  absl::Status Init(const JobSpec& spec, const MachineProfile* profile);
-  absl::Status InitData(const JobSpec& spec);
-  absl::Status InitReplicas(const JobSpec& spec, DeviceSet* devices);
-  absl::Status InitPlan(const JobSpec& spec, const MachineProfile& profile,
+  [[nodiscard]] absl::Status Init(const JobSpec& spec, const MachineProfile* profile);
+  [[nodiscard]] absl::Status InitData(const JobSpec& spec);
+  [[nodiscard]] absl::Status InitReplicas(const JobSpec& spec, DeviceSet* devices);
+  [[nodiscard]] absl::Status InitPlan(const JobSpec& spec, const MachineProfile& profile,
                         const DeviceSet& devices);
-  absl::Status InitStore(const JobSpec& spec, const DeviceSet& devices);
-  absl::Status InitPipelines(const JobSpec& spec, const DeviceSet& devices);
-  absl::Status Restore(const JobSpec& spec);
+  [[nodiscard]] absl::Status InitStore(const JobSpec& spec, const DeviceSet& devices);
+  [[nodiscard]] absl::Status InitPipelines(const JobSpec& spec, const DeviceSet& devices);
+  [[nodiscard]] absl::Status Restore(const JobSpec& spec);
   // The gradient slabs of device `device` of `devices` (0: the optimizer's).
-  absl::StatusOr<std::unique_ptr<GradSlabPool>> MakeSlabs(const JobSpec& spec,
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<GradSlabPool>> MakeSlabs(const JobSpec& spec,
                                                           const DeviceSet& devices,
                                                           int device) const;
   CheckpointOptions checkpoint_options() const;
   // Takes the background checkpoint's outcome into the report, waiting for it if `wait`.
   void CollectBackground(bool wait, StepReport* report);
   // Starts the background checkpoint of `step` (the last finished or the next).
-  absl::Status StartBackground(int64_t step);
+  [[nodiscard]] absl::Status StartBackground(int64_t step);
   std::string CheckpointFailure(int64_t step, const absl::Status& status) const;
 
   JobSpec spec_;
@@ -179,7 +179,7 @@ class Trainer {
   std::vector<std::unique_ptr<GradCollective>> collectives_;
   std::string reduce_note_;  // why they are added on the host instead, for the plan
   std::unique_ptr<GradReducer> reducer_;
-  absl::StatusOr<StepResult> StepReplicas();
+  [[nodiscard]] absl::StatusOr<StepResult> StepReplicas();
   std::unique_ptr<Packer> packer_;
   Plan plan_;
   std::string plan_text_;

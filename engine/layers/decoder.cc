@@ -1,6 +1,8 @@
 #include "engine/layers/decoder.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 namespace megatrain {
 
@@ -17,13 +19,17 @@ DecoderTensors DecoderLayer::Bind(void* base, DType dtype) const {
   };
   DecoderTensors t;
   t.input_norm = at(TensorRole::kInputNorm);
-  t.qkv = at(TensorRole::kQ);
-  t.qkv_bias = at(TensorRole::kQBias);
+  auto fused = [&](std::initializer_list<TensorRole> roles) -> void* {
+    int64_t off = unit_.OffsetOfFused(roles);
+    return off < 0 ? nullptr : Offset(base, off, dtype);
+  };
+  t.qkv = fused({TensorRole::kQ, TensorRole::kK, TensorRole::kV});
+  t.qkv_bias = fused({TensorRole::kQBias, TensorRole::kKBias, TensorRole::kVBias});
   t.q_norm = at(TensorRole::kQNorm);
   t.k_norm = at(TensorRole::kKNorm);
   t.o_proj = at(TensorRole::kOProj);
   t.post_norm = at(TensorRole::kPostNorm);
-  t.gate_up = at(TensorRole::kGate);
+  t.gate_up = fused({TensorRole::kGate, TensorRole::kUp});
   t.down = at(TensorRole::kDown);
   return t;
 }
@@ -102,6 +108,41 @@ DecoderSaved DecoderLayer::CarveWorkspace(void* base, int64_t n, int64_t* bytes,
   w.da = c.Take(n * I * act);
   if (bytes != nullptr) *bytes = c.used();
   return w;
+}
+
+DecoderSaved DecoderLayer::SavedOf(const LayerCall& call) const {
+  const int64_t n = call.batch->num_tokens;
+  const DecoderSaved scratch = CarveWorkspace(call.workspace, n);
+  return call.saved == nullptr ? scratch : CarveSaved(call.saved, n, scratch);
+}
+
+LayerWork DecoderLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) const {
+  const int64_t hd = config_.num_heads * config_.head_dim, C = config_.hidden_size;
+  const int64_t I = config_.intermediate_size;
+  LayerWork w;
+  w.matmuls = {{C, qkv_dim_}, {hd, C}, {C, 2 * I}, {I, C}};
+  w.attention_flops = 2.0 * n * std::min(seq_len, n) * hd;
+  // Per token: the norms read x and write h (twice), RoPE rewrites q and k, SwiGLU reads
+  // gate and up and writes a, the residuals read and write C each.
+  w.elementwise_bytes = static_cast<double>(act_bytes) * n * (8 * C + 2 * qkv_dim_ + 2 * hd + 3 * I);
+  // Rebuild: two norms (read x, write h) and a SwiGLU (read g and u, write a).
+  w.rebuild_bytes = static_cast<double>(act_bytes) * n * (4 * C + 3 * I);
+  return w;
+}
+
+void DecoderLayer::Forward(const LayerCall& call, const void* x, void* out) const {
+  Forward(BindWeights(const_cast<void*>(call.weights)), x, out, SavedOf(call), *call.batch,
+          call.rope_inv_freq, call.stream);
+}
+
+void DecoderLayer::Rebuild(const LayerCall& call, const void* x) const {
+  Rebuild(BindWeights(const_cast<void*>(call.weights)), x, SavedOf(call), *call.batch,
+          call.stream);
+}
+
+void DecoderLayer::Backward(const LayerCall& call, const void* x, void* dres) const {
+  Backward(BindWeights(const_cast<void*>(call.weights)), BindGrads(call.grads), x, dres,
+           SavedOf(call), *call.batch, call.rope_inv_freq, call.stream);
 }
 
 void DecoderLayer::Forward(const DecoderTensors& w, const void* x, void* out,

@@ -12,7 +12,9 @@
 //   a   = silu(gate) * up                                  (n, I)
 //   out = x2 + a Wdown^T                                   (n, C)
 //
-// One instance serves every decoder layer: all share one unit layout.
+// A LayerKind (layer_kind.h): the pipeline calls it through that seam; tests and tools
+// may also call its typed entry points directly. One instance serves every decoder layer
+// of the same structure (one unit layout).
 // Thread-compatible; every call enqueues on the given stream and returns.
 #pragma once
 
@@ -20,6 +22,7 @@
 
 #include "engine/common/backend.h"
 #include "engine/layers/batch.h"
+#include "engine/layers/layer_kind.h"
 #include "engine/model/config.h"
 #include "engine/model/layout.h"
 
@@ -69,24 +72,29 @@ struct DecoderSaved {
   void* da;      // act (n, I)
 };
 
-class DecoderLayer {
+class DecoderLayer final : public LayerKind {
  public:
   DecoderLayer(const ModelConfig& config, const UnitLayout& unit, Backend* backend);
+
+  // ---- LayerKind ----
+  int64_t WorkspaceBytes(int64_t n) const override;
+  int64_t SavedBytes(int64_t n) const override;
+  LayerWork Work(int64_t n, int64_t seq_len, int64_t act_bytes) const override;
+  void Forward(const LayerCall& call, const void* x, void* out) const override;
+  void Rebuild(const LayerCall& call, const void* x) const override;
+  void Backward(const LayerCall& call, const void* x, void* dres) const override;
+
+  // ---- typed entry points ----
 
   // Views of a weight slot (weight dtype) or gradient buffer (grad dtype).
   DecoderTensors BindWeights(void* slot) const;
   DecoderTensors BindGrads(void* grads) const;
 
-  // Workspace bytes for micro-batches of up to n tokens.
-  int64_t WorkspaceBytes(int64_t n) const;
   // Lays the workspace out from `base` (null: only count `bytes`; `saved_bytes`: those of
   // the saved fields, which come first).
   DecoderSaved CarveWorkspace(void* base, int64_t n, int64_t* bytes = nullptr,
                               int64_t* saved_bytes = nullptr) const;
-  // Bytes of the saved activations alone (the fields before the backward scratch): what
-  // keeping a layer's intermediates from forward to backward costs, instead of
-  // recomputing them.
-  int64_t SavedBytes(int64_t n) const;
+  // SavedBytes: the saved activations alone (the fields before the backward scratch).
   // Saved activations laid out from `base`, with the backward scratch of `scratch` (a
   // carved workspace, shared by every layer: it is only used during one call).
   DecoderSaved CarveSaved(void* base, int64_t n, const DecoderSaved& scratch) const;
@@ -110,6 +118,9 @@ class DecoderLayer {
 
  private:
   DecoderTensors Bind(void* base, DType dtype) const;
+  // The intermediates of `call`: its kept ones over the workspace's scratch, else the
+  // workspace's.
+  DecoderSaved SavedOf(const LayerCall& call) const;
 
   ModelConfig config_;
   UnitLayout unit_;  // offsets are the same for every decoder layer

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/check.h"
 
 namespace megatrain {
 namespace {
@@ -53,6 +54,32 @@ const TensorSlot* UnitLayout::Find(TensorRole role) const {
 int64_t UnitLayout::OffsetOf(TensorRole role) const {
   const TensorSlot* t = Find(role);
   return t == nullptr ? -1 : t->offset;
+}
+
+int64_t UnitLayout::OffsetOfFused(std::initializer_list<TensorRole> roles) const {
+  const TensorSlot* first = Find(*roles.begin());
+  if (first == nullptr) return -1;
+  int64_t end = first->offset;
+  for (TensorRole role : roles) {
+    const TensorSlot* t = Find(role);
+    MT_CHECK_MSG(t != nullptr && t->offset == end, "%s: the fused tensors are not back to back",
+                 name.c_str());
+    end = t->offset + t->num_elements;
+  }
+  return first->offset;
+}
+
+bool UnitLayout::SameStructure(const UnitLayout& other) const {
+  if (kind != other.kind || num_elements != other.num_elements ||
+      tensors.size() != other.tensors.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSlot& a = tensors[i];
+    const TensorSlot& b = other.tensors[i];
+    if (a.role != b.role || a.shape != b.shape || a.offset != b.offset) return false;
+  }
+  return true;
 }
 
 int64_t ModelLayout::MaxDecoderElements() const {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,12 @@ struct UnitLayout {
   // The slot with `role`, or nullptr.
   const TensorSlot* Find(TensorRole role) const;
   int64_t OffsetOf(TensorRole role) const;  // -1 when absent
+  // The offset of the fused tensor made of `roles`, stored back to back in this order
+  // (q, k, v as one (QKV, C) matrix; gate, up as one (2I, C)): the first's, -1 when it is
+  // absent. REQUIRES (checked): each present role starts where the one before it ends.
+  int64_t OffsetOfFused(std::initializer_list<TensorRole> roles) const;
+  // Same tensors (roles and shapes) in the same places: one layer template serves both.
+  bool SameStructure(const UnitLayout& other) const;
 };
 
 struct ModelLayout {

@@ -39,7 +39,7 @@ double LearningRate(const ScheduleOptions& options, int64_t step);
 [[nodiscard]] absl::Status ValidateScheduleOptions(const ScheduleOptions& options);
 
 // "constant", "linear" or "cosine"; anything else is InvalidArgument listing those.
-absl::StatusOr<ScheduleType> ParseScheduleType(absl::string_view name);
+[[nodiscard]] absl::StatusOr<ScheduleType> ParseScheduleType(absl::string_view name);
 
 // The name ParseScheduleType accepts for `type`.
 const char* ScheduleTypeName(ScheduleType type);

@@ -17,10 +17,16 @@
 // gradient buffer (two, alternating) drains on D2H while the next layer computes. The host
 // waits only on events. A slot that still holds the layer it needs is not re-uploaded.
 //
+// What a block computes is its kind's business (layers/layer_kind.h): the pipeline hands
+// each layer's kind its slot, gradient buffer and workspace. What crosses PCIe is
+// transfer/'s: weight slots (weight_slots.h), the gradient drain (gradient_drain.h) and
+// host checkpoints (host_checkpoints.h); this file orders them.
+//
 // All device memory is sized by the options and allocated in Create(); Step() allocates
 // nothing on the device. Thread-compatible.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,13 +35,17 @@
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
 #include "engine/common/collective.h"
-#include "engine/data/packer.h"
-#include "engine/layers/decoder.h"
+#include "engine/data/micro_batch.h"
 #include "engine/layers/head.h"
+#include "engine/layers/layer_kind.h"
 #include "engine/model/config.h"
 #include "engine/pipeline/grad_sink.h"
 #include "engine/store/grad_slab_pool.h"
 #include "engine/store/host_store.h"
+#include "engine/transfer/gradient_drain.h"
+#include "engine/transfer/host_checkpoints.h"
+#include "engine/transfer/timeline.h"
+#include "engine/transfer/weight_slots.h"
 
 namespace megatrain {
 
@@ -66,14 +76,6 @@ struct PipelineOptions {
   // pipeline drains (and hands the sink) only its rank's shard. Gradient buffers are
   // padded to size() shards. Null: the whole gradient drains.
   GradCollective* collective = nullptr;
-};
-
-// One piece of work on one stream, in milliseconds from the start of the step.
-struct TimelineSpan {
-  StreamId stream;
-  std::string label;  // "fwd 3", "bwd 3", "h2d w 4", "d2h g 4", "head", ...
-  double start_ms = 0;
-  double end_ms = 0;
 };
 
 struct StepResult {
@@ -129,93 +131,68 @@ class Pipeline {
   Pipeline(const ModelConfig& config, const ModelLayout& layout, HostStore* store,
            GradSlabPool* slabs, Backend* backend, const PipelineOptions& options);
   // Allocates every device buffer; with count_only, only adds up device_bytes_.
-  absl::Status Allocate(bool count_only = false);
+  [[nodiscard]] absl::Status Allocate(bool count_only = false);
 
-  void EnsureLoaded(int64_t layer);          // H2D layer's weights into its slot, if stale
-  // Uploads the layer's host weights into its slot on the H2D stream, after the slot's
-  // last use; a span named label + layer.
-  void Upload(int64_t layer, const char* label);
-  // Resident slots only: uploads the layers below fresh_from_, down to `lowest`, whose
-  // update the sink has applied, stopping at the first it has not.
-  void UploadUpdated(int64_t lowest);
-  void* UseSlot(int64_t layer);              // compute waits for the upload
-  void ReleaseSlot(int64_t layer);           // compute is done with the slot
+  // The step, stage by stage (Step runs them in this order).
+  [[nodiscard]] absl::StatusOr<int64_t> CheckBatches(const std::vector<MicroBatch>& batches) const;
+  void BeginStep(GradSink* sink);
+  // H2D of the micro-batches' token arrays, the embedding, layer 0 and the head.
+  void UploadInputs(const std::vector<MicroBatch>& batches, GradSink* sink);
+  void ForwardSweep();  // embedding, then layer by layer for every micro-batch
+  void Head(double scale, GradSink* sink);  // loss forward + backward, per micro-batch
+  void BackwardSweep(GradSink* sink);  // segments from the top; then the embedding
+  // One checkpoint segment [c, e): its inputs recomputed, then its layers' backward.
+  void BackwardSegment(int64_t c, int64_t e, int64_t* grad_turn, GradSink* sink);
+  StepResult FinishStep(GradSink* sink, int64_t num_targets,
+                        std::chrono::steady_clock::time_point start);
+
   void* Act(std::vector<DeviceBuffer>& v, int64_t i, int64_t m);
+  void* MicroBatchRow(const DeviceBuffer& b, int64_t m) const;  // micro-batch m of an (M*n, C)
   bool IsCheckpoint(int64_t layer) const;
   void* X(int64_t layer, int64_t m);              // x_layer of micro-batch m in forward
   void* Checkpoint(int64_t layer, int64_t m);     // device checkpoints only
-  void* HostCheckpoint(int64_t layer);            // host checkpoints: all micro-batches
-  void SaveCheckpointToHost(int64_t layer);       // after x_layer is computed
-  void LoadSegmentInput(int64_t c);               // H2D of checkpoint c (host mode)
   void* SegmentInput(int64_t c, int64_t m);       // x_c in backward
-  // D2H of a finished gradient into a slab, then hands it to the sink.
-  void DrainGradient(int64_t unit, void* device_grad, void* done_event, void* free_event,
-                     GradSink* sink);
-
-  // Timeline spans (no-ops unless record_timeline).
-  int SpanBegin(StreamId s, std::string label);
-  void SpanEnd(int span);
+  bool Kept(int64_t layer) const { return layer >= config_.num_layers - options_.kept_layers; }
+  // What a layer's kind runs with for micro-batch m: its slot (Use()d), the workspace,
+  // its kept intermediates if it is kept (and `kept` is true), the batch and RoPE table.
+  LayerCall CallFor(int64_t layer, int64_t m, void* slot, bool kept, void* grads = nullptr) const;
 
   ModelConfig config_;
   const ModelLayout* layout_;  // the store's (or the caller's, for DeviceBytesFor)
-  GradSink* sink_ = nullptr;  // of the step in progress
   HostStore* store_;
   GradSlabPool* slabs_;
   Backend* backend_;
   PipelineOptions options_;
-  DecoderLayer decoder_;
+  LayerKinds kinds_;
   LossHead head_;
-  int64_t num_slots_;
   int64_t act_row_bytes_;  // C * act size
   int64_t device_bytes_ = 0;
 
-  std::vector<DeviceBuffer> slots_;       // S weight slots
-  std::vector<int64_t> slot_layer_;       // layer in each slot, -1 = none/stale
-  // Resident slots (one per layer): layers fresh_from_ .. L-1 hold their next-step weights,
-  // uploaded during this step's backward as soon as the optimizer had applied their update
-  // (updates land top down). L: none.
-  int64_t fresh_from_ = 0;
-  std::vector<Event> slot_loaded_, slot_free_;
+  SpanRecorder spans_;
+  WeightSlots slots_;
+  GradientDrain drain_;
+  std::unique_ptr<HostCheckpoints> host_checkpoints_;  // checkpoints_on_host only
+
   DeviceBuffer embed_slot_, head_slot_, embed_grad_, head_grad_;
   Event embed_loaded_, head_loaded_;
   DeviceBuffer layer_grad_[2];
   Event grad_ready_[2], grad_free_[2];
-  std::vector<Event> unit_done_;          // per unit: its gradient is on the host
-  std::vector<Event> slab_ready_;         // per gradient slab: its piece is on the host
   std::vector<DeviceBuffer> ckpt_;        // [ckpt index] -> M x (n, C)
   std::vector<DeviceBuffer> seg_;         // [K-1] recomputed inputs, M x (n, C)
   DeviceBuffer cur_[2];                   // forward ping-pong, M x (n, C)
-  Event cur_saved_[2];                    // host mode: cur_[i] has been copied to the host
-  HostArena host_ckpt_;                   // host mode: [ckpt index] x M x (n, C)
-  DeviceBuffer seg_in_[2];                // host mode: x_c of a segment, M x (n, C)
-  Event seg_in_loaded_[2], seg_in_free_[2];
-  int64_t seg_in_layer_[2] = {-1, -1};    // which checkpoint each holds
   DeviceBuffer dres_;                     // M x (n, C)
   DeviceBuffer scratch_out_;              // (n, C)
-  DeviceBuffer layer_ws_, head_ws_;
-  DecoderSaved saved_;
-  std::vector<DeviceBuffer> kept_ws_;            // [kept layer] M x SavedBytes(n)
-  std::vector<std::vector<DecoderSaved>> kept_;  // [kept layer][micro-batch]
-  bool Kept(int64_t layer) const { return layer >= config_.num_layers - options_.kept_layers; }
-  // The intermediates of `layer`, micro-batch m: its kept ones, else the shared workspace.
-  const DecoderSaved& SavedFor(int64_t layer, int64_t m) const {
-    return Kept(layer) ? kept_[layer - (config_.num_layers - options_.kept_layers)][m] : saved_;
-  }
+  DeviceBuffer layer_ws_, head_ws_;       // the kinds' largest workspace; the head's
+  int64_t kept_bytes_ = 0;                // a kept layer's intermediates, one micro-batch
+  std::vector<DeviceBuffer> kept_ws_;     // [kept layer] M x kept_bytes_
   DeviceBuffer batch_ints_;               // M x kBatchArrays x (n) int32
   std::vector<int32_t> token_order_;      // M x (n): the host side of the TokenOrder copies
+  std::vector<DeviceBatch> batches_;      // this step's, on the device
   DeviceBuffer losses_;                   // M x (n) stat
   DeviceBuffer inv_freq_;                 // (D/2) f32
   Event inputs_loaded_, losses_ready_, step_start_, step_end_, uploads_done_;
   std::vector<char> host_losses_;
-  struct Span {
-    StreamId stream;
-    std::string label;
-    Event begin, end;
-  };
-  std::vector<Span> spans_;  // reused across steps; grows on the first
-  int num_spans_ = 0;
-  int64_t h2d_bytes_ = 0, d2h_bytes_ = 0;  // this step's transfers, counted as enqueued
-  Event timeline_zero_;
+  int64_t h2d_bytes_ = 0, d2h_bytes_ = 0;  // this step's own (inputs, embedding, head, losses)
 };
 
 }  // namespace megatrain

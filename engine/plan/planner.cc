@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/layers/layer_kind.h"
 #include "engine/model/layout.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/store/grad_slab_pool.h"
@@ -20,40 +21,58 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-struct Matmul {
-  int64_t in, out;
-};
-
 // The per-layer kernels' times for a micro-batch of n tokens.
 struct LayerTimes {
   double forward = 0;   // one forward pass
   double backward = 0;  // one backward pass (after its re-forward)
-  double rebuild = 0;   // a kept layer's rebuild of what it did not keep (DecoderLayer::Rebuild)
+  double rebuild = 0;   // a kept layer's rebuild of what it did not keep (LayerKind::Rebuild)
 };
 
-LayerTimes LayerKernelSeconds(const ModelConfig& c, const MachineProfile& p, int64_t n,
+// A layer kind's work (layers/layer_kind.h) for a micro-batch of n tokens, timed with
+// the machine's rates.
+LayerTimes LayerKernelSeconds(const LayerKind& kind, const MachineProfile& p, int64_t n,
                               int64_t seq, int64_t act) {
-  const int64_t qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
-  const int64_t hd = c.num_heads * c.head_dim, C = c.hidden_size, I = c.intermediate_size;
-  const Matmul mm[] = {{C, qkv}, {hd, C}, {C, 2 * I}, {I, C}};
+  const LayerWork work = kind.Work(n, seq, act);
   LayerTimes t;
-  for (const Matmul& m : mm) {
+  for (const MatmulShape& m : work.matmuls) {
     const double flops = 2.0 * n * m.in * m.out;
     t.forward += flops / (1e12 * std::max(1e-6, p.GemmTflops(n, m.in, m.out, false)));
     t.backward += 2 * flops / (1e12 * std::max(1e-6, p.GemmTflops(n, m.in, m.out, true)));
   }
-  const double attn = 2.0 * n * std::min(seq, n) * hd;
+  const double attn = work.attention_flops;
   t.forward += attn / (1e12 * std::max(1e-6, p.AttentionTflops(seq, false)));
   t.backward += 2.5 * attn / (1e12 * std::max(1e-6, p.AttentionTflops(seq, true)));
-  // Elementwise kernels (norms, RoPE, SwiGLU, residuals): bytes read and written per token,
-  // at device bandwidth; backward moves about twice as much.
-  const double bytes = static_cast<double>(act) * n * (8 * C + 2 * qkv + 2 * hd + 3 * I);
+  // Elementwise kernels at device bandwidth; backward moves about twice as much.
+  const double bytes = work.elementwise_bytes;
   t.forward += bytes / (1e9 * std::max(1e-6, p.device_gbps));
   t.backward += 2 * bytes / (1e9 * std::max(1e-6, p.device_gbps));
-  // Rebuild: two norms (read x, write h) and a SwiGLU (read g and u, write a).
-  t.rebuild =
-      static_cast<double>(act) * n * (4 * C + 3 * I) / (1e9 * std::max(1e-6, p.device_gbps));
+  t.rebuild = work.rebuild_bytes / (1e9 * std::max(1e-6, p.device_gbps));
   return t;
+}
+
+// The kernels' times of every decoder layer, asked of each layer's kind: summed over
+// the layers (forward, and backward after its re-forward with `recompute` of a segment's
+// recomputation), and those of the bottom layer (the first the next forward needs) and
+// the top one (the first backward, and the kept layers').
+struct ModelLayerTimes {
+  double forward_all = 0;   // sum over layers of one forward
+  double backward_all = 0;  // sum over layers of forward * (1 + recompute) + backward
+  LayerTimes bottom, top;
+};
+
+ModelLayerTimes AllLayerSeconds(const LayerKinds& kinds, const MachineProfile& p, int64_t n,
+                                int64_t seq, int64_t act, double recompute) {
+  ModelLayerTimes out;
+  for (size_t k = 0; k < kinds.kinds.size(); ++k) {
+    const int64_t count = std::count(kinds.of_layer.begin(), kinds.of_layer.end(),
+                                     static_cast<int>(k));
+    const LayerTimes lt = LayerKernelSeconds(*kinds.kinds[k], p, n, seq, act);
+    out.forward_all += count * lt.forward;
+    out.backward_all += count * (lt.forward * (1 + recompute) + lt.backward);
+    if (kinds.of_layer.front() == static_cast<int>(k)) out.bottom = lt;
+    if (kinds.of_layer.back() == static_cast<int>(k)) out.top = lt;
+  }
+  return out;
 }
 
 std::string Bytes(double b) {
@@ -120,7 +139,9 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // Kernels.
   StepPrediction& s = plan->step;
   s = StepPrediction{};
-  const LayerTimes lt = LayerKernelSeconds(c, p, n, r.seq_len, act);
+  const double recompute = static_cast<double>(K - 1) / K;
+  const ModelLayerTimes lt =
+      AllLayerSeconds(MakeLayerKinds(c, layout, backend), p, n, r.seq_len, act, recompute);
   const double bw = 1e9 * std::max(1e-6, p.device_gbps);
   const int64_t chunk = std::min(n, plan->loss_chunk_tokens);
   const double head_flops = 2.0 * n * C * V;
@@ -129,11 +150,9 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
                       4.0 * n * V * act / bw;
   const double embed = 3.0 * n * C * act / bw;
   const double zero_grads = (gsize * (layer_n * L + embed_n + head_n)) / bw;
-  const double recompute = static_cast<double>(K - 1) / K;
-  const double fwd_compute = M * (L * lt.forward + embed);
+  const double fwd_compute = M * (lt.forward_all + embed);
   const double bwd_compute =
-      M * (L * (lt.forward * (1 + recompute) + lt.backward) -
-           plan->kept_layers * (lt.forward - lt.rebuild) + embed) +
+      M * (lt.backward_all - plan->kept_layers * (lt.top.forward - lt.top.rebuild) + embed) +
       zero_grads;
   s.forward_seconds = fwd_compute;
   s.head_seconds = M * head;
@@ -189,7 +208,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const double head_d2h = cpu ? 0 : 4.0 * head_n / d2h_rate;
   if (r.clipping) {
     // Updates wait for the norm, then run in forward order under the next forward.
-    s.seconds = std::max(t_fwd, total / adamw + lt.forward * M) + s.head_seconds +
+    s.seconds = std::max(t_fwd, total / adamw + lt.bottom.forward * M) + s.head_seconds +
                 std::max(t_bwd, norm);
   } else {
     // Each unit is updated as its gradient lands; the next step needs the embedding and
@@ -201,7 +220,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
     // its norm) the top layer's after its backward.
     const double first = head_n >= layer_n
                              ? head_d2h
-                             : M * lt.backward + (cpu ? 0 : 4.0 * layer_n / d2h_rate);
+                             : M * lt.top.backward + (cpu ? 0 : 4.0 * layer_n / d2h_rate);
     s.seconds = t_fwd + s.head_seconds + std::max(t_bwd + tail, first + total / adamw + embed_up);
   }
 

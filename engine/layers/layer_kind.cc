@@ -1,0 +1,52 @@
+#include "engine/layers/layer_kind.h"
+
+#include <algorithm>
+
+#include "engine/kernels/reference/rope.h"
+#include "engine/layers/decoder.h"
+
+namespace megatrain {
+
+int64_t LayerKinds::MaxWorkspaceBytes(int64_t n) const {
+  int64_t bytes = 0;
+  for (const std::unique_ptr<LayerKind>& kind : kinds) {
+    bytes = std::max(bytes, kind->WorkspaceBytes(n));
+  }
+  return bytes;
+}
+
+int64_t LayerKinds::MaxSavedBytes(int64_t n) const {
+  int64_t bytes = 0;
+  for (const std::unique_ptr<LayerKind>& kind : kinds) bytes = std::max(bytes, kind->SavedBytes(n));
+  return bytes;
+}
+
+LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, Backend* backend) {
+  LayerKinds out;
+  std::vector<const UnitLayout*> representatives;  // the first layer of each group
+  for (int64_t l = 0; l < layout.num_layers; ++l) {
+    const UnitLayout& unit = layout.units[layout.DecoderUnit(l)];
+    int group = -1;
+    for (size_t g = 0; g < representatives.size() && group < 0; ++g) {
+      if (representatives[g]->SameStructure(unit)) group = static_cast<int>(g);
+    }
+    if (group < 0) {
+      group = static_cast<int>(out.kinds.size());
+      representatives.push_back(&unit);
+      out.kinds.push_back(std::make_unique<DecoderLayer>(config, unit, backend));
+    }
+    out.of_layer.push_back(group);
+  }
+  return out;
+}
+
+std::vector<float> RopeInvFreqs(const ModelConfig& config) {
+  std::vector<float> inv_freq(config.head_dim / 2);
+  const RopeScaling& rs = config.rope_scaling;
+  ref::RopeInvFreq(inv_freq.data(), config.head_dim, config.rope_theta,
+                   rs.type == RopeScaling::Type::kLlama3, rs.factor, rs.low_freq_factor,
+                   rs.high_freq_factor, rs.original_max_position_embeddings);
+  return inv_freq;
+}
+
+}  // namespace megatrain

@@ -1,0 +1,94 @@
+// The layer-kind seam: what the pipeline and the planner know of a block. A kind is
+// stateless code with a tensor layout (today's dense decoder block is one, decoder.h; an
+// MoE block or a sequence-tiled block would be others). It runs on whichever weight slot
+// holds a layer now and knows nothing of the pipeline's order: the pipeline hands it the
+// slot, the gradient buffer, the workspace and the layer's kept intermediates, and the
+// kind binds its own views of them (pointer arithmetic against its unit layout).
+//
+// A model may mix kinds: LayerKinds groups its decoder layers by structure (the same
+// tensors in the same places), one kind instance per group, as MegaTrain groups layers.
+//
+// Thread-compatible; every call enqueues on call.stream and returns.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/common/backend.h"
+#include "engine/layers/batch.h"
+#include "engine/model/config.h"
+#include "engine/model/layout.h"
+
+namespace megatrain {
+
+// One layer, one micro-batch: where its weights, gradients and intermediates are.
+struct LayerCall {
+  const void* weights = nullptr;  // its weight slot (weight dtype)
+  void* grads = nullptr;          // its gradient buffer (grad dtype); Backward only
+  void* workspace = nullptr;      // the shared workspace, WorkspaceBytes(n)
+  // The layer's kept intermediates of this micro-batch, SavedBytes(n), from its forward to
+  // its backward; null: they are recomputed into the workspace.
+  void* saved = nullptr;
+  const DeviceBatch* batch = nullptr;
+  const float* rope_inv_freq = nullptr;  // f32 (D/2) device buffer (RopeInvFreqs)
+  StreamId stream = StreamId::kCompute;
+};
+
+// One matmul of a layer's forward: (n, in) . W^T (out, in), for the planner.
+struct MatmulShape {
+  int64_t in = 0;
+  int64_t out = 0;
+};
+
+// A layer's forward over n tokens, as work the planner times with the machine's rates.
+struct LayerWork {
+  std::vector<MatmulShape> matmuls;  // each over the n rows; backward is twice each
+  double attention_flops = 0;        // causal attention forward (backward: 2.5x)
+  double elementwise_bytes = 0;      // norms, RoPE, activation, residuals (backward: 2x)
+  double rebuild_bytes = 0;          // a kept layer's rebuild of what it did not keep
+};
+
+class LayerKind {
+ public:
+  virtual ~LayerKind() = default;
+
+  // Device bytes of the shared workspace for micro-batches of up to n tokens, and of one
+  // micro-batch's kept intermediates (what keeping a layer costs instead of recomputing).
+  virtual int64_t WorkspaceBytes(int64_t n) const = 0;
+  virtual int64_t SavedBytes(int64_t n) const = 0;
+
+  // The forward's work over n tokens in documents of seq_len tokens; act_bytes: the
+  // activation element size.
+  virtual LayerWork Work(int64_t n, int64_t seq_len, int64_t act_bytes) const = 0;
+
+  // out act (n, C) = block(x act (n, C)); intermediates to call.saved (kept) or the
+  // workspace.
+  virtual void Forward(const LayerCall& call, const void* x, void* out) const = 0;
+  // A kept layer's intermediates that were not kept, rebuilt bit for bit as Forward made
+  // them. Before Backward of a kept layer (call.saved set).
+  virtual void Rebuild(const LayerCall& call, const void* x) const = 0;
+  // dres act (n, C): on entry dL/d(out), on exit dL/dx; weight gradients accumulate into
+  // call.grads. REQUIRES: the intermediates of this x (Forward, or Rebuild when kept).
+  virtual void Backward(const LayerCall& call, const void* x, void* dres) const = 0;
+};
+
+// The kinds of a model's decoder layers: one instance per group of layers of the same
+// structure, and each layer's group.
+struct LayerKinds {
+  std::vector<std::unique_ptr<LayerKind>> kinds;
+  std::vector<int> of_layer;  // (num_layers): index into kinds
+  const LayerKind& ForLayer(int64_t layer) const { return *kinds[of_layer[layer]]; }
+  // The largest workspace and kept bytes over the kinds, for n tokens.
+  int64_t MaxWorkspaceBytes(int64_t n) const;
+  int64_t MaxSavedBytes(int64_t n) const;
+};
+
+// The kinds of `config`'s decoder layers in `layout`, for `backend`'s element types.
+LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, Backend* backend);
+
+// RoPE's inverse frequencies of `config` (rope_scaling included), f32 (D/2), for
+// LayerCall::rope_inv_freq.
+std::vector<float> RopeInvFreqs(const ModelConfig& config);
+
+}  // namespace megatrain

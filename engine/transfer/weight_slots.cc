@@ -1,0 +1,84 @@
+#include "engine/transfer/weight_slots.h"
+
+#include <algorithm>
+#include <string>
+
+#include "engine/common/check.h"
+#include "engine/common/status.h"
+
+namespace megatrain {
+
+WeightSlots::WeightSlots(Backend* backend, HostStore* store, const ModelLayout& layout,
+                         int64_t num_slots, SpanRecorder* spans)
+    : backend_(backend),
+      store_(store),
+      layout_(layout),
+      num_slots_(num_slots),
+      num_layers_(layout.num_layers),
+      spans_(spans),
+      fresh_from_(layout.num_layers) {}
+
+absl::Status WeightSlots::Allocate(DeviceAllocator* alloc) {
+  const int64_t slot_bytes = layout_.MaxDecoderElements() * DTypeSize(backend_->weight_dtype());
+  slots_.resize(num_slots_);
+  for (int64_t s = 0; s < num_slots_; ++s) {
+    RETURN_IF_ERROR(alloc->Allocate(&slots_[s], slot_bytes, "a weight slot"));
+    if (alloc->count_only()) continue;
+    slot_loaded_.emplace_back(backend_);
+    slot_free_.emplace_back(backend_);
+  }
+  slot_layer_.assign(num_slots_, -1);
+  return absl::OkStatus();
+}
+
+void WeightSlots::BeginStep(GradSink* sink) {
+  sink_ = sink;
+  for (int64_t s = 0; s < num_slots_; ++s) {
+    if (slot_layer_[s] < fresh_from_) slot_layer_[s] = -1;
+  }
+  fresh_from_ = num_layers_;
+  h2d_bytes_ = 0;
+}
+
+void WeightSlots::EnsureLoaded(int64_t layer) {
+  const int64_t s = layer % num_slots_;
+  if (slot_layer_[s] == layer) return;
+  sink_->AwaitUnit(layout_.DecoderUnit(layer));  // its pending update is applied
+  Upload(layer, "h2d w ");
+}
+
+void WeightSlots::Upload(int64_t layer, const char* label) {
+  const int64_t s = layer % num_slots_, unit = layout_.DecoderUnit(layer);
+  backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());  // the slot's last use is done
+  const int span = spans_->Begin(StreamId::kH2D, label + std::to_string(layer));
+  h2d_bytes_ += 2 * store_->unit_elements(unit);
+  backend_->UploadWeights(slots_[s].get(), store_->weights(unit), store_->unit_elements(unit),
+                          StreamId::kH2D);
+  spans_->End(span);
+  backend_->Record(slot_loaded_[s].get(), StreamId::kH2D);
+  slot_layer_[s] = layer;
+}
+
+void WeightSlots::UploadUpdated(int64_t lowest) {
+  if (num_slots_ < num_layers_) return;  // slots are reused: none of its own
+  while (fresh_from_ > std::max<int64_t>(lowest, 0)) {
+    const int64_t layer = fresh_from_ - 1;
+    // Updates land in backward order: at the first not yet applied, look again later.
+    if (!sink_->UnitUpdated(layout_.DecoderUnit(layer))) return;
+    Upload(layer, "h2d next w ");  // into its own slot, once its backward is done
+    fresh_from_ = layer;
+  }
+}
+
+void* WeightSlots::Use(int64_t layer) {
+  const int64_t s = layer % num_slots_;
+  MT_CHECK(slot_layer_[s] == layer);
+  backend_->StreamWait(StreamId::kCompute, slot_loaded_[s].get());
+  return slots_[s].get();
+}
+
+void WeightSlots::Release(int64_t layer) {
+  backend_->Record(slot_free_[layer % num_slots_].get(), StreamId::kCompute);
+}
+
+}  // namespace megatrain

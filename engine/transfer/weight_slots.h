@@ -1,0 +1,68 @@
+// Device weight slots and the H2D uploads into them: a decoder layer's bf16 weights go up
+// from the host store into slot (layer mod S) on the H2D stream, once the slot's last use
+// is done; compute waits for the upload. A slot that still holds the layer it needs is
+// not uploaded again. With a slot per layer (S >= L), a layer's next weights go up during
+// the backward as soon as the optimizer has applied its update (UploadUpdated), and the
+// next forward finds them loaded.
+//
+// Thread-compatible: the pipeline's thread drives it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/common/backend.h"
+#include "engine/model/layout.h"
+#include "engine/pipeline/grad_sink.h"
+#include "engine/store/host_store.h"
+#include "engine/transfer/timeline.h"
+
+namespace megatrain {
+
+class WeightSlots {
+ public:
+  // `num_slots` slots for the decoder layers of `layout`; `store` may be null when the
+  // slots are only counted (DeviceAllocator::count_only).
+  WeightSlots(Backend* backend, HostStore* store, const ModelLayout& layout, int64_t num_slots,
+              SpanRecorder* spans);
+
+  [[nodiscard]] absl::Status Allocate(DeviceAllocator* alloc);
+
+  // A new step whose updates `sink` applies: the optimizer changed every layer, so every
+  // slot is stale but those uploaded afresh during the last step's backward.
+  void BeginStep(GradSink* sink);
+  // Uploads `layer` into its slot unless it holds it (after its pending update).
+  void EnsureLoaded(int64_t layer);
+  // Slot per layer only: uploads the layers below those already fresh, down to `lowest`,
+  // whose update the sink has applied, stopping at the first it has not.
+  void UploadUpdated(int64_t lowest);
+  // The slot of `layer` for compute, which waits for its upload. REQUIRES: loaded.
+  void* Use(int64_t layer);
+  // Compute is done with the slot of `layer`.
+  void Release(int64_t layer);
+
+  int64_t num_slots() const { return num_slots_; }
+  int64_t early_uploads() const { return num_layers_ - fresh_from_; }  // this step's
+  int64_t h2d_bytes() const { return h2d_bytes_; }                     // this step's
+
+ private:
+  void Upload(int64_t layer, const char* label);
+
+  Backend* backend_;
+  HostStore* store_;
+  const ModelLayout& layout_;
+  int64_t num_slots_;
+  int64_t num_layers_;
+  SpanRecorder* spans_;
+  GradSink* sink_ = nullptr;  // of the step in progress
+  std::vector<DeviceBuffer> slots_;  // S x the largest layer, weight dtype
+  std::vector<int64_t> slot_layer_;  // layer in each slot, -1 = none/stale
+  // Layers fresh_from_ .. L-1 hold their next-step weights (uploaded during this step's
+  // backward; updates land top down). L: none.
+  int64_t fresh_from_ = 0;
+  std::vector<Event> slot_loaded_, slot_free_;
+  int64_t h2d_bytes_ = 0;
+};
+
+}  // namespace megatrain
