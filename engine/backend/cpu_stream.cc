@@ -8,39 +8,42 @@ CpuStream::CpuStream() : thread_([this] { Loop(); }) {}
 
 CpuStream::~CpuStream() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   thread_.join();
 }
 
 void CpuStream::Enqueue(std::function<void()> work) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(work));
-  }
-  cv_.notify_one();
+  MutexLock lock(&mu_);
+  queue_.push_back(std::move(work));
 }
 
 void CpuStream::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  idle_cv_.wait(lock, [this] { return queue_.empty() && !running_; });
+  MutexLock lock(&mu_);
+  mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !running_; });
 }
 
+// Takes everything queued at once and runs it in order without the lock: every Unlock()
+// wakes Drain() to re-check, and a lock per closure woke it twice per closure, which made
+// the CPU backend's runs of small closures 40% slower. Each closure is destroyed before
+// the next one runs and before running_ clears, so before Drain() can return.
 void CpuStream::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  std::deque<std::function<void()>> batch;
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ and drained
-    std::function<void()> work = std::move(queue_.front());
-    queue_.pop_front();
-    running_ = true;
-    lock.unlock();
-    work();
-    lock.lock();
+    {
+      MutexLock lock(&mu_);
+      mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      batch.swap(queue_);
+      running_ = true;
+    }
+    while (!batch.empty()) {
+      batch.front()();
+      batch.pop_front();
+    }
+    MutexLock lock(&mu_);  // its Unlock() wakes Drain()
     running_ = false;
-    if (queue_.empty()) idle_cv_.notify_all();
   }
 }
 

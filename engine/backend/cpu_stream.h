@@ -10,6 +10,8 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/common/mutex.h"
+
 namespace megatrain {
 
 class CpuStream {
@@ -26,17 +28,16 @@ class CpuStream {
  private:
   void Loop();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::condition_variable idle_cv_;
-  std::deque<std::function<void()>> queue_;
-  bool running_ = false;  // a closure is executing
-  bool stop_ = false;
+  Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // a closure is executing
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
 // An event: Record() bumps `recorded` on the host; the stream bumps `completed` when it
 // reaches the record. Waiters wait for the generation current at the time they asked.
+// A std::mutex, not a Mutex: the CPU backend locks `mu` and notifies `cv` itself.
 struct CpuEvent {
   std::mutex mu;
   std::condition_variable cv;

@@ -16,13 +16,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -30,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/common/mutex.h"
 #include "engine/optim/host_optimizer.h"
 #include "engine/store/host_store.h"
 
@@ -56,7 +55,7 @@ class BackgroundCheckpoint {
   bool done() const;
   // Blocks until the checkpoint is committed (its path) or has failed (why).
   // REQUIRES: SetState() was called, or will be from another thread.
-  absl::StatusOr<std::string> Wait();
+  [[nodiscard]] absl::StatusOr<std::string> Wait();
   // From Start() to the commit (or failure); from Start() to the last unit written (or
   // until now); and the bytes written.
   double seconds() const;
@@ -78,10 +77,10 @@ class BackgroundCheckpoint {
   };
   BackgroundCheckpoint() = default;
   void WriterLoop();
-  // Under mu_: the next piece to write, preferring a file no thread is writing.
-  Piece TakePieceLocked();
-  // Under mu_: records the outcome.
-  void FinishLocked(absl::StatusOr<std::string> result);
+  // The next piece to write, preferring a file no thread is writing.
+  Piece TakePieceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the outcome.
+  void FinishLocked(absl::StatusOr<std::string> result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double SinceStart() const;
 
   std::unique_ptr<CheckpointWriter> writer_;
@@ -94,20 +93,20 @@ class BackgroundCheckpoint {
   int64_t units_ = 0;
   std::chrono::steady_clock::time_point started_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Piece> ready_;           // pieces of units whose state may be written now
-  std::map<int64_t, int> writing_;    // file -> threads writing it
-  std::vector<int64_t> pieces_left_;  // per unit
-  std::vector<UnitTimes> times_;      // per unit
-  int64_t written_ = 0;               // units written
-  double capture_seconds_ = -1;       // when the last unit was written
-  std::optional<TrainerState> state_;
-  bool committing_ = false;
-  bool finished_ = false;             // result_ is final
-  bool abandon_ = false;              // destroyed early: stop
-  absl::StatusOr<std::string> result_ = absl::UnknownError("not finished");
-  double seconds_ = 0;
+  mutable Mutex mu_;
+  // Pieces of units whose state may be written now.
+  std::deque<Piece> ready_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, int> writing_ ABSL_GUARDED_BY(mu_);    // file -> threads writing it
+  std::vector<int64_t> pieces_left_ ABSL_GUARDED_BY(mu_);  // per unit
+  std::vector<UnitTimes> times_ ABSL_GUARDED_BY(mu_);      // per unit
+  int64_t written_ ABSL_GUARDED_BY(mu_) = 0;               // units written
+  double capture_seconds_ ABSL_GUARDED_BY(mu_) = -1;       // when the last unit was written
+  std::optional<TrainerState> state_ ABSL_GUARDED_BY(mu_);
+  bool committing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // result_ is final
+  bool abandon_ ABSL_GUARDED_BY(mu_) = false;   // destroyed early: stop
+  absl::StatusOr<std::string> result_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("not finished");
+  double seconds_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> threads_;
 };
 

@@ -19,15 +19,14 @@ HostOptimizer::HostOptimizer(HostStore* store, GradSlabPool* pool, Backend* back
 HostOptimizer::~HostOptimizer() {
   Drain();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   worker_.join();
 }
 
 void HostOptimizer::Restored(int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   RestoredLocked(step);
 }
 
@@ -48,7 +47,7 @@ void HostOptimizer::ReleaseSlab(float* slab) {
 }
 
 void HostOptimizer::BeginStep(double lr, int64_t step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (updated_step_.empty()) RestoredLocked(step - 1);
   lr_ = lr;
   step_ = step;
@@ -58,7 +57,7 @@ void HostOptimizer::BeginStep(double lr, int64_t step) {
 void HostOptimizer::Submit(int64_t unit, float* slab, void* ready, int64_t offset,
                            int64_t count) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (pending_.empty()) pending_.resize(store_->num_units());
     ++pending_[unit][step_];
     Item item;
@@ -73,66 +72,72 @@ void HostOptimizer::Submit(int64_t unit, float* slab, void* ready, int64_t offse
     ++in_flight_;
     ++norms_pending_;
   }
-  cv_.notify_all();
 }
 
+// Each stretch under the lock is a MutexLock scope of its own, also the last one of an
+// iteration: Await releases the mutex without waking anyone, so it is that scope's
+// Unlock() that wakes Drain(), Finish() and AwaitUnit() once an item is consumed.
 void HostOptimizer::Loop() {
   // Near the GPU: the slabs and the store are bound to this node. Threads this one
   // creates (the OpenMP team) inherit the affinity.
   if (options_.numa_node >= 0 && numa_available() >= 0) numa_run_on_node(options_.numa_node);
   backend_->BindThread();  // it waits on that device's events
-  std::unique_lock<std::mutex> lock(mu_);
+  // Without clipping the norm (reported only) comes from the update's own pass.
+  const bool clipping = options_.max_grad_norm > 0;
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;
-    // Leftovers of a finished step first, in forward order; then backward order (unit ids
-    // descending, a unit's pieces by offset), which is one pipeline's arrival order. With
-    // several devices (sharded data parallelism) a fast device's shard of a unit may
-    // arrive before a slow device's shard of an earlier unit: its copy waits on a
-    // reduce-scatter the slow device enqueues only once it has a slab, which it gets back
-    // only when its earlier shard is consumed. Taking the earlier unit first means the
-    // worker only ever waits on work that every device has enqueued.
-    auto before = [](const Item& a, const Item& b) {
-      if (a.forward_order != b.forward_order) return a.forward_order;
-      if (a.forward_order) return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
-      return a.unit != b.unit ? a.unit > b.unit : a.offset < b.offset;
-    };
-    auto pick = queue_.begin();
-    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (before(*it, *pick)) pick = it;
+    Item item;
+    std::vector<Item> held;
+    {
+      MutexLock lock(&mu_);
+      mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      // Leftovers of a finished step first, in forward order; then backward order (unit
+      // ids descending, a unit's pieces by offset), which is one pipeline's arrival order.
+      // With several devices (sharded data parallelism) a fast device's shard of a unit may
+      // arrive before a slow device's shard of an earlier unit: its copy waits on a
+      // reduce-scatter the slow device enqueues only once it has a slab, which it gets back
+      // only when its earlier shard is consumed. Taking the earlier unit first means the
+      // worker only ever waits on work that every device has enqueued.
+      auto before = [](const Item& a, const Item& b) {
+        if (a.forward_order != b.forward_order) return a.forward_order;
+        if (a.forward_order) {
+          return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
+        }
+        return a.unit != b.unit ? a.unit > b.unit : a.offset < b.offset;
+      };
+      auto pick = queue_.begin();
+      for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+        if (before(*it, *pick)) pick = it;
+      }
+      item = *pick;
+      queue_.erase(pick);
+      if (item.slab == nullptr) {
+        held.swap(held_);
+      } else if (!clipping) {
+        AwaitCapture(item);
+      }
     }
-    Item item = *pick;
-    queue_.erase(pick);
     if (item.slab == nullptr) {  // clipping: apply the held updates in forward order
-      std::vector<Item> held;
-      held.swap(held_);
-      lock.unlock();
       std::sort(held.begin(), held.end(), [](const Item& a, const Item& b) {
         return a.unit != b.unit ? a.unit < b.unit : a.offset < b.offset;
       });
       for (const Item& h : held) {
         {
-          std::unique_lock<std::mutex> gate(mu_);
-          AwaitCapture(h, gate);
+          MutexLock gate(&mu_);
+          AwaitCapture(h);
         }
         const auto t0 = std::chrono::steady_clock::now();
         Update(h, h.slab, item.coef);
         busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now() - t0).count();
         ReleaseSlab(h.slab);
-        std::lock_guard<std::mutex> done(mu_);
+        MutexLock done(&mu_);
         PieceDone(h);
-        cv_.notify_all();
       }
-      lock.lock();
+      MutexLock lock(&mu_);
       --in_flight_;
-      cv_.notify_all();
       continue;
     }
-    // Without clipping the norm (reported only) comes from the update's own pass.
-    const bool clipping = options_.max_grad_norm > 0;
-    if (!clipping) AwaitCapture(item, lock);
-    lock.unlock();
     backend_->EventSync(item.ready);
     const auto t0 = std::chrono::steady_clock::now();
     double ss = 0;
@@ -144,7 +149,7 @@ void HostOptimizer::Loop() {
     }
     busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - t0).count();
-    lock.lock();
+    MutexLock lock(&mu_);
     if (!item.norm_counted) {
       sum_squares_ += ss;
       --norms_pending_;
@@ -155,37 +160,40 @@ void HostOptimizer::Loop() {
       PieceDone(item);
     }
     --in_flight_;
-    cv_.notify_all();
   }
 }
 
 double HostOptimizer::Finish() {
-  std::unique_lock<std::mutex> lock(mu_);
   if (options_.max_grad_norm <= 0) {
     // Sum the squares of the pieces still queued here, on the caller's thread, and leave
     // their updates to the worker, in forward order. The slabs stay valid: the worker
     // only reads them, and only the caller (the pipeline) takes slabs from the pool.
     std::vector<Item> queued;
-    for (Item& q : queue_) {
-      if (q.slab == nullptr || q.norm_counted) continue;
-      q.norm_counted = true;
-      q.forward_order = true;
-      queued.push_back(q);
+    {
+      MutexLock lock(&mu_);
+      for (Item& q : queue_) {
+        if (q.slab == nullptr || q.norm_counted) continue;
+        q.norm_counted = true;
+        q.forward_order = true;
+        queued.push_back(q);
+      }
     }
-    lock.unlock();
     double ss = 0;
     for (const Item& q : queued) {
       backend_->EventSync(q.ready);
       ss += SumOfSquares(q.slab, q.count);
     }
-    lock.lock();
+    MutexLock lock(&mu_);
     sum_squares_ += ss;
     norms_pending_ -= static_cast<int64_t>(queued.size());
-    cv_.notify_all();
-    cv_.wait(lock, [this] { return norms_pending_ == 0; });  // the ones being updated now
+    // Only this wait reads sum_squares_ or norms_pending_: no waiter to wake before it.
+    mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return norms_pending_ == 0;  // the ones being updated now
+    });
     return std::sqrt(sum_squares_);
   }
-  cv_.wait(lock, [this] { return in_flight_ == 0; });
+  MutexLock lock(&mu_);
+  mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; });
   const double norm = std::sqrt(sum_squares_);
   if (options_.max_grad_norm > 0 && !held_.empty()) {
     Item apply;
@@ -194,22 +202,21 @@ double HostOptimizer::Finish() {
     apply.forward_order = true;  // before any piece of the next step
     queue_.push_back(apply);
     ++in_flight_;
-    cv_.notify_all();
   }
   return norm;
 }
 
 void HostOptimizer::AwaitUnit(int64_t unit) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // Only earlier steps' pieces: in data parallelism a faster device may already have
   // handed over this step's piece of the unit that a slower one is about to upload.
-  cv_.wait(lock, [&] {
+  mu_.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return pending_.empty() || pending_[unit].empty() || pending_[unit].begin()->first >= step_;
   });
 }
 
 bool HostOptimizer::UnitUpdated(int64_t unit) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return pending_.empty() || pending_[unit].empty();
 }
 
@@ -226,19 +233,19 @@ void HostOptimizer::PieceDone(const Item& item) {
   }
 }
 
-void HostOptimizer::AwaitCapture(const Item& item, std::unique_lock<std::mutex>& lock) {
-  auto free = [&] {
+void HostOptimizer::AwaitCapture(const Item& item) {
+  auto free = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return capture_step_ < 0 || item.step <= capture_step_ || captured_[item.unit];
   };
   if (free()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  cv_.wait(lock, free);
+  mu_.Await(free);
   capture_wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::steady_clock::now() - t0).count();
 }
 
 void HostOptimizer::BeginCapture(int64_t step, std::function<void(int64_t unit)> ready) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   MT_CHECK_MSG(capture_step_ < 0, "a capture is already running");
   if (updated_step_.empty()) RestoredLocked(step_);
   MT_CHECK_MSG(step == step_ || step == step_ + 1,
@@ -259,26 +266,20 @@ void HostOptimizer::BeginCapture(int64_t step, std::function<void(int64_t unit)>
 }
 
 void HostOptimizer::Captured(int64_t unit) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (capture_step_ < 0) return;
-    captured_[unit] = 1;
-  }
-  cv_.notify_all();
+  MutexLock lock(&mu_);
+  if (capture_step_ < 0) return;
+  captured_[unit] = 1;
 }
 
 void HostOptimizer::EndCapture() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    capture_step_ = -1;
-    capture_ready_ = nullptr;
-  }
-  cv_.notify_all();
+  MutexLock lock(&mu_);
+  capture_step_ = -1;
+  capture_ready_ = nullptr;
 }
 
 void HostOptimizer::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return in_flight_ == 0; });
+  MutexLock lock(&mu_);
+  mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; });
 }
 
 double HostOptimizer::Update(const Item& item, const float* grad, float grad_scale) {

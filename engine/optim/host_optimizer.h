@@ -18,15 +18,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "engine/common/backend.h"
+#include "engine/common/mutex.h"
 #include "engine/optim/adamw.h"
 #include "engine/pipeline/grad_sink.h"
 #include "engine/store/grad_slab_pool.h"
@@ -98,41 +97,42 @@ class HostOptimizer final : public GradSink {
   // Applies AdamW to the item's piece of its unit; returns the sum of squares of the
   // piece's gradient.
   double Update(const Item& item, const float* grad, float grad_scale);
-  // Under mu_: blocks while the item's unit must first be captured.
-  void AwaitCapture(const Item& item, std::unique_lock<std::mutex>& lock);
-  void RestoredLocked(int64_t step);
-  // Under mu_: the item's piece of its unit is updated.
-  void PieceDone(const Item& item);
+  // Blocks while the item's unit must first be captured.
+  void AwaitCapture(const Item& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestoredLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The item's piece of its unit is updated.
+  void PieceDone(const Item& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Returns a consumed slab to the pool it came from.
   void ReleaseSlab(float* slab);
 
   HostStore* store_;
   GradSlabPool* pool_;
-  std::vector<GradSlabPool*> other_pools_;  // AddSlabPool
+  std::vector<GradSlabPool*> other_pools_;  // AddSlabPool (before the first Submit)
   Backend* backend_;
   HostOptimizerOptions options_;
-  double lr_ = 0.0;
-  int64_t step_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  int64_t in_flight_ = 0;   // submitted, not yet consumed by the worker
-  std::vector<std::map<int64_t, int64_t>> pending_;  // per unit, step: pieces owed an update
-  double sum_squares_ = 0;  // this step's
-  int64_t norms_pending_ = 0;  // submitted pieces whose squares are not yet summed
-  std::vector<Item> held_;  // clipping: waiting for the norm
-  bool stop_ = false;
+  Mutex mu_;
+  double lr_ ABSL_GUARDED_BY(mu_) = 0.0;
+  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet consumed by the worker
+  // Per unit, step: pieces owed an update.
+  std::vector<std::map<int64_t, int64_t>> pending_ ABSL_GUARDED_BY(mu_);
+  double sum_squares_ ABSL_GUARDED_BY(mu_) = 0;  // this step's
+  // Submitted pieces whose squares are not yet summed.
+  int64_t norms_pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Item> held_ ABSL_GUARDED_BY(mu_);  // clipping: waiting for the norm
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Per unit: the last step whose pieces have begun to land in the store, and how many of
   // its elements have (the unit is at that step when all have). Set at the first
   // BeginStep(): before it the store holds a finished step (loaded or initial).
-  std::vector<int64_t> updated_step_;
-  std::vector<int64_t> updated_elements_;
+  std::vector<int64_t> updated_step_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> updated_elements_ ABSL_GUARDED_BY(mu_);
   // Capture (BeginCapture): the step captured (-1: none), whether each unit is captured.
-  int64_t capture_step_ = -1;
-  std::function<void(int64_t)> capture_ready_;
-  std::vector<char> captured_;
+  int64_t capture_step_ ABSL_GUARDED_BY(mu_) = -1;
+  std::function<void(int64_t)> capture_ready_ ABSL_GUARDED_BY(mu_);
+  std::vector<char> captured_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> capture_wait_ns_{0};
   std::atomic<int64_t> busy_ns_{0};
   std::thread worker_;

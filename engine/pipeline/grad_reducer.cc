@@ -31,10 +31,9 @@ GradSink* GradReducer::replica(int r) { return sinks_[r].get(); }
 
 GradReducer::~GradReducer() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   if (worker_.joinable()) worker_.join();
 }
 
@@ -44,7 +43,7 @@ void GradReducer::Submit(int r, int64_t unit, float* slab, void* ready, int64_t 
     target_->Submit(unit, slab, ready, offset, count);
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Piece& p = partial_[{unit, offset}];
   if (p.arrived == 0) {
     p.unit = unit;
@@ -60,19 +59,20 @@ void GradReducer::Submit(int r, int64_t unit, float* slab, void* ready, int64_t 
   if (++p.arrived == replicas()) {
     complete_.push_back(std::move(p));
     partial_.erase({unit, offset});
-    cv_.notify_all();
   }
 }
 
 void GradReducer::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !complete_.empty(); });
-    if (complete_.empty()) return;  // stopping
-    Piece p = std::move(complete_.front());
-    complete_.pop_front();
-    ++adding_;
-    lock.unlock();
+    Piece p;
+    {
+      MutexLock lock(&mu_);
+      mu_.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !complete_.empty(); });
+      if (complete_.empty()) return;  // stopping
+      p = std::move(complete_.front());
+      complete_.pop_front();
+      ++adding_;
+    }
     for (int r = 0; r < replicas(); ++r) {
       backends_[r]->BindThread();
       backends_[r]->EventSync(p.ready[r]);
@@ -86,30 +86,33 @@ void GradReducer::Loop() {
       pools_[r]->Release(p.slabs[r]);
     }
     target_->Submit(p.unit, sum, p.ready[0], p.offset, p.count);
-    lock.lock();
+    // A scope of its own: its Unlock() wakes Finish() (Await releases the mutex silently).
+    MutexLock lock(&mu_);
     --adding_;
-    cv_.notify_all();
   }
 }
 
 double GradReducer::Finish(int r) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const int64_t round = round_;
-  if (++finished_ < replicas()) {
-    cv_.wait(lock, [&] { return round_ != round; });
-    return norm_;
+  {
+    MutexLock lock(&mu_);
+    const int64_t round = round_;
+    if (++finished_ < replicas()) {
+      mu_.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return round_ != round; });
+      return norm_;
+    }
+    // The last replica: every piece is complete (each replica submitted all of its own);
+    // wait until the worker has handed every sum on.
+    auto handed_on = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return complete_.empty() && adding_ == 0;
+    };
+    mu_.Await(handed_on);
+    MT_CHECK_MSG(partial_.empty(), "a replica finished its step with pieces missing");
   }
-  // The last replica: every piece is complete (each replica submitted all of its own);
-  // wait until the worker has handed every sum on.
-  cv_.wait(lock, [&] { return complete_.empty() && adding_ == 0; });
-  MT_CHECK_MSG(partial_.empty(), "a replica finished its step with pieces missing");
-  lock.unlock();
   const double norm = target_->Finish();
-  lock.lock();
+  MutexLock lock(&mu_);
   norm_ = norm;
   finished_ = 0;
   ++round_;
-  cv_.notify_all();
   return norm;
 }
 

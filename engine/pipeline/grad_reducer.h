@@ -24,17 +24,16 @@
 // must be thread-safe in kSharded mode (HostOptimizer's is).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "engine/common/backend.h"
+#include "engine/common/mutex.h"
 #include "engine/pipeline/grad_sink.h"
 #include "engine/store/grad_slab_pool.h"
 
@@ -70,15 +69,15 @@ class GradReducer {
   std::vector<GradSlabPool*> pools_;
   std::vector<std::unique_ptr<Sink>> sinks_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::pair<int64_t, int64_t>, Piece> partial_;  // by (unit, offset)
-  std::deque<Piece> complete_;                           // to add, in completion order
-  int adding_ = 0;                                       // pieces the worker holds
-  bool stop_ = false;
-  int finished_ = 0;       // replicas in Finish() this round
-  int64_t round_ = 0;      // completed Finish() rounds
-  double norm_ = 0;        // of the last round
+  Mutex mu_;
+  // By (unit, offset).
+  std::map<std::pair<int64_t, int64_t>, Piece> partial_ ABSL_GUARDED_BY(mu_);
+  std::deque<Piece> complete_ ABSL_GUARDED_BY(mu_);  // to add, in completion order
+  int adding_ ABSL_GUARDED_BY(mu_) = 0;              // pieces the worker holds
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int finished_ ABSL_GUARDED_BY(mu_) = 0;   // replicas in Finish() this round
+  int64_t round_ ABSL_GUARDED_BY(mu_) = 0;  // completed Finish() rounds
+  double norm_ ABSL_GUARDED_BY(mu_) = 0;    // of the last round
   std::thread worker_;  // kHostSum only
 };
 

@@ -16,17 +16,20 @@ absl::StatusOr<std::unique_ptr<GradSlabPool>> GradSlabPool::Create(int64_t num_s
   ASSIGN_OR_RETURN(pool->arena_, HostArena::Map(slab_bytes * num_slabs, "gradient slabs", numa_node));
   pool->slab_elements_ = slab_elements;
   pool->slab_bytes_ = slab_bytes;
-  for (int64_t i = 0; i < num_slabs; ++i) {
-    float* slab = reinterpret_cast<float*>(pool->arena_.data() + i * slab_bytes);
-    pool->slabs_.push_back(slab);
-    pool->free_.push_back(slab);
+  {
+    MutexLock lock(&pool->mu_);  // not shared yet: for the analysis only
+    for (int64_t i = 0; i < num_slabs; ++i) {
+      float* slab = reinterpret_cast<float*>(pool->arena_.data() + i * slab_bytes);
+      pool->slabs_.push_back(slab);
+      pool->free_.push_back(slab);
+    }
   }
   return pool;
 }
 
 float* GradSlabPool::Acquire() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !free_.empty(); });
+  MutexLock lock(&mu_);
+  mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !free_.empty(); });
   float* slab = free_.back();
   free_.pop_back();
   return slab;
@@ -68,11 +71,10 @@ int64_t GradSlabPool::IndexOf(const float* slab) const {
 
 void GradSlabPool::Release(float* slab) {
   MT_CHECK(std::find(slabs_.begin(), slabs_.end(), slab) != slabs_.end());
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(slab);
-  }
-  cv_.notify_one();
+  // Unlock() wakes every waiter where this woke one: the same, as one thread (its pipeline's
+  // gradient drain) takes slabs from a pool.
+  MutexLock lock(&mu_);
+  free_.push_back(slab);
 }
 
 }  // namespace megatrain

@@ -7,12 +7,11 @@
 // Thread-safe. Acquire() blocks only when every slab is lent out.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/common/mutex.h"
 #include "engine/store/host_store.h"
 
 namespace megatrain {
@@ -57,10 +56,9 @@ class GradSlabPool {
   HostArena arena_;
   int64_t slab_elements_ = 0;
   size_t slab_bytes_ = 0;
-  std::vector<float*> slabs_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<float*> free_;
+  std::vector<float*> slabs_;  // fixed after Create()
+  Mutex mu_;
+  std::vector<float*> free_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace megatrain
