@@ -124,7 +124,8 @@ LayerWork DecoderLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) cons
   w.attention_flops = 2.0 * n * std::min(seq_len, n) * hd;
   // Per token: the norms read x and write h (twice), RoPE rewrites q and k, SwiGLU reads
   // gate and up and writes a, the residuals read and write C each.
-  w.elementwise_bytes = static_cast<double>(act_bytes) * n * (8 * C + 2 * qkv_dim_ + 2 * hd + 3 * I);
+  w.elementwise_bytes =
+      static_cast<double>(act_bytes) * n * (8 * C + 2 * qkv_dim_ + 2 * hd + 3 * I);
   // Rebuild: two norms (read x, write h) and a SwiGLU (read g and u, write a).
   w.rebuild_bytes = static_cast<double>(act_bytes) * n * (4 * C + 3 * I);
   return w;

@@ -133,7 +133,9 @@ absl::Status Pipeline::Allocate(bool count_only) {
     RETURN_IF_ERROR(alloc.Allocate(&b, mb_bytes, "recomputed layer inputs"));
   }
   if (K > 1 || options_.checkpoints_on_host) {
-    for (DeviceBuffer& b : cur_) RETURN_IF_ERROR(alloc.Allocate(&b, mb_bytes, "forward activations"));
+    for (DeviceBuffer& b : cur_) {
+      RETURN_IF_ERROR(alloc.Allocate(&b, mb_bytes, "forward activations"));
+    }
   }
   RETURN_IF_ERROR(alloc.Allocate(&dres_, mb_bytes, "residual gradients"));
   RETURN_IF_ERROR(alloc.Allocate(&scratch_out_, n * act_row_bytes_, "a scratch activation"));
@@ -191,7 +193,7 @@ void* Pipeline::Checkpoint(int64_t layer, int64_t m) {
   return Act(ckpt_, index, m);
 }
 
-void* Pipeline::X(int64_t layer, int64_t m) {
+void* Pipeline::LayerInput(int64_t layer, int64_t m) {
   if (!options_.checkpoints_on_host && IsCheckpoint(layer)) return Checkpoint(layer, m);
   return MicroBatchRow(cur_[layer % 2], m);
 }
@@ -299,11 +301,11 @@ void Pipeline::ForwardSweep() {
   be.StreamWait(StreamId::kCompute, embed_loaded_.get());
   be.Zero(embed_grad_.get(), embed_grad_.bytes(), StreamId::kCompute);
   be.Zero(head_grad_.get(), head_grad_.bytes(), StreamId::kCompute);
-  const void* embed_table = Offset(
-      embed_slot_.get(), layout_->units[ModelLayout::EmbeddingUnit()].OffsetOf(TensorRole::kEmbedding),
-      be.weight_dtype());
+  const UnitLayout& embedding = layout_->units[ModelLayout::EmbeddingUnit()];
+  const void* embed_table = Offset(embed_slot_.get(), embedding.OffsetOf(TensorRole::kEmbedding),
+                                   be.weight_dtype());
   for (int64_t m = 0; m < M; ++m) {
-    be.Embedding(X(0, m), batches_[m].tokens, embed_table, n, config_.hidden_size,
+    be.Embedding(LayerInput(0, m), batches_[m].tokens, embed_table, n, config_.hidden_size,
                  StreamId::kCompute);
   }
   if (host_checkpoints_ != nullptr) host_checkpoints_->Save(0, cur_[0]);
@@ -317,7 +319,8 @@ void Pipeline::ForwardSweep() {
     const LayerKind& kind = kinds_.ForLayer(l);
     const int span = spans_.Begin(StreamId::kCompute, "fwd " + std::to_string(l));
     for (int64_t m = 0; m < M; ++m) {
-      kind.Forward(CallFor(l, m, slot, /*kept=*/true), X(l, m), X(l + 1, m));
+      kind.Forward(CallFor(l, m, slot, /*kept=*/true), LayerInput(l, m),
+                   LayerInput(l + 1, m));
     }
     spans_.End(span);
     slots_.Release(l);
@@ -334,7 +337,8 @@ void Pipeline::Head(double scale, GradSink* sink) {
   const int64_t stat = DTypeSize(be.stat_dtype());
   const int span = spans_.Begin(StreamId::kCompute, "head");
   for (int64_t m = 0; m < M; ++m) {
-    head_.ForwardBackward(weights, grads, X(config_.num_layers, m), MicroBatchRow(dres_, m),
+    head_.ForwardBackward(weights, grads, LayerInput(config_.num_layers, m),
+                          MicroBatchRow(dres_, m),
                           static_cast<char*>(losses_.get()) + m * n * stat, head_ws_.get(),
                           batches_[m], scale, StreamId::kCompute);
   }
@@ -431,7 +435,9 @@ StepResult Pipeline::FinishStep(GradSink* sink, int64_t num_targets,
   }
   const int64_t stat = DTypeSize(be.stat_dtype());
   double loss_sum = 0;
-  for (int64_t i = 0; i < M * n; ++i) loss_sum += ReadStat(&host_losses_[i * stat], be.stat_dtype());
+  for (int64_t i = 0; i < M * n; ++i) {
+    loss_sum += ReadStat(&host_losses_[i * stat], be.stat_dtype());
+  }
   result.num_targets = num_targets;
   result.loss = num_targets > 0 ? loss_sum / num_targets : 0.0;
   result.seconds =

@@ -149,7 +149,7 @@ class Pipeline {
   void* Act(std::vector<DeviceBuffer>& v, int64_t i, int64_t m);
   void* MicroBatchRow(const DeviceBuffer& b, int64_t m) const;  // micro-batch m of an (M*n, C)
   bool IsCheckpoint(int64_t layer) const;
-  void* X(int64_t layer, int64_t m);              // x_layer of micro-batch m in forward
+  void* LayerInput(int64_t layer, int64_t m);     // x_layer of micro-batch m in forward
   void* Checkpoint(int64_t layer, int64_t m);     // device checkpoints only
   void* SegmentInput(int64_t c, int64_t m);       // x_c in backward
   bool Kept(int64_t layer) const { return layer >= config_.num_layers - options_.kept_layers; }

@@ -10,7 +10,6 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "engine/backend/factory.h"
 #include "engine/common/printable.h"
 #include "engine/engine.h"
 #include "engine/tools/demo.h"

@@ -172,10 +172,15 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
   std::thread writer;
   std::mt19937_64 gen(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  // Pieces submitted in the step after the captured one: the writer holds its first unit
-  // until that step has begun submitting, so that step's first update surely finds the
-  // unit unwritten and waits (whatever the machine's speed: sanitizers slow updates).
+  // The writer holds its first unit (and so every unit) until the step after the
+  // captured one updates: without clipping, once that step has begun submitting (each
+  // piece is updated as it lands); with clipping, once it calls Finish() (the updates wait
+  // for the norm). That step's first update then surely finds its unit unwritten and
+  // waits, whatever the machine's speed (under TSan and load, submitting a step's pieces
+  // took longer than writing every unit, and nothing waited).
   std::atomic<int64_t> next_step_pieces{0};
+  std::atomic<bool> next_step_finishing{false};
+  const bool clipping = max_grad_norm > 0;
   auto start_capture = [&](int64_t step) {
     writer = std::thread([&] {
       for (int64_t n = 0; n < units; ++n) {
@@ -186,7 +191,7 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
           u = handed.front();
           handed.pop_front();
         }
-        while (n == 0 && next_step_pieces.load() == 0) {
+        while (n == 0 && (clipping ? !next_step_finishing.load() : next_step_pieces.load() == 0)) {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a slow disk
@@ -217,6 +222,7 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
         if (capture_after > 0 && step == capture_after + 1) ++next_step_pieces;
       }
     }
+    if (capture_after > 0 && step == capture_after + 1) next_step_finishing = true;
     opt.Finish();
     if (step == capture_after && !early) start_capture(step);
   }
