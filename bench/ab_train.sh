@@ -33,8 +33,8 @@ python3 - "$OUT" "$SET" <<'PY'
 import json, os, sys
 out, name = sys.argv[1], sys.argv[2]
 runs = {s: json.load(open(os.path.join(out, f"{name}_{s}.json"))) for s in "AB"}
-def losses(r): return [s["loss"] for s in r.get("steps", [])] or r.get("losses", [])
-def seconds(r): return r.get("step_seconds") or r.get("seconds_per_step")
+def losses(r): return [s["loss"] for s in r["steps"]]
+def seconds(r): return r["step_seconds"]
 summary = {"set": name,
            "losses_equal": losses(runs["A"]) == losses(runs["B"]),
            "losses_A": losses(runs["A"]), "losses_B": losses(runs["B"]),

@@ -107,8 +107,6 @@ absl::StatusOr<JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request) {
   return ParseJobSpec(yaml, request.base_dir(), "job spec");
 }
 
-absl::Status CheckSpecInputs(const JobSpec& spec) { return ValidateJobInputs(spec); }
-
 absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
                            const std::string& own_dir) {
   std::vector<std::pair<const char*, std::string>> paths = {{"model.path", spec.model_path},
@@ -128,7 +126,7 @@ absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
   if (!spec.data_cache_dir.empty()) {
     RETURN_IF_ERROR(CheckWritableFolder("data.cache_dir", spec.data_cache_dir));
   }
-  return CheckSpecInputs(spec);
+  return ValidateJobInputs(spec);
 }
 
 }  // namespace megatrain::server

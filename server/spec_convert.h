@@ -18,13 +18,9 @@ std::string SpecMessageToYaml(const v1::JobSpec& spec);
 // Parses and validates the request's spec; relative paths resolve against base_dir.
 absl::StatusOr<JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request);
 
-// Checks what a spec refers to exists and is readable, before it is queued:
-// NOT_FOUND / INVALID_ARGUMENT naming the field ("data.path: cannot read ...").
-absl::Status CheckSpecInputs(const JobSpec& spec);
-
 // Everything a job touches, checked on the user's worker (server/run_as.h): every path
 // inside `roots` and out of the state folder except `own_dir`; the checkpoint and data
-// cache folders writable (created if missing); then CheckSpecInputs.
+// cache folders writable (created if missing); then the engine's ValidateJobInputs.
 absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots, const std::string& own_dir);
 
 }  // namespace megatrain::server

@@ -105,13 +105,6 @@ absl::Status ReserveFile(int fd, uint64_t num_bytes, absl::string_view context) 
   return absl::OkStatus();
 }
 
-absl::Status FsyncDir(const std::string& dir) {
-  ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("opening folder ", dir));
-  if (::fsync(fd.get()) != 0) return ErrnoError(errno, absl::StrCat("fsync of folder ", dir));
-  return fd.Close(dir);
-}
-
 absl::Status FsyncPath(const std::string& path) {
   ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("opening ", path));
@@ -147,7 +140,7 @@ absl::Status WriteFileDurably(const std::string& path,
     ::unlink(tmp.c_str());
     return status;
   }
-  return FsyncDir(DirName(path));
+  return FsyncPath(DirName(path));
 }
 
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {

@@ -60,9 +60,6 @@ class ScopedFd {
 // its blocks now, so a full disk fails here rather than halfway through the writes.
 [[nodiscard]] absl::Status ReserveFile(int fd, uint64_t num_bytes, absl::string_view context);
 
-// fsyncs the directory, making a rename inside it durable.
-[[nodiscard]] absl::Status FsyncDir(const std::string& dir);
-
 // fsyncs a file or folder by name (a folder: making the renames inside it durable).
 [[nodiscard]] absl::Status FsyncPath(const std::string& path);
 

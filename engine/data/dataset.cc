@@ -30,13 +30,6 @@ constexpr int kMaxReportedErrors = 5;
 constexpr size_t kChunkLines = 512;
 constexpr size_t kChunkBytes = 1 << 20;
 
-bool IsBlank(absl::string_view line) {
-  for (char c : line) {
-    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') return false;
-  }
-  return true;
-}
-
 absl::StatusOr<std::string> StringField(const json& object, const char* field, bool optional,
                                         absl::string_view what) {
   const std::string where = what.empty() ? "field" : absl::StrCat(what, " field");
@@ -310,6 +303,13 @@ Example EncodeWithTrainedSpans(const std::string& text,
   return e;
 }
 
+bool IsBlankLine(absl::string_view line) {
+  for (char c : line) {
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') return false;
+  }
+  return true;
+}
+
 absl::Status CheckDatasetTrainable(const std::string& path, const DatasetStats& stats) {
   if (stats.examples == 0 || stats.tokens == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -511,7 +511,7 @@ absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
   };
   while (failure.ok() && std::getline(in, line)) {
     ++line_number;
-    if (IsBlank(line)) continue;
+    if (IsBlankLine(line)) continue;
     chunk_bytes += line.size();
     chunk->lines.emplace_back(line_number, std::move(line));
     if (chunk->lines.size() >= kChunkLines || chunk_bytes >= kChunkBytes) submit();

@@ -74,6 +74,9 @@ struct DatasetStats {
 [[nodiscard]] absl::Status CheckDatasetTrainable(const std::string& path,
                                                  const DatasetStats& stats);
 
+// A line of only spaces, tabs and CRs: skipped, not an example.
+bool IsBlankLine(absl::string_view line);
+
 // One line's example; errors name the problem but not the line (the caller adds it).
 [[nodiscard]] absl::StatusOr<Example> ExampleFromLine(absl::string_view line,
                                                       const DatasetOptions& options,

@@ -122,10 +122,6 @@ namespace {
 // Lines of the dataset read through the tokenizer when a job is submitted.
 constexpr int64_t kLinesCheckedAtSubmit = 64;
 
-bool IsBlankLine(const std::string& line) {
-  return line.find_first_not_of(" \t\r") == std::string::npos;
-}
-
 }  // namespace
 
 absl::Status ValidateJobInputs(const JobSpec& spec) {

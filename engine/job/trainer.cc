@@ -187,6 +187,8 @@ absl::Status Trainer::InitStore(const JobSpec& spec, const DeviceSet& devices) {
     device_nodes.push_back(BackendNumaNode(request));
   }
   const std::vector<int> store_nodes = StoreNodes(device_nodes);
+  // The optimizer's threads on the store's node; with the store over several, on all.
+  optimizer_numa_node_ = store_nodes.size() > 1 ? -1 : BackendNumaNode(devices.requests[0]);
   if (store_nodes.size() > 1) {
     absl::StrAppend(&plan_text_, "numa       host store interleaved over NUMA nodes ",
                     absl::StrJoin(store_nodes, ", "), " (the GPUs' own)\n");
@@ -240,13 +242,7 @@ absl::Status Trainer::InitPipelines(const JobSpec& spec, const DeviceSet& device
   optimizer_options.hyper.eps = spec.eps;
   optimizer_options.weight_decay = spec.weight_decay;
   optimizer_options.max_grad_norm = spec.max_grad_norm;
-  // On the store's node; with the store over several nodes, on all of them.
-  std::vector<int> device_nodes;
-  for (const BackendRequest& request : devices.requests) {
-    device_nodes.push_back(BackendNumaNode(request));
-  }
-  optimizer_options.numa_node =
-      StoreNodes(device_nodes).size() > 1 ? -1 : BackendNumaNode(devices.requests[0]);
+  optimizer_options.numa_node = optimizer_numa_node_;
   optimizer_ = std::make_unique<HostOptimizer>(store_.get(), slabs_.get(), backend_.get(),
                                                optimizer_options);
   batches_.resize(plan_.micro_batches);

@@ -199,6 +199,7 @@ class Trainer {
   int checkpoint_writer_threads_ = 0;
   std::vector<void*> pinned_;  // host ranges page-locked for this job
   std::string tokenizer_dir_;  // tokenizer files to copy into checkpoints
+  int optimizer_numa_node_ = -1;  // where the optimizer's threads run (InitStore)
   // Last: it reads the store and holds the optimizer, so it goes first.
   std::unique_ptr<BackgroundCheckpoint> background_;
 };

@@ -209,7 +209,7 @@ absl::Status ShardedSafetensorsWriter::Commit() {
     if (::unlink(index_path_.c_str()) != 0 && errno != ENOENT) {
       return ErrnoError(errno, absl::StrCat("removing stale ", index_path_));
     }
-    return FsyncDir(dir_);
+    return FsyncPath(dir_);
   }
   return WriteFileDurably(index_path_, index_text_);
 }

@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -436,26 +437,41 @@ std::string DefaultProfilePath() {
   return absl::StrCat(base, "/megatrain/machine-profile.json");
 }
 
+// The profile cached at `path` when it was measured for `backend` (its source set);
+// else nullopt, and *why says so.
+namespace {
+
+std::optional<MachineProfile> ReadCachedProfile(Backend* backend, const std::string& path,
+                                                std::string* why) {
+  std::ifstream in(path);
+  if (!in) {
+    *why = "none cached";
+    return std::nullopt;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::StatusOr<MachineProfile> cached = ProfileFromJson(ss.str());
+  if (!cached.ok()) {
+    *why = std::string(cached.status().message());
+    return std::nullopt;
+  }
+  if (cached->key != ProfileKey(backend)) {
+    *why = "measured on another machine or device";
+    return std::nullopt;
+  }
+  cached->source = path;
+  return *std::move(cached);
+}
+
+}  // namespace
+
 absl::StatusOr<MachineProfile> LoadOrMeasureProfile(Backend* backend, const std::string& path,
                                                     std::string* note,
                                                     const ProfileOptions& options) {
   std::string why;
-  {
-    std::ifstream in(path);
-    if (in) {
-      std::stringstream ss;
-      ss << in.rdbuf();
-      absl::StatusOr<MachineProfile> cached = ProfileFromJson(ss.str());
-      if (cached.ok() && cached->key == ProfileKey(backend)) {
-        if (note != nullptr) *note = absl::StrCat("machine profile from ", path);
-        cached->source = path;
-        return cached;
-      }
-      why = cached.ok() ? "measured on another machine or device"
-                        : std::string(cached.status().message());
-    } else {
-      why = "none cached";
-    }
+  if (std::optional<MachineProfile> cached = ReadCachedProfile(backend, path, &why)) {
+    if (note != nullptr) *note = absl::StrCat("machine profile from ", path);
+    return *cached;
   }
   ASSIGN_OR_RETURN(MachineProfile p, MeasureMachineProfile(backend, options));
   std::error_code ec;
@@ -493,15 +509,11 @@ absl::StatusOr<MachineProfile> LoadMachineProfile(Backend* backend, std::string*
   const char* given = std::getenv("MEGATRAIN_PROFILE");
   if (given == nullptr || *given == '\0') {
     for (const std::string& path : DaemonProfilePaths()) {
-      std::ifstream in(path);
-      if (!in) continue;
-      std::stringstream ss;
-      ss << in.rdbuf();
-      absl::StatusOr<MachineProfile> shared = ProfileFromJson(ss.str());
-      if (!shared.ok() || shared->key != ProfileKey(backend)) continue;
+      std::string why;
+      std::optional<MachineProfile> shared = ReadCachedProfile(backend, path, &why);
+      if (!shared.has_value()) continue;
       if (note != nullptr) *note = absl::StrCat("machine profile from ", path, " (megatraind's)");
-      shared->source = path;
-      return shared;
+      return *shared;
     }
   }
   return LoadOrMeasureProfile(backend, DefaultProfilePath(), note);
