@@ -7,6 +7,7 @@
 #include <ctime>
 #include <initializer_list>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -108,10 +109,30 @@ absl::Status CheckConversation(ChatFormat format, absl::Span<const ChatMessage> 
         "the conversation has no assistant message, so nothing in it would be trained; "
         "add one, or set add_generation_prompt to render a prompt");
   }
-  if (format == ChatFormat::kLlama2 && options.eos_token.empty()) {
+  const bool needs_eos = format == ChatFormat::kLlama2 || format == ChatFormat::kMistralV1 ||
+                         format == ChatFormat::kMistralV3 || format == ChatFormat::kMistralV3Tekken;
+  if (needs_eos && options.eos_token.empty()) {
     return absl::InvalidArgumentError(
-        "llama2 needs eos_token (\"</s>\" in its tokenizer_config.json): it ends every "
-        "assistant turn");
+        absl::StrCat(ChatFormatName(format), " needs eos_token (\"</s>\" in its ",
+                     "tokenizer_config.json): it ends every assistant turn"));
+  }
+  return absl::OkStatus();
+}
+
+// What llama2's and Mistral's templates raise on: after the optional system message
+// (index `first`), user and assistant turns must alternate, starting with the user.
+absl::Status CheckAlternation(ChatFormat format, absl::Span<const ChatMessage> messages,
+                              size_t first) {
+  for (size_t i = first; i < messages.size(); ++i) {
+    const bool user_turn = (i - first) % 2 == 0;
+    if ((messages[i].role == "user") != user_turn) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "messages[", i, "] is ", messages[i].role == "assistant" ? "an " : "a ", messages[i].role,
+          " message where ", ChatFormatName(format), " expects a",
+          user_turn ? " user" : "n assistant",
+          " one: its chat template requires the roles to alternate user/assistant/user/... "
+          "after the optional system message"));
+    }
   }
   return absl::OkStatus();
 }
@@ -121,15 +142,10 @@ absl::Status RenderLlama2(absl::Span<const ChatMessage> messages, const ChatOpti
                           ChatRendering* out) {
   const bool has_system = messages[0].role == "system";
   const size_t first = has_system ? 1 : 0;
+  absl::Status status = CheckAlternation(ChatFormat::kLlama2, messages, first);
+  if (!status.ok()) return status;
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& message = messages[i];
-    const bool user_turn = (i - first) % 2 == 0;
-    if ((message.role == "user") != user_turn) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "messages[", i, "] is a ", message.role, " message where llama2 expects a",
-          user_turn ? " user" : "n assistant", " one: its chat template requires the roles ",
-          "to alternate user/assistant/user/... after the optional system message"));
-    }
     if (message.role == "assistant") {
       AppendTrained(out, {" ", PyStrip(message.content), " ", options.eos_token});
       continue;
@@ -210,6 +226,77 @@ absl::Status RenderQwen3(absl::Span<const ChatMessage> messages, const ChatOptio
   return absl::OkStatus();
 }
 
+constexpr absl::string_view kQwen25DefaultSystem =
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+
+// Qwen2.5's template without tools: its default system prompt when none is given.
+absl::Status RenderQwen25(absl::Span<const ChatMessage> messages, const ChatOptions& options,
+                          ChatRendering* out) {
+  const bool has_system = messages[0].role == "system";
+  absl::StrAppend(&out->text, "<|im_start|>system\n",
+                  has_system ? absl::string_view(messages[0].content) : kQwen25DefaultSystem,
+                  "<|im_end|>\n");
+  for (size_t i = has_system ? 1 : 0; i < messages.size(); ++i) {
+    const ChatMessage& message = messages[i];
+    absl::StrAppend(&out->text, "<|im_start|>", message.role, "\n");
+    if (message.role == "assistant") {
+      AppendTrained(out, {message.content, "<|im_end|>"});
+    } else {
+      absl::StrAppend(&out->text, message.content, "<|im_end|>");
+    }
+    out->text.append("\n");
+  }
+  if (options.add_generation_prompt) out->text.append("<|im_start|>assistant\n");
+  return absl::OkStatus();
+}
+
+// Mistral's official templates differ only in these pieces.
+struct MistralStyle {
+  absl::string_view inst_open;   // before a user turn's text
+  absl::string_view inst_close;  // after it
+  absl::string_view reply_open;  // before an assistant turn's text
+  bool strip_reply;              // the assistant text is |trim()med
+  bool system_on_first_user;     // else on the last message, when that is a user turn
+};
+
+MistralStyle StyleOf(ChatFormat format) {
+  switch (format) {
+    case ChatFormat::kMistralV1:
+      return {" [INST] ", " [/INST]", " ", false, true};
+    case ChatFormat::kMistralV3:
+      return {"[INST] ", "[/INST]", " ", true, false};
+    default:  // kMistralV3Tekken
+      return {"[INST]", "[/INST]", "", false, false};
+  }
+}
+
+absl::Status RenderMistral(ChatFormat format, absl::Span<const ChatMessage> messages,
+                           const ChatOptions& options, ChatRendering* out) {
+  const MistralStyle style = StyleOf(format);
+  const bool has_system = messages[0].role == "system";
+  const size_t first = has_system ? 1 : 0;
+  absl::Status status = CheckAlternation(format, messages, first);
+  if (!status.ok()) return status;
+  // The one user turn that carries the system message, if any.
+  const size_t system_turn = !has_system                  ? messages.size()
+                             : style.system_on_first_user ? first
+                                                          : messages.size() - 1;
+  out->text = options.bos_token;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& message = messages[i];
+    if (message.role == "assistant") {
+      const absl::string_view reply =
+          style.strip_reply ? PyStrip(message.content) : absl::string_view(message.content);
+      AppendTrained(out, {style.reply_open, reply, options.eos_token});
+      continue;
+    }
+    out->text.append(style.inst_open.data(), style.inst_open.size());
+    if (i == system_turn) absl::StrAppend(&out->text, messages[0].content, "\n\n");
+    absl::StrAppend(&out->text, message.content, style.inst_close);
+  }
+  return absl::OkStatus();
+}
+
 // Harmony: a fixed system message, the user's system prompt as developer instructions,
 // assistant replies on the final channel.
 absl::Status RenderGptOss(absl::Span<const ChatMessage> messages, const ChatOptions& options,
@@ -250,16 +337,89 @@ absl::Status RenderGptOss(absl::Span<const ChatMessage> messages, const ChatOpti
   return absl::OkStatus();
 }
 
+constexpr ChatFormat kAllFormats[] = {ChatFormat::kLlama2,          ChatFormat::kLlama3,
+                                      ChatFormat::kQwen3,           ChatFormat::kQwen25,
+                                      ChatFormat::kMistralV1,       ChatFormat::kMistralV3,
+                                      ChatFormat::kMistralV3Tekken, ChatFormat::kGptOss};
+constexpr absl::string_view kFormatList =
+    "llama2, llama3, qwen3, qwen2.5, mistral-v1, mistral-v3, mistral-v3-tekken and gptoss";
+
+// Each official Mistral template by the Jinja expressions that decide its text, written
+// with single quotes (the template is compared with its double quotes made single).
+struct MistralTemplate {
+  ChatFormat format;
+  absl::string_view user_turn;    // a user turn without the system message
+  absl::string_view system_turn;  // the user turn that carries it
+  absl::string_view system_when;  // the condition that picks that turn
+  absl::string_view reply;        // an assistant turn
+};
+
+constexpr MistralTemplate kMistralTemplates[] = {
+    {ChatFormat::kMistralV1, "' [INST] ' + message['content'] + ' [/INST]'",
+     "' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]'",
+     "loop.first and system_message is defined", "' ' + message['content'] + eos_token"},
+    {ChatFormat::kMistralV3, "'[INST] ' + message['content'] + '[/INST]'",
+     "'[INST] ' + system_message + '\\n\\n' + message['content'] + '[/INST]'",
+     "loop.last and system_message is defined", "' ' + message['content']|trim + eos_token"},
+    {ChatFormat::kMistralV3Tekken, "'[INST]' + message['content'] + '[/INST]'",
+     "'[INST]' + system_message + '\\n\\n' + message['content'] + '[/INST]'",
+     "loop.last and system_message is defined", "{{- message['content'] + eos_token"},
+};
+
+// An [INST] template without <<SYS>>: one of Mistral's, or InvalidArgument naming the
+// part that differs.
+absl::StatusOr<ChatFormat> DetectMistral(absl::string_view chat_template) {
+  if (absl::StrContains(chat_template, "[SYSTEM_PROMPT]")) {
+    return absl::InvalidArgumentError(
+        "the chat_template is a Mistral one with a [SYSTEM_PROMPT] block (the v7 tokenizer's, "
+        "e.g. Mistral Small 3 or Mistral Large 2411), which no built-in format renders");
+  }
+  std::string source(chat_template);
+  absl::c_replace(source, '"', '\'');
+  for (const MistralTemplate& t : kMistralTemplates) {
+    if (!absl::StrContains(source, t.user_turn)) continue;
+    for (absl::string_view part : {t.system_turn, t.system_when, t.reply}) {
+      if (!absl::StrContains(source, part)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the chat_template prints user turns as Mistral's ", ChatFormatName(t.format),
+            " template does (", t.user_turn, ") but lacks its `", part,
+            "`, so it renders differently from the built-in ", ChatFormatName(t.format),
+            "; name the format if its rendering is that one"));
+      }
+    }
+    return t.format;
+  }
+  return absl::InvalidArgumentError(
+      "the chat_template uses [INST] without a <<SYS>> block, but its user turns are none of "
+      "Mistral's official templates (' [INST] ' ... ' [/INST]' mistral-v1, '[INST] ' ... "
+      "'[/INST]' mistral-v3, '[INST]' ... '[/INST]' mistral-v3-tekken); e.g. the templates "
+      "Mistral 7B Instruct v0.1 / v0.2 and Mixtral 8x7B Instruct shipped before 2024, which "
+      "take no system message, render differently. Name the format if its rendering is one "
+      "of them");
+}
+
+// A ChatML template with Qwen2.5's default system prompt: Qwen2.5's if it prints each
+// turn as Qwen2.5's does (quote style aside), else InvalidArgument naming that line.
+absl::StatusOr<ChatFormat> DetectQwen25(absl::string_view chat_template) {
+  constexpr absl::string_view kTurn =
+      "'<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n'";
+  std::string source(chat_template);
+  absl::c_replace(source, '"', '\'');
+  if (absl::StrContains(source, kTurn)) return ChatFormat::kQwen25;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the chat_template has Qwen2.5's default system prompt but not its turn `", kTurn,
+      "`, so it renders differently from the built-in qwen2.5; name the format if its "
+      "rendering is that one"));
+}
+
 }  // namespace
 
 absl::StatusOr<ChatFormat> ChatFormatFromName(absl::string_view name) {
-  for (ChatFormat format :
-       {ChatFormat::kLlama2, ChatFormat::kLlama3, ChatFormat::kQwen3, ChatFormat::kGptOss}) {
+  for (ChatFormat format : kAllFormats) {
     if (name == ChatFormatName(format)) return format;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown chat format \"", absl::CEscape(name),
-                                                 "\"; the formats are llama2, llama3, ",
-                                                 "qwen3 and gptoss"));
+                                                 "\"; the formats are ", kFormatList));
 }
 
 absl::string_view ChatFormatName(ChatFormat format) {
@@ -272,6 +432,14 @@ absl::string_view ChatFormatName(ChatFormat format) {
       return "qwen3";
     case ChatFormat::kGptOss:
       return "gptoss";
+    case ChatFormat::kQwen25:
+      return "qwen2.5";
+    case ChatFormat::kMistralV1:
+      return "mistral-v1";
+    case ChatFormat::kMistralV3:
+      return "mistral-v3";
+    case ChatFormat::kMistralV3Tekken:
+      return "mistral-v3-tekken";
   }
   return "unknown";
 }
@@ -279,9 +447,8 @@ absl::string_view ChatFormatName(ChatFormat format) {
 absl::StatusOr<ChatFormat> DetectChatFormat(absl::string_view chat_template) {
   auto has = [&](absl::string_view marker) { return absl::StrContains(chat_template, marker); };
   if (PyStrip(chat_template).empty()) {
-    return absl::NotFoundError(
-        "the chat_template is empty; name the chat format instead (llama2, llama3, qwen3 or "
-        "gptoss)");
+    return absl::NotFoundError(absl::StrCat(
+        "the chat_template is empty; name the chat format instead (", kFormatList, ")"));
   }
   if (has("<|channel|>")) return ChatFormat::kGptOss;
   if (has("<|start_header_id|>")) {
@@ -294,20 +461,22 @@ absl::StatusOr<ChatFormat> DetectChatFormat(absl::string_view chat_template) {
   }
   if (has("<|im_start|>")) {
     if (has("</think>")) return ChatFormat::kQwen3;
+    if (has(kQwen25DefaultSystem)) return DetectQwen25(chat_template);
     return absl::InvalidArgumentError(
-        "the chat_template is ChatML (<|im_start|>) without Qwen3's <think> handling (e.g. "
-        "Qwen2.5's), which renders differently from the built-in qwen3");
+        "the chat_template is ChatML (<|im_start|>) with neither Qwen3's <think> handling nor "
+        "Qwen2.5's default system prompt (\"You are Qwen, created by Alibaba Cloud. ...\"), "
+        "e.g. Qwen2's or Qwen2.5-Math's, which render differently from the built-in qwen3 "
+        "and qwen2.5");
   }
   if (has("[INST]")) {
     if (has("<<SYS>>")) return ChatFormat::kLlama2;
-    return absl::InvalidArgumentError(
-        "the chat_template uses [INST] without a <<SYS>> block (e.g. Mistral's), which "
-        "renders differently from the built-in llama2");
+    return DetectMistral(chat_template);
   }
   return absl::NotFoundError(
       "the chat_template has none of the markers of the built-in formats (<|channel|> "
-      "gptoss, <|start_header_id|> llama3, <|im_start|> qwen3, [INST] llama2); name the "
-      "format if its rendering is one of them");
+      "gptoss, <|start_header_id|> llama3, <|im_start|> qwen3 / qwen2.5, [INST] llama2 / "
+      "mistral-v1 / mistral-v3 / mistral-v3-tekken); name the format if its rendering is one "
+      "of them");
 }
 
 absl::StatusOr<ChatRendering> RenderChat(ChatFormat format, absl::Span<const ChatMessage> messages,
@@ -327,6 +496,14 @@ absl::StatusOr<ChatRendering> RenderChat(ChatFormat format, absl::Span<const Cha
       break;
     case ChatFormat::kGptOss:
       status = RenderGptOss(messages, options, &out);
+      break;
+    case ChatFormat::kQwen25:
+      status = RenderQwen25(messages, options, &out);
+      break;
+    case ChatFormat::kMistralV1:
+    case ChatFormat::kMistralV3:
+    case ChatFormat::kMistralV3Tekken:
+      status = RenderMistral(format, messages, options, &out);
       break;
   }
   if (!status.ok()) return status;

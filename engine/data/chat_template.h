@@ -39,6 +39,25 @@
 //           message is history formatting that the model never writes (it ends a final
 //           message with <|return|>), so earlier turns train "<|channel|>final<|message|>"
 //           and the content, not the <|end|>.
+//   qwen2.5 <|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n
+//           <|im_start|>assistant\n|{assistant}<|im_end|>|\n
+//           Qwen2.5 Instruct's ChatML, tool-less. Without a system message the template
+//           prints its own: "You are Qwen, created by Alibaba Cloud. You are a helpful
+//           assistant." Contents are not stripped, and <think> is plain text.
+// Mistral's three official [INST] templates, one per tokenizer version (mistral-common's
+// v1, v3 and v3 Tekken); they differ in spaces, stripping and where the system message
+// goes. All need roles that alternate user / assistant after the optional system message,
+// print bos_token once, and end each assistant turn with eos_token.
+//   mistral-v1  <s> [INST] {system}\n\n{user} [/INST]| {assistant}</s>| [INST] {user} [/INST]
+//           Mistral 7B Instruct v0.1 / v0.2, Mixtral 8x7B Instruct v0.1. The system message
+//           opens the first user turn. Nothing is stripped.
+//   mistral-v3  <s>[INST] {user}[/INST]| {assistant}</s>|[INST] {system}\n\n{user}[/INST]
+//           Mistral 7B Instruct v0.3, Mixtral 8x22B Instruct v0.1. The system message opens
+//           the last message when that is a user turn, and is printed nowhere otherwise: a
+//           conversation that ends with an assistant reply renders (and trains) without it,
+//           as transformers renders it. Assistant text is strip()ped.
+//   mistral-v3-tekken  <s>[INST]{user}[/INST]|{assistant}</s>|[INST]{system}\n\n{user}[/INST]
+//           Mistral Nemo. System placement as mistral-v3; nothing is stripped.
 // ('|' marks a span's bounds above; it is not part of the text.) Spans are in bytes: a
 // token that straddles a span's edge (e.g. a content that starts with "\n" right after
 // qwen3's "assistant\n") is for the caller that tokenizes to assign.
@@ -59,7 +78,17 @@
 
 namespace megatrain {
 
-enum class ChatFormat { kLlama2, kLlama3, kQwen3, kGptOss };
+// New formats go last: the values are stable (a fuzzer picks formats by number).
+enum class ChatFormat {
+  kLlama2,
+  kLlama3,
+  kQwen3,
+  kGptOss,
+  kQwen25,
+  kMistralV1,
+  kMistralV3,
+  kMistralV3Tekken,
+};
 
 struct ChatMessage {
   std::string role;  // "system" | "user" | "assistant"
@@ -67,14 +96,15 @@ struct ChatMessage {
 };
 
 struct ChatOptions {
-  // The tokenizer_config.json strings ("" when it has none). llama2 prints both (and
-  // needs eos_token: it ends every assistant turn); llama3 prints bos_token; qwen3 and
-  // gptoss print neither.
+  // The tokenizer_config.json strings ("" when it has none). llama2 and the mistral
+  // formats print both (and need eos_token: it ends every assistant turn); llama3 prints
+  // bos_token; qwen3, qwen2.5 and gptoss print neither.
   std::string bos_token;
   std::string eos_token;
-  // Append what starts the model's reply: "[/INST]" already does for llama2, so it is a
-  // no-op there; llama3 and qwen3 append the assistant header; gptoss "<|start|>assistant"
-  // (and ends a last assistant turn with <|end|> instead of <|return|>).
+  // Append what starts the model's reply: "[/INST]" already does for llama2 and the
+  // mistral formats, so it is a no-op there; llama3, qwen3 and qwen2.5 append the
+  // assistant header; gptoss "<|start|>assistant" (and ends a last assistant turn with
+  // <|end|> instead of <|return|>).
   bool add_generation_prompt = false;
   // gptoss "Current date: {date_string}", printed as given. "" = today's local date as
   // YYYY-MM-DD, what the template's strftime_now("%Y-%m-%d") prints; set it for data that
@@ -94,15 +124,20 @@ struct ChatRendering {
   std::vector<std::pair<size_t, size_t>> trained;
 };
 
-// "llama2" | "llama3" | "qwen3" | "gptoss"; InvalidArgument listing them otherwise.
+// "llama2" | "llama3" | "qwen3" | "gptoss" | "qwen2.5" | "mistral-v1" | "mistral-v3" |
+// "mistral-v3-tekken"; InvalidArgument listing them otherwise.
 [[nodiscard]] absl::StatusOr<ChatFormat> ChatFormatFromName(absl::string_view name);
 absl::string_view ChatFormatName(ChatFormat format);
 
 // The family of a tokenizer_config.json chat_template, by its markers: "<|channel|>"
-// (gptoss), "<|start_header_id|>" (llama3), "<|im_start|>" with "</think>" (qwen3),
-// "[INST]" with "<<SYS>>" (llama2). NotFound for an empty template or one with none of
-// them; InvalidArgument for a relative that renders differently (Llama 3.1's dated system
-// header, ChatML without Qwen3's think handling, Mistral's [INST] without <<SYS>>).
+// (gptoss), "<|start_header_id|>" (llama3), "<|im_start|>" with "</think>" (qwen3) or with
+// Qwen2.5's default system prompt and turn (qwen2.5), "[INST]" with "<<SYS>>" (llama2), and
+// Mistral's templates by the expressions that print their user turns, assistant turns and
+// system message (quote style aside). NotFound for an empty template or one with none of
+// these markers; InvalidArgument, naming what differs, for a relative that renders
+// differently: Llama 3.1's dated system header, other ChatML (Qwen2's, Qwen2.5-Math's),
+// Mistral's [SYSTEM_PROMPT] (v7) templates, and [INST] templates that are none of the
+// three above (e.g. the pre-2024 Mistral templates that take no system message).
 [[nodiscard]] absl::StatusOr<ChatFormat> DetectChatFormat(absl::string_view chat_template);
 
 // What `format`'s chat_template renders for `messages`, and the trained spans.
@@ -110,10 +145,10 @@ absl::string_view ChatFormatName(ChatFormat format);
 //   - an empty conversation;
 //   - a role other than system, user, assistant, or a system message that is not first;
 //   - no assistant message while add_generation_prompt is false (nothing to train on);
-//   - what the template itself rejects: llama2 roles that do not alternate user /
-//     assistant after the optional system message; gptoss assistant content holding
-//     "<|channel|>analysis<|message|>" or "<|channel|>final<|message|>";
-//   - llama2 with an empty eos_token.
+//   - what the template itself rejects: llama2 and mistral roles that do not alternate
+//     user / assistant after the optional system message; gptoss assistant content
+//     holding "<|channel|>analysis<|message|>" or "<|channel|>final<|message|>";
+//   - llama2 or a mistral format with an empty eos_token.
 [[nodiscard]] absl::StatusOr<ChatRendering> RenderChat(ChatFormat format,
                                                        absl::Span<const ChatMessage> messages,
                                                        const ChatOptions& options);

