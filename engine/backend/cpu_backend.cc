@@ -18,6 +18,7 @@
 #include "engine/kernels/reference/cross_entropy.h"
 #include "engine/kernels/reference/embedding.h"
 #include "engine/kernels/reference/linear.h"
+#include "engine/kernels/reference/moe.h"
 #include "engine/kernels/reference/qkv_prepare.h"
 #include "engine/kernels/reference/rmsnorm.h"
 #include "engine/kernels/reference/swiglu.h"
@@ -194,6 +195,57 @@ class CpuBackend final : public Backend {
   void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets,
                     int64_t N, int64_t V, double scale, StreamId s) override {
     On(s, [=] { ref::CrossEntropy<T>(P(dlogits), P(loss), P(logits), targets, N, V, scale); });
+  }
+
+  void MoeRoute(void* probs, int32_t* idx, void* w, const void* logits, int64_t n, int64_t E,
+                int64_t k, bool renorm, StreamId s) override {
+    On(s, [=] { ref::MoeRoute<T, T>(P(probs), idx, P(w), P(logits), n, E, k, renorm); });
+  }
+  void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, int32_t* /*scratch*/,
+               const int32_t* idx, int64_t n, int64_t E, int64_t k, StreamId s) override {
+    On(s, [=] { ref::MoeSort(offsets, slot_of, row_token, idx, n, E, k); });
+  }
+  void MoeGather(void* xe, const void* h, const int32_t* row_token, int64_t R, int64_t C,
+                 StreamId s) override {
+    On(s, [=] { ref::MoeGather<T>(P(xe), P(h), row_token, R, C); });
+  }
+  void MoeGatherBackward(void* dh, const void* dxe, const int32_t* slot_of, int64_t n, int64_t k,
+                         int64_t C, StreamId s) override {
+    On(s, [=] { ref::MoeGatherBackward<T>(P(dh), P(dxe), slot_of, n, k, C); });
+  }
+  void GroupedLinear(void* out, const void* in, const void* W, const int32_t* offsets, int64_t E,
+                     int64_t IC, int64_t OC, StreamId s) override {
+    On(s, [=] { ref::GroupedLinear<T>(P(out), P(in), P(W), offsets, E, IC, OC); });
+  }
+  void GroupedLinearBackward(void* din, void* dW, const void* dout, const void* in,
+                             const void* W, const int32_t* offsets, int64_t E, int64_t IC,
+                             int64_t OC, StreamId s) override {
+    On(s, [=] {
+      ref::GroupedLinearBackward<T>(P(din), P(dW), P(dout), P(in), P(W), offsets, E, IC, OC);
+    });
+  }
+  void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w, int64_t n,
+                  int64_t k, int64_t C, StreamId s) override {
+    On(s, [=] { ref::MoeCombine<T, T>(P(out), P(ye), slot_of, P(w), n, k, C); });
+  }
+  void MoeCombineBackward(void* dye, void* dw, const void* dout, const void* ye,
+                          const int32_t* slot_of, const void* w, int64_t n, int64_t k, int64_t C,
+                          StreamId s) override {
+    On(s, [=] {
+      ref::MoeCombineBackward<T, T>(P(dye), P(dw), P(dout), P(ye), slot_of, P(w), n, k, C);
+    });
+  }
+  void MoeRouteBackward(void* dlogits, const void* probs, const int32_t* idx, const void* w,
+                        const void* dw, const int32_t* counts, double aux_scale, int64_t n,
+                        int64_t E, int64_t k, bool renorm, StreamId s) override {
+    On(s, [=] {
+      ref::MoeRouteBackward<T, T>(P(dlogits), P(probs), idx, P(w), P(dw), counts, aux_scale, n,
+                                  E, k, renorm);
+    });
+  }
+  void MoeRouterStats(int32_t* counts, void* prob_sum, const void* probs, const int32_t* idx,
+                      int64_t n, int64_t E, int64_t k, StreamId s) override {
+    On(s, [=] { ref::MoeRouterStats<T>(counts, P(prob_sum), P(probs), idx, n, E, k); });
   }
 
  private:

@@ -136,6 +136,45 @@ class Backend {
   virtual void CrossEntropy(void* dlogits, void* loss, const void* logits,
                             const int32_t* targets, int64_t N, int64_t V, double scale,
                             StreamId s) = 0;
+
+  // ---- mixture of experts (kernels/reference/moe.h; R = n*k rows) ----
+  // probs stat (n,E), idx (n,k), w stat (n,k) from logits act (n,E)
+  virtual void MoeRoute(void* probs, int32_t* idx, void* w, const void* logits, int64_t n,
+                        int64_t E, int64_t k, bool renorm, StreamId s) = 0;
+  // offsets (E+1), slot_of (R), row_token (R) from idx (n,k); scratch int32
+  // (MoeSortScratchInts(R, E)), in use until the stream passes the call
+  virtual void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, int32_t* scratch,
+                       const int32_t* idx, int64_t n, int64_t E, int64_t k, StreamId s) = 0;
+  // xe act (R,C) = h act (n,C) [row_token]
+  virtual void MoeGather(void* xe, const void* h, const int32_t* row_token, int64_t R,
+                         int64_t C, StreamId s) = 0;
+  // dh act (n,C) written = sum_j dxe act (R,C) [slot_of (t,j)]
+  virtual void MoeGatherBackward(void* dh, const void* dxe, const int32_t* slot_of, int64_t n,
+                                 int64_t k, int64_t C, StreamId s) = 0;
+  // out act (R,OC) = in act (R,IC) . W_e^T per expert's rows, W weight (E,OC,IC); offsets
+  // (E+1) on the device
+  virtual void GroupedLinear(void* out, const void* in, const void* W, const int32_t* offsets,
+                             int64_t E, int64_t IC, int64_t OC, StreamId s) = 0;
+  // din act (R,IC) written; dW grad (E,OC,IC) +=
+  virtual void GroupedLinearBackward(void* din, void* dW, const void* dout, const void* in,
+                                     const void* W, const int32_t* offsets, int64_t E,
+                                     int64_t IC, int64_t OC, StreamId s) = 0;
+  // out act (n,C) += sum_j w stat (n,k) * ye act (R,C) [slot_of]
+  virtual void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w,
+                          int64_t n, int64_t k, int64_t C, StreamId s) = 0;
+  // dye act (R,C) written; dw stat (n,k) written
+  virtual void MoeCombineBackward(void* dye, void* dw, const void* dout, const void* ye,
+                                  const int32_t* slot_of, const void* w, int64_t n, int64_t k,
+                                  int64_t C, StreamId s) = 0;
+  // dlogits act (n,E) written; counts (E) | null: the load-balancing term aux_scale*counts
+  virtual void MoeRouteBackward(void* dlogits, const void* probs, const int32_t* idx,
+                                const void* w, const void* dw, const int32_t* counts,
+                                double aux_scale, int64_t n, int64_t E, int64_t k, bool renorm,
+                                StreamId s) = 0;
+  // counts (E) +=, prob_sum stat (E) += (deterministic)
+  virtual void MoeRouterStats(int32_t* counts, void* prob_sum, const void* probs,
+                              const int32_t* idx, int64_t n, int64_t E, int64_t k,
+                              StreamId s) = 0;
 };
 
 // Owns one backend event.

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "engine/common/backend.h"
+#include "engine/layers/attention_block.h"
 #include "engine/layers/batch.h"
 #include "engine/layers/layer_kind.h"
 #include "engine/model/config.h"
@@ -30,44 +31,23 @@ namespace megatrain {
 
 // Pointers into one slot (weights) or one gradient buffer, by role.
 struct DecoderTensors {
-  void* input_norm = nullptr;  // (C)
-  void* qkv = nullptr;         // ((H+2KV)*D, C)
-  void* qkv_bias = nullptr;    // ((H+2KV)*D) or null
-  void* q_norm = nullptr;      // (D) or null
-  void* k_norm = nullptr;      // (D) or null
-  void* o_proj = nullptr;      // (C, H*D)
+  AttentionTensors attn;
   void* post_norm = nullptr;   // (C)
   void* gate_up = nullptr;     // (2I, C)
   void* down = nullptr;        // (C, I)
 };
 
 // Forward's intermediates, for one micro-batch of n tokens. Those Backward needs are kept
-// per layer when the layer is kept (the "saved" fields: rstd1, q, k, v, rstd_q, rstd_k, o,
-// lse, x2, rstd2, gu, and qkv with QK-norm); h, h2 and a live in the shared scratch and are
-// rebuilt by Rebuild, at the cost of two norms and a SwiGLU.
+// per layer when the layer is kept (the attention half's saved fields, rstd2 and gu); h,
+// h2 and a live in the shared scratch and are rebuilt by Rebuild, at the cost of two norms
+// and a SwiGLU.
 struct DecoderSaved {
-  void* h;       // act (n, C)
-  void* rstd1;   // stat (n)
-  void* qkv;     // act (n, QKV)
-  void* q;       // act (n, H*D)
-  void* k;       // act (n, KV*D)
-  void* v;       // act (n, KV*D)
-  void* rstd_q;  // stat (n*H)
-  void* rstd_k;  // stat (n*KV)
-  void* o;       // act (n, H*D)
-  void* lse;     // stat (n*H)
-  void* x2;      // act (n, C)
+  AttentionActs attn;
   void* h2;      // act (n, C)
   void* rstd2;   // stat (n)
   void* gu;      // act (n, 2I)
   void* a;       // act (n, I)
   // backward scratch
-  void* dh;      // act (n, C)
-  void* dqkv;    // act (n, QKV)
-  void* dq;      // act (n, H*D)
-  void* dk;      // act (n, KV*D)
-  void* dv;      // act (n, KV*D)
-  void* dout;    // act (n, H*D)
   void* dgu;     // act (n, 2I)
   void* da;      // act (n, I)
 };
@@ -125,7 +105,7 @@ class DecoderLayer final : public LayerKind {
   ModelConfig config_;
   UnitLayout unit_;  // offsets are the same for every decoder layer
   Backend* backend_;
-  int64_t qkv_dim_;  // (H + 2*KV) * D
+  AttentionBlock attention_;
 };
 
 }  // namespace megatrain

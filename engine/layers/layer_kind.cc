@@ -4,6 +4,7 @@
 
 #include "engine/kernels/reference/rope.h"
 #include "engine/layers/decoder.h"
+#include "engine/layers/moe_layer.h"
 
 namespace megatrain {
 
@@ -33,7 +34,11 @@ LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, 
     if (group < 0) {
       group = static_cast<int>(out.kinds.size());
       representatives.push_back(&unit);
-      out.kinds.push_back(std::make_unique<DecoderLayer>(config, unit, backend));
+      if (unit.Find(TensorRole::kRouter) != nullptr) {
+        out.kinds.push_back(std::make_unique<MoeLayer>(config, unit, backend));
+      } else {
+        out.kinds.push_back(std::make_unique<DecoderLayer>(config, unit, backend));
+      }
     }
     out.of_layer.push_back(group);
   }

@@ -22,6 +22,15 @@
 
 namespace megatrain {
 
+// A step's router statistics, shared by its MoE layers (device buffers, zeroed by the
+// pipeline at the step's start): the load-balancing loss over every MoE layer and token.
+struct RouterStats {
+  int32_t* counts = nullptr;  // (E) choices of each expert, over layers and micro-batches
+  void* prob_sum = nullptr;   // stat (E) the router probabilities' sums, likewise
+  // dAux/dp_e = aux_scale * counts[e] in backward (0: no load-balancing gradient).
+  double aux_scale = 0;
+};
+
 // One layer, one micro-batch: where its weights, gradients and intermediates are.
 struct LayerCall {
   const void* weights = nullptr;  // its weight slot (weight dtype)
@@ -33,13 +42,21 @@ struct LayerCall {
   const DeviceBatch* batch = nullptr;
   const float* rope_inv_freq = nullptr;  // f32 (D/2) device buffer (RopeInvFreqs)
   StreamId stream = StreamId::kCompute;
+  // MoE kinds: the step's router statistics; Forward adds to them when record_router_stats
+  // (the step's first forward of the layer, not its recomputations).
+  const RouterStats* router_stats = nullptr;
+  bool record_router_stats = false;
 };
 
-// One matmul of a layer's forward: (n, in) . W^T (out, in), for the planner.
+// One matmul of a layer's forward: (n, in) . W^T (out, in), for the planner. A grouped
+// matmul (the experts') is `groups` GEMMs over n * rows_per_token rows in all.
 struct MatmulShape {
   int64_t in = 0;
   int64_t out = 0;
+  int64_t rows_per_token = 1;
+  int64_t groups = 1;
 };
+
 
 // A layer's forward over n tokens, as work the planner times with the machine's rates.
 struct LayerWork {

@@ -6,6 +6,7 @@
 // transformers' config classes, so a field left out means what it means to transformers.
 #include "engine/model/config.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -23,8 +24,9 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr Architecture kAllArchitectures[] = {Architecture::kLlama, Architecture::kMistral,
-                                              Architecture::kQwen2, Architecture::kQwen3};
+constexpr Architecture kAllArchitectures[] = {Architecture::kLlama,    Architecture::kMistral,
+                                              Architecture::kQwen2,    Architecture::kQwen3,
+                                              Architecture::kQwen3Moe, Architecture::kMixtral};
 
 // A short rendering of a JSON value for error messages.
 std::string Describe(const Json& v) {
@@ -167,7 +169,8 @@ absl::StatusOr<Architecture> ParseArchitecture(const FieldReader& f, absl::strin
       source, ": field '", name.empty() ? "model_type" : "architectures", "' names '",
       name.empty() ? model_type : name,
       "', which megatrain does not implement; supported: LlamaForCausalLM (llama), "
-      "MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3)"));
+      "MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3), "
+      "Qwen3MoeForCausalLM (qwen3_moe), MixtralForCausalLM (mixtral)"));
 }
 
 // rope_scaling (transformers 4.x) or rope_parameters (transformers 5.x). As in
@@ -221,6 +224,10 @@ absl::StatusOr<int64_t> ParseSlidingWindow(const FieldReader& f, const ModelConf
     return f.OptionalPositiveInt("sliding_window", 4096);
   };
   if (c.architecture == Architecture::kMistral) return window();
+  if (c.architecture == Architecture::kMixtral) {  // MixtralConfig's default is no window
+    if (f.Get("sliding_window") == nullptr) return int64_t{0};
+    return window();
+  }
   ASSIGN_OR_RETURN(bool use, f.OptionalBool("use_sliding_window", false));
   if (!use) return int64_t{0};
   const int64_t default_max_window_layers = 28;  // transformers' Qwen2Config / Qwen3Config
@@ -244,8 +251,10 @@ absl::Status ParseBiasesAndActivation(const FieldReader& f, ModelConfig& c) {
       c.qkv_bias = true;
       break;
     case Architecture::kQwen3:
+    case Architecture::kQwen3Moe:
     case Architecture::kLlama:
     case Architecture::kMistral:
+    case Architecture::kMixtral:
       if (attention_bias) {
         return f.Error("attention_bias",
                        "is true; that adds a bias to o_proj as well as q/k/v, which megatrain "
@@ -254,18 +263,81 @@ absl::Status ParseBiasesAndActivation(const FieldReader& f, ModelConfig& c) {
       c.qkv_bias = false;
       break;
   }
-  c.qk_norm = c.architecture == Architecture::kQwen3;
+  c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
   return absl::OkStatus();
 }
 
 int64_t DefaultMaxPositions(Architecture a) {
   switch (a) {
     case Architecture::kLlama: return 2048;
-    case Architecture::kMistral: return 4096 * 32;
+    case Architecture::kMistral:
+    case Architecture::kMixtral: return 4096 * 32;
     case Architecture::kQwen2:
-    case Architecture::kQwen3: return 32768;
+    case Architecture::kQwen3:
+    case Architecture::kQwen3Moe: return 32768;
   }
   return 2048;
+}
+
+// The experts: Qwen3-MoE (num_experts or num_local_experts, moe_intermediate_size,
+// norm_topk_prob, decoder_sparse_step, mlp_only_layers) and Mixtral (num_local_experts,
+// every layer, always renormalised, intermediate_size per expert). Defaults are
+// transformers' Qwen3MoeConfig / MixtralConfig.
+absl::Status ParseExperts(const FieldReader& f, ModelConfig& c) {
+  MoeConfig& m = c.moe;
+  const bool qwen = c.architecture == Architecture::kQwen3Moe;
+  const char* experts_key = f.Get("num_experts") != nullptr ? "num_experts" : "num_local_experts";
+  ASSIGN_OR_RETURN(m.num_experts, f.OptionalPositiveInt(experts_key, qwen ? 128 : 8));
+  ASSIGN_OR_RETURN(m.experts_per_token, f.OptionalPositiveInt("num_experts_per_tok", qwen ? 8 : 2));
+  if (qwen) {
+    ASSIGN_OR_RETURN(m.intermediate_size, f.OptionalPositiveInt("moe_intermediate_size", 768));
+    ASSIGN_OR_RETURN(m.norm_topk_prob, f.OptionalBool("norm_topk_prob", false));
+    ASSIGN_OR_RETURN(m.decoder_sparse_step, f.OptionalPositiveInt("decoder_sparse_step", 1));
+    if (const Json* dense = f.Get("mlp_only_layers")) {
+      if (!dense->is_array()) {
+        return f.Error("mlp_only_layers",
+                       absl::StrCat("must be a list of layer indices, got ", Describe(*dense)));
+      }
+      for (const Json& l : *dense) {
+        if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c.num_layers) {
+          return f.Error("mlp_only_layers",
+                         absl::StrCat("holds ", Describe(l), "; each must be a layer index in [0, ",
+                                      c.num_layers, ")"));
+        }
+        m.mlp_only_layers.push_back(l.get<int64_t>());
+      }
+    }
+  } else {
+    m.intermediate_size = c.intermediate_size;
+    m.norm_topk_prob = true;
+    ASSIGN_OR_RETURN(double jitter,
+                     f.OptionalNumber("router_jitter_noise", 0.0, /*allow_zero=*/true));
+    if (jitter != 0) {
+      return f.Error("router_jitter_noise",
+                     absl::StrFormat("is %g; megatrain trains without router jitter (set 0)",
+                                     jitter));
+    }
+  }
+  if (m.num_experts > 256) {
+    return f.Error(experts_key, absl::StrFormat("(%d) is larger than megatrain supports (256)",
+                                                m.num_experts));
+  }
+  if (m.experts_per_token > m.num_experts || m.experts_per_token > 8) {
+    return f.Error("num_experts_per_tok",
+                   absl::StrFormat("(%d) must be at most %s (%d)", m.experts_per_token,
+                                   m.experts_per_token > m.num_experts ? experts_key : "8",
+                                   std::min<int64_t>(m.num_experts, 8)));
+  }
+  if (m.intermediate_size > (1 << 22)) {
+    return f.Error("moe_intermediate_size", "is larger than megatrain supports (4194304)");
+  }
+  ASSIGN_OR_RETURN(m.router_aux_loss_coef,
+                   f.OptionalNumber("router_aux_loss_coef", 0.001, /*allow_zero=*/true));
+  ASSIGN_OR_RETURN(m.output_router_logits, f.OptionalBool("output_router_logits", false));
+  if (c.NumMoeLayers() == 0) {
+    return f.Error("mlp_only_layers", "leaves no layer with experts; use Qwen3ForCausalLM");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ModelConfig> ParseObject(const Json& root, absl::string_view source) {
@@ -332,6 +404,9 @@ absl::StatusOr<ModelConfig> ParseObject(const Json& root, absl::string_view sour
   ASSIGN_OR_RETURN(c.sliding_window, ParseSlidingWindow(f, c, root));
   ASSIGN_OR_RETURN(c.bos_token_id, f.TokenId("bos_token_id"));
   ASSIGN_OR_RETURN(c.eos_token_id, f.TokenId("eos_token_id"));
+  if (c.architecture == Architecture::kQwen3Moe || c.architecture == Architecture::kMixtral) {
+    RETURN_IF_ERROR(ParseExperts(f, c));
+  }
   return c;
 }
 
@@ -360,6 +435,8 @@ const char* ArchitectureClassName(Architecture a) {
     case Architecture::kMistral: return "MistralForCausalLM";
     case Architecture::kQwen2: return "Qwen2ForCausalLM";
     case Architecture::kQwen3: return "Qwen3ForCausalLM";
+    case Architecture::kQwen3Moe: return "Qwen3MoeForCausalLM";
+    case Architecture::kMixtral: return "MixtralForCausalLM";
   }
   return "?";
 }
@@ -370,25 +447,55 @@ const char* ArchitectureModelType(Architecture a) {
     case Architecture::kMistral: return "mistral";
     case Architecture::kQwen2: return "qwen2";
     case Architecture::kQwen3: return "qwen3";
+    case Architecture::kQwen3Moe: return "qwen3_moe";
+    case Architecture::kMixtral: return "mixtral";
   }
   return "?";
 }
 
-int64_t NumParameters(const ModelConfig& c) {
+bool ModelConfig::IsMoeLayer(int64_t layer) const {
+  if (!is_moe() || (layer + 1) % moe.decoder_sparse_step != 0) return false;
+  for (int64_t dense : moe.mlp_only_layers) {
+    if (dense == layer) return false;
+  }
+  return true;
+}
+
+int64_t ModelConfig::NumMoeLayers() const {
+  int64_t count = 0;
+  for (int64_t l = 0; l < num_layers; ++l) count += IsMoeLayer(l) ? 1 : 0;
+  return count;
+}
+
+namespace {
+
+// Parameters of one decoder layer; `active`: an MoE layer's router and k experts only.
+int64_t LayerParameters(const ModelConfig& c, int64_t layer, bool active) {
   const int64_t C = c.hidden_size, H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
-  int64_t per_layer = 2 * C;                       // input + post-attention RMSNorm
-  per_layer += C * H * D + 2 * C * KV * D;         // q, k, v
-  per_layer += H * D * C;                          // o
-  if (c.qkv_bias) per_layer += H * D + 2 * KV * D;
-  if (c.qk_norm) per_layer += 2 * D;               // q_norm, k_norm
-  per_layer += 3 * C * c.intermediate_size;        // gate, up, down
-  int64_t total = c.vocab_size * C + c.num_layers * per_layer + C;
-  if (!c.tie_word_embeddings) total += c.vocab_size * C;
+  int64_t n = 2 * C;                               // input + post-attention RMSNorm
+  n += C * H * D + 2 * C * KV * D;                 // q, k, v
+  n += H * D * C;                                  // o
+  if (c.qkv_bias) n += H * D + 2 * KV * D;
+  if (c.qk_norm) n += 2 * D;                       // q_norm, k_norm
+  if (!c.IsMoeLayer(layer)) return n + 3 * C * c.intermediate_size;  // gate, up, down
+  const int64_t experts = active ? c.moe.experts_per_token : c.moe.num_experts;
+  return n + c.moe.num_experts * C + experts * 3 * C * c.moe.intermediate_size;
+}
+
+int64_t ModelParameters(const ModelConfig& c, bool active) {
+  int64_t total = c.vocab_size * c.hidden_size + c.hidden_size;
+  for (int64_t l = 0; l < c.num_layers; ++l) total += LayerParameters(c, l, active);
+  if (!c.tie_word_embeddings) total += c.vocab_size * c.hidden_size;
   return total;
 }
 
+}  // namespace
+
+int64_t NumParameters(const ModelConfig& c) { return ModelParameters(c, /*active=*/false); }
+
 int64_t MatmulParameters(const ModelConfig& c) {
-  return NumParameters(c) - (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size);
+  return ModelParameters(c, /*active=*/true) -
+         (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size);
 }
 
 }  // namespace megatrain

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -19,6 +20,20 @@ enum class Architecture {
   kMistral,  // MistralForCausalLM
   kQwen2,    // Qwen2ForCausalLM: Qwen2 / 2.5, QKV bias
   kQwen3,    // Qwen3ForCausalLM: QK-norm, explicit head_dim
+  kQwen3Moe, // Qwen3MoeForCausalLM: Qwen3 attention, softmax top-k experts
+  kMixtral,  // MixtralForCausalLM: Mistral attention, top-k renormalised experts
+};
+
+// The experts of a mixture-of-experts model (num_experts == 0: a dense model).
+struct MoeConfig {
+  int64_t num_experts = 0;          // E: num_experts / num_local_experts
+  int64_t experts_per_token = 0;    // k: num_experts_per_tok
+  int64_t intermediate_size = 0;    // each expert's I (Qwen3-MoE moe_intermediate_size)
+  bool norm_topk_prob = true;       // renormalise the k weights to sum 1 (Mixtral always)
+  double router_aux_loss_coef = 0;  // the load-balancing loss's weight in the loss
+  bool output_router_logits = false;  // transformers adds the aux loss only when true
+  int64_t decoder_sparse_step = 1;  // Qwen3-MoE: layer l is MoE when (l+1) % step == 0
+  std::vector<int64_t> mlp_only_layers;  // Qwen3-MoE: dense layers among MoE ones
 };
 
 struct RopeScaling {
@@ -50,6 +65,12 @@ struct ModelConfig {
   double initializer_range = 0.02;
   int64_t bos_token_id = -1;       // -1 = absent
   int64_t eos_token_id = -1;
+  MoeConfig moe;
+
+  bool is_moe() const { return moe.num_experts > 0; }
+  // Whether decoder layer `layer` has experts (else a dense MLP of intermediate_size).
+  bool IsMoeLayer(int64_t layer) const;
+  int64_t NumMoeLayers() const;
 };
 
 // Parses config.json text. `source` names the file in error messages.
@@ -69,8 +90,9 @@ const char* ArchitectureModelType(Architecture a);
 
 // Parameter count of the whole model (embeddings counted once when tied).
 int64_t NumParameters(const ModelConfig& config);
-// Parameters that take part in matmuls: all but an untied embedding table (the lm_head
-// of a tied model is the embedding). The N of "6 N T" model FLOPs.
+// Parameters one token's forward multiplies by: all but an untied embedding table (the
+// lm_head of a tied model is the embedding) and, in an MoE layer, the router and the k
+// experts a token is routed to (active parameters). The N of "6 N T" model FLOPs.
 int64_t MatmulParameters(const ModelConfig& config);
 
 }  // namespace megatrain

@@ -58,15 +58,33 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   const Json window = c.sliding_window > 0 ? Json(c.sliding_window) : Json(nullptr);
   switch (c.architecture) {
     case Architecture::kLlama: break;
-    case Architecture::kMistral: j["sliding_window"] = window; break;
+    case Architecture::kMistral:
+    case Architecture::kMixtral: j["sliding_window"] = window; break;
     case Architecture::kQwen2:
     case Architecture::kQwen3:
+    case Architecture::kQwen3Moe:
       // Every layer slides when a window is set (layers >= max_window_layers do); for
       // the sequences the engine accepts (<= window) that equals full attention anyway.
       j["use_sliding_window"] = c.sliding_window > 0;
       j["sliding_window"] = window;
       j["max_window_layers"] = c.sliding_window > 0 ? 0 : c.num_layers;
       break;
+  }
+  if (c.is_moe()) {
+    const MoeConfig& m = c.moe;
+    j["num_experts_per_tok"] = m.experts_per_token;
+    j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+    j["output_router_logits"] = m.output_router_logits;
+    if (c.architecture == Architecture::kQwen3Moe) {
+      j["num_experts"] = m.num_experts;
+      j["moe_intermediate_size"] = m.intermediate_size;
+      j["norm_topk_prob"] = m.norm_topk_prob;
+      j["decoder_sparse_step"] = m.decoder_sparse_step;
+      j["mlp_only_layers"] = m.mlp_only_layers;
+    } else {
+      j["num_local_experts"] = m.num_experts;
+      j["router_jitter_noise"] = 0.0;
+    }
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;

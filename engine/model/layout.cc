@@ -19,7 +19,8 @@ class UnitBuilder {
   }
   // Starts a group of adjacent tensors on an aligned offset.
   void Align() { cursor_ = (cursor_ + kGroupAlign - 1) / kGroupAlign * kGroupAlign; }
-  void Add(TensorRole role, std::string name, std::vector<int64_t> shape, bool decay) {
+  void Add(TensorRole role, std::string name, std::vector<int64_t> shape, bool decay,
+           int64_t expert = -1) {
     TensorSlot t;
     t.role = role;
     t.name = std::move(name);
@@ -28,6 +29,7 @@ class UnitBuilder {
     for (int64_t d : t.shape) t.num_elements *= d;
     t.offset = cursor_;
     t.weight_decay = decay;
+    t.expert = expert;
     cursor_ += t.num_elements;
     unit_.tensors.push_back(std::move(t));
   }
@@ -41,6 +43,31 @@ class UnitBuilder {
   UnitLayout unit_;
   int64_t cursor_ = 0;
 };
+
+// An MoE layer's router and experts, under Hugging Face's names: Qwen3-MoE's
+// mlp.gate / mlp.experts.N.{gate,up,down}_proj, Mixtral's block_sparse_moe.gate /
+// block_sparse_moe.experts.N.{w1,w3,w2} (the names transformers saves and loads).
+void AddExperts(const ModelConfig& c, const std::string& p, UnitBuilder& u) {
+  const int64_t C = c.hidden_size, E = c.moe.num_experts, I = c.moe.intermediate_size;
+  const bool mixtral = c.architecture == Architecture::kMixtral;
+  const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  const char* gate = mixtral ? "w1" : "gate_proj";
+  const char* up = mixtral ? "w3" : "up_proj";
+  const char* down = mixtral ? "w2" : "down_proj";
+  u.Align();
+  u.Add(TensorRole::kRouter, moe + "gate.weight", {E, C}, true);
+  u.Align();
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string expert = absl::StrCat(moe, "experts.", e, ".");
+    u.Add(TensorRole::kExpertGate, absl::StrCat(expert, gate, ".weight"), {I, C}, true, e);
+    u.Add(TensorRole::kExpertUp, absl::StrCat(expert, up, ".weight"), {I, C}, true, e);
+  }
+  u.Align();
+  for (int64_t e = 0; e < E; ++e) {
+    u.Add(TensorRole::kExpertDown, absl::StrCat(moe, "experts.", e, ".", down, ".weight"),
+          {C, I}, true, e);
+  }
+}
 
 }  // namespace
 
@@ -130,11 +157,15 @@ ModelLayout BuildLayout(const ModelConfig& c) {
     u.Add(TensorRole::kOProj, p + "self_attn.o_proj.weight", {C, H * D}, true);
     u.Align();
     u.Add(TensorRole::kPostNorm, p + "post_attention_layernorm.weight", {C}, false);
-    u.Align();
-    u.Add(TensorRole::kGate, p + "mlp.gate_proj.weight", {I, C}, true);
-    u.Add(TensorRole::kUp, p + "mlp.up_proj.weight", {I, C}, true);
-    u.Align();
-    u.Add(TensorRole::kDown, p + "mlp.down_proj.weight", {C, I}, true);
+    if (c.IsMoeLayer(l)) {
+      AddExperts(c, p, u);
+    } else {
+      u.Align();
+      u.Add(TensorRole::kGate, p + "mlp.gate_proj.weight", {I, C}, true);
+      u.Add(TensorRole::kUp, p + "mlp.up_proj.weight", {I, C}, true);
+      u.Align();
+      u.Add(TensorRole::kDown, p + "mlp.down_proj.weight", {C, I}, true);
+    }
     layout.units.push_back(u.Finish());
   }
 

@@ -4,8 +4,11 @@
 // Unit 0 is the embedding, units 1..L the decoder layers, unit L+1 the head (final norm,
 // and lm_head when untied; a tied lm_head reads the embedding unit). Within a unit,
 // tensors are packed at element offsets; q/k/v are adjacent (one fused QKV matrix of
-// ((H+2*KV)*D, C)), and so are gate/up ((2*I, C)), so each is one GEMM. Groups start on
-// 64-element boundaries. The same layout serves weights (bf16, f32, f64) and gradients.
+// ((H+2*KV)*D, C)), and so are gate/up ((2*I, C)), so each is one GEMM. An MoE layer has
+// a router (E, C) where the MLP was, then every expert's [gate; up] back to back (one
+// (E, 2I, C) tensor) and every expert's down (one (E, C, I)), so each is one grouped GEMM.
+// Groups start on 64-element boundaries. The same layout serves weights (bf16, f32, f64)
+// and gradients.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,9 @@ enum class TensorRole {
   kDown,        // (C, I)
   kFinalNorm,   // (C)
   kLmHead,      // (V, C)
+  kRouter,      // (E, C): an MoE layer's gate
+  kExpertGate, kExpertUp,  // (I, C) each, per expert: [gate_e; up_e] back to back, e in order
+  kExpertDown,  // (C, I) per expert, e in order
 };
 
 struct TensorSlot {
@@ -38,6 +44,7 @@ struct TensorSlot {
   int64_t offset = 0;           // elements from the unit's start
   int64_t num_elements = 0;
   bool weight_decay = false;    // matrices decay; norms and biases do not (HF Trainer rule)
+  int64_t expert = -1;          // an expert's tensor: its index
 };
 
 enum class UnitKind { kEmbedding, kDecoder, kHead };
@@ -49,7 +56,7 @@ struct UnitLayout {
   std::vector<TensorSlot> tensors;
   int64_t num_elements = 0;     // including alignment padding
 
-  // The slot with `role`, or nullptr.
+  // The slot with `role` (an expert's: expert 0's), or nullptr.
   const TensorSlot* Find(TensorRole role) const;
   int64_t OffsetOf(TensorRole role) const;  // -1 when absent
   // The offset of the fused tensor made of `roles`, stored back to back in this order

@@ -156,6 +156,19 @@ absl::Status Pipeline::Allocate(bool count_only) {
   host_losses_.resize(M * n * DTypeSize(be->stat_dtype()));
   const int64_t half = config_.head_dim / 2;
   RETURN_IF_ERROR(alloc.Allocate(&inv_freq_, half * sizeof(float), "RoPE frequencies"));
+  const int64_t E = config_.moe.num_experts;
+  const int64_t counts_bytes = (E * 4 + 63) / 64 * 64;  // prob_sum starts aligned
+  const int64_t stats_bytes = counts_bytes + E * DTypeSize(be->stat_dtype());
+  if (E > 0) {
+    RETURN_IF_ERROR(alloc.Allocate(&router_stats_buf_, stats_bytes, "router statistics"));
+    host_router_stats_.resize(stats_bytes);
+    router_stats_.counts = static_cast<int32_t*>(router_stats_buf_.get());
+    router_stats_.prob_sum =
+        router_stats_.counts == nullptr ? nullptr : static_cast<char*>(router_stats_buf_.get()) + counts_bytes;
+    aux_coef_ = options_.router_aux_loss_coef >= 0 ? options_.router_aux_loss_coef
+                : config_.moe.output_router_logits ? config_.moe.router_aux_loss_coef
+                                                   : 0.0;
+  }
   device_bytes_ = alloc.bytes();
   if (count_only) return absl::OkStatus();
 
@@ -215,6 +228,7 @@ LayerCall Pipeline::CallFor(int64_t layer, int64_t m, void* slot, bool kept, voi
   call.batch = &batches_[m];
   call.rope_inv_freq = static_cast<const float*>(inv_freq_.get());
   call.stream = StreamId::kCompute;
+  if (config_.is_moe()) call.router_stats = &router_stats_;
   return call;
 }
 
@@ -228,6 +242,16 @@ absl::StatusOr<StepResult> Pipeline::Step(const std::vector<MicroBatch>& batches
   const int64_t denominator = step_targets > 0 ? step_targets : num_targets;
   const double scale = denominator > 0 ? 1.0 / denominator : 0.0;
   BeginStep(sink);
+  if (config_.is_moe()) {
+    // aux = E * sum_e (counts_e / T) (prob_sum_e / T) over T = MoE layers x tokens rows:
+    // dAux/dp = E counts_e / T^2. With data parallelism the replicas' gradients add: each
+    // weighs its own share's by its share of the step's targets.
+    const double T = static_cast<double>(config_.NumMoeLayers()) * options_.micro_batches *
+                     options_.tokens_per_micro_batch;
+    const double share = step_targets > 0 && num_targets > 0
+                             ? static_cast<double>(num_targets) / step_targets : 1.0;
+    router_stats_.aux_scale = aux_coef_ * config_.moe.num_experts / (T * T) * share;
+  }
   UploadInputs(batches, sink);
   ForwardSweep();
   Head(scale, sink);
@@ -301,6 +325,9 @@ void Pipeline::ForwardSweep() {
   be.StreamWait(StreamId::kCompute, embed_loaded_.get());
   be.Zero(embed_grad_.get(), embed_grad_.bytes(), StreamId::kCompute);
   be.Zero(head_grad_.get(), head_grad_.bytes(), StreamId::kCompute);
+  if (config_.is_moe()) {
+    be.Zero(router_stats_buf_.get(), router_stats_buf_.bytes(), StreamId::kCompute);
+  }
   const UnitLayout& embedding = layout_->units[ModelLayout::EmbeddingUnit()];
   const void* embed_table = Offset(embed_slot_.get(), embedding.OffsetOf(TensorRole::kEmbedding),
                                    be.weight_dtype());
@@ -319,8 +346,9 @@ void Pipeline::ForwardSweep() {
     const LayerKind& kind = kinds_.ForLayer(l);
     const int span = spans_.Begin(StreamId::kCompute, "fwd " + std::to_string(l));
     for (int64_t m = 0; m < M; ++m) {
-      kind.Forward(CallFor(l, m, slot, /*kept=*/true), LayerInput(l, m),
-                   LayerInput(l + 1, m));
+      LayerCall call = CallFor(l, m, slot, /*kept=*/true);
+      call.record_router_stats = true;  // the step's one forward of this layer
+      kind.Forward(call, LayerInput(l, m), LayerInput(l + 1, m));
     }
     spans_.End(span);
     slots_.Release(l);
@@ -347,6 +375,11 @@ void Pipeline::Head(double scale, GradSink* sink) {
   be.StreamWait(StreamId::kD2H, losses_ready_.get());
   d2h_bytes_ += static_cast<int64_t>(host_losses_.size());
   be.CopyToHost(host_losses_.data(), losses_.get(), host_losses_.size(), StreamId::kD2H);
+  if (config_.is_moe()) {  // complete: every layer's forward came before the head
+    d2h_bytes_ += static_cast<int64_t>(host_router_stats_.size());
+    be.CopyToHost(host_router_stats_.data(), router_stats_buf_.get(), host_router_stats_.size(),
+                  StreamId::kD2H);
+  }
   // Complete here even when tied: the tied lm_head gradient lands in the embedding's.
   drain_.Drain(layout_->HeadUnit(), head_grad_.get(), losses_ready_.get(), nullptr, sink);
 }
@@ -440,6 +473,10 @@ StepResult Pipeline::FinishStep(GradSink* sink, int64_t num_targets,
   }
   result.num_targets = num_targets;
   result.loss = num_targets > 0 ? loss_sum / num_targets : 0.0;
+  if (config_.is_moe()) {
+    result.aux_loss = AuxLoss();
+    result.aux_loss_coef = aux_coef_;
+  }
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t checkpoint_h2d = host_checkpoints_ ? host_checkpoints_->h2d_bytes() : 0;
@@ -449,6 +486,20 @@ StepResult Pipeline::FinishStep(GradSink* sink, int64_t num_targets,
   result.early_uploads = slots_.early_uploads();
   result.timeline = spans_.Collect();
   return result;
+}
+
+double Pipeline::AuxLoss() const {
+  const int64_t E = config_.moe.num_experts;
+  const DType stat = backend_->stat_dtype();
+  const auto* counts = reinterpret_cast<const int32_t*>(host_router_stats_.data());
+  const char* prob_sum = host_router_stats_.data() + (E * 4 + 63) / 64 * 64;
+  const double T = static_cast<double>(config_.NumMoeLayers()) * options_.micro_batches *
+                   options_.tokens_per_micro_batch;
+  double sum = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    sum += (counts[e] / T) * (ReadStat(prob_sum + e * DTypeSize(stat), stat) / T);
+  }
+  return sum * E;
 }
 
 double UnionLength(std::vector<std::pair<double, double>> intervals) {

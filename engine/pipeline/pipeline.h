@@ -76,10 +76,17 @@ struct PipelineOptions {
   // pipeline drains (and hands the sink) only its rank's shard. Gradient buffers are
   // padded to size() shards. Null: the whole gradient drains.
   GradCollective* collective = nullptr;
+  // MoE models: the load-balancing loss's weight in the loss; < 0: what config.json says
+  // (router_aux_loss_coef when output_router_logits is true, else 0, as transformers).
+  double router_aux_loss_coef = -1;
 };
 
 struct StepResult {
-  double loss = 0;            // mean over the step's unmasked tokens
+  double loss = 0;            // the LM loss: mean over the step's unmasked tokens
+  // MoE models: the load-balancing loss over the step's MoE layers and tokens, unweighted
+  // (transformers' aux_loss), and its weight in the loss that was differentiated.
+  double aux_loss = 0;
+  double aux_loss_coef = 0;
   int64_t num_targets = 0;
   double grad_norm = 0;       // global L2 norm before clipping
   double seconds = 0;
@@ -156,6 +163,8 @@ class Pipeline {
   // What a layer's kind runs with for micro-batch m: its slot (Use()d), the workspace,
   // its kept intermediates if it is kept (and `kept` is true), the batch and RoPE table.
   LayerCall CallFor(int64_t layer, int64_t m, void* slot, bool kept, void* grads = nullptr) const;
+  // The load-balancing loss of the step's router statistics (on the host after the step).
+  double AuxLoss() const;
 
   ModelConfig config_;
   const ModelLayout* layout_;  // the store's (or the caller's, for DeviceBytesFor)
@@ -190,6 +199,12 @@ class Pipeline {
   std::vector<DeviceBatch> batches_;      // this step's, on the device
   DeviceBuffer losses_;                   // M x (n) stat
   DeviceBuffer inv_freq_;                 // (D/2) f32
+  // MoE: the step's router statistics (counts (E) int32, then prob_sum (E) stat), what the
+  // layers see of them, and their host copy.
+  DeviceBuffer router_stats_buf_;
+  RouterStats router_stats_;
+  std::vector<char> host_router_stats_;
+  double aux_coef_ = 0;
   Event inputs_loaded_, losses_ready_, step_start_, step_end_, uploads_done_;
   std::vector<char> host_losses_;
   int64_t h2d_bytes_ = 0, d2h_bytes_ = 0;  // this step's own (inputs, embedding, head, losses)

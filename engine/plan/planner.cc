@@ -35,9 +35,12 @@ LayerTimes LayerKernelSeconds(const LayerKind& kind, const MachineProfile& p, in
   const LayerWork work = kind.Work(n, seq, act);
   LayerTimes t;
   for (const MatmulShape& m : work.matmuls) {
-    const double flops = 2.0 * n * m.in * m.out;
-    t.forward += flops / (1e12 * std::max(1e-6, p.GemmTflops(n, m.in, m.out, false)));
-    t.backward += 2 * flops / (1e12 * std::max(1e-6, p.GemmTflops(n, m.in, m.out, true)));
+    const int64_t rows = n * m.rows_per_token;
+    const int64_t group_rows = std::max<int64_t>(1, rows / m.groups);  // one GEMM's
+    const double flops = 2.0 * rows * m.in * m.out;
+    t.forward += flops / (1e12 * std::max(1e-6, p.GemmTflops(group_rows, m.in, m.out, false)));
+    t.backward +=
+        2 * flops / (1e12 * std::max(1e-6, p.GemmTflops(group_rows, m.in, m.out, true)));
   }
   const double attn = work.attention_flops;
   t.forward += attn / (1e12 * std::max(1e-6, p.AttentionTflops(seq, false)));
@@ -228,7 +231,11 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   s.model_flops = 6.0 * MatmulParameters(c) * tokens +
                   6.0 * L * r.seq_len * c.num_heads * c.head_dim * tokens;
   // Hardware: the forward runs (2 + (K-1)/K) times per layer, the head once.
-  const double layer_fwd = 2.0 * tokens * (layer_n) + 2.0 * tokens * r.seq_len * c.num_heads * c.head_dim;
+  // A layer's matmul parameters one token passes through (MoE: the active ones).
+  const double active_layer_n =
+      static_cast<double>(MatmulParameters(c) - c.vocab_size * c.hidden_size) / L;
+  const double layer_fwd =
+      2.0 * tokens * active_layer_n + 2.0 * tokens * r.seq_len * c.num_heads * c.head_dim;
   // forward, re-forward, segment recompute, backward (twice a forward)
   s.hardware_flops = L * layer_fwd * (1 + 1 + recompute + 2) -
                      plan->kept_layers * layer_fwd + 6.0 * tokens * C * V;
@@ -403,6 +410,18 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
   std::string out;
   absl::StrAppendFormat(&out, "model      %s parameters, %d layers, hidden %d, vocab %d\n",
                         Params(plan.num_parameters), c.num_layers, c.hidden_size, c.vocab_size);
+  if (c.is_moe()) {
+    const double aux = r.router_aux_loss_coef >= 0 ? r.router_aux_loss_coef
+                       : c.moe.output_router_logits ? c.moe.router_aux_loss_coef
+                                                    : 0.0;
+    absl::StrAppendFormat(
+        &out, "experts    %d MoE layer(s) of %d experts (I %d), top-%d%s: %s active parameters "
+              "per token (model FLOPs count these); load-balancing loss x%g\n",
+        c.NumMoeLayers(), c.moe.num_experts, c.moe.intermediate_size, c.moe.experts_per_token,
+        c.moe.norm_topk_prob ? " renormalised" : "",
+        Params(MatmulParameters(c) + (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size)),
+        aux);
+  }
   absl::StrAppendFormat(&out, "machine    %s; PCIe %.0f GB/s in, %.0f GB/s out; matmul %.0f TFLOP/s; "
                               "CPU AdamW %.2f G params/s\n",
                         profile.backend, profile.h2d_gbps, profile.d2h_gbps,

@@ -42,6 +42,7 @@ struct PlanRequest {
   int64_t seq_len = 0;
   int64_t rows_per_step = 0;        // sequences per optimizer step
   bool clipping = true;             // global-norm clipping (max_grad_norm > 0)
+  double router_aux_loss_coef = -1;  // MoE: train.router_aux_loss_coef; < 0: the config's
   int64_t loss_chunk_tokens = 4096;
   // Fixed by the user; 0 = the planner chooses.
   int64_t micro_batch_rows = 0;

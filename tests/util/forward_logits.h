@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/kernels/reference/rope.h"
-#include "engine/layers/decoder.h"
+#include "engine/layers/layer_kind.h"
 #include "engine/store/host_store.h"
 #include "engine/data/packer.h"
 #include "tests/gpu/gpu_util.h"
@@ -23,9 +23,8 @@ inline std::vector<float> Logits(const ModelConfig& c, const HostStore& store, B
     w.push_back(std::move(*DeviceBuffer::Allocate(be, store.unit_elements(u) * DTypeSize(be->weight_dtype()))));
     be->UploadWeights(w.back().get(), store.weights(u), store.unit_elements(u), StreamId::kCompute);
   }
-  DecoderLayer decoder(c, layout.units[1], be);
-  DeviceBuffer ws = std::move(*DeviceBuffer::Allocate(be, decoder.WorkspaceBytes(n)));
-  const DecoderSaved saved = decoder.CarveWorkspace(ws.get(), n);
+  const LayerKinds kinds = MakeLayerKinds(c, layout, be);
+  DeviceBuffer ws = std::move(*DeviceBuffer::Allocate(be, kinds.MaxWorkspaceBytes(n)));
   DeviceBuffer x0 = Upload(be, be->act_dtype(), std::vector<float>(n * C));
   DeviceBuffer x1 = Upload(be, be->act_dtype(), std::vector<float>(n * C));
   std::vector<int32_t> ints = b.tokens;
@@ -43,8 +42,13 @@ inline std::vector<float> Logits(const ModelConfig& c, const HostStore& store, B
   const StreamId s = StreamId::kCompute;
   be->Embedding(x0.get(), d, w[0].get(), n, C, s);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    decoder.Forward(decoder.BindWeights(w[1 + l].get()), l % 2 ? x1.get() : x0.get(),
-                    l % 2 ? x0.get() : x1.get(), saved, db, static_cast<const float*>(inv_d.get()), s);
+    LayerCall call;
+    call.weights = w[1 + l].get();
+    call.workspace = ws.get();
+    call.batch = &db;
+    call.rope_inv_freq = static_cast<const float*>(inv_d.get());
+    call.stream = s;
+    kinds.ForLayer(l).Forward(call, l % 2 ? x1.get() : x0.get(), l % 2 ? x0.get() : x1.get());
   }
   void* x = c.num_layers % 2 ? x1.get() : x0.get();
   DeviceBuffer h = Upload(be, be->act_dtype(), std::vector<float>(n * C));

@@ -51,6 +51,16 @@ class SizingBackend final : public Backend {
   void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) override { cpu_->SwiGlu(out, gu, N, I, s); }
   void SwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I, StreamId s) override { cpu_->SwiGluBackward(dgu, dout, gu, N, I, s); }
   void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets, int64_t N, int64_t V, double scale, StreamId s) override { cpu_->CrossEntropy(dlogits, loss, logits, targets, N, V, scale, s); }
+  void MoeRoute(void* probs, int32_t* idx, void* w, const void* logits, int64_t n, int64_t E, int64_t k, bool renorm, StreamId s) override { cpu_->MoeRoute(probs, idx, w, logits, n, E, k, renorm, s); }
+  void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, int32_t* scratch, const int32_t* idx, int64_t n, int64_t E, int64_t k, StreamId s) override { cpu_->MoeSort(offsets, slot_of, row_token, scratch, idx, n, E, k, s); }
+  void MoeGather(void* xe, const void* h, const int32_t* row_token, int64_t R, int64_t C, StreamId s) override { cpu_->MoeGather(xe, h, row_token, R, C, s); }
+  void MoeGatherBackward(void* dh, const void* dxe, const int32_t* slot_of, int64_t n, int64_t k, int64_t C, StreamId s) override { cpu_->MoeGatherBackward(dh, dxe, slot_of, n, k, C, s); }
+  void GroupedLinear(void* out, const void* in, const void* W, const int32_t* offsets, int64_t E, int64_t IC, int64_t OC, StreamId s) override { cpu_->GroupedLinear(out, in, W, offsets, E, IC, OC, s); }
+  void GroupedLinearBackward(void* din, void* dW, const void* dout, const void* in, const void* W, const int32_t* offsets, int64_t E, int64_t IC, int64_t OC, StreamId s) override { cpu_->GroupedLinearBackward(din, dW, dout, in, W, offsets, E, IC, OC, s); }
+  void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w, int64_t n, int64_t k, int64_t C, StreamId s) override { cpu_->MoeCombine(out, ye, slot_of, w, n, k, C, s); }
+  void MoeCombineBackward(void* dye, void* dw, const void* dout, const void* ye, const int32_t* slot_of, const void* w, int64_t n, int64_t k, int64_t C, StreamId s) override { cpu_->MoeCombineBackward(dye, dw, dout, ye, slot_of, w, n, k, C, s); }
+  void MoeRouteBackward(void* dlogits, const void* probs, const int32_t* idx, const void* w, const void* dw, const int32_t* counts, double aux_scale, int64_t n, int64_t E, int64_t k, bool renorm, StreamId s) override { cpu_->MoeRouteBackward(dlogits, probs, idx, w, dw, counts, aux_scale, n, E, k, renorm, s); }
+  void MoeRouterStats(int32_t* counts, void* prob_sum, const void* probs, const int32_t* idx, int64_t n, int64_t E, int64_t k, StreamId s) override { cpu_->MoeRouterStats(counts, prob_sum, probs, idx, n, E, k, s); }
   // clang-format on
  private:
   std::unique_ptr<Backend> cpu_;

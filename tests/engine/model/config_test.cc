@@ -46,6 +46,14 @@ void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.initializer_range, b.initializer_range);
   EXPECT_EQ(a.bos_token_id, b.bos_token_id);
   EXPECT_EQ(a.eos_token_id, b.eos_token_id);
+  EXPECT_EQ(a.moe.num_experts, b.moe.num_experts);
+  EXPECT_EQ(a.moe.experts_per_token, b.moe.experts_per_token);
+  EXPECT_EQ(a.moe.intermediate_size, b.moe.intermediate_size);
+  EXPECT_EQ(a.moe.norm_topk_prob, b.moe.norm_topk_prob);
+  EXPECT_EQ(a.moe.router_aux_loss_coef, b.moe.router_aux_loss_coef);
+  EXPECT_EQ(a.moe.output_router_logits, b.moe.output_router_logits);
+  EXPECT_EQ(a.moe.decoder_sparse_step, b.moe.decoder_sparse_step);
+  EXPECT_EQ(a.moe.mlp_only_layers, b.moe.mlp_only_layers);
 }
 
 TEST(ModelConfigTest, ParsesLlama31WithLlama3RopeScaling) {
@@ -179,8 +187,80 @@ TEST(ModelConfigTest, UnknownExtraFieldsAreIgnored) {
   MustParse(Patched(kLlama31, {{"quirky_new_field", {{"a", 1}}}, {"pad_token_id", nullptr}}));
 }
 
+TEST(ModelConfigTest, ParsesQwen3MoeExpertsAndCountsActiveParameters) {
+  const ModelConfig c = MustParse(kQwen3Moe);
+  EXPECT_EQ(c.architecture, Architecture::kQwen3Moe);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.moe.num_experts, 128);
+  EXPECT_EQ(c.moe.experts_per_token, 8);
+  EXPECT_EQ(c.moe.intermediate_size, 768);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.moe.router_aux_loss_coef, 0.001);
+  EXPECT_FALSE(c.moe.output_router_logits);
+  EXPECT_EQ(c.NumMoeLayers(), 48);
+  // The published sizes: 30.5 B parameters, 3.3 B active (embeddings included).
+  EXPECT_NEAR(NumParameters(c) / 1e9, 30.53, 0.01);
+  EXPECT_NEAR((MatmulParameters(c) + c.vocab_size * c.hidden_size) / 1e9, 3.35, 0.01);
+}
+
+TEST(ModelConfigTest, Qwen3MoeDenseLayersFollowSparseStepAndMlpOnlyLayers) {
+  const ModelConfig c = MustParse(Patched(kQwen3Moe, {{"num_hidden_layers", 6},
+                                                     {"decoder_sparse_step", 2},
+                                                     {"mlp_only_layers", {3}}}));
+  std::vector<bool> moe;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe.push_back(c.IsMoeLayer(l));
+  EXPECT_EQ(moe, std::vector<bool>({false, true, false, false, false, true}));
+  // num_local_experts (transformers 5's spelling) is read when num_experts is absent.
+  nlohmann::json j = nlohmann::json::parse(kQwen3Moe);
+  j.erase("num_experts");
+  j["num_local_experts"] = 64;
+  EXPECT_EQ(MustParse(j.dump()).moe.num_experts, 64);
+}
+
+TEST(ModelConfigTest, ParsesMixtralAsRenormalisedTopTwoOfEightEveryLayer) {
+  const ModelConfig c = MustParse(kMixtral);
+  EXPECT_EQ(c.architecture, Architecture::kMixtral);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.experts_per_token, 2);
+  EXPECT_EQ(c.moe.intermediate_size, 14336);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.NumMoeLayers(), 32);
+  EXPECT_NEAR(NumParameters(c) / 1e9, 46.70, 0.01);  // "46.7B total, 12.9B active"
+  EXPECT_NEAR((MatmulParameters(c) + c.vocab_size * c.hidden_size) / 1e9, 12.88, 0.01);
+}
+
+TEST(ModelConfigTest, MalformedExpertFieldsNameTheField) {
+  struct Case {
+    const char* base;
+    nlohmann::json patch;
+    const char* field;
+  };
+  const Case cases[] = {
+      {kQwen3Moe, {{"num_experts_per_tok", 129}}, "'num_experts_per_tok' (129) must be at most num_experts"},
+      {kMixtral, {{"num_experts_per_tok", 9}}, "'num_experts_per_tok' (9) must be at most num_local_experts (8)"},
+      {kQwen3Moe, {{"num_experts_per_tok", 16}}, "'num_experts_per_tok' (16) must be at most 8"},
+      {kQwen3Moe, {{"num_experts", 0}}, "'num_experts' must be a positive integer"},
+      {kQwen3Moe, {{"num_experts", 512}}, "'num_experts' (512) is larger than megatrain supports"},
+      {kQwen3Moe, {{"mlp_only_layers", {48}}}, "'mlp_only_layers' holds 48"},
+      {kQwen3Moe, {{"mlp_only_layers", "none"}}, "'mlp_only_layers' must be a list"},
+      {kQwen3Moe, {{"moe_intermediate_size", -1}}, "'moe_intermediate_size' must be a positive"},
+      {kMixtral, {{"router_jitter_noise", 0.01}}, "'router_jitter_noise' is 0.01"},
+      {kMixtral, {{"router_aux_loss_coef", -1}}, "'router_aux_loss_coef' must be a non-negative"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ModelConfig> parsed = ParseModelConfig(Patched(c.base, c.patch), "config.json");
+    ASSERT_FALSE(parsed.ok()) << c.patch.dump();
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(c.field)) << parsed.status();
+  }
+}
+
 TEST(ModelConfigTest, ToJsonRoundTripsThroughParseForEveryArchitecture) {
-  for (const char* sample : {kLlama31, kLlama2, kMistral, kQwen25, kQwen3, kMinimal}) {
+  for (const char* sample :
+       {kLlama31, kLlama2, kMistral, kQwen25, kQwen3, kMinimal, kQwen3Moe, kMixtral}) {
     ModelConfig c = MustParse(sample);
     ModelConfig back = MustParse(ModelConfigToJson(c));
     SCOPED_TRACE(ArchitectureClassName(c.architecture));

@@ -70,6 +70,31 @@ inline constexpr char kMinimal[] = R"({"architectures": ["LlamaForCausalLM"], "h
   "vocab_size": 100})";
 
 // `base` with the fields of `patch` set (a null in `patch` sets the field to null).
+// Qwen/Qwen3-30B-A3B's config.json.
+inline constexpr char kQwen3Moe[] = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+  "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+  "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+  "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+  "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+  "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_scaling": null,
+  "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})";
+
+// mistralai/Mixtral-8x7B-v0.1's config.json.
+inline constexpr char kMixtral[] = R"({
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+  "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "use_cache": true, "vocab_size": 32000})";
+
 inline std::string Patched(const std::string& base, const Json& patch) {
   Json j = Json::parse(base);
   for (const auto& [k, v] : patch.items()) j[k] = v;

@@ -1,6 +1,7 @@
 // Runs the layer templates directly, one stream, every activation kept, no streaming:
 // the reference the pipeline must reproduce, and (on the f64 CPU backend) the function
-// the finite-difference checks differentiate.
+// the finite-difference checks differentiate. MoE models: the loss is the LM loss plus
+// the weighted load-balancing loss, transformers' definition.
 #pragma once
 
 #include <cstring>
@@ -9,8 +10,8 @@
 #include "engine/common/backend.h"
 #include "engine/common/check.h"
 #include "engine/kernels/reference/rope.h"
-#include "engine/layers/decoder.h"
 #include "engine/layers/head.h"
+#include "engine/layers/layer_kind.h"
 #include "engine/model/layout.h"
 #include "tests/engine/pipeline/tiny_model.h"
 
@@ -22,7 +23,7 @@ class DirectModel {
       : config_(c),
         layout_(BuildLayout(c)),
         be_(be),
-        decoder_(c, layout_.units[1], be),
+        kinds_(MakeLayerKinds(c, layout_, be)),
         head_(c, layout_, be, /*chunk_tokens=*/5),
         max_tokens_(max_tokens) {
     for (const UnitLayout& u : layout_.units) {
@@ -33,7 +34,8 @@ class DirectModel {
     for (int64_t l = 0; l <= c.num_layers; ++l) x_.push_back(Alloc(max_tokens * row));
     dres_ = Alloc(max_tokens * row);
     scratch_ = Alloc(max_tokens * row);
-    ws_ = Alloc(decoder_.WorkspaceBytes(max_tokens));
+    ws_ = Alloc(kinds_.MaxWorkspaceBytes(max_tokens));
+    if (c.is_moe()) stats_ = Alloc(64 + c.moe.num_experts * DTypeSize(be->stat_dtype()));
     head_ws_ = Alloc(head_.WorkspaceBytes(max_tokens));
     loss_ = Alloc(max_tokens * DTypeSize(be->stat_dtype()));
     ints_ = Alloc(5 * max_tokens * sizeof(int32_t));
@@ -77,19 +79,47 @@ class DirectModel {
     const int64_t L = config_.num_layers, eu = 0, hu = layout_.HeadUnit();
     const void* table = weights_[eu].get();  // the embedding is the unit's first tensor
     be_->Embedding(x_[0].get(), db.tokens, table, n, config_.hidden_size, s);
+    RouterStats stats;
+    if (config_.is_moe()) {
+      be_->Zero(stats_.get(), stats_.bytes(), s);
+      stats.counts = static_cast<int32_t*>(stats_.get());
+      stats.prob_sum = static_cast<char*>(stats_.get()) + 64;
+    }
+    auto call = [&](int64_t l, void* grads) {
+      LayerCall c;
+      c.weights = weights_[1 + l].get();
+      c.grads = grads;
+      c.workspace = ws_.get();
+      c.batch = &db;
+      c.rope_inv_freq = inv_freq;
+      c.stream = s;
+      c.router_stats = config_.is_moe() ? &stats : nullptr;
+      return c;
+    };
     for (int64_t l = 0; l < L; ++l) {
-      decoder_.Forward(decoder_.BindWeights(weights_[1 + l].get()), x_[l].get(),
-                       x_[l + 1].get(), decoder_.CarveWorkspace(ws_.get(), n), db, inv_freq, s);
+      LayerCall c = call(l, nullptr);
+      c.record_router_stats = true;
+      kinds_.ForLayer(l).Forward(c, x_[l].get(), x_[l + 1].get());
+    }
+    const double aux_coef = config_.moe.output_router_logits ? config_.moe.router_aux_loss_coef : 0;
+    double aux = 0;
+    if (config_.is_moe()) {
+      be_->SyncAll();
+      const int64_t E = config_.moe.num_experts;
+      const double T = static_cast<double>(config_.NumMoeLayers()) * n;
+      for (int64_t e = 0; e < E; ++e) {
+        aux += stats.counts[e] / T * Read(stats.prob_sum, e, be_->stat_dtype()) / T;
+      }
+      aux *= E;
+      stats.aux_scale = aux_coef * E / (T * T);
     }
     head_.ForwardBackward(head_.BindWeights(weights_[hu].get(), weights_[eu].get()),
                           head_.BindGrads(grads_[hu].get(), grads_[eu].get()), x_[L].get(),
                           dres_.get(), loss_.get(), head_ws_.get(), db, scale, s);
     for (int64_t l = L - 1; l >= 0; --l) {
-      DecoderSaved ws = decoder_.CarveWorkspace(ws_.get(), n);
-      DecoderTensors w = decoder_.BindWeights(weights_[1 + l].get());
-      decoder_.Forward(w, x_[l].get(), scratch_.get(), ws, db, inv_freq, s);
-      decoder_.Backward(w, decoder_.BindGrads(grads_[1 + l].get()), x_[l].get(), dres_.get(),
-                        ws, db, inv_freq, s);
+      const LayerCall c = call(l, grads_[1 + l].get());
+      kinds_.ForLayer(l).Forward(c, x_[l].get(), scratch_.get());
+      kinds_.ForLayer(l).Backward(c, x_[l].get(), dres_.get());
     }
     be_->EmbeddingBackward(grads_[eu].get(), dres_.get(), db.tokens, db.token_order, n,
                            config_.hidden_size, s);
@@ -105,8 +135,11 @@ class DirectModel {
         }
       }
     }
-    return sum * scale;
+    last_aux_loss_ = aux;
+    return sum * scale + aux_coef * aux;
   }
+  // The load-balancing loss of the last Run (MoE models), unweighted.
+  double last_aux_loss() const { return last_aux_loss_; }
 
  private:
   static double Read(const void* p, int64_t i, DType t) {
@@ -121,11 +154,12 @@ class DirectModel {
   ModelConfig config_;
   ModelLayout layout_;
   Backend* be_;
-  DecoderLayer decoder_;
+  LayerKinds kinds_;
   LossHead head_;
   int64_t max_tokens_;
   std::vector<DeviceBuffer> weights_, grads_, x_;
-  DeviceBuffer dres_, scratch_, ws_, head_ws_, loss_, ints_, inv_freq_;
+  DeviceBuffer dres_, scratch_, ws_, head_ws_, loss_, ints_, inv_freq_, stats_;
+  double last_aux_loss_ = 0;
 };
 
 }  // namespace megatrain::testing

@@ -57,7 +57,9 @@ TEST_P(GradientCheck, AnalyticGradientsEqualCentralDifferencesForEveryTensor) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, GradientCheck,
                          ::testing::Values(Variant::kLlamaTiedGqa, Variant::kQwen2UntiedBias,
-                                           Variant::kQwen3QkNorm, Variant::kLlama3RopeMha),
+                                           Variant::kQwen3QkNorm, Variant::kLlama3RopeMha,
+                                           Variant::kQwen3MoeMixedLayers,
+                                           Variant::kMixtralRenormalised),
                          VariantName<::testing::TestParamInfo<Variant>>);
 
 }  // namespace

@@ -57,29 +57,39 @@ double MaxAbs(const std::vector<float>& v) {
 }
 
 TEST(Pipeline, GradientsMatchTheLayersRunDirectlyInDouble) {
-  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
-  Harness h(c, 1, 24, 2);
-  const MicroBatch b = RandomBatch(2, 12, c.vocab_size, 5);
-  RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
-  const StepResult r = h.Run({b}, &sink);
+  for (Variant variant : {Variant::kQwen2UntiedBias, Variant::kQwen3MoeMixedLayers,
+                          Variant::kMixtralRenormalised}) {
+    const ModelConfig c = TinyConfig(variant);
+    Harness h(c, 1, 24, 2);
+    const MicroBatch b = RandomBatch(2, 12, c.vocab_size, 5);
+    RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
+    const StepResult r = h.Run({b}, &sink);
 
-  std::unique_ptr<Backend> f64 =
-      CreateCpuBackend(CpuBackendOptions{CpuBackendOptions::Precision::kF64});
-  DirectModel direct(c, f64.get(), 24);
-  for (int64_t u = 0; u < h.store->num_units(); ++u) {
-    for (int64_t i = 0; i < h.store->unit_elements(u); ++i) {
-      direct.Set(u, i, Bf16ToFloat(h.store->weights(u)[i]));  // what the device saw
+    std::unique_ptr<Backend> f64 =
+        CreateCpuBackend(CpuBackendOptions{CpuBackendOptions::Precision::kF64});
+    DirectModel direct(c, f64.get(), 24);
+    for (int64_t u = 0; u < h.store->num_units(); ++u) {
+      for (int64_t i = 0; i < h.store->unit_elements(u); ++i) {
+        direct.Set(u, i, Bf16ToFloat(h.store->weights(u)[i]));  // what the device saw
+      }
     }
-  }
-  std::vector<std::vector<double>> want;
-  const double loss = direct.Run(b, &want);
-  EXPECT_NEAR(r.loss, loss, 1e-5 * loss);
-  EXPECT_EQ(r.num_targets, b.num_targets());
-  for (int64_t u = 0; u < h.store->num_units(); ++u) {
-    const double scale = MaxAbs(sink.grads[u]);
-    ASSERT_GT(scale, 0) << "unit " << u << " got no gradient";
-    for (int64_t i = 0; i < h.store->unit_elements(u); ++i) {
-      ASSERT_NEAR(sink.grads[u][i], want[u][i], 1e-4 * scale) << "unit " << u << " element " << i;
+    std::vector<std::vector<double>> want;
+    const double loss = direct.Run(b, &want);
+    const std::string name = ArchitectureModelType(c.architecture);
+    EXPECT_NEAR(r.loss + r.aux_loss_coef * r.aux_loss, loss, 1e-5 * loss) << name;
+    EXPECT_NEAR(r.aux_loss, direct.last_aux_loss(), 1e-5 * direct.last_aux_loss()) << name;
+    if (c.is_moe()) {
+      EXPECT_GT(r.aux_loss, 0.9) << name;  // E * sum f p: 1 when perfectly balanced
+      EXPECT_EQ(r.aux_loss_coef, c.moe.router_aux_loss_coef) << name;
+    }
+    EXPECT_EQ(r.num_targets, b.num_targets());
+    for (int64_t u = 0; u < h.store->num_units(); ++u) {
+      const double scale = MaxAbs(sink.grads[u]);
+      ASSERT_GT(scale, 0) << name << " unit " << u << " got no gradient";
+      for (int64_t i = 0; i < h.store->unit_elements(u); ++i) {
+        ASSERT_NEAR(sink.grads[u][i], want[u][i], 1e-4 * scale)
+            << name << " unit " << u << " element " << i;
+      }
     }
   }
 }
@@ -95,7 +105,8 @@ TEST(Pipeline, GradientsAreHandedOverInBackwardOrder) {
 }
 
 TEST(Pipeline, RecomputeIntervalAndCheckpointPlacementDoNotChangeAnyBit) {
-  const ModelConfig c = TinyConfig(Variant::kQwen3QkNorm);
+ for (Variant variant : {Variant::kQwen3QkNorm, Variant::kQwen3MoeMixedLayers}) {
+  const ModelConfig c = TinyConfig(variant);
   const std::vector<MicroBatch> batches = {RandomBatch(1, 10, c.vocab_size, 1),
                                            RandomBatch(1, 10, c.vocab_size, 2)};
   std::vector<std::vector<float>> reference;
@@ -114,6 +125,7 @@ TEST(Pipeline, RecomputeIntervalAndCheckpointPlacementDoNotChangeAnyBit) {
       EXPECT_EQ(sink.grads[u], reference[u]) << "K=" << k << " unit " << u;
     }
   }
+ }
 }
 
 TEST(Pipeline, ResidentLayersSkipTheBackwardUploadAndChangeNoBit) {
@@ -169,7 +181,8 @@ TEST(Pipeline, LayersUpdatedDuringBackwardAreUploadedEarlyAndChangeNoBit) {
 TEST(Pipeline, KeptActivationsSkipTheReforwardAndChangeNoBit) {
   // With QK-norm the unnormalised qkv is kept; without, it is not. Either way a kept layer
   // rebuilds h, h2 and a, and its gradients are the recomputed ones, bit for bit.
-  for (Variant variant : {Variant::kQwen3QkNorm, Variant::kQwen2UntiedBias}) {
+  for (Variant variant :
+       {Variant::kQwen3QkNorm, Variant::kQwen2UntiedBias, Variant::kMixtralRenormalised}) {
     const ModelConfig c = TinyConfig(variant);
     const std::vector<MicroBatch> batches = {RandomBatch(1, 10, c.vocab_size, 1),
                                              RandomBatch(1, 10, c.vocab_size, 2)};
@@ -257,7 +270,9 @@ TEST(Pipeline, DeviceBytesForIsWhatCreateAllocates) {
 }
 
 TEST(Pipeline, FourMicroBatchesEqualOneBatchOfTheSameTokens) {
-  const ModelConfig c = TinyConfig(Variant::kLlama3RopeMha);
+ // MoE: the load-balancing loss is over the step's tokens, whatever the split.
+ for (Variant variant : {Variant::kLlama3RopeMha, Variant::kQwen3MoeMixedLayers}) {
+  const ModelConfig c = TinyConfig(variant);
   std::vector<MicroBatch> parts;
   for (int i = 0; i < 4; ++i) parts.push_back(RandomBatch(1, 9, c.vocab_size, 40 + i));
   // Unequal target counts per micro-batch: a mean of means would differ.
@@ -272,6 +287,7 @@ TEST(Pipeline, FourMicroBatchesEqualOneBatchOfTheSameTokens) {
 
   EXPECT_EQ(r4.num_targets, r1.num_targets);
   EXPECT_NEAR(r4.loss, r1.loss, 1e-6 * r1.loss);
+  EXPECT_NEAR(r4.aux_loss, r1.aux_loss, 1e-6 * r1.aux_loss);
   EXPECT_NEAR(r4.grad_norm, r1.grad_norm, 1e-5 * r1.grad_norm);
   for (size_t u = 0; u < sink1.grads.size(); ++u) {
     const double scale = MaxAbs(sink1.grads[u]);
@@ -279,6 +295,7 @@ TEST(Pipeline, FourMicroBatchesEqualOneBatchOfTheSameTokens) {
       ASSERT_NEAR(sink4.grads[u][i], sink1.grads[u][i], 1e-5 * scale) << "unit " << u;
     }
   }
+ }
 }
 
 TEST(Pipeline, StepRejectsMicroBatchesThatDoNotMatchThePlan) {

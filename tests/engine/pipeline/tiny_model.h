@@ -16,7 +16,14 @@
 
 namespace megatrain::testing {
 
-enum class Variant { kLlamaTiedGqa, kQwen2UntiedBias, kQwen3QkNorm, kLlama3RopeMha };
+enum class Variant {
+  kLlamaTiedGqa,
+  kQwen2UntiedBias,
+  kQwen3QkNorm,
+  kLlama3RopeMha,
+  kQwen3MoeMixedLayers,  // softmax top-2 of 4 experts, not renormalised; layer 1 dense
+  kMixtralRenormalised,  // top-2 of 5 experts, renormalised, every layer
+};
 
 // Test-name suffix of a variant, for INSTANTIATE_TEST_SUITE_P.
 template <typename ParamInfo>
@@ -26,6 +33,8 @@ std::string VariantName(const ParamInfo& info) {
     case Variant::kQwen2UntiedBias: return "Qwen2UntiedQkvBias";
     case Variant::kQwen3QkNorm: return "Qwen3QkNorm";
     case Variant::kLlama3RopeMha: return "Llama3RopeScalingMha";
+    case Variant::kQwen3MoeMixedLayers: return "Qwen3MoeMixedLayers";
+    case Variant::kMixtralRenormalised: return "MixtralRenormalised";
   }
   return "unknown";
 }
@@ -64,6 +73,28 @@ inline ModelConfig TinyConfig(Variant v) {
       c.rope_scaling.type = RopeScaling::Type::kLlama3;
       c.rope_scaling.factor = 8;
       c.rope_scaling.original_max_position_embeddings = 8;
+      break;
+    case Variant::kQwen3MoeMixedLayers:
+      c.architecture = Architecture::kQwen3Moe;
+      c.qk_norm = true;
+      c.tie_word_embeddings = false;
+      c.moe.num_experts = 4;
+      c.moe.experts_per_token = 2;
+      c.moe.intermediate_size = 10;
+      c.moe.norm_topk_prob = false;
+      c.moe.mlp_only_layers = {1};
+      c.moe.output_router_logits = true;
+      c.moe.router_aux_loss_coef = 0.3;  // large enough that its gradient shows
+      break;
+    case Variant::kMixtralRenormalised:
+      c.architecture = Architecture::kMixtral;
+      c.tie_word_embeddings = false;
+      c.moe.num_experts = 5;
+      c.moe.experts_per_token = 2;
+      c.moe.intermediate_size = 8;
+      c.moe.norm_topk_prob = true;
+      c.moe.output_router_logits = true;
+      c.moe.router_aux_loss_coef = 0.2;
       break;
   }
   return c;

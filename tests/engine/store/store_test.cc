@@ -81,6 +81,17 @@ ModelConfig TinyQwen3() {
   return c;
 }
 
+// Qwen3-MoE with 3 experts, top-2, expert I=8; layer 1 dense (mlp_only_layers).
+ModelConfig TinyQwen3Moe() {
+  ModelConfig c = TinyQwen3();
+  c.architecture = Architecture::kQwen3Moe;
+  c.moe.num_experts = 3;
+  c.moe.experts_per_token = 2;
+  c.moe.intermediate_size = 8;
+  c.moe.mlp_only_layers = {1};
+  return c;
+}
+
 std::unique_ptr<HostStore> MakeStore(const ModelConfig& config) {
   absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(BuildLayout(config));
   EXPECT_TRUE(store.ok()) << store.status();
@@ -144,6 +155,54 @@ TEST(LayoutTest, DecoderTensorsHaveTransformersNamesAndShapes) {
   EXPECT_EQ(l1.Find(TensorRole::kDown)->shape, Shape({32, 64}));
   EXPECT_THAT(NamesOf(layout.units[0]), ElementsAre("model.embed_tokens.weight"));
   EXPECT_EQ(layout.units[0].tensors[0].shape, Shape({300, 32}));
+}
+
+TEST(LayoutTest, MoeLayersHaveARouterAndPerExpertTensorsUnderTransformersNames) {
+  const ModelConfig c = TinyQwen3Moe();
+  const ModelLayout layout = BuildLayout(c);
+  const UnitLayout& l0 = layout.units[layout.DecoderUnit(0)];
+  std::vector<std::string> names = NamesOf(l0);
+  names.erase(names.begin(), names.begin() + 8);  // norm, q, k, v, q/k norm, o, post norm
+  EXPECT_THAT(names, ElementsAre("model.layers.0.mlp.gate.weight",
+                                 "model.layers.0.mlp.experts.0.gate_proj.weight",
+                                 "model.layers.0.mlp.experts.0.up_proj.weight",
+                                 "model.layers.0.mlp.experts.1.gate_proj.weight",
+                                 "model.layers.0.mlp.experts.1.up_proj.weight",
+                                 "model.layers.0.mlp.experts.2.gate_proj.weight",
+                                 "model.layers.0.mlp.experts.2.up_proj.weight",
+                                 "model.layers.0.mlp.experts.0.down_proj.weight",
+                                 "model.layers.0.mlp.experts.1.down_proj.weight",
+                                 "model.layers.0.mlp.experts.2.down_proj.weight"));
+  using Shape = std::vector<int64_t>;
+  EXPECT_EQ(l0.Find(TensorRole::kRouter)->shape, Shape({3, 32}));
+  // One (E, 2I, C) and one (E, C, I) tensor: each expert's [gate; up] and down back to back.
+  const int64_t gate_up = l0.OffsetOf(TensorRole::kExpertGate);
+  const int64_t down = l0.OffsetOf(TensorRole::kExpertDown);
+  for (const TensorSlot& t : l0.tensors) {
+    int64_t want = t.offset;
+    if (t.role == TensorRole::kExpertGate) want = gate_up + t.expert * 2 * 8 * 32;
+    if (t.role == TensorRole::kExpertUp) want = gate_up + (t.expert * 2 + 1) * 8 * 32;
+    if (t.role == TensorRole::kExpertDown) want = down + t.expert * 32 * 8;
+    EXPECT_EQ(t.offset, want) << t.name;
+    EXPECT_TRUE(t.weight_decay || (t.expert < 0 && t.role != TensorRole::kRouter)) << t.name;
+  }
+  // The dense layer among them has the dense MLP; the two kinds differ in structure.
+  const UnitLayout& l1 = layout.units[layout.DecoderUnit(1)];
+  EXPECT_NE(l1.Find(TensorRole::kGate), nullptr);
+  EXPECT_EQ(l1.Find(TensorRole::kRouter), nullptr);
+  EXPECT_FALSE(l0.SameStructure(l1));
+  EXPECT_GE(layout.TotalElements(), NumParameters(c));
+
+  ModelConfig mixtral = TinyLlama();
+  mixtral.architecture = Architecture::kMixtral;
+  mixtral.moe = c.moe;
+  mixtral.moe.mlp_only_layers.clear();
+  const ModelLayout ml = BuildLayout(mixtral);
+  const std::vector<std::string> m = NamesOf(ml.units[ml.DecoderUnit(1)]);
+  EXPECT_THAT(m, ::testing::Contains("model.layers.1.block_sparse_moe.gate.weight"));
+  EXPECT_THAT(m, ::testing::Contains("model.layers.1.block_sparse_moe.experts.2.w1.weight"));
+  EXPECT_THAT(m, ::testing::Contains("model.layers.1.block_sparse_moe.experts.2.w3.weight"));
+  EXPECT_THAT(m, ::testing::Contains("model.layers.1.block_sparse_moe.experts.0.w2.weight"));
 }
 
 TEST(LayoutTest, HeadDimOtherThanHiddenOverHeadsShapesAttention) {
@@ -800,6 +859,20 @@ TEST(LoadWeightsTest, MissingTensorIsNotFoundNamingTheTensor) {
   const absl::Status s = WriteAndLoad(model, dir.path(), store.get());
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("model.layers.1.mlp.up_proj.weight"));
+}
+
+TEST(LoadWeightsTest, MoeModelLoadsAndAMissingExpertTensorIsNotFoundNamingIt) {
+  TempDir dir;
+  std::unique_ptr<HostStore> store = MakeStore(TinyQwen3Moe());
+  ASSERT_NE(store, nullptr);
+  FakeModel model(store->layout(), /*seed=*/83);
+  ASSERT_TRUE(WriteAndLoad(model, dir.path(), store.get()).ok());
+  ExpectLoaded(*store, model.Expected());
+  TempDir other;
+  model.Remove("model.layers.0.mlp.experts.1.up_proj.weight");
+  const absl::Status s = WriteAndLoad(model, other.path(), store.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("model.layers.0.mlp.experts.1.up_proj.weight"));
 }
 
 TEST(LoadWeightsTest, UntiedModelWithoutLmHeadIsNotFound) {

@@ -1,0 +1,126 @@
+#include "engine/layers/attention_block.h"
+
+#include <algorithm>
+#include <initializer_list>
+
+namespace megatrain {
+
+AttentionTensors BindAttention(const UnitLayout& unit, void* base, DType dtype) {
+  auto at = [&](TensorRole role) -> void* {
+    const int64_t off = unit.OffsetOf(role);
+    return off < 0 ? nullptr : Offset(base, off, dtype);
+  };
+  auto fused = [&](std::initializer_list<TensorRole> roles) -> void* {
+    const int64_t off = unit.OffsetOfFused(roles);
+    return off < 0 ? nullptr : Offset(base, off, dtype);
+  };
+  AttentionTensors t;
+  t.input_norm = at(TensorRole::kInputNorm);
+  t.qkv = fused({TensorRole::kQ, TensorRole::kK, TensorRole::kV});
+  t.qkv_bias = fused({TensorRole::kQBias, TensorRole::kKBias, TensorRole::kVBias});
+  t.q_norm = at(TensorRole::kQNorm);
+  t.k_norm = at(TensorRole::kKNorm);
+  t.o_proj = at(TensorRole::kOProj);
+  return t;
+}
+
+AttentionBlock::AttentionBlock(const ModelConfig& config, Backend* backend)
+    : config_(config),
+      backend_(backend),
+      qkv_dim_((config.num_heads + 2 * config.num_kv_heads) * config.head_dim) {}
+
+void AttentionBlock::CarveSaved(Carver& c, int64_t n, AttentionActs* a) const {
+  const int64_t act = DTypeSize(backend_->act_dtype());
+  const int64_t stat = DTypeSize(backend_->stat_dtype());
+  const int64_t C = config_.hidden_size, H = config_.num_heads, KV = config_.num_kv_heads;
+  const int64_t D = config_.head_dim;
+  a->rstd1 = c.Take(n * stat);
+  if (config_.qk_norm) a->qkv = c.Take(n * qkv_dim_ * act);
+  a->q = c.Take(n * H * D * act);
+  a->k = c.Take(n * KV * D * act);
+  a->v = c.Take(n * KV * D * act);
+  a->rstd_q = c.Take(n * H * stat);
+  a->rstd_k = c.Take(n * KV * stat);
+  a->o = c.Take(n * H * D * act);
+  a->lse = c.Take(n * H * stat);
+  a->x2 = c.Take(n * C * act);
+}
+
+void AttentionBlock::CarveScratch(Carver& c, int64_t n, AttentionActs* a) const {
+  const int64_t act = DTypeSize(backend_->act_dtype());
+  const int64_t C = config_.hidden_size, H = config_.num_heads, KV = config_.num_kv_heads;
+  const int64_t D = config_.head_dim;
+  if (!config_.qk_norm) a->qkv = c.Take(n * qkv_dim_ * act);
+  a->h = c.Take(n * C * act);
+  a->dh = c.Take(n * C * act);
+  a->dqkv = c.Take(n * qkv_dim_ * act);
+  a->dq = c.Take(n * H * D * act);
+  a->dk = c.Take(n * KV * D * act);
+  a->dv = c.Take(n * KV * D * act);
+  a->dout = c.Take(n * H * D * act);
+}
+
+void AttentionBlock::UseScratch(const AttentionActs& scratch, AttentionActs* a) const {
+  if (!config_.qk_norm) a->qkv = scratch.qkv;
+  a->h = scratch.h;
+  a->dh = scratch.dh;
+  a->dqkv = scratch.dqkv;
+  a->dq = scratch.dq;
+  a->dk = scratch.dk;
+  a->dv = scratch.dv;
+  a->dout = scratch.dout;
+}
+
+void AttentionBlock::AddWork(int64_t n, int64_t seq_len, int64_t act_bytes,
+                             LayerWork* work) const {
+  const int64_t hd = config_.num_heads * config_.head_dim, C = config_.hidden_size;
+  work->matmuls.push_back({C, qkv_dim_});
+  work->matmuls.push_back({hd, C});
+  work->attention_flops += 2.0 * n * std::min(seq_len, n) * hd;
+  // Per token: the norm reads x and writes h, RoPE rewrites q and k, the residual reads and
+  // writes C; the rebuild is the norm again.
+  work->elementwise_bytes += static_cast<double>(act_bytes) * n * (4 * C + 2 * qkv_dim_ + 2 * hd);
+  work->rebuild_bytes += static_cast<double>(act_bytes) * n * 2 * C;
+}
+
+void AttentionBlock::Forward(const AttentionTensors& w, const void* x, const AttentionActs& a,
+                             const DeviceBatch& b, const float* inv_freq, StreamId s) const {
+  Backend& be = *backend_;
+  const int64_t n = b.num_tokens, C = config_.hidden_size, H = config_.num_heads;
+  const int64_t KV = config_.num_kv_heads, D = config_.head_dim;
+  const double eps = config_.rms_norm_eps;
+  be.RmsNorm(a.h, a.rstd1, x, w.input_norm, n, C, eps, s);                  // h = norm(x)
+  be.Linear(a.qkv, a.h, w.qkv, w.qkv_bias, n, C, qkv_dim_, false, s);        // qkv = h Wqkv^T + b
+  be.QkvPrepare(a.q, a.k, a.v, a.rstd_q, a.rstd_k, a.qkv, w.q_norm, w.k_norm, b.positions,
+                inv_freq, n, H, KV, D, eps, s);                              // split, QK-norm, RoPE
+  be.Attention(a.o, a.lse, a.q, a.k, a.v, b.doc_start, n, H, KV, D, s);      // o = attn(q,k,v)
+  be.CopyOnDevice(a.x2, x, n * C * DTypeSize(be.act_dtype()), s);
+  be.Linear(a.x2, a.o, w.o_proj, nullptr, n, H * D, C, true, s);            // x2 = x + o Wo^T
+}
+
+void AttentionBlock::Rebuild(const AttentionTensors& w, const void* x, const AttentionActs& a,
+                             int64_t n, StreamId s) const {
+  // The same kernel on the same input as Forward: the same bits (rstd is rewritten as is).
+  backend_->RmsNorm(a.h, a.rstd1, x, w.input_norm, n, config_.hidden_size,
+                    config_.rms_norm_eps, s);
+}
+
+void AttentionBlock::Backward(const AttentionTensors& w, const AttentionTensors& g,
+                              const void* x, void* dres, const AttentionActs& a,
+                              const DeviceBatch& b, const float* inv_freq, StreamId s) const {
+  Backend& be = *backend_;
+  const int64_t n = b.num_tokens, C = config_.hidden_size, H = config_.num_heads;
+  const int64_t KV = config_.num_kv_heads, D = config_.head_dim;
+  const double eps = config_.rms_norm_eps;
+  // dres = dL/dx2
+  be.LinearBackward(a.dout, false, g.o_proj, nullptr, dres, a.o, w.o_proj, n, H * D, C, s);
+  be.AttentionBackward(a.dq, a.dk, a.dv, a.dout, a.q, a.k, a.v, a.o, a.lse, b.doc_start, n, H,
+                       KV, D, s);
+  be.QkvPrepareBackward(a.dqkv, g.q_norm, g.k_norm, a.dq, a.dk, a.dv, a.qkv, w.q_norm, w.k_norm,
+                        a.rstd_q, a.rstd_k, b.positions, inv_freq, n, H, KV, D, eps, s);
+  be.LinearBackward(a.dh, false, g.qkv, g.qkv_bias, a.dqkv, a.h, w.qkv, n, C, qkv_dim_, s);
+  be.RmsNormBackward(dres, g.input_norm, a.dh, x, w.input_norm, a.rstd1, n, C, s);
+  // dres = dL/dx
+}
+
+}  // namespace megatrain

@@ -1,0 +1,91 @@
+// The attention half of a decoder block, shared by the dense and the MoE kinds:
+//
+//   h   = RMSNorm(x) * w_in                               (n, C)
+//   qkv = h Wqkv^T (+ b_qkv)                               (n, (H+2KV)*D)
+//   q,k,v = split, QK-norm (Qwen3), RoPE                   (n,H,D) (n,KV,D) (n,KV,D)
+//   o   = causal GQA attention within documents            (n, H*D)
+//   x2  = x + o Wo^T                                       (n, C)
+//
+// Stateless: a kind binds its views of a slot (BindAttention) and carves the
+// intermediates (CarveSaved, then CarveScratch) out of its workspace. Thread-compatible;
+// every call enqueues on the given stream.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/common/backend.h"
+#include "engine/layers/batch.h"
+#include "engine/layers/layer_kind.h"
+#include "engine/model/config.h"
+#include "engine/model/layout.h"
+
+namespace megatrain {
+
+// Pointers into one slot (weights) or one gradient buffer, by role.
+struct AttentionTensors {
+  void* input_norm = nullptr;  // (C)
+  void* qkv = nullptr;         // ((H+2KV)*D, C)
+  void* qkv_bias = nullptr;    // ((H+2KV)*D) or null
+  void* q_norm = nullptr;      // (D) or null
+  void* k_norm = nullptr;      // (D) or null
+  void* o_proj = nullptr;      // (C, H*D)
+};
+
+// The attention half's views of `unit`'s tensors from `base` (elements of `dtype`).
+AttentionTensors BindAttention(const UnitLayout& unit, void* base, DType dtype);
+
+// Intermediates of one micro-batch of n tokens. Saved (Backward cannot rebuild them
+// cheaply): rstd1, q, k, v, rstd_q, rstd_k, o, lse, x2, and qkv with QK-norm (its backward
+// reads the unnormalised heads). Scratch: h (rebuilt from x) and the backward's buffers.
+struct AttentionActs {
+  void* rstd1;   // stat (n)
+  void* qkv;     // act (n, QKV)
+  void* q;       // act (n, H*D)
+  void* k;       // act (n, KV*D)
+  void* v;       // act (n, KV*D)
+  void* rstd_q;  // stat (n*H)
+  void* rstd_k;  // stat (n*KV)
+  void* o;       // act (n, H*D)
+  void* lse;     // stat (n*H)
+  void* x2;      // act (n, C)
+  void* h;       // act (n, C)
+  // backward scratch
+  void* dh;      // act (n, C)
+  void* dqkv;    // act (n, QKV)
+  void* dq;      // act (n, H*D)
+  void* dk;      // act (n, KV*D)
+  void* dv;      // act (n, KV*D)
+  void* dout;    // act (n, H*D)
+};
+
+class AttentionBlock {
+ public:
+  AttentionBlock(const ModelConfig& config, Backend* backend);
+
+  // The saved fields of `a`, then (a second call, after the kind's own saved fields) the
+  // scratch ones. UseScratch points a saved-only carve's scratch fields at `scratch`'s.
+  void CarveSaved(Carver& c, int64_t n, AttentionActs* a) const;
+  void CarveScratch(Carver& c, int64_t n, AttentionActs* a) const;
+  void UseScratch(const AttentionActs& scratch, AttentionActs* a) const;
+
+  // The matmuls, attention FLOPs and elementwise bytes of the half, added to `work`.
+  void AddWork(int64_t n, int64_t seq_len, int64_t act_bytes, LayerWork* work) const;
+
+  // a.x2 = x + attention(RMSNorm(x)); intermediates to `a`.
+  void Forward(const AttentionTensors& w, const void* x, const AttentionActs& a,
+               const DeviceBatch& batch, const float* inv_freq, StreamId s) const;
+  // h, bit for bit as Forward made it (a kept layer's rebuild).
+  void Rebuild(const AttentionTensors& w, const void* x, const AttentionActs& a, int64_t n,
+               StreamId s) const;
+  // dres act (n,C): on entry dL/dx2, on exit dL/dx; weight gradients accumulate into g.
+  void Backward(const AttentionTensors& w, const AttentionTensors& g, const void* x, void* dres,
+                const AttentionActs& a, const DeviceBatch& batch, const float* inv_freq,
+                StreamId s) const;
+
+ private:
+  ModelConfig config_;
+  Backend* backend_;
+  int64_t qkv_dim_;  // (H + 2*KV) * D
+};
+
+}  // namespace megatrain

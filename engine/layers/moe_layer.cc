@@ -1,0 +1,178 @@
+#include "engine/layers/moe_layer.h"
+
+#include "engine/common/check.h"
+#include "engine/kernels/moe_scratch.h"
+
+namespace megatrain {
+
+MoeLayer::MoeLayer(const ModelConfig& config, const UnitLayout& unit, Backend* backend)
+    : config_(config),
+      unit_(unit),
+      backend_(backend),
+      attention_(config, backend),
+      E_(config.moe.num_experts),
+      k_(config.moe.experts_per_token),
+      I_(config.moe.intermediate_size) {}
+
+MoeTensors MoeLayer::Bind(void* base, DType dtype) const {
+  MoeTensors t;
+  t.attn = BindAttention(unit_, base, dtype);
+  t.post_norm = Offset(base, unit_.OffsetOf(TensorRole::kPostNorm), dtype);
+  t.router = Offset(base, unit_.OffsetOf(TensorRole::kRouter), dtype);
+  t.gate_up = Offset(base, unit_.OffsetOf(TensorRole::kExpertGate), dtype);
+  t.down = Offset(base, unit_.OffsetOf(TensorRole::kExpertDown), dtype);
+  return t;
+}
+
+MoeActs MoeLayer::Carve(void* base, int64_t n, int64_t* bytes, int64_t* saved_bytes) const {
+  const int64_t act = DTypeSize(backend_->act_dtype());
+  const int64_t stat = DTypeSize(backend_->stat_dtype());
+  const int64_t C = config_.hidden_size, R = n * k_;
+  Carver c(base);
+  MoeActs a;
+  auto ints = [&](int64_t count) { return static_cast<int32_t*>(c.Take(count * 4)); };
+  attention_.CarveSaved(c, n, &a.attn);
+  a.rstd2 = c.Take(n * stat);
+  a.probs = c.Take(n * E_ * stat);
+  a.idx = ints(n * k_);
+  a.w = c.Take(n * k_ * stat);
+  a.offsets = ints(E_ + 1);
+  a.slot_of = ints(R);
+  a.row_token = ints(R);
+  a.gu = c.Take(R * 2 * I_ * act);
+  a.ye = c.Take(R * C * act);
+  if (saved_bytes != nullptr) *saved_bytes = c.used();  // the scratch follows
+  attention_.CarveScratch(c, n, &a.attn);
+  a.h2 = c.Take(n * C * act);
+  a.logits = c.Take(n * E_ * act);
+  a.sort_scratch = ints(MoeSortScratchInts(R, E_));
+  a.xe = c.Take(R * C * act);
+  a.a = c.Take(R * I_ * act);
+  a.dw = c.Take(n * k_ * stat);
+  a.da = c.Take(R * I_ * act);
+  a.dgu = c.Take(R * 2 * I_ * act);
+  a.dxe = c.Take(R * C * act);
+  a.dlogits = c.Take(n * E_ * act);
+  if (bytes != nullptr) *bytes = c.used();
+  return a;
+}
+
+int64_t MoeLayer::WorkspaceBytes(int64_t n) const {
+  int64_t bytes = 0;
+  Carve(nullptr, n, &bytes, nullptr);
+  return bytes;
+}
+
+int64_t MoeLayer::SavedBytes(int64_t n) const {
+  int64_t all = 0, saved = 0;
+  Carve(nullptr, n, &all, &saved);
+  return saved;
+}
+
+MoeActs MoeLayer::ActsOf(const LayerCall& call) const {
+  const int64_t n = call.batch->num_tokens;
+  const MoeActs scratch = Carve(call.workspace, n, nullptr, nullptr);
+  if (call.saved == nullptr) return scratch;
+  MoeActs a = Carve(call.saved, n, nullptr, nullptr);  // the saved fields come first
+  attention_.UseScratch(scratch.attn, &a.attn);
+  a.h2 = scratch.h2;
+  a.logits = scratch.logits;
+  a.sort_scratch = scratch.sort_scratch;
+  a.xe = scratch.xe;
+  a.a = scratch.a;
+  a.dw = scratch.dw;
+  a.da = scratch.da;
+  a.dgu = scratch.dgu;
+  a.dxe = scratch.dxe;
+  a.dlogits = scratch.dlogits;
+  return a;
+}
+
+LayerWork MoeLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) const {
+  const int64_t C = config_.hidden_size;
+  LayerWork w;
+  attention_.AddWork(n, seq_len, act_bytes, &w);
+  w.matmuls.push_back({C, E_});
+  w.matmuls.push_back({C, 2 * I_, k_, E_});
+  w.matmuls.push_back({I_, C, k_, E_});
+  // Per token: the norm (read x2, write h2), the gather (k rows of C each way), SwiGLU (k
+  // times 3I), the combine (k rows read, the residual read and written). Rebuild: the
+  // norm, the gather and the SwiGLU again.
+  const double per_token = 2 * C + 2 * k_ * C + 3 * k_ * I_ + k_ * C + 2 * C;
+  w.elementwise_bytes += static_cast<double>(act_bytes) * n * per_token;
+  w.rebuild_bytes += static_cast<double>(act_bytes) * n * (2 * C + 2 * k_ * C + 3 * k_ * I_);
+  return w;
+}
+
+void MoeLayer::PostNorm(const MoeTensors& w, const MoeActs& a, int64_t n,
+                             StreamId s) const {
+  const int64_t C = config_.hidden_size;
+  backend_->RmsNorm(a.h2, a.rstd2, a.attn.x2, w.post_norm, n, C, config_.rms_norm_eps, s);
+}
+
+void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
+  Backend& be = *backend_;
+  const MoeTensors w = BindWeights(const_cast<void*>(call.weights));
+  const MoeActs a = ActsOf(call);
+  const DeviceBatch& b = *call.batch;
+  const StreamId s = call.stream;
+  const int64_t n = b.num_tokens, C = config_.hidden_size, R = n * k_;
+  attention_.Forward(w.attn, x, a.attn, b, call.rope_inv_freq, s);         // x2 = x + attn
+  PostNorm(w, a, n, s);                                                // h2 = norm(x2)
+  be.Linear(a.logits, a.h2, w.router, nullptr, n, C, E_, false, s);         // logits = h2 Wr^T
+  be.MoeRoute(a.probs, a.idx, a.w, a.logits, n, E_, k_, config_.moe.norm_topk_prob, s);
+  if (call.record_router_stats) {
+    MT_CHECK(call.router_stats != nullptr);
+    be.MoeRouterStats(call.router_stats->counts, call.router_stats->prob_sum, a.probs, a.idx, n,
+                      E_, k_, s);
+  }
+  be.MoeSort(a.offsets, a.slot_of, a.row_token, a.sort_scratch, a.idx, n, E_, k_, s);
+  be.MoeGather(a.xe, a.h2, a.row_token, R, C, s);                          // xe = h2[rows]
+  be.GroupedLinear(a.gu, a.xe, w.gate_up, a.offsets, E_, C, 2 * I_, s);    // gu = xe [Wg;Wu]^T
+  be.SwiGlu(a.a, a.gu, R, I_, s);                                           // a = silu(g) * u
+  be.GroupedLinear(a.ye, a.a, w.down, a.offsets, E_, I_, C, s);             // ye = a Wd^T
+  be.CopyOnDevice(out, a.attn.x2, n * C * DTypeSize(be.act_dtype()), s);
+  be.MoeCombine(out, a.ye, a.slot_of, a.w, n, k_, C, s);                   // out = x2 + sum w ye
+}
+
+void MoeLayer::Rebuild(const LayerCall& call, const void* x) const {
+  Backend& be = *backend_;
+  const MoeTensors w = BindWeights(const_cast<void*>(call.weights));
+  const MoeActs a = ActsOf(call);
+  const int64_t n = call.batch->num_tokens, R = n * k_;
+  // The same kernels on the same inputs as Forward: the same bits.
+  attention_.Rebuild(w.attn, x, a.attn, n, call.stream);
+  PostNorm(w, a, n, call.stream);
+  be.MoeGather(a.xe, a.h2, a.row_token, R, config_.hidden_size, call.stream);
+  be.SwiGlu(a.a, a.gu, R, I_, call.stream);
+}
+
+void MoeLayer::Backward(const LayerCall& call, const void* x, void* dres) const {
+  Backend& be = *backend_;
+  const MoeTensors w = BindWeights(const_cast<void*>(call.weights));
+  const MoeTensors g = BindGrads(call.grads);
+  const MoeActs a = ActsOf(call);
+  const DeviceBatch& b = *call.batch;
+  const StreamId s = call.stream;
+  const int64_t n = b.num_tokens, C = config_.hidden_size, R = n * k_;
+  void* dh2 = a.attn.dh;  // the attention half's dh is free until its own backward
+  void* dye = a.dxe;
+  const bool renorm = config_.moe.norm_topk_prob;
+  const RouterStats* stats = call.router_stats;
+  const bool aux = stats != nullptr && stats->aux_scale != 0;
+  // experts: dres = dL/dout
+  be.MoeCombineBackward(dye, a.dw, dres, a.ye, a.slot_of, a.w, n, k_, C, s);
+  be.GroupedLinearBackward(a.da, g.down, dye, a.a, w.down, a.offsets, E_, I_, C, s);
+  be.SwiGluBackward(a.dgu, a.da, a.gu, R, I_, s);
+  be.GroupedLinearBackward(a.dxe, g.gate_up, a.dgu, a.xe, w.gate_up, a.offsets, E_, C, 2 * I_, s);
+  be.MoeGatherBackward(dh2, a.dxe, a.slot_of, n, k_, C, s);
+  // router: dL/dw through the top-k and the softmax, plus the load-balancing term
+  be.MoeRouteBackward(a.dlogits, a.probs, a.idx, a.w, a.dw, aux ? stats->counts : nullptr,
+                      aux ? stats->aux_scale : 0.0, n, E_, k_, renorm, s);
+  be.LinearBackward(dh2, true, g.router, nullptr, a.dlogits, a.h2, w.router, n, C, E_, s);
+  be.RmsNormBackward(dres, g.post_norm, dh2, a.attn.x2, w.post_norm, a.rstd2, n, C, s);
+  // attention half: dres = dL/dx2 -> dL/dx
+  attention_.Backward(w.attn, g.attn, x, dres, a.attn, b, call.rope_inv_freq, s);
+}
+
+}  // namespace megatrain
