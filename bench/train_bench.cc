@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
   int64_t micro_rows = 0, k = 0, kept = -1, slots = -1;
   double device_gib = 0, max_grad_norm = 0;
   app.add_option("--backend", backend);
-  app.add_option("--shape", shape, "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b");
+  app.add_option("--shape", shape,
+                 "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b");
   app.add_option("--layers", layers, "override the shape's depth");
   app.add_option("--seq", seq);
   app.add_option("--tokens-per-step", tokens);
@@ -211,7 +212,13 @@ int main(int argc, char** argv) {
       {"model", {{"params", NumParameters(c)}, {"matmul_params", MatmulParameters(c)},
                  {"layers", c.num_layers}, {"hidden", c.hidden_size},
                  {"intermediate", c.intermediate_size}, {"heads", c.num_heads},
-                 {"kv_heads", c.num_kv_heads}, {"vocab", c.vocab_size}}},
+                 {"kv_heads", c.num_kv_heads}, {"vocab", c.vocab_size},
+                 {"experts", c.moe.num_experts}, {"experts_per_token", c.moe.experts_per_token},
+                 {"expert_intermediate", c.moe.intermediate_size}}},
+      // MoE: matmul_params counts active parameters (the router and the k experts of a
+      // token), so model FLOPs are 6 * active * tokens + attention.
+      {"model_flops_formula", "6 * matmul_params * tokens + 6 * layers * seq * heads * head_dim * tokens"
+                              " (matmul_params: active parameters of MoE layers)"},
       {"tokens_per_step", tokens},
       {"seq_len", seq},
       {"clipping", max_grad_norm > 0},

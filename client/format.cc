@@ -141,8 +141,12 @@ std::string FormatProgressLine(const v1::Progress& p) {
   }
   const std::string rate =
       p.tokens_per_second() > 0 ? FormatHumanNumber(p.tokens_per_second()) : "-";
-  return absl::StrCat("step ", FormatStep(p), "  loss ", FormatLoss(p), "  ", rate, " tok/s  ETA ",
-                      eta);
+  // MoE models: the load-balancing loss beside the LM loss.
+  const std::string aux = p.has_aux_loss() && std::isfinite(p.aux_loss())
+                              ? absl::StrFormat("  aux %.4f", p.aux_loss())
+                              : "";
+  return absl::StrCat("step ", FormatStep(p), "  loss ", FormatLoss(p), aux, "  ", rate,
+                      " tok/s  ETA ", eta);
 }
 
 std::string FormatProgressBar(const v1::Progress& p, int width) {

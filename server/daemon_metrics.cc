@@ -76,7 +76,9 @@ DaemonMetrics::DaemonMetrics(MetricsRegistry* registry, JobStore* store,
             "Model TFLOP/s of the last step: (6 N + 6 L s d) tokens / time.");
   r.Declare("megatrain_mfu_ratio", T::kGauge,
             "Model FLOPs utilisation: model TFLOP/s over megatrain_peak_tflops.");
-  r.Declare("megatrain_loss", T::kGauge, "Training loss of the last step.");
+  r.Declare("megatrain_loss", T::kGauge, "Training loss of the last step (the LM loss).");
+  r.Declare("megatrain_aux_loss", T::kGauge,
+            "MoE models: the load-balancing loss of the last step (unweighted).");
   r.Declare("megatrain_grad_norm", T::kGauge, "Global gradient L2 norm of the last step, before clipping.");
   r.Declare("megatrain_learning_rate", T::kGauge, "Learning rate of the last step.");
   r.Declare("megatrain_job_step", T::kGauge, "Steps the job has completed.");
@@ -206,6 +208,7 @@ void DaemonMetrics::StepDone(const v1::Job& job, const StepReport& report) {
   r.Set("megatrain_model_tflops", l, report.model_tflops);
   if (options_.peak_tflops > 0) r.Set("megatrain_mfu_ratio", l, report.model_tflops / options_.peak_tflops);
   r.Set("megatrain_loss", l, report.loss);
+  if (report.has_aux_loss) r.Set("megatrain_aux_loss", l, report.aux_loss);
   r.Set("megatrain_grad_norm", l, report.grad_norm);
   r.Set("megatrain_learning_rate", l, report.lr);
   r.Set("megatrain_job_step", l, static_cast<double>(report.step));

@@ -690,6 +690,7 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
   progress->set_step(report.step);
   progress->set_total_steps(report.total_steps);
   progress->set_loss(report.loss);
+  if (report.has_aux_loss) progress->set_aux_loss(report.aux_loss);
   progress->set_learning_rate(report.lr);
   progress->set_grad_norm(report.grad_norm);
   progress->set_tokens_per_second(report.tokens_per_second);
@@ -708,8 +709,12 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
     }
   }
   if (report.step == 1 || report.step % 10 == 0 || report.step == report.total_steps) {
-    Log(job.id(), absl::StrFormat("step %d/%d loss %.4f lr %.3e grad_norm %.3f %.0f tok/s",
-                                  report.step, report.total_steps, report.loss, report.lr,
+    const std::string aux =
+        report.has_aux_loss ? absl::StrFormat(" aux_loss %.4f (x%g)", report.aux_loss,
+                                              report.aux_loss_coef)
+                            : "";
+    Log(job.id(), absl::StrFormat("step %d/%d loss %.4f%s lr %.3e grad_norm %.3f %.0f tok/s",
+                                  report.step, report.total_steps, report.loss, aux, report.lr,
                                   report.grad_norm, report.tokens_per_second));
   }
   ChargeUsage(run, /*now_or_never=*/false);

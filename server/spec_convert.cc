@@ -65,6 +65,9 @@ std::string SpecMessageToYaml(const v1::JobSpec& s) {
     if (t.has_max_grad_norm()) out << YAML::Key << "max_grad_norm" << YAML::Value << t.max_grad_norm();
     num("activation_checkpoint_every", t.activation_checkpoint_every());
     num("loss_chunk_tokens", t.loss_chunk_tokens());
+    if (t.has_router_aux_loss_coef()) {
+      out << YAML::Key << "router_aux_loss_coef" << YAML::Value << t.router_aux_loss_coef();
+    }
     str("activation_checkpoints", t.activation_checkpoints());
     num("devices", t.devices());
     str("gradient_reduce", t.gradient_reduce());

@@ -31,6 +31,7 @@ class CudaBackend final : public Backend {
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (workspace_ != nullptr) cudaFree(workspace_);
     if (partials_ != nullptr) cudaFree(partials_);
+    if (host_offsets_ != nullptr) cudaFreeHost(host_offsets_);
     for (cudaStream_t s : streams_) {
       if (s != nullptr) cudaStreamDestroy(s);
     }
@@ -58,6 +59,7 @@ class CudaBackend final : public Backend {
     MT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kWorkspace));
     MT_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
     MT_CUDA_CHECK(cudaMalloc(&partials_, cuda::kPartialFloats * sizeof(float)));
+    MT_CUDA_CHECK(cudaMallocHost(&host_offsets_, (kMaxExperts + 1) * sizeof(int32_t)));
     return absl::OkStatus();
   }
 
@@ -199,28 +201,14 @@ class CudaBackend final : public Backend {
   void Linear(void* out, const void* in, const void* W, const void* bias, int64_t N,
               int64_t IC, int64_t OC, bool accumulate, StreamId s) override {
     CheckComputeStream(s);
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CublasDim(OC), CublasDim(N), CublasDim(IC), &alpha, W,
-                                 CUDA_R_16BF, CublasDim(IC), in, CUDA_R_16BF, CublasDim(IC), &beta, out,
-                                 CUDA_R_16BF, CublasDim(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    Gemm(out, in, W, N, IC, OC, accumulate);
     if (bias != nullptr) cuda::AddBias(Bf16(out), Bf16(bias), N, OC, Stream(s));
   }
   void LinearBackward(void* din, bool din_accumulate, void* dW, void* dbias, const void* dout,
                       const void* in, const void* W, int64_t N, int64_t IC, int64_t OC,
                       StreamId s) override {
     CheckComputeStream(s);
-    const float one = 1.0f, zero = 0.0f;
-    if (din != nullptr) {
-      // din^T (IC,N) = W^T (IC,OC) dout^T (OC,N)
-      MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, CublasDim(IC), CublasDim(N), CublasDim(OC), &one, W,
-                                   CUDA_R_16BF, CublasDim(IC), dout, CUDA_R_16BF, CublasDim(OC),
-                                   din_accumulate ? &one : &zero, din, CUDA_R_16BF, CublasDim(IC),
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    // dW^T (IC,OC) += in^T (IC,N) dout (N,OC), in fp32.
-    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, CublasDim(IC), CublasDim(OC), CublasDim(N), &one, in,
-                                 CUDA_R_16BF, CublasDim(IC), dout, CUDA_R_16BF, CublasDim(OC), &one, dW,
-                                 CUDA_R_32F, CublasDim(IC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    GemmBackward(din, din_accumulate, dW, dout, in, W, N, IC, OC);
     if (dbias != nullptr) cuda::BiasGrad(F32(dbias), Bf16(dout), N, OC, Stream(s));
   }
   void QkvPrepare(void* q, void* k, void* v, void* rstd_q, void* rstd_k, const void* qkv,
@@ -265,7 +253,109 @@ class CudaBackend final : public Backend {
                        Stream(s));
   }
 
+  void MoeRoute(void* probs, int32_t* idx, void* w, const void* logits, int64_t n, int64_t E,
+                int64_t k, bool renorm, StreamId s) override {
+    cuda::MoeRoute(F32(probs), idx, F32(w), Bf16(logits), n, E, k, renorm, Stream(s));
+  }
+  void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, int32_t* scratch,
+               const int32_t* idx, int64_t n, int64_t E, int64_t k, StreamId s) override {
+    cuda::MoeSort(offsets, slot_of, row_token, scratch, idx, n, E, k, Stream(s));
+  }
+  void MoeGather(void* xe, const void* h, const int32_t* row_token, int64_t R, int64_t C,
+                 StreamId s) override {
+    cuda::MoeGather(Bf16(xe), Bf16(h), row_token, R, C, Stream(s));
+  }
+  void MoeGatherBackward(void* dh, const void* dxe, const int32_t* slot_of, int64_t n, int64_t k,
+                         int64_t C, StreamId s) override {
+    cuda::MoeGatherBackward(Bf16(dh), Bf16(dxe), slot_of, n, k, C, Stream(s));
+  }
+  // The experts' row counts are on the device: the host reads them (a wait for the compute
+  // stream to reach this call, once per grouped matmul) and issues one GEMM per expert that
+  // has rows. Experts without rows are skipped: their gradient stays as it was.
+  void GroupedLinear(void* out, const void* in, const void* W, const int32_t* offsets, int64_t E,
+                     int64_t IC, int64_t OC, StreamId s) override {
+    CheckComputeStream(s);
+    const int32_t* rows = HostOffsets(offsets, E);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = rows[e], count = rows[e + 1] - rows[e];
+      if (count == 0) continue;
+      Gemm(Offset(out, r0 * OC, DType::kBF16), Offset(in, r0 * IC, DType::kBF16),
+           Offset(W, e * OC * IC, DType::kBF16), count, IC, OC, false);
+    }
+  }
+  void GroupedLinearBackward(void* din, void* dW, const void* dout, const void* in,
+                             const void* W, const int32_t* offsets, int64_t E, int64_t IC,
+                             int64_t OC, StreamId s) override {
+    CheckComputeStream(s);
+    const int32_t* rows = HostOffsets(offsets, E);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = rows[e], count = rows[e + 1] - rows[e];
+      if (count == 0) continue;
+      GemmBackward(Offset(din, r0 * IC, DType::kBF16), false, Offset(dW, e * OC * IC, DType::kF32),
+                   Offset(dout, r0 * OC, DType::kBF16), Offset(in, r0 * IC, DType::kBF16),
+                   Offset(W, e * OC * IC, DType::kBF16), count, IC, OC);
+    }
+  }
+  void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w, int64_t n,
+                  int64_t k, int64_t C, StreamId s) override {
+    cuda::MoeCombine(Bf16(out), Bf16(ye), slot_of, F32(w), n, k, C, Stream(s));
+  }
+  void MoeCombineBackward(void* dye, void* dw, const void* dout, const void* ye,
+                          const int32_t* slot_of, const void* w, int64_t n, int64_t k, int64_t C,
+                          StreamId s) override {
+    cuda::MoeCombineBackward(Bf16(dye), F32(dw), Bf16(dout), Bf16(ye), slot_of, F32(w), n, k, C,
+                             Stream(s));
+  }
+  void MoeRouteBackward(void* dlogits, const void* probs, const int32_t* idx, const void* w,
+                        const void* dw, const int32_t* counts, double aux_scale, int64_t n,
+                        int64_t E, int64_t k, bool renorm, StreamId s) override {
+    cuda::MoeRouteBackward(Bf16(dlogits), F32(probs), idx, F32(w), F32(dw), counts,
+                           static_cast<float>(aux_scale), n, E, k, renorm, Stream(s));
+  }
+  void MoeRouterStats(int32_t* counts, void* prob_sum, const void* probs, const int32_t* idx,
+                      int64_t n, int64_t E, int64_t k, StreamId s) override {
+    CheckComputeStream(s);  // the partials scratch is the compute stream's
+    cuda::MoeRouterStats(counts, F32(prob_sum), F32(probs), idx, n, E, k, partials_,
+                         cuda::kPartialFloats, Stream(s));
+  }
+
  private:
+  // out (N,OC) (= or +=) in (N,IC) W (OC,IC)^T, bf16 in and out, fp32 accumulation.
+  void Gemm(void* out, const void* in, const void* W, int64_t N, int64_t IC, int64_t OC,
+            bool accumulate) {
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CublasDim(OC), CublasDim(N), CublasDim(IC), &alpha, W,
+                                 CUDA_R_16BF, CublasDim(IC), in, CUDA_R_16BF, CublasDim(IC), &beta, out,
+                                 CUDA_R_16BF, CublasDim(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  // din (N,IC) (= or +=, null to skip) = dout (N,OC) W; dW f32 (OC,IC) += dout^T in.
+  void GemmBackward(void* din, bool din_accumulate, void* dW, const void* dout, const void* in,
+                    const void* W, int64_t N, int64_t IC, int64_t OC) {
+    const float one = 1.0f, zero = 0.0f;
+    if (din != nullptr) {
+      // din^T (IC,N) = W^T (IC,OC) dout^T (OC,N)
+      MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, CublasDim(IC), CublasDim(N), CublasDim(OC), &one, W,
+                                   CUDA_R_16BF, CublasDim(IC), dout, CUDA_R_16BF, CublasDim(OC),
+                                   din_accumulate ? &one : &zero, din, CUDA_R_16BF, CublasDim(IC),
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    // dW^T (IC,OC) += in^T (IC,N) dout (N,OC), in fp32.
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, CublasDim(IC), CublasDim(OC), CublasDim(N), &one, in,
+                                 CUDA_R_16BF, CublasDim(IC), dout, CUDA_R_16BF, CublasDim(OC), &one, dW,
+                                 CUDA_R_32F, CublasDim(IC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  // The (E+1) device offsets, read back once the compute stream has reached this point.
+  const int32_t* HostOffsets(const int32_t* offsets, int64_t E) {
+    MT_CHECK_MSG(E + 1 <= kMaxExperts + 1, "cuda backend: %lld experts, at most %lld",
+                 static_cast<long long>(E), static_cast<long long>(kMaxExperts));
+    cudaStream_t s = Stream(StreamId::kCompute);
+    MT_CUDA_CHECK(cudaMemcpyAsync(host_offsets_, offsets, (E + 1) * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, s));
+    MT_CUDA_CHECK(cudaStreamSynchronize(s));
+    return host_offsets_;
+  }
+  static constexpr int64_t kMaxExperts = 1024;
+
   cudaStream_t Stream(StreamId s) const { return streams_[static_cast<int>(s)]; }
   static bf16* Bf16(void* p) { return static_cast<bf16*>(p); }
   static const bf16* Bf16(const void* p) { return static_cast<const bf16*>(p); }
@@ -286,6 +376,7 @@ class CudaBackend final : public Backend {
   cudaStream_t streams_[kNumStreams] = {};
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
+  int32_t* host_offsets_ = nullptr;  // pinned (kMaxExperts + 1): GroupedLinear's row counts
   float* partials_ = nullptr;  // kPartialFloats: the deterministic weight gradients' scratch
   mutable std::mutex mu_;
   std::unordered_map<void*, size_t> sizes_;

@@ -55,6 +55,7 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.seq_len = spec.seq_len;
   r.rows_per_step = spec.rows_per_step();
   r.clipping = spec.max_grad_norm > 0;
+  r.router_aux_loss_coef = spec.router_aux_loss_coef;
   r.loss_chunk_tokens = spec.loss_chunk_tokens;
   r.micro_batch_rows = spec.micro_batch_rows > 0
                            ? spec.micro_batch_rows
@@ -233,6 +234,7 @@ absl::Status Trainer::InitPipelines(const JobSpec& spec, const DeviceSet& device
   pipeline_options.weight_slots = plan_.weight_slots;
   pipeline_options.kept_layers = plan_.kept_layers;
   pipeline_options.record_timeline = true;  // per-stream busy time for the metrics
+  pipeline_options.router_aux_loss_coef = spec.router_aux_loss_coef;
   if (sharded) pipeline_options.collective = collectives_[0].get();
   ASSIGN_OR_RETURN(pipeline_, Pipeline::Create(config_, store_.get(), slabs_.get(),
                                                backend_.get(), pipeline_options));
@@ -349,6 +351,9 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.step = state_.step;
   report.total_steps = spec_.steps;
   report.loss = r.loss;
+  report.has_aux_loss = config_.is_moe();
+  report.aux_loss = r.aux_loss;
+  report.aux_loss_coef = r.aux_loss_coef;
   report.lr = lr;
   report.grad_norm = r.grad_norm;
   report.tokens = spec_.tokens_per_step_resolved();
@@ -412,12 +417,14 @@ absl::StatusOr<StepResult> Trainer::StepReplicas() {
   for (absl::StatusOr<StepResult>& r : results) {
     if (!r.ok()) return r.status();
     loss_sum += r->loss * r->num_targets;
+    total.aux_loss += r->aux_loss;  // averaged below: each replica's over its own tokens
     total.num_targets += r->num_targets;
     total.seconds = std::max(total.seconds, r->seconds);
     total.h2d_bytes += r->h2d_bytes;
     total.d2h_bytes += r->d2h_bytes;
   }
   total.loss = total.num_targets > 0 ? loss_sum / total.num_targets : 0.0;
+  total.aux_loss /= static_cast<double>(results.size() + 1);
   return total;
 }
 

@@ -31,7 +31,11 @@ namespace megatrain {
 struct StepReport {
   int64_t step = 0;          // steps completed, this one included
   int64_t total_steps = 0;
-  double loss = 0;
+  double loss = 0;           // the LM loss
+  // MoE models: the load-balancing loss (unweighted) and its weight in the trained loss.
+  bool has_aux_loss = false;
+  double aux_loss = 0;
+  double aux_loss_coef = 0;
   double lr = 0;
   double grad_norm = 0;
   int64_t tokens = 0;        // tokens in this step

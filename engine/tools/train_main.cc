@@ -84,9 +84,11 @@ int main(int argc, char** argv) {
     if (!r->checkpoint_error.empty()) std::fprintf(stderr, "%s\n", r->checkpoint_error.c_str());
     ++ran;
     if (r->step % log_every == 0 || r->step == 1 || r->step == r->total_steps) {
-      std::printf("step %5lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  %.0f tok/s  %.3f TFLOP/s\n",
+      const std::string aux =
+          r->has_aux_loss ? "  aux_loss " + std::to_string(r->aux_loss) : std::string();
+      std::printf("step %5lld/%lld  loss %.4f%s  lr %.3e  grad_norm %.3f  %.0f tok/s  %.3f TFLOP/s\n",
                   static_cast<long long>(r->step), static_cast<long long>(r->total_steps), r->loss,
-                  r->lr, r->grad_norm, r->tokens_per_second, r->model_tflops);
+                  aux.c_str(), r->lr, r->grad_norm, r->tokens_per_second, r->model_tflops);
       std::fflush(stdout);
     }
   }

@@ -126,6 +126,14 @@ TEST(FormatLoss, DashBeforeTheFirstStep) {
 
 // A job resumed at its final step ran none: its step is the last, its loss unmeasured
 // (or the checkpoint's, when it recorded one), never a made-up 0.
+TEST(FormatProgressLine, ShowsTheAuxLossOfMoeModelsBesideTheLmLoss) {
+  v1::Progress p = MakeProgress(3, 10, 2.5, 1000, 0);
+  EXPECT_EQ(FormatProgressLine(p).find("aux"), std::string::npos);  // a dense model
+  p.set_aux_loss(1.03125);
+  EXPECT_NE(FormatProgressLine(p).find("loss 2.5000  aux 1.0312"), std::string::npos)
+      << FormatProgressLine(p);
+}
+
 TEST(FormatLoss, DashWhenNoLossWasMeasuredWhateverTheStep) {
   v1::Progress p;
   p.set_step(120);

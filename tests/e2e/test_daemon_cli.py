@@ -56,6 +56,26 @@ MODEL_CONFIG = {
     "tie_word_embeddings": True,
 }
 
+# A tiny Qwen3-MoE: 4 experts, top-2, layer 1 dense; the load-balancing loss is trained.
+MOE_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "mlp_only_layers": [1],
+    "output_router_logits": True,
+    "router_aux_loss_coef": 0.01,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 258,
+    "tie_word_embeddings": False,
+}
+
 # Files of a checkpoint that must be identical between an interrupted and an
 # uninterrupted run of the same spec.
 CHECKPOINT_FILES = [
@@ -1214,3 +1234,61 @@ class PapercutsTest(DaemonTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class MoeTest(DaemonTestCase):
+    """A mixture-of-experts job end to end on the CPU: planned, trained with its
+    load-balancing loss shown apart, checkpointed under transformers' names; a malformed
+    MoE config is refused naming the field, and the daemon serves on."""
+
+    def moe_spec(self, steps=6, config=None):
+        spec = make_spec(steps=steps, checkpoint={"dir": "ckpt"})
+        spec["model"]["config"] = config or MOE_CONFIG
+        return spec
+
+    def test_an_moe_job_is_planned_trains_and_checkpoints(self):
+        path = self.spec_file(self.moe_spec(), "moe.yaml")
+        plan = self.cli_ok("plan", path).stdout
+        self.assertRegex(plan, r"experts\s+2 MoE layer\(s\) of 4 experts \(I 32\), top-2 "
+                               r"renormalised: .* active parameters")
+        self.assertIn("load-balancing loss x0.01", plan)
+
+        job_id = self.submit(self.moe_spec(), name="moe.yaml")
+        self.watch_ok(job_id)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        aux = float(job["progress"]["aux_loss"])
+        self.assertGreater(aux, 0.9)  # E * sum f_e p_e: 1 when perfectly balanced
+        self.assertLess(aux, 4.0)
+        self.assertRegex(self.cli_ok("status", job_id).stdout, r"loss \d+\.\d{4}  aux \d\.\d{4}")
+        self.assertTrue(any(re.search(r"step 6/6 loss \d+\.\d+ aux_loss \d\.\d+ \(x0.01\)", t)
+                            for t in self.log_texts(job_id)), self.log_texts(job_id))
+
+        ckpt = job["last_checkpoint"]
+        header, _ = read_safetensors_header(os.path.join(ckpt, "model.safetensors"))
+        for name, shape in {
+            "model.layers.0.mlp.gate.weight": [4, 64],
+            "model.layers.0.mlp.experts.3.gate_proj.weight": [32, 64],
+            "model.layers.0.mlp.experts.3.up_proj.weight": [32, 64],
+            "model.layers.2.mlp.experts.0.down_proj.weight": [64, 32],
+            "model.layers.1.mlp.gate_proj.weight": [96, 64],
+        }.items():
+            self.assertEqual(header[name]["shape"], shape, name)
+        self.assertNotIn("model.layers.1.mlp.gate.weight", header)
+        with open(os.path.join(ckpt, "config.json")) as f:
+            config = json.load(f)
+        self.assertEqual(config["model_type"], "qwen3_moe")
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                    "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef"):
+            self.assertEqual(config[key], MOE_CONFIG[key], key)
+
+    def test_malformed_moe_configs_are_refused_naming_the_field(self):
+        for patch, words in (({"num_experts_per_tok": 5}, ("num_experts_per_tok", "(5)")),
+                             ({"mlp_only_layers": [7]}, ("mlp_only_layers", "7")),
+                             ({"num_experts": 0}, ("num_experts",))):
+            r = self.cli("submit", self.spec_file(self.moe_spec(config=dict(MOE_CONFIG, **patch)),
+                                                  "bad-moe.yaml"))
+            self.assertEqual(r.returncode, EXIT_USAGE, f"{patch}: {r.stdout} {r.stderr}")
+            for w in words:
+                self.assertIn(w, r.stderr, patch)
+        self.assertEqual(self.cli_json("list").get("jobs", []), [])  # still serving

@@ -15,7 +15,6 @@
 #include "engine/backend/factory.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/kernels/reference/rope.h"
-#include "engine/layers/decoder.h"
 #include "engine/model/safetensors.h"
 #include "engine/optim/schedule.h"
 #include "engine/optim/host_optimizer.h"
@@ -89,7 +88,11 @@ int Main(int argc, char** argv) {
     }
   }
   (void)WriteSafetensors(out + "/grads.safetensors", grads, {{"format", "pt"}});
-  std::ofstream(out + "/step.json") << nlohmann::json{{"loss", first.loss}, {"grad_norm", first.grad_norm}}.dump();
+  // loss: the LM loss; total: what was differentiated (with MoE, + coef * aux_loss).
+  const double first_total = first.loss + first.aux_loss_coef * first.aux_loss;
+  std::ofstream(out + "/step.json") << nlohmann::json{{"loss", first.loss}, {"aux_loss", first.aux_loss},
+                                                      {"total", first_total},
+                                                      {"grad_norm", first.grad_norm}}.dump();
 
   HostOptimizerOptions oo;
   oo.weight_decay = spec["weight_decay"].get<double>();
@@ -99,7 +102,8 @@ int Main(int argc, char** argv) {
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
     opt.BeginStep(LearningRate(sched, step), step + 1);
-    losses.push_back(p->Step({batches[step % batches.size()]}, &opt)->loss);
+    const StepResult r = *p->Step({batches[step % batches.size()]}, &opt);
+    losses.push_back(r.loss + r.aux_loss_coef * r.aux_loss);
   }
   opt.Drain();
   std::ofstream(out + "/curve.json") << nlohmann::json{{"losses", losses}}.dump();

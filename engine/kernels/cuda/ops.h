@@ -80,4 +80,42 @@ void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t*
 void AddBias(bf16* out, const bf16* bias, int64_t N, int64_t OC, cudaStream_t stream);
 void BiasGrad(float* dbias, const bf16* dout, int64_t N, int64_t OC, cudaStream_t stream);
 
+// moe_router.cu: probs f32 (n,E) = softmax(logits bf16 (n,E)); idx int32 (n,k), w f32 (n,k)
+// the top-k (lower index first among equals; renormalised when renorm). 1 <= E <= 256,
+// 1 <= k <= min(E, 8).
+void MoeRoute(float* probs, int32_t* idx, float* w, const bf16* logits, int64_t n, int64_t E,
+              int64_t k, bool renorm, cudaStream_t stream);
+// dlogits bf16 (n,E) written from dw f32 (n,k); counts int32 (E) | null adds the
+// load-balancing term aux_scale * counts[e].
+void MoeRouteBackward(bf16* dlogits, const float* probs, const int32_t* idx, const float* w,
+                      const float* dw, const int32_t* counts, float aux_scale, int64_t n,
+                      int64_t E, int64_t k, bool renorm, cudaStream_t stream);
+// counts int32 (E) += the choices of each expert in idx (n,k); prob_sum f32 (E) += the
+// column sums of probs (n,E) (deterministic; partials: see kPartialFloats, >= E floats).
+void MoeRouterStats(int32_t* counts, float* prob_sum, const float* probs, const int32_t* idx,
+                    int64_t n, int64_t E, int64_t k, float* partials, int64_t partial_floats,
+                    cudaStream_t stream);
+
+// moe.cu: R = n*k rows in expert order.
+// The reference's stable counting sort of idx int32 (n,k) by expert: offsets (E+1),
+// slot_of (R), row_token (R) int32. scratch int32 (MoeSortScratchInts(R, E), in
+// kernels/moe_scratch.h), in use until the stream passes the call. 1 <= E <= 4096;
+// REQUIRES every idx in [0, E).
+void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, int32_t* scratch,
+             const int32_t* idx, int64_t n, int64_t E, int64_t k, cudaStream_t stream);
+// xe (R,C) = h (n,C) [row_token (R)].
+void MoeGather(bf16* xe, const bf16* h, const int32_t* row_token, int64_t R, int64_t C,
+               cudaStream_t stream);
+// dh (n,C) written = sum_j dxe (R,C) [slot_of (n,k)], j in order.
+void MoeGatherBackward(bf16* dh, const bf16* dxe, const int32_t* slot_of, int64_t n, int64_t k,
+                       int64_t C, cudaStream_t stream);
+// out (n,C) += sum_j w f32 (n,k) * ye (R,C) [slot_of (n,k)], j in order in fp32.
+void MoeCombine(bf16* out, const bf16* ye, const int32_t* slot_of, const float* w, int64_t n,
+                int64_t k, int64_t C, cudaStream_t stream);
+// dye (R,C) written (w * dout at each choice's row); dw f32 (n,k) written = dot(dout[t],
+// ye[slot]) (deterministic). k <= 8.
+void MoeCombineBackward(bf16* dye, float* dw, const bf16* dout, const bf16* ye,
+                        const int32_t* slot_of, const float* w, int64_t n, int64_t k, int64_t C,
+                        cudaStream_t stream);
+
 }  // namespace megatrain::cuda
