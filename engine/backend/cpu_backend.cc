@@ -205,10 +205,6 @@ class CpuBackend final : public Backend {
                const int32_t* idx, int64_t n, int64_t E, int64_t k, StreamId s) override {
     On(s, [=] { ref::MoeSort(offsets, slot_of, row_token, idx, n, E, k); });
   }
-  void MoeGather(void* xe, const void* h, const int32_t* row_token, int64_t R, int64_t C,
-                 StreamId s) override {
-    On(s, [=] { ref::MoeGather<T>(P(xe), P(h), row_token, R, C); });
-  }
   void MoeGatherBackward(void* dh, const void* dxe, const int32_t* slot_of, int64_t n, int64_t k,
                          int64_t C, StreamId s) override {
     On(s, [=] { ref::MoeGatherBackward<T>(P(dh), P(dxe), slot_of, n, k, C); });

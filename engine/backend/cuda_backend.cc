@@ -261,10 +261,6 @@ class CudaBackend final : public Backend {
                const int32_t* idx, int64_t n, int64_t E, int64_t k, StreamId s) override {
     cuda::MoeSort(offsets, slot_of, row_token, scratch, idx, n, E, k, Stream(s));
   }
-  void MoeGather(void* xe, const void* h, const int32_t* row_token, int64_t R, int64_t C,
-                 StreamId s) override {
-    cuda::MoeGather(Bf16(xe), Bf16(h), row_token, R, C, Stream(s));
-  }
   void MoeGatherBackward(void* dh, const void* dxe, const int32_t* slot_of, int64_t n, int64_t k,
                          int64_t C, StreamId s) override {
     cuda::MoeGatherBackward(Bf16(dh), Bf16(dxe), slot_of, n, k, C, Stream(s));

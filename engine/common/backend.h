@@ -138,6 +138,7 @@ class Backend {
                             StreamId s) = 0;
 
   // ---- mixture of experts (kernels/reference/moe.h; R = n*k rows) ----
+  // (The gather of token rows into expert order is Embedding(xe, row_token, h, R, C).)
   // probs stat (n,E), idx (n,k), w stat (n,k) from logits act (n,E)
   virtual void MoeRoute(void* probs, int32_t* idx, void* w, const void* logits, int64_t n,
                         int64_t E, int64_t k, bool renorm, StreamId s) = 0;
@@ -145,9 +146,6 @@ class Backend {
   // (MoeSortScratchInts(R, E)), in use until the stream passes the call
   virtual void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, int32_t* scratch,
                        const int32_t* idx, int64_t n, int64_t E, int64_t k, StreamId s) = 0;
-  // xe act (R,C) = h act (n,C) [row_token]
-  virtual void MoeGather(void* xe, const void* h, const int32_t* row_token, int64_t R,
-                         int64_t C, StreamId s) = 0;
   // dh act (n,C) written = sum_j dxe act (R,C) [slot_of (t,j)]
   virtual void MoeGatherBackward(void* dh, const void* dxe, const int32_t* slot_of, int64_t n,
                                  int64_t k, int64_t C, StreamId s) = 0;

@@ -127,7 +127,7 @@ void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
                       E_, k_, s);
   }
   be.MoeSort(a.offsets, a.slot_of, a.row_token, a.sort_scratch, a.idx, n, E_, k_, s);
-  be.MoeGather(a.xe, a.h2, a.row_token, R, C, s);                          // xe = h2[rows]
+  be.Embedding(a.xe, a.row_token, a.h2, R, C, s);                          // xe = h2[rows]
   be.GroupedLinear(a.gu, a.xe, w.gate_up, a.offsets, E_, C, 2 * I_, s);    // gu = xe [Wg;Wu]^T
   be.SwiGlu(a.a, a.gu, R, I_, s);                                           // a = silu(g) * u
   be.GroupedLinear(a.ye, a.a, w.down, a.offsets, E_, I_, C, s);             // ye = a Wd^T
@@ -143,7 +143,7 @@ void MoeLayer::Rebuild(const LayerCall& call, const void* x) const {
   // The same kernels on the same inputs as Forward: the same bits.
   attention_.Rebuild(w.attn, x, a.attn, n, call.stream);
   PostNorm(w, a, n, call.stream);
-  be.MoeGather(a.xe, a.h2, a.row_token, R, config_.hidden_size, call.stream);
+  be.Embedding(a.xe, a.row_token, a.h2, R, config_.hidden_size, call.stream);
   be.SwiGlu(a.a, a.gu, R, I_, call.stream);
 }
 

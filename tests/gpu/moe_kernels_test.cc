@@ -277,7 +277,7 @@ TEST_P(MoePermuteKernels, GatherAndCombineForwardAndBackward) {
        out = Act(RandomBf16(a.n * a.C, 12)), dout = Act(RandomBf16(a.n * a.C, 13)),
        dye = Act(RandomBf16(R * a.C, 14)), dw = Stat(RandomBf16(a.n * a.k, 15));
   Both([&](Backend* b, bool c) {
-    b->MoeGather(xe.P(c), h.P(c), row_token.P(c), R, a.C, kS);
+    b->Embedding(xe.P(c), row_token.P(c), h.P(c), R, a.C, kS);  // the gather
     b->MoeGatherBackward(dh.P(c), dxe.P(c), slot_of.P(c), a.n, a.k, a.C, kS);
     b->MoeCombine(out.P(c), ye.P(c), slot_of.P(c), w.P(c), a.n, a.k, a.C, kS);
     b->MoeCombineBackward(dye.P(c), dw.P(c), dout.P(c), ye.P(c), slot_of.P(c), w.P(c), a.n, a.k,

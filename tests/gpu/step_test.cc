@@ -23,6 +23,7 @@ ModelConfig StepConfig(Variant v, int64_t layers) {
   c.num_layers = layers;
   c.vocab_size = 1000;
   c.max_position_embeddings = 1024;
+  if (c.is_moe()) c.moe.intermediate_size = 128;
   return c;
 }
 
@@ -184,7 +185,9 @@ TEST_P(Step, GradientsAreTheSameBitsOnEveryRun) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, Step,
                          ::testing::Values(Variant::kLlamaTiedGqa, Variant::kQwen2UntiedBias,
-                                           Variant::kQwen3QkNorm, Variant::kLlama3RopeMha),
+                                           Variant::kQwen3QkNorm, Variant::kLlama3RopeMha,
+                                           Variant::kQwen3MoeMixedLayers,
+                                           Variant::kMixtralRenormalised),
                          VariantName<::testing::TestParamInfo<Variant>>);
 
 class DeviceMemory : public GpuTest {};

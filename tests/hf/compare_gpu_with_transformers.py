@@ -168,12 +168,32 @@ def check(bin_path, work, name, config, data):
         if aux_err > 1e-3:
             problems.append(f"aux loss {ours['aux_loss']} vs {hf_aux.item()}")
     grads = load_file(os.path.join(out, "grads.safetensors"))
-    grad_errs = {}
-    for n, p in model.named_parameters():
-        grad_errs[n] = rel(our_tensor(n, grads, config.model_type).cuda(), p.grad)
-        if grad_errs[n] > 3e-2:
-            problems.append(f"gradient of {n}: relative error {grad_errs[n]:.3e}")
+    hf32_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
+    # The yardstick: transformers' own gradients under bf16 autocast, against its fp32 ones.
+    # With experts, bf16 rounding moves some tokens to other experts (the router's top-k of
+    # near-equal probabilities): routing_flips counts the tokens whose k choices differ.
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        result_bf16 = model(input_ids=ids, labels=ids)
+    result_bf16.loss.backward()
+    hf_bf16_grad_errs = {n: rel(p.grad, hf32_grads[n]) for n, p in model.named_parameters()}
+    model.zero_grad()
+    routing_flips = None
+    if getattr(result_hf, "router_logits", None):
+        k = config.num_experts_per_tok
+        def choices(logits):
+            return [torch.topk(l.float().softmax(-1), k, dim=-1).indices.sort(-1).values
+                    for l in logits]
+        flips = [(a != b).any(-1).float().mean().item()
+                 for a, b in zip(choices(result_hf.router_logits),
+                                 choices(result_bf16.router_logits))]
+        routing_flips = sum(flips) / len(flips)
+    grad_errs = {}
+    for n, g in hf32_grads.items():
+        grad_errs[n] = rel(our_tensor(n, grads, config.model_type).cuda(), g)
+        if grad_errs[n] > 3e-2:
+            problems.append(f"gradient of {n}: relative error {grad_errs[n]:.3e} (transformers "
+                            f"bf16 autocast: {hf_bf16_grad_errs[n]:.3e})")
 
     # 50 AdamW steps on the same data; and, as a yardstick of what bf16 compute alone
     # does to the curve, transformers itself under bf16 autocast from the same start.
@@ -218,6 +238,9 @@ def check(bin_path, work, name, config, data):
               "grad_rel_err_max": max(grad_errs.values()),
               "grad_rel_err_median": sorted(grad_errs.values())[len(grad_errs) // 2],
               "grad_worst": worst,
+              "grad_worst_transformers_bf16_autocast": [[n, hf_bf16_grad_errs[n]] for n, _ in worst],
+              "transformers_bf16_autocast_grad_rel_err_max": max(hf_bf16_grad_errs.values()),
+              "routing_flips_bf16_autocast_vs_fp32": routing_flips,
               "curve_first_last_ours": [our_losses[0], our_losses[-1]],
               "curve_first_last_transformers": [hf_losses[0], hf_losses[-1]],
               "lr": LR,

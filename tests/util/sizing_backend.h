@@ -53,7 +53,6 @@ class SizingBackend final : public Backend {
   void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets, int64_t N, int64_t V, double scale, StreamId s) override { cpu_->CrossEntropy(dlogits, loss, logits, targets, N, V, scale, s); }
   void MoeRoute(void* probs, int32_t* idx, void* w, const void* logits, int64_t n, int64_t E, int64_t k, bool renorm, StreamId s) override { cpu_->MoeRoute(probs, idx, w, logits, n, E, k, renorm, s); }
   void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, int32_t* scratch, const int32_t* idx, int64_t n, int64_t E, int64_t k, StreamId s) override { cpu_->MoeSort(offsets, slot_of, row_token, scratch, idx, n, E, k, s); }
-  void MoeGather(void* xe, const void* h, const int32_t* row_token, int64_t R, int64_t C, StreamId s) override { cpu_->MoeGather(xe, h, row_token, R, C, s); }
   void MoeGatherBackward(void* dh, const void* dxe, const int32_t* slot_of, int64_t n, int64_t k, int64_t C, StreamId s) override { cpu_->MoeGatherBackward(dh, dxe, slot_of, n, k, C, s); }
   void GroupedLinear(void* out, const void* in, const void* W, const int32_t* offsets, int64_t E, int64_t IC, int64_t OC, StreamId s) override { cpu_->GroupedLinear(out, in, W, offsets, E, IC, OC, s); }
   void GroupedLinearBackward(void* din, void* dW, const void* dout, const void* in, const void* W, const int32_t* offsets, int64_t E, int64_t IC, int64_t OC, StreamId s) override { cpu_->GroupedLinearBackward(din, dW, dout, in, W, offsets, E, IC, OC, s); }

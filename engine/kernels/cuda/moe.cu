@@ -1,5 +1,5 @@
 // Mixture-of-experts permutation on the device: the stable counting sort of the (token,
-// choice) pairs by expert, the gather of token rows into expert order, the weighted combine
+// choice) pairs by expert, the weighted combine
 // back into token order, and their backwards. The math of each is kernels/reference/moe.h's.
 //
 // Every result is the same bits on every run: no float atomics. The sort is four kernels:
@@ -157,22 +157,6 @@ __global__ void __launch_bounds__(32)
 
 // ---- permutation and combine ----
 
-// xe[r] = h[row_token[r]]; a copy of kWidth bf16 per access (8 = one 16-byte load).
-template <int kWidth>
-__global__ void MoeGatherKernel(bf16* xe, const bf16* h, const int32_t* row_token, int64_t R,
-                                int64_t C) {
-  using Vec = std::conditional_t<kWidth == 8, uint4, bf16>;
-  const int64_t vecs = C / kWidth;
-  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-    const Vec* src = reinterpret_cast<const Vec*>(h + static_cast<int64_t>(row_token[r]) * C);
-    Vec* dst = reinterpret_cast<Vec*>(xe + r * C);
-    for (int64_t v = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < vecs;
-         v += static_cast<int64_t>(gridDim.y) * blockDim.x) {
-      dst[v] = src[v];
-    }
-  }
-}
-
 // out[t] = (kWeighted ? out[t] : 0) + sum_j (kWeighted ? w[t,j] : 1) * rows[slot_of[t,j]],
 // j in order in fp32: the combine (kWeighted) and the gather's backward.
 template <int kWidth, bool kWeighted>
@@ -299,19 +283,6 @@ void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, int32_t* sc
   MT_CUDA_LAUNCH_CHECK();
   MoeSortScatterKernel<<<static_cast<unsigned>(tiles), 32, smem_bytes, stream>>>(
       slot_of, row_token, scratch, offsets, idx, R, e, static_cast<int>(k));
-  MT_CUDA_LAUNCH_CHECK();
-}
-
-void MoeGather(bf16* xe, const bf16* h, const int32_t* row_token, int64_t R, int64_t C,
-               cudaStream_t stream) {
-  if (R <= 0 || C <= 0) return;
-  if (C % 8 == 0 && AllAligned16({xe, h})) {
-    const int threads = ThreadsFor(C / 8);
-    MoeGatherKernel<8><<<GridFor(R, C / 8, threads), threads, 0, stream>>>(xe, h, row_token, R, C);
-  } else {
-    const int threads = ThreadsFor(C);
-    MoeGatherKernel<1><<<GridFor(R, C, threads), threads, 0, stream>>>(xe, h, row_token, R, C);
-  }
   MT_CUDA_LAUNCH_CHECK();
 }
 

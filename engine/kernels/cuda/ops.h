@@ -103,9 +103,6 @@ void MoeRouterStats(int32_t* counts, float* prob_sum, const float* probs, const 
 // REQUIRES every idx in [0, E).
 void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, int32_t* scratch,
              const int32_t* idx, int64_t n, int64_t E, int64_t k, cudaStream_t stream);
-// xe (R,C) = h (n,C) [row_token (R)].
-void MoeGather(bf16* xe, const bf16* h, const int32_t* row_token, int64_t R, int64_t C,
-               cudaStream_t stream);
 // dh (n,C) written = sum_j dxe (R,C) [slot_of (n,k)], j in order.
 void MoeGatherBackward(bf16* dh, const bf16* dxe, const int32_t* slot_of, int64_t n, int64_t k,
                        int64_t C, cudaStream_t stream);

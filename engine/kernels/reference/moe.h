@@ -5,7 +5,7 @@
 //   probs  (n, E) = softmax(logits)                 MoeRoute
 //   idx, w (n, k) = top-k of probs (renormalised to sum 1 when `renorm`)
 //   rows sorted by (expert, token, j): R = n*k      MoeSort
-//   xe (R, C) = h[token of row]                     MoeGather
+//   xe (R, C) = h[token of row]                     (Embedding: rows of h by index)
 //   per expert e: ye_e = expert_e(xe_e)             GroupedLinear, SwiGlu, GroupedLinear
 //   out (n, C) += sum_j w[t,j] * ye[slot of (t,j)]  MoeCombine
 //
@@ -87,13 +87,6 @@ inline void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, cons
     slot_of[f] = static_cast<int32_t>(r);
     row_token[r] = static_cast<int32_t>(f / k);
   }
-}
-
-// xe (R,C) = h[row_token[r]].
-template <typename T>
-void MoeGather(T* xe, const T* h, const int32_t* row_token, int64_t R, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; ++r) std::copy_n(h + int64_t{row_token[r]} * C, C, xe + r * C);
 }
 
 // dh (n,C) = sum_j dxe[slot_of[t*k+j]], j in order (the gather's backward; written).
