@@ -1,13 +1,16 @@
 // The machine's rates, measured now (not from the cache): PCIe each way and both ways at
 // once, device memory bandwidth, bf16 matmuls at the 1.5B/7B/8B layer shapes (forward,
-// and input + weight gradient), causal attention forward and backward, RMSNorm forward
+// and input + weight gradient), the experts' grouped matmuls at MoE shapes against the dense
+// rate, causal attention forward and backward, RMSNorm forward
 // and backward, our CPU AdamW and host memory bandwidth. What the planner plans with.
 // Prints one JSON object. Not a test.
 //
 //   machine_bench [--backend cuda|cpu] [--save PATH]   (--save: also write the profile
 //                                                      where the planner caches it)
+#include <array>
 #include <cstdio>
 #include <fstream>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "engine/backend/factory.h"
@@ -55,6 +58,73 @@ nlohmann::json NormRates(Backend* be, int64_t rows, int64_t C) {
           {"forward_us", fwd * 1e6}, {"backward_us", bwd * 1e6}};
 }
 
+// The experts' grouped matmul (GroupedLinear, forward and input + weight gradient) of E
+// experts with `rows` rows each, (rows, IC) -> (rows, OC), against one Linear over the same
+// E * rows rows: the MoE layer's GEMMs at its shapes and the dense rate they are held to.
+// Inputs are random bf16-representable values (matmuls run faster on zeros).
+nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, int64_t OC) {
+  const int64_t R = E * rows, a = DTypeSize(be->act_dtype()), w = DTypeSize(be->weight_dtype());
+  const int64_t g = DTypeSize(be->grad_dtype());
+  absl::StatusOr<DeviceBuffer> in = DeviceBuffer::Allocate(be, R * IC * a);
+  absl::StatusOr<DeviceBuffer> out = DeviceBuffer::Allocate(be, R * OC * a);
+  absl::StatusOr<DeviceBuffer> din = DeviceBuffer::Allocate(be, R * IC * a);
+  absl::StatusOr<DeviceBuffer> wt = DeviceBuffer::Allocate(be, E * OC * IC * w);
+  absl::StatusOr<DeviceBuffer> dw = DeviceBuffer::Allocate(be, E * OC * IC * g);
+  absl::StatusOr<DeviceBuffer> offsets = DeviceBuffer::Allocate(be, (E + 1) * 4);
+  if (!in.ok() || !out.ok() || !din.ok() || !wt.ok() || !dw.ok() || !offsets.ok()) return nullptr;
+  const StreamId s = StreamId::kCompute;
+  // Random bf16 words of magnitude < 1 (exponent field below 127), widened by the upload.
+  auto fill = [&](void* dst, int64_t n) {
+    std::vector<uint16_t> host(n);
+    uint64_t x = 88172645463325252ull;
+    for (uint16_t& v : host) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      v = static_cast<uint16_t>(((x >> 16) & 0x80ffu) | (0x3c00u + ((x >> 8) & 0x1ff)));
+    }
+    be->UploadWeights(dst, host.data(), n, s);
+    be->SyncAll();
+  };
+  fill(in->get(), R * IC);
+  fill(out->get(), R * OC);
+  fill(wt->get(), E * OC * IC);
+  be->Zero(dw->get(), E * OC * IC * g, s);
+  std::vector<int32_t> off(E + 1);
+  for (int64_t e = 0; e <= E; ++e) off[e] = static_cast<int32_t>(e * rows);
+  be->CopyToDevice(offsets->get(), off.data(), off.size() * 4, s);
+  be->SyncAll();
+  const int32_t* o = static_cast<const int32_t*>(offsets->get());
+  auto time = [&](auto&& f) {
+    f();
+    Event start(be), end(be);
+    be->Record(start.get(), s);
+    for (int i = 0; i < 5; ++i) f();
+    be->Record(end.get(), s);
+    be->EventSync(end.get());
+    return be->ElapsedSeconds(start.get(), end.get()) / 5;
+  };
+  const double grouped_fwd =
+      time([&] { be->GroupedLinear(out->get(), in->get(), wt->get(), o, E, IC, OC, s); });
+  const double grouped_bwd = time([&] {
+    be->GroupedLinearBackward(din->get(), dw->get(), out->get(), in->get(), wt->get(), o, E, IC,
+                              OC, s);
+  });
+  // The dense yardstick: one (R, IC) x (IC, OC) matmul, expert 0's weight for every row.
+  const double dense_fwd =
+      time([&] { be->Linear(out->get(), in->get(), wt->get(), nullptr, R, IC, OC, false, s); });
+  const double dense_bwd = time([&] {
+    be->LinearBackward(din->get(), false, dw->get(), nullptr, out->get(), in->get(), wt->get(), R,
+                       IC, OC, s);
+  });
+  const double flops = 2.0 * R * IC * OC;
+  return {{"experts", E}, {"rows_per_expert", rows}, {"in_features", IC}, {"out_features", OC},
+          {"grouped_forward_tflops", flops / grouped_fwd / 1e12},
+          {"grouped_backward_tflops", 2 * flops / grouped_bwd / 1e12},
+          {"dense_forward_tflops", flops / dense_fwd / 1e12},
+          {"dense_backward_tflops", 2 * flops / dense_bwd / 1e12},
+          {"grouped_over_dense_forward", dense_fwd / grouped_fwd},
+          {"grouped_over_dense_backward", dense_bwd / grouped_bwd}};
+}
+
 }  // namespace
 }  // namespace megatrain
 
@@ -82,6 +152,18 @@ int main(int argc, char** argv) {
   out["rmsnorm"] = nlohmann::json::array(
       {NormRates(be->get(), cpu ? 1024 : 16384, cpu ? 512 : 3584),
        NormRates(be->get(), cpu ? 1024 : 65536, cpu ? 1024 : 4096)});
+  if (!cpu) {
+    // MoE shapes: Qwen3-30B-A3B's experts (128, top-8, C 2048, I 768) at 64K and 256K tokens
+    // per micro-batch, Mixtral-8x7B's (8, top-2, C 4096, I 14336) at 64K: gate|up, then down.
+    nlohmann::json grouped = nlohmann::json::array();
+    for (const auto& [E, rows, C, I] : {std::array<int64_t, 4>{128, 4096, 2048, 768},
+                                        std::array<int64_t, 4>{128, 16384, 2048, 768},
+                                        std::array<int64_t, 4>{8, 16384, 4096, 14336}}) {
+      grouped.push_back(GroupedRates(be->get(), E, rows, C, 2 * I));
+      grouped.push_back(GroupedRates(be->get(), E, rows, I, C));
+    }
+    out["grouped_gemm"] = grouped;
+  }
   out["adamw_bytes_per_second"] = 30.0 * p->adamw_params_per_second;
   out["adamw_fraction_of_host_bandwidth"] = 30.0 * p->adamw_params_per_second / (1e9 * p->host_gbps);
   std::printf("%s\n", out.dump(2).c_str());

@@ -177,8 +177,16 @@ int main(int argc, char** argv) {
     const double pcie = std::max({r->h2d_bytes / (1e9 * profile->h2d_gbps),
                                   r->d2h_bytes / (1e9 * profile->d2h_gbps),
                                   (r->h2d_bytes + r->d2h_bytes) / (1e9 * profile->duplex_gbps)});
-    steps_json.push_back({{"seconds", r->seconds}, {"loss", r->loss},
-                          {"compute_busy_seconds", busy[0]}});
+    // Compute-stream seconds by stage ("fwd", "bwd", "recompute", "head", ...): where the
+    // kernel time goes.
+    std::map<std::string, double> stage_seconds;
+    for (const TimelineSpan& t : r->timeline) {
+      if (t.stream != StreamId::kCompute) continue;
+      stage_seconds[t.label.substr(0, t.label.find(' '))] += (t.end_ms - t.start_ms) / 1e3;
+    }
+    steps_json.push_back({{"seconds", r->seconds}, {"loss", r->loss}, {"aux_loss", r->aux_loss},
+                          {"compute_busy_seconds", busy[0]},
+                          {"compute_seconds_by_stage", stage_seconds}});
     std::fprintf(stderr, "step %ld: %.3f s, loss %.4f\n", static_cast<long>(s + 1), r->seconds,
                  r->loss);
     if (s >= warmup) {

@@ -30,6 +30,10 @@
 
 namespace megatrain::ref {
 
+// Loops over less work than this run on the calling thread: a parallel region costs more
+// than they do (and, with busy-waiting OpenMP threads, far more on a loaded machine).
+constexpr int64_t kMinParallelWork = int64_t{1} << 16;
+
 // probs (n,E) = softmax(logits (n,E)); idx (n,k) the top-k experts by probability (lower
 // index first among equals), in decreasing order; w (n,k) their probabilities, divided by
 // their sum when renorm.
@@ -37,7 +41,7 @@ template <typename T, typename S>
 void MoeRoute(S* probs, int32_t* idx, S* w, const T* logits, int64_t n, int64_t E, int64_t k,
               bool renorm) {
   MT_CHECK(k >= 1 && k <= E);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * E * k >= kMinParallelWork)
   for (int64_t t = 0; t < n; ++t) {
     const T* l = logits + t * E;
     S* p = probs + t * E;
@@ -93,7 +97,7 @@ inline void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, cons
 template <typename T>
 void MoeGatherBackward(T* dh, const T* dxe, const int32_t* slot_of, int64_t n, int64_t k,
                        int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * k * C >= kMinParallelWork)
   for (int64_t t = 0; t < n; ++t) {
     T* d = dh + t * C;
     for (int64_t c = 0; c < C; ++c) {
@@ -133,7 +137,7 @@ void GroupedLinearBackward(T* din, T* dW, const T* dout, const T* in, const T* W
 template <typename T, typename S>
 void MoeCombine(T* out, const T* ye, const int32_t* slot_of, const S* w, int64_t n, int64_t k,
                 int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * k * C >= kMinParallelWork)
   for (int64_t t = 0; t < n; ++t) {
     T* o = out + t * C;
     for (int64_t c = 0; c < C; ++c) {
@@ -152,7 +156,7 @@ void MoeCombine(T* out, const T* ye, const int32_t* slot_of, const S* w, int64_t
 template <typename T, typename S>
 void MoeCombineBackward(T* dye, S* dw, const T* dout, const T* ye, const int32_t* slot_of,
                         const S* w, int64_t n, int64_t k, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * k * C >= kMinParallelWork)
   for (int64_t t = 0; t < n; ++t) {
     const T* g = dout + t * C;
     for (int64_t j = 0; j < k; ++j) {
@@ -176,7 +180,7 @@ template <typename T, typename S>
 void MoeRouteBackward(T* dlogits, const S* probs, const int32_t* idx, const S* w, const S* dw,
                       const int32_t* counts, double aux_scale, int64_t n, int64_t E, int64_t k,
                       bool renorm) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * E >= kMinParallelWork)
   for (int64_t t = 0; t < n; ++t) {
     const S* p = probs + t * E;
     std::vector<double> g(E, 0.0);
