@@ -225,8 +225,9 @@ int main(int argc, char** argv) {
                  {"expert_intermediate", c.moe.intermediate_size}}},
       // MoE: matmul_params counts active parameters (the router and the k experts of a
       // token), so model FLOPs are 6 * active * tokens + attention.
-      {"model_flops_formula", "6 * matmul_params * tokens + 6 * layers * seq * heads * head_dim * tokens"
-                              " (matmul_params: active parameters of MoE layers)"},
+      {"model_flops_formula",
+       "6 * matmul_params * tokens + 6 * layers * seq * heads * head_dim * tokens"
+       " (matmul_params: active parameters of MoE layers)"},
       {"tokens_per_step", tokens},
       {"seq_len", seq},
       {"clipping", max_grad_norm > 0},

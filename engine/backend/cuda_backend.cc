@@ -320,9 +320,10 @@ class CudaBackend final : public Backend {
   void Gemm(void* out, const void* in, const void* W, int64_t N, int64_t IC, int64_t OC,
             bool accumulate) {
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CublasDim(OC), CublasDim(N), CublasDim(IC), &alpha, W,
-                                 CUDA_R_16BF, CublasDim(IC), in, CUDA_R_16BF, CublasDim(IC), &beta, out,
-                                 CUDA_R_16BF, CublasDim(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CublasDim(OC), CublasDim(N),
+                                 CublasDim(IC), &alpha, W, CUDA_R_16BF, CublasDim(IC), in,
+                                 CUDA_R_16BF, CublasDim(IC), &beta, out, CUDA_R_16BF,
+                                 CublasDim(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   // din (N,IC) (= or +=, null to skip) = dout (N,OC) W; dW f32 (OC,IC) += dout^T in.
   void GemmBackward(void* din, bool din_accumulate, void* dW, const void* dout, const void* in,
@@ -330,15 +331,17 @@ class CudaBackend final : public Backend {
     const float one = 1.0f, zero = 0.0f;
     if (din != nullptr) {
       // din^T (IC,N) = W^T (IC,OC) dout^T (OC,N)
-      MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, CublasDim(IC), CublasDim(N), CublasDim(OC), &one, W,
-                                   CUDA_R_16BF, CublasDim(IC), dout, CUDA_R_16BF, CublasDim(OC),
-                                   din_accumulate ? &one : &zero, din, CUDA_R_16BF, CublasDim(IC),
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, CublasDim(IC), CublasDim(N),
+                                   CublasDim(OC), &one, W, CUDA_R_16BF, CublasDim(IC), dout,
+                                   CUDA_R_16BF, CublasDim(OC), din_accumulate ? &one : &zero, din,
+                                   CUDA_R_16BF, CublasDim(IC), CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
     }
     // dW^T (IC,OC) += in^T (IC,N) dout (N,OC), in fp32.
-    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, CublasDim(IC), CublasDim(OC), CublasDim(N), &one, in,
-                                 CUDA_R_16BF, CublasDim(IC), dout, CUDA_R_16BF, CublasDim(OC), &one, dW,
-                                 CUDA_R_32F, CublasDim(IC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, CublasDim(IC), CublasDim(OC),
+                                 CublasDim(N), &one, in, CUDA_R_16BF, CublasDim(IC), dout,
+                                 CUDA_R_16BF, CublasDim(OC), &one, dW, CUDA_R_32F, CublasDim(IC),
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   // The (E+1) device offsets, read back once the compute stream has reached this point.
   const int32_t* HostOffsets(const int32_t* offsets, int64_t E) {

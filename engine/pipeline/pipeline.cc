@@ -162,9 +162,9 @@ absl::Status Pipeline::Allocate(bool count_only) {
   if (E > 0) {
     RETURN_IF_ERROR(alloc.Allocate(&router_stats_buf_, stats_bytes, "router statistics"));
     host_router_stats_.resize(stats_bytes);
-    router_stats_.counts = static_cast<int32_t*>(router_stats_buf_.get());
-    router_stats_.prob_sum =
-        router_stats_.counts == nullptr ? nullptr : static_cast<char*>(router_stats_buf_.get()) + counts_bytes;
+    char* stats = static_cast<char*>(router_stats_buf_.get());  // null when only counting
+    router_stats_.counts = reinterpret_cast<int32_t*>(stats);
+    router_stats_.prob_sum = stats == nullptr ? nullptr : stats + counts_bytes;
     aux_coef_ = options_.router_aux_loss_coef >= 0 ? options_.router_aux_loss_coef
                 : config_.moe.output_router_logits ? config_.moe.router_aux_loss_coef
                                                    : 0.0;
