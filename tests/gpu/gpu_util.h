@@ -94,6 +94,14 @@ class GpuTest : public ::testing::Test {
     ASSERT_TRUE(g.ok()) << g.status();
     gpu_ = std::move(*g);
   }
+  // fn(backend, on_cpu) on both backends, then both synced.
+  template <typename Fn>
+  void Both(Fn fn) {
+    fn(cpu_.get(), true);
+    fn(gpu_.get(), false);
+    cpu_->SyncAll();
+    gpu_->SyncAll();
+  }
   std::unique_ptr<Backend> cpu_, gpu_;
 };
 

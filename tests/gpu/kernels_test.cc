@@ -33,13 +33,6 @@ class Kernels : public GpuTest {
     DeviceBuffer c, g;
   };
   Ints Int(const std::vector<int32_t>& v) { return Ints{UploadInts(cpu_.get(), v), UploadInts(gpu_.get(), v)}; }
-  template <typename Fn>
-  void Both(Fn fn) {
-    fn(cpu_.get(), true);
-    fn(gpu_.get(), false);
-    cpu_->SyncAll();
-    gpu_->SyncAll();
-  }
 };
 
 static std::vector<int32_t> DocStarts(int64_t n, std::vector<int64_t> starts) {

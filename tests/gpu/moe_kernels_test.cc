@@ -128,14 +128,6 @@ class MoeKernels : public GpuTest {
   Pair Grad(const std::vector<float>& v) { return Make(v, &Backend::grad_dtype); }
   Pair Stat(const std::vector<float>& v) { return Make(v, &Backend::stat_dtype); }
   IntPair Int(const std::vector<int32_t>& v) { return IntPair(cpu_.get(), gpu_.get(), v); }
-  // fn(backend, on_cpu) on both, then both synced.
-  template <typename Fn>
-  void Both(Fn fn) {
-    fn(cpu_.get(), true);
-    fn(gpu_.get(), false);
-    cpu_->SyncAll();
-    gpu_->SyncAll();
-  }
 
  private:
   Pair Make(const std::vector<float>& v, DType (Backend::*role)() const) {
