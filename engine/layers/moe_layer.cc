@@ -104,8 +104,7 @@ LayerWork MoeLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) const {
   return w;
 }
 
-void MoeLayer::PostNorm(const MoeTensors& w, const MoeActs& a, int64_t n,
-                             StreamId s) const {
+void MoeLayer::PostNorm(const MoeTensors& w, const MoeActs& a, int64_t n, StreamId s) const {
   const int64_t C = config_.hidden_size;
   backend_->RmsNorm(a.h2, a.rstd2, a.attn.x2, w.post_norm, n, C, config_.rms_norm_eps, s);
 }
@@ -118,7 +117,7 @@ void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
   const StreamId s = call.stream;
   const int64_t n = b.num_tokens, C = config_.hidden_size, R = n * k_;
   attention_.Forward(w.attn, x, a.attn, b, call.rope_inv_freq, s);         // x2 = x + attn
-  PostNorm(w, a, n, s);                                                // h2 = norm(x2)
+  PostNorm(w, a, n, s);                                                     // h2 = norm(x2)
   be.Linear(a.logits, a.h2, w.router, nullptr, n, C, E_, false, s);         // logits = h2 Wr^T
   be.MoeRoute(a.probs, a.idx, a.w, a.logits, n, E_, k_, config_.moe.norm_topk_prob, s);
   if (call.record_router_stats) {
