@@ -20,6 +20,19 @@
 namespace megatrain {
 namespace {
 
+// Seconds one call of f takes on stream s: a warm-up call, then the mean of `reps`, timed
+// with events.
+template <typename Fn>
+double SecondsPerCall(Backend* be, StreamId s, int reps, Fn&& f) {
+  f();
+  Event start(be), end(be);
+  be->Record(start.get(), s);
+  for (int i = 0; i < reps; ++i) f();
+  be->Record(end.get(), s);
+  be->EventSync(end.get());
+  return be->ElapsedSeconds(start.get(), end.get()) / reps;
+}
+
 // RMSNorm over (rows, C): forward and backward GB/s (bytes of its inputs and outputs).
 nlohmann::json NormRates(Backend* be, int64_t rows, int64_t C) {
   const int64_t a = DTypeSize(be->act_dtype()), st = DTypeSize(be->stat_dtype());
@@ -36,15 +49,7 @@ nlohmann::json NormRates(Backend* be, int64_t rows, int64_t C) {
   be->Zero(y->get(), rows * C * a, s);
   be->Zero(wt->get(), C * w, s);
   be->Zero(dw->get(), C * g, s);
-  auto time = [&](auto&& f) {
-    f();
-    Event start(be), end(be);
-    be->Record(start.get(), s);
-    for (int i = 0; i < 10; ++i) f();
-    be->Record(end.get(), s);
-    be->EventSync(end.get());
-    return be->ElapsedSeconds(start.get(), end.get()) / 10;
-  };
+  auto time = [&](auto&& f) { return SecondsPerCall(be, s, 10, f); };
   const double fwd = time([&] {
     be->RmsNorm(y->get(), rstd->get(), x->get(), wt->get(), rows, C, 1e-6, s);
   });
@@ -93,15 +98,7 @@ nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, in
   be->CopyToDevice(offsets->get(), off.data(), off.size() * 4, s);
   be->SyncAll();
   const int32_t* o = static_cast<const int32_t*>(offsets->get());
-  auto time = [&](auto&& f) {
-    f();
-    Event start(be), end(be);
-    be->Record(start.get(), s);
-    for (int i = 0; i < 5; ++i) f();
-    be->Record(end.get(), s);
-    be->EventSync(end.get());
-    return be->ElapsedSeconds(start.get(), end.get()) / 5;
-  };
+  auto time = [&](auto&& f) { return SecondsPerCall(be, s, 5, f); };
   const double grouped_fwd =
       time([&] { be->GroupedLinear(out->get(), in->get(), wt->get(), o, E, IC, OC, s); });
   const double grouped_bwd = time([&] {

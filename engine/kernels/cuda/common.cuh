@@ -52,6 +52,16 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   return WarpMax(v);
 }
 
+// s_count (E) in shared memory = how many of idx [f0, f1) name each expert (shared-memory
+// integer atomics: the counts do not depend on order). Every thread of the block calls it;
+// the counts are complete when it returns.
+__device__ __forceinline__ void CountExperts(int32_t* s_count, const int32_t* idx, int64_t f0,
+                                             int64_t f1, int E) {
+  for (int e = threadIdx.x; e < E; e += blockDim.x) s_count[e] = 0;
+  __syncthreads();
+  for (int64_t f = f0 + threadIdx.x; f < f1; f += blockDim.x) atomicAdd(&s_count[idx[f]], 1);
+  __syncthreads();
+}
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

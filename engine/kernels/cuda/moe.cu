@@ -73,12 +73,8 @@ __device__ __forceinline__ int BlockExclusiveScan(int v, int* total, int* warp_s
 // Block b: scratch[b * E + e] = the entries of expert e in tile b of idx (R).
 __global__ void MoeSortCountKernel(int32_t* scratch, const int32_t* idx, int64_t R, int E) {
   extern __shared__ int32_t s_count[];  // (E)
-  for (int e = threadIdx.x; e < E; e += blockDim.x) s_count[e] = 0;
-  __syncthreads();
   const int64_t f0 = blockIdx.x * static_cast<int64_t>(kSortTile);
-  const int64_t f1 = min(f0 + kSortTile, R);
-  for (int64_t f = f0 + threadIdx.x; f < f1; f += blockDim.x) atomicAdd(&s_count[idx[f]], 1);
-  __syncthreads();
+  CountExperts(s_count, idx, f0, min(f0 + kSortTile, R), E);
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     scratch[static_cast<int64_t>(blockIdx.x) * E + e] = s_count[e];
   }

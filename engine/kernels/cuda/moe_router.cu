@@ -165,12 +165,8 @@ __global__ void MoeRouteBackwardKernel(bf16* dlogits, const float* probs, const 
 // counts[e] += the choices of e among idx entries [b * kStatsTile, ...) of block b (R).
 __global__ void MoeCountKernel(int32_t* counts, const int32_t* idx, int64_t R, int E) {
   extern __shared__ int32_t s_count[];  // (E)
-  for (int e = threadIdx.x; e < E; e += blockDim.x) s_count[e] = 0;
-  __syncthreads();
   const int64_t f0 = blockIdx.x * static_cast<int64_t>(kStatsTile);
-  const int64_t f1 = min(f0 + kStatsTile, R);
-  for (int64_t f = f0 + threadIdx.x; f < f1; f += blockDim.x) atomicAdd(&s_count[idx[f]], 1);
-  __syncthreads();
+  CountExperts(s_count, idx, f0, min(f0 + kStatsTile, R), E);
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     if (s_count[e] != 0) atomicAdd(&counts[e], s_count[e]);
   }
