@@ -15,23 +15,11 @@
 #include "CLI/CLI.hpp"
 #include "engine/backend/factory.h"
 #include "engine/plan/machine_profile.h"
+#include "engine/plan/measure.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain {
 namespace {
-
-// Seconds one call of f takes on stream s: a warm-up call, then the mean of `reps`, timed
-// with events.
-template <typename Fn>
-double SecondsPerCall(Backend* be, StreamId s, int reps, Fn&& f) {
-  f();
-  Event start(be), end(be);
-  be->Record(start.get(), s);
-  for (int i = 0; i < reps; ++i) f();
-  be->Record(end.get(), s);
-  be->EventSync(end.get());
-  return be->ElapsedSeconds(start.get(), end.get()) / reps;
-}
 
 // RMSNorm over (rows, C): forward and backward GB/s (bytes of its inputs and outputs).
 nlohmann::json NormRates(Backend* be, int64_t rows, int64_t C) {
@@ -49,7 +37,7 @@ nlohmann::json NormRates(Backend* be, int64_t rows, int64_t C) {
   be->Zero(y->get(), rows * C * a, s);
   be->Zero(wt->get(), C * w, s);
   be->Zero(dw->get(), C * g, s);
-  auto time = [&](auto&& f) { return SecondsPerCall(be, s, 10, f); };
+  auto time = [&](auto&& f) { return TimeOnStream(be, s, 10, f); };
   const double fwd = time([&] {
     be->RmsNorm(y->get(), rstd->get(), x->get(), wt->get(), rows, C, 1e-6, s);
   });
@@ -66,7 +54,7 @@ nlohmann::json NormRates(Backend* be, int64_t rows, int64_t C) {
 // The experts' grouped matmul (GroupedLinear, forward and input + weight gradient) of E
 // experts with `rows` rows each, (rows, IC) -> (rows, OC), against one Linear over the same
 // E * rows rows: the MoE layer's GEMMs at its shapes and the dense rate they are held to.
-// Inputs are random bf16-representable values (matmuls run faster on zeros).
+// Inputs are random (FillRandom: matmuls run faster on zeros).
 nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, int64_t OC) {
   const int64_t R = E * rows, a = DTypeSize(be->act_dtype()), w = DTypeSize(be->weight_dtype());
   const int64_t g = DTypeSize(be->grad_dtype());
@@ -78,27 +66,16 @@ nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, in
   absl::StatusOr<DeviceBuffer> offsets = DeviceBuffer::Allocate(be, (E + 1) * 4);
   if (!in.ok() || !out.ok() || !din.ok() || !wt.ok() || !dw.ok() || !offsets.ok()) return nullptr;
   const StreamId s = StreamId::kCompute;
-  // Random bf16 words of magnitude < 1 (exponent field below 127), widened by the upload.
-  auto fill = [&](void* dst, int64_t n) {
-    std::vector<uint16_t> host(n);
-    uint64_t x = 88172645463325252ull;
-    for (uint16_t& v : host) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      v = static_cast<uint16_t>(((x >> 16) & 0x80ffu) | (0x3c00u + ((x >> 8) & 0x1ff)));
-    }
-    be->UploadWeights(dst, host.data(), n, s);
-    be->SyncAll();
-  };
-  fill(in->get(), R * IC);
-  fill(out->get(), R * OC);
-  fill(wt->get(), E * OC * IC);
+  FillRandom(be, in->get(), R * IC, be->act_dtype(), 1);
+  FillRandom(be, out->get(), R * OC, be->act_dtype(), 2);
+  FillRandom(be, wt->get(), E * OC * IC, be->weight_dtype(), 3);
   be->Zero(dw->get(), E * OC * IC * g, s);
   std::vector<int32_t> off(E + 1);
   for (int64_t e = 0; e <= E; ++e) off[e] = static_cast<int32_t>(e * rows);
   be->CopyToDevice(offsets->get(), off.data(), off.size() * 4, s);
   be->SyncAll();
   const int32_t* o = static_cast<const int32_t*>(offsets->get());
-  auto time = [&](auto&& f) { return SecondsPerCall(be, s, 5, f); };
+  auto time = [&](auto&& f) { return TimeOnStream(be, s, 5, f); };
   const double grouped_fwd =
       time([&] { be->GroupedLinear(out->get(), in->get(), wt->get(), o, E, IC, OC, s); });
   const double grouped_bwd = time([&] {

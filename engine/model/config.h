@@ -34,6 +34,14 @@ struct MoeConfig {
   bool output_router_logits = false;  // transformers adds the aux loss only when true
   int64_t decoder_sparse_step = 1;  // Qwen3-MoE: layer l is MoE when (l+1) % step == 0
   std::vector<int64_t> mlp_only_layers;  // Qwen3-MoE: dense layers among MoE ones
+
+  // The load-balancing loss's weight in the trained loss: `requested` when >= 0 (the job's
+  // train.router_aux_loss_coef), else router_aux_loss_coef when output_router_logits is
+  // true, else 0 (as transformers trains it).
+  double TrainedAuxLossCoef(double requested = -1) const {
+    if (requested >= 0) return requested;
+    return output_router_logits ? router_aux_loss_coef : 0.0;
+  }
 };
 
 struct RopeScaling {

@@ -165,9 +165,7 @@ absl::Status Pipeline::Allocate(bool count_only) {
     char* stats = static_cast<char*>(router_stats_buf_.get());  // null when only counting
     router_stats_.counts = reinterpret_cast<int32_t*>(stats);
     router_stats_.prob_sum = stats == nullptr ? nullptr : stats + counts_bytes;
-    aux_coef_ = options_.router_aux_loss_coef >= 0 ? options_.router_aux_loss_coef
-                : config_.moe.output_router_logits ? config_.moe.router_aux_loss_coef
-                                                   : 0.0;
+    aux_coef_ = config_.moe.TrainedAuxLossCoef(options_.router_aux_loss_coef);
   }
   device_bytes_ = alloc.bytes();
   if (count_only) return absl::OkStatus();

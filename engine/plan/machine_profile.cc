@@ -20,6 +20,7 @@
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/optim/adamw.h"
+#include "engine/plan/measure.h"
 #include "engine/store/host_store.h"
 #include "nlohmann/json.hpp"
 
@@ -27,48 +28,6 @@ namespace megatrain {
 namespace {
 
 constexpr double kGB = 1e9;
-
-// Fills n elements of `dtype` at device `dst` with uniform values in [-1, 1): a 4 MiB
-// random pattern, repeated.
-void FillRandom(Backend* be, void* dst, int64_t n, DType dtype, uint64_t seed) {
-  const int64_t esize = DTypeSize(dtype);
-  const int64_t pattern_n = std::min<int64_t>(n, (4 << 20) / esize);
-  std::vector<char> host(pattern_n * esize);
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (int64_t i = 0; i < pattern_n; ++i) {
-    const float f = u(gen);
-    char* p = host.data() + i * esize;
-    if (dtype == DType::kBF16) {
-      const uint16_t h = FloatToBf16(f);
-      std::memcpy(p, &h, 2);
-    } else if (dtype == DType::kF64) {
-      const double d = f;
-      std::memcpy(p, &d, 8);
-    } else {
-      std::memcpy(p, &f, 4);
-    }
-  }
-  for (int64_t done = 0; done < n; done += pattern_n) {
-    const int64_t count = std::min(pattern_n, n - done);
-    be->CopyToDevice(static_cast<char*>(dst) + done * esize, host.data(), count * esize,
-                     StreamId::kH2D);
-    be->SyncAll();  // `host` is reused
-  }
-}
-
-// Seconds per call of `work` (enqueued on `stream`), timed with events over `reps` calls
-// after one warm-up call.
-template <typename F>
-double TimeOnStream(Backend* be, StreamId stream, int reps, F&& work) {
-  work();
-  Event start(be), end(be);
-  be->Record(start.get(), stream);
-  for (int i = 0; i < reps; ++i) work();
-  be->Record(end.get(), stream);
-  be->EventSync(end.get());
-  return be->ElapsedSeconds(start.get(), end.get()) / reps;
-}
 
 template <typename F>
 double TimeOnHost(int reps, F&& work) {
@@ -149,6 +108,34 @@ int64_t DeviceMemoryBytes(Backend* backend) {
 }
 
 }  // namespace
+
+void FillRandom(Backend* be, void* dst, int64_t n, DType dtype, uint64_t seed) {
+  const int64_t esize = DTypeSize(dtype);
+  const int64_t pattern_n = std::min<int64_t>(n, (4 << 20) / esize);
+  std::vector<char> host(pattern_n * esize);
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t i = 0; i < pattern_n; ++i) {
+    const float f = u(gen);
+    char* p = host.data() + i * esize;
+    if (dtype == DType::kBF16) {
+      const uint16_t h = FloatToBf16(f);
+      std::memcpy(p, &h, 2);
+    } else if (dtype == DType::kF64) {
+      const double d = f;
+      std::memcpy(p, &d, 8);
+    } else {
+      std::memcpy(p, &f, 4);
+    }
+  }
+  for (int64_t done = 0; done < n; done += pattern_n) {
+    const int64_t count = std::min(pattern_n, n - done);
+    be->CopyToDevice(static_cast<char*>(dst) + done * esize, host.data(), count * esize,
+                     StreamId::kH2D);
+    be->SyncAll();  // `host` is reused
+  }
+}
+
 
 double MachineProfile::GemmTflops(int64_t rows, int64_t in_features, int64_t out_features,
                                   bool backward) const {

@@ -411,16 +411,13 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
   absl::StrAppendFormat(&out, "model      %s parameters, %d layers, hidden %d, vocab %d\n",
                         Params(plan.num_parameters), c.num_layers, c.hidden_size, c.vocab_size);
   if (c.is_moe()) {
-    const double aux = r.router_aux_loss_coef >= 0 ? r.router_aux_loss_coef
-                       : c.moe.output_router_logits ? c.moe.router_aux_loss_coef
-                                                    : 0.0;
     absl::StrAppendFormat(
         &out, "experts    %d MoE layer(s) of %d experts (I %d), top-%d%s: %s active parameters "
               "per token (model FLOPs count these); load-balancing loss x%g\n",
         c.NumMoeLayers(), c.moe.num_experts, c.moe.intermediate_size, c.moe.experts_per_token,
         c.moe.norm_topk_prob ? " renormalised" : "",
         Params(MatmulParameters(c) + (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size)),
-        aux);
+        c.moe.TrainedAuxLossCoef(r.router_aux_loss_coef));
   }
   absl::StrAppendFormat(&out, "machine    %s; PCIe %.0f GB/s in, %.0f GB/s out; matmul %.0f TFLOP/s; "
                               "CPU AdamW %.2f G params/s\n",

@@ -101,7 +101,7 @@ class DirectModel {
       c.record_router_stats = true;
       kinds_.ForLayer(l).Forward(c, x_[l].get(), x_[l + 1].get());
     }
-    const double aux_coef = config_.moe.output_router_logits ? config_.moe.router_aux_loss_coef : 0;
+    const double aux_coef = config_.moe.TrainedAuxLossCoef();
     double aux = 0;
     if (config_.is_moe()) {
       be_->SyncAll();
