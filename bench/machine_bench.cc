@@ -77,10 +77,10 @@ nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, in
   const int32_t* o = static_cast<const int32_t*>(offsets->get());
   auto time = [&](auto&& f) { return TimeOnStream(be, s, 5, f); };
   const double grouped_fwd =
-      time([&] { be->GroupedLinear(out->get(), in->get(), wt->get(), o, E, IC, OC, s); });
+      time([&] { be->GroupedLinear(out->get(), in->get(), wt->get(), nullptr, o, E, IC, OC, false, s); });
   const double grouped_bwd = time([&] {
-    be->GroupedLinearBackward(din->get(), dw->get(), out->get(), in->get(), wt->get(), o, E, IC,
-                              OC, s);
+    be->GroupedLinearBackward(din->get(), dw->get(), nullptr, out->get(), in->get(), wt->get(), o,
+                              E, IC, OC, false, s);
   });
   // The dense yardstick: one (R, IC) x (IC, OC) matmul, expert 0's weight for every row.
   const double dense_fwd =

@@ -8,8 +8,17 @@
 
 namespace megatrain {
 
-// qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b | tiny-moe |
-// tiny; false for any other name.
+// qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b | gpt-oss-120b |
+// gpt-oss-20b | tiny-moe | tiny; false for any other name. Cut a shape's depth with
+// SetNumLayers (GPT-OSS's windows follow the layers).
+// Sets the depth; a GPT-OSS shape's layers alternate sliding (even) and full (odd).
+inline void SetNumLayers(int64_t layers, ModelConfig* c) {
+  c->num_layers = layers;
+  c->sliding_layers.clear();
+  if (c->architecture != Architecture::kGptOss) return;
+  for (int64_t l = 0; l < layers; ++l) c->sliding_layers.push_back(l % 2 == 0);
+}
+
 inline bool NamedShape(const std::string& name, ModelConfig* c) {
   *c = ModelConfig{};
   c->head_dim = 128;
@@ -43,6 +52,20 @@ inline bool NamedShape(const std::string& name, ModelConfig* c) {
     c->rope_theta = 1e6, c->rms_norm_eps = 1e-5;
     c->moe.num_experts = 8, c->moe.experts_per_token = 2, c->moe.intermediate_size = 14336;
     c->moe.norm_topk_prob = true, c->moe.router_aux_loss_coef = 0.02;
+  } else if (name == "gpt-oss-120b" || name == "gpt-oss-20b") {  // openai's config.json
+    const bool big = name == "gpt-oss-120b";
+    c->architecture = Architecture::kGptOss;
+    c->hidden_size = 2880, c->intermediate_size = 2880, c->num_layers = big ? 36 : 24;
+    c->num_heads = 64, c->num_kv_heads = 8, c->head_dim = 64, c->vocab_size = 201088;
+    c->qkv_bias = c->o_bias = c->attention_sinks = true;
+    c->sliding_window = 128, c->rope_theta = 150000, c->rms_norm_eps = 1e-5;
+    c->rope_scaling.type = RopeScaling::Type::kYarn;
+    c->rope_scaling.factor = 32, c->rope_scaling.original_max_position_embeddings = 4096;
+    c->rope_scaling.truncate = false;
+    c->rope_scaling.attention_factor = 0.1 * 3.4657359027997265 + 1;  // 0.1 ln 32 + 1
+    c->moe.num_experts = big ? 128 : 32, c->moe.experts_per_token = 4;
+    c->moe.intermediate_size = 2880, c->moe.norm_topk_prob = true;
+    c->moe.gpt_oss_experts = true, c->moe.router_aux_loss_coef = 0.9;
   } else if (name == "tiny-moe") {  // for a smoke run on a CPU
     c->architecture = Architecture::kQwen3Moe;
     c->hidden_size = 256, c->intermediate_size = 704, c->num_layers = 4;
@@ -59,6 +82,7 @@ inline bool NamedShape(const std::string& name, ModelConfig* c) {
     return false;
   }
   c->max_position_embeddings = 131072;
+  SetNumLayers(c->num_layers, c);
   return true;
 }
 

@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
   double device_gib = 0, max_grad_norm = 0;
   app.add_option("--backend", backend);
   app.add_option("--shape", shape,
-                 "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b");
+                 "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b | "
+                 "gpt-oss-120b | gpt-oss-20b");
   app.add_option("--layers", layers, "override the shape's depth");
   app.add_option("--seq", seq);
   app.add_option("--tokens-per-step", tokens);
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "unknown --shape %s\n", shape.c_str());
     return 2;
   }
-  if (layers > 0) c.num_layers = layers;
+  if (layers > 0) SetNumLayers(layers, &c);
   if (tokens % seq != 0) {
     std::fprintf(stderr, "--tokens-per-step must be a multiple of --seq\n");
     return 2;

@@ -15,6 +15,7 @@
 #include "engine/backend/cpu_stream.h"
 #include "engine/common/check.h"
 #include "engine/kernels/reference/attention.h"
+#include "engine/kernels/reference/clamped_swiglu.h"
 #include "engine/kernels/reference/cross_entropy.h"
 #include "engine/kernels/reference/embedding.h"
 #include "engine/kernels/reference/linear.h"
@@ -153,36 +154,40 @@ class CpuBackend final : public Backend {
   }
   void QkvPrepare(void* q, void* k, void* v, void* rstd_q, void* rstd_k, const void* qkv,
                   const void* q_norm_w, const void* k_norm_w, const int32_t* pos,
-                  const float* inv_freq, int64_t n, int64_t H, int64_t KV, int64_t D,
-                  double eps, StreamId s) override {
+                  const float* inv_freq, float rope_scale, int64_t n, int64_t H, int64_t KV,
+                  int64_t D, double eps, StreamId s) override {
     On(s, [=] {
       ref::QkvPrepare<T>(P(q), P(k), P(v), P(rstd_q), P(rstd_k), P(qkv), P(q_norm_w),
-                         P(k_norm_w), pos, inv_freq, n, H, KV, D, eps);
+                         P(k_norm_w), pos, inv_freq, rope_scale, n, H, KV, D, eps);
     });
   }
   void QkvPrepareBackward(void* dqkv, void* dq_norm_w, void* dk_norm_w, const void* dq,
                           const void* dk, const void* dv, const void* qkv, const void* q_norm_w,
                           const void* k_norm_w, const void* rstd_q, const void* rstd_k,
-                          const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
-                          int64_t KV, int64_t D, double eps, StreamId s) override {
+                          const int32_t* pos, const float* inv_freq, float rope_scale,
+                          int64_t n, int64_t H, int64_t KV, int64_t D, double eps,
+                          StreamId s) override {
     On(s, [=] {
       ref::QkvPrepareBackward<T>(P(dqkv), P(dq_norm_w), P(dk_norm_w), P(dq), P(dk), P(dv),
                                  P(qkv), P(q_norm_w), P(k_norm_w), P(rstd_q), P(rstd_k), pos,
-                                 inv_freq, n, H, KV, D, eps);
+                                 inv_freq, rope_scale, n, H, KV, D, eps);
     });
   }
   void Attention(void* o, void* lse, const void* q, const void* k, const void* v,
-                 const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
-                 StreamId s) override {
-    On(s, [=] { ref::Attention<T>(P(o), P(lse), P(q), P(k), P(v), doc_start, n, H, KV, D); });
+                 const int32_t* doc_start, const void* sinks, int64_t window, int64_t n, int64_t H,
+                 int64_t KV, int64_t D, StreamId s) override {
+    On(s, [=] {
+      ref::Attention<T>(P(o), P(lse), P(q), P(k), P(v), doc_start, P(sinks), window, n, H, KV, D);
+    });
   }
-  void AttentionBackward(void* dq, void* dk, void* dv, const void* dout, const void* q,
-                         const void* k, const void* v, const void* o, const void* lse,
-                         const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
+  void AttentionBackward(void* dq, void* dk, void* dv, void* dsinks, const void* dout,
+                         const void* q, const void* k, const void* v, const void* o,
+                         const void* lse, const int32_t* doc_start, const void* sinks,
+                         int64_t window, int64_t n, int64_t H, int64_t KV, int64_t D,
                          StreamId s) override {
     On(s, [=] {
-      ref::AttentionBackward<T>(P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(o), P(lse),
-                                doc_start, n, H, KV, D);
+      ref::AttentionBackward<T>(P(dq), P(dk), P(dv), P(dsinks), P(dout), P(q), P(k), P(v), P(o),
+                                P(lse), doc_start, P(sinks), window, n, H, KV, D);
     });
   }
   void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) override {
@@ -191,6 +196,14 @@ class CpuBackend final : public Backend {
   void SwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I,
                       StreamId s) override {
     On(s, [=] { ref::SwiGluBackward<T>(P(dgu), P(dout), P(gu), N, I); });
+  }
+  void ClampedSwiGlu(void* out, const void* gu, int64_t N, int64_t I, double alpha, double limit,
+                     StreamId s) override {
+    On(s, [=] { ref::ClampedSwiGlu<T>(P(out), P(gu), N, I, alpha, limit); });
+  }
+  void ClampedSwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I,
+                             double alpha, double limit, StreamId s) override {
+    On(s, [=] { ref::ClampedSwiGluBackward<T>(P(dgu), P(dout), P(gu), N, I, alpha, limit); });
   }
   void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets,
                     int64_t N, int64_t V, double scale, StreamId s) override {
@@ -209,15 +222,19 @@ class CpuBackend final : public Backend {
                          int64_t C, StreamId s) override {
     On(s, [=] { ref::MoeGatherBackward<T>(P(dh), P(dxe), slot_of, n, k, C); });
   }
-  void GroupedLinear(void* out, const void* in, const void* W, const int32_t* offsets, int64_t E,
-                     int64_t IC, int64_t OC, StreamId s) override {
-    On(s, [=] { ref::GroupedLinear<T>(P(out), P(in), P(W), offsets, E, IC, OC); });
-  }
-  void GroupedLinearBackward(void* din, void* dW, const void* dout, const void* in,
-                             const void* W, const int32_t* offsets, int64_t E, int64_t IC,
-                             int64_t OC, StreamId s) override {
+  void GroupedLinear(void* out, const void* in, const void* W, const void* bias,
+                     const int32_t* offsets, int64_t E, int64_t IC, int64_t OC,
+                     bool w_in_major, StreamId s) override {
     On(s, [=] {
-      ref::GroupedLinearBackward<T>(P(din), P(dW), P(dout), P(in), P(W), offsets, E, IC, OC);
+      ref::GroupedLinear<T>(P(out), P(in), P(W), P(bias), offsets, E, IC, OC, w_in_major);
+    });
+  }
+  void GroupedLinearBackward(void* din, void* dW, void* dbias, const void* dout, const void* in,
+                             const void* W, const int32_t* offsets, int64_t E, int64_t IC,
+                             int64_t OC, bool w_in_major, StreamId s) override {
+    On(s, [=] {
+      ref::GroupedLinearBackward<T>(P(din), P(dW), P(dbias), P(dout), P(in), P(W), offsets, E, IC,
+                                    OC, w_in_major);
     });
   }
   void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w, int64_t n,

@@ -213,32 +213,37 @@ class CudaBackend final : public Backend {
   }
   void QkvPrepare(void* q, void* k, void* v, void* rstd_q, void* rstd_k, const void* qkv,
                   const void* q_norm_w, const void* k_norm_w, const int32_t* pos,
-                  const float* inv_freq, int64_t n, int64_t H, int64_t KV, int64_t D,
-                  double eps, StreamId s) override {
+                  const float* inv_freq, float rope_scale, int64_t n, int64_t H, int64_t KV,
+                  int64_t D, double eps, StreamId s) override {
     cuda::QkvPrepare(Bf16(q), Bf16(k), Bf16(v), F32(rstd_q), F32(rstd_k), Bf16(qkv), Bf16(q_norm_w), Bf16(k_norm_w),
-                     pos, inv_freq, n, H, KV, D, static_cast<float>(eps), Stream(s));
+                     pos, inv_freq, rope_scale, n, H, KV, D, static_cast<float>(eps), Stream(s));
   }
   void QkvPrepareBackward(void* dqkv, void* dq_norm_w, void* dk_norm_w, const void* dq,
                           const void* dk, const void* dv, const void* qkv, const void* q_norm_w,
                           const void* k_norm_w, const void* rstd_q, const void* rstd_k,
-                          const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
-                          int64_t KV, int64_t D, double eps, StreamId s) override {
+                          const int32_t* pos, const float* inv_freq, float rope_scale,
+                          int64_t n, int64_t H, int64_t KV, int64_t D, double eps,
+                          StreamId s) override {
     CheckComputeStream(s);  // the partials scratch is the compute stream's
     cuda::QkvPrepareBackward(Bf16(dqkv), F32(dq_norm_w), F32(dk_norm_w), Bf16(dq), Bf16(dk), Bf16(dv), Bf16(qkv),
-                             Bf16(q_norm_w), Bf16(k_norm_w), F32(rstd_q), F32(rstd_k), pos, inv_freq, n,
+                             Bf16(q_norm_w), Bf16(k_norm_w), F32(rstd_q), F32(rstd_k), pos, inv_freq, rope_scale, n,
                              H, KV, D, partials_, cuda::kPartialFloats, Stream(s));
   }
   void Attention(void* o, void* lse, const void* q, const void* k, const void* v,
-                 const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
-                 StreamId s) override {
-    cuda::Attention(Bf16(o), F32(lse), Bf16(q), Bf16(k), Bf16(v), doc_start, n, H, KV, D, Stream(s));
+                 const int32_t* doc_start, const void* sinks, int64_t window, int64_t n, int64_t H,
+                 int64_t KV, int64_t D, StreamId s) override {
+    cuda::Attention(Bf16(o), F32(lse), Bf16(q), Bf16(k), Bf16(v), doc_start, Bf16(sinks), window, n,
+                    H, KV, D, Stream(s));
   }
-  void AttentionBackward(void* dq, void* dk, void* dv, const void* dout, const void* q,
-                         const void* k, const void* v, const void* o, const void* lse,
-                         const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
+  void AttentionBackward(void* dq, void* dk, void* dv, void* dsinks, const void* dout,
+                         const void* q, const void* k, const void* v, const void* o,
+                         const void* lse, const int32_t* doc_start, const void* sinks,
+                         int64_t window, int64_t n, int64_t H, int64_t KV, int64_t D,
                          StreamId s) override {
-    cuda::AttentionBackward(Bf16(dq), Bf16(dk), Bf16(dv), Bf16(dout), Bf16(q), Bf16(k), Bf16(v), Bf16(o), F32(lse),
-                            doc_start, n, H, KV, D, Stream(s));
+    if (dsinks != nullptr) CheckComputeStream(s);  // the partials scratch is the compute stream's
+    cuda::AttentionBackward(Bf16(dq), Bf16(dk), Bf16(dv), F32(dsinks), Bf16(dout), Bf16(q), Bf16(k),
+                            Bf16(v), Bf16(o), F32(lse), doc_start, Bf16(sinks), window, n, H, KV, D,
+                            partials_, cuda::kPartialFloats, Stream(s));
   }
   void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) override {
     cuda::SwiGlu(Bf16(out), Bf16(gu), N, I, Stream(s));
@@ -246,6 +251,16 @@ class CudaBackend final : public Backend {
   void SwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I,
                       StreamId s) override {
     cuda::SwiGluBackward(Bf16(dgu), Bf16(dout), Bf16(gu), N, I, Stream(s));
+  }
+  void ClampedSwiGlu(void* out, const void* gu, int64_t N, int64_t I, double alpha, double limit,
+                     StreamId s) override {
+    cuda::ClampedSwiGlu(Bf16(out), Bf16(gu), N, I, static_cast<float>(alpha),
+                        static_cast<float>(limit), Stream(s));
+  }
+  void ClampedSwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I,
+                             double alpha, double limit, StreamId s) override {
+    cuda::ClampedSwiGluBackward(Bf16(dgu), Bf16(dout), Bf16(gu), N, I, static_cast<float>(alpha),
+                                static_cast<float>(limit), Stream(s));
   }
   void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets,
                     int64_t N, int64_t V, double scale, StreamId s) override {
@@ -267,30 +282,49 @@ class CudaBackend final : public Backend {
   }
   // The experts' row counts are on the device: the host reads them (a wait for the compute
   // stream to reach this call, once per grouped matmul) and issues one GEMM per expert that
-  // has rows. Experts without rows are skipped: their gradient stays as it was.
-  void GroupedLinear(void* out, const void* in, const void* W, const int32_t* offsets, int64_t E,
-                     int64_t IC, int64_t OC, StreamId s) override {
+  // has rows. Experts without rows are skipped: their gradient stays as it was. The biases
+  // are one launch over all the rows (device offsets), after the GEMMs, as Linear's.
+  void GroupedLinear(void* out, const void* in, const void* W, const void* bias,
+                     const int32_t* offsets, int64_t E, int64_t IC, int64_t OC,
+                     bool w_in_major, StreamId s) override {
     CheckComputeStream(s);
     const int32_t* rows = HostOffsets(offsets, E);
     for (int64_t e = 0; e < E; ++e) {
       const int64_t r0 = rows[e], count = rows[e + 1] - rows[e];
       if (count == 0) continue;
-      Gemm(Offset(out, r0 * OC, DType::kBF16), Offset(in, r0 * IC, DType::kBF16),
-           Offset(W, e * OC * IC, DType::kBF16), count, IC, OC, false);
+      void* out_e = Offset(out, r0 * OC, DType::kBF16);
+      const void* in_e = Offset(in, r0 * IC, DType::kBF16);
+      const void* W_e = Offset(W, e * OC * IC, DType::kBF16);
+      if (w_in_major) {
+        GemmInMajor(out_e, in_e, W_e, count, IC, OC);
+      } else {
+        Gemm(out_e, in_e, W_e, count, IC, OC, false);
+      }
+    }
+    if (bias != nullptr) {
+      cuda::AddGroupedBias(Bf16(out), Bf16(bias), offsets, E, rows[E], OC, Stream(s));
     }
   }
-  void GroupedLinearBackward(void* din, void* dW, const void* dout, const void* in,
+  void GroupedLinearBackward(void* din, void* dW, void* dbias, const void* dout, const void* in,
                              const void* W, const int32_t* offsets, int64_t E, int64_t IC,
-                             int64_t OC, StreamId s) override {
+                             int64_t OC, bool w_in_major, StreamId s) override {
     CheckComputeStream(s);
     const int32_t* rows = HostOffsets(offsets, E);
     for (int64_t e = 0; e < E; ++e) {
       const int64_t r0 = rows[e], count = rows[e + 1] - rows[e];
       if (count == 0) continue;
-      GemmBackward(Offset(din, r0 * IC, DType::kBF16), false, Offset(dW, e * OC * IC, DType::kF32),
-                   Offset(dout, r0 * OC, DType::kBF16), Offset(in, r0 * IC, DType::kBF16),
-                   Offset(W, e * OC * IC, DType::kBF16), count, IC, OC);
+      void* din_e = Offset(din, r0 * IC, DType::kBF16);
+      void* dW_e = Offset(dW, e * OC * IC, DType::kF32);
+      const void* dout_e = Offset(dout, r0 * OC, DType::kBF16);
+      const void* in_e = Offset(in, r0 * IC, DType::kBF16);
+      const void* W_e = Offset(W, e * OC * IC, DType::kBF16);
+      if (w_in_major) {
+        GemmInMajorBackward(din_e, dW_e, dout_e, in_e, W_e, count, IC, OC);
+      } else {
+        GemmBackward(din_e, false, dW_e, dout_e, in_e, W_e, count, IC, OC);
+      }
     }
+    if (dbias != nullptr) cuda::GroupedBiasGrad(F32(dbias), Bf16(dout), offsets, E, OC, Stream(s));
   }
   void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w, int64_t n,
                   int64_t k, int64_t C, StreamId s) override {
@@ -341,6 +375,30 @@ class CudaBackend final : public Backend {
     MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, CublasDim(IC), CublasDim(OC),
                                  CublasDim(N), &one, in, CUDA_R_16BF, CublasDim(IC), dout,
                                  CUDA_R_16BF, CublasDim(OC), &one, dW, CUDA_R_32F, CublasDim(IC),
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  // out (N,OC) = in (N,IC) W (IC,OC): the weight stored input-major (GPT-OSS's experts).
+  void GemmInMajor(void* out, const void* in, const void* W, int64_t N, int64_t IC, int64_t OC) {
+    const float one = 1.0f, zero = 0.0f;
+    // out^T (OC,N) = W^T (OC,IC) in^T (IC,N); row-major W (IC,OC) is column-major W^T.
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, CublasDim(OC), CublasDim(N),
+                                 CublasDim(IC), &one, W, CUDA_R_16BF, CublasDim(OC), in,
+                                 CUDA_R_16BF, CublasDim(IC), &zero, out, CUDA_R_16BF,
+                                 CublasDim(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  // din (N,IC) = dout (N,OC) W^T; dW f32 (IC,OC) += in^T dout.
+  void GemmInMajorBackward(void* din, void* dW, const void* dout, const void* in, const void* W,
+                           int64_t N, int64_t IC, int64_t OC) {
+    const float one = 1.0f, zero = 0.0f;
+    // din^T (IC,N) = W (IC,OC) dout^T (OC,N)
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CublasDim(IC), CublasDim(N),
+                                 CublasDim(OC), &one, W, CUDA_R_16BF, CublasDim(OC), dout,
+                                 CUDA_R_16BF, CublasDim(OC), &zero, din, CUDA_R_16BF,
+                                 CublasDim(IC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    // dW^T (OC,IC) += dout^T (OC,N) in (N,IC), in fp32.
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, CublasDim(OC), CublasDim(IC),
+                                 CublasDim(N), &one, dout, CUDA_R_16BF, CublasDim(OC), in,
+                                 CUDA_R_16BF, CublasDim(IC), &one, dW, CUDA_R_32F, CublasDim(OC),
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   // The (E+1) device offsets, read back once the compute stream has reached this point.

@@ -108,30 +108,43 @@ class Backend {
                               const void* dout, const void* in, const void* W, int64_t N,
                               int64_t IC, int64_t OC, StreamId s) = 0;
   // q (n,H,D), k,v (n,KV,D) act; rstd_q (n*H), rstd_k (n*KV) stat; qkv act;
-  // norm weights weight (D) | null; pos (n); inv_freq f32 (D/2), a device buffer.
+  // norm weights weight (D) | null; pos (n); inv_freq f32 (D/2), a device buffer;
+  // rope_scale multiplies cos and sin (YaRN's attention factor, else 1).
   virtual void QkvPrepare(void* q, void* k, void* v, void* rstd_q, void* rstd_k,
                           const void* qkv, const void* q_norm_w, const void* k_norm_w,
-                          const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
-                          int64_t KV, int64_t D, double eps, StreamId s) = 0;
+                          const int32_t* pos, const float* inv_freq, float rope_scale,
+                          int64_t n, int64_t H, int64_t KV, int64_t D, double eps,
+                          StreamId s) = 0;
   // dqkv act written; dq_norm_w, dk_norm_w grad += | null
   virtual void QkvPrepareBackward(void* dqkv, void* dq_norm_w, void* dk_norm_w,
                                   const void* dq, const void* dk, const void* dv,
                                   const void* qkv, const void* q_norm_w, const void* k_norm_w,
                                   const void* rstd_q, const void* rstd_k, const int32_t* pos,
-                                  const float* inv_freq, int64_t n, int64_t H, int64_t KV,
-                                  int64_t D, double eps, StreamId s) = 0;
-  // o act (n,H,D), lse stat (n,H); causal within documents given by doc_start (n)
+                                  const float* inv_freq, float rope_scale, int64_t n,
+                                  int64_t H, int64_t KV, int64_t D, double eps,
+                                  StreamId s) = 0;
+  // o act (n,H,D), lse stat (n,H); causal within documents given by doc_start (n); sinks
+  // weight (H) | null: one logit per head in each softmax sum (lse includes it); window > 0:
+  // query i sees only keys i - j < window (0: none) (kernels/reference/attention.h)
   virtual void Attention(void* o, void* lse, const void* q, const void* k, const void* v,
-                         const int32_t* doc_start, int64_t n, int64_t H, int64_t KV,
-                         int64_t D, StreamId s) = 0;
-  virtual void AttentionBackward(void* dq, void* dk, void* dv, const void* dout, const void* q,
-                                 const void* k, const void* v, const void* o, const void* lse,
-                                 const int32_t* doc_start, int64_t n, int64_t H, int64_t KV,
-                                 int64_t D, StreamId s) = 0;
+                         const int32_t* doc_start, const void* sinks, int64_t window, int64_t n,
+                         int64_t H, int64_t KV, int64_t D, StreamId s) = 0;
+  // dq, dk, dv act written; dsinks grad (H) += | null (needs sinks)
+  virtual void AttentionBackward(void* dq, void* dk, void* dv, void* dsinks, const void* dout,
+                                 const void* q, const void* k, const void* v, const void* o,
+                                 const void* lse, const int32_t* doc_start, const void* sinks,
+                                 int64_t window, int64_t n, int64_t H, int64_t KV, int64_t D,
+                                 StreamId s) = 0;
   // out act (N,I) = silu(gate) * up, gu act (N,2I) rows [gate | up]
   virtual void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) = 0;
   virtual void SwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I,
                               StreamId s) = 0;
+  // GPT-OSS: out act (N,I) = (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g), g =
+  // min(gate, limit); gu act (N,2I) rows [gate | up]; dgu act written (clamped_swiglu.h)
+  virtual void ClampedSwiGlu(void* out, const void* gu, int64_t N, int64_t I, double alpha,
+                             double limit, StreamId s) = 0;
+  virtual void ClampedSwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N,
+                                     int64_t I, double alpha, double limit, StreamId s) = 0;
   // logits act (N,V) -> loss stat (N); dlogits act (may alias logits) = scale*(p - onehot)
   virtual void CrossEntropy(void* dlogits, void* loss, const void* logits,
                             const int32_t* targets, int64_t N, int64_t V, double scale,
@@ -149,14 +162,19 @@ class Backend {
   // dh act (n,C) written = sum_j dxe act (R,C) [slot_of (t,j)]
   virtual void MoeGatherBackward(void* dh, const void* dxe, const int32_t* slot_of, int64_t n,
                                  int64_t k, int64_t C, StreamId s) = 0;
-  // out act (R,OC) = in act (R,IC) . W_e^T per expert's rows, W weight (E,OC,IC); offsets
-  // (E+1) on the device
-  virtual void GroupedLinear(void* out, const void* in, const void* W, const int32_t* offsets,
-                             int64_t E, int64_t IC, int64_t OC, StreamId s) = 0;
-  // din act (R,IC) written; dW grad (E,OC,IC) +=
-  virtual void GroupedLinearBackward(void* din, void* dW, const void* dout, const void* in,
-                                     const void* W, const int32_t* offsets, int64_t E,
-                                     int64_t IC, int64_t OC, StreamId s) = 0;
+  // out act (R,OC) = in act (R,IC) . W_e^T + bias_e per expert's rows, W weight (E,OC,IC)
+  // or, with w_in_major, (E,IC,OC) (out = in . W_e: GPT-OSS's experts as transformers keeps
+  // them); bias weight (E,OC) | null; offsets (E+1) on the device
+  virtual void GroupedLinear(void* out, const void* in, const void* W, const void* bias,
+                             const int32_t* offsets, int64_t E, int64_t IC, int64_t OC,
+                             bool w_in_major, StreamId s) = 0;
+  // din act (R,IC) written; dW grad (E,OC,IC) or (E,IC,OC) +=, as W; dbias grad (E,OC) +=
+  // | null (column sums of each expert's rows of dout, deterministic); experts without rows
+  // keep their gradients
+  virtual void GroupedLinearBackward(void* din, void* dW, void* dbias, const void* dout,
+                                     const void* in, const void* W, const int32_t* offsets,
+                                     int64_t E, int64_t IC, int64_t OC, bool w_in_major,
+                                     StreamId s) = 0;
   // out act (n,C) += sum_j w stat (n,k) * ye act (R,C) [slot_of]
   virtual void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w,
                           int64_t n, int64_t k, int64_t C, StreamId s) = 0;

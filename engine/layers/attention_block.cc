@@ -21,13 +21,17 @@ AttentionTensors BindAttention(const UnitLayout& unit, void* base, DType dtype) 
   t.q_norm = at(TensorRole::kQNorm);
   t.k_norm = at(TensorRole::kKNorm);
   t.o_proj = at(TensorRole::kOProj);
+  t.o_bias = at(TensorRole::kOBias);
+  t.sinks = at(TensorRole::kSinks);
   return t;
 }
 
-AttentionBlock::AttentionBlock(const ModelConfig& config, Backend* backend)
+AttentionBlock::AttentionBlock(const ModelConfig& config, Backend* backend, int64_t window)
     : config_(config),
       backend_(backend),
-      qkv_dim_((config.num_heads + 2 * config.num_kv_heads) * config.head_dim) {}
+      qkv_dim_((config.num_heads + 2 * config.num_kv_heads) * config.head_dim),
+      window_(window),
+      rope_scale_(static_cast<float>(config.rope_scaling.attention_factor)) {}
 
 void AttentionBlock::CarveSaved(Carver& c, int64_t n, AttentionActs* a) const {
   const int64_t act = DTypeSize(backend_->act_dtype());
@@ -76,7 +80,11 @@ void AttentionBlock::AddWork(int64_t n, int64_t seq_len, int64_t act_bytes,
   const int64_t hd = config_.num_heads * config_.head_dim, C = config_.hidden_size;
   work->matmuls.push_back({C, qkv_dim_});
   work->matmuls.push_back({hd, C});
-  work->attention_flops += 2.0 * n * std::min(seq_len, n) * hd;
+  // 4 hd FLOPs per visible (query, key) pair: L/2 keys per query on average in a causal
+  // document of L tokens, W - W^2/(2L) under a window of W < L.
+  const double L = static_cast<double>(std::min(seq_len, n)), W = static_cast<double>(window_);
+  const double keys = window_ > 0 && W < L ? W - W * W / (2 * L) : L / 2;
+  work->attention_flops += 4.0 * n * keys * hd;
   // Per token: the norm reads x and writes h, RoPE rewrites q and k, the residual reads and
   // writes C; the rebuild is the norm again.
   work->elementwise_bytes += static_cast<double>(act_bytes) * n * (4 * C + 2 * qkv_dim_ + 2 * hd);
@@ -92,10 +100,11 @@ void AttentionBlock::Forward(const AttentionTensors& w, const void* x, const Att
   be.RmsNorm(a.h, a.rstd1, x, w.input_norm, n, C, eps, s);                  // h = norm(x)
   be.Linear(a.qkv, a.h, w.qkv, w.qkv_bias, n, C, qkv_dim_, false, s);        // qkv = h Wqkv^T + b
   be.QkvPrepare(a.q, a.k, a.v, a.rstd_q, a.rstd_k, a.qkv, w.q_norm, w.k_norm, b.positions,
-                inv_freq, n, H, KV, D, eps, s);                              // split, QK-norm, RoPE
-  be.Attention(a.o, a.lse, a.q, a.k, a.v, b.doc_start, n, H, KV, D, s);      // o = attn(q,k,v)
+                inv_freq, rope_scale_, n, H, KV, D, eps, s);                 // split, QK-norm, RoPE
+  be.Attention(a.o, a.lse, a.q, a.k, a.v, b.doc_start, w.sinks, window_, n, H, KV, D,
+               s);                                                           // o = attn(q,k,v)
   be.CopyOnDevice(a.x2, x, n * C * DTypeSize(be.act_dtype()), s);
-  be.Linear(a.x2, a.o, w.o_proj, nullptr, n, H * D, C, true, s);            // x2 = x + o Wo^T
+  be.Linear(a.x2, a.o, w.o_proj, w.o_bias, n, H * D, C, true, s);           // x2 = x + o Wo^T + b
 }
 
 void AttentionBlock::Rebuild(const AttentionTensors& w, const void* x, const AttentionActs& a,
@@ -113,11 +122,12 @@ void AttentionBlock::Backward(const AttentionTensors& w, const AttentionTensors&
   const int64_t KV = config_.num_kv_heads, D = config_.head_dim;
   const double eps = config_.rms_norm_eps;
   // dres = dL/dx2
-  be.LinearBackward(a.dout, false, g.o_proj, nullptr, dres, a.o, w.o_proj, n, H * D, C, s);
-  be.AttentionBackward(a.dq, a.dk, a.dv, a.dout, a.q, a.k, a.v, a.o, a.lse, b.doc_start, n, H,
-                       KV, D, s);
+  be.LinearBackward(a.dout, false, g.o_proj, g.o_bias, dres, a.o, w.o_proj, n, H * D, C, s);
+  be.AttentionBackward(a.dq, a.dk, a.dv, g.sinks, a.dout, a.q, a.k, a.v, a.o, a.lse,
+                       b.doc_start, w.sinks, window_, n, H, KV, D, s);
   be.QkvPrepareBackward(a.dqkv, g.q_norm, g.k_norm, a.dq, a.dk, a.dv, a.qkv, w.q_norm, w.k_norm,
-                        a.rstd_q, a.rstd_k, b.positions, inv_freq, n, H, KV, D, eps, s);
+                        a.rstd_q, a.rstd_k, b.positions, inv_freq, rope_scale_, n, H, KV, D, eps,
+                        s);
   be.LinearBackward(a.dh, false, g.qkv, g.qkv_bias, a.dqkv, a.h, w.qkv, n, C, qkv_dim_, s);
   be.RmsNormBackward(dres, g.input_norm, a.dh, x, w.input_norm, a.rstd1, n, C, s);
   // dres = dL/dx

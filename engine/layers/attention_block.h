@@ -4,7 +4,8 @@
 //   qkv = h Wqkv^T (+ b_qkv)                               (n, (H+2KV)*D)
 //   q,k,v = split, QK-norm (Qwen3), RoPE                   (n,H,D) (n,KV,D) (n,KV,D)
 //   o   = causal GQA attention within documents            (n, H*D)
-//   x2  = x + o Wo^T                                       (n, C)
+//         (GPT-OSS: a learned sink logit per head, and a window on sliding layers)
+//   x2  = x + o Wo^T (+ b_o)                               (n, C)
 //
 // Stateless: a kind binds its views of a slot (BindAttention) and carves the
 // intermediates (CarveSaved, then CarveScratch) out of its workspace. Thread-compatible;
@@ -29,6 +30,8 @@ struct AttentionTensors {
   void* q_norm = nullptr;      // (D) or null
   void* k_norm = nullptr;      // (D) or null
   void* o_proj = nullptr;      // (C, H*D)
+  void* o_bias = nullptr;      // (C) or null
+  void* sinks = nullptr;       // (H) or null
 };
 
 // The attention half's views of `unit`'s tensors from `base` (elements of `dtype`).
@@ -60,7 +63,9 @@ struct AttentionActs {
 
 class AttentionBlock {
  public:
-  AttentionBlock(const ModelConfig& config, Backend* backend);
+  // window: the layer's attention window in tokens (ModelConfig::AttentionWindow), 0 for
+  // full causal attention.
+  AttentionBlock(const ModelConfig& config, Backend* backend, int64_t window);
 
   // The saved fields of `a`, then (a second call, after the kind's own saved fields) the
   // scratch ones. UseScratch points a saved-only carve's scratch fields at `scratch`'s.
@@ -86,6 +91,8 @@ class AttentionBlock {
   ModelConfig config_;
   Backend* backend_;
   int64_t qkv_dim_;  // (H + 2*KV) * D
+  int64_t window_;
+  float rope_scale_;  // YaRN's attention factor, else 1
 };
 
 }  // namespace megatrain

@@ -29,7 +29,11 @@ LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, 
     const UnitLayout& unit = layout.units[layout.DecoderUnit(l)];
     int group = -1;
     for (size_t g = 0; g < representatives.size() && group < 0; ++g) {
-      if (representatives[g]->SameStructure(unit)) group = static_cast<int>(g);
+      // One kind per structure and attention window (GPT-OSS alternates two windows).
+      if (representatives[g]->SameStructure(unit) &&
+          config.AttentionWindow(representatives[g]->layer) == config.AttentionWindow(l)) {
+        group = static_cast<int>(g);
+      }
     }
     if (group < 0) {
       group = static_cast<int>(out.kinds.size());
@@ -48,6 +52,12 @@ LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, 
 std::vector<float> RopeInvFreqs(const ModelConfig& config) {
   std::vector<float> inv_freq(config.head_dim / 2);
   const RopeScaling& rs = config.rope_scaling;
+  if (rs.type == RopeScaling::Type::kYarn) {
+    ref::RopeYarnInvFreq(inv_freq.data(), config.head_dim, config.rope_theta, rs.factor,
+                         rs.beta_fast, rs.beta_slow, rs.original_max_position_embeddings,
+                         rs.truncate);
+    return inv_freq;
+  }
   ref::RopeInvFreq(inv_freq.data(), config.head_dim, config.rope_theta,
                    rs.type == RopeScaling::Type::kLlama3, rs.factor, rs.low_freq_factor,
                    rs.high_freq_factor, rs.original_max_position_embeddings);

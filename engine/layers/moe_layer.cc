@@ -9,18 +9,26 @@ MoeLayer::MoeLayer(const ModelConfig& config, const UnitLayout& unit, Backend* b
     : config_(config),
       unit_(unit),
       backend_(backend),
-      attention_(config, backend),
+      attention_(config, backend, config.AttentionWindow(unit.layer)),
       E_(config.moe.num_experts),
       k_(config.moe.experts_per_token),
-      I_(config.moe.intermediate_size) {}
+      I_(config.moe.intermediate_size),
+      in_major_(unit.Find(TensorRole::kExpertGateUpT) != nullptr) {}
 
 MoeTensors MoeLayer::Bind(void* base, DType dtype) const {
   MoeTensors t;
   t.attn = BindAttention(unit_, base, dtype);
   t.post_norm = Offset(base, unit_.OffsetOf(TensorRole::kPostNorm), dtype);
-  t.router = Offset(base, unit_.OffsetOf(TensorRole::kRouter), dtype);
-  t.gate_up = Offset(base, unit_.OffsetOf(TensorRole::kExpertGate), dtype);
-  t.down = Offset(base, unit_.OffsetOf(TensorRole::kExpertDown), dtype);
+  auto at = [&](TensorRole role) -> void* {
+    const int64_t off = unit_.OffsetOf(role);
+    return off < 0 ? nullptr : Offset(base, off, dtype);
+  };
+  t.router = at(TensorRole::kRouter);
+  t.gate_up = at(in_major_ ? TensorRole::kExpertGateUpT : TensorRole::kExpertGate);
+  t.down = at(in_major_ ? TensorRole::kExpertDownT : TensorRole::kExpertDown);
+  t.router_bias = at(TensorRole::kRouterBias);
+  t.gate_up_bias = at(TensorRole::kExpertGateUpBias);
+  t.down_bias = at(TensorRole::kExpertDownBias);
   return t;
 }
 
@@ -109,6 +117,25 @@ void MoeLayer::PostNorm(const MoeTensors& w, const MoeActs& a, int64_t n, Stream
   backend_->RmsNorm(a.h2, a.rstd2, a.attn.x2, w.post_norm, n, C, config_.rms_norm_eps, s);
 }
 
+void MoeLayer::Activation(const MoeActs& a, int64_t rows, StreamId s) const {
+  const MoeConfig& m = config_.moe;
+  if (m.gpt_oss_experts) {
+    backend_->ClampedSwiGlu(a.a, a.gu, rows, I_, m.swiglu_alpha, m.swiglu_limit, s);
+  } else {
+    backend_->SwiGlu(a.a, a.gu, rows, I_, s);
+  }
+}
+
+void MoeLayer::ActivationBackward(const MoeActs& a, int64_t rows, StreamId s) const {
+  const MoeConfig& m = config_.moe;
+  if (m.gpt_oss_experts) {
+    backend_->ClampedSwiGluBackward(a.dgu, a.da, a.gu, rows, I_, m.swiglu_alpha, m.swiglu_limit,
+                                    s);
+  } else {
+    backend_->SwiGluBackward(a.dgu, a.da, a.gu, rows, I_, s);
+  }
+}
+
 void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
   Backend& be = *backend_;
   const MoeTensors w = BindWeights(const_cast<void*>(call.weights));
@@ -118,7 +145,7 @@ void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
   const int64_t n = b.num_tokens, C = config_.hidden_size, R = n * k_;
   attention_.Forward(w.attn, x, a.attn, b, call.rope_inv_freq, s);         // x2 = x + attn
   PostNorm(w, a, n, s);                                                     // h2 = norm(x2)
-  be.Linear(a.logits, a.h2, w.router, nullptr, n, C, E_, false, s);         // logits = h2 Wr^T
+  be.Linear(a.logits, a.h2, w.router, w.router_bias, n, C, E_, false, s);   // logits = h2 Wr^T + b
   be.MoeRoute(a.probs, a.idx, a.w, a.logits, n, E_, k_, config_.moe.norm_topk_prob, s);
   if (call.record_router_stats) {
     MT_CHECK(call.router_stats != nullptr);
@@ -127,9 +154,11 @@ void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
   }
   be.MoeSort(a.offsets, a.slot_of, a.row_token, a.sort_scratch, a.idx, n, E_, k_, s);
   be.Embedding(a.xe, a.row_token, a.h2, R, C, s);                          // xe = h2[rows]
-  be.GroupedLinear(a.gu, a.xe, w.gate_up, a.offsets, E_, C, 2 * I_, s);    // gu = xe [Wg;Wu]^T
-  be.SwiGlu(a.a, a.gu, R, I_, s);                                           // a = silu(g) * u
-  be.GroupedLinear(a.ye, a.a, w.down, a.offsets, E_, I_, C, s);             // ye = a Wd^T
+  be.GroupedLinear(a.gu, a.xe, w.gate_up, w.gate_up_bias, a.offsets, E_, C, 2 * I_, in_major_,
+                   s);                                                      // gu = xe Wgu^T + b
+  Activation(a, R, s);                                                      // a = silu(g) * u
+  be.GroupedLinear(a.ye, a.a, w.down, w.down_bias, a.offsets, E_, I_, C, in_major_,
+                   s);                                                      // ye = a Wd^T + b
   be.CopyOnDevice(out, a.attn.x2, n * C * DTypeSize(be.act_dtype()), s);
   be.MoeCombine(out, a.ye, a.slot_of, a.w, n, k_, C, s);                   // out = x2 + sum w ye
 }
@@ -143,7 +172,7 @@ void MoeLayer::Rebuild(const LayerCall& call, const void* x) const {
   attention_.Rebuild(w.attn, x, a.attn, n, call.stream);
   PostNorm(w, a, n, call.stream);
   be.Embedding(a.xe, a.row_token, a.h2, R, config_.hidden_size, call.stream);
-  be.SwiGlu(a.a, a.gu, R, I_, call.stream);
+  Activation(a, R, call.stream);
 }
 
 void MoeLayer::Backward(const LayerCall& call, const void* x, void* dres) const {
@@ -161,14 +190,16 @@ void MoeLayer::Backward(const LayerCall& call, const void* x, void* dres) const 
   const bool aux = stats != nullptr && stats->aux_scale != 0;
   // experts: dres = dL/dout
   be.MoeCombineBackward(dye, a.dw, dres, a.ye, a.slot_of, a.w, n, k_, C, s);
-  be.GroupedLinearBackward(a.da, g.down, dye, a.a, w.down, a.offsets, E_, I_, C, s);
-  be.SwiGluBackward(a.dgu, a.da, a.gu, R, I_, s);
-  be.GroupedLinearBackward(a.dxe, g.gate_up, a.dgu, a.xe, w.gate_up, a.offsets, E_, C, 2 * I_, s);
+  be.GroupedLinearBackward(a.da, g.down, g.down_bias, dye, a.a, w.down, a.offsets, E_, I_, C,
+                           in_major_, s);
+  ActivationBackward(a, R, s);
+  be.GroupedLinearBackward(a.dxe, g.gate_up, g.gate_up_bias, a.dgu, a.xe, w.gate_up, a.offsets,
+                           E_, C, 2 * I_, in_major_, s);
   be.MoeGatherBackward(dh2, a.dxe, a.slot_of, n, k_, C, s);
   // router: dL/dw through the top-k and the softmax, plus the load-balancing term
   be.MoeRouteBackward(a.dlogits, a.probs, a.idx, a.w, a.dw, aux ? stats->counts : nullptr,
                       aux ? stats->aux_scale : 0.0, n, E_, k_, renorm, s);
-  be.LinearBackward(dh2, true, g.router, nullptr, a.dlogits, a.h2, w.router, n, C, E_, s);
+  be.LinearBackward(dh2, true, g.router, g.router_bias, a.dlogits, a.h2, w.router, n, C, E_, s);
   be.RmsNormBackward(dres, g.post_norm, dh2, a.attn.x2, w.post_norm, a.rstd2, n, C, s);
   // attention half: dres = dL/dx2 -> dL/dx
   attention_.Backward(w.attn, g.attn, x, dres, a.attn, b, call.rope_inv_freq, s);

@@ -1,5 +1,5 @@
-// The mixture-of-experts block (Qwen3-MoE, Mixtral): the dense block's attention half,
-// then a router and E SwiGLU experts of which each token uses k.
+// The mixture-of-experts block (Qwen3-MoE, Mixtral, GPT-OSS): the dense block's attention
+// half, then a router and E SwiGLU experts of which each token uses k.
 //
 //   x2  = x + attention(RMSNorm(x))                     (attention_block.h)
 //   h2  = RMSNorm(x2) * w_post                           (n, C)
@@ -9,6 +9,11 @@
 //   a   = silu(gate) * up                                (R, I)
 //   ye  = a Wd_e^T per expert                            (R, C)    grouped GEMM
 //   out = x2 + sum_j w[t,j] ye[row of (t,j)]             (n, C)
+//
+// GPT-OSS: the router and both expert projections add biases, the expert weights are
+// transformers' input-major tensors (gu = xe Wgu_e with gate/up interleaved, ye = a Wd_e),
+// and the activation is the clamped SwiGLU (ClampedSwiGlu). Its top-k-then-softmax router
+// gives the weights of a softmax over all E renormalised over the top k: MoeRoute's renorm.
 //
 // The load-balancing loss (transformers' load_balancing_loss_func over the step's MoE
 // layers and tokens) adds aux_scale * counts[e] to dL/dprobs in backward; its value is the
@@ -31,8 +36,11 @@ struct MoeTensors {
   AttentionTensors attn;
   void* post_norm = nullptr;  // (C)
   void* router = nullptr;     // (E, C)
-  void* gate_up = nullptr;    // (E, 2I, C): expert e's [gate; up]
-  void* down = nullptr;       // (E, C, I)
+  void* gate_up = nullptr;    // (E, 2I, C): expert e's [gate; up]; GPT-OSS (E, C, 2I)
+  void* down = nullptr;       // (E, C, I); GPT-OSS (E, I, C)
+  void* router_bias = nullptr;   // (E) or null
+  void* gate_up_bias = nullptr;  // (E, 2I) or null
+  void* down_bias = nullptr;     // (E, C) or null
 };
 
 // Intermediates of one micro-batch of n tokens, R = n*k rows. Saved (kept layers): the
@@ -84,12 +92,16 @@ class MoeLayer final : public LayerKind {
   MoeActs ActsOf(const LayerCall& call) const;
   // h2 = RMSNorm(x2) * w_post.
   void PostNorm(const MoeTensors& w, const MoeActs& a, int64_t n, StreamId s) const;
+  // a = act(gu): SwiGLU, or GPT-OSS's clamped SwiGLU; and its backward.
+  void Activation(const MoeActs& a, int64_t rows, StreamId s) const;
+  void ActivationBackward(const MoeActs& a, int64_t rows, StreamId s) const;
 
   ModelConfig config_;
   UnitLayout unit_;
   Backend* backend_;
   AttentionBlock attention_;
   int64_t E_, k_, I_;
+  bool in_major_;  // the experts' weights are input-major (GPT-OSS)
 };
 
 }  // namespace megatrain

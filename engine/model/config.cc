@@ -7,6 +7,7 @@
 #include "engine/model/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -26,7 +27,8 @@ using Json = nlohmann::json;
 
 constexpr Architecture kAllArchitectures[] = {Architecture::kLlama,    Architecture::kMistral,
                                               Architecture::kQwen2,    Architecture::kQwen3,
-                                              Architecture::kQwen3Moe, Architecture::kMixtral};
+                                              Architecture::kQwen3Moe, Architecture::kMixtral,
+                                              Architecture::kGptOss};
 
 // A short rendering of a JSON value for error messages.
 std::string Describe(const Json& v) {
@@ -170,7 +172,36 @@ absl::StatusOr<Architecture> ParseArchitecture(const FieldReader& f, absl::strin
       name.empty() ? model_type : name,
       "', which megatrain does not implement; supported: LlamaForCausalLM (llama), "
       "MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3), "
-      "Qwen3MoeForCausalLM (qwen3_moe), MixtralForCausalLM (mixtral)"));
+      "Qwen3MoeForCausalLM (qwen3_moe), MixtralForCausalLM (mixtral), GptOssForCausalLM "
+      "(gpt_oss)"));
+}
+
+// YaRN, as transformers' _compute_yarn_parameters reads it (factor and
+// original_max_position_embeddings required; beta_fast 32, beta_slow 1, truncate true).
+absl::Status ParseYarn(const FieldReader& f, ModelConfig& c) {
+  RopeScaling& r = c.rope_scaling;
+  r.type = RopeScaling::Type::kYarn;
+  ASSIGN_OR_RETURN(r.factor, f.RequiredNumber("factor"));
+  ASSIGN_OR_RETURN(r.original_max_position_embeddings,
+                   f.RequiredPositiveInt("original_max_position_embeddings"));
+  // transformers takes `x or default`: a 0 means the default too.
+  ASSIGN_OR_RETURN(r.beta_fast, f.OptionalNumber("beta_fast", 32.0, /*allow_zero=*/true));
+  ASSIGN_OR_RETURN(r.beta_slow, f.OptionalNumber("beta_slow", 1.0, /*allow_zero=*/true));
+  if (r.beta_fast == 0) r.beta_fast = 32.0;
+  if (r.beta_slow == 0) r.beta_slow = 1.0;
+  ASSIGN_OR_RETURN(r.truncate, f.OptionalBool("truncate", true));
+  auto mscale = [](double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  };
+  if (f.Get("attention_factor") != nullptr) {
+    ASSIGN_OR_RETURN(r.attention_factor, f.RequiredNumber("attention_factor"));
+  } else {
+    ASSIGN_OR_RETURN(double m, f.OptionalNumber("mscale", 0.0, /*allow_zero=*/true));
+    ASSIGN_OR_RETURN(double m_all, f.OptionalNumber("mscale_all_dim", 0.0, /*allow_zero=*/true));
+    r.attention_factor = m != 0 && m_all != 0 ? mscale(r.factor, m) / mscale(r.factor, m_all)
+                                              : mscale(r.factor, 1.0);
+  }
+  return absl::OkStatus();
 }
 
 // rope_scaling (transformers 4.x) or rope_parameters (transformers 5.x). As in
@@ -190,13 +221,15 @@ absl::Status ParseRope(const FieldReader& top, absl::string_view source, ModelCo
   const char* type_key = f.Get("rope_type") != nullptr ? "rope_type" : "type";
   ASSIGN_OR_RETURN(std::string type, f.OptionalString(type_key, ""));
   if (type.empty()) {
-    return f.Error("rope_type", "is missing; megatrain supports \"llama3\" or no scaling");
+    return f.Error("rope_type",
+                   "is missing; megatrain supports \"llama3\", \"yarn\" or no scaling");
   }
   if (type == "default") return absl::OkStatus();
+  if (type == "yarn") return ParseYarn(f, c);
   if (type != "llama3") {
     return f.Error(type_key, absl::StrCat("is \"", type,
-                                          "\"; megatrain implements only \"llama3\" rope "
-                                          "scaling (or none: null / \"default\")"));
+                                          "\"; megatrain implements \"llama3\" and \"yarn\" "
+                                          "rope scaling (or none: null / \"default\")"));
   }
   RopeScaling& r = c.rope_scaling;
   r.type = RopeScaling::Type::kLlama3;
@@ -213,12 +246,41 @@ absl::Status ParseRope(const FieldReader& top, absl::string_view source, ModelCo
   return absl::OkStatus();
 }
 
+// GPT-OSS: sliding_window (default 128) on the layers layer_types marks
+// "sliding_attention" (default: the even ones), full attention on the "full_attention" ones.
+absl::StatusOr<int64_t> ParseLayerTypes(const FieldReader& f, ModelConfig& c) {
+  c.sliding_layers.assign(c.num_layers, false);
+  for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = l % 2 == 0;
+  if (const Json* types = f.Get("layer_types")) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
+      return f.Error("layer_types",
+                     absl::StrCat("must be a list of num_hidden_layers (", c.num_layers,
+                                  ") layer types, got ", Describe(*types)));
+    }
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const Json& t = (*types)[l];
+      const std::string name = t.is_string() ? t.get<std::string>() : "";
+      if (name != "sliding_attention" && name != "full_attention") {
+        return f.Error("layer_types",
+                       absl::StrCat("[", l, "] is ", Describe(t),
+                                    "; each must be \"sliding_attention\" or \"full_attention\""));
+      }
+      c.sliding_layers[l] = name == "sliding_attention";
+    }
+  }
+  const bool any = std::find(c.sliding_layers.begin(), c.sliding_layers.end(), true) !=
+                   c.sliding_layers.end();
+  if (!any) return int64_t{0};
+  return f.OptionalPositiveInt("sliding_window", 128);
+}
+
 // Mistral: sliding_window (transformers' default 4096 when the field is absent, null =
 // none). Qwen2/3: only when use_sliding_window is true, and only if some layer slides
 // (layers >= max_window_layers do). Llama has none.
-absl::StatusOr<int64_t> ParseSlidingWindow(const FieldReader& f, const ModelConfig& c,
+absl::StatusOr<int64_t> ParseSlidingWindow(const FieldReader& f, ModelConfig& c,
                                            const Json& root) {
   if (c.architecture == Architecture::kLlama) return int64_t{0};
+  if (c.architecture == Architecture::kGptOss) return ParseLayerTypes(f, c);
   auto window = [&]() -> absl::StatusOr<int64_t> {
     if (root.contains("sliding_window") && root["sliding_window"].is_null()) return int64_t{0};
     return f.OptionalPositiveInt("sliding_window", 4096);
@@ -245,8 +307,13 @@ absl::Status ParseBiasesAndActivation(const FieldReader& f, ModelConfig& c) {
   }
   ASSIGN_OR_RETURN(bool mlp_bias, f.OptionalBool("mlp_bias", false));
   if (mlp_bias) return f.Error("mlp_bias", "is true; MLP biases are not supported");
-  ASSIGN_OR_RETURN(bool attention_bias, f.OptionalBool("attention_bias", false));
+  ASSIGN_OR_RETURN(bool attention_bias,
+                   f.OptionalBool("attention_bias", c.architecture == Architecture::kGptOss));
   switch (c.architecture) {
+    case Architecture::kGptOss:  // attention_bias: q/k/v and o; sinks always
+      c.qkv_bias = c.o_bias = attention_bias;
+      c.attention_sinks = true;
+      break;
     case Architecture::kQwen2:  // q/k/v always carry a bias; attention_bias is not read
       c.qkv_bias = true;
       break;
@@ -275,6 +342,7 @@ int64_t DefaultMaxPositions(Architecture a) {
     case Architecture::kQwen2:
     case Architecture::kQwen3:
     case Architecture::kQwen3Moe: return 32768;
+    case Architecture::kGptOss: return 131072;
   }
   return 2048;
 }
@@ -286,10 +354,26 @@ int64_t DefaultMaxPositions(Architecture a) {
 absl::Status ParseExperts(const FieldReader& f, ModelConfig& c) {
   MoeConfig& m = c.moe;
   const bool qwen = c.architecture == Architecture::kQwen3Moe;
+  const bool gpt_oss = c.architecture == Architecture::kGptOss;
   const char* experts_key = f.Get("num_experts") != nullptr ? "num_experts" : "num_local_experts";
-  ASSIGN_OR_RETURN(m.num_experts, f.OptionalPositiveInt(experts_key, qwen ? 128 : 8));
-  ASSIGN_OR_RETURN(m.experts_per_token, f.OptionalPositiveInt("num_experts_per_tok", qwen ? 8 : 2));
-  if (qwen) {
+  ASSIGN_OR_RETURN(m.num_experts,
+                   f.OptionalPositiveInt(experts_key, qwen || gpt_oss ? 128 : 8));
+  ASSIGN_OR_RETURN(m.experts_per_token,
+                   f.OptionalPositiveInt("num_experts_per_tok", qwen ? 8 : gpt_oss ? 4 : 2));
+  if (gpt_oss) {
+    m.intermediate_size = c.intermediate_size;
+    m.norm_topk_prob = true;  // top-k then softmax over the k: renormalised weights
+    m.gpt_oss_experts = true;
+    // transformers' GptOssExperts hard-codes limit 7.0 and alpha 1.702 (the released
+    // configs say swiglu_limit 7.0); another value would train a model transformers
+    // does not run.
+    ASSIGN_OR_RETURN(m.swiglu_limit, f.OptionalNumber("swiglu_limit", 7.0));
+    if (m.swiglu_limit != 7.0) {
+      return f.Error("swiglu_limit",
+                     absl::StrFormat("is %g; transformers' GPT-OSS experts clamp at 7.0", 
+                                     m.swiglu_limit));
+    }
+  } else if (qwen) {
     ASSIGN_OR_RETURN(m.intermediate_size, f.OptionalPositiveInt("moe_intermediate_size", 768));
     ASSIGN_OR_RETURN(m.norm_topk_prob, f.OptionalBool("norm_topk_prob", false));
     ASSIGN_OR_RETURN(m.decoder_sparse_step, f.OptionalPositiveInt("decoder_sparse_step", 1));
@@ -338,6 +422,24 @@ absl::Status ParseExperts(const FieldReader& f, ModelConfig& c) {
     return f.Error("mlp_only_layers", "leaves no layer with experts; use Qwen3ForCausalLM");
   }
   return absl::OkStatus();
+}
+
+// quantization_config: only GPT-OSS's MXFP4 experts, which the loader dequantizes to bf16
+// as transformers does (Mxfp4Config(dequantize=True)); checkpoints are written in bf16.
+absl::Status ParseQuantization(const FieldReader& f, const ModelConfig& c) {
+  const Json* q = f.Get("quantization_config");
+  if (q == nullptr) return absl::OkStatus();
+  const Json* method = q->is_object() && q->contains("quant_method") ? &(*q)["quant_method"]
+                                                                     : nullptr;
+  if (method != nullptr && method->is_string() && method->get<std::string>() == "mxfp4" &&
+      c.architecture == Architecture::kGptOss) {
+    return absl::OkStatus();
+  }
+  return f.Error("quantization_config",
+                 absl::StrCat("is ", Describe(*q),
+                              "; megatrain trains full-precision weights and loads only "
+                              "GPT-OSS's mxfp4 experts (dequantized); use the unquantized "
+                              "checkpoint"));
 }
 
 absl::StatusOr<ModelConfig> ParseObject(const Json& root, absl::string_view source) {
@@ -395,7 +497,9 @@ absl::StatusOr<ModelConfig> ParseObject(const Json& root, absl::string_view sour
   ASSIGN_OR_RETURN(c.max_position_embeddings,
                    f.OptionalPositiveInt("max_position_embeddings",
                                          DefaultMaxPositions(c.architecture)));
-  ASSIGN_OR_RETURN(c.rms_norm_eps, f.OptionalNumber("rms_norm_eps", 1e-6));
+  ASSIGN_OR_RETURN(c.rms_norm_eps,
+                   f.OptionalNumber("rms_norm_eps",
+                                    c.architecture == Architecture::kGptOss ? 1e-5 : 1e-6));
   ASSIGN_OR_RETURN(c.initializer_range,
                    f.OptionalNumber("initializer_range", 0.02, /*allow_zero=*/true));
   ASSIGN_OR_RETURN(c.tie_word_embeddings, f.OptionalBool("tie_word_embeddings", false));
@@ -404,9 +508,11 @@ absl::StatusOr<ModelConfig> ParseObject(const Json& root, absl::string_view sour
   ASSIGN_OR_RETURN(c.sliding_window, ParseSlidingWindow(f, c, root));
   ASSIGN_OR_RETURN(c.bos_token_id, f.TokenId("bos_token_id"));
   ASSIGN_OR_RETURN(c.eos_token_id, f.TokenId("eos_token_id"));
-  if (c.architecture == Architecture::kQwen3Moe || c.architecture == Architecture::kMixtral) {
+  if (c.architecture == Architecture::kQwen3Moe || c.architecture == Architecture::kMixtral ||
+      c.architecture == Architecture::kGptOss) {
     RETURN_IF_ERROR(ParseExperts(f, c));
   }
+  RETURN_IF_ERROR(ParseQuantization(f, c));
   return c;
 }
 
@@ -437,6 +543,7 @@ const char* ArchitectureClassName(Architecture a) {
     case Architecture::kQwen3: return "Qwen3ForCausalLM";
     case Architecture::kQwen3Moe: return "Qwen3MoeForCausalLM";
     case Architecture::kMixtral: return "MixtralForCausalLM";
+    case Architecture::kGptOss: return "GptOssForCausalLM";
   }
   return "?";
 }
@@ -449,6 +556,7 @@ const char* ArchitectureModelType(Architecture a) {
     case Architecture::kQwen3: return "qwen3";
     case Architecture::kQwen3Moe: return "qwen3_moe";
     case Architecture::kMixtral: return "mixtral";
+    case Architecture::kGptOss: return "gpt_oss";
   }
   return "?";
 }
@@ -459,6 +567,11 @@ bool ModelConfig::IsMoeLayer(int64_t layer) const {
     if (dense == layer) return false;
   }
   return true;
+}
+
+int64_t ModelConfig::AttentionWindow(int64_t layer) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(sliding_layers.size())) return 0;
+  return sliding_layers[layer] ? sliding_window : 0;
 }
 
 int64_t ModelConfig::NumMoeLayers() const {
@@ -476,10 +589,14 @@ int64_t LayerParameters(const ModelConfig& c, int64_t layer, bool active) {
   n += C * H * D + 2 * C * KV * D;                 // q, k, v
   n += H * D * C;                                  // o
   if (c.qkv_bias) n += H * D + 2 * KV * D;
+  if (c.o_bias) n += C;
+  if (c.attention_sinks) n += H;
   if (c.qk_norm) n += 2 * D;                       // q_norm, k_norm
   if (!c.IsMoeLayer(layer)) return n + 3 * C * c.intermediate_size;  // gate, up, down
   const int64_t experts = active ? c.moe.experts_per_token : c.moe.num_experts;
-  return n + c.moe.num_experts * C + experts * 3 * C * c.moe.intermediate_size;
+  const int64_t I = c.moe.intermediate_size;
+  const int64_t biases = c.moe.gpt_oss_experts ? 1 : 0;  // router (E), each expert 2I + C
+  return n + c.moe.num_experts * (C + biases) + experts * (3 * C * I + biases * (2 * I + C));
 }
 
 int64_t ModelParameters(const ModelConfig& c, bool active) {

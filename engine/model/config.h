@@ -2,8 +2,8 @@
 // Hugging Face config.json.
 //
 // Only what the engine implements is accepted. An unknown architecture, an unsupported
-// field value (rope_scaling other than "llama3", hidden_act other than "silu", an MLP or
-// o_proj bias, ...) is an InvalidArgument naming the field, never a silent guess.
+// field value (rope_scaling other than "llama3" or "yarn", hidden_act other than "silu", an
+// MLP bias, ...) is an InvalidArgument naming the field, never a silent guess.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,8 @@ enum class Architecture {
   kQwen3,    // Qwen3ForCausalLM: QK-norm, explicit head_dim
   kQwen3Moe, // Qwen3MoeForCausalLM: Qwen3 attention, softmax top-k experts
   kMixtral,  // MixtralForCausalLM: Mistral attention, top-k renormalised experts
+  kGptOss,   // GptOssForCausalLM: biased attention with sinks, alternating sliding windows,
+             // YaRN, biased top-k-then-softmax experts with the clamped SwiGLU
 };
 
 // The experts of a mixture-of-experts model (num_experts == 0: a dense model).
@@ -34,6 +36,15 @@ struct MoeConfig {
   bool output_router_logits = false;  // transformers adds the aux loss only when true
   int64_t decoder_sparse_step = 1;  // Qwen3-MoE: layer l is MoE when (l+1) % step == 0
   std::vector<int64_t> mlp_only_layers;  // Qwen3-MoE: dense layers among MoE ones
+  // GPT-OSS: the router and every expert's projections carry biases, and the experts keep
+  // transformers' input-major layout (gate_up_proj (E, C, 2I) with gate/up interleaved,
+  // down_proj (E, I, C)); the activation is the clamped SwiGLU
+  //   out = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g),  g = min(gate, limit).
+  // Its router takes the top k logits, then a softmax over those k: the same weights as a
+  // softmax over all E renormalised over the top k, which is how it is computed here.
+  bool gpt_oss_experts = false;
+  double swiglu_alpha = 1.702;
+  double swiglu_limit = 7.0;      // swiglu_limit
 
   // The load-balancing loss's weight in the trained loss: `requested` when >= 0 (the job's
   // train.router_aux_loss_coef), else router_aux_loss_coef when output_router_logits is
@@ -45,12 +56,19 @@ struct MoeConfig {
 };
 
 struct RopeScaling {
-  enum class Type { kNone, kLlama3 };
+  enum class Type { kNone, kLlama3, kYarn };
   Type type = Type::kNone;
   double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
   int64_t original_max_position_embeddings = 8192;
+  // YaRN (transformers' _compute_yarn_parameters): the ramp between beta_fast and beta_slow
+  // rotations, truncated to whole dimensions when `truncate`; cos and sin are scaled by
+  // attention_factor (given, or 0.1 ln(factor) + 1, or the mscale / mscale_all_dim ratio).
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  double attention_factor = 1.0;  // resolved when parsed; 1 for the other types
 };
 
 struct ModelConfig {
@@ -63,12 +81,16 @@ struct ModelConfig {
   int64_t intermediate_size = 0;   // I
   int64_t vocab_size = 0;          // V
   int64_t max_position_embeddings = 0;
-  int64_t sliding_window = 0;      // 0 = none; sequences longer than it are refused
+  int64_t sliding_window = 0;      // 0 = none; see AttentionWindow
+  // GPT-OSS layer_types: true where the layer is "sliding_attention" (empty otherwise).
+  std::vector<bool> sliding_layers;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;           // Qwen2 always; Llama/Mistral "attention_bias" is refused
+  bool qkv_bias = false;           // Qwen2 always; GPT-OSS attention_bias
+  bool o_bias = false;             // GPT-OSS attention_bias (refused for the others)
+  bool attention_sinks = false;    // GPT-OSS: a learned logit per head in the softmax
   bool qk_norm = false;            // Qwen3
   double initializer_range = 0.02;
   int64_t bos_token_id = -1;       // -1 = absent
@@ -79,6 +101,10 @@ struct ModelConfig {
   // Whether decoder layer `layer` has experts (else a dense MLP of intermediate_size).
   bool IsMoeLayer(int64_t layer) const;
   int64_t NumMoeLayers() const;
+  // The attention window of decoder layer `layer` in tokens (a key j is visible to query i
+  // when i - j < window), 0 for full causal attention. GPT-OSS's sliding layers have one;
+  // Mistral/Qwen's sliding_window is not a mask here: sequences longer than it are refused.
+  int64_t AttentionWindow(int64_t layer) const;
 };
 
 // Parses config.json text. `source` names the file in error messages.

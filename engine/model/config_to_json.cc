@@ -31,7 +31,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["initializer_range"] = c.initializer_range;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["attention_bias"] = false;  // Qwen2's q/k/v bias is implied by its class
+  j["attention_bias"] = c.o_bias;  // Qwen2's q/k/v bias is implied by its class
   j["attention_dropout"] = 0.0;
   j["mlp_bias"] = false;
   j["use_cache"] = true;
@@ -46,6 +46,18 @@ std::string ModelConfigToJson(const ModelConfig& c) {
                     {"factor", r.factor},
                     {"low_freq_factor", r.low_freq_factor},
                     {"high_freq_factor", r.high_freq_factor},
+                    {"original_max_position_embeddings", r.original_max_position_embeddings}};
+    j["rope_scaling"] = scaling;
+    params = scaling;
+    params["rope_theta"] = c.rope_theta;
+  } else if (c.rope_scaling.type == RopeScaling::Type::kYarn) {
+    const RopeScaling& r = c.rope_scaling;
+    Json scaling = {{"rope_type", "yarn"},
+                    {"factor", r.factor},
+                    {"beta_fast", r.beta_fast},
+                    {"beta_slow", r.beta_slow},
+                    {"truncate", r.truncate},
+                    {"attention_factor", r.attention_factor},
                     {"original_max_position_embeddings", r.original_max_position_embeddings}};
     j["rope_scaling"] = scaling;
     params = scaling;
@@ -69,6 +81,15 @@ std::string ModelConfigToJson(const ModelConfig& c) {
       j["sliding_window"] = window;
       j["max_window_layers"] = c.sliding_window > 0 ? 0 : c.num_layers;
       break;
+    case Architecture::kGptOss: {
+      j["sliding_window"] = window;
+      Json types = Json::array();
+      for (bool slides : c.sliding_layers) {
+        types.push_back(slides ? "sliding_attention" : "full_attention");
+      }
+      j["layer_types"] = types;
+      break;
+    }
   }
   if (c.is_moe()) {
     const MoeConfig& m = c.moe;
@@ -81,6 +102,9 @@ std::string ModelConfigToJson(const ModelConfig& c) {
       j["norm_topk_prob"] = m.norm_topk_prob;
       j["decoder_sparse_step"] = m.decoder_sparse_step;
       j["mlp_only_layers"] = m.mlp_only_layers;
+    } else if (c.architecture == Architecture::kGptOss) {
+      j["num_local_experts"] = m.num_experts;
+      j["swiglu_limit"] = m.swiglu_limit;
     } else {
       j["num_local_experts"] = m.num_experts;
       j["router_jitter_noise"] = 0.0;

@@ -49,6 +49,21 @@ class UnitBuilder {
 // block_sparse_moe.experts.N.{w1,w3,w2} (the names transformers saves and loads).
 void AddExperts(const ModelConfig& c, const std::string& p, UnitBuilder& u) {
   const int64_t C = c.hidden_size, E = c.moe.num_experts, I = c.moe.intermediate_size;
+  if (c.moe.gpt_oss_experts) {  // mlp.router.{weight,bias}, mlp.experts.* as transformers has
+    u.Align();
+    u.Add(TensorRole::kRouter, p + "mlp.router.weight", {E, C}, true);
+    u.Align();
+    u.Add(TensorRole::kRouterBias, p + "mlp.router.bias", {E}, false);
+    u.Align();
+    u.Add(TensorRole::kExpertGateUpT, p + "mlp.experts.gate_up_proj", {E, C, 2 * I}, true);
+    u.Align();
+    u.Add(TensorRole::kExpertGateUpBias, p + "mlp.experts.gate_up_proj_bias", {E, 2 * I}, false);
+    u.Align();
+    u.Add(TensorRole::kExpertDownT, p + "mlp.experts.down_proj", {E, I, C}, true);
+    u.Align();
+    u.Add(TensorRole::kExpertDownBias, p + "mlp.experts.down_proj_bias", {E, C}, false);
+    return;
+  }
   const bool mixtral = c.architecture == Architecture::kMixtral;
   const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
   const char* gate = mixtral ? "w1" : "gate_proj";
@@ -155,6 +170,14 @@ ModelLayout BuildLayout(const ModelConfig& c) {
     }
     u.Align();
     u.Add(TensorRole::kOProj, p + "self_attn.o_proj.weight", {C, H * D}, true);
+    if (c.o_bias) {
+      u.Align();
+      u.Add(TensorRole::kOBias, p + "self_attn.o_proj.bias", {C}, false);
+    }
+    if (c.attention_sinks) {  // 1-D but not a norm or a bias: HF Trainer decays it
+      u.Align();
+      u.Add(TensorRole::kSinks, p + "self_attn.sinks", {H}, true);
+    }
     u.Align();
     u.Add(TensorRole::kPostNorm, p + "post_attention_layernorm.weight", {C}, false);
     if (c.IsMoeLayer(l)) {

@@ -7,6 +7,9 @@
 // ((H+2*KV)*D, C)), and so are gate/up ((2*I, C)), so each is one GEMM. An MoE layer has
 // a router (E, C) where the MLP was, then every expert's [gate; up] back to back (one
 // (E, 2I, C) tensor) and every expert's down (one (E, C, I)), so each is one grouped GEMM.
+// GPT-OSS keeps transformers' own expert tensors as they are: gate_up_proj (E, C, 2I) with
+// gate and up interleaved by column, down_proj (E, I, C), each with a bias; the grouped
+// GEMMs read them input-major, so checkpoints need no reordering.
 // Groups start on 64-element boundaries. The same layout serves weights (bf16, f32, f64)
 // and gradients.
 #pragma once
@@ -35,6 +38,13 @@ enum class TensorRole {
   kRouter,      // (E, C): an MoE layer's gate
   kExpertGate, kExpertUp,  // (I, C) each, per expert: [gate_e; up_e] back to back, e in order
   kExpertDown,  // (C, I) per expert, e in order
+  kOBias,       // (C)
+  kSinks,       // (H): GPT-OSS's per-head logit in the attention softmax
+  kRouterBias,  // (E)
+  kExpertGateUpT,     // (E, C, 2I): GPT-OSS gate_up_proj, column 2j gate j, 2j+1 up j
+  kExpertGateUpBias,  // (E, 2I), interleaved the same way
+  kExpertDownT,       // (E, I, C): GPT-OSS down_proj
+  kExpertDownBias,    // (E, C)
 };
 
 struct TensorSlot {

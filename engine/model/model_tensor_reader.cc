@@ -157,6 +157,25 @@ std::string ModelTensorReader::FileOf(const std::string& name) const {
   return it == tensors_.end() ? std::string() : files_[it->second.file]->path();
 }
 
+absl::Status ModelTensorReader::ReadRaw(const std::string& name,
+                                        const std::vector<int64_t>& expected_shape,
+                                        DType expected_dtype, void* out) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat("tensor '", name, "' not found in ", dir_,
+                                            "; the weights do not match config.json"));
+  }
+  const SafetensorsFile& file = *files_[it->second.file];
+  const TensorInfo& info = *it->second.info;
+  if (info.shape != expected_shape || info.dtype != expected_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' in ", file.path(), " is ", DTypeName(info.dtype), " ",
+        ShapeToString(info.shape), " but config.json implies ", DTypeName(expected_dtype), " ",
+        ShapeToString(expected_shape), "; the weights do not match config.json"));
+  }
+  return file.ReadRaw(info, out);
+}
+
 absl::Status ModelTensorReader::ReadAsFloat(const std::string& name,
                                             const std::vector<int64_t>& expected_shape,
                                             float* out) const {

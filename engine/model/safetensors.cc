@@ -43,11 +43,11 @@ absl::StatusOr<DType> ParseDType(const std::string& path, const std::string& ten
                                  const std::string& name) {
   static const std::pair<const char*, DType> kKnown[] = {
       {"BF16", DType::kBF16}, {"F16", DType::kF16}, {"F32", DType::kF32},
-      {"F64", DType::kF64},   {"I32", DType::kI32}};
+      {"F64", DType::kF64},   {"I32", DType::kI32}, {"U8", DType::kU8}};
   for (const auto& [text, dtype] : kKnown) {
     if (name == text) return dtype;
   }
-  static const char* const kSpecOnly[] = {"BOOL", "U8",  "I8",      "I16",     "U16",
+  static const char* const kSpecOnly[] = {"BOOL", "I8",      "I16",     "U16",
                                           "U32",  "I64", "U64",     "F8_E4M3", "F8_E5M2",
                                           "F4",   "F6_E2M3", "F6_E3M2", "E8M0", "F8_E8M0"};
   for (const char* text : kSpecOnly) {
@@ -55,7 +55,8 @@ absl::StatusOr<DType> ParseDType(const std::string& path, const std::string& ten
       return TensorError(path, tensor,
                          absl::StrCat("has dtype ", name,
                                       ", which megatrain does not read (it reads BF16, F16, "
-                                      "F32, F64, I32); convert the checkpoint to bf16"));
+                                      "F32, F64, I32, and U8 for MXFP4 experts); convert the "
+                                      "checkpoint to bf16"));
     }
   }
   return TensorError(path, tensor, absl::StrCat("has unknown dtype '", name, "'"));
@@ -295,6 +296,7 @@ absl::Status SafetensorsFile::ReadAsFloat(const TensorInfo& info, float* out) co
     }
     case DType::kF64:
     case DType::kI32:
+    case DType::kU8:
       break;
   }
   return TensorError(path_, info.name,

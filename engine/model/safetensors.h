@@ -44,9 +44,9 @@ std::string ShapeToString(const std::vector<int64_t>& shape);
 //
 // Thread-safety: all const methods may be called concurrently (reads use pread).
 //
-// dtypes: BF16, F16, F32, F64 and I32 are understood. Any other dtype in the file, even
-// one the safetensors spec defines (I64, U8, F8_E4M3, ...), makes Open() fail naming
-// the tensor: the model families we train store nothing else.
+// dtypes: BF16, F16, F32, F64, I32 and U8 (MXFP4 blocks and scales) are understood. Any
+// other dtype in the file, even one the safetensors spec defines (I64, F8_E4M3, ...), makes
+// Open() fail naming the tensor: the model families we train store nothing else.
 class SafetensorsFile {
  public:
   // Opens and validates `path`. Errors (all naming the file, and the tensor where one
@@ -126,6 +126,12 @@ class ModelTensorReader {
   [[nodiscard]] absl::Status ReadAsFloat(const std::string& name,
                                          const std::vector<int64_t>& expected_shape,
                                          float* out) const;
+  // Reads tensor `name`'s bytes as stored after checking its shape and dtype; errors as
+  // ReadAsFloat's, and InvalidArgument naming both dtypes when they differ.
+  // REQUIRES: `out` holds the product of expected_shape elements of `expected_dtype`.
+  [[nodiscard]] absl::Status ReadRaw(const std::string& name,
+                                     const std::vector<int64_t>& expected_shape,
+                                     DType expected_dtype, void* out) const;
 
  private:
   struct Location {

@@ -393,11 +393,12 @@ absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileO
       const int32_t* ds = static_cast<const int32_t*>(doc.get());
       const double flops = 2.0 * n * len * H * D;
       const double fwd = TimeOnStream(be, s, reps, [&] {
-        be->Attention(o.get(), lse.get(), q.get(), k.get(), v.get(), ds, n, H, KV, D, s);
+        be->Attention(o.get(), lse.get(), q.get(), k.get(), v.get(), ds, nullptr, 0, n, H, KV, D,
+                      s);
       });
       const double bwd = TimeOnStream(be, s, reps, [&] {
-        be->AttentionBackward(dq.get(), dk.get(), dv.get(), dout.get(), q.get(), k.get(),
-                              v.get(), o.get(), lse.get(), ds, n, H, KV, D, s);
+        be->AttentionBackward(dq.get(), dk.get(), dv.get(), nullptr, dout.get(), q.get(), k.get(),
+                              v.get(), o.get(), lse.get(), ds, nullptr, 0, n, H, KV, D, s);
       });
       p.attention.push_back(AttentionSample{len, flops / fwd / 1e12, 2.5 * flops / bwd / 1e12});
     }

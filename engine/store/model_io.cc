@@ -6,6 +6,7 @@
 #include <random>
 
 #include "engine/common/status.h"
+#include "engine/model/mxfp4.h"
 
 namespace megatrain {
 namespace {
@@ -25,7 +26,10 @@ bool IsNorm(TensorRole r) {
 }
 
 bool IsBias(TensorRole r) {
-  return r == TensorRole::kQBias || r == TensorRole::kKBias || r == TensorRole::kVBias;
+  // transformers initialises these to zero (GPT-OSS's router bias and sinks are drawn).
+  return r == TensorRole::kQBias || r == TensorRole::kKBias || r == TensorRole::kVBias ||
+         r == TensorRole::kOBias || r == TensorRole::kExpertGateUpBias ||
+         r == TensorRole::kExpertDownBias;
 }
 
 void ResetUnitState(HostStore* store, int64_t unit) {
@@ -48,7 +52,12 @@ absl::Status LoadWeights(const ModelTensorReader& reader, HostStore* store) {
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < store->num_units(); ++u) {
     for (const TensorSlot& t : layout.units[u].tensors) {
-      absl::Status s = reader.ReadAsFloat(t.name, t.shape, store->master(u) + t.offset);
+      float* dst = store->master(u) + t.offset;
+      const bool packed = (t.role == TensorRole::kExpertGateUpT ||
+                           t.role == TensorRole::kExpertDownT) &&
+                          !reader.Has(t.name) && HasMxfp4(reader, t.name);
+      absl::Status s = packed ? ReadMxfp4AsFloat(reader, t.name, t.shape, dst)
+                              : reader.ReadAsFloat(t.name, t.shape, dst);
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (first_error.ok()) first_error = s;

@@ -107,7 +107,7 @@ TEST_F(Kernels, RowSummedWeightGradientsAreTheSameBitsOnEveryRun) {
   const int32_t* p = static_cast<int32_t*>(ps.get());
   g->RmsNorm(nout.get(), nrstd.get(), nx.get(), nw.get(), N, C, 1e-5, s);
   g->QkvPrepare(q.get(), k.get(), v.get(), rq.get(), rk.get(), qkv.get(), qn.get(), kn.get(), p,
-                static_cast<float*>(f.get()), N, H, KV, D, 1e-6, s);
+                static_cast<float*>(f.get()), 1.0f, N, H, KV, D, 1e-6, s);
   std::vector<std::vector<float>> bias, norm, qnorm, knorm;
   for (int run = 0; run < 3; ++run) {
     Pair dW = Grad(std::vector<float>(OC * IC)), db = Grad(RandomBf16(OC, 43));
@@ -124,7 +124,7 @@ TEST_F(Kernels, RowSummedWeightGradientsAreTheSameBitsOnEveryRun) {
                        s);
     g->QkvPrepareBackward(dqkv.get(), dqn.get(), dkn.get(), dq.get(), dk.get(), dv.get(),
                           qkv.get(), qn.get(), kn.get(), rq.get(), rk.get(), p,
-                          static_cast<float*>(f.get()), N, H, KV, D, 1e-6, s);
+                          static_cast<float*>(f.get()), 1.0f, N, H, KV, D, 1e-6, s);
     g->SyncAll();
     norm.push_back(Download(g, DType::kF32, dw, C));
     qnorm.push_back(Download(g, DType::kF32, dqn, D));
@@ -188,6 +188,43 @@ TEST_F(Kernels, SwiGluForwardAndBackward) {
   EXPECT_LT(dgu.Err(), 8e-3);
 }
 
+// GPT-OSS's activation on the vector path (I % 8 == 0) and the scalar one, with the limits
+// and their bf16 neighbours (7 +- 1/32) planted among inputs that often pass them: the
+// gradient is exactly zero past a limit and flows at it, as on the CPU; a second run on the
+// device gives the same bits.
+TEST_F(Kernels, ClampedSwiGluForwardAndBackwardAtAndBeyondTheLimits) {
+  constexpr double kAlpha = 1.702, kLimit = 7.0;
+  const float edges[] = {7.0f, 7.03125f, 6.96875f, -7.0f, -7.03125f, -6.96875f};
+  for (const auto& shape : {std::array<int64_t, 2>{65, 328}, std::array<int64_t, 2>{33, 45}}) {
+    const int64_t N = shape[0], I = shape[1];
+    std::vector<float> x = RandomBf16(N * 2 * I, 54, 5.0f);
+    for (int64_t i = 0; i < N * 2 * I; i += 7) x[i] = edges[(i / 7) % 6];
+    Pair gu = Act(x), out = Act(std::vector<float>(N * I)), dout = Act(RandomBf16(N * I, 55)),
+         dgu = Act(std::vector<float>(N * 2 * I));
+    Both([&](Backend* b, bool c) {
+      auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
+      b->ClampedSwiGlu(P(out), P(gu), N, I, kAlpha, kLimit, StreamId::kCompute);
+      b->ClampedSwiGluBackward(P(dgu), P(dout), P(gu), N, I, kAlpha, kLimit, StreamId::kCompute);
+    });
+    EXPECT_LT(out.Err(), 8e-3) << I;
+    EXPECT_LT(dgu.Err(), 8e-3) << I;
+    const std::vector<float> got = Download(gpu_.get(), dgu.gt, dgu.g, dgu.n),
+                             want = Download(cpu_.get(), dgu.ct, dgu.c, dgu.n);
+    for (int64_t i = 0; i < N * 2 * I; i += 7) {
+      const bool is_up = i % 2 == 1;  // interleaved: gate j at 2j, up j at 2j + 1
+      const bool blocked = x[i] > kLimit || (is_up && x[i] < -kLimit);
+      EXPECT_EQ(got[i] == 0.0f, blocked || want[i] == 0.0f) << "input " << x[i] << " at " << i;
+    }
+    Pair out2 = Act(std::vector<float>(N * I)), dgu2 = Act(std::vector<float>(N * 2 * I));
+    Backend* g = gpu_.get();
+    g->ClampedSwiGlu(out2.g.get(), gu.g.get(), N, I, kAlpha, kLimit, StreamId::kCompute);
+    g->ClampedSwiGluBackward(dgu2.g.get(), dout.g.get(), gu.g.get(), N, I, kAlpha, kLimit,
+                             StreamId::kCompute);
+    EXPECT_TRUE(Download(g, out2.gt, out2.g, out2.n) == Download(g, out.gt, out.g, out.n)) << I;
+    EXPECT_TRUE(Download(g, dgu2.gt, dgu2.g, dgu2.n) == got) << I;
+  }
+}
+
 TEST_F(Kernels, CrossEntropyInPlaceWithIgnoredRows) {
   const int64_t N = 37, V = 5003;
   std::vector<int32_t> targets(N);
@@ -235,13 +272,14 @@ TEST_P(AttentionKernels, QkvPrepareAndAttentionForwardAndBackward) {
     const int32_t* ds = static_cast<int32_t*>(c ? d.c.get() : d.g.get());
     const int32_t* ps = static_cast<int32_t*>(c ? p.c.get() : p.g.get());
     const float* f = static_cast<float*>(c ? fc.get() : fg.get());
-    b->QkvPrepare(P(q), P(k), P(v), P(rq), P(rk), P(qkv), NP(qn), NP(kn), ps, f, a.n, a.H, a.KV,
+    b->QkvPrepare(P(q), P(k), P(v), P(rq), P(rk), P(qkv), NP(qn), NP(kn), ps, f, 1.0f, a.n, a.H, a.KV,
                   a.D, 1e-6, StreamId::kCompute);
-    b->Attention(P(o), P(lse), P(q), P(k), P(v), ds, a.n, a.H, a.KV, a.D, StreamId::kCompute);
-    b->AttentionBackward(P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(o), P(lse), ds, a.n,
-                         a.H, a.KV, a.D, StreamId::kCompute);
+    b->Attention(P(o), P(lse), P(q), P(k), P(v), ds, nullptr, 0, a.n, a.H, a.KV, a.D,
+                 StreamId::kCompute);
+    b->AttentionBackward(P(dq), P(dk), P(dv), nullptr, P(dout), P(q), P(k), P(v), P(o), P(lse), ds,
+                         nullptr, 0, a.n, a.H, a.KV, a.D, StreamId::kCompute);
     b->QkvPrepareBackward(P(dqkv), NP(dqn), NP(dkn), P(dq), P(dk), P(dv), P(qkv), NP(qn), NP(kn),
-                          P(rq), P(rk), ps, f, a.n, a.H, a.KV, a.D, 1e-6, StreamId::kCompute);
+                          P(rq), P(rk), ps, f, 1.0f, a.n, a.H, a.KV, a.D, 1e-6, StreamId::kCompute);
   });
   EXPECT_LT(q.Err(), 8e-3);
   EXPECT_LT(k.Err(), 8e-3);
@@ -269,6 +307,74 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernels,
                            return "n" + std::to_string(a.n) + "_H" + std::to_string(a.H) + "_KV" +
                                   std::to_string(a.KV) + "_D" + std::to_string(a.D) +
                                   (a.qk_norm ? "_qknorm" : "");
+                         });
+
+// GPT-OSS attention: a sliding window (0: none) and per-head sinks (or none).
+struct SinkWindowShape {
+  int64_t n, H, KV, D, window;
+  bool sinks;
+};
+
+class SinkWindowAttention : public Kernels,
+                            public ::testing::WithParamInterface<SinkWindowShape> {};
+
+// Forward and backward against the CPU, over three packed documents (one of a single token)
+// whose starts are not tile-aligned; dsinks starts nonzero, as the backward adds to it. A
+// second run on the device gives the same bits in every output.
+TEST_P(SinkWindowAttention, ForwardAndBackwardMatchTheCpuAndRepeatBitForBit) {
+  const SinkWindowShape a = GetParam();
+  const std::vector<int32_t> docs = DocStarts(a.n, {0, (2 * a.n) / 5 - 11, (2 * a.n) / 5 - 10});
+  Ints d = Int(docs);
+  const std::vector<float> dsinks0 = RandomBf16(a.H, 36, 0.1f);
+  Pair q = Act(RandomBf16(a.n * a.H * a.D, 30)), k = Act(RandomBf16(a.n * a.KV * a.D, 31)),
+       v = Act(RandomBf16(a.n * a.KV * a.D, 32)), dout = Act(RandomBf16(a.n * a.H * a.D, 33)),
+       sinks = Weight(RandomBf16(a.H, 34, 1.0f, 0.5f));
+  // Outputs o, lse, dq, dk, dv, dsinks.
+  auto outputs = [&] {
+    return std::array<Pair, 6>{
+        Act(std::vector<float>(a.n * a.H * a.D)),  Stat(a.n * a.H),
+        Act(std::vector<float>(a.n * a.H * a.D)),  Act(std::vector<float>(a.n * a.KV * a.D)),
+        Act(std::vector<float>(a.n * a.KV * a.D)), Grad(dsinks0)};
+  };
+  auto run = [&](std::array<Pair, 6>& out, Backend* b, bool c) {
+    auto P = [&](Pair& x) { return c ? x.c.get() : x.g.get(); };
+    const int32_t* ds = static_cast<int32_t*>(c ? d.c.get() : d.g.get());
+    const void* sk = a.sinks ? P(sinks) : nullptr;
+    void* dsk = a.sinks ? P(out[5]) : nullptr;
+    b->Attention(P(out[0]), P(out[1]), P(q), P(k), P(v), ds, sk, a.window, a.n, a.H, a.KV, a.D,
+                 StreamId::kCompute);
+    b->AttentionBackward(P(out[2]), P(out[3]), P(out[4]), dsk, P(dout), P(q), P(k), P(v), P(out[0]),
+                         P(out[1]), ds, sk, a.window, a.n, a.H, a.KV, a.D, StreamId::kCompute);
+  };
+  std::array<Pair, 6> first = outputs(), second = outputs();
+  Both([&](Backend* b, bool c) { run(first, b, c); });
+  run(second, gpu_.get(), false);
+  gpu_->SyncAll();
+  const char* names[] = {"o", "lse", "dq", "dk", "dv", "dsinks"};
+  const double tolerances[] = {1.5e-2, 1e-3, 3e-2, 3e-2, 3e-2, 3e-2};
+  for (int t = 0; t < 6; ++t) {
+    if (t == 5 && !a.sinks) continue;
+    EXPECT_LT(first[t].Err(), tolerances[t]) << names[t];
+    EXPECT_TRUE(Download(gpu_.get(), first[t].gt, first[t].g, first[t].n) ==
+                Download(gpu_.get(), second[t].gt, second[t].g, second[t].n))
+        << names[t] << " differs between two runs";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SinkWindowAttention,
+                         ::testing::Values(SinkWindowShape{1000, 8, 2, 64, 128, true},
+                                           SinkWindowShape{1000, 8, 2, 64, 37, true},
+                                           SinkWindowShape{1000, 8, 2, 128, 128, true},
+                                           SinkWindowShape{1000, 8, 2, 128, 37, true},
+                                           SinkWindowShape{1000, 8, 2, 64, 0, true},
+                                           SinkWindowShape{1000, 8, 2, 128, 37, false},
+                                           SinkWindowShape{300, 4, 2, 256, 100, true},
+                                           SinkWindowShape{67, 4, 1, 32, 5, true}),
+                         [](const ::testing::TestParamInfo<SinkWindowShape>& info) {
+                           const SinkWindowShape& a = info.param;
+                           return "n" + std::to_string(a.n) + "_H" + std::to_string(a.H) + "_KV" +
+                                  std::to_string(a.KV) + "_D" + std::to_string(a.D) + "_window" +
+                                  std::to_string(a.window) + (a.sinks ? "_sinks" : "");
                          });
 
 }  // namespace

@@ -312,9 +312,9 @@ TEST_F(MoeKernels, GroupedLinearForwardAndBackwardSkipExpertsWithoutRows) {
          out = Act(RandomBf16(R * OC, 20)), dout = Act(RandomBf16(R * OC, 21)),
          din = Act(RandomBf16(R * IC, 22)), dW = Grad(dW0);
     Both([&](Backend* b, bool c) {
-      b->GroupedLinear(out.P(c), in.P(c), W.P(c), offsets.P(c), E, IC, OC, kS);
-      b->GroupedLinearBackward(din.P(c), dW.P(c), dout.P(c), in.P(c), W.P(c), offsets.P(c), E, IC,
-                               OC, kS);
+      b->GroupedLinear(out.P(c), in.P(c), W.P(c), nullptr, offsets.P(c), E, IC, OC, false, kS);
+      b->GroupedLinearBackward(din.P(c), dW.P(c), nullptr, dout.P(c), in.P(c), W.P(c),
+                               offsets.P(c), E, IC, OC, false, kS);
     });
     EXPECT_LT(out.Err(), 8e-3) << E;
     EXPECT_LT(din.Err(), 8e-3) << E;
@@ -328,7 +328,82 @@ TEST_F(MoeKernels, GroupedLinearForwardAndBackwardSkipExpertsWithoutRows) {
   }
 }
 
+struct BiasShape {
+  int64_t n, E, k, IC, OC;
+  bool last_empty;  // the last expert gets no rows too (else it ends the rows)
+};
+
+// Per-expert biases (GPT-OSS's experts) on the vector path (OC % 8 == 0) and the scalar
+// one: each expert's bias on its rows, its gradient the column sums of its rows; experts
+// without rows (the first, one in the middle, maybe the last) keep their gradients' bits.
+// Both weight orders: (E, OC, IC), and GPT-OSS's input-major (E, IC, OC).
+TEST_F(MoeKernels, GroupedLinearWithBiasAddsAndSumsEachExpertsRows) {
+  for (bool in_major : {false, true})
+  for (const BiasShape& a :
+       {BiasShape{300, 8, 2, 64, 96, false}, BiasShape{211, 16, 4, 128, 256, true},
+        BiasShape{97, 8, 3, 40, 90, false}, BiasShape{50, 6, 1, 24, 36, true}}) {
+    SCOPED_TRACE(in_major ? "input-major weights" : "output-major weights");
+    const int64_t E = a.E, IC = a.IC, OC = a.OC, R = a.n * a.k, mid = E / 2;
+    std::vector<int64_t> empty = {0, mid};
+    if (a.last_empty) empty.push_back(E - 1);
+    const Permutation perm = SortOnHost(RandomChoices(a.n, E, a.k, empty, 30), a.n, E, a.k);
+    ASSERT_EQ(perm.offsets[E - 1] == perm.offsets[E], a.last_empty);
+    IntPair offsets = Int(perm.offsets);
+    const std::vector<float> dW0 = RandomBf16(E * OC * IC, 31), db0 = RandomBf16(E * OC, 32);
+    Pair in = Act(RandomBf16(R * IC, 33)), W = Weight(RandomBf16(E * OC * IC, 34, 0.1f)),
+         bias = Weight(RandomBf16(E * OC, 35)), out = Act(RandomBf16(R * OC, 36)),
+         dout = Act(RandomBf16(R * OC, 37)), din = Act(RandomBf16(R * IC, 38)), dW = Grad(dW0),
+         dbias = Grad(db0);
+    Both([&](Backend* b, bool c) {
+      b->GroupedLinear(out.P(c), in.P(c), W.P(c), bias.P(c), offsets.P(c), E, IC, OC, in_major,
+                       kS);
+      b->GroupedLinearBackward(din.P(c), dW.P(c), dbias.P(c), dout.P(c), in.P(c), W.P(c),
+                               offsets.P(c), E, IC, OC, in_major, kS);
+    });
+    EXPECT_LT(out.Err(), 8e-3) << OC;
+    EXPECT_LT(din.Err(), 8e-3) << OC;
+    EXPECT_LT(dW.Err(), 1e-4) << OC;
+    EXPECT_LT(dbias.Err(), 1e-4) << OC;
+    const std::vector<float> got = dbias.Gpu();
+    for (int64_t e : empty) {
+      EXPECT_TRUE(std::equal(got.begin() + e * OC, got.begin() + (e + 1) * OC,
+                             db0.begin() + e * OC))
+          << "expert " << e << " of " << E << " has no rows";
+    }
+  }
+}
+
 // ---- determinism ----
+
+// The experts' biases over many rows and blocks (GPT-OSS-120B's 128 experts, top-4): three
+// runs give the same forward and bias gradient bits.
+TEST_F(MoeKernels, GroupedBiasForwardAndGradientAreTheSameBitsOnEveryRun) {
+  Backend* g = gpu_.get();
+  const int64_t n = 20000, E = 128, k = 4, R = n * k, IC = 64, OC = 576;
+  const Permutation perm = SortOnHost(RandomChoices(n, E, k, {5}, 39), n, E, k);
+  DeviceBuffer offsets = UploadInts(g, perm.offsets),
+               in = Upload(g, DType::kBF16, RandomBf16(R * IC, 40)),
+               W = Upload(g, DType::kBF16, RandomBf16(E * OC * IC, 41, 0.1f)),
+               bias = Upload(g, DType::kBF16, RandomBf16(E * OC, 42)),
+               dout = Upload(g, DType::kBF16, RandomBf16(R * OC, 43));
+  const int32_t* o = static_cast<const int32_t*>(offsets.get());
+  std::vector<std::vector<float>> outs, dbiases;
+  for (int run = 0; run < 3; ++run) {
+    DeviceBuffer out = Upload(g, DType::kBF16, std::vector<float>(R * OC)),
+                 din = Upload(g, DType::kBF16, std::vector<float>(R * IC)),
+                 dW = Upload(g, DType::kF32, std::vector<float>(E * OC * IC)),
+                 dbias = Upload(g, DType::kF32, RandomBf16(E * OC, 44));
+    g->GroupedLinear(out.get(), in.get(), W.get(), bias.get(), o, E, IC, OC, false, kS);
+    g->GroupedLinearBackward(din.get(), dW.get(), dbias.get(), dout.get(), in.get(), W.get(), o,
+                             E, IC, OC, false, kS);
+    outs.push_back(Download(g, DType::kBF16, out, R * OC));
+    dbiases.push_back(Download(g, DType::kF32, dbias, E * OC));
+  }
+  for (int run = 1; run < 3; ++run) {
+    EXPECT_TRUE(outs[run] == outs[0]) << "out, run " << run;
+    EXPECT_TRUE(dbiases[run] == dbiases[0]) << "dbias, run " << run;
+  }
+}
 
 // The sort, the router statistics and the combine's backward over many tiles and blocks:
 // three runs give the same bits.

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The CUDA backend against Hugging Face transformers + PyTorch (fp32), on small models of
 every family built and randomly initialised by transformers: 8-layer Qwen2, Llama 3,
-Qwen3 and Mistral, and 4-layer Qwen3-MoE (16 experts, top-4, one dense layer) and Mixtral
-(8 experts, top-2), the MoE ones with the load-balancing loss in the loss.
+Qwen3 and Mistral, and 4-layer Qwen3-MoE (16 experts, top-4, one dense layer), Mixtral
+(8 experts, top-2) and GPT-OSS (16 experts, top-4; sinks, windows of 128 on alternate
+layers, YaRN, biases, the clamped SwiGLU), the MoE ones with the load-balancing loss.
 
 For each model: transformers creates it, rounds its weights to bf16 values and saves them
 (safetensors). gpu_reference (our engine, CUDA backend) then loads that folder and writes
@@ -33,8 +34,8 @@ import sys
 
 import torch
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig,
-                          Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, GptOssConfig, LlamaConfig, MistralConfig,
+                          MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
 STEPS = 50
 LR = float(os.environ.get("MEGATRAIN_CMP_LR", "3e-4"))
@@ -60,6 +61,13 @@ def configs():
     yield "mixtral_4l", MixtralConfig(**dict(moe, intermediate_size=512), num_local_experts=8,
                                       num_experts_per_tok=2, sliding_window=None,
                                       rope_theta=1000000.0)
+    yield "gpt_oss_4l", GptOssConfig(**dict(moe, intermediate_size=256, rms_norm_eps=1e-5),
+                                     head_dim=64, num_local_experts=16, num_experts_per_tok=4,
+                                     sliding_window=128, attention_bias=True,
+                                     rope_parameters={"rope_type": "yarn", "factor": 32.0,
+                                                      "beta_fast": 32.0, "beta_slow": 1.0,
+                                                      "truncate": False, "rope_theta": 150000.0,
+                                                      "original_max_position_embeddings": 4096})
 
 
 def rel(a, b):
@@ -68,7 +76,10 @@ def rel(a, b):
 
 def our_tensor(name, ours, model_type):
     """Our per-expert tensors (the names transformers saves) as transformers 5's fused
-    parameters: experts.gate_up_proj (E, 2I, C) and experts.down_proj (E, C, I)."""
+    parameters: experts.gate_up_proj (E, 2I, C) and experts.down_proj (E, C, I). GPT-OSS's
+    tensors are transformers' own."""
+    if model_type == "gpt_oss":
+        return ours[name]
     if ".mlp.experts.gate_up_proj" in name or ".mlp.experts.down_proj" in name:
         base = name.split(".mlp.experts.")[0]
         moe = base + (".block_sparse_moe" if model_type == "mixtral" else ".mlp")
@@ -111,8 +122,12 @@ def lr_at(step):
 
 
 def hf_train(model, batches, bf16_autocast=False):
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    # HF Trainer's rule (get_decay_parameter_names): no decay for biases and norms; every
+    # other tensor decays, GPT-OSS's 1-D sinks included.
+    def decays(n):
+        return "bias" not in n and "norm" not in n
+    decay = [p for n, p in model.named_parameters() if decays(n)]
+    no_decay = [p for n, p in model.named_parameters() if not decays(n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD},
                              {"params": no_decay, "weight_decay": 0.0}], lr=LR, foreach=False)
     losses = []
@@ -139,6 +154,8 @@ def check(bin_path, work, name, config, data):
         for n, p in model.named_parameters():
             if p.abs().max() == 0 and n.endswith("gate.weight"):  # a router left at zero
                 p.normal_(0, 0.02)
+            if p.abs().max() == 0 and config.model_type == "gpt_oss" and "bias" in n:
+                p.normal_(0, 0.02)  # biases transformers zeroes: make them matter here
             p.copy_(p.to(torch.bfloat16).float())  # bf16-exact: both sides see one model
     model.save_pretrained(os.path.join(d, "model"), safe_serialization=True)
     batches = make_batches(config.vocab_size, data)

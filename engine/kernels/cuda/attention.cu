@@ -1,6 +1,7 @@
-// Causal grouped-query attention over packed documents on tensor cores: FlashAttention-2
-// style tiles, bf16 mma.sync (m16n8k16) with fp32 accumulation and an fp32 online softmax.
-// The forward keeps only the logsumexp; the backward recomputes P from it.
+// Causal grouped-query attention over packed documents on tensor cores, with an optional
+// sliding window and per-head sinks: FlashAttention-2 style tiles, bf16 mma.sync (m16n8k16)
+// with fp32 accumulation and an fp32 online softmax. The forward keeps only the logsumexp
+// (the sink's term included); the backward recomputes P from it.
 //
 // The one non-obvious decision: the backward is two kernels and no atomics. dq runs per
 // query tile over its key tiles; dk/dv runs per (key tile, kv head) over the H/KV query
@@ -15,15 +16,24 @@
 // 16 keys in dk/dv, and reads its operands from shared memory with ldmatrix; the tiles it
 // streams through are double-buffered with cp.async. Head rows are zero-padded to kD = 64,
 // 128 or 256 columns, with 8 bf16 of skew per row so that ldmatrix is free of bank
-// conflicts. Query i sees keys doc_start[i] <= j <= i; key tiles outside [min doc_start,
-// last query] of a query tile are skipped (dk/dv: query tiles past the keys' documents),
-// and the mask is applied only on tiles that straddle an edge.
+// conflicts. Query i sees keys lo_i <= j <= i, lo_i = doc_start[i], or with a window
+// max(doc_start[i], i - window + 1); key tiles outside [lo of the first query, last query]
+// of a query tile are skipped (dk/dv: query tiles past the keys' documents and windows), so
+// a sliding layer costs ~n*window, and the mask is applied only on tiles that straddle an
+// edge. The window and the sink are template flags: without them the kernels are the same
+// code as before they existed, bit for bit.
+//
+// A sink is one more logit per head with no value: the forward folds exp(sink_h) into each
+// row's sum at the end, and the backward needs only dsinks_h = -sum_i P_sink,i Delta_i, which
+// a small kernel takes from the parked deltas and lse (per-block partials, then
+// AddColumnSums in block order: no atomics) before the dq pass overwrites them.
 //
 // Shapes: q, o, dout, dq (n,H,D) bf16; k, v, dk, dv (n,KV,D) bf16; lse (n,H) f32, natural
-// log of sum_j exp(scale q_i.k_j) with scale 1/sqrt(D); doc_start (n) int32. Query head h
-// reads kv head h / (H/KV).
+// log of sum_j exp(scale q_i.k_j) + exp(sink_h) with scale 1/sqrt(D); doc_start (n) int32;
+// sinks (H) bf16, dsinks (H) f32. Query head h reads kv head h / (H/KV).
 // REQUIRES: D % 8 == 0, D <= 256, H % KV == 0, tensors 16-byte aligned, doc_start
 // nondecreasing (documents are contiguous runs, as the packer makes them).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -84,8 +94,7 @@ __device__ __forceinline__ void LdMatrixTrans(uint32_t (&r)[4], const bf16* p) {
 // c (16x8 f32) += a (16x16 bf16, row-major) * b (16x8 bf16, column-major).
 __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -162,13 +171,11 @@ __device__ __forceinline__ void MmaPB(float (&acc)[kMT][kN][4], const float (&p)
 }
 
 __device__ __forceinline__ void CpAsync16(void* s, const void* g) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(s)), "l"(g)
-               : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(s)), "l"(g) : "memory");
 }
 
 __device__ __forceinline__ void CpAsync4(void* s, const void* g) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SmemAddr(s)), "l"(g)
-               : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SmemAddr(s)), "l"(g) : "memory");
 }
 
 __device__ __forceinline__ void CpAsyncCommit() {
@@ -239,7 +246,8 @@ __device__ __forceinline__ void StoreRows(bf16* y, const bf16* s, int row0, int 
 // The warp's accumulator rows (16*kMT of them, times mul) to head `head` of y, rows from
 // row0, through s_w: staging rows of shared memory that only this warp uses.
 template <int kD, int kMT>
-__device__ __forceinline__ void StoreWarpRows(bf16* y, bf16* s_w, const float (&acc)[kMT][kD / 8][4],
+__device__ __forceinline__ void StoreWarpRows(bf16* y, bf16* s_w,
+                                              const float (&acc)[kMT][kD / 8][4],
                                               const float (&mul)[kMT][2], int row0, int n,
                                               int heads, int head, int D) {
   __syncwarp();
@@ -302,9 +310,9 @@ __host__ __device__ constexpr int DeltaRowsPerBlock() {
 
 // Delta of (query i, head h) = dO . O in fp32, parked at dq + (i*H + h)*D as a float.
 template <int kD>
-__global__ void __launch_bounds__(kGroupThreads) AttentionDeltaKernel(
-    bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ o,
-    int64_t rows, int D) {
+__global__ void __launch_bounds__(kGroupThreads)
+    AttentionDeltaKernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
+                         const bf16* __restrict__ o, int64_t rows, int D) {
   constexpr int kRowsPerBlock = DeltaRowsPerBlock<kD>(), kLanes = kGroupThreads / kRowsPerBlock;
   const int sub = threadIdx.x % kLanes;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
@@ -322,6 +330,24 @@ __global__ void __launch_bounds__(kGroupThreads) AttentionDeltaKernel(
 // The parked delta of query i, head h (AttentionDeltaKernel).
 __device__ __forceinline__ const float* ParkedDelta(const bf16* dq, int i, int H, int h, int D) {
   return reinterpret_cast<const float*>(dq + (static_cast<int64_t>(i) * H + h) * D);
+}
+
+// Row b of partials (blocks, H) = -sum over the tokens i of [b*tokens, (b+1)*tokens) in
+// order of exp(sink_h - lse_ih) Delta_ih, Delta parked in dq. grid (blocks), 128 threads,
+// heads strided over the threads.
+__global__ void __launch_bounds__(kGroupThreads)
+    AttentionSinkGradKernel(float* __restrict__ partials, const bf16* __restrict__ dq,
+                            const float* __restrict__ lse, const bf16* __restrict__ sinks, int n,
+                            int H, int D, int tokens) {
+  const int i_begin = static_cast<int>(blockIdx.x) * tokens, i_end = min(i_begin + tokens, n);
+  for (int h = threadIdx.x; h < H; h += blockDim.x) {
+    const float sink = __bfloat162float(sinks[h]);
+    float sum = 0.0f;
+    for (int i = i_begin; i < i_end; ++i) {
+      sum += expf(sink - lse[static_cast<int64_t>(i) * H + h]) * *ParkedDelta(dq, i, H, h, D);
+    }
+    partials[static_cast<int64_t>(blockIdx.x) * H + h] = -sum;
+  }
 }
 
 // The first query e >= j_last + 1 with e == n or doc_start[e] > j_last: with doc_start
@@ -368,19 +394,21 @@ constexpr int ForwardSmemBytes() {
 
 // grid (ceil(n/kM), H), 128 threads: kM = 64*kMT queries of one head per block, 16*kMT per
 // warp. Key and value tiles are double-buffered: the next streams in while one is used.
-template <int kD>
-__global__ void __launch_bounds__(kGroupThreads) AttentionKernel(
-    bf16* __restrict__ o, float* __restrict__ lse, const bf16* __restrict__ q,
-    const bf16* __restrict__ k, const bf16* __restrict__ v, const int32_t* __restrict__ doc_start,
-    int n, int H, int KV, int D, float scale_log2) {
+// kWindow: query i sees keys i - j < window too; kSink: sinks (H) join each row's sum.
+template <int kD, bool kWindow, bool kSink>
+__global__ void __launch_bounds__(kGroupThreads)
+    AttentionKernel(bf16* __restrict__ o, float* __restrict__ lse, const bf16* __restrict__ q,
+                    const bf16* __restrict__ k, const bf16* __restrict__ v,
+                    const int32_t* __restrict__ doc_start, int n, int H, int KV, int D,
+                    float scale_log2, const bf16* __restrict__ sinks, int window) {
   constexpr int kThreads = kGroupThreads, kStride = kD + 8, kMT = Tiles<kD>::kMT;
   constexpr int kKeys = Tiles<kD>::kKeys, kM = QueryBlock<kD>(), kTile = kKeys * kStride;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* s_q = reinterpret_cast<bf16*>(smem);                    // (kM, kStride)
-  bf16* s_k = s_q + kM * kStride;                               // (2, kKeys, kStride)
-  bf16* s_v = s_k + 2 * kTile;                                  // (2, kKeys, kStride)
-  int* s_ds = reinterpret_cast<int*>(s_v + 2 * kTile);          // (kM)
-  int* s_red = s_ds + kM;                                       // (64)
+  bf16* s_q = reinterpret_cast<bf16*>(smem);            // (kM, kStride)
+  bf16* s_k = s_q + kM * kStride;                       // (2, kKeys, kStride)
+  bf16* s_v = s_k + 2 * kTile;                          // (2, kKeys, kStride)
+  int* s_ds = reinterpret_cast<int*>(s_v + 2 * kTile);  // (kM)
+  int* s_red = s_ds + kM;                               // (64)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kM;  // the longest query tiles start first
@@ -390,7 +418,7 @@ __global__ void __launch_bounds__(kGroupThreads) AttentionKernel(
   LoadRows<kD, kM, kThreads>(s_q, q, i0, n, H, h, D);
   int ds_min, ds_max;
   LoadDocStarts<kM>(s_ds, s_red, doc_start, i0, n, ds_min, ds_max);
-  int qi[kMT][2], qds[kMT][2];  // this thread's queries and their doc starts
+  int qi[kMT][2], qds[kMT][2];  // this thread's queries and the first key each sees
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -398,9 +426,15 @@ __global__ void __launch_bounds__(kGroupThreads) AttentionKernel(
       const int row = w0 + mt * 16 + lane / 4 + 8 * r;
       qi[mt][r] = i0 + row;
       qds[mt][r] = s_ds[row];
+      if constexpr (kWindow) qds[mt][r] = max(qds[mt][r], qi[mt][r] - window + 1);
     }
   }
-  const int first = ds_min / kKeys * kKeys, last = min(i0 + kM, n) - 1;
+  const int last = min(i0 + kM, n) - 1;
+  if constexpr (kWindow) {  // first keys of the first and last queries (nondecreasing in i)
+    ds_min = max(ds_min, i0 - window + 1);
+    ds_max = max(ds_max, last - window + 1);
+  }
+  const int first = ds_min / kKeys * kKeys;
   const bf16* s_qw = s_q + w0 * kStride;
   LoadRows<kD, kKeys, kThreads>(s_k, k, first, n, KV, kvh, D);
   LoadRows<kD, kKeys, kThreads>(s_v, v, first, n, KV, kvh, D);
@@ -473,9 +507,20 @@ __global__ void __launch_bounds__(kGroupThreads) AttentionKernel(
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float sum = QuadSum(l[mt][r]);
-      inv[mt][r] = sum > 0.0f ? 1.0f / sum : 0.0f;
-      if (lane % 4 == 0 && qi[mt][r] < n) {
-        lse[static_cast<int64_t>(qi[mt][r]) * H + h] = m[mt][r] * kLn2 + logf(sum);
+      if constexpr (kSink) {
+        // One more term exp2(sink2 - m_new) in the sum; acc is still relative to m.
+        const float sink2 = __bfloat162float(sinks[h]) * kLog2e;
+        const float m_new = fmaxf(m[mt][r], sink2), corr = exp2f(m[mt][r] - m_new);
+        const float total = sum * corr + exp2f(sink2 - m_new);
+        inv[mt][r] = corr / total;
+        if (lane % 4 == 0 && qi[mt][r] < n) {
+          lse[static_cast<int64_t>(qi[mt][r]) * H + h] = m_new * kLn2 + logf(total);
+        }
+      } else {
+        inv[mt][r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+        if (lane % 4 == 0 && qi[mt][r] < n) {
+          lse[static_cast<int64_t>(qi[mt][r]) * H + h] = m[mt][r] * kLn2 + logf(sum);
+        }
       }
     }
   }
@@ -490,23 +535,24 @@ constexpr int DqSmemBytes() {
 }
 
 // dq = scale * sum_j dS_ij k_j. grid (ceil(n/kM), H), 128 threads: kM = 64*kMT queries per
-// block; key and value tiles double-buffered as in the forward.
-template <int kD>
-__global__ void __launch_bounds__(kGroupThreads) AttentionDqKernel(
-    bf16* __restrict__ dq, const bf16* __restrict__ dout, const bf16* __restrict__ q,
-    const bf16* __restrict__ k, const bf16* __restrict__ v, const float* __restrict__ lse,
-    const int32_t* __restrict__ doc_start, int n, int H, int KV, int D, float scale_log2,
-    float scale) {
+// block; key and value tiles double-buffered as in the forward. kWindow as in the forward.
+template <int kD, bool kWindow>
+__global__ void __launch_bounds__(kGroupThreads)
+    AttentionDqKernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
+                      const bf16* __restrict__ q, const bf16* __restrict__ k,
+                      const bf16* __restrict__ v, const float* __restrict__ lse,
+                      const int32_t* __restrict__ doc_start, int n, int H, int KV, int D,
+                      float scale_log2, float scale, int window) {
   constexpr int kThreads = kGroupThreads, kStride = kD + 8, kMT = Tiles<kD>::kMT;
   constexpr int kKeys = Tiles<kD>::kDqKeys, kM = QueryBlock<kD>(), kTile = kKeys * kStride;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* s_q = reinterpret_cast<bf16*>(smem);                      // (kM, kStride)
-  bf16* s_do = s_q + kM * kStride;                                // (kM, kStride)
-  bf16* s_k = s_do + kM * kStride;                                // (2, kKeys, kStride)
-  bf16* s_v = s_k + 2 * kTile;                                    // (2, kKeys, kStride)
-  float* s_delta = reinterpret_cast<float*>(s_v + 2 * kTile);     // (kM)
-  int* s_ds = reinterpret_cast<int*>(s_delta + kM);               // (kM)
-  int* s_red = s_ds + kM;                                         // (64)
+  bf16* s_q = reinterpret_cast<bf16*>(smem);                   // (kM, kStride)
+  bf16* s_do = s_q + kM * kStride;                             // (kM, kStride)
+  bf16* s_k = s_do + kM * kStride;                             // (2, kKeys, kStride)
+  bf16* s_v = s_k + 2 * kTile;                                 // (2, kKeys, kStride)
+  float* s_delta = reinterpret_cast<float*>(s_v + 2 * kTile);  // (kM)
+  int* s_ds = reinterpret_cast<int*>(s_delta + kM);            // (kM)
+  int* s_red = s_ds + kM;                                      // (64)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kM;
@@ -517,7 +563,12 @@ __global__ void __launch_bounds__(kGroupThreads) AttentionDqKernel(
   LoadRows<kD, kM, kThreads>(s_do, dout, i0, n, H, h, D);
   int ds_min, ds_max;
   LoadDocStarts<kM>(s_ds, s_red, doc_start, i0, n, ds_min, ds_max);
-  const int first = ds_min / kKeys * kKeys, last = min(i0 + kM, n) - 1;
+  const int last = min(i0 + kM, n) - 1;
+  if constexpr (kWindow) {  // first keys of the first and last queries
+    ds_min = max(ds_min, i0 - window + 1);
+    ds_max = max(ds_max, last - window + 1);
+  }
+  const int first = ds_min / kKeys * kKeys;
   LoadRows<kD, kKeys, kThreads>(s_k, k, first, n, KV, kvh, D);
   LoadRows<kD, kKeys, kThreads>(s_v, v, first, n, KV, kvh, D);
   CpAsyncCommit();
@@ -533,10 +584,10 @@ __global__ void __launch_bounds__(kGroupThreads) AttentionDqKernel(
     for (int r = 0; r < 2; ++r) {
       const int row = w0 + mt * 16 + lane / 4 + 8 * r;
       qi[mt][r] = i0 + row;
-      qds[mt][r] = s_ds[row];
+      qds[mt][r] = s_ds[row];  // with a window: the first key the query sees
+      if constexpr (kWindow) qds[mt][r] = max(qds[mt][r], qi[mt][r] - window + 1);
       delta[mt][r] = s_delta[row];
-      lse2[mt][r] =
-          i0 + row < n ? lse[static_cast<int64_t>(i0 + row) * H + h] * kLog2e : INFINITY;
+      lse2[mt][r] = i0 + row < n ? lse[static_cast<int64_t>(i0 + row) * H + h] * kLog2e : INFINITY;
     }
   }
   const bf16* s_qw = s_q + w0 * kStride;
@@ -589,26 +640,26 @@ constexpr int DkDvSmemBytes() {
 // after the other (x and its mirror); warp w owns keys
 // 16*(w%4) .. +15 and columns (w/4) * kD/kSplit .. + kD/kSplit of dk and dv. The block walks
 // (head, query tile) in order, double-buffering q, dO, lse, delta (parked in dq) and
-// doc_start of the tiles.
-template <int kD>
-__global__ void __launch_bounds__(kGroupThreads * Tiles<kD>::kSplit) AttentionDkDvKernel(
-    bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
-    const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-    const bf16* __restrict__ dq, const float* __restrict__ lse,
-    const int32_t* __restrict__ doc_start, int n, int H, int KV, int D, float scale_log2,
-    float scale) {
+// doc_start of the tiles. kWindow: only queries i - j < window see key j.
+template <int kD, bool kWindow>
+__global__ void __launch_bounds__(kGroupThreads* Tiles<kD>::kSplit)
+    AttentionDkDvKernel(bf16* __restrict__ dk, bf16* __restrict__ dv, const bf16* __restrict__ dout,
+                        const bf16* __restrict__ q, const bf16* __restrict__ k,
+                        const bf16* __restrict__ v, const bf16* __restrict__ dq,
+                        const float* __restrict__ lse, const int32_t* __restrict__ doc_start, int n,
+                        int H, int KV, int D, float scale_log2, float scale, int window) {
   constexpr int kSplit = Tiles<kD>::kSplit, kQ = Tiles<kD>::kQueries;
   constexpr int kN = kWarpRows * kGroupWarps;  // keys per block
   constexpr int kThreads = kGroupThreads * kSplit, kStride = kD + 8, kSlice = kD / kSplit;
   constexpr int kTile = kQ * kStride;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* s_k = reinterpret_cast<bf16*>(smem);                   // (kN, kStride)
-  bf16* s_v = s_k + kN * kStride;                              // (kN, kStride)
-  bf16* s_q = s_v + kN * kStride;                              // (2, kQ, kStride)
-  bf16* s_do = s_q + 2 * kTile;                                // (2, kQ, kStride)
-  float* s_lse = reinterpret_cast<float*>(s_do + 2 * kTile);   // (2, kQ) natural log
-  float* s_delta = s_lse + 2 * kQ;                             // (2, kQ)
-  int* s_ds = reinterpret_cast<int*>(s_delta + 2 * kQ);        // (2, kQ)
+  bf16* s_k = reinterpret_cast<bf16*>(smem);                  // (kN, kStride)
+  bf16* s_v = s_k + kN * kStride;                             // (kN, kStride)
+  bf16* s_q = s_v + kN * kStride;                             // (2, kQ, kStride)
+  bf16* s_do = s_q + 2 * kTile;                               // (2, kQ, kStride)
+  float* s_lse = reinterpret_cast<float*>(s_do + 2 * kTile);  // (2, kQ) natural log
+  float* s_delta = s_lse + 2 * kQ;                            // (2, kQ)
+  int* s_ds = reinterpret_cast<int*>(s_delta + 2 * kQ);       // (2, kQ)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows = (warp % kGroupWarps) * kWarpRows, col0 = (warp / kGroupWarps) * kSlice;
@@ -624,8 +675,11 @@ __global__ void __launch_bounds__(kGroupThreads * Tiles<kD>::kSplit) AttentionDk
     const int j0 = xb * kN;
     const int j_last = min(j0 + kN, n) - 1;
     const int kj[2] = {j0 + rows + lane / 4, j0 + rows + lane / 4 + 8};  // this thread's keys
+    const int kw[2] = {kj[0] + window, kj[1] + window};  // their first queries past the window
     // Query tiles [j0, i_end) of each head of the group see our keys.
-    const int q_tiles = (QueryEnd(doc_start, j_last, n) - j0 + kQ - 1) / kQ;
+    int i_end = QueryEnd(doc_start, j_last, n);
+    if constexpr (kWindow) i_end = min(i_end, j_last + window);
+    const int q_tiles = (i_end - j0 + kQ - 1) / kQ;
     const int items = group * q_tiles;
 
     // Query tile `item` (head-major) into buffer b.
@@ -642,7 +696,7 @@ __global__ void __launch_bounds__(kGroupThreads * Tiles<kD>::kSplit) AttentionDk
         } else {
           s_lse[b * kQ + threadIdx.x] = INFINITY;  // P = 0
           s_delta[b * kQ + threadIdx.x] = 0.0f;
-          s_ds[b * kQ + threadIdx.x] = INT_MAX;    // sees no key
+          s_ds[b * kQ + threadIdx.x] = INT_MAX;  // sees no key
         }
       }
     };
@@ -666,7 +720,8 @@ __global__ void __launch_bounds__(kGroupThreads * Tiles<kD>::kSplit) AttentionDk
       const float* s_deltab = s_delta + buf * kQ;
       const int* s_dsb = s_ds + buf * kQ;
       // doc_start is nondecreasing, so the tile's last valid query has the largest.
-      const bool masked = s_dsb[min(kQ, n - i0) - 1] > j0 || i0 < j_last;
+      bool masked = s_dsb[min(kQ, n - i0) - 1] > j0 || i0 < j_last;
+      if constexpr (kWindow) masked = masked || i0 + min(kQ, n - i0) - 1 - j0 >= window;
       float s[1][kQ / 8][4] = {}, dp[1][kQ / 8][4] = {};  // S^T, dP^T: keys x queries
       MmaABt<kD, 1, kQ / 8>(s, s_kw, s_qb);
       MmaABt<kD, 1, kQ / 8>(dp, s_vw, s_dob);
@@ -675,7 +730,8 @@ __global__ void __launch_bounds__(kGroupThreads * Tiles<kD>::kSplit) AttentionDk
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = t * 8 + (lane % 4) * 2 + e % 2, j = kj[e / 2];
-          const bool off = masked && (j < s_dsb[c] || j > i0 + c);
+          bool off = masked && (j < s_dsb[c] || j > i0 + c);
+          if constexpr (kWindow) off = off || (masked && i0 + c >= kw[e / 2]);
           const float p = off ? 0.0f : exp2f(s[0][t][e] * scale_log2 - s_lseb[c] * kLog2e);
           s[0][t][e] = p;
           dp[0][t][e] = p * (dp[0][t][e] - s_deltab[c]);  // dS^T
@@ -721,76 +777,144 @@ void SetSmem(Kernel kernel, int bytes) {
                bytes, cudaGetErrorString(err));
 }
 
-template <int kD>
+template <int kD, bool kWindow, bool kSink>
 void LaunchForward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                   const int32_t* doc_start, int n, int H, int KV, int D, cudaStream_t stream) {
+                   const int32_t* doc_start, const bf16* sinks, int window, int n, int H, int KV,
+                   int D, cudaStream_t stream) {
   constexpr int kBytes = ForwardSmemBytes<kD>();
-  SetSmem(AttentionKernel<kD>, kBytes);
+  SetSmem(AttentionKernel<kD, kWindow, kSink>, kBytes);
   const dim3 grid((n + QueryBlock<kD>() - 1) / QueryBlock<kD>(), H);
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(D));
-  AttentionKernel<kD><<<grid, kGroupThreads, kBytes, stream>>>(o, lse, q, k, v, doc_start, n, H,
-                                                                 KV, D, scale_log2);
+  AttentionKernel<kD, kWindow, kSink><<<grid, kGroupThreads, kBytes, stream>>>(
+      o, lse, q, k, v, doc_start, n, H, KV, D, scale_log2, sinks, window);
   MT_CUDA_LAUNCH_CHECK();
 }
 
 template <int kD>
-void LaunchBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
-                    const bf16* v, const bf16* o, const float* lse, const int32_t* doc_start, int n,
-                    int H, int KV, int D, cudaStream_t stream) {
+void LaunchForward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                   const int32_t* doc_start, const bf16* sinks, int window, int n, int H, int KV,
+                   int D, cudaStream_t stream) {
+  if (window > 0 && sinks != nullptr) {
+    LaunchForward<kD, true, true>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, D, stream);
+  } else if (window > 0) {
+    LaunchForward<kD, true, false>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, D, stream);
+  } else if (sinks != nullptr) {
+    LaunchForward<kD, false, true>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, D, stream);
+  } else {
+    LaunchForward<kD, false, false>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, D, stream);
+  }
+}
+
+// dsinks (H) += -sum_i exp(sink_h - lse_ih) Delta_ih, from the parked deltas: blocks of
+// `tokens` tokens write rows of partials, AddColumnSums adds them in block order.
+void LaunchSinkGrad(float* dsinks, const bf16* dq, const float* lse, const bf16* sinks, int n,
+                    int H, int D, float* partials, int64_t partial_floats, cudaStream_t stream) {
+  constexpr int64_t kMinTokens = 64, kMaxBlocks = 1024;  // few rows for AddColumnSums to add
+  const int64_t max_blocks = std::min<int64_t>(kMaxBlocks, partial_floats / H);
+  const int64_t tokens =
+      std::max<int64_t>(kMinTokens, (n + max_blocks - 1) / max_blocks);  // per block
+  const int64_t blocks = (n + tokens - 1) / tokens;
+  AttentionSinkGradKernel<<<static_cast<unsigned>(blocks), kGroupThreads, 0, stream>>>(
+      partials, dq, lse, sinks, n, H, D, static_cast<int>(tokens));
+  MT_CUDA_LAUNCH_CHECK();
+  AddColumnSums(dsinks, partials, blocks, H, H, stream);
+}
+
+template <int kD, bool kWindow>
+void LaunchBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* dout, const bf16* q,
+                    const bf16* k, const bf16* v, const bf16* o, const float* lse,
+                    const int32_t* doc_start, const bf16* sinks, int window, int n, int H, int KV,
+                    int D, float* partials, int64_t partial_floats, cudaStream_t stream) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D)), scale_log2 = kLog2e * scale;
   const int query_tiles = (n + QueryBlock<kD>() - 1) / QueryBlock<kD>();
   const int key_tiles = (n + kWarpRows * kGroupWarps - 1) / (kWarpRows * kGroupWarps);
-  const int key_pairs = (key_tiles + 1) / 2;  // each dk/dv block takes a tile and its mirror
+  const int key_pairs = (key_tiles + 1) / 2;         // each dk/dv block takes a tile and its mirror
   const int64_t rows = static_cast<int64_t>(n) * H;  // (query, head) pairs
   const int64_t delta_blocks = (rows + DeltaRowsPerBlock<kD>() - 1) / DeltaRowsPerBlock<kD>();
-  AttentionDeltaKernel<kD><<<static_cast<unsigned>(delta_blocks), kGroupThreads, 0, stream>>>(
-      dq, dout, o, rows, D);
+  AttentionDeltaKernel<kD>
+      <<<static_cast<unsigned>(delta_blocks), kGroupThreads, 0, stream>>>(dq, dout, o, rows, D);
   MT_CUDA_LAUNCH_CHECK();
+  if (dsinks != nullptr) {
+    LaunchSinkGrad(dsinks, dq, lse, sinks, n, H, D, partials, partial_floats, stream);
+  }
   constexpr int kDkDvBytes = DkDvSmemBytes<kD>();
-  SetSmem(AttentionDkDvKernel<kD>, kDkDvBytes);
-  AttentionDkDvKernel<kD><<<dim3(key_pairs, KV), kGroupThreads * Tiles<kD>::kSplit, kDkDvBytes,
-                            stream>>>(dk, dv, dout, q, k, v, dq, lse, doc_start, n, H, KV, D,
-                                      scale_log2, scale);
+  SetSmem(AttentionDkDvKernel<kD, kWindow>, kDkDvBytes);
+  AttentionDkDvKernel<kD, kWindow>
+      <<<dim3(key_pairs, KV), kGroupThreads * Tiles<kD>::kSplit, kDkDvBytes, stream>>>(
+          dk, dv, dout, q, k, v, dq, lse, doc_start, n, H, KV, D, scale_log2, scale, window);
   MT_CUDA_LAUNCH_CHECK();
   constexpr int kDqBytes = DqSmemBytes<kD>();  // last: it overwrites the parked deltas
-  SetSmem(AttentionDqKernel<kD>, kDqBytes);
-  AttentionDqKernel<kD><<<dim3(query_tiles, H), kGroupThreads, kDqBytes, stream>>>(
-      dq, dout, q, k, v, lse, doc_start, n, H, KV, D, scale_log2, scale);
+  SetSmem(AttentionDqKernel<kD, kWindow>, kDqBytes);
+  AttentionDqKernel<kD, kWindow><<<dim3(query_tiles, H), kGroupThreads, kDqBytes, stream>>>(
+      dq, dout, q, k, v, lse, doc_start, n, H, KV, D, scale_log2, scale, window);
   MT_CUDA_LAUNCH_CHECK();
+}
+
+template <int kD>
+void LaunchBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* dout, const bf16* q,
+                    const bf16* k, const bf16* v, const bf16* o, const float* lse,
+                    const int32_t* doc_start, const bf16* sinks, int window, int n, int H, int KV,
+                    int D, float* partials, int64_t partial_floats, cudaStream_t stream) {
+  if (window > 0) {
+    LaunchBackward<kD, true>(dq, dk, dv, dsinks, dout, q, k, v, o, lse, doc_start, sinks, window, n,
+                             H, KV, D, partials, partial_floats, stream);
+  } else {
+    LaunchBackward<kD, false>(dq, dk, dv, dsinks, dout, q, k, v, o, lse, doc_start, sinks, window,
+                              n, H, KV, D, partials, partial_floats, stream);
+  }
+}
+
+// The window the kernels take: 0 when it hides no key of the batch (window >= n), as the
+// unlimited path is cheaper and gives the same result.
+int EffectiveWindow(const char* op, int64_t window, int64_t n) {
+  MT_CHECK_MSG(window >= 0, "%s: sliding window %lld is negative (0 means none)", op,
+               static_cast<long long>(window));
+  return window >= n ? 0 : static_cast<int>(window);
 }
 
 }  // namespace
 
 void Attention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
-               const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
-               cudaStream_t stream) {
+               const int32_t* doc_start, const bf16* sinks, int64_t window, int64_t n, int64_t H,
+               int64_t KV, int64_t D, cudaStream_t stream) {
   CheckShapes("Attention", n, H, KV, D, {o, q, k, v});
+  const int w = EffectiveWindow("Attention", window, n);
   if (n == 0) return;
   const int ni = static_cast<int>(n), Hi = static_cast<int>(H), KVi = static_cast<int>(KV);
   const int Di = static_cast<int>(D);
   if (D <= 64) {
-    LaunchForward<64>(o, lse, q, k, v, doc_start, ni, Hi, KVi, Di, stream);
+    LaunchForward<64>(o, lse, q, k, v, doc_start, sinks, w, ni, Hi, KVi, Di, stream);
   } else if (D <= 128) {
-    LaunchForward<128>(o, lse, q, k, v, doc_start, ni, Hi, KVi, Di, stream);
+    LaunchForward<128>(o, lse, q, k, v, doc_start, sinks, w, ni, Hi, KVi, Di, stream);
   } else {
-    LaunchForward<256>(o, lse, q, k, v, doc_start, ni, Hi, KVi, Di, stream);
+    LaunchForward<256>(o, lse, q, k, v, doc_start, sinks, w, ni, Hi, KVi, Di, stream);
   }
 }
 
-void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* dout, const bf16* q,
                        const bf16* k, const bf16* v, const bf16* o, const float* lse,
-                       const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
+                       const int32_t* doc_start, const bf16* sinks, int64_t window, int64_t n,
+                       int64_t H, int64_t KV, int64_t D, float* partials, int64_t partial_floats,
                        cudaStream_t stream) {
   CheckShapes("AttentionBackward", n, H, KV, D, {dq, dk, dv, dout, q, k, v, o});
+  const int w = EffectiveWindow("AttentionBackward", window, n);
+  MT_CHECK_MSG(dsinks == nullptr || sinks != nullptr,
+               "AttentionBackward: a sink gradient needs the sinks");
+  MT_CHECK_MSG(dsinks == nullptr || (partials != nullptr && partial_floats >= H),
+               "AttentionBackward: a scratch of %lld floats cannot hold a row of %lld sinks",
+               static_cast<long long>(partial_floats), static_cast<long long>(H));
   if (n == 0) return;
   const int ni = static_cast<int>(n), Hi = static_cast<int>(H), KVi = static_cast<int>(KV);
   const int Di = static_cast<int>(D);
   if (D <= 64) {
-    LaunchBackward<64>(dq, dk, dv, dout, q, k, v, o, lse, doc_start, ni, Hi, KVi, Di, stream);
+    LaunchBackward<64>(dq, dk, dv, dsinks, dout, q, k, v, o, lse, doc_start, sinks, w, ni, Hi, KVi,
+                       Di, partials, partial_floats, stream);
   } else if (D <= 128) {
-    LaunchBackward<128>(dq, dk, dv, dout, q, k, v, o, lse, doc_start, ni, Hi, KVi, Di, stream);
+    LaunchBackward<128>(dq, dk, dv, dsinks, dout, q, k, v, o, lse, doc_start, sinks, w, ni, Hi, KVi,
+                        Di, partials, partial_floats, stream);
   } else {
-    LaunchBackward<256>(dq, dk, dv, dout, q, k, v, o, lse, doc_start, ni, Hi, KVi, Di, stream);
+    LaunchBackward<256>(dq, dk, dv, dsinks, dout, q, k, v, o, lse, doc_start, sinks, w, ni, Hi, KVi,
+                        Di, partials, partial_floats, stream);
   }
 }
 

@@ -45,31 +45,43 @@ void RmsNormBackward(bf16* din, float* dw, const bf16* dout, const bf16* in, con
 // qkv_prepare.cu: split + QK-norm (norm weights may be null) + RoPE.
 void QkvPrepare(bf16* q, bf16* k, bf16* v, float* rstd_q, float* rstd_k, const bf16* qkv,
                 const bf16* q_norm_w, const bf16* k_norm_w, const int32_t* pos,
-                const float* inv_freq, int64_t n, int64_t H, int64_t KV, int64_t D, float eps,
-                cudaStream_t stream);
+                const float* inv_freq, float rope_scale, int64_t n, int64_t H, int64_t KV,
+                int64_t D, float eps, cudaStream_t stream);
 // dqkv written; dq_norm_w, dk_norm_w f32 (D) += (null when norms are off; deterministic).
 // partials: see kPartialFloats.
 void QkvPrepareBackward(bf16* dqkv, float* dq_norm_w, float* dk_norm_w, const bf16* dq,
                         const bf16* dk, const bf16* dv, const bf16* qkv, const bf16* q_norm_w,
                         const bf16* k_norm_w, const float* rstd_q, const float* rstd_k,
-                        const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
-                        int64_t KV, int64_t D, float* partials, int64_t partial_floats,
-                        cudaStream_t stream);
+                        const int32_t* pos, const float* inv_freq, float rope_scale, int64_t n,
+                        int64_t H, int64_t KV, int64_t D, float* partials,
+                        int64_t partial_floats, cudaStream_t stream);
 
 // attention.cu: causal GQA within documents; memory linear in n (lse kept, P recomputed).
+// sinks bf16 (H) | null: one logit per head in each row's softmax sum (lse includes it);
+// window > 0: query i sees only keys i - j < window (0: no window; cost ~ n * window).
 void Attention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
-               const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
-               cudaStream_t stream);
-// dq, dk, dv written.
-void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+               const int32_t* doc_start, const bf16* sinks, int64_t window, int64_t n, int64_t H,
+               int64_t KV, int64_t D, cudaStream_t stream);
+// dq, dk, dv written; dsinks f32 (H) += | null (needs sinks; deterministic; partials: see
+// kPartialFloats, >= H floats, used only with dsinks).
+void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* dout, const bf16* q,
                        const bf16* k, const bf16* v, const bf16* o, const float* lse,
-                       const int32_t* doc_start, int64_t n, int64_t H, int64_t KV, int64_t D,
+                       const int32_t* doc_start, const bf16* sinks, int64_t window, int64_t n,
+                       int64_t H, int64_t KV, int64_t D, float* partials, int64_t partial_floats,
                        cudaStream_t stream);
 
 // swiglu.cu
 void SwiGlu(bf16* out, const bf16* gu, int64_t N, int64_t I, cudaStream_t stream);
 void SwiGluBackward(bf16* dgu, const bf16* dout, const bf16* gu, int64_t N, int64_t I,
                     cudaStream_t stream);
+
+// clamped_swiglu.cu: GPT-OSS's (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g),
+// g = min(gate, limit); gu, dgu (N,2I) rows [gate | up], out, dout (N,I). The backward
+// passes gradient where gate <= limit and -limit <= up <= limit, boundaries included.
+void ClampedSwiGlu(bf16* out, const bf16* gu, int64_t N, int64_t I, float alpha, float limit,
+                   cudaStream_t stream);
+void ClampedSwiGluBackward(bf16* dgu, const bf16* dout, const bf16* gu, int64_t N, int64_t I,
+                           float alpha, float limit, cudaStream_t stream);
 
 // cross_entropy.cu: loss f32 (N); dlogits bf16 (may alias logits).
 void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t* targets,
@@ -79,6 +91,14 @@ void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t*
 // deterministic (no atomics).
 void AddBias(bf16* out, const bf16* bias, int64_t N, int64_t OC, cudaStream_t stream);
 void BiasGrad(float* dbias, const bf16* dout, int64_t N, int64_t OC, cudaStream_t stream);
+// The experts' biases over rows sorted by expert, offsets int32 (E+1) on the device (rows
+// [offsets[e], offsets[e+1]) are expert e's): out (R,OC) += bias (E,OC) [expert of row],
+// R = offsets[E]; dbias f32 (E,OC) += the column sums of each expert's rows of dout (R,OC),
+// in one launch, deterministic; experts without rows keep their dbias bits (E <= 65535).
+void AddGroupedBias(bf16* out, const bf16* bias, const int32_t* offsets, int64_t E, int64_t R,
+                    int64_t OC, cudaStream_t stream);
+void GroupedBiasGrad(float* dbias, const bf16* dout, const int32_t* offsets, int64_t E,
+                     int64_t OC, cudaStream_t stream);
 
 // moe_router.cu: probs f32 (n,E) = softmax(logits bf16 (n,E)); idx int32 (n,k), w f32 (n,k)
 // the top-k (lower index first among equals; renormalised when renorm). 1 <= E <= 256,

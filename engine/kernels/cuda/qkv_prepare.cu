@@ -30,15 +30,16 @@ constexpr int kMaxD = 256;
 constexpr int kLaneWords = kMaxD / 4 / 32;  // bf16 pairs per lane in each half of a head
 constexpr int64_t kMaxBackwardBlocks = 1024;    // blocks of the backward, each loops over tokens
 
-// cos_t, sin_t (D/2) for one position, written by the block.
+// cos_t, sin_t (D/2) for one position, written by the block, times rope_scale (as
+// transformers scales its float cos/sin by YaRN's attention factor).
 __device__ __forceinline__ void RopeTable(float* cos_t, float* sin_t, int32_t pos,
-                                          const float* inv_freq, int half) {
+                                          const float* inv_freq, float rope_scale, int half) {
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
     const float angle = __fmul_rn(static_cast<float>(pos), inv_freq[j]);
     double s, c;
     sincos(static_cast<double>(angle), &s, &c);
-    cos_t[j] = static_cast<float>(c);
-    sin_t[j] = static_cast<float>(s);
+    cos_t[j] = __fmul_rn(static_cast<float>(c), rope_scale);
+    sin_t[j] = __fmul_rn(static_cast<float>(s), rope_scale);
   }
 }
 
@@ -170,11 +171,11 @@ __global__ void __launch_bounds__(kThreads) QkvPrepareKernel(
     bf16* __restrict__ q, bf16* __restrict__ k, bf16* __restrict__ v, float* __restrict__ rstd_q,
     float* __restrict__ rstd_k, const bf16* __restrict__ qkv, const bf16* __restrict__ q_norm_w,
     const bf16* __restrict__ k_norm_w, const int32_t* __restrict__ pos,
-    const float* __restrict__ inv_freq, int H, int KV, int D, float eps) {
+    const float* __restrict__ inv_freq, float rope_scale, int H, int KV, int D, float eps) {
   __shared__ float cos_t[kMaxD / 2], sin_t[kMaxD / 2];
   const int64_t i = blockIdx.x;
   const bf16* row = qkv + i * (H + 2 * KV) * D;
-  RopeTable(cos_t, sin_t, pos[i], inv_freq, D / 2);
+  RopeTable(cos_t, sin_t, pos[i], inv_freq, rope_scale, D / 2);
   __syncthreads();
   for (int hd = threadIdx.x / 32; hd < H + KV; hd += kWarps) {
     if (hd < H) {
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(kThreads) QkvPrepareBackwardKernel(
     const bf16* __restrict__ qkv, const bf16* __restrict__ q_norm_w,
     const bf16* __restrict__ k_norm_w, const float* __restrict__ rstd_q,
     const float* __restrict__ rstd_k, const int32_t* __restrict__ pos,
-    const float* __restrict__ inv_freq, int64_t n, int H, int KV, int D,
+    const float* __restrict__ inv_freq, float rope_scale, int64_t n, int H, int KV, int D,
     float* __restrict__ partials) {
   __shared__ float cos_t[kMaxD / 2], sin_t[kMaxD / 2];
   __shared__ float s_dw[kWarps][2][kMaxD];  // each warp's dq_norm_w, dk_norm_w partials
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) QkvPrepareBackwardKernel(
 
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     __syncthreads();  // the previous token's reads of the table are done
-    RopeTable(cos_t, sin_t, pos[i], inv_freq, half);
+    RopeTable(cos_t, sin_t, pos[i], inv_freq, rope_scale, half);
     __syncthreads();
     const bf16* row = qkv + i * width;
     bf16* drow = dqkv + i * width;
@@ -275,15 +276,16 @@ void CheckNormWeights(const char* op, const bf16* q_norm_w, const bf16* k_norm_w
 
 void QkvPrepare(bf16* q, bf16* k, bf16* v, float* rstd_q, float* rstd_k, const bf16* qkv,
                 const bf16* q_norm_w, const bf16* k_norm_w, const int32_t* pos,
-                const float* inv_freq, int64_t n, int64_t H, int64_t KV, int64_t D, float eps,
-                cudaStream_t stream) {
+                const float* inv_freq, float rope_scale, int64_t n, int64_t H, int64_t KV,
+                int64_t D, float eps, cudaStream_t stream) {
   CheckShapes("QkvPrepare", n, H, KV, D, {q, k, v, qkv});
   MT_CHECK_MSG(q_norm_w == nullptr || rstd_q != nullptr, "QkvPrepare: q norm without rstd_q");
   MT_CHECK_MSG(k_norm_w == nullptr || rstd_k != nullptr, "QkvPrepare: k norm without rstd_k");
   CheckNormWeights("QkvPrepare", q_norm_w, k_norm_w);
   if (n == 0) return;
   QkvPrepareKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-      q, k, v, rstd_q, rstd_k, qkv, q_norm_w, k_norm_w, pos, inv_freq, static_cast<int>(H),
+      q, k, v, rstd_q, rstd_k, qkv, q_norm_w, k_norm_w, pos, inv_freq, rope_scale,
+      static_cast<int>(H),
       static_cast<int>(KV), static_cast<int>(D), eps);
   MT_CUDA_LAUNCH_CHECK();
 }
@@ -291,9 +293,9 @@ void QkvPrepare(bf16* q, bf16* k, bf16* v, float* rstd_q, float* rstd_k, const b
 void QkvPrepareBackward(bf16* dqkv, float* dq_norm_w, float* dk_norm_w, const bf16* dq,
                         const bf16* dk, const bf16* dv, const bf16* qkv, const bf16* q_norm_w,
                         const bf16* k_norm_w, const float* rstd_q, const float* rstd_k,
-                        const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
-                        int64_t KV, int64_t D, float* partials, int64_t partial_floats,
-                        cudaStream_t stream) {
+                        const int32_t* pos, const float* inv_freq, float rope_scale, int64_t n,
+                        int64_t H, int64_t KV, int64_t D, float* partials,
+                        int64_t partial_floats, cudaStream_t stream) {
   CheckShapes("QkvPrepareBackward", n, H, KV, D, {dqkv, dq, dk, dv, qkv});
   MT_CHECK_MSG(partials != nullptr && partial_floats >= 2 * D,
                "QkvPrepareBackward: a scratch of %lld floats cannot hold a row of %lld",
@@ -309,7 +311,8 @@ void QkvPrepareBackward(bf16* dqkv, float* dq_norm_w, float* dk_norm_w, const bf
   const int64_t blocks = std::min<int64_t>({n, kMaxBackwardBlocks, partial_floats / (2 * D)});
   QkvPrepareBackwardKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       dqkv, dq, dk, dv, qkv, q_norm_w, k_norm_w, rstd_q, rstd_k, pos,
-      inv_freq, n, static_cast<int>(H), static_cast<int>(KV), static_cast<int>(D), partials);
+      inv_freq, rope_scale, n, static_cast<int>(H), static_cast<int>(KV), static_cast<int>(D),
+      partials);
   MT_CUDA_LAUNCH_CHECK();
   if (dq_norm_w != nullptr) AddColumnSums(dq_norm_w, partials, blocks, D, 2 * D, stream);
   if (dk_norm_w != nullptr) AddColumnSums(dk_norm_w, partials + D, blocks, D, 2 * D, stream);

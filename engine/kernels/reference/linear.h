@@ -39,6 +39,41 @@ inline void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t Nc, int64_t K, d
               trans_b ? CblasTrans : CblasNoTrans, M, Nc, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// The GEMM's beta for out (N, OC) after the bias (OC) | null is put in first: out = bias
+// (or out += bias with accumulate), then the product adds to it.
+template <typename T>
+T PreloadBias(T* out, const T* bias, int64_t N, int64_t OC, bool accumulate) {
+  if (bias == nullptr) return accumulate ? T(1) : T(0);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    T* row = out + i * OC;
+    if (accumulate) {
+      for (int64_t o = 0; o < OC; ++o) row[o] += bias[o];
+    } else {
+      for (int64_t o = 0; o < OC; ++o) row[o] = bias[o];
+    }
+  }
+  return T(1);
+}
+
+// dbias (OC) += the column sums of dout (N, OC). Threads own column blocks and sum rows in
+// order: deterministic.
+template <typename T>
+void AddColumnSums(T* dbias, const T* dout, int64_t N, int64_t OC) {
+  constexpr int64_t kBlock = 64;
+  const int64_t num_blocks = (OC + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t o0 = b * kBlock;
+    const int64_t o1 = std::min(OC, o0 + kBlock);
+    double acc[kBlock] = {};
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t o = o0; o < o1; ++o) acc[o - o0] += dout[i * OC + o];
+    }
+    for (int64_t o = o0; o < o1; ++o) dbias[o] += static_cast<T>(acc[o - o0]);
+  }
+}
+
 }  // namespace linear_internal
 
 // out (N, OC) = in (N, IC) W (OC, IC)^T + bias (OC); bias may be null. With accumulate,
@@ -48,20 +83,31 @@ void Linear(T* out, const T* in, const T* W, const T* bias, int64_t N, int64_t I
             bool accumulate) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "float or double");
   linear_internal::CheckDims(N, IC, OC);
-  T beta = accumulate ? T(1) : T(0);
-  if (bias != nullptr) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      T* row = out + i * OC;
-      if (accumulate) {
-        for (int64_t o = 0; o < OC; ++o) row[o] += bias[o];
-      } else {
-        for (int64_t o = 0; o < OC; ++o) row[o] = bias[o];
-      }
-    }
-    beta = T(1);
-  }
+  const T beta = linear_internal::PreloadBias(out, bias, N, OC, accumulate);
   linear_internal::Gemm(false, true, N, OC, IC, T(1), in, IC, W, IC, beta, out, OC);
+}
+
+// out (N, OC) = in (N, IC) W (IC, OC) + bias (OC) | null: a weight stored input-major, as
+// transformers keeps GPT-OSS's experts.
+template <typename T>
+void LinearInMajor(T* out, const T* in, const T* W, const T* bias, int64_t N, int64_t IC,
+                   int64_t OC) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "float or double");
+  linear_internal::CheckDims(N, IC, OC);
+  const T beta = linear_internal::PreloadBias(out, bias, N, OC, false);
+  linear_internal::Gemm(false, false, N, OC, IC, T(1), in, IC, W, OC, beta, out, OC);
+}
+
+// din (N, IC) = dout (N, OC) W^T; dW (IC, OC) += in^T dout; dbias (OC) += column sums of
+// dout | null.
+template <typename T>
+void LinearInMajorBackward(T* din, T* dW, T* dbias, const T* dout, const T* in, const T* W,
+                           int64_t N, int64_t IC, int64_t OC) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "float or double");
+  linear_internal::CheckDims(N, IC, OC);
+  linear_internal::Gemm(false, true, N, IC, OC, T(1), dout, OC, W, OC, T(0), din, IC);
+  linear_internal::Gemm(true, false, IC, OC, N, T(1), in, IC, dout, OC, T(1), dW, OC);
+  if (dbias != nullptr) linear_internal::AddColumnSums(dbias, dout, N, OC);
 }
 
 // din (N, IC) = dout (N, OC) W (OC, IC), or += with din_accumulate; din may be null.
@@ -76,21 +122,7 @@ void LinearBackward(T* din, bool din_accumulate, T* dW, T* dbias, const T* dout,
                           din_accumulate ? T(1) : T(0), din, IC);
   }
   linear_internal::Gemm(true, false, OC, IC, N, T(1), dout, OC, in, IC, T(1), dW, IC);
-  if (dbias != nullptr) {
-    // Threads own column blocks and sum rows in order: deterministic.
-    constexpr int64_t kBlock = 64;
-    const int64_t num_blocks = (OC + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      const int64_t o0 = b * kBlock;
-      const int64_t o1 = std::min(OC, o0 + kBlock);
-      double acc[kBlock] = {};
-      for (int64_t i = 0; i < N; ++i) {
-        for (int64_t o = o0; o < o1; ++o) acc[o - o0] += dout[i * OC + o];
-      }
-      for (int64_t o = o0; o < o1; ++o) dbias[o] += static_cast<T>(acc[o - o0]);
-    }
-  }
+  if (dbias != nullptr) linear_internal::AddColumnSums(dbias, dout, N, OC);
 }
 
 }  // namespace megatrain::ref

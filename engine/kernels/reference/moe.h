@@ -109,27 +109,42 @@ void MoeGatherBackward(T* dh, const T* dxe, const int32_t* slot_of, int64_t n, i
 }
 
 // Per expert e, over its rows [offsets[e], offsets[e+1]):
-//   out (rows, OC) = in (rows, IC) W_e^T, W (E, OC, IC). Experts with no rows are skipped.
+//   out (rows, OC) = in (rows, IC) W_e^T + bias_e, W (E, OC, IC), bias (E, OC) | null.
+// Experts with no rows are skipped.
+// With w_in_major, W is (E, IC, OC) and out = in W_e + bias_e (LinearInMajor).
 template <typename T>
-void GroupedLinear(T* out, const T* in, const T* W, const int32_t* offsets, int64_t E,
-                   int64_t IC, int64_t OC) {
+void GroupedLinear(T* out, const T* in, const T* W, const T* bias, const int32_t* offsets,
+                   int64_t E, int64_t IC, int64_t OC, bool w_in_major = false) {
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
     if (rows == 0) continue;
-    Linear<T>(out + r0 * OC, in + r0 * IC, W + e * OC * IC, nullptr, rows, IC, OC, false);
+    const T* b = bias == nullptr ? nullptr : bias + e * OC;
+    if (w_in_major) {
+      LinearInMajor<T>(out + r0 * OC, in + r0 * IC, W + e * OC * IC, b, rows, IC, OC);
+    } else {
+      Linear<T>(out + r0 * OC, in + r0 * IC, W + e * OC * IC, b, rows, IC, OC, false);
+    }
   }
 }
 
 // din (R, IC) written (rows of experts without rows untouched: there are none);
-// dW_e (OC, IC) += dout_e^T in_e.
+// dW_e (OC, IC) += dout_e^T in_e; dbias (E, OC) | null: dbias_e += the column sums of dout_e,
+// rows in order. Experts without rows keep their gradients as they were, bit for bit.
 template <typename T>
-void GroupedLinearBackward(T* din, T* dW, const T* dout, const T* in, const T* W,
-                           const int32_t* offsets, int64_t E, int64_t IC, int64_t OC) {
+void GroupedLinearBackward(T* din, T* dW, T* dbias, const T* dout, const T* in, const T* W,
+                           const int32_t* offsets, int64_t E, int64_t IC, int64_t OC,
+                           bool w_in_major = false) {
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
     if (rows == 0) continue;
-    LinearBackward<T>(din + r0 * IC, false, dW + e * OC * IC, nullptr, dout + r0 * OC,
-                      in + r0 * IC, W + e * OC * IC, rows, IC, OC);
+    T* db = dbias == nullptr ? nullptr : dbias + e * OC;
+    if (w_in_major) {
+      LinearInMajorBackward<T>(din + r0 * IC, dW + e * OC * IC, db, dout + r0 * OC, in + r0 * IC,
+                               W + e * OC * IC, rows, IC, OC);
+    } else {
+      LinearBackward<T>(din + r0 * IC, false, dW + e * OC * IC, db, dout + r0 * OC, in + r0 * IC,
+                        W + e * OC * IC, rows, IC, OC);
+    }
   }
 }
 

@@ -24,13 +24,14 @@ namespace qkv_internal {
 // in chunk order. Fixed, so the summation order never depends on the thread count.
 constexpr int64_t kNumPartials = 64;
 
-// cos_t, sin_t (D/2) for one position: angle rounded to float, cos/sin in double.
+// cos_t, sin_t (D/2) for one position: angle rounded to float, cos/sin in double, times
+// rope_scale (YaRN's attention factor; 1 otherwise).
 inline void RopeCosSin(double* cos_t, double* sin_t, int32_t pos, const float* inv_freq,
-                       int64_t half) {
+                       float rope_scale, int64_t half) {
   for (int64_t j = 0; j < half; ++j) {
     const float angle = static_cast<float>(pos) * inv_freq[j];
-    cos_t[j] = std::cos(static_cast<double>(angle));
-    sin_t[j] = std::sin(static_cast<double>(angle));
+    cos_t[j] = std::cos(static_cast<double>(angle)) * rope_scale;
+    sin_t[j] = std::sin(static_cast<double>(angle)) * rope_scale;
   }
 }
 
@@ -91,11 +92,12 @@ void HeadBackward(T* dx, double* dnorm_w, const T* dy, const T* x, const T* norm
 // qkv (n, (H+2*KV)*D), each row [q (H*D) | k (KV*D) | v (KV*D)] -> q (n,H,D), k (n,KV,D),
 // v (n,KV,D). q_norm_w (D) / k_norm_w (D) enable QK-norm when non-null; rstd_q (n*H) and
 // rstd_k (n*KV) then receive the per-head rstd (may be null otherwise). pos (n) positions,
-// inv_freq (D/2) from RopeInvFreq. REQUIRES: D even.
+// inv_freq (D/2) from RopeInvFreq; cos and sin are scaled by rope_scale (YaRN's attention
+// factor, else 1). REQUIRES: D even.
 template <typename T>
 void QkvPrepare(T* q, T* k, T* v, T* rstd_q, T* rstd_k, const T* qkv, const T* q_norm_w,
-                const T* k_norm_w, const int32_t* pos, const float* inv_freq, int64_t n, int64_t H,
-                int64_t KV, int64_t D, double eps) {
+                const T* k_norm_w, const int32_t* pos, const float* inv_freq, float rope_scale,
+                int64_t n, int64_t H, int64_t KV, int64_t D, double eps) {
   MT_CHECK(D > 0 && D % 2 == 0 && H > 0 && KV > 0);
   MT_CHECK(q_norm_w == nullptr || rstd_q != nullptr);
   MT_CHECK(k_norm_w == nullptr || rstd_k != nullptr);
@@ -107,7 +109,7 @@ void QkvPrepare(T* q, T* k, T* v, T* rstd_q, T* rstd_k, const T* qkv, const T* q
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       MT_CHECK(pos[i] >= 0);
-      qkv_internal::RopeCosSin(cos_t.data(), sin_t.data(), pos[i], inv_freq, D / 2);
+      qkv_internal::RopeCosSin(cos_t.data(), sin_t.data(), pos[i], inv_freq, rope_scale, D / 2);
       const T* row = qkv + i * width;
       for (int64_t h = 0; h < H; ++h) {
         qkv_internal::HeadForward(q + (i * H + h) * D, rstd_q ? rstd_q + i * H + h : nullptr,
@@ -131,8 +133,9 @@ void QkvPrepare(T* q, T* k, T* v, T* rstd_q, T* rstd_k, const T* qkv, const T* q
 template <typename T>
 void QkvPrepareBackward(T* dqkv, T* dq_norm_w, T* dk_norm_w, const T* dq, const T* dk, const T* dv,
                         const T* qkv, const T* q_norm_w, const T* k_norm_w, const T* rstd_q,
-                        const T* rstd_k, const int32_t* pos, const float* inv_freq, int64_t n,
-                        int64_t H, int64_t KV, int64_t D, double eps) {
+                        const T* rstd_k, const int32_t* pos, const float* inv_freq,
+                        float rope_scale, int64_t n, int64_t H, int64_t KV, int64_t D,
+                        double eps) {
   MT_CHECK(D > 0 && D % 2 == 0 && H > 0 && KV > 0);
   MT_CHECK((q_norm_w == nullptr) == (dq_norm_w == nullptr));
   MT_CHECK((k_norm_w == nullptr) == (dk_norm_w == nullptr));
@@ -153,7 +156,7 @@ void QkvPrepareBackward(T* dqkv, T* dq_norm_w, T* dk_norm_w, const T* dq, const 
       const int64_t i0 = chunk * n / num_chunks;
       const int64_t i1 = (chunk + 1) * n / num_chunks;
       for (int64_t i = i0; i < i1; ++i) {
-        qkv_internal::RopeCosSin(cos_t.data(), sin_t.data(), pos[i], inv_freq, D / 2);
+        qkv_internal::RopeCosSin(cos_t.data(), sin_t.data(), pos[i], inv_freq, rope_scale, D / 2);
         const T* row = qkv + i * width;
         T* drow = dqkv + i * width;
         for (int64_t h = 0; h < H; ++h) {

@@ -9,6 +9,7 @@
 // correctly rounded; we round the exact double result of the same float inputs.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -53,6 +54,48 @@ inline void RopeInvFreq(float* inv_freq, int64_t D, double theta, bool llama3, d
       const float smooth = ((1.0f / wavelen) * old_len_f - low_f) / band_f;
       inv_freq[j] = (1.0f - smooth) * inv / factor_f + smooth * inv;
     }
+  }
+}
+
+// inv_freq (D/2) float by HF's `_compute_yarn_parameters` (the float32 steps in PyTorch's
+// order): a linear ramp between the dimensions that rotate beta_fast and beta_slow times
+// over original_max_pos blends the extrapolated (base) and interpolated (base / factor)
+// frequencies. The attention factor (cos/sin scale) is applied by QkvPrepare.
+// REQUIRES: D even and > 0; factor > 0; original_max_pos > 0.
+inline void RopeYarnInvFreq(float* inv_freq, int64_t D, double theta, double factor,
+                            double beta_fast, double beta_slow, int64_t original_max_pos,
+                            bool truncate) {
+  MT_CHECK(D > 0 && D % 2 == 0 && factor > 0.0 && original_max_pos > 0);
+  const float base = static_cast<float>(theta);
+  const float dim = static_cast<float>(D);
+  const float factor_f = static_cast<float>(factor);
+  // find_correction_range, in Python doubles.
+  const double pi = 3.141592653589793;
+  auto correction_dim = [&](double rotations) {
+    return (static_cast<double>(D) *
+            std::log(static_cast<double>(original_max_pos) / (rotations * 2 * pi))) /
+           (2 * std::log(theta));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(D - 1));
+  if (low == high) high += 0.001;  // linear_ramp_factor's guard against a zero range
+  const float low_f = static_cast<float>(low);
+  const float range_f = static_cast<float>(high - low);
+  for (int64_t j = 0; j < D / 2; ++j) {
+    const float exponent = static_cast<float>(2 * j) / dim;
+    const float pos_freq =
+        static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(exponent)));
+    const float extrapolation = (1.0f / pos_freq) * 1.0f;
+    const float interpolation = (1.0f / (factor_f * pos_freq)) * 1.0f;
+    const float ramp = std::min(std::max((static_cast<float>(j) - low_f) / range_f, 0.0f), 1.0f);
+    const float extrapolation_factor = 1.0f - ramp;
+    inv_freq[j] = interpolation * (1.0f - extrapolation_factor) +
+                  extrapolation * extrapolation_factor;
   }
 }
 

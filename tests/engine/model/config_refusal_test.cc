@@ -85,8 +85,8 @@ TEST(ModelConfigRefusalTest, AttentionBiasIsRefusedForLlamaMistralAndQwen3) {
   ExpectRefused(Patched(kQwen3, {{"attention_bias", true}}), "attention_bias");
 }
 
-TEST(ModelConfigRefusalTest, RopeScalingOtherThanLlama3IsRefused) {
-  for (const char* type : {"linear", "dynamic", "yarn", "longrope"}) {
+TEST(ModelConfigRefusalTest, RopeScalingOtherThanLlama3OrYarnIsRefused) {
+  for (const char* type : {"linear", "dynamic", "longrope"}) {
     SCOPED_TRACE(type);
     ExpectRefused(Patched(kLlama2, {{"rope_scaling", {{"rope_type", type}, {"factor", 2.0}}}}),
                   "rope_scaling.rope_type");
@@ -94,6 +94,14 @@ TEST(ModelConfigRefusalTest, RopeScalingOtherThanLlama3IsRefused) {
   // Old configs spell it "type"; the message names the field that is there.
   ExpectRefused(Patched(kLlama2, {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}),
                 "rope_scaling.type");
+}
+
+TEST(ModelConfigRefusalTest, YarnWithoutItsRequiredFieldsIsRefused) {
+  ExpectRefused(Patched(kLlama2, {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}}}}),
+                "rope_scaling.original_max_position_embeddings");
+  ExpectRefused(Patched(kLlama2, {{"rope_scaling", {{"rope_type", "yarn"},
+                                                    {"original_max_position_embeddings", 4096}}}}),
+                "rope_scaling.factor");
 }
 
 TEST(ModelConfigRefusalTest, Llama3RopeScalingWithoutFactorIsRefused) {

@@ -2,6 +2,7 @@
 // and ToJson -> Parse round trips. Refusals are in config_refusal_test.cc.
 #include "engine/model/config.h"
 
+#include <cmath>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -54,6 +55,15 @@ void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.moe.output_router_logits, b.moe.output_router_logits);
   EXPECT_EQ(a.moe.decoder_sparse_step, b.moe.decoder_sparse_step);
   EXPECT_EQ(a.moe.mlp_only_layers, b.moe.mlp_only_layers);
+  EXPECT_EQ(a.o_bias, b.o_bias);
+  EXPECT_EQ(a.attention_sinks, b.attention_sinks);
+  EXPECT_EQ(a.sliding_layers, b.sliding_layers);
+  EXPECT_EQ(a.rope_scaling.beta_fast, b.rope_scaling.beta_fast);
+  EXPECT_EQ(a.rope_scaling.beta_slow, b.rope_scaling.beta_slow);
+  EXPECT_EQ(a.rope_scaling.truncate, b.rope_scaling.truncate);
+  EXPECT_EQ(a.rope_scaling.attention_factor, b.rope_scaling.attention_factor);
+  EXPECT_EQ(a.moe.gpt_oss_experts, b.moe.gpt_oss_experts);
+  EXPECT_EQ(a.moe.swiglu_limit, b.moe.swiglu_limit);
 }
 
 TEST(ModelConfigTest, ParsesLlama31WithLlama3RopeScaling) {
@@ -232,6 +242,92 @@ TEST(ModelConfigTest, ParsesMixtralAsRenormalisedTopTwoOfEightEveryLayer) {
   EXPECT_NEAR((MatmulParameters(c) + c.vocab_size * c.hidden_size) / 1e9, 12.88, 0.01);
 }
 
+TEST(ModelConfigTest, ParsesGptOss120bAsReleased) {
+  const ModelConfig c = MustParse(kGptOss120b);
+  EXPECT_EQ(c.architecture, Architecture::kGptOss);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_TRUE(c.o_bias);
+  EXPECT_TRUE(c.attention_sinks);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.sliding_window, 128);
+  ASSERT_EQ(c.sliding_layers.size(), 36u);
+  EXPECT_EQ(c.AttentionWindow(0), 128);
+  EXPECT_EQ(c.AttentionWindow(1), 0);
+  EXPECT_EQ(c.AttentionWindow(34), 128);
+  EXPECT_EQ(c.AttentionWindow(35), 0);
+  EXPECT_EQ(c.rope_theta, 150000.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_FALSE(c.rope_scaling.truncate);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.attention_factor, 0.1 * std::log(32.0) + 1.0);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.moe.num_experts, 128);
+  EXPECT_EQ(c.moe.experts_per_token, 4);
+  EXPECT_EQ(c.moe.intermediate_size, 2880);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_TRUE(c.moe.gpt_oss_experts);
+  EXPECT_EQ(c.moe.swiglu_limit, 7.0);
+  EXPECT_EQ(c.moe.router_aux_loss_coef, 0.9);
+  EXPECT_EQ(c.NumMoeLayers(), 36);
+  // OpenAI's model card: 116.83 B parameters, 5.13 B active per token (with the unembedding).
+  EXPECT_NEAR(NumParameters(c) / 1e9, 116.83, 0.01);
+  EXPECT_NEAR(MatmulParameters(c) / 1e9, 5.13, 0.01);
+}
+
+TEST(ModelConfigTest, GptOssDefaultsFollowTransformersGptOssConfig) {
+  nlohmann::json j = nlohmann::json::parse(kGptOss120b);
+  for (const char* field : {"layer_types", "sliding_window", "rms_norm_eps", "attention_bias",
+                            "num_experts_per_tok", "swiglu_limit"}) {
+    j.erase(field);
+  }
+  const ModelConfig c = MustParse(j.dump());
+  EXPECT_EQ(c.sliding_window, 128);
+  EXPECT_EQ(c.AttentionWindow(0), 128);  // even layers slide
+  EXPECT_EQ(c.AttentionWindow(1), 0);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_TRUE(c.o_bias);
+  EXPECT_EQ(c.moe.experts_per_token, 4);
+  // transformers 5's rope_parameters, with the default truncate (true).
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 10000.0},
+                          {"original_max_position_embeddings", 256}};
+  const ModelConfig d = MustParse(j.dump());
+  EXPECT_EQ(d.rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_TRUE(d.rope_scaling.truncate);
+  EXPECT_EQ(d.rope_scaling.beta_fast, 32.0);
+  EXPECT_EQ(d.rope_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(d.rope_scaling.attention_factor, 0.1 * std::log(4.0) + 1.0);
+}
+
+TEST(ModelConfigTest, MalformedGptOssFieldsNameTheField) {
+  struct Case {
+    nlohmann::json patch;
+    const char* field;
+  };
+  const Case cases[] = {
+      {{{"layer_types", {"sliding_attention"}}}, "'layer_types' must be a list of num_hidden_layers (36)"},
+      {{{"num_hidden_layers", 2}, {"layer_types", {"sliding_attention", "chunked_attention"}}},
+       "'layer_types' [1] is \"chunked_attention\""},
+      {{{"swiglu_limit", 5.0}}, "'swiglu_limit' is 5"},
+      {{{"num_experts_per_tok", 129}}, "'num_experts_per_tok' (129) must be at most num_local_experts"},
+      {{{"sliding_window", 0}}, "'sliding_window' must be a positive integer"},
+      {{{"quantization_config", {{"quant_method", "gptq"}}}}, "'quantization_config' is"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ModelConfig> parsed = ParseModelConfig(Patched(kGptOss120b, c.patch), "config.json");
+    ASSERT_FALSE(parsed.ok()) << c.patch.dump();
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(c.field)) << parsed.status();
+  }
+  // A quantized checkpoint of another family is refused by name, not loaded as garbage.
+  absl::StatusOr<ModelConfig> llama = ParseModelConfig(
+      Patched(kLlama31, {{"quantization_config", {{"quant_method", "mxfp4"}}}}), "config.json");
+  ASSERT_FALSE(llama.ok());
+  EXPECT_THAT(std::string(llama.status().message()), HasSubstr("'quantization_config'"));
+}
+
 TEST(ModelConfigTest, MalformedExpertFieldsNameTheField) {
   struct Case {
     const char* base;
@@ -260,7 +356,8 @@ TEST(ModelConfigTest, MalformedExpertFieldsNameTheField) {
 
 TEST(ModelConfigTest, ToJsonRoundTripsThroughParseForEveryArchitecture) {
   for (const char* sample :
-       {kLlama31, kLlama2, kMistral, kQwen25, kQwen3, kMinimal, kQwen3Moe, kMixtral}) {
+       {kLlama31, kLlama2, kMistral, kQwen25, kQwen3, kMinimal, kQwen3Moe, kMixtral,
+        kGptOss120b}) {
     ModelConfig c = MustParse(sample);
     ModelConfig back = MustParse(ModelConfigToJson(c));
     SCOPED_TRACE(ArchitectureClassName(c.architecture));

@@ -59,7 +59,8 @@ INSTANTIATE_TEST_SUITE_P(Variants, GradientCheck,
                          ::testing::Values(Variant::kLlamaTiedGqa, Variant::kQwen2UntiedBias,
                                            Variant::kQwen3QkNorm, Variant::kLlama3RopeMha,
                                            Variant::kQwen3MoeMixedLayers,
-                                           Variant::kMixtralRenormalised),
+                                           Variant::kMixtralRenormalised,
+                                           Variant::kGptOssSinksWindow),
                          VariantName<::testing::TestParamInfo<Variant>>);
 
 }  // namespace

@@ -23,6 +23,7 @@ enum class Variant {
   kLlama3RopeMha,
   kQwen3MoeMixedLayers,  // softmax top-2 of 4 experts, not renormalised; layer 1 dense
   kMixtralRenormalised,  // top-2 of 5 experts, renormalised, every layer
+  kGptOssSinksWindow,    // biases, sinks, window 3 on layers 0 and 2, YaRN, clamped experts
 };
 
 // Test-name suffix of a variant, for INSTANTIATE_TEST_SUITE_P.
@@ -35,6 +36,7 @@ std::string VariantName(const ParamInfo& info) {
     case Variant::kLlama3RopeMha: return "Llama3RopeScalingMha";
     case Variant::kQwen3MoeMixedLayers: return "Qwen3MoeMixedLayers";
     case Variant::kMixtralRenormalised: return "MixtralRenormalised";
+    case Variant::kGptOssSinksWindow: return "GptOssSinksWindow";
   }
   return "unknown";
 }
@@ -95,6 +97,27 @@ inline ModelConfig TinyConfig(Variant v) {
       c.moe.norm_topk_prob = true;
       c.moe.output_router_logits = true;
       c.moe.router_aux_loss_coef = 0.2;
+      break;
+    case Variant::kGptOssSinksWindow:
+      c.architecture = Architecture::kGptOss;
+      c.tie_word_embeddings = false;
+      c.qkv_bias = c.o_bias = c.attention_sinks = true;
+      c.sliding_window = 3;  // shorter than the documents, so the mask matters
+      c.sliding_layers = {true, false, true};
+      c.rope_theta = 150000;
+      c.rope_scaling.type = RopeScaling::Type::kYarn;
+      c.rope_scaling.factor = 4;
+      c.rope_scaling.original_max_position_embeddings = 8;
+      c.rope_scaling.truncate = false;
+      c.rope_scaling.attention_factor = 0.1 * 1.3862943611198906 + 1;  // 0.1 ln 4 + 1
+      c.moe.num_experts = 4;
+      c.moe.experts_per_token = 2;
+      c.moe.intermediate_size = 6;
+      c.moe.norm_topk_prob = true;
+      c.moe.gpt_oss_experts = true;
+      c.moe.output_router_logits = true;
+      c.moe.router_aux_loss_coef = 0.25;
+      c.moe.swiglu_limit = 1.0;  // low, so that the clamp is active on some rows
       break;
   }
   return c;

@@ -205,6 +205,49 @@ TEST(LayoutTest, MoeLayersHaveARouterAndPerExpertTensorsUnderTransformersNames) 
   EXPECT_THAT(m, ::testing::Contains("model.layers.1.block_sparse_moe.experts.0.w2.weight"));
 }
 
+// GPT-OSS keeps transformers' own names and shapes: biases on every projection, the sinks,
+// the router's bias, and the experts as (E, C, 2I) / (E, I, C) tensors with their biases.
+TEST(LayoutTest, GptOssLayersHoldTransformersTensorsAsTheyAre) {
+  ModelConfig c = TinyLlama();
+  c.architecture = Architecture::kGptOss;
+  c.qkv_bias = c.o_bias = c.attention_sinks = true;
+  c.moe.num_experts = 3;
+  c.moe.experts_per_token = 2;
+  c.moe.intermediate_size = 8;
+  c.moe.gpt_oss_experts = true;
+  const ModelLayout layout = BuildLayout(c);
+  const UnitLayout& l0 = layout.units[layout.DecoderUnit(0)];
+  using Shape = std::vector<int64_t>;
+  const struct {
+    TensorRole role;
+    const char* name;
+    Shape shape;
+    bool decay;
+  } want[] = {
+      {TensorRole::kOBias, "model.layers.0.self_attn.o_proj.bias", {32}, false},
+      {TensorRole::kSinks, "model.layers.0.self_attn.sinks", {4}, true},
+      {TensorRole::kRouter, "model.layers.0.mlp.router.weight", {3, 32}, true},
+      {TensorRole::kRouterBias, "model.layers.0.mlp.router.bias", {3}, false},
+      {TensorRole::kExpertGateUpT, "model.layers.0.mlp.experts.gate_up_proj", {3, 32, 16}, true},
+      {TensorRole::kExpertGateUpBias, "model.layers.0.mlp.experts.gate_up_proj_bias", {3, 16},
+       false},
+      {TensorRole::kExpertDownT, "model.layers.0.mlp.experts.down_proj", {3, 8, 32}, true},
+      {TensorRole::kExpertDownBias, "model.layers.0.mlp.experts.down_proj_bias", {3, 32}, false},
+  };
+  for (const auto& w : want) {
+    const TensorSlot* t = l0.Find(w.role);
+    ASSERT_NE(t, nullptr) << w.name;
+    EXPECT_EQ(t->name, w.name);
+    EXPECT_EQ(t->shape, w.shape) << w.name;
+    EXPECT_EQ(t->weight_decay, w.decay) << w.name;
+    EXPECT_EQ(t->expert, -1) << w.name;
+  }
+  EXPECT_EQ(l0.Find(TensorRole::kExpertGate), nullptr);
+  EXPECT_EQ(l0.Find(TensorRole::kGate), nullptr);
+  EXPECT_GE(layout.TotalElements(), NumParameters(c));
+  EXPECT_TRUE(l0.SameStructure(layout.units[layout.DecoderUnit(1)]));
+}
+
 TEST(LayoutTest, HeadDimOtherThanHiddenOverHeadsShapesAttention) {
   const ModelLayout layout = BuildLayout(TinyQwen3());  // C=32, H=4, KV=2, D=16
   const UnitLayout& l0 = layout.units[layout.DecoderUnit(0)];

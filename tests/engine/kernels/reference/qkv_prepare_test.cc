@@ -96,7 +96,7 @@ void ExpectForwardMatchesNaive(const Shape& s, bool qk_norm, uint64_t seed) {
             Vec(s.n * s.KV)};
   QkvPrepare(got.q.data(), got.k.data(), got.v.data(), got.rstd_q.data(), got.rstd_k.data(),
              qkv.data(), qk_norm ? qw.data() : nullptr, qk_norm ? kw.data() : nullptr, pos.data(),
-             inv_freq.data(), s.n, s.H, s.KV, s.D, kEps);
+             inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
   const Heads want =
       NaiveQkvPrepare(qkv, qk_norm ? &qw : nullptr, qk_norm ? &kw : nullptr, pos, inv_freq, s);
   testutil::ExpectAllNear(got.q, want.q, 1e-13, 1e-14, "q");
@@ -128,10 +128,50 @@ TEST(QkvPrepareTest, PositionZeroWithoutQkNormIsAPlainSplit) {
   const int32_t pos = 0;
   Vec q(s.H * s.D), k(s.KV * s.D), v(s.KV * s.D);
   QkvPrepare<double>(q.data(), k.data(), v.data(), nullptr, nullptr, qkv.data(), nullptr, nullptr,
-                     &pos, inv_freq.data(), 1, s.H, s.KV, s.D, kEps);
+                     &pos, inv_freq.data(), 1.0f, 1, s.H, s.KV, s.D, kEps);
   EXPECT_EQ(Vec(qkv.begin(), qkv.begin() + 8), q);
   EXPECT_EQ(Vec(qkv.begin() + 8, qkv.begin() + 12), k);
   EXPECT_EQ(Vec(qkv.begin() + 12, qkv.end()), v);
+}
+
+// YaRN's attention factor scales cos and sin: without QK-norm the rotated heads, and the
+// gradient through them, scale by it; v is a copy either way.
+TEST(QkvPrepareTest, RopeScaleScalesRotatedHeadsAndTheirGradient) {
+  const Shape s{6, 4, 2, 8};
+  std::mt19937_64 rng(34);
+  const Vec qkv = testutil::RandomVec(rng, s.n * s.Width(), -2.0, 2.0);
+  const Vec dq = testutil::RandomVec(rng, s.n * s.H * s.D), dk = testutil::RandomVec(rng, s.n * s.KV * s.D),
+            dv = testutil::RandomVec(rng, s.n * s.KV * s.D);
+  const auto pos = Positions(s.n);
+  const auto inv_freq = InvFreq(s.D);
+  const float scale = 1.3465735902799727f;  // 0.1 ln(32) + 1, GPT-OSS's
+  auto run = [&](float rope_scale, Vec* q, Vec* k, Vec* v, Vec* dqkv) {
+    q->assign(s.n * s.H * s.D, 0);
+    k->assign(s.n * s.KV * s.D, 0);
+    v->assign(s.n * s.KV * s.D, 0);
+    dqkv->assign(s.n * s.Width(), 0);
+    QkvPrepare<double>(q->data(), k->data(), v->data(), nullptr, nullptr, qkv.data(), nullptr, nullptr,
+               pos.data(), inv_freq.data(), rope_scale, s.n, s.H, s.KV, s.D, kEps);
+    QkvPrepareBackward<double>(dqkv->data(), nullptr, nullptr, dq.data(), dk.data(), dv.data(),
+                       qkv.data(), nullptr, nullptr, nullptr, nullptr, pos.data(),
+                       inv_freq.data(), rope_scale, s.n, s.H, s.KV, s.D, kEps);
+  };
+  Vec q1, k1, v1, d1, qs, ks, vs, ds;
+  run(1.0f, &q1, &k1, &v1, &d1);
+  run(scale, &qs, &ks, &vs, &ds);
+  auto scaled = [&](Vec x) {
+    for (double& e : x) e *= scale;
+    return x;
+  };
+  testutil::ExpectAllNear(qs, scaled(q1), 1e-13, 1e-14, "q");
+  testutil::ExpectAllNear(ks, scaled(k1), 1e-13, 1e-14, "k");
+  EXPECT_EQ(vs, v1);
+  for (int64_t i = 0; i < s.n; ++i) {  // the q and k columns scale, v's pass through
+    for (int64_t c = 0; c < s.Width(); ++c) {
+      const double want = d1[i * s.Width() + c] * (c < (s.H + s.KV) * s.D ? scale : 1.0);
+      EXPECT_NEAR(ds[i * s.Width() + c], want, 1e-12) << "row " << i << " column " << c;
+    }
+  }
 }
 
 void ExpectBackwardMatchesFiniteDifferences(const Shape& s, bool qk_norm, uint64_t seed) {
@@ -149,11 +189,11 @@ void ExpectBackwardMatchesFiniteDifferences(const Shape& s, bool qk_norm, uint64
   Vec q(s.n * s.H * s.D), k(s.n * s.KV * s.D), v(s.n * s.KV * s.D);
   Vec rstd_q(s.n * s.H), rstd_k(s.n * s.KV);
   QkvPrepare(q.data(), k.data(), v.data(), rstd_q.data(), rstd_k.data(), qkv.data(), qw_ptr, kw_ptr,
-             pos.data(), inv_freq.data(), s.n, s.H, s.KV, s.D, kEps);
+             pos.data(), inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
   Vec dqkv(s.n * s.Width(), 7.0), dqw(s.D, 0.0), dkw(s.D, 0.0);
   QkvPrepareBackward(dqkv.data(), qk_norm ? dqw.data() : nullptr, qk_norm ? dkw.data() : nullptr,
                      gq.data(), gk.data(), gv.data(), qkv.data(), qw_ptr, kw_ptr, rstd_q.data(),
-                     rstd_k.data(), pos.data(), inv_freq.data(), s.n, s.H, s.KV, s.D, kEps);
+                     rstd_k.data(), pos.data(), inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
 
   auto loss = [&] {
     const Heads out =
@@ -193,12 +233,12 @@ TEST(QkvPrepareTest, BackwardAccumulatesIntoNormWeightGradients) {
   Vec q(s.n * s.H * s.D), k(s.n * s.KV * s.D), v(s.n * s.KV * s.D);
   Vec rstd_q(s.n * s.H), rstd_k(s.n * s.KV);
   QkvPrepare(q.data(), k.data(), v.data(), rstd_q.data(), rstd_k.data(), qkv.data(), qw.data(),
-             kw.data(), pos.data(), inv_freq.data(), s.n, s.H, s.KV, s.D, kEps);
+             kw.data(), pos.data(), inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
   auto backward = [&](Vec* dqw, Vec* dkw) {
     Vec dqkv(s.n * s.Width());
     QkvPrepareBackward(dqkv.data(), dqw->data(), dkw->data(), gq.data(), gk.data(), gv.data(),
                        qkv.data(), qw.data(), kw.data(), rstd_q.data(), rstd_k.data(), pos.data(),
-                       inv_freq.data(), s.n, s.H, s.KV, s.D, kEps);
+                       inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
   };
   Vec dqw0(s.D, 0.0), dkw0(s.D, 0.0);
   backward(&dqw0, &dkw0);
@@ -232,10 +272,10 @@ TEST(QkvPrepareTest, FloatMatchesDoubleWithQkNorm) {
     std::vector<T> rstd_q(s.n * s.H), rstd_k(s.n * s.KV);
     std::vector<T> dqkv(s.n * s.Width()), dqw(s.D, T(0)), dkw(s.D, T(0));
     QkvPrepare(q.data(), k.data(), v.data(), rstd_q.data(), rstd_k.data(), qkv_t.data(),
-               qw_t.data(), kw_t.data(), pos.data(), inv_freq.data(), s.n, s.H, s.KV, s.D, kEps);
+               qw_t.data(), kw_t.data(), pos.data(), inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
     QkvPrepareBackward(dqkv.data(), dqw.data(), dkw.data(), gq_t.data(), gk_t.data(), gv_t.data(),
                        qkv_t.data(), qw_t.data(), kw_t.data(), rstd_q.data(), rstd_k.data(),
-                       pos.data(), inv_freq.data(), s.n, s.H, s.KV, s.D, kEps);
+                       pos.data(), inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
     return std::vector<std::vector<T>>{q, k, v, rstd_q, rstd_k, dqkv, dqw, dkw};
   };
   const auto want = run(0.0);
@@ -264,10 +304,10 @@ TEST(QkvPrepareTest, ForwardAndBackwardAreBitIdenticalAcrossThreadCounts) {
     VecF dqkv(s.n * s.Width()), dqw(s.D, 0.5f), dkw(s.D, 0.5f);
     testutil::WithThreads(threads, [&] {
       QkvPrepare(q.data(), k.data(), v.data(), rstd_q.data(), rstd_k.data(), qkv.data(), qw.data(),
-                 kw.data(), pos.data(), inv_freq.data(), s.n, s.H, s.KV, s.D, kEps);
+                 kw.data(), pos.data(), inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
       QkvPrepareBackward(dqkv.data(), dqw.data(), dkw.data(), gq.data(), gk.data(), gv.data(),
                          qkv.data(), qw.data(), kw.data(), rstd_q.data(), rstd_k.data(), pos.data(),
-                         inv_freq.data(), s.n, s.H, s.KV, s.D, kEps);
+                         inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
     });
     results.push_back(testutil::Concat({q, k, v, rstd_q, rstd_k, dqkv, dqw, dkw}));
   }

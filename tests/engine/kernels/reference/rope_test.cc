@@ -49,5 +49,37 @@ TEST(RopeInvFreqTest, Llama3FlagOffIgnoresScalingParameters) {
   EXPECT_NEAR(plain[63], 3.068925988914511e-07 * 8.0, 2e-6 * 3.068925988914511e-07 * 8.0);
 }
 
+// GPT-OSS's YaRN (theta 150000, factor 32, beta_fast 32, beta_slow 1, 4096 original
+// positions, no truncation) on D = 64: the correction range is dims [8.09, 17.4], so the
+// frequencies below it are the plain ones, those above it divided by 32, and those inside
+// a blend strictly between the two.
+TEST(RopeYarnInvFreqTest, GptOssRampKeepsHighAndInterpolatesLowFrequencies) {
+  const int64_t D = 64;
+  std::vector<float> plain(D / 2), yarn(D / 2);
+  RopeInvFreq(plain.data(), D, 150000.0, false, 1.0, 1.0, 4.0, 8192);
+  RopeYarnInvFreq(yarn.data(), D, 150000.0, 32.0, 32.0, 1.0, 4096, /*truncate=*/false);
+  for (int64_t j = 0; j <= 8; ++j) EXPECT_EQ(yarn[j], plain[j]) << j;
+  for (int64_t j = 18; j < D / 2; ++j) {
+    EXPECT_NEAR(yarn[j], plain[j] / 32.0f, 2e-7 * plain[j] / 32.0f) << j;
+  }
+  for (int64_t j = 9; j <= 17; ++j) {
+    EXPECT_LT(yarn[j], plain[j]) << j;
+    EXPECT_GT(yarn[j], plain[j] / 32.0f) << j;
+  }
+}
+
+// truncate rounds the range outwards to whole dimensions: [8, 18] here, so dim 8 keeps its
+// plain frequency and dim 18 is fully interpolated.
+TEST(RopeYarnInvFreqTest, TruncateRoundsTheRampToWholeDimensions) {
+  const int64_t D = 64;
+  std::vector<float> plain(D / 2), yarn(D / 2);
+  RopeInvFreq(plain.data(), D, 150000.0, false, 1.0, 1.0, 4.0, 8192);
+  RopeYarnInvFreq(yarn.data(), D, 150000.0, 32.0, 32.0, 1.0, 4096, /*truncate=*/true);
+  EXPECT_EQ(yarn[8], plain[8]);
+  EXPECT_LT(yarn[9], plain[9]);
+  EXPECT_NEAR(yarn[18], plain[18] / 32.0f, 2e-7 * plain[18] / 32.0f);
+  EXPECT_GT(yarn[17], plain[17] / 32.0f);
+}
+
 }  // namespace
 }  // namespace megatrain::ref

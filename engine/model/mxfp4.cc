@@ -1,0 +1,70 @@
+#include "engine/model/mxfp4.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/dtype.h"
+#include "engine/common/status.h"
+
+namespace megatrain {
+
+const float kFp4Values[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+namespace {
+
+// bf16(value * 2^exponent) as torch.ldexp on a bf16 tensor computes it: the product in
+// fp32 (2^128 is inf there, so code 0 at scale 255 is NaN), rounded to nearest even, and
+// NaN written as PyTorch's canonical 0x7fc0.
+float ScaledBf16(float value, int exponent) {
+  const float power = exponent >= 128 ? INFINITY : std::ldexp(1.0f, exponent);
+  const float product = value * power;
+  if (std::isnan(product)) return Bf16ToFloat(0x7fc0);
+  return Bf16ToFloat(FloatToBf16(product));
+}
+
+}  // namespace
+
+void DequantizeMxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t E, int64_t R,
+                     int64_t G, float* out) {
+  const int64_t K = G * 32;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < R; ++r) {
+      const uint8_t* row = blocks + (e * R + r) * G * 16;
+      const uint8_t* row_scales = scales + (e * R + r) * G;
+      float* dst = out + e * K * R + r;  // column r of expert e's (K, R)
+      for (int64_t g = 0; g < G; ++g) {
+        const int exponent = static_cast<int>(row_scales[g]) - 127;
+        for (int64_t b = 0; b < 16; ++b) {
+          const uint8_t byte = row[g * 16 + b];
+          const int64_t k = g * 32 + 2 * b;
+          dst[k * R] = ScaledBf16(kFp4Values[byte & 0x0f], exponent);
+          dst[(k + 1) * R] = ScaledBf16(kFp4Values[byte >> 4], exponent);
+        }
+      }
+    }
+  }
+}
+
+bool HasMxfp4(const ModelTensorReader& reader, const std::string& name) {
+  return reader.Has(name + "_blocks");
+}
+
+absl::Status ReadMxfp4AsFloat(const ModelTensorReader& reader, const std::string& name,
+                              const std::vector<int64_t>& shape, float* out) {
+  if (shape.size() != 3 || shape[1] % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' of shape ", ShapeToString(shape),
+                     " cannot be MXFP4: its second dimension must be a multiple of 32"));
+  }
+  const int64_t E = shape[0], K = shape[1], R = shape[2], G = K / 32;
+  std::vector<uint8_t> blocks(static_cast<size_t>(E * R * G * 16));
+  std::vector<uint8_t> scales(static_cast<size_t>(E * R * G));
+  RETURN_IF_ERROR(reader.ReadRaw(name + "_blocks", {E, R, G, 16}, DType::kU8, blocks.data()));
+  RETURN_IF_ERROR(reader.ReadRaw(name + "_scales", {E, R, G}, DType::kU8, scales.data()));
+  DequantizeMxfp4(blocks.data(), scales.data(), E, R, G, out);
+  return absl::OkStatus();
+}
+
+}  // namespace megatrain
