@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # MoE benchmarks on an H200 from a bundle: machine_bench (grouped expert GEMMs against the
 # dense rate at MoE shapes; saved as the planner's profile), then train_bench on the MoE
-# shapes given as "SHAPE LAYERS TOKENS" arguments. Usage: bench/run_moe_bench.sh OUT SPEC...
+# shapes given as "SHAPE LAYERS TOKENS [VOCAB]" arguments (VOCAB: train_bench --vocab).
+# Usage: bench/run_moe_bench.sh OUT SPEC...
 set -uo pipefail
 OUT=${1:?OUT}; shift
 mkdir -p "$OUT"
@@ -14,9 +15,9 @@ for g in json.load(open(sys.argv[1])).get('grouped_gemm', []):
     if g: print(g)" "$OUT/machine_bench.json"
 for spec in "$@"; do
   set -- $spec
-  name=train_$1_$2l_$3
+  name=train_$1_$2l_$3${4:+_v$4}
   timeout 300 train_bench --shape "$1" --layers "$2" --seq 4096 --tokens-per-step "$3" --steps 4 \
-    > "$OUT/$name.json" 2> "$OUT/$name.log"
+    ${4:+--vocab $4} > "$OUT/$name.json" 2> "$OUT/$name.log"
   echo "$spec rc=$?"
   python3 -c "
 import json, sys

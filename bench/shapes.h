@@ -8,8 +8,8 @@
 
 namespace megatrain {
 
-// qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b | gpt-oss-120b |
-// gpt-oss-20b | tiny-moe | tiny; false for any other name. Cut a shape's depth with
+// qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | qwen3-235b-a22b | mixtral-8x7b |
+// gpt-oss-120b | gpt-oss-20b | tiny-moe | tiny; false for any other name. Cut a shape's depth with
 // SetNumLayers (GPT-OSS's windows follow the layers).
 // Sets the depth; a GPT-OSS shape's layers alternate sliding (even) and full (odd).
 inline void SetNumLayers(int64_t layers, ModelConfig* c) {
@@ -44,6 +44,13 @@ inline bool NamedShape(const std::string& name, ModelConfig* c) {
     c->num_heads = 32, c->num_kv_heads = 4, c->vocab_size = 151936;
     c->qk_norm = true, c->rope_theta = 1e6;
     c->moe.num_experts = 128, c->moe.experts_per_token = 8, c->moe.intermediate_size = 768;
+    c->moe.norm_topk_prob = true, c->moe.router_aux_loss_coef = 0.001;
+  } else if (name == "qwen3-235b-a22b") {  // 128 experts, top-8
+    c->architecture = Architecture::kQwen3Moe;
+    c->hidden_size = 4096, c->intermediate_size = 12288, c->num_layers = 94;
+    c->num_heads = 64, c->num_kv_heads = 4, c->vocab_size = 151936;
+    c->qk_norm = true, c->rope_theta = 1e6;
+    c->moe.num_experts = 128, c->moe.experts_per_token = 8, c->moe.intermediate_size = 1536;
     c->moe.norm_topk_prob = true, c->moe.router_aux_loss_coef = 0.001;
   } else if (name == "mixtral-8x7b") {  // 8 experts, top-2
     c->architecture = Architecture::kMixtral;

@@ -57,17 +57,26 @@ int main(int argc, char** argv) {
   using namespace megatrain;
   CLI::App app{"train_bench: planned training steps against their floors"};
   std::string backend = "cuda", shape = "qwen2.5-1.5b", checkpoints = "auto", profile_path;
-  int64_t layers = 0, seq = 4096, tokens = 65536, steps = 8, warmup = 3;
+  int64_t layers = 0, vocab = 0, seq = 4096, tokens = 65536, steps = 8, warmup = 3;
   int64_t micro_rows = 0, k = 0, kept = -1, slots = -1;
-  double device_gib = 0, max_grad_norm = 0;
+  double device_gib = 0, max_grad_norm = 0, host_gib = 0;
+  bool plan_only = false;
   app.add_option("--backend", backend);
   app.add_option("--shape", shape,
                  "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b | "
-                 "gpt-oss-120b | gpt-oss-20b");
+                 "gpt-oss-120b | gpt-oss-20b | qwen3-235b-a22b");
   app.add_option("--layers", layers, "override the shape's depth");
+  app.add_option("--vocab", vocab,
+                 "override the shape's vocabulary (so deep cuts of large-vocabulary shapes fit "
+                 "the box's RAM; the head's cost shrinks with it)");
   app.add_option("--seq", seq);
   app.add_option("--tokens-per-step", tokens);
   app.add_option("--device-memory-gib", device_gib, "cap the device memory (0 = all free)");
+  app.add_option("--host-memory-gib", host_gib,
+                 "plan for this much host memory (0 = 90% of this box's); with --plan-only, a "
+                 "projection for a bigger box");
+  app.add_flag("--plan-only", plan_only,
+               "print the plan's prediction as JSON and exit (no memory is allocated)");
   app.add_option("--max-grad-norm", max_grad_norm, "global-norm clipping (0 = off)");
   app.add_option("--micro-batch-rows", micro_rows, "0 = the planner's choice");
   app.add_option("--k", k, "activation checkpoint interval; 0 = the planner's choice");
@@ -85,6 +94,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (layers > 0) SetNumLayers(layers, &c);
+  if (vocab > 0) c.vocab_size = vocab;
   if (tokens % seq != 0) {
     std::fprintf(stderr, "--tokens-per-step must be a multiple of --seq\n");
     return 2;
@@ -115,13 +125,44 @@ int main(int argc, char** argv) {
   request.kept_layers = kept;
   request.weight_slots = slots;
   request.device_budget_bytes = PlannableDeviceBytes((*be)->device_memory_budget());
-  request.host_budget_bytes = profile->host_memory_bytes * 9 / 10;
+  request.host_budget_bytes = host_gib > 0 ? static_cast<int64_t>(host_gib * (1ll << 30))
+                                           : profile->host_memory_bytes * 9 / 10;
   absl::StatusOr<Plan> plan = MakePlan(request, *profile, be->get());
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     return 1;
   }
   std::fprintf(stderr, "%s", DescribePlan(*plan, request, *profile).c_str());
+  const nlohmann::json plan_json = {
+      {"micro_batch_rows", plan->micro_batch_rows},
+      {"micro_batches", plan->micro_batches},
+      {"checkpoint_every", plan->checkpoint_every},
+      {"checkpoints_on_host", plan->checkpoints_on_host},
+      {"weight_slots", plan->weight_slots},
+      {"kept_layers", plan->kept_layers},
+      {"predicted_step_seconds", plan->step.seconds},
+      {"predicted_bound", plan->step.bound},
+      {"predicted_compute_seconds", plan->step.compute_seconds},
+      {"predicted_head_seconds", plan->step.head_seconds},
+      {"predicted_pcie_seconds", plan->step.pcie_seconds},
+      {"predicted_optimizer_seconds", plan->step.optimizer_seconds},
+      {"predicted_model_tflops", plan->step.model_flops / plan->step.seconds / 1e12},
+      {"predicted_device_gib", plan->device_bytes / double(1ll << 30)},
+      {"predicted_host_gib", plan->host_bytes / double(1ll << 30)}};
+  if (plan_only) {
+    std::printf("%s\n", nlohmann::json{{"benchmark", "train_bench --plan-only"},
+                                       {"shape", shape},
+                                       {"layers", c.num_layers},
+                                       {"parameters", NumParameters(c)},
+                                       {"active_matmul_parameters", MatmulParameters(c)},
+                                       {"tokens_per_step", tokens},
+                                       {"seq_len", seq},
+                                       {"host_budget_gib", request.host_budget_bytes / double(1ll << 30)},
+                                       {"plan", plan_json}}
+                             .dump(2)
+                             .c_str());
+    return 0;
+  }
 
   const ModelLayout layout = BuildLayout(c);
   absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout);
@@ -227,25 +268,14 @@ int main(int argc, char** argv) {
       // MoE: matmul_params counts active parameters (the router and the k experts of a
       // token), so model FLOPs are 6 * active * tokens + attention.
       {"model_flops_formula",
-       "6 * matmul_params * tokens + 6 * layers * seq * heads * head_dim * tokens"
+       "6 * matmul_params * tokens + 6 * sum over layers of span * heads * head_dim * tokens "
+       "(span: seq, or 2 (W - W^2 / (2 seq)) on a layer with a sliding window W < seq)"
        " (matmul_params: active parameters of MoE layers)"},
       {"tokens_per_step", tokens},
       {"seq_len", seq},
       {"clipping", max_grad_norm > 0},
       {"device_memory_cap_gib", device_gib},
-      {"plan", {{"micro_batch_rows", plan->micro_batch_rows},
-                {"micro_batches", plan->micro_batches},
-                {"checkpoint_every", plan->checkpoint_every},
-                {"checkpoints_on_host", plan->checkpoints_on_host},
-                {"weight_slots", plan->weight_slots},
-                {"kept_layers", plan->kept_layers},
-                {"predicted_step_seconds", plan->step.seconds},
-                {"predicted_bound", plan->step.bound},
-                {"predicted_compute_seconds", plan->step.compute_seconds},
-                {"predicted_pcie_seconds", plan->step.pcie_seconds},
-                {"predicted_optimizer_seconds", plan->step.optimizer_seconds},
-                {"predicted_device_gib", plan->device_bytes / double(1ll << 30)},
-                {"predicted_host_gib", plan->host_bytes / double(1ll << 30)}}},
+      {"plan", plan_json},
       {"steady_steps", step_s.size()},
       {"step_seconds", step},
       {"tokens_per_second", tokens / step},

@@ -22,7 +22,7 @@ namespace megatrain {
 extern const float kFp4Values[16];
 
 // out f32 (E, G*32, R) from blocks (E, R, G, 16) and scales (E, R, G); every value is a
-// bf16 (rounded to nearest even from the fp32 product, NaN as transformers writes it).
+// bf16 (the exact product rounded to nearest even; inf past the fp32 range).
 void DequantizeMxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t E, int64_t R,
                      int64_t G, float* out);
 

@@ -228,14 +228,21 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   }
 
   const double tokens = static_cast<double>(M) * n * N;  // the whole step's
+  // Attention's span over the layers: seq per causal layer (its queries see seq/2 keys on
+  // average), 2 (W - W^2 / (2 seq)) under a sliding window of W < seq tokens (GPT-OSS).
+  double span = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const double seq = static_cast<double>(r.seq_len), W = static_cast<double>(c.AttentionWindow(l));
+    span += W > 0 && W < seq ? 2 * (W - W * W / (2 * seq)) : seq;
+  }
   s.model_flops = 6.0 * MatmulParameters(c) * tokens +
-                  6.0 * L * r.seq_len * c.num_heads * c.head_dim * tokens;
+                  6.0 * span * c.num_heads * c.head_dim * tokens;
   // Hardware: the forward runs (2 + (K-1)/K) times per layer, the head once.
   // A layer's matmul parameters one token passes through (MoE: the active ones).
   const double active_layer_n =
       static_cast<double>(MatmulParameters(c) - c.vocab_size * c.hidden_size) / L;
   const double layer_fwd =
-      2.0 * tokens * active_layer_n + 2.0 * tokens * r.seq_len * c.num_heads * c.head_dim;
+      2.0 * tokens * active_layer_n + 2.0 * tokens * (span / L) * c.num_heads * c.head_dim;
   // forward, re-forward, segment recompute, backward (twice a forward)
   s.hardware_flops = L * layer_fwd * (1 + 1 + recompute + 2) -
                      plan->kept_layers * layer_fwd + 6.0 * tokens * C * V;

@@ -24,6 +24,16 @@ ModelConfig StepConfig(Variant v, int64_t layers) {
   c.vocab_size = 1000;
   c.max_position_embeddings = 1024;
   if (c.is_moe()) c.moe.intermediate_size = 128;
+  if (c.architecture == Architecture::kGptOss) {
+    // GPT-OSS's own limit, windows of 16, and every token to every expert: the near-ties
+    // of a random-init router put tokens on either side of a top-k boundary under bf16
+    // (transformers' own bf16 autocast moves 2% of tokens, tests/hf); the boundary is
+    // the other MoE variants' and the transformers comparison's to check.
+    c.moe.swiglu_limit = 7.0;
+    c.sliding_window = 16;
+    c.sliding_layers = {true, false, true, false};
+    c.moe.experts_per_token = c.moe.num_experts;
+  }
   return c;
 }
 
@@ -105,6 +115,7 @@ TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
     du_g.push_back(gr.store->master(1)[i] - before[i]);
   }
   EXPECT_LT(RelErr(du_g, du_c), 0.2);
+  RecordProperty("update_rel_err_unit_1", std::to_string(RelErr(du_g, du_c)));
   cpu_->UnpinHostRange(cr.store->transfer_base());
   gpu_->UnpinHostRange(gr.store->transfer_base());
   gpu_->UnpinHostRange(gr.pool->base());
@@ -187,7 +198,8 @@ INSTANTIATE_TEST_SUITE_P(Variants, Step,
                          ::testing::Values(Variant::kLlamaTiedGqa, Variant::kQwen2UntiedBias,
                                            Variant::kQwen3QkNorm, Variant::kLlama3RopeMha,
                                            Variant::kQwen3MoeMixedLayers,
-                                           Variant::kMixtralRenormalised),
+                                           Variant::kMixtralRenormalised,
+                                           Variant::kGptOssSinksWindow),
                          VariantName<::testing::TestParamInfo<Variant>>);
 
 class DeviceMemory : public GpuTest {};

@@ -240,8 +240,19 @@ def check(bin_path, work, name, config, data):
                                                   attn_implementation="eager").cuda()
     with torch.no_grad():
         hf_logits = loaded(input_ids=ids).logits.reshape(-1, config.vocab_size)
+        # The yardstick: transformers' own bf16-autocast forward of the same checkpoint.
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            hf_bf16_logits = loaded(input_ids=ids).logits.reshape(-1, config.vocab_size)
+    hf_bf16_logit_err = rel(hf_bf16_logits, hf_logits)
     our_logits = load_file(os.path.join(out, "logits.safetensors"))["logits"].cuda()
     logit_err = rel(our_logits, hf_logits)
+    # The same checkpoint through our CPU backend (fp32): separates the semantics (this
+    # should be ~1e-5) from the CUDA backend's bf16 rounding.
+    cpu_out = os.path.join(d, "ours-cpu")
+    subprocess.run([bin_path, ck, os.path.join(d, "batches.json"), cpu_out, "--steps", "0",
+                    "--backend", "cpu"], check=True, stdout=subprocess.DEVNULL)
+    cpu_logits = load_file(os.path.join(cpu_out, "logits.safetensors"))["logits"].cuda()
+    cpu_logit_err = rel(cpu_logits, hf_logits)
     if logit_err > 1e-2:
         problems.append(f"logits of our checkpoint: relative error {logit_err:.3e}")
     worst = sorted(grad_errs.items(), key=lambda kv: -kv[1])[:3]
@@ -270,7 +281,10 @@ def check(bin_path, work, name, config, data):
               "last10_mean_rel_err": last10_err, "curve_criterion_met": curve_ok,
               "curve_ours": [round(x, 4) for x in our_losses],
               "curve_transformers": [round(x, 4) for x in hf_losses],
-              "logits_rel_err": logit_err, "problems": problems}
+              "logits_rel_err": logit_err,
+              "transformers_bf16_autocast_logits_rel_err": hf_bf16_logit_err,
+              "cpu_backend_logits_rel_err": cpu_logit_err,
+              "problems": problems}
     print(json.dumps(result), flush=True)
     return not problems
 

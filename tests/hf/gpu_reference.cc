@@ -115,7 +115,8 @@ int Main(int argc, char** argv) {
                          {{"logits", DType::kF32, {static_cast<int64_t>(batches[0].tokens.size()), c->vocab_size}, logits.data()}},
                          {{"format", "pt"}});
   std::printf("%s: first loss %.6f, after %d steps %.6f, checkpoint %s\n", backend.c_str(),
-              first.loss, steps, losses.back(), ck.ok() ? ck->c_str() : "failed");
+              first.loss, steps, losses.empty() ? first.loss : losses.back(),
+              ck.ok() ? ck->c_str() : "failed");
   be->UnpinHostRange(store->transfer_base());
   be->UnpinHostRange(pool->base());
   return 0;

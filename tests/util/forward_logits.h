@@ -33,11 +33,7 @@ inline std::vector<float> Logits(const ModelConfig& c, const HostStore& store, B
   DeviceBuffer di = UploadInts(be, ints);
   const int32_t* d = static_cast<const int32_t*>(di.get());
   DeviceBatch db{n, d, nullptr, d + n, d + 2 * n};
-  std::vector<float> inv(c.head_dim / 2);
-  const RopeScaling& rs = c.rope_scaling;
-  ref::RopeInvFreq(inv.data(), c.head_dim, c.rope_theta, rs.type == RopeScaling::Type::kLlama3,
-                   rs.factor, rs.low_freq_factor, rs.high_freq_factor,
-                   rs.original_max_position_embeddings);
+  const std::vector<float> inv = RopeInvFreqs(c);  // the pipeline's frequencies (YaRN too)
   DeviceBuffer inv_d = Upload(be, DType::kF32, inv);
   const StreamId s = StreamId::kCompute;
   be->Embedding(x0.get(), d, w[0].get(), n, C, s);

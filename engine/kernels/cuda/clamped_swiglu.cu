@@ -33,10 +33,9 @@ __device__ __forceinline__ void LoadPairs(const bf16* p, float (&g)[kWidth], flo
   Load<kWidth>(p, lo);
   Load<kWidth>(p + kWidth, hi);
 #pragma unroll
-  for (int i = 0; i < kWidth; ++i) {
-    const float* half = 2 * i < kWidth ? lo : hi;
-    g[i] = half[(2 * i) % kWidth];
-    u[i] = half[(2 * i + 1) % kWidth];
+  for (int i = 0; i < kWidth; ++i) {  // value v of the 2 * kWidth is lo[v] or hi[v - kWidth]
+    g[i] = 2 * i < kWidth ? lo[2 * i] : hi[2 * i - kWidth];
+    u[i] = 2 * i + 1 < kWidth ? lo[2 * i + 1] : hi[2 * i + 1 - kWidth];
   }
 }
 
@@ -47,9 +46,8 @@ __device__ __forceinline__ void StorePairs(bf16* p, const float (&g)[kWidth],
   float lo[kWidth], hi[kWidth];
 #pragma unroll
   for (int i = 0; i < kWidth; ++i) {
-    float* half = 2 * i < kWidth ? lo : hi;
-    half[(2 * i) % kWidth] = g[i];
-    half[(2 * i + 1) % kWidth] = u[i];
+    (2 * i < kWidth ? lo[2 * i] : hi[2 * i - kWidth]) = g[i];
+    (2 * i + 1 < kWidth ? lo[2 * i + 1] : hi[2 * i + 1 - kWidth]) = u[i];
   }
   Store<kWidth>(p, lo);
   Store<kWidth>(p + kWidth, hi);

@@ -24,6 +24,7 @@
 #include "engine/common/dtype.h"
 #include "engine/model/config.h"
 #include "engine/model/layout.h"
+#include "engine/model/mxfp4.h"
 #include "engine/model/safetensors.h"
 #include "engine/store/grad_slab_pool.h"
 #include "engine/store/host_store.h"
@@ -801,6 +802,39 @@ class FakeModel {
     for (int64_t i = 0; i < n; ++i) Append(&t.bytes, &value, 4);
   }
 
+  // Replaces tensor `name` (transformers' (E, K, R)) with MXFP4 `name`_blocks and
+  // `name`_scales of random codes and scales near 2^0 (scales_rows: the scales' R, to make
+  // them malformed); the expected values become their dequantization.
+  void ToMxfp4(const std::string& name, uint64_t seed, int64_t scales_rows = -1) {
+    const Tensor t = tensors_.at(name);
+    tensors_.erase(name);
+    const int64_t E = t.shape[0], K = t.shape[1], R = t.shape[2], G = K / 32;
+    std::mt19937_64 gen(seed);
+    Tensor& blocks = tensors_[name + "_blocks"];
+    blocks.dtype = DType::kU8;
+    blocks.shape = {E, R, G, 16};
+    for (int64_t i = 0; i < E * R * G * 16; ++i) blocks.bytes.push_back(static_cast<char>(gen()));
+    Tensor& scales = tensors_[name + "_scales"];
+    scales.dtype = DType::kU8;
+    scales.shape = {E, scales_rows < 0 ? R : scales_rows, G};
+    for (int64_t i = 0; i < E * scales.shape[1] * G; ++i) {
+      scales.bytes.push_back(static_cast<char>(120 + gen() % 12));
+    }
+    std::vector<float> values(E * K * R);
+    if (scales_rows < 0) {
+      DequantizeMxfp4(reinterpret_cast<const uint8_t*>(blocks.bytes.data()),
+                      reinterpret_cast<const uint8_t*>(scales.bytes.data()), E, R, G,
+                      values.data());
+    }
+    dequantized_[name] = values;
+  }
+
+  std::map<std::string, std::vector<float>> ExpectedWithMxfp4() const {
+    std::map<std::string, std::vector<float>> out = Expected();
+    for (const auto& [name, v] : dequantized_) out[name] = v;
+    return out;
+  }
+
   std::vector<TensorToWrite> ToWrite() const {
     std::vector<TensorToWrite> out;
     for (const auto& [name, t] : tensors_) {
@@ -820,6 +854,7 @@ class FakeModel {
     bytes->append(static_cast<const char*>(p), n);
   }
   std::map<std::string, Tensor> tensors_;
+  std::map<std::string, std::vector<float>> dequantized_;
 };
 
 // Writes `model` to `dir`/model.safetensors and loads it into `store`.
@@ -864,6 +899,50 @@ TEST(LoadWeightsTest, MixedF32Bf16F16TensorsLoadExactlyAndResetMoments) {
     ASSERT_TRUE(s.ok()) << s;
     ExpectLoaded(*store, model.Expected());
   }
+}
+
+ModelConfig TinyGptOss() {
+  ModelConfig c = TinyLlama();
+  c.architecture = Architecture::kGptOss;
+  c.qkv_bias = c.o_bias = c.attention_sinks = true;
+  c.moe.num_experts = 3;
+  c.moe.experts_per_token = 2;
+  c.moe.intermediate_size = 64;  // MXFP4 packs 32 values per scale: C and I multiples of 32
+  c.moe.gpt_oss_experts = true;
+  return c;
+}
+
+// GPT-OSS's released checkpoints keep the experts in MXFP4: they load as transformers
+// dequantizes them (mxfp4_test checks that against transformers bit for bit), everything
+// else as usual.
+TEST(LoadWeightsTest, GptOssMxfp4ExpertsLoadDequantized) {
+  const ModelConfig c = TinyGptOss();
+  TempDir dir;
+  std::unique_ptr<HostStore> store = MakeStore(c);
+  ASSERT_NE(store, nullptr);
+  FakeModel model(store->layout(), /*seed=*/78);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    model.ToMxfp4(p + "gate_up_proj", 10 + l);
+    model.ToMxfp4(p + "down_proj", 20 + l);
+  }
+  const absl::Status s = WriteAndLoad(model, dir.path(), store.get());
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectLoaded(*store, model.ExpectedWithMxfp4());
+}
+
+TEST(LoadWeightsTest, GptOssMxfp4ScalesOfTheWrongShapeNameTheTensor) {
+  const ModelConfig c = TinyGptOss();
+  TempDir dir;
+  std::unique_ptr<HostStore> store = MakeStore(c);
+  ASSERT_NE(store, nullptr);
+  FakeModel model(store->layout(), /*seed=*/79);
+  model.ToMxfp4("model.layers.1.mlp.experts.down_proj", 30, /*scales_rows=*/31);
+  const absl::Status s = WriteAndLoad(model, dir.path(), store.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("'model.layers.1.mlp.experts.down_proj_scales'"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("[3, 31, 2]"));
 }
 
 TEST(LoadWeightsTest, ShardedFolderLoadsLikeASingleFile) {
