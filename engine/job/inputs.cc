@@ -11,7 +11,9 @@
 #include "engine/common/status.h"
 #include "engine/data/byte_tokenizer.h"
 #include "engine/data/hf_tokenizer.h"
+#include "engine/model/layout.h"
 #include "engine/model/safetensors.h"
+#include "engine/store/model_io.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain {
@@ -129,6 +131,10 @@ absl::Status ValidateJobInputs(const JobSpec& spec) {
   if (!spec.model_path.empty()) {
     absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(spec.model_path);
     if (!reader.ok()) return Annotate(reader.status(), "model.path");
+    // Every tensor config.json implies, with its shape (headers only): a folder that does
+    // not match is refused now, not after the job has waited for its turn.
+    absl::Status tensors = CheckModelTensors(*reader, BuildLayout(config));
+    if (!tensors.ok()) return Annotate(tensors, "model.path");
   }
   std::string tokenizer_dir;
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir));

@@ -157,42 +157,53 @@ std::string ModelTensorReader::FileOf(const std::string& name) const {
   return it == tensors_.end() ? std::string() : files_[it->second.file]->path();
 }
 
-absl::Status ModelTensorReader::ReadRaw(const std::string& name,
-                                        const std::vector<int64_t>& expected_shape,
-                                        DType expected_dtype, void* out) const {
+absl::Status ModelTensorReader::CheckTensor(const std::string& name,
+                                            const std::vector<int64_t>& expected_shape,
+                                            const DType* expected_dtype) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     return absl::NotFoundError(absl::StrCat("tensor '", name, "' not found in ", dir_,
                                             "; the weights do not match config.json"));
   }
-  const SafetensorsFile& file = *files_[it->second.file];
+  const std::string& path = files_[it->second.file]->path();
   const TensorInfo& info = *it->second.info;
-  if (info.shape != expected_shape || info.dtype != expected_dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", name, "' in ", file.path(), " is ", DTypeName(info.dtype), " ",
-        ShapeToString(info.shape), " but config.json implies ", DTypeName(expected_dtype), " ",
-        ShapeToString(expected_shape), "; the weights do not match config.json"));
+  if (expected_dtype != nullptr) {
+    if (info.shape != expected_shape || info.dtype != *expected_dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "' in ", path, " is ", DTypeName(info.dtype), " ",
+          ShapeToString(info.shape), " but config.json implies ", DTypeName(*expected_dtype),
+          " ", ShapeToString(expected_shape), "; the weights do not match config.json"));
+    }
+    return absl::OkStatus();
   }
-  return file.ReadRaw(info, out);
+  if (info.shape != expected_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' in ", path, " has shape ", ShapeToString(info.shape),
+        " but config.json implies ", ShapeToString(expected_shape),
+        "; the weights do not match config.json"));
+  }
+  if (info.dtype != DType::kBF16 && info.dtype != DType::kF16 && info.dtype != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": tensor '", name, "' has dtype ", DTypeName(info.dtype),
+        "; only BF16, F16 and F32 tensors can be read as fp32 weights"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelTensorReader::ReadRaw(const std::string& name,
+                                        const std::vector<int64_t>& expected_shape,
+                                        DType expected_dtype, void* out) const {
+  RETURN_IF_ERROR(CheckTensor(name, expected_shape, &expected_dtype));
+  const Location& at = tensors_.at(name);
+  return files_[at.file]->ReadRaw(*at.info, out);
 }
 
 absl::Status ModelTensorReader::ReadAsFloat(const std::string& name,
                                             const std::vector<int64_t>& expected_shape,
                                             float* out) const {
-  auto it = tensors_.find(name);
-  if (it == tensors_.end()) {
-    return absl::NotFoundError(absl::StrCat("tensor '", name, "' not found in ", dir_,
-                                            "; the weights do not match config.json"));
-  }
-  const SafetensorsFile& file = *files_[it->second.file];
-  const TensorInfo& info = *it->second.info;
-  if (info.shape != expected_shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", name, "' in ", file.path(), " has shape ", ShapeToString(info.shape),
-        " but config.json implies ", ShapeToString(expected_shape),
-        "; the weights do not match config.json"));
-  }
-  return file.ReadAsFloat(info, out);
+  RETURN_IF_ERROR(CheckTensor(name, expected_shape));
+  const Location& at = tensors_.at(name);
+  return files_[at.file]->ReadAsFloat(*at.info, out);
 }
 
 }  // namespace megatrain

@@ -48,13 +48,22 @@ bool HasMxfp4(const ModelTensorReader& reader, const std::string& name) {
   return reader.Has(name + "_blocks");
 }
 
-absl::Status ReadMxfp4AsFloat(const ModelTensorReader& reader, const std::string& name,
-                              const std::vector<int64_t>& shape, float* out) {
+absl::Status CheckMxfp4(const ModelTensorReader& reader, const std::string& name,
+                        const std::vector<int64_t>& shape) {
   if (shape.size() != 3 || shape[1] % 32 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", name, "' of shape ", ShapeToString(shape),
                      " cannot be MXFP4: its second dimension must be a multiple of 32"));
   }
+  const int64_t E = shape[0], K = shape[1], R = shape[2], G = K / 32;
+  const DType u8 = DType::kU8;
+  RETURN_IF_ERROR(reader.CheckTensor(name + "_blocks", {E, R, G, 16}, &u8));
+  return reader.CheckTensor(name + "_scales", {E, R, G}, &u8);
+}
+
+absl::Status ReadMxfp4AsFloat(const ModelTensorReader& reader, const std::string& name,
+                              const std::vector<int64_t>& shape, float* out) {
+  RETURN_IF_ERROR(CheckMxfp4(reader, name, shape));
   const int64_t E = shape[0], K = shape[1], R = shape[2], G = K / 32;
   std::vector<uint8_t> blocks(static_cast<size_t>(E * R * G * 16));
   std::vector<uint8_t> scales(static_cast<size_t>(E * R * G));

@@ -29,6 +29,11 @@ void DequantizeMxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t E, in
 // Whether `reader` holds tensor `name` as MXFP4 (`name`_blocks).
 bool HasMxfp4(const ModelTensorReader& reader, const std::string& name);
 
+// Whether `name`_blocks and `name`_scales are there as `shape` (transformers' (E, K, R))
+// implies: ReadMxfp4AsFloat's errors, from the headers alone.
+[[nodiscard]] absl::Status CheckMxfp4(const ModelTensorReader& reader, const std::string& name,
+                                      const std::vector<int64_t>& shape);
+
 // Reads `name`_blocks and `name`_scales and dequantizes them into `out` (the product of
 // `shape` floats). shape is transformers' (E, K, R); K must be a multiple of 32. Errors
 // name the tensor: NotFound when either part is missing, InvalidArgument when a part is

@@ -126,6 +126,12 @@ class ModelTensorReader {
   [[nodiscard]] absl::Status ReadAsFloat(const std::string& name,
                                          const std::vector<int64_t>& expected_shape,
                                          float* out) const;
+  // Whether tensor `name` is there with `expected_shape` and, when `expected_dtype` is
+  // given, that dtype (else one ReadAsFloat converts): the errors ReadAsFloat or ReadRaw
+  // would give, from the headers alone.
+  [[nodiscard]] absl::Status CheckTensor(const std::string& name,
+                                         const std::vector<int64_t>& expected_shape,
+                                         const DType* expected_dtype = nullptr) const;
   // Reads tensor `name`'s bytes as stored after checking its shape and dtype; errors as
   // ReadAsFloat's, and InvalidArgument naming both dtypes when they differ.
   // REQUIRES: `out` holds the product of expected_shape elements of `expected_dtype`.

@@ -39,7 +39,23 @@ void ResetUnitState(HostStore* store, int64_t unit) {
   store->RefreshWeightsFromMaster(unit);
 }
 
+// GPT-OSS's experts stored as MXFP4 (`name`_blocks and `name`_scales, no `name`).
+bool StoredAsMxfp4(const ModelTensorReader& reader, const TensorSlot& t) {
+  return (t.role == TensorRole::kExpertGateUpT || t.role == TensorRole::kExpertDownT) &&
+         !reader.Has(t.name) && HasMxfp4(reader, t.name);
+}
+
 }  // namespace
+
+absl::Status CheckModelTensors(const ModelTensorReader& reader, const ModelLayout& layout) {
+  for (const UnitLayout& u : layout.units) {
+    for (const TensorSlot& t : u.tensors) {
+      RETURN_IF_ERROR(StoredAsMxfp4(reader, t) ? CheckMxfp4(reader, t.name, t.shape)
+                                               : reader.CheckTensor(t.name, t.shape));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status LoadWeights(const ModelTensorReader& reader, HostStore* store) {
   const ModelLayout& layout = store->layout();
@@ -53,11 +69,8 @@ absl::Status LoadWeights(const ModelTensorReader& reader, HostStore* store) {
   for (int64_t u = 0; u < store->num_units(); ++u) {
     for (const TensorSlot& t : layout.units[u].tensors) {
       float* dst = store->master(u) + t.offset;
-      const bool packed = (t.role == TensorRole::kExpertGateUpT ||
-                           t.role == TensorRole::kExpertDownT) &&
-                          !reader.Has(t.name) && HasMxfp4(reader, t.name);
-      absl::Status s = packed ? ReadMxfp4AsFloat(reader, t.name, t.shape, dst)
-                              : reader.ReadAsFloat(t.name, t.shape, dst);
+      absl::Status s = StoredAsMxfp4(reader, t) ? ReadMxfp4AsFloat(reader, t.name, t.shape, dst)
+                                                : reader.ReadAsFloat(t.name, t.shape, dst);
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (first_error.ok()) first_error = s;

@@ -11,10 +11,16 @@
 namespace megatrain {
 
 // Reads every tensor the layout names straight into the units' fp32 master (bf16, f16 or
-// f32 on disk), zeroes m and v, and derives the bf16 weights. A missing tensor or a shape
-// that disagrees with config.json is an error naming the tensor and the file.
-// lm_head.weight is ignored when the config ties embeddings.
+// f32 on disk; GPT-OSS's experts also as MXFP4 `_blocks` / `_scales`, dequantized), zeroes
+// m and v, and derives the bf16 weights. A missing tensor or a shape that disagrees with
+// config.json is an error naming the tensor and the file. lm_head.weight is ignored when
+// the config ties embeddings.
 [[nodiscard]] absl::Status LoadWeights(const ModelTensorReader& reader, HostStore* store);
+
+// LoadWeights' errors from the safetensors headers alone (no data is read): what a job's
+// submission checks, so a folder that does not match its config.json is refused at once.
+[[nodiscard]] absl::Status CheckModelTensors(const ModelTensorReader& reader,
+                                             const ModelLayout& layout);
 
 // Random init as transformers does for these models: matrices and embeddings
 // N(0, initializer_range), norms 1, biases 0. Deterministic in `seed` and independent of

@@ -15,7 +15,9 @@ Set MEGATRAIN_E2E_KEEP=1 to keep the temporary folders (daemon logs, state, chec
 Only the Python standard library is used.
 """
 
+import glob
 import json
+import math
 import os
 import pwd
 import random
@@ -75,6 +77,71 @@ MOE_CONFIG = {
     "vocab_size": 258,
     "tie_word_embeddings": False,
 }
+
+# A tiny GPT-OSS: sinks, a window of 8 on layer 0, YaRN, biases, 4 experts top-2.
+GPTOSS_CONFIG = {
+    "architectures": ["GptOssForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 32,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 150000.0,
+                        "original_max_position_embeddings": 16, "truncate": False},
+    "vocab_size": 258,
+    "tie_word_embeddings": False,
+}
+
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def bf16_to_float(h):
+    return struct.unpack("<f", struct.pack("<I", h << 16))[0]
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> (dtype, shape, raw bytes), written in name order."""
+    header, data = {}, b""
+    for name in sorted(tensors):
+        dtype, shape, raw = tensors[name]
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def mxfp4_quantize(raw, shape, scales_rows=None):
+    """transformers' (E, K, R) bf16 tensor as MXFP4 blocks (E, R, K/32, 16) and scales
+    (E, R, K/32): per 32 values of one row r along K, a power of two and the nearest code.
+    scales_rows: another R for the scales (a malformed pair)."""
+    E, K, R = shape
+    G = K // 32
+    vals = struct.unpack(f"<{E * K * R}H", raw)
+    blocks, scales = bytearray(), bytearray()
+    for e in range(E):
+        for r in range(R):
+            for g in range(G):
+                group = [bf16_to_float(vals[(e * K + g * 32 + i) * R + r]) for i in range(32)]
+                amax = max(abs(v) for v in group)
+                exp = 127 if amax == 0 else 127 + max(-127, math.ceil(math.log2(amax / 6.0)))
+                scales.append(min(254, exp))
+                step = 2.0 ** (exp - 127)
+                codes = [min(range(16), key=lambda c: abs(FP4_VALUES[c] - v / step))
+                         for v in group]
+                blocks.extend(codes[2 * i] | codes[2 * i + 1] << 4 for i in range(16))
+    rows = R if scales_rows is None else scales_rows
+    return ((("U8", [E, R, G, 16], bytes(blocks))),
+            ("U8", [E, rows, G], bytes(scales[:E * rows * G].ljust(E * rows * G, b"\x7f"))))
+
 
 # Files of a checkpoint that must be identical between an interrupted and an
 # uninterrupted run of the same spec.
@@ -1281,6 +1348,74 @@ class MoeTest(DaemonTestCase):
         for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
                     "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef"):
             self.assertEqual(config[key], MOE_CONFIG[key], key)
+
+    def gpt_oss_mxfp4_folder(self, name, scales_rows=None):
+        """A GPT-OSS folder as released: bf16 tensors, the experts in MXFP4 and
+        quantization_config mxfp4 (made from a 1-step random-init run's checkpoint)."""
+        spec = make_spec(steps=1, checkpoint={"dir": name + "-init"})
+        spec["model"]["config"] = GPTOSS_CONFIG
+        self.run_local(spec, name + ".yaml")
+        (ckpt,) = glob.glob(os.path.join(self.tmp, name + "-init", "checkpoint-*"))
+        path = os.path.join(ckpt, "model.safetensors")
+        header, _ = read_safetensors_header(path)
+        with open(path, "rb") as f:
+            raw = f.read()
+        base = 8 + struct.unpack("<Q", raw[:8])[0]
+        tensors = {}
+        for tensor, info in header.items():
+            if tensor == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            data = raw[base + begin:base + end]
+            if tensor.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+                bad = scales_rows if tensor.endswith("layers.1.mlp.experts.down_proj") else None
+                tensors[tensor + "_blocks"], tensors[tensor + "_scales"] = mxfp4_quantize(
+                    data, info["shape"], bad)
+            else:
+                tensors[tensor] = (info["dtype"], info["shape"], data)
+        folder = os.path.join(self.tmp, name)
+        os.mkdir(folder)
+        write_safetensors(os.path.join(folder, "model.safetensors"), tensors)
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(dict(GPTOSS_CONFIG, quantization_config={"quant_method": "mxfp4"}), f)
+        return folder
+
+    def test_a_released_style_gpt_oss_folder_with_mxfp4_experts_trains(self):
+        folder = self.gpt_oss_mxfp4_folder("gptoss")
+        spec = make_spec(steps=3, checkpoint={"dir": "gptoss-ckpt"})
+        spec["model"] = {"path": folder}
+        plan = self.cli_ok("plan", self.spec_file(spec, "gptoss.yaml")).stdout
+        self.assertRegex(plan, r"experts\s+2 MoE layer\(s\) of 4 experts \(I 32\), top-2 "
+                               r"renormalised")
+        job_id = self.submit(spec, name="gptoss.yaml")
+        self.watch_ok(job_id)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        # Written in bf16 under transformers' unquantized names, as transformers loads it.
+        header, _ = read_safetensors_header(os.path.join(job["last_checkpoint"],
+                                                         "model.safetensors"))
+        for name, shape in {"model.layers.0.mlp.experts.gate_up_proj": [4, 64, 64],
+                            "model.layers.1.mlp.experts.down_proj": [4, 32, 64],
+                            "model.layers.0.self_attn.sinks": [4],
+                            "model.layers.1.mlp.router.bias": [4]}.items():
+            self.assertEqual(header[name]["shape"], shape, name)
+            self.assertEqual(header[name]["dtype"], "BF16", name)
+        self.assertFalse([t for t in header if t.endswith(("_blocks", "_scales"))])
+        with open(os.path.join(job["last_checkpoint"], "config.json")) as f:
+            config = json.load(f)
+        self.assertEqual(config["model_type"], "gpt_oss")
+        self.assertNotIn("quantization_config", config)
+        self.assertEqual(config["layer_types"], GPTOSS_CONFIG["layer_types"])
+
+    def test_mxfp4_scales_of_the_wrong_shape_are_refused_naming_the_tensor(self):
+        folder = self.gpt_oss_mxfp4_folder("gptoss-bad", scales_rows=63)
+        spec = make_spec(steps=2)
+        spec["model"] = {"path": folder}
+        r = self.cli("submit", self.spec_file(spec, "gptoss-bad.yaml"))
+        self.assertEqual(r.returncode, EXIT_USAGE, r.stdout + r.stderr)
+        self.assertIn("model.layers.1.mlp.experts.down_proj_scales", r.stderr)
+        self.assertIn("[4, 63, 1]", r.stderr)
+        self.assertEqual(self.cli_json("list").get("jobs", []), [])  # still serving
 
     def test_malformed_moe_configs_are_refused_naming_the_field(self):
         for patch, words in (({"num_experts_per_tok": 5}, ("num_experts_per_tok", "(5)")),

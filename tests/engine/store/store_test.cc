@@ -945,6 +945,43 @@ TEST(LoadWeightsTest, GptOssMxfp4ScalesOfTheWrongShapeNameTheTensor) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("[3, 31, 2]"));
 }
 
+// What a submission checks: the headers alone give LoadWeights' errors, naming the tensor.
+TEST(CheckModelTensorsTest, HeadersAloneFindMissingAndMisshapenTensors) {
+  const ModelConfig c = TinyGptOss();
+  std::unique_ptr<HostStore> store = MakeStore(c);
+  ASSERT_NE(store, nullptr);
+  auto check = [&](const FakeModel& model) {
+    TempDir dir;
+    EXPECT_TRUE(WriteSafetensors(dir.path() + "/model.safetensors", model.ToWrite(), {}).ok());
+    absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(dir.path());
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    return reader.ok() ? CheckModelTensors(*reader, store->layout()) : reader.status();
+  };
+  FakeModel good(store->layout(), 80);
+  good.ToMxfp4("model.layers.0.mlp.experts.gate_up_proj", 1);
+  EXPECT_TRUE(check(good).ok()) << check(good);
+
+  FakeModel missing(store->layout(), 81);
+  missing.Remove("model.layers.1.mlp.experts.down_proj_bias");
+  absl::Status s = check(missing);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("'model.layers.1.mlp.experts.down_proj_bias' not found"));
+
+  FakeModel misshapen(store->layout(), 82);
+  misshapen.SetShape("model.layers.0.mlp.router.weight", {4, 32});
+  s = check(misshapen);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("[4, 32]"));
+
+  FakeModel bad_scales(store->layout(), 83);
+  bad_scales.ToMxfp4("model.layers.1.mlp.experts.gate_up_proj", 2, /*scales_rows=*/127);
+  s = check(bad_scales);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("'model.layers.1.mlp.experts.gate_up_proj_scales'"));
+}
+
 TEST(LoadWeightsTest, ShardedFolderLoadsLikeASingleFile) {
   TempDir dir;
   const ModelConfig c = TinyLlama();
