@@ -157,7 +157,8 @@ int main(int argc, char** argv) {
                                        {"active_matmul_parameters", MatmulParameters(c)},
                                        {"tokens_per_step", tokens},
                                        {"seq_len", seq},
-                                       {"host_budget_gib", request.host_budget_bytes / double(1ll << 30)},
+                                       {"host_budget_gib",
+                                        request.host_budget_bytes / double(1ll << 30)},
                                        {"plan", plan_json}}
                              .dump(2)
                              .c_str());

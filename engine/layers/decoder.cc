@@ -7,7 +7,10 @@
 namespace megatrain {
 
 DecoderLayer::DecoderLayer(const ModelConfig& config, const UnitLayout& unit, Backend* backend)
-    : config_(config), unit_(unit), backend_(backend), attention_(config, backend, config.AttentionWindow(unit.layer)) {}
+    : config_(config),
+      unit_(unit),
+      backend_(backend),
+      attention_(config, backend, config.AttentionWindow(unit.layer)) {}
 
 DecoderTensors DecoderLayer::Bind(void* base, DType dtype) const {
   DecoderTensors t;

@@ -232,7 +232,8 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // average), 2 (W - W^2 / (2 seq)) under a sliding window of W < seq tokens (GPT-OSS).
   double span = 0;
   for (int64_t l = 0; l < L; ++l) {
-    const double seq = static_cast<double>(r.seq_len), W = static_cast<double>(c.AttentionWindow(l));
+    const double seq = static_cast<double>(r.seq_len);
+    const double W = static_cast<double>(c.AttentionWindow(l));
     span += W > 0 && W < seq ? 2 * (W - W * W / (2 * seq)) : seq;
   }
   s.model_flops = 6.0 * MatmulParameters(c) * tokens +

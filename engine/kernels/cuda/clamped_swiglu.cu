@@ -2,9 +2,10 @@
 // kernels/reference/clamped_swiglu.h's, in fp32.
 //
 // The grid is swiglu.cu's: x strides over rows, y over column tiles; a thread's 8 outputs
-// read 16 interleaved gate/up values with two 16-byte loads. The clamps are comparisons, not fminf/fmaxf,
-// so a NaN propagates as in the reference (fminf would turn it into the limit), and the
-// backward's masks test the unclamped input, boundaries included, as torch's clamp does.
+// read 16 interleaved gate/up values with two 16-byte loads. The clamps are comparisons,
+// not fminf/fmaxf, so a NaN propagates as in the reference (fminf would turn it into the
+// limit), and the backward's masks test the unclamped input, boundaries included, as
+// torch's clamp does.
 //
 // Shapes: gu, dgu (N, 2*I) rows [gate_0, up_0, gate_1, up_1, ...] (transformers' GPT-OSS
 // interleaving); out, dout (N, I); all bf16.

@@ -3,9 +3,9 @@
 // 1.702, limit = 7).
 //
 // The rows keep transformers' interleaving (the experts' gate_up_proj is stored as
-// transformers has it): column 2j of a row is gate j, column 2j + 1 is up j. The backward is torch's clamp gradient: it passes where the input lies
-// inside the clamp range, boundaries included (gate <= limit; -limit <= up <= limit), and is
-// zero elsewhere. NaN inputs propagate in the forward (no std::min) and get zero gradient.
+// transformers has it): column 2j of a row is gate j, column 2j + 1 is up j. The backward
+// is torch's clamp gradient: it passes where the input lies inside the clamp range,
+// boundaries included (gate <= limit; -limit <= up <= limit), and is zero elsewhere. NaN inputs propagate in the forward (no std::min) and get zero gradient.
 // Math is in double per element; sigmoid as 1 / (1 + exp(-x)) saturates without NaN.
 #pragma once
 

@@ -140,8 +140,9 @@ TEST(QkvPrepareTest, RopeScaleScalesRotatedHeadsAndTheirGradient) {
   const Shape s{6, 4, 2, 8};
   std::mt19937_64 rng(34);
   const Vec qkv = testutil::RandomVec(rng, s.n * s.Width(), -2.0, 2.0);
-  const Vec dq = testutil::RandomVec(rng, s.n * s.H * s.D), dk = testutil::RandomVec(rng, s.n * s.KV * s.D),
-            dv = testutil::RandomVec(rng, s.n * s.KV * s.D);
+  const Vec dq = testutil::RandomVec(rng, s.n * s.H * s.D);
+  const Vec dk = testutil::RandomVec(rng, s.n * s.KV * s.D);
+  const Vec dv = testutil::RandomVec(rng, s.n * s.KV * s.D);
   const auto pos = Positions(s.n);
   const auto inv_freq = InvFreq(s.D);
   const float scale = 1.3465735902799727f;  // 0.1 ln(32) + 1, GPT-OSS's
@@ -150,8 +151,9 @@ TEST(QkvPrepareTest, RopeScaleScalesRotatedHeadsAndTheirGradient) {
     k->assign(s.n * s.KV * s.D, 0);
     v->assign(s.n * s.KV * s.D, 0);
     dqkv->assign(s.n * s.Width(), 0);
-    QkvPrepare<double>(q->data(), k->data(), v->data(), nullptr, nullptr, qkv.data(), nullptr, nullptr,
-               pos.data(), inv_freq.data(), rope_scale, s.n, s.H, s.KV, s.D, kEps);
+    QkvPrepare<double>(q->data(), k->data(), v->data(), nullptr, nullptr, qkv.data(), nullptr,
+                       nullptr, pos.data(), inv_freq.data(), rope_scale, s.n, s.H, s.KV, s.D,
+                       kEps);
     QkvPrepareBackward<double>(dqkv->data(), nullptr, nullptr, dq.data(), dk.data(), dv.data(),
                        qkv.data(), nullptr, nullptr, nullptr, nullptr, pos.data(),
                        inv_freq.data(), rope_scale, s.n, s.H, s.KV, s.D, kEps);
