@@ -6,7 +6,8 @@
 // kind binds its own views of them (pointer arithmetic against its unit layout).
 //
 // A model may mix kinds: LayerKinds groups its decoder layers by structure (the same
-// tensors in the same places), one kind instance per group, as MegaTrain groups layers.
+// tensors in the same places) and attention window (GPT-OSS alternates sliding and full
+// layers), one kind instance per group, as MegaTrain groups layers.
 //
 // Thread-compatible; every call enqueues on call.stream and returns.
 #pragma once
