@@ -969,10 +969,10 @@ TEST(CheckModelTensorsTest, HeadersAloneFindMissingAndMisshapenTensors) {
               ::testing::HasSubstr("'model.layers.1.mlp.experts.down_proj_bias' not found"));
 
   FakeModel misshapen(store->layout(), 82);
-  misshapen.SetShape("model.layers.0.mlp.router.weight", {4, 32});
+  misshapen.SetShape("model.layers.0.mlp.router.weight", {32, 3});  // (E, C) transposed
   s = check(misshapen);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("[4, 32]"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("[32, 3]"));
 
   FakeModel bad_scales(store->layout(), 83);
   bad_scales.ToMxfp4("model.layers.1.mlp.experts.gate_up_proj", 2, /*scales_rows=*/127);
