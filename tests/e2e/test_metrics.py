@@ -101,9 +101,11 @@ class MetricsTest(e2e.DaemonTestCase):
     def test_dashboards_return_data_and_exposition_is_valid(self):
         self.assertTrue(DASHBOARDS, "no dashboards found")
         port = metrics_port(self.daemon)
-        # A job that runs until cancelled and checkpoints every few steps.
+        # A job that runs until cancelled and checkpoints every few steps; a mixture of
+        # experts, so that the load-balancing loss has data too.
         spec = e2e.make_spec(steps=100000, name="metrics",
                              checkpoint={"dir": "ckpt", "every_steps": 3, "keep_last": 1})
+        spec["model"]["config"] = e2e.MOE_CONFIG
         e2e.write_spec(os.path.join(self.tmp, "job.yaml"), spec)
         job = self.cli_json("submit", "job.yaml")["id"]
         base = self.start_prometheus(port)
