@@ -370,7 +370,7 @@ absl::Status ParseExperts(const FieldReader& f, ModelConfig& c) {
     ASSIGN_OR_RETURN(m.swiglu_limit, f.OptionalNumber("swiglu_limit", 7.0));
     if (m.swiglu_limit != 7.0) {
       return f.Error("swiglu_limit",
-                     absl::StrFormat("is %g; transformers' GPT-OSS experts clamp at 7.0", 
+                     absl::StrFormat("is %g; transformers' GPT-OSS experts clamp at 7.0",
                                      m.swiglu_limit));
     }
   } else if (qwen) {
