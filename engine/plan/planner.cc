@@ -427,6 +427,14 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
         Params(MatmulParameters(c) + (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size)),
         c.moe.TrainedAuxLossCoef(r.router_aux_loss_coef));
   }
+  int64_t sliding = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) sliding += c.AttentionWindow(l) > 0 ? 1 : 0;
+  if (sliding > 0) {
+    absl::StrAppendFormat(&out,
+                          "attention  %d sliding layer(s) (window %d tokens), %d full; %s\n",
+                          sliding, c.sliding_window, c.num_layers - sliding,
+                          c.attention_sinks ? "a learned sink per head" : "no sinks");
+  }
   absl::StrAppendFormat(&out, "machine    %s; PCIe %.0f GB/s in, %.0f GB/s out; matmul %.0f TFLOP/s; "
                               "CPU AdamW %.2f G params/s\n",
                         profile.backend, profile.h2d_gbps, profile.d2h_gbps,

@@ -3,6 +3,7 @@
 #include "engine/plan/planner.h"
 
 #include "gtest/gtest.h"
+#include "bench/shapes.h"
 #include "engine/model/layout.h"
 #include "tests/util/sizing_backend.h"
 
@@ -233,6 +234,36 @@ TEST(Planner, DescribesThePlanInWords) {
                            "device", "host", "7.62 B parameters"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
+}
+
+// GPT-OSS-120B's shape, one layer per kind: the plan names its sliding and full layers,
+// and a sliding layer's attention costs its window, not the sequence.
+TEST(Planner, GptOssPlanNamesItsWindowsAndSlidingLayersCostLess) {
+  SizingBackend be;
+  ModelConfig c;
+  ASSERT_TRUE(NamedShape("gpt-oss-120b", &c));
+  SetNumLayers(2, &c);
+  c.vocab_size = 32000;
+  PlanRequest r = Request(c, 65536, 130);
+  r.seq_len = 4096;
+  r.rows_per_step = 16;
+  absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string text = DescribePlan(*plan, r, H200Like());
+  for (const char* want : {"attention  1 sliding layer(s) (window 128 tokens), 1 full; a "
+                           "learned sink per head",
+                           "experts    2 MoE layer(s) of 128 experts (I 2880), top-4 "
+                           "renormalised"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+  ModelConfig full = c;
+  full.sliding_layers = {false, false};
+  PlanRequest rf = r;
+  rf.config = full;
+  absl::StatusOr<Plan> full_plan = MakePlan(rf, H200Like(), &be);
+  ASSERT_TRUE(full_plan.ok()) << full_plan.status();
+  EXPECT_LT(plan->step.model_flops, full_plan->step.model_flops);
+  EXPECT_LT(plan->step.compute_seconds, full_plan->step.compute_seconds);
 }
 
 // Several devices: each takes its share of the step's micro-batches, the step's work
