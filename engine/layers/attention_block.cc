@@ -6,10 +6,7 @@
 namespace megatrain {
 
 AttentionTensors BindAttention(const UnitLayout& unit, void* base, DType dtype) {
-  auto at = [&](TensorRole role) -> void* {
-    const int64_t off = unit.OffsetOf(role);
-    return off < 0 ? nullptr : Offset(base, off, dtype);
-  };
+  auto at = [&](TensorRole role) { return TensorAt(unit, base, role, dtype); };
   auto fused = [&](std::initializer_list<TensorRole> roles) -> void* {
     const int64_t off = unit.OffsetOfFused(roles);
     return off < 0 ? nullptr : Offset(base, off, dtype);

@@ -49,6 +49,11 @@ LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, 
   return out;
 }
 
+void* TensorAt(const UnitLayout& unit, void* base, TensorRole role, DType dtype) {
+  const int64_t off = unit.OffsetOf(role);
+  return off < 0 ? nullptr : Offset(base, off, dtype);
+}
+
 std::vector<float> RopeInvFreqs(const ModelConfig& config) {
   std::vector<float> inv_freq(config.head_dim / 2);
   const RopeScaling& rs = config.rope_scaling;

@@ -105,6 +105,10 @@ struct LayerKinds {
 // The kinds of `config`'s decoder layers in `layout`, for `backend`'s element types.
 LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, Backend* backend);
 
+// The tensor of `role` in `unit`'s block at `base` (elements of `dtype`), or null when the
+// unit has none: a kind's binding of its views.
+void* TensorAt(const UnitLayout& unit, void* base, TensorRole role, DType dtype);
+
 // RoPE's inverse frequencies of `config` (rope_scaling included), f32 (D/2), for
 // LayerCall::rope_inv_freq.
 std::vector<float> RopeInvFreqs(const ModelConfig& config);

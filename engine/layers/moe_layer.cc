@@ -19,10 +19,7 @@ MoeTensors MoeLayer::Bind(void* base, DType dtype) const {
   MoeTensors t;
   t.attn = BindAttention(unit_, base, dtype);
   t.post_norm = Offset(base, unit_.OffsetOf(TensorRole::kPostNorm), dtype);
-  auto at = [&](TensorRole role) -> void* {
-    const int64_t off = unit_.OffsetOf(role);
-    return off < 0 ? nullptr : Offset(base, off, dtype);
-  };
+  auto at = [&](TensorRole role) { return TensorAt(unit_, base, role, dtype); };
   t.router = at(TensorRole::kRouter);
   t.gate_up = at(in_major_ ? TensorRole::kExpertGateUpT : TensorRole::kExpertGate);
   t.down = at(in_major_ ? TensorRole::kExpertDownT : TensorRole::kExpertDown);

@@ -39,32 +39,26 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   // Rope in both spellings: rope_theta + rope_scaling (transformers 4.x, still read by
   // 5.x) and rope_parameters (5.x). They always agree.
   j["rope_theta"] = c.rope_theta;
-  Json params = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
-  if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
-    const RopeScaling& r = c.rope_scaling;
-    Json scaling = {{"rope_type", "llama3"},
-                    {"factor", r.factor},
-                    {"low_freq_factor", r.low_freq_factor},
-                    {"high_freq_factor", r.high_freq_factor},
-                    {"original_max_position_embeddings", r.original_max_position_embeddings}};
-    j["rope_scaling"] = scaling;
-    params = scaling;
-    params["rope_theta"] = c.rope_theta;
-  } else if (c.rope_scaling.type == RopeScaling::Type::kYarn) {
-    const RopeScaling& r = c.rope_scaling;
-    Json scaling = {{"rope_type", "yarn"},
-                    {"factor", r.factor},
-                    {"beta_fast", r.beta_fast},
-                    {"beta_slow", r.beta_slow},
-                    {"truncate", r.truncate},
-                    {"attention_factor", r.attention_factor},
-                    {"original_max_position_embeddings", r.original_max_position_embeddings}};
-    j["rope_scaling"] = scaling;
-    params = scaling;
-    params["rope_theta"] = c.rope_theta;
-  } else {
-    j["rope_scaling"] = nullptr;
+  const RopeScaling& r = c.rope_scaling;
+  Json scaling = nullptr;  // null: no scaling
+  if (r.type == RopeScaling::Type::kLlama3) {
+    scaling = {{"rope_type", "llama3"},
+               {"factor", r.factor},
+               {"low_freq_factor", r.low_freq_factor},
+               {"high_freq_factor", r.high_freq_factor},
+               {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  } else if (r.type == RopeScaling::Type::kYarn) {
+    scaling = {{"rope_type", "yarn"},
+               {"factor", r.factor},
+               {"beta_fast", r.beta_fast},
+               {"beta_slow", r.beta_slow},
+               {"truncate", r.truncate},
+               {"attention_factor", r.attention_factor},
+               {"original_max_position_embeddings", r.original_max_position_embeddings}};
   }
+  j["rope_scaling"] = scaling;
+  Json params = scaling.is_null() ? Json{{"rope_type", "default"}} : scaling;
+  params["rope_theta"] = c.rope_theta;
   j["rope_parameters"] = params;
 
   const Json window = c.sliding_window > 0 ? Json(c.sliding_window) : Json(nullptr);

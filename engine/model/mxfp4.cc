@@ -8,11 +8,11 @@
 #include "engine/common/status.h"
 
 namespace megatrain {
-
-const float kFp4Values[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
-                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
 namespace {
+
+// The e2m1 values of the 16 codes (sign in bit 3).
+constexpr float kFp4Values[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 // bf16(value * 2^exponent) as torch.ldexp on a bf16 tensor computes it: the exact scaled
 // value in fp32 (overflowing to inf past the fp32 range, never NaN: 0 stays 0), rounded to

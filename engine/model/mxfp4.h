@@ -5,7 +5,7 @@
 // A tensor W of transformers' shape (E, K, R) is stored as
 //   W_blocks u8 (E, R, K/32, 16): two 4-bit codes per byte, the low nibble first
 //   W_scales u8 (E, R, K/32):     one power-of-two exponent (biased by 127) per 32 codes
-// and element (e, k, r) = bf16(kFp4Values[code] * 2^(scale - 127)), code the k-th nibble of
+// and element (e, k, r) = bf16(e2m1(code) * 2^(scale - 127)), code the k-th nibble of
 // row (e, r): dequantized row-major as (E, R, K), then transposed to (E, K, R).
 #pragma once
 
@@ -17,9 +17,6 @@
 #include "engine/model/safetensors.h"
 
 namespace megatrain {
-
-// The e2m1 values of the 16 codes (sign in bit 3).
-extern const float kFp4Values[16];
 
 // out f32 (E, G*32, R) from blocks (E, R, G, 16) and scales (E, R, G); every value is a
 // bf16 (the exact product rounded to nearest even; inf past the fp32 range).

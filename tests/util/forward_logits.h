@@ -5,7 +5,6 @@
 
 #include <vector>
 
-#include "engine/kernels/reference/rope.h"
 #include "engine/layers/layer_kind.h"
 #include "engine/store/host_store.h"
 #include "engine/data/packer.h"

@@ -9,7 +9,6 @@
 
 #include "engine/common/backend.h"
 #include "engine/common/check.h"
-#include "engine/kernels/reference/rope.h"
 #include "engine/layers/head.h"
 #include "engine/layers/layer_kind.h"
 #include "engine/model/layout.h"
@@ -39,11 +38,7 @@ class DirectModel {
     head_ws_ = Alloc(head_.WorkspaceBytes(max_tokens));
     loss_ = Alloc(max_tokens * DTypeSize(be->stat_dtype()));
     ints_ = Alloc(5 * max_tokens * sizeof(int32_t));
-    std::vector<float> inv_freq(c.head_dim / 2);
-    const RopeScaling& rs = c.rope_scaling;
-    ref::RopeInvFreq(inv_freq.data(), c.head_dim, c.rope_theta,
-                     rs.type == RopeScaling::Type::kLlama3, rs.factor, rs.low_freq_factor,
-                     rs.high_freq_factor, rs.original_max_position_embeddings);
+    const std::vector<float> inv_freq = RopeInvFreqs(c);  // the pipeline's (YaRN too)
     inv_freq_ = Alloc(inv_freq.size() * sizeof(float));
     std::memcpy(inv_freq_.get(), inv_freq.data(), inv_freq.size() * sizeof(float));
   }
