@@ -14,6 +14,7 @@
 
 #include "CLI/CLI.hpp"
 #include "engine/backend/factory.h"
+#include "engine/kernels/moe_scratch.h"
 #include "engine/plan/machine_profile.h"
 #include "engine/plan/measure.h"
 #include "nlohmann/json.hpp"
@@ -103,6 +104,80 @@ nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, in
           {"grouped_over_dense_backward", dense_bwd / grouped_bwd}};
 }
 
+// The MoE layer's kernels other than the expert GEMMs, over n tokens routed top-k of E
+// (hidden C, expert width I), each timed alone with random logits (about uniform routing):
+// microseconds per call, and the bytes of act rows each moves over the time (GB/s).
+nlohmann::json RoutingKernelTimes(Backend* be, int64_t n, int64_t E, int64_t k, int64_t C,
+                                  int64_t I) {
+  const int64_t R = n * k, a = DTypeSize(be->act_dtype()), st = DTypeSize(be->stat_dtype());
+  std::vector<DeviceBuffer> keep;
+  keep.reserve(32);
+  bool ok = true;
+  auto alloc = [&](int64_t bytes) -> void* {
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(be, bytes);
+    if (!b.ok()) {
+      ok = false;
+      return nullptr;
+    }
+    keep.push_back(std::move(*b));
+    return keep.back().get();
+  };
+  void* logits = alloc(n * E * a);
+  void* probs = alloc(n * E * st);
+  auto* idx = static_cast<int32_t*>(alloc(R * 4));
+  void* w = alloc(R * st);
+  void* dw = alloc(R * st);
+  auto* offsets = static_cast<int32_t*>(alloc((E + 1) * 4));
+  auto* slot_of = static_cast<int32_t*>(alloc(R * 4));
+  auto* row_token = static_cast<int32_t*>(alloc(R * 4));
+  auto* scratch = static_cast<int32_t*>(alloc(MoeSortScratchInts(R, E) * 4));
+  void* h = alloc(n * C * a);
+  void* out = alloc(n * C * a);
+  void* xe = alloc(R * C * a);
+  void* ye = alloc(R * C * a);
+  void* gu = alloc(R * 2 * I * a);
+  void* act = alloc(R * I * a);
+  void* dgu = alloc(R * 2 * I * a);
+  void* dlogits = alloc(n * E * a);
+  if (!ok) return nullptr;
+  const StreamId s = StreamId::kCompute;
+  FillRandom(be, logits, n * E, be->act_dtype(), 4);
+  FillRandom(be, h, n * C, be->act_dtype(), 5);
+  FillRandom(be, ye, R * C, be->act_dtype(), 6);
+  FillRandom(be, gu, R * 2 * I, be->act_dtype(), 7);
+  FillRandom(be, out, n * C, be->act_dtype(), 8);
+  be->MoeRoute(probs, idx, w, logits, n, E, k, true, s);
+  be->MoeSort(offsets, slot_of, row_token, scratch, idx, n, E, k, s);
+  be->Zero(dw, R * st, s);
+  be->SyncAll();
+  auto time = [&](auto&& f) { return TimeOnStream(be, s, 10, f); };
+  nlohmann::json kernels = nlohmann::json::object();
+  double total = 0;
+  auto add = [&](const char* name, double seconds, double act_elements) {
+    kernels[name] = {{"us", seconds * 1e6}, {"gbps", act_elements * a / seconds / 1e9}};
+    total += seconds;
+  };
+  add("route", time([&] { be->MoeRoute(probs, idx, w, logits, n, E, k, true, s); }), n * E);
+  add("sort", time([&] { be->MoeSort(offsets, slot_of, row_token, scratch, idx, n, E, k, s); }),
+      R * 3.0 * 4 / a);
+  add("gather", time([&] { be->Embedding(xe, row_token, h, R, C, s); }), 2.0 * R * C);
+  add("swiglu", time([&] { be->SwiGlu(act, gu, R, I, s); }), 3.0 * R * I);
+  add("combine", time([&] { be->MoeCombine(out, ye, slot_of, w, n, k, C, s); }),
+      R * C + 2.0 * n * C);
+  add("combine_backward",
+      time([&] { be->MoeCombineBackward(xe, dw, out, ye, slot_of, w, n, k, C, s); }),
+      2.0 * R * C + n * C);
+  add("swiglu_backward", time([&] { be->SwiGluBackward(dgu, act, gu, R, I, s); }), 5.0 * R * I);
+  add("gather_backward", time([&] { be->MoeGatherBackward(out, xe, slot_of, n, k, C, s); }),
+      R * C + 1.0 * n * C);
+  add("route_backward", time([&] {
+        be->MoeRouteBackward(dlogits, probs, idx, w, dw, nullptr, 0.0, n, E, k, true, s);
+      }),
+      2.0 * n * E);
+  return {{"tokens", n}, {"experts", E}, {"top_k", k}, {"hidden", C}, {"expert_intermediate", I},
+          {"kernels", kernels}, {"total_us", total * 1e6}};
+}
+
 }  // namespace
 }  // namespace megatrain
 
@@ -145,6 +220,12 @@ int main(int argc, char** argv) {
       grouped.push_back(GroupedRates(be->get(), E, rows, I, C, in_major != 0));
     }
     out["grouped_gemm"] = grouped;
+    // The routing kernels at Qwen3-30B-A3B's, GPT-OSS-120B's and Mixtral-8x7B's shapes over
+    // a 64K-token micro-batch.
+    out["moe_routing"] = nlohmann::json::array(
+        {RoutingKernelTimes(be->get(), 65536, 128, 8, 2048, 768),
+         RoutingKernelTimes(be->get(), 65536, 128, 4, 2880, 2880),
+         RoutingKernelTimes(be->get(), 65536, 8, 2, 4096, 14336)});
   }
   out["adamw_bytes_per_second"] = 30.0 * p->adamw_params_per_second;
   out["adamw_fraction_of_host_bandwidth"] = 30.0 * p->adamw_params_per_second / (1e9 * p->host_gbps);

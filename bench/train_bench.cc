@@ -7,7 +7,7 @@
 //               [--layers N] [--device-memory-gib 24] [--max-grad-norm 0]
 //               [--micro-batch-rows R] [--k K] [--checkpoints auto|device|host]
 //               [--kept-layers N] [--weight-slots S]
-//               [--steps 8] [--warmup 3] [--profile PATH] [--backend cuda|cpu]
+//               [--no-optimizer] [--timeline PATH] [--steps 8] [--warmup 3] [--profile PATH] [--backend cuda|cpu]
 //
 // Shapes are the published configs with random init. The plan (micro-batch, K, where
 // checkpoints live, weight slots) is the planner's unless fixed by a flag; its predicted
@@ -15,7 +15,10 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <deque>
+#include <fstream>
 #include <map>
+#include <thread>
 #include <random>
 
 #include "CLI/CLI.hpp"
@@ -44,6 +47,57 @@ MicroBatch Batch(int64_t rows, int64_t seq, int64_t vocab, uint64_t seed) {
   return b;
 }
 
+// --no-optimizer: takes each gradient once it has landed and hands its slab back, updating
+// nothing, so that the step shows the GPU and PCIe with no CPU optimizer beside them
+// (where a CPU-bound step's kernels lose time to the optimizer's threads).
+class DiscardingSink final : public GradSink {
+ public:
+  DiscardingSink(Backend* backend, GradSlabPool* pool)
+      : backend_(backend), pool_(pool), worker_([this] { Loop(); }) {}
+  ~DiscardingSink() override {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    worker_.join();
+  }
+  void Submit(int64_t, float* slab, void* ready, int64_t, int64_t) override {
+    MutexLock lock(&mu_);
+    queue_.push_back({slab, ready});
+  }
+  double Finish() override {
+    MutexLock lock(&mu_);
+    mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && idle_; });
+    return 0;
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::pair<float*, void*> item;
+      {
+        MutexLock lock(&mu_);
+        mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = queue_.front();
+        queue_.pop_front();
+        idle_ = false;
+      }
+      backend_->EventSync(item.second);
+      pool_->Release(item.first);
+      MutexLock lock(&mu_);
+      idle_ = true;
+    }
+  }
+  Backend* backend_;
+  GradSlabPool* pool_;
+  Mutex mu_;
+  std::deque<std::pair<float*, void*>> queue_ ABSL_GUARDED_BY(mu_);
+  bool idle_ ABSL_GUARDED_BY(mu_) = true;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread worker_;
+};
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -60,7 +114,8 @@ int main(int argc, char** argv) {
   int64_t layers = 0, vocab = 0, seq = 4096, tokens = 65536, steps = 8, warmup = 3;
   int64_t micro_rows = 0, k = 0, kept = -1, slots = -1;
   double device_gib = 0, max_grad_norm = 0, host_gib = 0;
-  bool plan_only = false;
+  bool plan_only = false, no_optimizer = false;
+  std::string timeline_path;
   app.add_option("--backend", backend);
   app.add_option("--shape", shape,
                  "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b | "
@@ -77,6 +132,10 @@ int main(int argc, char** argv) {
                  "projection for a bigger box");
   app.add_flag("--plan-only", plan_only,
                "print the plan's prediction as JSON and exit (no memory is allocated)");
+  app.add_option("--timeline", timeline_path,
+                 "write the last step's stream spans here (JSON: stream, label, start/end ms)");
+  app.add_flag("--no-optimizer", no_optimizer,
+               "discard the gradients (no CPU AdamW): the step's GPU and PCIe alone");
   app.add_option("--max-grad-norm", max_grad_norm, "global-norm clipping (0 = off)");
   app.add_option("--micro-batch-rows", micro_rows, "0 = the planner's choice");
   app.add_option("--k", k, "activation checkpoint interval; 0 = the planner's choice");
@@ -198,6 +257,8 @@ int main(int argc, char** argv) {
   oo.max_grad_norm = max_grad_norm;
   oo.weight_decay = 0.01;
   HostOptimizer opt(store->get(), pool.get(), be->get(), oo);
+  DiscardingSink discard(be->get(), pool.get());
+  GradSink* sink = no_optimizer ? static_cast<GradSink*>(&discard) : &opt;
   std::vector<MicroBatch> batches;
   for (int64_t m = 0; m < plan->micro_batches; ++m) {
     batches.push_back(Batch(plan->micro_batch_rows, seq, c.vocab_size, m));
@@ -205,13 +266,13 @@ int main(int argc, char** argv) {
 
   const double model_flops = plan->step.model_flops, hardware_flops = plan->step.hardware_flops;
   nlohmann::json steps_json = nlohmann::json::array();
-  std::vector<double> step_s, compute_s, optimizer_s, pcie_s;
+  std::vector<double> step_s, compute_s, optimizer_s, pcie_s, head_s;
   int64_t h2d = 0, d2h = 0;
   std::array<double, kNumStreams> busy_sum{};
   for (int64_t s = 0; s < steps; ++s) {
     const double optimizer_before = opt.busy_seconds();
     opt.BeginStep(1e-5, s + 1);
-    absl::StatusOr<StepResult> r = (*p)->Step(batches, &opt);
+    absl::StatusOr<StepResult> r = (*p)->Step(batches, sink);
     if (!r.ok()) {
       std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
       return 1;
@@ -230,12 +291,21 @@ int main(int argc, char** argv) {
     steps_json.push_back({{"seconds", r->seconds}, {"loss", r->loss}, {"aux_loss", r->aux_loss},
                           {"compute_busy_seconds", busy[0]},
                           {"compute_seconds_by_stage", stage_seconds}});
+    if (!timeline_path.empty() && s + 1 == steps) {
+      nlohmann::json spans = nlohmann::json::array();
+      for (const TimelineSpan& t : r->timeline) {
+        spans.push_back({{"stream", static_cast<int>(t.stream)}, {"label", t.label},
+                         {"start_ms", t.start_ms}, {"end_ms", t.end_ms}});
+      }
+      std::ofstream(timeline_path) << spans.dump(1) << "\n";
+    }
     std::fprintf(stderr, "step %ld: %.3f s, loss %.4f\n", static_cast<long>(s + 1), r->seconds,
                  r->loss);
     if (s >= warmup) {
       step_s.push_back(r->seconds);
       compute_s.push_back(busy[0]);
       pcie_s.push_back(pcie);
+      head_s.push_back(stage_seconds["head"]);
       // The optimizer's work for this step may finish in the next one: its busy time
       // accrued during this step is what this step cost it.
       optimizer_s.push_back(opt.busy_seconds() - optimizer_before);
@@ -252,6 +322,23 @@ int main(int argc, char** argv) {
   const char* measured_bound = floor == floor_compute ? "GPU compute"
                                : floor == floor_pcie  ? "PCIe"
                                                       : "CPU optimizer";
+  // The floor of the step's dependencies (exact AdamW on the CPU, one step's gradient
+  // before the next step's weights), from the same measurements. (a) The next forward
+  // needs the embedding and layer 0 updated, whose gradients are the backward's last:
+  // their updates follow the GPU's step and precede the next one. (b) The optimizer waits
+  // from the head's update (before the next head forward) to the next head gradient (its
+  // forward and backward later): the head's GPU time adds to the optimizer's. With few,
+  // large layers either exceeds the three floors.
+  int64_t total_elements = 0;
+  for (const UnitLayout& u : layout.units) total_elements += u.num_elements;
+  const double optimizer_per_param =
+      floor_optimizer / static_cast<double>(std::max<int64_t>(1, total_elements));
+  const double bottom_units =
+      static_cast<double>(layout.units[ModelLayout::EmbeddingUnit()].num_elements +
+                          layout.units[layout.DecoderUnit(0)].num_elements);
+  const double floor_bottom = floor_compute + optimizer_per_param * bottom_units;
+  const double floor_head = floor_optimizer + Median(head_s);
+  const double floor_dependency = std::max({floor, floor_bottom, floor_head});
   const int64_t host_bytes = static_cast<int64_t>((*store)->transfer_bytes() +
                                                   (*store)->state_bytes() + pool->bytes()) +
                              plan->host_checkpoint_bytes;
@@ -275,6 +362,7 @@ int main(int argc, char** argv) {
       {"tokens_per_step", tokens},
       {"seq_len", seq},
       {"clipping", max_grad_norm > 0},
+      {"optimizer", no_optimizer ? "none (gradients discarded)" : "CPU AdamW"},
       {"device_memory_cap_gib", device_gib},
       {"plan", plan_json},
       {"steady_steps", step_s.size()},
@@ -288,6 +376,12 @@ int main(int argc, char** argv) {
                           {"cpu_optimizer", floor_optimizer}}},
       {"measured_bound", measured_bound},
       {"step_over_largest_floor", step / floor},
+      {"dependency_floors_seconds",
+       {{"gpu_then_bottom_updates", floor_bottom}, {"optimizer_then_head", floor_head},
+        {"formula",
+         "gpu_kernels + cpu_optimizer * (embedding + layer 0 parameters) / parameters; "
+         "cpu_optimizer + the head's GPU seconds"}}},
+      {"step_over_dependency_floor", step / floor_dependency},
       {"prediction_error", plan->step.seconds / step - 1.0},
       {"pcie_bytes_per_step", {{"h2d", h2d}, {"d2h", d2h}}},
       {"busy_fraction", {{"compute", busy_sum[0] / n_steady / step},
