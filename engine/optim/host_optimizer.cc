@@ -51,7 +51,7 @@ void HostOptimizer::BeginStep(double lr, int64_t step) {
   if (updated_step_.empty()) RestoredLocked(step - 1);
   lr_ = lr;
   step_ = step;
-  sum_squares_ = 0;
+  piece_squares_.clear();
 }
 
 void HostOptimizer::Submit(int64_t unit, float* slab, void* ready, int64_t offset,
@@ -91,16 +91,22 @@ void HostOptimizer::Loop() {
       MutexLock lock(&mu_);
       mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;
-      // Leftovers of a finished step first, in forward order; then backward order (unit
-      // ids descending, a unit's pieces by offset), which is one pipeline's arrival order.
-      // With several devices (sharded data parallelism) a fast device's shard of a unit may
-      // arrive before a slow device's shard of an earlier unit: its copy waits on a
-      // reduce-scatter the slow device enqueues only once it has a slab, which it gets back
-      // only when its earlier shard is consumed. Taking the earlier unit first means the
-      // worker only ever waits on work that every device has enqueued.
-      auto before = [](const Item& a, const Item& b) {
-        if (a.forward_order != b.forward_order) return a.forward_order;
-        if (a.forward_order) {
+      // One device without clipping: the lowest unit first (a unit's pieces by offset),
+      // the one the next forward needs first: a backlog (the optimizer slower than the
+      // backward) leaves the top of the stack, needed last, for the next forward to
+      // overlap, and the bottom layers the next forward waits for go first.
+      // Otherwise leftovers of a finished step first, in forward order; then backward order
+      // (unit ids descending, a unit's pieces by offset), which is one pipeline's arrival
+      // order. With several devices (sharded data parallelism) a fast device's shard of a
+      // unit may arrive before a slow device's shard of an earlier unit: its copy waits on
+      // a reduce-scatter the slow device enqueues only once it has a slab, which it gets
+      // back only when its earlier shard is consumed. Taking the earlier unit first means
+      // the worker only ever waits on work that every device has enqueued. (Clipping holds
+      // the updates anyway; its norms are summed as they land.)
+      const bool lowest_first = !clipping && other_pools_.empty();
+      auto before = [lowest_first](const Item& a, const Item& b) {
+        if (!lowest_first && a.forward_order != b.forward_order) return a.forward_order;
+        if (lowest_first || a.forward_order) {
           return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
         }
         return a.unit != b.unit ? a.unit > b.unit : a.offset < b.offset;
@@ -151,7 +157,7 @@ void HostOptimizer::Loop() {
                     std::chrono::steady_clock::now() - t0).count();
     MutexLock lock(&mu_);
     if (!item.norm_counted) {
-      sum_squares_ += ss;
+      piece_squares_[{item.unit, item.offset}] += ss;
       --norms_pending_;
     }
     if (clipping) {
@@ -178,23 +184,25 @@ double HostOptimizer::Finish() {
         queued.push_back(q);
       }
     }
-    double ss = 0;
-    for (const Item& q : queued) {
-      backend_->EventSync(q.ready);
-      ss += SumOfSquares(q.slab, q.count);
+    std::vector<double> ss(queued.size());
+    for (size_t i = 0; i < queued.size(); ++i) {
+      backend_->EventSync(queued[i].ready);
+      ss[i] = SumOfSquares(queued[i].slab, queued[i].count);
     }
     MutexLock lock(&mu_);
-    sum_squares_ += ss;
+    for (size_t i = 0; i < queued.size(); ++i) {
+      piece_squares_[{queued[i].unit, queued[i].offset}] += ss[i];
+    }
     norms_pending_ -= static_cast<int64_t>(queued.size());
-    // Only this wait reads sum_squares_ or norms_pending_: no waiter to wake before it.
+    // Only this wait reads piece_squares_ or norms_pending_: no waiter to wake before it.
     mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return norms_pending_ == 0;  // the ones being updated now
     });
-    return std::sqrt(sum_squares_);
+    return std::sqrt(SumOfPieceSquares());
   }
   MutexLock lock(&mu_);
   mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; });
-  const double norm = std::sqrt(sum_squares_);
+  const double norm = std::sqrt(SumOfPieceSquares());
   if (options_.max_grad_norm > 0 && !held_.empty()) {
     Item apply;
     apply.coef = ClipCoefficient(norm, options_.max_grad_norm);
@@ -204,6 +212,12 @@ double HostOptimizer::Finish() {
     ++in_flight_;
   }
   return norm;
+}
+
+double HostOptimizer::SumOfPieceSquares() const {
+  double sum = 0;
+  for (const auto& [piece, squares] : piece_squares_) sum += squares;
+  return sum;
 }
 
 void HostOptimizer::AwaitUnit(int64_t unit) {

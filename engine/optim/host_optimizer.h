@@ -5,8 +5,10 @@
 // Without clipping a unit is updated as soon as its gradient lands, overlapping the rest
 // of the backward pass; Finish() returns the norm without waiting for the updates, and
 // the updates still queued then run in forward order, so the next step's forward starts
-// as soon as the embedding and its first layers are updated. (The reported norm then sums
-// some pieces in the update's pass and some in Finish(): equal up to rounding order.)
+// as soon as the embedding and its first layers are updated. With one device the worker
+// always takes the lowest unit queued (forward order throughout: see Loop()). (The norm
+// adds the pieces' sums of squares in (unit, offset) order, whichever thread summed each:
+// the same bits whatever the order they were read in.)
 // With global-norm clipping every gradient must be seen first: the norm accumulates as
 // they land, they wait in their slabs, and after Finish() the worker applies the updates
 // in forward order while the next step's forward runs: the pipeline waits (AwaitUnit)
@@ -21,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -102,6 +105,8 @@ class HostOptimizer final : public GradSink {
   void RestoredLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The item's piece of its unit is updated.
   void PieceDone(const Item& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step's sum of squares so far, piece by piece in (unit, offset) order.
+  double SumOfPieceSquares() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Returns a consumed slab to the pool it came from.
   void ReleaseSlab(float* slab);
@@ -119,7 +124,9 @@ class HostOptimizer final : public GradSink {
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet consumed by the worker
   // Per unit, step: pieces owed an update.
   std::vector<std::map<int64_t, int64_t>> pending_ ABSL_GUARDED_BY(mu_);
-  double sum_squares_ ABSL_GUARDED_BY(mu_) = 0;  // this step's
+  // This step's gradient sums of squares by piece (unit, offset), added in that order
+  // (SumOfPieceSquares): the norm's bits do not depend on the order pieces were read in.
+  std::map<std::pair<int64_t, int64_t>, double> piece_squares_ ABSL_GUARDED_BY(mu_);
   // Submitted pieces whose squares are not yet summed.
   int64_t norms_pending_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Item> held_ ABSL_GUARDED_BY(mu_);  // clipping: waiting for the norm

@@ -131,7 +131,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
     const int ranks = static_cast<int>(N);
     plan->host_slab_bytes = 4 * N * GradShardSlabElements(layout, ranks) *
                             GradShardSlabsNeeded(layout, r.clipping, ranks);
-  } else {  // added on the host: the others cycle two slabs each
+  } else {  // added on the host: the others cycle two layers' worth each
     plan->host_slab_bytes = 4 * GradSlabElements(layout) *
                             (GradSlabsNeeded(layout, r.clipping) + (N - 1) * GradSlabsNeeded(layout, false));
   }
@@ -402,8 +402,8 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
             ? absl::StrCat(", checkpoints ", GiB(smallest.host_checkpoint_bytes))
             : std::string(cpu ? absl::StrCat(", CPU buffers ", GiB(smallest.device_bytes)) : ""),
         GiB(r.host_budget_bytes),
-        r.clipping ? ", or turn clipping off (train.max_grad_norm: 0 holds 3 gradient slabs "
-                     "instead of one per layer)"
+        r.clipping ? ", or turn clipping off (train.max_grad_norm: 0 holds two layers' "
+                     "gradients instead of every layer's)"
                    : ""));
   }
   best.candidates = candidates;

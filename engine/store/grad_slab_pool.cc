@@ -35,11 +35,13 @@ float* GradSlabPool::Acquire() {
   return slab;
 }
 
-int64_t GradSlabElements(const ModelLayout& layout) { return layout.MaxDecoderElements(); }
+int64_t GradSlabElements(const ModelLayout& layout) {
+  return std::min(layout.MaxDecoderElements(), kGradSlabMaxElements);
+}
 
 int64_t GradSlabsNeeded(const ModelLayout& layout, bool clipping) {
-  if (!clipping) return 2;
   const int64_t slab = GradSlabElements(layout);
+  if (!clipping) return 2 * ((layout.MaxDecoderElements() + slab - 1) / slab);
   int64_t pieces = 0;
   for (const UnitLayout& u : layout.units) pieces += (u.num_elements + slab - 1) / slab;
   return pieces;
@@ -50,10 +52,13 @@ int64_t GradShardSlabElements(const ModelLayout& layout, int ranks) {
 }
 
 int64_t GradShardSlabsNeeded(const ModelLayout& layout, bool clipping, int ranks) {
-  if (!clipping) return 2;
+  const int64_t slab = GradShardSlabElements(layout, ranks);
+  if (!clipping) {
+    const int64_t layer = layout.MaxDecoderElements();
+    return 2 * ((std::min(layer, GradShardElements(layer, ranks)) + slab - 1) / slab);
+  }
   // The pieces of this rank's shard of each unit (the same count for every rank, up to
   // the last rank's shorter tail: count the first rank's).
-  const int64_t slab = GradShardSlabElements(layout, ranks);
   int64_t pieces = 0;
   for (const UnitLayout& u : layout.units) {
     const int64_t shard = std::min(u.num_elements, GradShardElements(u.num_elements, ranks));

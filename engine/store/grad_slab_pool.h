@@ -16,10 +16,14 @@
 
 namespace megatrain {
 
-// The slab size for a model: its largest decoder layer (larger units go in pieces).
+// The slab size for a model: its largest decoder layer, up to kGradSlabMaxElements (128
+// MiB of f32); larger units go in pieces. Pieces of a large layer overlap: the optimizer
+// updates the first while the rest are still being copied out.
+constexpr int64_t kGradSlabMaxElements = int64_t{1} << 25;
 int64_t GradSlabElements(const ModelLayout& layout);
 // Slabs a job needs. Clipping holds every piece of every unit until the global norm is
-// known; otherwise two cycle (one being read by the optimizer, one being filled).
+// known; otherwise two layers' worth cycle (one being read by the optimizer, one being
+// filled).
 int64_t GradSlabsNeeded(const ModelLayout& layout, bool clipping);
 
 // The same for one of `ranks` devices that reduce-scatter on the device

@@ -16,7 +16,7 @@ WeightSlots::WeightSlots(Backend* backend, HostStore* store, const ModelLayout& 
       num_slots_(num_slots),
       num_layers_(layout.num_layers),
       spans_(spans),
-      fresh_from_(layout.num_layers) {}
+      fresh_(layout.num_layers, 0) {}
 
 absl::Status WeightSlots::Allocate(DeviceAllocator* alloc) {
   const int64_t slot_bytes = layout_.MaxDecoderElements() * DTypeSize(backend_->weight_dtype());
@@ -34,9 +34,10 @@ absl::Status WeightSlots::Allocate(DeviceAllocator* alloc) {
 void WeightSlots::BeginStep(GradSink* sink) {
   sink_ = sink;
   for (int64_t s = 0; s < num_slots_; ++s) {
-    if (slot_layer_[s] < fresh_from_) slot_layer_[s] = -1;
+    if (slot_layer_[s] >= 0 && !fresh_[slot_layer_[s]]) slot_layer_[s] = -1;
   }
-  fresh_from_ = num_layers_;
+  fresh_.assign(num_layers_, 0);
+  num_fresh_ = 0;
   h2d_bytes_ = 0;
 }
 
@@ -61,12 +62,11 @@ void WeightSlots::Upload(int64_t layer, const char* label) {
 
 void WeightSlots::UploadUpdated(int64_t lowest) {
   if (num_slots_ < num_layers_) return;  // slots are reused: none of its own
-  while (fresh_from_ > std::max<int64_t>(lowest, 0)) {
-    const int64_t layer = fresh_from_ - 1;
-    // Updates land in backward order: at the first not yet applied, look again later.
-    if (!sink_->UnitUpdated(layout_.DecoderUnit(layer))) return;
+  for (int64_t layer = num_layers_ - 1; layer >= std::max<int64_t>(lowest, 0); --layer) {
+    if (fresh_[layer] || !sink_->UnitUpdated(layout_.DecoderUnit(layer))) continue;
     Upload(layer, "h2d next w ");  // into its own slot, once its backward is done
-    fresh_from_ = layer;
+    fresh_[layer] = 1;
+    ++num_fresh_;
   }
 }
 

@@ -34,8 +34,9 @@ class WeightSlots {
   void BeginStep(GradSink* sink);
   // Uploads `layer` into its slot unless it holds it (after its pending update).
   void EnsureLoaded(int64_t layer);
-  // Slot per layer only: uploads the layers below those already fresh, down to `lowest`,
-  // whose update the sink has applied, stopping at the first it has not.
+  // Slot per layer only: uploads each layer from the top down to `lowest` (their backward
+  // is done) whose update the sink has applied and that is not uploaded yet. (Updates may
+  // land in any order: with one device the optimizer takes the lowest layer queued.)
   void UploadUpdated(int64_t lowest);
   // The slot of `layer` for compute, which waits for its upload. REQUIRES: loaded.
   void* Use(int64_t layer);
@@ -43,7 +44,7 @@ class WeightSlots {
   void Release(int64_t layer);
 
   int64_t num_slots() const { return num_slots_; }
-  int64_t early_uploads() const { return num_layers_ - fresh_from_; }  // this step's
+  int64_t early_uploads() const { return num_fresh_; }  // this step's
   int64_t h2d_bytes() const { return h2d_bytes_; }                     // this step's
 
  private:
@@ -58,9 +59,10 @@ class WeightSlots {
   GradSink* sink_ = nullptr;  // of the step in progress
   std::vector<DeviceBuffer> slots_;  // S x the largest layer, weight dtype
   std::vector<int64_t> slot_layer_;  // layer in each slot, -1 = none/stale
-  // Layers fresh_from_ .. L-1 hold their next-step weights (uploaded during this step's
-  // backward; updates land top down). L: none.
-  int64_t fresh_from_ = 0;
+  // Per layer: its slot holds its next-step weights (uploaded during this step's
+  // backward), and how many do.
+  std::vector<char> fresh_;
+  int64_t num_fresh_ = 0;
   std::vector<Event> slot_loaded_, slot_free_;
   int64_t h2d_bytes_ = 0;
 };

@@ -115,6 +115,70 @@ TEST(HostOptimizer, AdamWWithoutClippingUpdatesAsGradientsLandAndMatchesClosedFo
   RunSteps(0.0);
 }
 
+// Without clipping, with one device, the worker takes the lowest unit queued: when the
+// gradients land faster than it updates them (here: all at once, behind a slow copy on the
+// D2H stream, before the step's Finish()), the embedding and the bottom layers, which the
+// next forward needs first, are updated first, and the head, needed last, last. (The order units complete is the
+// order a capture of the step is handed them.)
+TEST(HostOptimizer, WithoutClippingABacklogIsUpdatedLowestUnitFirst) {
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
+  RandomInitWeights(c, 3, store.get());
+  const int64_t units = store->num_units();
+  constexpr int64_t kPiece = 37;
+  int64_t pieces = 0;
+  for (int64_t u = 0; u < units; ++u) pieces += (store->unit_elements(u) + kPiece - 1) / kPiece;
+  ASSERT_GT(store->unit_elements(units - 1), kPiece);  // the head arrives in pieces
+  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(pieces, kPiece));
+  HostOptimizerOptions o;
+  o.weight_decay = 0.1;
+  HostOptimizer opt(store.get(), pool.get(), be.get(), o);
+  std::vector<Event> events;
+  for (int64_t i = 0; i < pieces; ++i) events.emplace_back(be.get());
+  std::vector<int64_t> order;
+  std::mutex mu;
+  opt.BeginCapture(1, [&](int64_t u) {
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(u);
+  });
+  opt.BeginStep(1e-2, 1);
+  // Every piece's copy completes after this one (256 MiB: tens of ms), by which time all
+  // are queued.
+  constexpr size_t kSlow = size_t{256} << 20;
+  absl::StatusOr<DeviceBuffer> from = DeviceBuffer::Allocate(be.get(), kSlow);
+  std::vector<char> to(kSlow);
+  ASSERT_TRUE(from.ok());
+  be->CopyToHost(to.data(), from->get(), kSlow, StreamId::kD2H);
+  std::mt19937_64 gen(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t u = units - 1; u >= 0; --u) {  // backward order, as the pipeline submits
+    for (int64_t offset = 0; offset < store->unit_elements(u); offset += kPiece) {
+      const int64_t count = std::min<int64_t>(kPiece, store->unit_elements(u) - offset);
+      float* slab = pool->Acquire();
+      for (int64_t i = 0; i < count; ++i) slab[i] = normal(gen);
+      Event& ready = events[pool->IndexOf(slab)];
+      be->Record(ready.get(), StreamId::kD2H);
+      opt.Submit(u, slab, ready.get(), offset, count);
+    }
+  }
+  // Finish() would turn the backlog into the next forward's leftovers (forward order
+  // anyway): the order must already hold while the backward is still submitting.
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (static_cast<int64_t>(order.size()) == units) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  opt.Finish();
+  opt.Drain();
+  opt.EndCapture();
+  std::vector<int64_t> lowest_first(units);
+  for (int64_t u = 0; u < units; ++u) lowest_first[u] = u;
+  EXPECT_EQ(order, lowest_first);
+}
+
 // A unit's master, m, v and bf16 weights, as bytes.
 std::string SnapshotUnit(const HostStore& store, int64_t u) {
   const size_t n = static_cast<size_t>(store.unit_elements(u));

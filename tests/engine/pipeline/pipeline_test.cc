@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "gtest/gtest.h"
 #include "engine/store/model_io.h"
+#include "engine/transfer/weight_slots.h"
 #include "tests/engine/pipeline/direct_model.h"
 #include "tests/engine/pipeline/recording_sink.h"
 #include "tests/engine/pipeline/sgd_sink.h"
@@ -305,6 +307,47 @@ TEST(Pipeline, StepRejectsMicroBatchesThatDoNotMatchThePlan) {
   absl::StatusOr<StepResult> r = h.pipeline->Step({RandomBatch(1, 8, c.vocab_size, 1)}, &sink);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("micro-batches"), std::string::npos) << r.status();
+}
+
+// A sink that reports a fixed set of units updated.
+class UpdatedUnitsSink final : public GradSink {
+ public:
+  void Submit(int64_t, float*, void*, int64_t, int64_t) override {}
+  double Finish() override { return 0; }
+  bool UnitUpdated(int64_t unit) override { return updated.count(unit) > 0; }
+  std::set<int64_t> updated;
+};
+
+// With a slot per layer, a layer's next weights go up during the backward once its update
+// is applied, whatever order the updates land in (with one device the optimizer takes the
+// lowest layer queued, so a lower layer may be updated while a higher one is not), and the
+// next step's forward finds them loaded.
+TEST(WeightSlots, UploadsEachUpdatedLayerWhateverOrderTheUpdatesLandIn) {
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  ASSERT_GE(c.num_layers, 3);
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
+  const ModelLayout& layout = store->layout();
+  SpanRecorder spans(be.get(), false);
+  WeightSlots slots(be.get(), store.get(), layout, c.num_layers, &spans);
+  DeviceAllocator alloc(be.get(), false);
+  ASSERT_TRUE(slots.Allocate(&alloc).ok());
+  UpdatedUnitsSink sink;
+  slots.BeginStep(&sink);
+  for (int64_t l = 0; l < c.num_layers; ++l) slots.EnsureLoaded(l);
+  sink.updated = {layout.DecoderUnit(0), layout.DecoderUnit(1)};  // the top layer not yet
+  slots.UploadUpdated(0);
+  EXPECT_EQ(slots.early_uploads(), 2);
+  for (int64_t l = 0; l < c.num_layers; ++l) sink.updated.insert(layout.DecoderUnit(l));
+  slots.UploadUpdated(0);
+  EXPECT_EQ(slots.early_uploads(), c.num_layers);
+  const int64_t early_bytes = slots.h2d_bytes();
+  UpdatedUnitsSink next;
+  slots.BeginStep(&next);
+  for (int64_t l = 0; l < c.num_layers; ++l) slots.EnsureLoaded(l);
+  EXPECT_EQ(slots.h2d_bytes(), 0);  // each layer's slot holds its next weights
+  EXPECT_GT(early_bytes, 0);
+  be->SyncAll();
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include "engine/plan/planner.h"
 
 #include "gtest/gtest.h"
+#include "engine/common/collective.h"
+#include "engine/store/grad_slab_pool.h"
 #include "bench/shapes.h"
 #include "engine/model/layout.h"
 #include "tests/util/sizing_backend.h"
@@ -266,6 +268,42 @@ TEST(Planner, GptOssPlanNamesItsWindowsAndSlidingLayersCostLess) {
   EXPECT_LT(plan->step.compute_seconds, full_plan->step.compute_seconds);
 }
 
+
+// A 7B layer's gradient (233 M elements) drains in slabs of 32 M elements, so that the
+// optimizer updates its first piece while the rest are still being copied out; without
+// clipping the pool holds two layers' worth, as two whole-layer slabs did; with clipping,
+// every piece of every unit.
+TEST(Planner, GradSlabsOfALargeLayerAreCappedAndHoldTwoLayers) {
+  const ModelLayout layout = BuildLayout(Qwen7B());
+  const int64_t layer = layout.MaxDecoderElements();
+  ASSERT_GT(layer, kGradSlabMaxElements);
+  EXPECT_EQ(GradSlabElements(layout), kGradSlabMaxElements);
+  const int64_t per_layer = (layer + kGradSlabMaxElements - 1) / kGradSlabMaxElements;
+  EXPECT_EQ(GradSlabsNeeded(layout, false), 2 * per_layer);
+  int64_t pieces = 0;
+  for (const UnitLayout& u : layout.units) {
+    pieces += (u.num_elements + kGradSlabMaxElements - 1) / kGradSlabMaxElements;
+  }
+  EXPECT_EQ(GradSlabsNeeded(layout, true), pieces);
+  // Sharded over two devices: each its half of a slab, as many as cover its half of two
+  // layers.
+  const int64_t shard_slab = GradShardSlabElements(layout, 2);
+  EXPECT_EQ(shard_slab, GradShardElements(kGradSlabMaxElements, 2));
+  EXPECT_GE(GradShardSlabsNeeded(layout, false, 2) * shard_slab, 2 * GradShardElements(layer, 2));
+  EXPECT_LT((GradShardSlabsNeeded(layout, false, 2) - 2) * shard_slab,
+            2 * GradShardElements(layer, 2));
+  // A small model keeps one slab per layer.
+  ModelConfig tiny = Qwen7B(2);
+  tiny.hidden_size = 256;
+  tiny.intermediate_size = 512;
+  tiny.num_heads = 4;
+  tiny.num_kv_heads = 2;
+  tiny.head_dim = 64;
+  const ModelLayout tiny_layout = BuildLayout(tiny);
+  EXPECT_EQ(GradSlabElements(tiny_layout), tiny_layout.MaxDecoderElements());
+  EXPECT_EQ(GradSlabsNeeded(tiny_layout, false), 2);
+}
+
 // Several devices: each takes its share of the step's micro-batches, the step's work
 // divides, each device drains 1/N of the gradient when they reduce-scatter (and all of it
 // when the host adds), and the host holds no more gradient slabs than with one device.
@@ -293,11 +331,17 @@ TEST(Planner, DataParallelDividesTheStepAndNotTheHostState) {
   // Compute-bound: two devices take a little over half the time.
   EXPECT_LT(two->step.seconds, 0.6 * one->step.seconds);
   EXPECT_GT(two->step.seconds, 0.45 * one->step.seconds);
-  // Host memory: sharded slabs add up to one device's; added on the host, the second
-  // device cycles two slabs of a layer's size (fp32).
-  const int64_t layer = BuildLayout(Qwen7B()).MaxDecoderElements();
-  EXPECT_LE(two->host_slab_bytes, one->host_slab_bytes + 2 * 4 * 64 * 2);
-  EXPECT_EQ(host->host_slab_bytes, one->host_slab_bytes + 2 * 4 * layer);
+  // Host memory: sharded slabs add up to one device's (up to rounding to slabs); added on
+  // the host, the second device cycles two layers' worth of slabs (fp32).
+  const ModelLayout layout = BuildLayout(Qwen7B());
+  const int64_t layer = layout.MaxDecoderElements();
+  const int64_t slab = GradSlabElements(layout);
+  EXPECT_LE(two->host_slab_bytes, one->host_slab_bytes + 4 * 2 * (slab / 2 + 64))
+      << one->host_slab_bytes;
+  EXPECT_EQ(host->host_slab_bytes,
+            one->host_slab_bytes + 4 * slab * GradSlabsNeeded(layout, false));
+  EXPECT_GE(4 * slab * GradSlabsNeeded(layout, false), 2 * 4 * layer);
+  EXPECT_LT(4 * slab * GradSlabsNeeded(layout, false), 2 * 4 * (layer + slab));
   const std::string text = DescribePlan(*two, two_r, H200Like());
   for (const char* want : {"65536 tokens per step = 16 sequence(s)", "on each device",
                            "devices    2", "each drains 1/2 over its own PCIe link"}) {
