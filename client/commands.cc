@@ -109,6 +109,9 @@ int Submit(const Context& ctx, const SubmitArgs& args) {
   v1::Job job;
   const grpc::Status status = ctx.jobs->SubmitJob(call.get(), request, &job);
   if (!status.ok()) return ReportRpcError(ctx, status);
+  for (const std::string& w : job.plan().warnings()) {
+    std::fprintf(stderr, "warning: %s\n", w.c_str());
+  }
   const int rc = PrintJob(ctx, job, FormatSubmitted);
   std::fflush(stdout);
   if (rc != kExitOk || !args.watch) return rc;

@@ -43,6 +43,7 @@ absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
   out.set_device_bytes(plan.device_bytes);
   out.set_host_bytes(plan.host_bytes);
   out.set_text(planned.text);
+  for (const std::string& w : planned.warnings) out.add_warnings(w);
   return out;
 }
 

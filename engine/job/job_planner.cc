@@ -41,6 +41,25 @@ absl::StatusOr<PlannedJob> JobPlanner::PlanJob(const JobSpec& spec) {
   out.request = JobPlanRequest(spec, config, device, host_budget_bytes_);
   ASSIGN_OR_RETURN(out.plan, MakePlan(out.request, profile_, backend_.get()));
   out.text = DescribePlan(out.plan, out.request, profile_);
+  out.warnings = JobWarnings(spec, config);
+  for (const std::string& w : out.warnings) absl::StrAppend(&out.text, "warning: ", w, "\n");
+  return out;
+}
+
+std::vector<std::string> JobWarnings(const JobSpec& spec, const ModelConfig& config) {
+  std::vector<std::string> out;
+  if (config.rope_scaling.type == RopeScaling::Type::kNone &&
+      config.max_position_embeddings > 0 && spec.seq_len > config.max_position_embeddings) {
+    const int64_t factor =
+        (spec.seq_len + config.max_position_embeddings - 1) / config.max_position_embeddings;
+    out.push_back(absl::StrCat(
+        "data.seq_len ", spec.seq_len, " exceeds the model's max_position_embeddings ",
+        config.max_position_embeddings, " and its config.json has no rope_scaling: positions "
+        "past ", config.max_position_embeddings, " were never trained. To extend the context, "
+        "add rope_scaling to config.json (for example {\"rope_type\": \"linear\", \"factor\": ",
+        factor, "}, or \"dynamic\", \"yarn\", \"llama3\"); otherwise set data.seq_len to ",
+        config.max_position_embeddings, " or less"));
+  }
   return out;
 }
 

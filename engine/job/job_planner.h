@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
@@ -24,8 +25,14 @@ namespace megatrain {
 struct PlannedJob {
   Plan plan;
   PlanRequest request;
-  std::string text;  // DescribePlan
+  std::string text;  // DescribePlan, then the warnings
+  std::vector<std::string> warnings;  // JobWarnings
 };
+
+// What a valid job will do that its owner may not mean, each naming the field and a fix:
+// a sequence longer than the model's max_position_embeddings without rope_scaling (its
+// positions past that length were never trained).
+std::vector<std::string> JobWarnings(const JobSpec& spec, const ModelConfig& config);
 
 class JobPlanner {
  public:

@@ -517,15 +517,21 @@ std::string JobSpecToYaml(const JobSpec& s) {
 }
 
 absl::StatusOr<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
+  ModelConfig config;
   if (!spec.model_path.empty()) {
     const std::string path = (fs::path(spec.model_path) / "config.json").string();
     if (!fs::exists(path)) {
       return absl::NotFoundError(absl::StrCat("model.path: ", spec.model_path,
                                               " has no config.json (is it a Hugging Face model folder?)"));
     }
-    return LoadModelConfig(path);
+    ASSIGN_OR_RETURN(config, LoadModelConfig(path));
+  } else {
+    ASSIGN_OR_RETURN(config, ParseModelConfig(spec.model_config_json, "model.config"));
   }
-  return ParseModelConfig(spec.model_config_json, "model.config");
+  // Dynamic NTK RoPE: the frequencies of the job's sequence length (transformers takes the
+  // batch's largest position at each forward; a job's rows reach seq_len).
+  config.rope_scaling.dynamic_seq_len = spec.seq_len;
+  return config;
 }
 
 }  // namespace megatrain

@@ -1,6 +1,7 @@
 #include "engine/layers/layer_kind.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "engine/kernels/reference/rope.h"
 #include "engine/layers/decoder.h"
@@ -63,9 +64,21 @@ std::vector<float> RopeInvFreqs(const ModelConfig& config) {
                          rs.truncate);
     return inv_freq;
   }
-  ref::RopeInvFreq(inv_freq.data(), config.head_dim, config.rope_theta,
+  double theta = config.rope_theta;
+  if (rs.type == RopeScaling::Type::kDynamic) {
+    // transformers' _compute_dynamic_ntk_parameters, in Python's double arithmetic: the
+    // base for seq_len = max(dynamic_seq_len, max_position_embeddings).
+    const double max_pos = static_cast<double>(config.max_position_embeddings);
+    const double seq = std::max(static_cast<double>(rs.dynamic_seq_len), max_pos);
+    const double dim = static_cast<double>(config.head_dim);
+    theta *= std::pow(rs.factor * seq / max_pos - (rs.factor - 1), dim / (dim - 2));
+  }
+  ref::RopeInvFreq(inv_freq.data(), config.head_dim, theta,
                    rs.type == RopeScaling::Type::kLlama3, rs.factor, rs.low_freq_factor,
                    rs.high_freq_factor, rs.original_max_position_embeddings);
+  if (rs.type == RopeScaling::Type::kLinear) {  // inv_freq /= factor, in float32
+    for (float& f : inv_freq) f /= static_cast<float>(rs.factor);
+  }
   return inv_freq;
 }
 

@@ -222,14 +222,25 @@ absl::Status ParseRope(const FieldReader& top, absl::string_view source, ModelCo
   ASSIGN_OR_RETURN(std::string type, f.OptionalString(type_key, ""));
   if (type.empty()) {
     return f.Error("rope_type",
-                   "is missing; megatrain supports \"llama3\", \"yarn\" or no scaling");
+                   "is missing; megatrain supports \"linear\", \"dynamic\", \"llama3\", "
+                   "\"yarn\" or no scaling");
   }
   if (type == "default") return absl::OkStatus();
   if (type == "yarn") return ParseYarn(f, c);
+  if (type == "linear" || type == "dynamic") {
+    RopeScaling& r = c.rope_scaling;
+    r.type = type == "linear" ? RopeScaling::Type::kLinear : RopeScaling::Type::kDynamic;
+    ASSIGN_OR_RETURN(r.factor, f.RequiredNumber("factor"));
+    if (r.factor < 1) {  // as transformers validates them
+      return f.Error("factor", absl::StrFormat("(%g) must be at least 1", r.factor));
+    }
+    return absl::OkStatus();
+  }
   if (type != "llama3") {
     return f.Error(type_key, absl::StrCat("is \"", type,
-                                          "\"; megatrain implements \"llama3\" and \"yarn\" "
-                                          "rope scaling (or none: null / \"default\")"));
+                                          "\"; megatrain implements \"linear\", \"dynamic\", "
+                                          "\"llama3\" and \"yarn\" rope scaling (or none: null "
+                                          "/ \"default\")"));
   }
   RopeScaling& r = c.rope_scaling;
   r.type = RopeScaling::Type::kLlama3;

@@ -56,7 +56,10 @@ struct MoeConfig {
 };
 
 struct RopeScaling {
-  enum class Type { kNone, kLlama3, kYarn };
+  // kLinear: positions interpolated (inv_freq / factor). kDynamic: dynamic NTK, the base
+  // raised for a sequence longer than max_position_embeddings (transformers'
+  // _compute_dynamic_ntk_parameters at seq_len = dynamic_seq_len).
+  enum class Type { kNone, kLlama3, kYarn, kLinear, kDynamic };
   Type type = Type::kNone;
   double factor = 1.0;
   double low_freq_factor = 1.0;   // llama3
@@ -69,6 +72,11 @@ struct RopeScaling {
   double beta_slow = 1.0;
   bool truncate = true;
   double attention_factor = 1.0;  // resolved when parsed; 1 for the other types
+  // kDynamic: the sequence length the frequencies are for: the job's seq_len (set by
+  // ResolveModelConfig). transformers recomputes them at each forward from the batch's
+  // largest position, growing; 0 (or anything up to max_position_embeddings) leaves them
+  // as they are below max_position_embeddings, as transformers' first forward does.
+  int64_t dynamic_seq_len = 0;
 };
 
 struct ModelConfig {

@@ -47,6 +47,9 @@ std::string ModelConfigToJson(const ModelConfig& c) {
                {"low_freq_factor", r.low_freq_factor},
                {"high_freq_factor", r.high_freq_factor},
                {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  } else if (r.type == RopeScaling::Type::kLinear || r.type == RopeScaling::Type::kDynamic) {
+    scaling = {{"rope_type", r.type == RopeScaling::Type::kLinear ? "linear" : "dynamic"},
+               {"factor", r.factor}};
   } else if (r.type == RopeScaling::Type::kYarn) {
     scaling = {{"rope_type", "yarn"},
                {"factor", r.factor},

@@ -53,6 +53,9 @@ class FakeJobs final : public v1::JobService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     submitted_ = *r;
     *job = MakeJob(12, r->hold() ? v1::JOB_STATE_HELD : v1::JOB_STATE_QUEUED);
+    if (r->spec_yaml().find("long") != std::string::npos) {
+      job->mutable_plan()->add_warnings("data.seq_len 8192 exceeds max_position_embeddings");
+    }
     return grpc::Status::OK;
   }
   grpc::Status GetJob(grpc::ServerContext* c, const v1::GetJobRequest* r, v1::Job* job) override {
@@ -206,6 +209,17 @@ TEST_F(CommandsTest, SubmitSendsTheSpecAndItsFolderAndNoCredentialOverUnix) {
   // Over a Unix socket the daemon reads the uid from the kernel: no credential is sent.
   EXPECT_EQ(jobs_.authorization(), "");
   std::filesystem::remove_all(dir);
+}
+
+// The plan's warnings go to stderr at submission; the job is submitted all the same.
+TEST_F(CommandsTest, SubmitPrintsThePlansWarnings) {
+  std::ofstream("long-job.yaml") << "name: long\n";
+  SubmitArgs args;
+  args.spec_path = "./long-job.yaml";
+  EXPECT_EQ(Capture([&] { return Submit(ctx_, args); }), kExitOk) << err_;
+  EXPECT_EQ(out_, "submitted job 12 (demo), queued\n");
+  EXPECT_EQ(err_, "warning: data.seq_len 8192 exceeds max_position_embeddings\n");
+  std::filesystem::remove("long-job.yaml");
 }
 
 TEST_F(CommandsTest, SubmitRelativePathResolvesAgainstTheWorkingDirectory) {

@@ -51,6 +51,15 @@ def configs():
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 256})
     yield "qwen3_8l", Qwen3Config(**common, head_dim=64, rope_theta=1000000.0)
+    # Context extension: positions interpolated 4x; dynamic NTK past 256 positions (the
+    # rows are 512 tokens, so transformers raises the base for 512 as a job of seq_len 512).
+    yield "llama_linear_4l", LlamaConfig(**dict(common, num_hidden_layers=4),
+                                         rope_theta=10000.0,
+                                         rope_scaling={"rope_type": "linear", "factor": 4.0})
+    yield "llama_dynamic_4l", LlamaConfig(**dict(common, num_hidden_layers=4,
+                                                 max_position_embeddings=256),
+                                          rope_theta=10000.0,
+                                          rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     yield "mistral_8l", MistralConfig(**common, sliding_window=None, rope_theta=1000000.0)
     moe = dict(common, num_hidden_layers=4, output_router_logits=True,
                router_aux_loss_coef=0.02)

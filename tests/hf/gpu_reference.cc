@@ -63,6 +63,7 @@ int Main(int argc, char** argv) {
 
   absl::StatusOr<ModelConfig> c = LoadModelConfig(model_dir + "/config.json");
   if (!c.ok()) { std::fprintf(stderr, "%s\n", c.status().ToString().c_str()); return 1; }
+  c->rope_scaling.dynamic_seq_len = batches[0].seq_len;  // as a job of that seq_len
   std::unique_ptr<Backend> be = std::move(*CreateBackend(BackendRequest{backend}));
   std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(*c)));
   absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(model_dir);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "engine/job/job_planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/util/temp_dir.h"
@@ -464,6 +465,43 @@ TEST(JobSpecTest, TokensPerStepWhoseProductOverflowsInt64IsRefused) {
   ExpectInvalid(MinimalSpec() +
                     "train:\n  micro_batches: 4294967296\n  micro_batch_rows: 4294967296\n",
                 "2^31");
+}
+
+// Dynamic-NTK RoPE takes the job's sequence length (data.seq_len) for its frequencies.
+TEST(ResolveModelConfigTest, DynamicRopeGetsTheJobsSequenceLength) {
+  TempDir dir;
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      "model:\n  config: {architectures: [LlamaForCausalLM], hidden_size: 32, "
+      "intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 4, vocab_size: 300, "
+      "max_position_embeddings: 128, rope_scaling: {rope_type: dynamic, factor: 2.0}}\n"
+      "data:\n  path: d.jsonl\n  seq_len: 512\n",
+      dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<ModelConfig> config = ResolveModelConfig(*spec);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling.type, RopeScaling::Type::kDynamic);
+  EXPECT_EQ(config->rope_scaling.dynamic_seq_len, 512);
+}
+
+// A sequence past max_position_embeddings without rope_scaling is warned about (naming
+// the fields and a fix), not refused; with scaling, or within the length, nothing is said.
+TEST(JobWarningsTest, SequencePastMaxPositionsWithoutRopeScalingIsWarnedAbout) {
+  JobSpec spec;
+  spec.seq_len = 8192;
+  ModelConfig config;
+  config.max_position_embeddings = 4096;
+  const std::vector<std::string> w = JobWarnings(spec, config);
+  ASSERT_EQ(w.size(), 1u);
+  for (const char* want : {"data.seq_len 8192", "max_position_embeddings 4096", "rope_scaling",
+                           "\"factor\": 2", "data.seq_len to 4096 or less"}) {
+    EXPECT_THAT(w[0], HasSubstr(want));
+  }
+  config.rope_scaling.type = RopeScaling::Type::kLinear;
+  config.rope_scaling.factor = 2;
+  EXPECT_TRUE(JobWarnings(spec, config).empty());
+  config.rope_scaling = RopeScaling{};
+  spec.seq_len = 4096;
+  EXPECT_TRUE(JobWarnings(spec, config).empty());
 }
 
 TEST(ResolveModelConfigTest, FolderWithoutConfigJsonIsNotFoundNamingTheFolder) {

@@ -85,14 +85,14 @@ TEST(ModelConfigRefusalTest, AttentionBiasIsRefusedForLlamaMistralAndQwen3) {
   ExpectRefused(Patched(kQwen3, {{"attention_bias", true}}), "attention_bias");
 }
 
-TEST(ModelConfigRefusalTest, RopeScalingOtherThanLlama3OrYarnIsRefused) {
-  for (const char* type : {"linear", "dynamic", "longrope"}) {
+TEST(ModelConfigRefusalTest, RopeScalingOtherThanLinearDynamicLlama3OrYarnIsRefused) {
+  for (const char* type : {"longrope", "proportional", "su"}) {
     SCOPED_TRACE(type);
     ExpectRefused(Patched(kLlama2, {{"rope_scaling", {{"rope_type", type}, {"factor", 2.0}}}}),
                   "rope_scaling.rope_type");
   }
   // Old configs spell it "type"; the message names the field that is there.
-  ExpectRefused(Patched(kLlama2, {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}),
+  ExpectRefused(Patched(kLlama2, {{"rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}}}),
                 "rope_scaling.type");
 }
 

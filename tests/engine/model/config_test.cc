@@ -193,6 +193,39 @@ TEST(ModelConfigTest, Transformers5RopeParametersAreRead) {
   EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
 }
 
+// Linear and dynamic-NTK scaling, in either spelling of the type key; a factor below 1
+// (transformers refuses it too), a missing factor and an unknown type are refused by name.
+TEST(ModelConfigTest, LinearAndDynamicRopeScalingParseAndRoundTrip) {
+  const struct {
+    Json rope;
+    RopeScaling::Type type;
+    double factor;
+  } cases[] = {{{{"rope_type", "linear"}, {"factor", 4.0}}, RopeScaling::Type::kLinear, 4.0},
+               {{{"type", "dynamic"}, {"factor", 2.0}}, RopeScaling::Type::kDynamic, 2.0}};
+  for (const auto& c : cases) {
+    const ModelConfig parsed = MustParse(Patched(kLlama2, {{"rope_scaling", c.rope}}));
+    EXPECT_EQ(parsed.rope_scaling.type, c.type) << c.rope.dump();
+    EXPECT_EQ(parsed.rope_scaling.factor, c.factor);
+    const ModelConfig back = MustParse(ModelConfigToJson(parsed));
+    EXPECT_EQ(back.rope_scaling.type, c.type);
+    EXPECT_EQ(back.rope_scaling.factor, c.factor);
+  }
+  const struct {
+    Json rope;
+    const char* message;
+  } refused[] = {
+      {{{"rope_type", "linear"}, {"factor", 0.5}}, "'rope_scaling.factor' (0.5) must be at least 1"},
+      {{{"rope_type", "dynamic"}}, "'rope_scaling.factor' is missing"},
+      {{{"rope_type", "longrope"}, {"factor", 2.0}}, "\"linear\", \"dynamic\", \"llama3\""},
+  };
+  for (const auto& r : refused) {
+    absl::StatusOr<ModelConfig> c =
+        ParseModelConfig(Patched(kLlama2, {{"rope_scaling", r.rope}}), "config.json");
+    ASSERT_FALSE(c.ok()) << r.rope.dump();
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(r.message)) << c.status();
+  }
+}
+
 TEST(ModelConfigTest, UnknownExtraFieldsAreIgnored) {
   MustParse(Patched(kLlama31, {{"quirky_new_field", {{"a", 1}}}, {"pad_token_id", nullptr}}));
 }
