@@ -6,7 +6,7 @@
 //   train_bench --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536
 //               [--layers N] [--device-memory-gib 24] [--max-grad-norm 0]
 //               [--micro-batch-rows R] [--k K] [--checkpoints auto|device|host]
-//               [--kept-layers N] [--weight-slots S]
+//               [--kept-layers N] [--weight-slots S] [--mlp-tile T]
 //               [--no-optimizer] [--timeline PATH] [--steps 8] [--warmup 3] [--profile PATH] [--backend cuda|cpu]
 //
 // Shapes are the published configs with random init. The plan (micro-batch, K, where
@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   CLI::App app{"train_bench: planned training steps against their floors"};
   std::string backend = "cuda", shape = "qwen2.5-1.5b", checkpoints = "auto", profile_path;
   int64_t layers = 0, vocab = 0, seq = 4096, tokens = 65536, steps = 8, warmup = 3;
-  int64_t micro_rows = 0, k = 0, kept = -1, slots = -1;
+  int64_t micro_rows = 0, k = 0, kept = -1, slots = -1, mlp_tile = -1;
   double device_gib = 0, max_grad_norm = 0, host_gib = 0;
   bool plan_only = false, no_optimizer = false;
   std::string timeline_path;
@@ -142,6 +142,8 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoints", checkpoints, "auto | device | host");
   app.add_option("--kept-layers", kept, "layers keeping activations; -1 = the planner's choice");
   app.add_option("--weight-slots", slots, "device weight slots; -1 = the planner's choice");
+  app.add_option("--mlp-tile", mlp_tile,
+                 "tokens per MLP tile (sequence tiling); -1 = the planner's choice, 0 = none");
   app.add_option("--steps", steps, "steps in all, warm-up included");
   app.add_option("--warmup", warmup);
   app.add_option("--profile", profile_path, "machine profile cache (default: the user's)");
@@ -182,6 +184,7 @@ int main(int argc, char** argv) {
   request.checkpoint_every = k;
   request.checkpoints = checkpoints;
   request.kept_layers = kept;
+  request.mlp_tile_tokens = mlp_tile;
   request.weight_slots = slots;
   request.device_budget_bytes = PlannableDeviceBytes((*be)->device_memory_budget());
   request.host_budget_bytes = host_gib > 0 ? static_cast<int64_t>(host_gib * (1ll << 30))
@@ -199,6 +202,7 @@ int main(int argc, char** argv) {
       {"checkpoints_on_host", plan->checkpoints_on_host},
       {"weight_slots", plan->weight_slots},
       {"kept_layers", plan->kept_layers},
+      {"mlp_tile_tokens", plan->mlp_tile_tokens},
       {"predicted_step_seconds", plan->step.seconds},
       {"predicted_bound", plan->step.bound},
       {"predicted_compute_seconds", plan->step.compute_seconds},
@@ -245,6 +249,7 @@ int main(int argc, char** argv) {
   po.checkpoints_on_host = plan->checkpoints_on_host;
   po.weight_slots = plan->weight_slots;
   po.kept_layers = plan->kept_layers;
+  po.mlp_tile_tokens = plan->mlp_tile_tokens;
   po.loss_chunk_tokens = plan->loss_chunk_tokens;
   po.record_timeline = true;
   absl::StatusOr<std::unique_ptr<Pipeline>> p =

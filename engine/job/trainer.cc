@@ -234,6 +234,7 @@ absl::Status Trainer::InitPipelines(const JobSpec& spec, const DeviceSet& device
   pipeline_options.checkpoints_on_host = plan_.checkpoints_on_host;
   pipeline_options.weight_slots = plan_.weight_slots;
   pipeline_options.kept_layers = plan_.kept_layers;
+  pipeline_options.mlp_tile_tokens = plan_.mlp_tile_tokens;
   pipeline_options.record_timeline = true;  // per-stream busy time for the metrics
   pipeline_options.router_aux_loss_coef = spec.router_aux_loss_coef;
   if (sharded) pipeline_options.collective = collectives_[0].get();

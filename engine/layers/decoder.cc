@@ -6,11 +6,13 @@
 
 namespace megatrain {
 
-DecoderLayer::DecoderLayer(const ModelConfig& config, const UnitLayout& unit, Backend* backend)
+DecoderLayer::DecoderLayer(const ModelConfig& config, const UnitLayout& unit, Backend* backend,
+                           int64_t mlp_tile)
     : config_(config),
       unit_(unit),
       backend_(backend),
-      attention_(config, backend, config.AttentionWindow(unit.layer)) {}
+      attention_(config, backend, config.AttentionWindow(unit.layer)),
+      mlp_tile_(mlp_tile) {}
 
 DecoderTensors DecoderLayer::Bind(void* base, DType dtype) const {
   DecoderTensors t;
@@ -45,6 +47,7 @@ DecoderSaved DecoderLayer::CarveSaved(void* base, int64_t n, const DecoderSaved&
   DecoderSaved w = CarveWorkspace(base, n);  // the saved fields come first
   attention_.UseScratch(scratch.attn, &w.attn);
   w.h2 = scratch.h2;
+  if (Tile(n) < n) w.gu = scratch.gu;  // a tile's, recomputed in Backward
   w.a = scratch.a;
   w.dgu = scratch.dgu;
   w.da = scratch.da;
@@ -56,18 +59,21 @@ DecoderSaved DecoderLayer::CarveWorkspace(void* base, int64_t n, int64_t* bytes,
   const int64_t act = DTypeSize(backend_->act_dtype());
   const int64_t stat = DTypeSize(backend_->stat_dtype());
   const int64_t C = config_.hidden_size, I = config_.intermediate_size;
+  const int64_t t = Tile(n);  // the MLP half's rows at a time
   Carver c(base);
   DecoderSaved w;
-  // Saved: what Backward cannot rebuild cheaply; h2 and a are rebuilt from x2 and gu.
+  // Saved: what Backward cannot rebuild cheaply; h2 and a are rebuilt from x2 and gu
+  // (tiled: gu too, tile by tile).
   attention_.CarveSaved(c, n, &w.attn);
   w.rstd2 = c.Take(n * stat);
-  w.gu = c.Take(n * 2 * I * act);
+  if (t == n) w.gu = c.Take(n * 2 * I * act);
   if (saved_bytes != nullptr) *saved_bytes = c.used();  // the scratch follows
   attention_.CarveScratch(c, n, &w.attn);
-  w.h2 = c.Take(n * C * act);
-  w.a = c.Take(n * I * act);
-  w.dgu = c.Take(n * 2 * I * act);
-  w.da = c.Take(n * I * act);
+  if (t < n) w.gu = c.Take(t * 2 * I * act);
+  w.h2 = c.Take(t * C * act);
+  w.a = c.Take(t * I * act);
+  w.dgu = c.Take(t * 2 * I * act);
+  w.da = c.Take(t * I * act);
   if (bytes != nullptr) *bytes = c.used();
   return w;
 }
@@ -93,7 +99,7 @@ LayerWork DecoderLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) cons
 
 void DecoderLayer::Forward(const LayerCall& call, const void* x, void* out) const {
   Forward(BindWeights(const_cast<void*>(call.weights)), x, out, SavedOf(call), *call.batch,
-          call.rope_inv_freq, call.stream);
+          call.rope_inv_freq, call.stream, call.output_unused);
 }
 
 void DecoderLayer::Rebuild(const LayerCall& call, const void* x) const {
@@ -108,16 +114,26 @@ void DecoderLayer::Backward(const LayerCall& call, const void* x, void* dres) co
 
 void DecoderLayer::Forward(const DecoderTensors& w, const void* x, void* out,
                            const DecoderSaved& ws, const DeviceBatch& b, const float* inv_freq,
-                           StreamId s) const {
-  Backend& be = *backend_;
-  const int64_t n = b.num_tokens, C = config_.hidden_size, I = config_.intermediate_size;
+                           StreamId s, bool output_unused) const {
+  const int64_t n = b.num_tokens, t = Tile(n);
   attention_.Forward(w.attn, x, ws.attn, b, inv_freq, s);                   // x2 = x + attn
-  const void* x2 = ws.attn.x2;
-  be.RmsNorm(ws.h2, ws.rstd2, x2, w.post_norm, n, C, config_.rms_norm_eps, s);  // h2 = norm(x2)
-  be.Linear(ws.gu, ws.h2, w.gate_up, nullptr, n, C, 2 * I, false, s);        // gu = h2 [Wg;Wu]^T
-  be.SwiGlu(ws.a, ws.gu, n, I, s);                                           // a = silu(g) * u
-  be.CopyOnDevice(out, x2, n * C * DTypeSize(be.act_dtype()), s);
-  be.Linear(out, ws.a, w.down, nullptr, n, I, C, true, s);                   // out = x2 + a Wd^T
+  if (output_unused && t < n) return;  // Backward recomputes the MLP half tile by tile
+  for (int64_t r0 = 0; r0 < n; r0 += t) MlpForward(w, ws, out, r0, std::min(t, n - r0), s);
+}
+
+void DecoderLayer::MlpForward(const DecoderTensors& w, const DecoderSaved& ws, void* out,
+                              int64_t r0, int64_t rows, StreamId s) const {
+  Backend& be = *backend_;
+  const int64_t C = config_.hidden_size, I = config_.intermediate_size;
+  const DType act = be.act_dtype();
+  const void* x2 = Offset(ws.attn.x2, r0 * C, act);
+  void* rstd2 = Offset(ws.rstd2, r0, be.stat_dtype());
+  void* out_rows = Offset(out, r0 * C, act);
+  be.RmsNorm(ws.h2, rstd2, x2, w.post_norm, rows, C, config_.rms_norm_eps, s);  // h2 = norm(x2)
+  be.Linear(ws.gu, ws.h2, w.gate_up, nullptr, rows, C, 2 * I, false, s);  // gu = h2 [Wg;Wu]^T
+  be.SwiGlu(ws.a, ws.gu, rows, I, s);                                     // a = silu(g) * u
+  be.CopyOnDevice(out_rows, x2, rows * C * DTypeSize(act), s);
+  be.Linear(out_rows, ws.a, w.down, nullptr, rows, I, C, true, s);        // out = x2 + a Wd^T
 }
 
 void DecoderLayer::Rebuild(const DecoderTensors& w, const void* x, const DecoderSaved& ws,
@@ -126,6 +142,7 @@ void DecoderLayer::Rebuild(const DecoderTensors& w, const void* x, const Decoder
   const int64_t n = b.num_tokens, C = config_.hidden_size, I = config_.intermediate_size;
   // The same kernels on the same inputs as Forward: the same bits (rstd is rewritten as is).
   attention_.Rebuild(w.attn, x, ws.attn, n, s);
+  if (Tile(n) < n) return;  // Backward rebuilds the MLP half tile by tile
   be.RmsNorm(ws.h2, ws.rstd2, ws.attn.x2, w.post_norm, n, C, config_.rms_norm_eps, s);
   be.SwiGlu(ws.a, ws.gu, n, I, s);
 }
@@ -134,15 +151,39 @@ void DecoderLayer::Backward(const DecoderTensors& w, const DecoderTensors& g, co
                             void* dres, const DecoderSaved& ws, const DeviceBatch& b,
                             const float* inv_freq, StreamId s) const {
   Backend& be = *backend_;
-  const int64_t n = b.num_tokens, C = config_.hidden_size, I = config_.intermediate_size;
-  void* dh2 = ws.attn.dh;  // the attention half's dh is free until its own backward
-  // MLP half: dres = dL/dout
-  be.LinearBackward(ws.da, false, g.down, nullptr, dres, ws.a, w.down, n, I, C, s);
-  be.SwiGluBackward(ws.dgu, ws.da, ws.gu, n, I, s);
-  be.LinearBackward(dh2, false, g.gate_up, nullptr, ws.dgu, ws.h2, w.gate_up, n, C, 2 * I, s);
-  be.RmsNormBackward(dres, g.post_norm, dh2, ws.attn.x2, w.post_norm, ws.rstd2, n, C, s);
+  const int64_t n = b.num_tokens, t = Tile(n), C = config_.hidden_size;
+  const int64_t I = config_.intermediate_size;
+  // MLP half: dres = dL/dout -> dL/dx2, tile by tile (tiled: its intermediates recomputed
+  // first, exactly as Forward made them).
+  for (int64_t r0 = 0; r0 < n; r0 += t) {
+    const int64_t rows = std::min(t, n - r0);
+    if (t < n) {
+      const void* x2 = Offset(ws.attn.x2, r0 * C, be.act_dtype());
+      be.RmsNorm(ws.h2, Offset(ws.rstd2, r0, be.stat_dtype()), x2, w.post_norm, rows, C,
+                 config_.rms_norm_eps, s);
+      be.Linear(ws.gu, ws.h2, w.gate_up, nullptr, rows, C, 2 * I, false, s);
+      be.SwiGlu(ws.a, ws.gu, rows, I, s);
+    }
+    MlpBackward(w, g, ws, dres, r0, rows, s);
+  }
   // attention half: dres = dL/dx2 -> dL/dx
   attention_.Backward(w.attn, g.attn, x, dres, ws.attn, b, inv_freq, s);
+}
+
+void DecoderLayer::MlpBackward(const DecoderTensors& w, const DecoderTensors& g,
+                               const DecoderSaved& ws, void* dres, int64_t r0, int64_t rows,
+                               StreamId s) const {
+  Backend& be = *backend_;
+  const int64_t C = config_.hidden_size, I = config_.intermediate_size;
+  const DType act = be.act_dtype();
+  void* dres_rows = Offset(dres, r0 * C, act);
+  void* dh2 = Offset(ws.attn.dh, r0 * C, act);  // the attention half's dh: free until its own
+  const void* x2 = Offset(ws.attn.x2, r0 * C, act);
+  const void* rstd2 = Offset(ws.rstd2, r0, be.stat_dtype());
+  be.LinearBackward(ws.da, false, g.down, nullptr, dres_rows, ws.a, w.down, rows, I, C, s);
+  be.SwiGluBackward(ws.dgu, ws.da, ws.gu, rows, I, s);
+  be.LinearBackward(dh2, false, g.gate_up, nullptr, ws.dgu, ws.h2, w.gate_up, rows, C, 2 * I, s);
+  be.RmsNormBackward(dres_rows, g.post_norm, dh2, x2, w.post_norm, rstd2, rows, C, s);
 }
 
 }  // namespace megatrain

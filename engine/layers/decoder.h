@@ -52,9 +52,16 @@ struct DecoderSaved {
   void* da;      // act (n, I)
 };
 
+// Sequence tiling (mlp_tile > 0, below a micro-batch's tokens): the MLP half, token-local,
+// runs over tiles of mlp_tile tokens, so its intermediates (gate|up: 2I per token, the
+// largest of a layer) take a tile's memory, not the micro-batch's; the attention half runs
+// over the whole micro-batch. Nothing of the MLP is kept: Backward recomputes each tile's
+// norm, gate|up and SwiGLU from the residual (the same kernels on the same rows: the same
+// bits) before its backward; the weight gradients add tile by tile, in tile order.
 class DecoderLayer final : public LayerKind {
  public:
-  DecoderLayer(const ModelConfig& config, const UnitLayout& unit, Backend* backend);
+  DecoderLayer(const ModelConfig& config, const UnitLayout& unit, Backend* backend,
+               int64_t mlp_tile = 0);
 
   // ---- LayerKind ----
   int64_t WorkspaceBytes(int64_t n) const override;
@@ -81,8 +88,10 @@ class DecoderLayer final : public LayerKind {
 
   // out act (n,C) = block(x act (n,C)). Intermediates go to `ws` (kept for Backward).
   // inv_freq: f32 (D/2) device buffer of RoPE frequencies.
+  // output_unused: only the intermediates Backward needs (tiled: the attention half's).
   void Forward(const DecoderTensors& w, const void* x, void* out, const DecoderSaved& ws,
-               const DeviceBatch& batch, const float* inv_freq, StreamId s) const;
+               const DeviceBatch& batch, const float* inv_freq, StreamId s,
+               bool output_unused = false) const;
 
   // Recomputes the scratch intermediates (h, h2, a) of a kept layer from its saved fields,
   // bit for bit as Forward made them. Call before Backward unless Forward just ran into ws.
@@ -101,11 +110,21 @@ class DecoderLayer final : public LayerKind {
   // The intermediates of `call`: its kept ones over the workspace's scratch, else the
   // workspace's.
   DecoderSaved SavedOf(const LayerCall& call) const;
+  // The MLP half's rows at a time for n tokens: n, or mlp_tile_ when that is fewer.
+  int64_t Tile(int64_t n) const { return mlp_tile_ > 0 && mlp_tile_ < n ? mlp_tile_ : n; }
+  // The MLP half over rows [r0, r0 + rows): h2, gu, a (at the workspace's start: a tile's)
+  // from the residual x2, then out = x2 + a Wd^T.
+  void MlpForward(const DecoderTensors& w, const DecoderSaved& ws, void* out, int64_t r0,
+                  int64_t rows, StreamId s) const;
+  // Its backward over the same rows: dres (rows of dL/dout) becomes dL/dx2 there.
+  void MlpBackward(const DecoderTensors& w, const DecoderTensors& g, const DecoderSaved& ws,
+                   void* dres, int64_t r0, int64_t rows, StreamId s) const;
 
   ModelConfig config_;
   UnitLayout unit_;  // offsets are the same for every decoder layer
   Backend* backend_;
   AttentionBlock attention_;
+  int64_t mlp_tile_;
 };
 
 }  // namespace megatrain

@@ -23,7 +23,8 @@ int64_t LayerKinds::MaxSavedBytes(int64_t n) const {
   return bytes;
 }
 
-LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, Backend* backend) {
+LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, Backend* backend,
+                          int64_t mlp_tile) {
   LayerKinds out;
   std::vector<const UnitLayout*> representatives;  // the first layer of each group
   for (int64_t l = 0; l < layout.num_layers; ++l) {
@@ -42,7 +43,7 @@ LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, 
       if (unit.Find(TensorRole::kRouter) != nullptr) {
         out.kinds.push_back(std::make_unique<MoeLayer>(config, unit, backend));
       } else {
-        out.kinds.push_back(std::make_unique<DecoderLayer>(config, unit, backend));
+        out.kinds.push_back(std::make_unique<DecoderLayer>(config, unit, backend, mlp_tile));
       }
     }
     out.of_layer.push_back(group);

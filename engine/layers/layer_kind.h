@@ -47,6 +47,9 @@ struct LayerCall {
   // (the step's first forward of the layer, not its recomputations).
   const RouterStats* router_stats = nullptr;
   bool record_router_stats = false;
+  // Forward's output is discarded (the backward's recompute of a layer not kept): a kind
+  // may skip what only the output needs.
+  bool output_unused = false;
 };
 
 // One matmul of a layer's forward: (n, in) . W^T (out, in), for the planner. A grouped
@@ -103,7 +106,10 @@ struct LayerKinds {
 };
 
 // The kinds of `config`'s decoder layers in `layout`, for `backend`'s element types.
-LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, Backend* backend);
+// mlp_tile: dense blocks run their MLP half over tiles of that many tokens (0: the whole
+// micro-batch at once; see DecoderLayer).
+LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, Backend* backend,
+                          int64_t mlp_tile = 0);
 
 // The tensor of `role` in `unit`'s block at `base` (elements of `dtype`), or null when the
 // unit has none: a kind's binding of its views.

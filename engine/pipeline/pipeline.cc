@@ -32,7 +32,7 @@ Pipeline::Pipeline(const ModelConfig& config, const ModelLayout& layout, HostSto
       slabs_(slabs),
       backend_(backend),
       options_(options),
-      kinds_(MakeLayerKinds(config, layout, backend)),
+      kinds_(MakeLayerKinds(config, layout, backend, options.mlp_tile_tokens)),
       head_(config, layout, backend, options.loss_chunk_tokens),
       act_row_bytes_(config.hidden_size * DTypeSize(backend->act_dtype())),
       spans_(backend, options.record_timeline),
@@ -430,8 +430,10 @@ void Pipeline::BackwardSegment(int64_t c, int64_t e, int64_t* grad_turn, GradSin
     const int span = spans_.Begin(StreamId::kCompute, "bwd " + std::to_string(l));
     for (int64_t m = 0; m < M; ++m) {
       const LayerCall call = CallFor(l, m, slot, /*kept=*/true, layer_grad_[g].get());
-      if (!Kept(l)) {  // recompute its intermediates
-        kind.Forward(call, input(l, m), scratch_out_.get());
+      if (!Kept(l)) {  // recompute its intermediates (its output is not needed)
+        LayerCall recompute = call;
+        recompute.output_unused = true;
+        kind.Forward(recompute, input(l, m), scratch_out_.get());
       } else {  // rebuild the few it did not keep
         kind.Rebuild(call, input(l, m));
       }

@@ -68,6 +68,10 @@ struct PipelineOptions {
   // memory per layer and micro-batch.
   // REQUIRES checkpoint_every == 1 when > 0.
   int64_t kept_layers = 0;
+  // Sequence tiling: dense layers run their MLP half over tiles of this many tokens (0: the
+  // whole micro-batch), so long sequences fit (DecoderLayer); the MLP is recomputed in the
+  // backward, a kept layer keeps only its attention half.
+  int64_t mlp_tile_tokens = 0;
   // Record a span (two events) around every transfer and every layer's compute, and
   // return the step's timeline. Costs a little; for benchmarks and diagnosis.
   bool record_timeline = false;

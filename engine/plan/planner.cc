@@ -116,6 +116,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   po.checkpoints_on_host = plan->checkpoints_on_host;
   po.weight_slots = plan->weight_slots;
   po.kept_layers = plan->kept_layers;
+  po.mlp_tile_tokens = plan->mlp_tile_tokens;
   const int64_t slots = Pipeline::NumWeightSlots(c, po);
   plan->weight_slots = slots;
   plan->device_bytes = Pipeline::DeviceBytesFor(c, layout, backend, po);
@@ -144,7 +145,8 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   s = StepPrediction{};
   const double recompute = static_cast<double>(K - 1) / K;
   const ModelLayerTimes lt =
-      AllLayerSeconds(MakeLayerKinds(c, layout, backend), p, n, r.seq_len, act, recompute);
+      AllLayerSeconds(MakeLayerKinds(c, layout, backend, plan->mlp_tile_tokens), p, n, r.seq_len,
+                      act, recompute);
   const double bw = 1e9 * std::max(1e-6, p.device_gbps);
   const int64_t chunk = std::min(n, plan->loss_chunk_tokens);
   const double head_flops = 2.0 * n * C * V;
@@ -261,6 +263,74 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   }
 }
 
+namespace {
+
+// The top layers to keep (k == 1 only): the request's number, or as many as the device
+// memory left over holds. A tiled plan keeps none (its MLP is recomputed anyway).
+void ChooseKeptLayers(const PlanRequest& r, const MachineProfile& profile, Backend* backend,
+                      Plan* plan) {
+  const ModelConfig& c = r.config;
+  const bool cpu = backend->kind() == BackendKind::kCpu;
+  if (plan->mlp_tile_tokens > 0) return;
+  if (r.kept_layers >= 0) {
+    plan->kept_layers = plan->checkpoint_every == 1 ? std::min(r.kept_layers, c.num_layers) : 0;
+    if (plan->kept_layers > 0) PredictPlan(r, profile, backend, plan);
+  } else if (plan->checkpoint_every == 1 && !cpu) {
+    // Keep as many layers' intermediates as the device memory left over holds. (On the
+    // CPU backend that memory is the box's shared RAM: not taken for speed.)
+    Plan one = *plan;
+    one.kept_layers = 1;
+    PredictPlan(r, profile, backend, &one);
+    const int64_t per_layer = one.device_bytes - plan->device_bytes;
+    const int64_t room = r.device_budget_bytes - plan->device_bytes;
+    const int64_t fit = per_layer > 0 ? std::max<int64_t>(0, room / per_layer) : 0;
+    plan->kept_layers = std::min(c.num_layers, fit);
+    if (plan->kept_layers > 0) PredictPlan(r, profile, backend, plan);
+  }
+}
+
+// The best plan that fits, and the smallest of all (for the refusal's numbers).
+struct PlanSearch {
+  Plan best, smallest;
+  bool have_best = false, have_smallest = false;
+  int candidates = 0, fitting = 0;
+
+  void Consider(const Plan& plan, const PlanRequest& r, bool cpu) {
+    ++candidates;
+    const int64_t device_need = cpu ? 0 : plan.device_bytes;
+    if (!have_smallest ||
+        plan.device_bytes + plan.host_bytes < smallest.device_bytes + smallest.host_bytes) {
+      smallest = plan;
+      have_smallest = true;
+    }
+    if (device_need > r.device_budget_bytes || plan.host_bytes > r.host_budget_bytes) return;
+    ++fitting;
+    // Host memory is the box's shared resource: a plan that holds more of it (pinned
+    // checkpoints) must be 5% faster to be chosen, and one that holds less wins unless
+    // 5% slower. Otherwise: faster by 1%, or as fast and recomputing less, then taking
+    // less device memory.
+    bool better;
+    if (!have_best) {
+      better = true;
+    } else if (plan.host_bytes != best.host_bytes) {
+      better = plan.host_bytes < best.host_bytes ? plan.step.seconds <= best.step.seconds * 1.05
+                                                 : plan.step.seconds < best.step.seconds * 0.95;
+    } else {
+      const auto cost = [](const Plan& x) {
+        return std::make_tuple(x.checkpoint_every, x.device_bytes);
+      };
+      better = plan.step.seconds < best.step.seconds * 0.99 ||
+               (plan.step.seconds <= best.step.seconds * 1.01 && cost(plan) < cost(best));
+    }
+    if (better) {
+      best = plan;
+      have_best = true;
+    }
+  }
+};
+
+}  // namespace
+
 absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profile,
                               Backend* backend) {
   const ModelConfig& c = r.config;
@@ -316,72 +386,39 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
     slot_choices.push_back(c.num_layers);
   }
 
-  Plan best, smallest;
-  bool have_best = false, have_smallest = false;
-  int candidates = 0, fitting = 0;
-  for (int64_t mb : rows) {
-    for (int64_t k : ks) {
-      for (bool host : places) {
-        for (int64_t slots : slot_choices) {
-          Plan plan;
-          plan.micro_batch_rows = mb;
-          plan.micro_batches = share / mb;
-          plan.devices = devices;
-          plan.checkpoint_every = k;
-          plan.checkpoints_on_host = host;
-          plan.weight_slots = slots;
-          plan.loss_chunk_tokens = r.loss_chunk_tokens;
-          PredictPlan(r, profile, backend, &plan);
-          if (r.kept_layers >= 0) {
-            plan.kept_layers = k == 1 ? std::min(r.kept_layers, c.num_layers) : 0;
-            if (plan.kept_layers > 0) PredictPlan(r, profile, backend, &plan);
-          } else if (k == 1 && !cpu) {
-            // Keep as many layers' intermediates as the device memory left over holds. (On
-            // the CPU backend that memory is the box's shared RAM: not taken for speed.)
-            Plan one = plan;
-            one.kept_layers = 1;
-            PredictPlan(r, profile, backend, &one);
-            const int64_t per_layer = one.device_bytes - plan.device_bytes;
-            const int64_t room = r.device_budget_bytes - plan.device_bytes;
-            const int64_t fit = per_layer > 0 ? std::max<int64_t>(0, room / per_layer) : 0;
-            plan.kept_layers = std::min(c.num_layers, fit);
-            if (plan.kept_layers > 0) PredictPlan(r, profile, backend, &plan);
-          }
-          ++candidates;
-          const int64_t device_need = cpu ? 0 : plan.device_bytes;
-          if (!have_smallest || plan.device_bytes + plan.host_bytes <
-                                    smallest.device_bytes + smallest.host_bytes) {
-            smallest = plan;
-            have_smallest = true;
-          }
-          if (device_need > r.device_budget_bytes || plan.host_bytes > r.host_budget_bytes) continue;
-          ++fitting;
-          // Host memory is the box's shared resource: a plan that holds more of it (pinned
-          // checkpoints) must be 5% faster to be chosen, and one that holds less wins unless
-          // 5% slower. Otherwise: faster by 1%, or as fast and recomputing less, then taking
-          // less device memory.
-          bool better;
-          if (!have_best) {
-            better = true;
-          } else if (plan.host_bytes != best.host_bytes) {
-            better = plan.host_bytes < best.host_bytes
-                         ? plan.step.seconds <= best.step.seconds * 1.05
-                         : plan.step.seconds < best.step.seconds * 0.95;
-          } else {
-            const auto cost = [](const Plan& x) {
-              return std::make_tuple(x.checkpoint_every, x.device_bytes);
-            };
-            better = plan.step.seconds < best.step.seconds * 0.99 ||
-                     (plan.step.seconds <= best.step.seconds * 1.01 && cost(plan) < cost(best));
-          }
-          if (better) {
-            best = plan;
-            have_best = true;
+  PlanSearch search;
+  std::vector<int64_t> tiles = {r.mlp_tile_tokens > 0 ? r.mlp_tile_tokens : 0};
+  for (size_t pass = 0; pass < tiles.size(); ++pass) {
+    for (int64_t mb : rows) {
+      for (int64_t k : ks) {
+        for (bool host : places) {
+          for (int64_t slots : slot_choices) {
+            Plan plan;
+            plan.micro_batch_rows = mb;
+            plan.micro_batches = share / mb;
+            plan.devices = devices;
+            plan.checkpoint_every = k;
+            plan.checkpoints_on_host = host;
+            plan.weight_slots = slots;
+            plan.loss_chunk_tokens = r.loss_chunk_tokens;
+            plan.mlp_tile_tokens = tiles[pass] < mb * r.seq_len ? tiles[pass] : 0;
+            PredictPlan(r, profile, backend, &plan);
+            ChooseKeptLayers(r, profile, backend, &plan);
+            search.Consider(plan, r, cpu);
           }
         }
       }
     }
+    // Nothing fits over whole micro-batches: their MLP half in tiles (long sequences).
+    if (pass == 0 && !search.have_best && r.mlp_tile_tokens < 0) {
+      for (int64_t tile : {32768, 16384, 8192, 4096}) {
+        if (tile < rows.front() * r.seq_len) tiles.push_back(tile);
+      }
+    }
   }
+  Plan& best = search.best;
+  const Plan& smallest = search.smallest;
+  const bool have_best = search.have_best;
   if (!have_best) {
     const bool device_short = !cpu && smallest.device_bytes > r.device_budget_bytes;
     if (device_short) {
@@ -406,8 +443,8 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
                      "gradients instead of every layer's)"
                    : ""));
   }
-  best.candidates = candidates;
-  best.fitting = fitting;
+  best.candidates = search.candidates;
+  best.fitting = search.fitting;
   return best;
 }
 
@@ -468,6 +505,12 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
     absl::StrAppendFormat(&out, "           the top %d layer(s) keep their activations for backward "
                                 "(not recomputed)\n",
                           plan.kept_layers);
+  }
+  if (plan.mlp_tile_tokens > 0) {
+    absl::StrAppendFormat(&out, "           sequence tiles: each layer's MLP runs over %d tokens at "
+                                "a time (recomputed in backward); attention over the whole "
+                                "sequence\n",
+                          plan.mlp_tile_tokens);
   }
   absl::StrAppendFormat(&out, "           device %s of %s%s; host %s of %s (training state %s, "
                               "gradient slabs %s, checkpoints %s)\n",

@@ -50,6 +50,9 @@ struct PlanRequest {
   std::string checkpoints = "auto";  // auto | device | host
   int64_t kept_layers = -1;          // -1 = the planner chooses
   int64_t weight_slots = -1;         // -1 = the planner chooses
+  // Dense layers' MLP tile (PipelineOptions::mlp_tile_tokens): -1 = the planner chooses
+  // (a tile only when no plan over whole micro-batches fits), 0 = never.
+  int64_t mlp_tile_tokens = -1;
   // Memory the job may take. device: what the backend may allocate (the job's cap, else
   // the free device memory; on the CPU backend, its buffers are host memory).
   int64_t device_budget_bytes = 0;
@@ -92,6 +95,7 @@ struct Plan {
   int64_t weight_slots = 2;
   int64_t kept_layers = 0;       // top layers whose intermediates are kept, not recomputed
   int64_t loss_chunk_tokens = 4096;
+  int64_t mlp_tile_tokens = 0;   // dense layers' MLP over tiles of this many tokens (0: not)
   // What they cost.
   StepPrediction step;
   int64_t device_bytes = 0;      // allocated by the pipeline, on each device

@@ -19,7 +19,7 @@ namespace {
 struct Harness {
   Harness(const ModelConfig& c, int64_t micro_batches, int64_t tokens, int64_t k,
           bool host_checkpoints = false, int64_t weight_slots = 0, int64_t kept_layers = 0,
-          int64_t slab_elements = 0) {
+          int64_t slab_elements = 0, int64_t mlp_tile = 0) {
     be = CreateCpuBackend(CpuBackendOptions{});
     store = std::move(*HostStore::Create(BuildLayout(c)));
     RandomInitWeights(c, 11, store.get());
@@ -34,6 +34,7 @@ struct Harness {
     o.checkpoints_on_host = host_checkpoints;
     o.weight_slots = weight_slots;
     o.kept_layers = kept_layers;
+    o.mlp_tile_tokens = mlp_tile;
     options = o;
     absl::StatusOr<std::unique_ptr<Pipeline>> p =
         Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
@@ -128,6 +129,44 @@ TEST(Pipeline, RecomputeIntervalAndCheckpointPlacementDoNotChangeAnyBit) {
     }
   }
  }
+}
+
+// Sequence tiling: the MLP half over tiles of 7 of a micro-batch's 24 tokens (the last
+// tile 3), recomputed in the backward, gives the untiled step's loss and gradients: the
+// rows are computed alike, and only the weight gradients' sums are split by tile. With K
+// of 1 and 2, and with every layer kept (its attention half only, then). The tiled
+// workspace is smaller.
+TEST(Pipeline, SequenceTiledMlpMatchesTheUntiledStep) {
+  for (Variant variant : {Variant::kQwen2UntiedBias, Variant::kQwen3QkNorm}) {
+    const ModelConfig c = TinyConfig(variant);
+    const std::vector<MicroBatch> batches = {RandomBatch(2, 12, c.vocab_size, 3),
+                                             RandomBatch(2, 12, c.vocab_size, 4)};
+    for (const auto& [k, kept] : {std::pair<int64_t, int64_t>{1, 0}, {2, 0}, {1, c.num_layers}}) {
+      SCOPED_TRACE(::testing::Message() << ArchitectureModelType(c.architecture) << " K=" << k
+                                        << " kept=" << kept);
+      Harness whole(c, 2, 24, k, false, 0, kept);
+      Harness tiled(c, 2, 24, k, false, 0, kept, 0, /*mlp_tile=*/7);
+      RecordingSink a(whole.be.get(), whole.pool.get(), whole.store->num_units());
+      RecordingSink b(tiled.be.get(), tiled.pool.get(), tiled.store->num_units());
+      const StepResult ra = whole.Run(batches, &a);
+      const StepResult rb = tiled.Run(batches, &b);
+      EXPECT_NEAR(rb.loss, ra.loss, 1e-6 * ra.loss);
+      for (size_t u = 0; u < a.grads.size(); ++u) {
+        const double scale = MaxAbs(a.grads[u]);
+        ASSERT_GT(scale, 0) << "unit " << u;
+        for (size_t i = 0; i < a.grads[u].size(); ++i) {
+          ASSERT_NEAR(b.grads[u][i], a.grads[u][i], 1e-5 * scale) << "unit " << u << " at " << i;
+        }
+      }
+    }
+    PipelineOptions o;
+    o.tokens_per_micro_batch = 24;
+    const ModelLayout layout = BuildLayout(c);
+    std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+    const int64_t untiled = Pipeline::DeviceBytesFor(c, layout, be.get(), o);
+    o.mlp_tile_tokens = 7;
+    EXPECT_LT(Pipeline::DeviceBytesFor(c, layout, be.get(), o), untiled);
+  }
 }
 
 TEST(Pipeline, ResidentLayersSkipTheBackwardUploadAndChangeNoBit) {

@@ -77,6 +77,32 @@ PlanRequest Request(const ModelConfig& c, int64_t tokens, int64_t device_gib,
   return r;
 }
 
+// One 512K-token sequence of the 7B: no plan over whole micro-batches fits 130 GiB (the
+// gate|up product alone is 40 GB), so the planner tiles the MLP half and the job fits; told
+// never to tile, it is refused naming the device memory. The plan says so.
+TEST(Planner, LongSequenceTilesTheMlpWhenNothingElseFits) {
+  SizingBackend be;
+  PlanRequest r = Request(Qwen7B(), 524288, 130, 400);
+  r.seq_len = 524288;
+  r.rows_per_step = 1;
+  absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GT(plan->mlp_tile_tokens, 0);
+  EXPECT_LT(plan->mlp_tile_tokens, 524288);
+  EXPECT_EQ(plan->kept_layers, 0);
+  EXPECT_LE(plan->device_bytes, 130 * kGiB);
+  EXPECT_NE(DescribePlan(*plan, r, H200Like()).find("sequence tiles"), std::string::npos);
+  r.mlp_tile_tokens = 0;
+  absl::StatusOr<Plan> whole = MakePlan(r, H200Like(), &be);
+  ASSERT_FALSE(whole.ok());
+  EXPECT_NE(whole.status().message().find("does not fit in device memory"), std::string::npos)
+      << whole.status();
+  // At 4K tokens nothing changes: no tile.
+  absl::StatusOr<Plan> short_plan = MakePlan(Request(Qwen7B(), 65536, 130), H200Like(), &be);
+  ASSERT_TRUE(short_plan.ok());
+  EXPECT_EQ(short_plan->mlp_tile_tokens, 0);
+}
+
 TEST(Planner, SevenBAtSixtyFourKTokensIsComputeBoundAndFitsTheDevice) {
   SizingBackend be;
   absl::StatusOr<Plan> plan = MakePlan(Request(Qwen7B(), 65536, 130), H200Like(), &be);
