@@ -25,17 +25,31 @@ struct Reference {
   std::vector<std::vector<double>> p, m, v;
 };
 
-void RunSteps(double max_grad_norm) {
+// The tiny model's host store, seeded.
+std::unique_ptr<HostStore> TinyStore() {
   const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
-  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
   std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
   RandomInitWeights(c, 3, store.get());
+  return store;
+}
+
+// The pieces of `piece` elements the store's units arrive in, all together.
+int64_t CountPieces(const HostStore& store, int64_t piece) {
+  int64_t pieces = 0;
+  for (int64_t u = 0; u < store.num_units(); ++u) {
+    pieces += (store.unit_elements(u) + piece - 1) / piece;
+  }
+  return pieces;
+}
+
+void RunSteps(double max_grad_norm) {
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  std::unique_ptr<HostStore> store = TinyStore();
   const int64_t units = store->num_units();
   // Gradients arrive in pieces of 37 elements, across tensor boundaries, as a unit larger
   // than a slab does from the pipeline.
   constexpr int64_t kPiece = 37;
-  int64_t pieces = 0;
-  for (int64_t u = 0; u < units; ++u) pieces += (store->unit_elements(u) + kPiece - 1) / kPiece;
+  const int64_t pieces = CountPieces(*store, kPiece);
   std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(pieces, kPiece));
   HostOptimizerOptions o;
   o.hyper = AdamWHyper{0.9, 0.95, 1e-8};
@@ -118,17 +132,14 @@ TEST(HostOptimizer, AdamWWithoutClippingUpdatesAsGradientsLandAndMatchesClosedFo
 // Without clipping, with one device, the worker takes the lowest unit queued: when the
 // gradients land faster than it updates them (here: all at once, behind a slow copy on the
 // D2H stream, before the step's Finish()), the embedding and the bottom layers, which the
-// next forward needs first, are updated first, and the head, needed last, last. (The order units complete is the
-// order a capture of the step is handed them.)
+// next forward needs first, are updated first, and the head, needed last, last. (The
+// order units complete is the order a capture of the step is handed them.)
 TEST(HostOptimizer, WithoutClippingABacklogIsUpdatedLowestUnitFirst) {
-  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
   std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
-  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
-  RandomInitWeights(c, 3, store.get());
+  std::unique_ptr<HostStore> store = TinyStore();
   const int64_t units = store->num_units();
   constexpr int64_t kPiece = 37;
-  int64_t pieces = 0;
-  for (int64_t u = 0; u < units; ++u) pieces += (store->unit_elements(u) + kPiece - 1) / kPiece;
+  const int64_t pieces = CountPieces(*store, kPiece);
   ASSERT_GT(store->unit_elements(units - 1), kPiece);  // the head arrives in pieces
   std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(pieces, kPiece));
   HostOptimizerOptions o;
