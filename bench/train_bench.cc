@@ -7,7 +7,8 @@
 //               [--layers N] [--device-memory-gib 24] [--max-grad-norm 0]
 //               [--micro-batch-rows R] [--k K] [--checkpoints auto|device|host]
 //               [--kept-layers N] [--weight-slots S] [--mlp-tile T]
-//               [--no-optimizer] [--timeline PATH] [--steps 8] [--warmup 3] [--profile PATH] [--backend cuda|cpu]
+//               [--no-optimizer] [--timeline PATH] [--steps 8] [--warmup 3]
+//               [--profile PATH] [--backend cuda|cpu]
 //
 // Shapes are the published configs with random init. The plan (micro-batch, K, where
 // checkpoints live, weight slots) is the planner's unless fixed by a flag; its predicted

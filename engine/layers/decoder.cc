@@ -88,8 +88,9 @@ LayerWork DecoderLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) cons
   const int64_t C = config_.hidden_size, I = config_.intermediate_size;
   LayerWork w;
   attention_.AddWork(n, seq_len, act_bytes, &w);
-  w.matmuls.push_back({C, 2 * I});
-  w.matmuls.push_back({I, C});
+  const int64_t tiles = (n + Tile(n) - 1) / Tile(n);  // tiled: GEMMs of a tile's rows each
+  w.matmuls.push_back({C, 2 * I, 1, tiles});
+  w.matmuls.push_back({I, C, 1, tiles});
   // Per token: the norm reads x2 and writes h2, SwiGLU reads gate and up and writes a, the
   // residual reads and writes C. Rebuild: the norm and the SwiGLU again.
   w.elementwise_bytes += static_cast<double>(act_bytes) * n * (4 * C + 3 * I);
