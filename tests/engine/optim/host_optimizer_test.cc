@@ -8,6 +8,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <cstring>
@@ -40,6 +41,26 @@ int64_t CountPieces(const HostStore& store, int64_t piece) {
     pieces += (store.unit_elements(u) + piece - 1) / piece;
   }
   return pieces;
+}
+
+// Submits one step of seeded normal gradients in backward order (as the pipeline does), in
+// pieces of `piece` elements, each ready once the D2H stream passes its event; after_each
+// runs after each piece's Submit.
+void SubmitRandomStep(HostOptimizer& opt, const HostStore& store, GradSlabPool& pool,
+                      Backend& be, std::vector<Event>& events, int64_t piece,
+                      std::mt19937_64& gen, const std::function<void()>& after_each = {}) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t u = store.num_units() - 1; u >= 0; --u) {
+    for (int64_t offset = 0; offset < store.unit_elements(u); offset += piece) {
+      const int64_t count = std::min<int64_t>(piece, store.unit_elements(u) - offset);
+      float* slab = pool.Acquire();
+      for (int64_t i = 0; i < count; ++i) slab[i] = normal(gen);
+      Event& ready = events[pool.IndexOf(slab)];
+      be.Record(ready.get(), StreamId::kD2H);
+      opt.Submit(u, slab, ready.get(), offset, count);
+      if (after_each) after_each();
+    }
+  }
 }
 
 void RunSteps(double max_grad_norm) {
@@ -162,17 +183,7 @@ TEST(HostOptimizer, WithoutClippingABacklogIsUpdatedLowestUnitFirst) {
   ASSERT_TRUE(from.ok());
   be->CopyToHost(to.data(), from->get(), kSlow, StreamId::kD2H);
   std::mt19937_64 gen(5);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int64_t u = units - 1; u >= 0; --u) {  // backward order, as the pipeline submits
-    for (int64_t offset = 0; offset < store->unit_elements(u); offset += kPiece) {
-      const int64_t count = std::min<int64_t>(kPiece, store->unit_elements(u) - offset);
-      float* slab = pool->Acquire();
-      for (int64_t i = 0; i < count; ++i) slab[i] = normal(gen);
-      Event& ready = events[pool->IndexOf(slab)];
-      be->Record(ready.get(), StreamId::kD2H);
-      opt.Submit(u, slab, ready.get(), offset, count);
-    }
-  }
+  SubmitRandomStep(opt, *store, *pool, *be, events, kPiece, gen);
   // Finish() would turn the backlog into the next forward's leftovers (forward order
   // anyway): the order must already hold while the backward is still submitting.
   for (;;) {
@@ -246,7 +257,6 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
   std::deque<int64_t> handed;
   std::thread writer;
   std::mt19937_64 gen(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   // The writer holds its first unit (and so every unit) until the step after the
   // captured one updates: without clipping, once that step has begun submitting (each
   // piece is updated as it lands); with clipping, once it calls Finish() (the updates wait
@@ -286,17 +296,9 @@ CaptureRun RunWithCapture(double max_grad_norm, int64_t steps, int64_t capture_a
   for (int64_t step = 1; step <= steps; ++step) {
     if (step == capture_after && early) start_capture(step);  // before the step runs
     opt.BeginStep(1e-2, step);
-    for (int64_t u = units - 1; u >= 0; --u) {
-      for (int64_t offset = 0; offset < store->unit_elements(u); offset += kPiece) {
-        const int64_t count = std::min<int64_t>(kPiece, store->unit_elements(u) - offset);
-        float* slab = pool->Acquire();
-        for (int64_t i = 0; i < count; ++i) slab[i] = normal(gen);
-        Event& ready = events[pool->IndexOf(slab)];
-        be->Record(ready.get(), StreamId::kD2H);
-        opt.Submit(u, slab, ready.get(), offset, count);
-        if (capture_after > 0 && step == capture_after + 1) ++next_step_pieces;
-      }
-    }
+    SubmitRandomStep(opt, *store, *pool, *be, events, kPiece, gen, [&] {
+      if (capture_after > 0 && step == capture_after + 1) ++next_step_pieces;
+    });
     if (capture_after > 0 && step == capture_after + 1) next_step_finishing = true;
     opt.Finish();
     if (step == capture_after && !early) start_capture(step);
