@@ -88,8 +88,9 @@ LayerWork DecoderLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) cons
   const int64_t C = config_.hidden_size, I = config_.intermediate_size;
   LayerWork w;
   attention_.AddWork(n, seq_len, act_bytes, &w);
-  const int64_t tiles = (n + Tile(n) - 1) / Tile(n);  // tiled: GEMMs of a tile's rows each
-  w.matmuls.push_back({C, 2 * I, 1, tiles});
+  // Tiled: GEMMs of a tile's rows each, and gate|up again in every backward (kept or not).
+  const int64_t tiles = (n + Tile(n) - 1) / Tile(n);
+  w.matmuls.push_back({C, 2 * I, 1, tiles, /*rebuilt=*/tiles > 1});
   w.matmuls.push_back({I, C, 1, tiles});
   // Per token: the norm reads x2 and writes h2, SwiGLU reads gate and up and writes a, the
   // residual reads and writes C. Rebuild: the norm and the SwiGLU again.

@@ -59,6 +59,7 @@ struct MatmulShape {
   int64_t out = 0;
   int64_t rows_per_token = 1;
   int64_t groups = 1;
+  bool rebuilt = false;  // a kept layer's Rebuild or Backward runs it again (its forward)
 };
 
 

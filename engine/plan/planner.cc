@@ -38,7 +38,9 @@ LayerTimes LayerKernelSeconds(const LayerKind& kind, const MachineProfile& p, in
     const int64_t rows = n * m.rows_per_token;
     const int64_t group_rows = std::max<int64_t>(1, rows / m.groups);  // one GEMM's
     const double flops = 2.0 * rows * m.in * m.out;
-    t.forward += flops / (1e12 * std::max(1e-6, p.GemmTflops(group_rows, m.in, m.out, false)));
+    const double fwd = flops / (1e12 * std::max(1e-6, p.GemmTflops(group_rows, m.in, m.out, false)));
+    t.forward += fwd;
+    if (m.rebuilt) t.rebuild += fwd;
     t.backward +=
         2 * flops / (1e12 * std::max(1e-6, p.GemmTflops(group_rows, m.in, m.out, true)));
   }
@@ -49,7 +51,7 @@ LayerTimes LayerKernelSeconds(const LayerKind& kind, const MachineProfile& p, in
   const double bytes = work.elementwise_bytes;
   t.forward += bytes / (1e9 * std::max(1e-6, p.device_gbps));
   t.backward += 2 * bytes / (1e9 * std::max(1e-6, p.device_gbps));
-  t.rebuild = work.rebuild_bytes / (1e9 * std::max(1e-6, p.device_gbps));
+  t.rebuild += work.rebuild_bytes / (1e9 * std::max(1e-6, p.device_gbps));
   return t;
 }
 
@@ -266,12 +268,12 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
 namespace {
 
 // The top layers to keep (k == 1 only): the request's number, or as many as the device
-// memory left over holds. A tiled plan keeps none (its MLP is recomputed anyway).
+// memory left over holds. (A tiled layer keeps its attention half only: keeping it saves
+// the attention's recompute, the MLP is recomputed anyway.)
 void ChooseKeptLayers(const PlanRequest& r, const MachineProfile& profile, Backend* backend,
                       Plan* plan) {
   const ModelConfig& c = r.config;
   const bool cpu = backend->kind() == BackendKind::kCpu;
-  if (plan->mlp_tile_tokens > 0) return;
   if (r.kept_layers >= 0) {
     plan->kept_layers = plan->checkpoint_every == 1 ? std::min(r.kept_layers, c.num_layers) : 0;
     if (plan->kept_layers > 0) PredictPlan(r, profile, backend, plan);
@@ -502,9 +504,10 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
       plan.weight_slots >= c.num_layers ? " (every layer stays on the device from forward to backward)"
                                         : "");
   if (plan.kept_layers > 0) {
-    absl::StrAppendFormat(&out, "           the top %d layer(s) keep their activations for backward "
+    absl::StrAppendFormat(&out, "           the top %d layer(s) keep their %s for backward "
                                 "(not recomputed)\n",
-                          plan.kept_layers);
+                          plan.kept_layers,
+                          plan.mlp_tile_tokens > 0 ? "attention" : "activations");
   }
   if (plan.mlp_tile_tokens > 0) {
     absl::StrAppendFormat(&out, "           sequence tiles: each layer's MLP runs over %d tokens at "
