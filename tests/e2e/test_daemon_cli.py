@@ -1019,6 +1019,17 @@ class BadSpecTest(DaemonTestCase):
             self.assertIn("GiB", r.stderr)
         self.assertEqual(len(self.cli_json("list")["jobs"]), 1)
 
+        # A sequence past the model's max_position_embeddings with no rope_scaling: planned
+        # and submitted with a warning naming both fields, not refused.
+        far = make_spec(steps=1)
+        far["model"]["config"] = dict(MODEL_CONFIG, max_position_embeddings=16)
+        far_path = self.spec_file(far)
+        want = "warning: data.seq_len 32 exceeds the model's max_position_embeddings 16"
+        self.assertIn(want, self.cli_ok("plan", far_path).stdout)
+        r = self.cli("submit", far_path, "--hold")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(want, r.stderr)
+
     def test_data_path_that_is_a_directory_is_refused_at_submit(self):
         os.mkdir(os.path.join(self.tmp, "a-folder"))
         r = self.cli("submit", self.spec_file(make_spec(steps=2, data="a-folder")))
