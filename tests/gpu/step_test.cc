@@ -44,7 +44,7 @@ struct Trained {
 };
 
 Trained Make(const ModelConfig& c, Backend* be, int64_t micro_batches, int64_t tokens, int64_t k,
-             int64_t kept_layers = 0, int64_t weight_slots = 0) {
+             int64_t kept_layers = 0, int64_t weight_slots = 0, int64_t mlp_tile = 0) {
   Trained r;
   r.store = std::move(*HostStore::Create(BuildLayout(c)));
   RandomInitWeights(c, 5, r.store.get());
@@ -61,6 +61,7 @@ Trained Make(const ModelConfig& c, Backend* be, int64_t micro_batches, int64_t t
   o.checkpoints_on_host = be->kind() != BackendKind::kCpu;  // as the trainer runs on a GPU
   o.kept_layers = kept_layers;
   o.weight_slots = weight_slots;
+  o.mlp_tile_tokens = mlp_tile;
   absl::StatusOr<std::unique_ptr<Pipeline>> p = Pipeline::Create(c, r.store.get(), r.pool.get(), be, o);
   EXPECT_TRUE(p.ok()) << p.status();
   r.pipeline = std::move(*p);
@@ -142,6 +143,38 @@ TEST_F(GpuTest, KeptActivationsAndResidentWeightsMatchTheCpu) {
   EXPECT_LT(gl->h2d_bytes, cl->h2d_bytes);
   gpu_->UnpinHostRange(gr.store->transfer_base());
   gpu_->UnpinHostRange(gr.pool->base());
+}
+
+// Sequence tiling on the GPU: the MLP half over tiles of 48 of a micro-batch's 128 tokens
+// (the last tile 32), recomputed in the backward, two layers keeping their attention half:
+// the CPU's untiled loss and gradients, and the same bits on a second run.
+TEST_F(GpuTest, SequenceTiledMlpMatchesTheCpuAndRepeatsBitForBit) {
+  const ModelConfig c = StepConfig(Variant::kQwen2UntiedBias, 4);
+  std::vector<MicroBatch> batches = {RandomBatch(2, 64, c.vocab_size, 3),
+                                     RandomBatch(2, 64, c.vocab_size, 4)};
+  Trained cr = Make(c, cpu_.get(), 2, 128, 1);
+  RecordingSink cs(cpu_.get(), cr.pool.get(), cr.store->num_units());
+  absl::StatusOr<StepResult> cl = cr.pipeline->Step(batches, &cs);
+  ASSERT_TRUE(cl.ok());
+  std::vector<std::vector<float>> first;
+  for (int run = 0; run < 2; ++run) {
+    Trained gr = Make(c, gpu_.get(), 2, 128, 1, /*kept_layers=*/2, /*weight_slots=*/0,
+                      /*mlp_tile=*/48);
+    RecordingSink gs(gpu_.get(), gr.pool.get(), gr.store->num_units());
+    absl::StatusOr<StepResult> gl = gr.pipeline->Step(batches, &gs);
+    ASSERT_TRUE(gl.ok());
+    EXPECT_NEAR(gl->loss, cl->loss, 5e-3 * cl->loss);
+    for (int64_t u = 0; u < cr.store->num_units(); ++u) {
+      EXPECT_LT(RelErr(gs.grads[u], cs.grads[u]), 3e-2) << "unit " << u;
+    }
+    if (run == 0) {
+      first = gs.grads;
+    } else {
+      for (size_t u = 0; u < first.size(); ++u) EXPECT_EQ(gs.grads[u], first[u]) << "unit " << u;
+    }
+    gpu_->UnpinHostRange(gr.store->transfer_base());
+    gpu_->UnpinHostRange(gr.pool->base());
+  }
 }
 
 // Resident slots on the GPU: each layer's next weights go up during the backward once the
