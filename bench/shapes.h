@@ -8,9 +8,6 @@
 
 namespace megatrain {
 
-// qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | qwen3-235b-a22b | mixtral-8x7b |
-// gpt-oss-120b | gpt-oss-20b | tiny-moe | tiny; false for any other name. Cut a shape's depth with
-// SetNumLayers (GPT-OSS's windows follow the layers).
 // Sets the depth; a GPT-OSS shape's layers alternate sliding (even) and full (odd).
 inline void SetNumLayers(int64_t layers, ModelConfig* c) {
   c->num_layers = layers;
@@ -19,6 +16,22 @@ inline void SetNumLayers(int64_t layers, ModelConfig* c) {
   for (int64_t l = 0; l < layers; ++l) c->sliding_layers.push_back(l % 2 == 0);
 }
 
+// Qwen3-MoE's shared shape: QK-norm, 128 experts top-8 renormalised, the 151936-token
+// vocabulary, RoPE base 1e6.
+inline void Qwen3MoeShape(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
+                          int64_t expert_intermediate, ModelConfig* c) {
+  c->architecture = Architecture::kQwen3Moe;
+  c->hidden_size = hidden, c->intermediate_size = intermediate, c->num_layers = layers;
+  c->num_heads = heads, c->num_kv_heads = 4, c->vocab_size = 151936;
+  c->qk_norm = true, c->rope_theta = 1e6;
+  c->moe.num_experts = 128, c->moe.experts_per_token = 8;
+  c->moe.intermediate_size = expert_intermediate;
+  c->moe.norm_topk_prob = true, c->moe.router_aux_loss_coef = 0.001;
+}
+
+// qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | qwen3-235b-a22b | mixtral-8x7b |
+// gpt-oss-120b | gpt-oss-20b | tiny-moe | tiny; false for any other name. Cut a shape's depth with
+// SetNumLayers (GPT-OSS's windows follow the layers).
 inline bool NamedShape(const std::string& name, ModelConfig* c) {
   *c = ModelConfig{};
   c->head_dim = 128;
@@ -38,20 +51,10 @@ inline bool NamedShape(const std::string& name, ModelConfig* c) {
     c->hidden_size = 4096, c->intermediate_size = 14336, c->num_layers = 32;
     c->num_heads = 32, c->num_kv_heads = 8, c->vocab_size = 128256;
     c->rope_theta = 500000, c->rms_norm_eps = 1e-5;
-  } else if (name == "qwen3-30b-a3b") {  // 128 experts, top-8 (norm_topk_prob)
-    c->architecture = Architecture::kQwen3Moe;
-    c->hidden_size = 2048, c->intermediate_size = 6144, c->num_layers = 48;
-    c->num_heads = 32, c->num_kv_heads = 4, c->vocab_size = 151936;
-    c->qk_norm = true, c->rope_theta = 1e6;
-    c->moe.num_experts = 128, c->moe.experts_per_token = 8, c->moe.intermediate_size = 768;
-    c->moe.norm_topk_prob = true, c->moe.router_aux_loss_coef = 0.001;
-  } else if (name == "qwen3-235b-a22b") {  // 128 experts, top-8
-    c->architecture = Architecture::kQwen3Moe;
-    c->hidden_size = 4096, c->intermediate_size = 12288, c->num_layers = 94;
-    c->num_heads = 64, c->num_kv_heads = 4, c->vocab_size = 151936;
-    c->qk_norm = true, c->rope_theta = 1e6;
-    c->moe.num_experts = 128, c->moe.experts_per_token = 8, c->moe.intermediate_size = 1536;
-    c->moe.norm_topk_prob = true, c->moe.router_aux_loss_coef = 0.001;
+  } else if (name == "qwen3-30b-a3b") {
+    Qwen3MoeShape(2048, 6144, 48, 32, 768, c);
+  } else if (name == "qwen3-235b-a22b") {
+    Qwen3MoeShape(4096, 12288, 94, 64, 1536, c);
   } else if (name == "mixtral-8x7b") {  // 8 experts, top-2
     c->architecture = Architecture::kMixtral;
     c->hidden_size = 4096, c->intermediate_size = 14336, c->num_layers = 32;

@@ -123,18 +123,25 @@ void DecoderLayer::Forward(const DecoderTensors& w, const void* x, void* out,
   for (int64_t r0 = 0; r0 < n; r0 += t) MlpForward(w, ws, out, r0, std::min(t, n - r0), s);
 }
 
+void DecoderLayer::MlpIntermediates(const DecoderTensors& w, const DecoderSaved& ws, int64_t r0,
+                                    int64_t rows, StreamId s) const {
+  Backend& be = *backend_;
+  const int64_t C = config_.hidden_size, I = config_.intermediate_size;
+  const void* x2 = Offset(ws.attn.x2, r0 * C, be.act_dtype());
+  void* rstd2 = Offset(ws.rstd2, r0, be.stat_dtype());
+  be.RmsNorm(ws.h2, rstd2, x2, w.post_norm, rows, C, config_.rms_norm_eps, s);  // h2 = norm(x2)
+  be.Linear(ws.gu, ws.h2, w.gate_up, nullptr, rows, C, 2 * I, false, s);  // gu = h2 [Wg;Wu]^T
+  be.SwiGlu(ws.a, ws.gu, rows, I, s);                                     // a = silu(g) * u
+}
+
 void DecoderLayer::MlpForward(const DecoderTensors& w, const DecoderSaved& ws, void* out,
                               int64_t r0, int64_t rows, StreamId s) const {
   Backend& be = *backend_;
   const int64_t C = config_.hidden_size, I = config_.intermediate_size;
   const DType act = be.act_dtype();
-  const void* x2 = Offset(ws.attn.x2, r0 * C, act);
-  void* rstd2 = Offset(ws.rstd2, r0, be.stat_dtype());
   void* out_rows = Offset(out, r0 * C, act);
-  be.RmsNorm(ws.h2, rstd2, x2, w.post_norm, rows, C, config_.rms_norm_eps, s);  // h2 = norm(x2)
-  be.Linear(ws.gu, ws.h2, w.gate_up, nullptr, rows, C, 2 * I, false, s);  // gu = h2 [Wg;Wu]^T
-  be.SwiGlu(ws.a, ws.gu, rows, I, s);                                     // a = silu(g) * u
-  be.CopyOnDevice(out_rows, x2, rows * C * DTypeSize(act), s);
+  MlpIntermediates(w, ws, r0, rows, s);
+  be.CopyOnDevice(out_rows, Offset(ws.attn.x2, r0 * C, act), rows * C * DTypeSize(act), s);
   be.Linear(out_rows, ws.a, w.down, nullptr, rows, I, C, true, s);        // out = x2 + a Wd^T
 }
 
@@ -152,20 +159,12 @@ void DecoderLayer::Rebuild(const DecoderTensors& w, const void* x, const Decoder
 void DecoderLayer::Backward(const DecoderTensors& w, const DecoderTensors& g, const void* x,
                             void* dres, const DecoderSaved& ws, const DeviceBatch& b,
                             const float* inv_freq, StreamId s) const {
-  Backend& be = *backend_;
-  const int64_t n = b.num_tokens, t = Tile(n), C = config_.hidden_size;
-  const int64_t I = config_.intermediate_size;
+  const int64_t n = b.num_tokens, t = Tile(n);
   // MLP half: dres = dL/dout -> dL/dx2, tile by tile (tiled: its intermediates recomputed
   // first, exactly as Forward made them).
   for (int64_t r0 = 0; r0 < n; r0 += t) {
     const int64_t rows = std::min(t, n - r0);
-    if (t < n) {
-      const void* x2 = Offset(ws.attn.x2, r0 * C, be.act_dtype());
-      be.RmsNorm(ws.h2, Offset(ws.rstd2, r0, be.stat_dtype()), x2, w.post_norm, rows, C,
-                 config_.rms_norm_eps, s);
-      be.Linear(ws.gu, ws.h2, w.gate_up, nullptr, rows, C, 2 * I, false, s);
-      be.SwiGlu(ws.a, ws.gu, rows, I, s);
-    }
+    if (t < n) MlpIntermediates(w, ws, r0, rows, s);
     MlpBackward(w, g, ws, dres, r0, rows, s);
   }
   // attention half: dres = dL/dx2 -> dL/dx

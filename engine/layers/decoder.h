@@ -112,8 +112,11 @@ class DecoderLayer final : public LayerKind {
   DecoderSaved SavedOf(const LayerCall& call) const;
   // The MLP half's rows at a time for n tokens: n, or mlp_tile_ when that is fewer.
   int64_t Tile(int64_t n) const { return mlp_tile_ > 0 && mlp_tile_ < n ? mlp_tile_ : n; }
-  // The MLP half over rows [r0, r0 + rows): h2, gu, a (at the workspace's start: a tile's)
-  // from the residual x2, then out = x2 + a Wd^T.
+  // The MLP half's intermediates over rows [r0, r0 + rows): h2, gu, a (at the
+  // workspace's start: a tile's) from the residual x2.
+  void MlpIntermediates(const DecoderTensors& w, const DecoderSaved& ws, int64_t r0,
+                        int64_t rows, StreamId s) const;
+  // The MLP half over those rows: its intermediates, then out = x2 + a Wd^T.
   void MlpForward(const DecoderTensors& w, const DecoderSaved& ws, void* out, int64_t r0,
                   int64_t rows, StreamId s) const;
   // Its backward over the same rows: dres (rows of dL/dout) becomes dL/dx2 there.

@@ -37,7 +37,6 @@ void WeightSlots::BeginStep(GradSink* sink) {
     if (slot_layer_[s] >= 0 && !fresh_[slot_layer_[s]]) slot_layer_[s] = -1;
   }
   fresh_.assign(num_layers_, 0);
-  num_fresh_ = 0;
   h2d_bytes_ = 0;
 }
 
@@ -66,7 +65,6 @@ void WeightSlots::UploadUpdated(int64_t lowest) {
     if (fresh_[layer] || !sink_->UnitUpdated(layout_.DecoderUnit(layer))) continue;
     Upload(layer, "h2d next w ");  // into its own slot, once its backward is done
     fresh_[layer] = 1;
-    ++num_fresh_;
   }
 }
 

@@ -8,6 +8,7 @@
 // Thread-compatible: the pipeline's thread drives it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -44,7 +45,9 @@ class WeightSlots {
   void Release(int64_t layer);
 
   int64_t num_slots() const { return num_slots_; }
-  int64_t early_uploads() const { return num_fresh_; }  // this step's
+  int64_t early_uploads() const {  // this step's
+    return std::count(fresh_.begin(), fresh_.end(), 1);
+  }
   int64_t h2d_bytes() const { return h2d_bytes_; }                     // this step's
 
  private:
@@ -59,10 +62,8 @@ class WeightSlots {
   GradSink* sink_ = nullptr;  // of the step in progress
   std::vector<DeviceBuffer> slots_;  // S x the largest layer, weight dtype
   std::vector<int64_t> slot_layer_;  // layer in each slot, -1 = none/stale
-  // Per layer: its slot holds its next-step weights (uploaded during this step's
-  // backward), and how many do.
+  // Per layer: its slot holds its next-step weights (uploaded during this step's backward).
   std::vector<char> fresh_;
-  int64_t num_fresh_ = 0;
   std::vector<Event> slot_loaded_, slot_free_;
   int64_t h2d_bytes_ = 0;
 };
