@@ -213,6 +213,7 @@ int Run(const DaemonConfig& config) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  int tcp_port = 0;  // the port bound: `tcp_listen` may ask for port 0 (any free one)
   // The Unix socket is accepted by UnixListener (peer credentials); TCP, if configured,
   // only with TLS.
   if (!config.tcp_listen.empty()) {
@@ -228,13 +229,13 @@ int Run(const DaemonConfig& config) {
     pair.private_key = *key;
     pair.cert_chain = *cert;
     tls.pem_key_cert_pairs.push_back(pair);
-    builder.AddListeningPort(config.tcp_listen, grpc::SslServerCredentials(tls));
+    builder.AddListeningPort(config.tcp_listen, grpc::SslServerCredentials(tls), &tcp_port);
   }
   builder.RegisterService(&jobs);
   builder.RegisterService(&node);
   builder.RegisterService(&access);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
+  if (server == nullptr || (!config.tcp_listen.empty() && tcp_port == 0)) {
     std::fprintf(stderr, "megatraind: cannot listen on %s\n", config.tcp_listen.c_str());
     return 1;
   }
@@ -245,10 +246,16 @@ int Run(const DaemonConfig& config) {
     return 1;
   }
   runner.Start();
+  // The bound port, not the asked one: with port 0 this line is how callers find it.
+  const std::string tcp_shown =
+      config.tcp_listen.empty()
+          ? ""
+          : absl::StrCat(" and ", config.tcp_listen.substr(0, config.tcp_listen.rfind(':')), ":",
+                         tcp_port, " (TLS)");
   std::printf("megatraind: listening on %s%s, state in %s, %s %s (GEMM peak %.3g TFLOP/s), "
               "metrics %s\n",
               config.listen.c_str(),
-              config.tcp_listen.empty() ? "" : absl::StrCat(" and ", config.tcp_listen, " (TLS)").c_str(),
+              tcp_shown.c_str(),
               config.state_dir.c_str(), devices->size() > 1 ? "lanes" : "device",
               absl::StrJoin(*devices, ", ").c_str(),
               metrics_options.peak_tflops,

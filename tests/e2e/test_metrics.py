@@ -70,28 +70,33 @@ def metrics_port(daemon):
 class MetricsTest(e2e.DaemonTestCase):
 
     def start_prometheus(self, target_port):
-        port = free_port()
+        """Prometheus on a free port. The port is picked here and released, so another
+        test's process can take it first: Prometheus then exits, and we try another."""
         config = os.path.join(self.tmp, "prometheus.yml")
         with open(config, "w") as f:
             f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
                     "scrape_configs:\n  - job_name: megatraind\n    static_configs:\n"
                     f"      - targets: ['127.0.0.1:{target_port}']\n")
-        log = open(os.path.join(self.tmp, "prometheus.log"), "wb")
-        proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}",
-             f"--storage.tsdb.path={os.path.join(self.tmp, 'tsdb')}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.addCleanup(lambda: (proc.terminate(), proc.wait(30), log.close()))
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + e2e.WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                if "Ready" in http_get(base + "/-/ready", timeout=2):
-                    return base
-            except OSError:
-                pass
-            time.sleep(0.2)
+        for _ in range(3):
+            port = free_port()
+            log = open(os.path.join(self.tmp, "prometheus.log"), "ab")
+            proc = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={config}",
+                 f"--storage.tsdb.path={os.path.join(self.tmp, 'tsdb')}",
+                 f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.addCleanup(lambda p=proc, l=log: (p.terminate(), p.wait(30), l.close()))
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + e2e.WAIT_S
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if "Ready" in http_get(base + "/-/ready", timeout=2):
+                        return base
+                except OSError:
+                    pass
+                time.sleep(0.2)
+            if proc.poll() is None:
+                break  # running but never ready: not a port clash
         self.fail("prometheus did not become ready")
 
     def query(self, base, expr):

@@ -31,7 +31,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import sqlite3
 import subprocess
 import tempfile
@@ -105,25 +104,28 @@ def chown(path, user, mode):
     os.chmod(path, mode)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class SharingTestCase(DaemonTestCase):
     """A daemon with the sharing configuration: roots, admin group, limits, TCP+TLS."""
 
     LIMITS = {"max_queued_jobs": 3, "max_priority": 10}
 
+    @property
+    def port(self):
+        """The TLS port the daemon bound. It is asked for port 0 and says which one it got:
+        a port picked here and released could be taken by another test's daemon before
+        this one binds it (CI saw that)."""
+        m = re.findall(r"listening on \S+ and 127\.0\.0\.1:(\d+) \(TLS\)", self.daemon.log())
+        if not m:
+            raise AssertionError(f"megatraind did not say its TLS port:\n{self.daemon.log()}")
+        return int(m[-1])
+
     def daemon_args(self):
-        self.port = free_port()
         config = {
             "admin_group": ADMINS,
             # The users' homes, and root's dataset; not the daemon's state folder, which
             # holds the jobs' default checkpoint folders all the same.
             "file_roots": [os.path.join(ROOT, "home"), os.path.join(self.tmp, "data.jsonl")],
-            "tcp_listen": f"127.0.0.1:{self.port}",
+            "tcp_listen": "127.0.0.1:0",
             "tls_cert": os.path.join(ROOT, "tls", "cert.pem"),
             "tls_key": os.path.join(ROOT, "tls", "key.pem"),
             "limits": dict(self.LIMITS),
