@@ -9,13 +9,18 @@
 //                                                      where the planner caches it)
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "engine/backend/factory.h"
 #include "engine/kernels/moe_scratch.h"
 #include "engine/plan/machine_profile.h"
+#if MEGATRAIN_BENCH_CUDA_OPS
+#include "engine/kernels/cuda/ops.h"
+#endif
 #include "engine/plan/measure.h"
 #include "nlohmann/json.hpp"
 
@@ -178,6 +183,58 @@ nlohmann::json RoutingKernelTimes(Backend* be, int64_t n, int64_t E, int64_t k, 
           {"kernels", kernels}, {"total_us", total * 1e6}};
 }
 
+// Causal attention over documents of `len` tokens, n tokens in all (H query heads, KV kv
+// heads, head_dim D), forward and backward, on whichever kernels the backend picks (the
+// caller sets MEGATRAIN_ATTENTION to choose). FLOPs as the issue counts them: 2 * 2 * len^2 *
+// D * H / 2 per document forward, 2.5x that backward.
+nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, int64_t KV,
+                              int64_t D) {
+  const int64_t a = DTypeSize(be->act_dtype()), st = DTypeSize(be->stat_dtype());
+  std::vector<DeviceBuffer> keep;
+  bool ok = true;
+  auto alloc = [&](int64_t bytes) -> void* {
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(be, bytes);
+    if (!b.ok()) {
+      ok = false;
+      return nullptr;
+    }
+    keep.push_back(std::move(*b));
+    return keep.back().get();
+  };
+  void* q = alloc(n * H * D * a);
+  void* k = alloc(n * KV * D * a);
+  void* v = alloc(n * KV * D * a);
+  void* o = alloc(n * H * D * a);
+  void* dout = alloc(n * H * D * a);
+  void* dq = alloc(n * H * D * a);
+  void* dk = alloc(n * KV * D * a);
+  void* dv = alloc(n * KV * D * a);
+  void* lse = alloc(n * H * st);
+  auto* doc = static_cast<int32_t*>(alloc(n * 4));
+  if (!ok) return nullptr;
+  const StreamId s = StreamId::kCompute;
+  FillRandom(be, q, n * H * D, be->act_dtype(), 4);
+  FillRandom(be, k, n * KV * D, be->act_dtype(), 5);
+  FillRandom(be, v, n * KV * D, be->act_dtype(), 6);
+  FillRandom(be, dout, n * H * D, be->act_dtype(), 7);
+  std::vector<int32_t> starts(n);
+  for (int64_t i = 0; i < n; ++i) starts[i] = static_cast<int32_t>(i / len * len);
+  be->CopyToDevice(doc, starts.data(), n * 4, s);
+  be->SyncAll();
+  const int reps = len >= 65536 ? 3 : 10;
+  const double fwd = TimeOnStream(be, s, reps, [&] {
+    be->Attention(o, lse, q, k, v, doc, nullptr, 0, n, H, KV, D, s);
+  });
+  const double bwd = TimeOnStream(be, s, reps, [&] {
+    be->AttentionBackward(dq, dk, dv, nullptr, dout, q, k, v, o, lse, doc, nullptr, 0, n, H, KV,
+                          D, s);
+  });
+  const double flops = 2.0 * n * len * H * D;
+  return {{"tokens", n}, {"seq_len", len}, {"heads", H}, {"kv_heads", KV}, {"head_dim", D},
+          {"forward_ms", fwd * 1e3}, {"backward_ms", bwd * 1e3},
+          {"forward_tflops", flops / fwd / 1e12}, {"backward_tflops", 2.5 * flops / bwd / 1e12}};
+}
+
 }  // namespace
 }  // namespace megatrain
 
@@ -226,6 +283,39 @@ int main(int argc, char** argv) {
         {RoutingKernelTimes(be->get(), 65536, 128, 8, 2048, 768),
          RoutingKernelTimes(be->get(), 65536, 128, 4, 2880, 2880),
          RoutingKernelTimes(be->get(), 65536, 8, 2, 4096, 14336)});
+  }
+  if (!cpu) {
+    // Attention kernels at 4K, 8K, 32K and 128K, head_dim 128 (Llama/Qwen: 32 heads, 8 kv)
+    // and 64 (GPT-OSS: 64 heads, 8 kv), 128K tokens each: the Hopper kernels where the
+    // device has them, and attention.cu's mma kernels (MEGATRAIN_ATTENTION picks).
+    nlohmann::json attention = nlohmann::json::array();
+    const char* env = std::getenv("MEGATRAIN_ATTENTION");
+    const std::string saved = env != nullptr ? env : "";
+    for (const char* kernels : {"hopper", "mma"}) {
+      setenv("MEGATRAIN_ATTENTION", kernels, 1);
+#if MEGATRAIN_BENCH_CUDA_OPS
+      if (std::string(kernels) == "hopper" && !cuda::HopperAttentionApplies(128)) continue;
+#else
+      if (std::string(kernels) == "hopper") continue;
+#endif
+      for (const auto& [H, KV, D] : {std::array<int64_t, 3>{32, 8, 128},
+                                     std::array<int64_t, 3>{64, 8, 64}}) {
+        for (int64_t len : {4096, 8192, 32768, 131072}) {
+          nlohmann::json r = AttentionRates(be->get(), 131072, len, H, KV, D);
+          if (r.is_null()) continue;
+          r["kernels"] = kernels;
+          attention.push_back(r);
+        }
+      }
+    }
+    if (env != nullptr) {
+      setenv("MEGATRAIN_ATTENTION", saved.c_str(), 1);
+    } else {
+      unsetenv("MEGATRAIN_ATTENTION");
+    }
+    out["attention_kernels"] = attention;
+    out["attention_flops"] = "forward 2 * 2 * seq_len^2 * head_dim * heads / 2 per sequence "
+                             "(causal); backward 2.5x the forward";
   }
   out["adamw_bytes_per_second"] = 30.0 * p->adamw_params_per_second;
   out["adamw_fraction_of_host_bandwidth"] = 30.0 * p->adamw_params_per_second / (1e9 * p->host_gbps);

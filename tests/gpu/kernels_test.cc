@@ -2,10 +2,14 @@
 // Inputs are bf16-exact, so the two differ only by the GPU's bf16 intermediate rounding.
 #include <array>
 #include <cmath>
+#include <cstdlib>
 
 #include "engine/layers/batch.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_util.h"
+#if MEGATRAIN_TEST_CUDA_OPS
+#include "engine/kernels/cuda/ops.h"
+#endif
 
 namespace megatrain::testing {
 namespace {
@@ -376,6 +380,87 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SinkWindowAttention,
                                   std::to_string(a.KV) + "_D" + std::to_string(a.D) + "_window" +
                                   std::to_string(a.window) + (a.sinks ? "_sinks" : "");
                          });
+
+#if MEGATRAIN_TEST_CUDA_OPS
+// The Hopper attention kernels (attention_hopper.cu) against the CPU and against the mma
+// kernels they replace on sm_90, over five packed documents of odd lengths (one of a single
+// token), GQA ratios 1, 4 and 8, head_dim 64 and 128, with and without window and sinks;
+// and the same bits on three runs.
+struct HopperShape {
+  int64_t n, H, KV, D, window;
+  bool sinks;
+};
+
+class HopperAttention : public Kernels, public ::testing::WithParamInterface<HopperShape> {
+ protected:
+  void TearDown() override { unsetenv("MEGATRAIN_ATTENTION"); }
+};
+
+TEST_P(HopperAttention, MatchesTheCpuAndTheMmaKernelsAndRepeatsBitForBit) {
+  const HopperShape a = GetParam();
+  setenv("MEGATRAIN_ATTENTION", "hopper", 1);
+  if (!cuda::HopperAttentionApplies(a.D)) GTEST_SKIP() << "not an sm_90 device";
+  const std::vector<int32_t> docs =
+      DocStarts(a.n, {0, a.n / 7, a.n / 3 + 1, a.n / 3 + 2, (2 * a.n) / 3 - 5});
+  Ints d = Int(docs);
+  Pair q = Act(RandomBf16(a.n * a.H * a.D, 40)), k = Act(RandomBf16(a.n * a.KV * a.D, 41)),
+       v = Act(RandomBf16(a.n * a.KV * a.D, 42)), dout = Act(RandomBf16(a.n * a.H * a.D, 43)),
+       sinks = Weight(RandomBf16(a.H, 44, 1.0f, 0.5f));
+  constexpr int kOutputs = 6;  // o, lse, dq, dk, dv, dsinks
+  auto outputs = [&] {
+    return std::array<Pair, kOutputs>{
+        Act(std::vector<float>(a.n * a.H * a.D)),  Stat(a.n * a.H),
+        Act(std::vector<float>(a.n * a.H * a.D)),  Act(std::vector<float>(a.n * a.KV * a.D)),
+        Act(std::vector<float>(a.n * a.KV * a.D)), Grad(std::vector<float>(a.H))};
+  };
+  auto run = [&](std::array<Pair, kOutputs>& out, Backend* b, bool c) {
+    auto P = [&](Pair& x) { return c ? x.c.get() : x.g.get(); };
+    const int32_t* ds = static_cast<int32_t*>(c ? d.c.get() : d.g.get());
+    const void* sk = a.sinks ? P(sinks) : nullptr;
+    void* dsk = a.sinks ? P(out[5]) : nullptr;
+    b->Attention(P(out[0]), P(out[1]), P(q), P(k), P(v), ds, sk, a.window, a.n, a.H, a.KV, a.D,
+                 StreamId::kCompute);
+    b->AttentionBackward(P(out[2]), P(out[3]), P(out[4]), dsk, P(dout), P(q), P(k), P(v),
+                         P(out[0]), P(out[1]), ds, sk, a.window, a.n, a.H, a.KV, a.D,
+                         StreamId::kCompute);
+  };
+  std::array<Pair, kOutputs> hopper = outputs(), again = outputs(), third = outputs(),
+                             mma = outputs();
+  Both([&](Backend* b, bool c) { run(hopper, b, c); });
+  run(again, gpu_.get(), false);
+  run(third, gpu_.get(), false);
+  unsetenv("MEGATRAIN_ATTENTION");
+  run(mma, gpu_.get(), false);
+  gpu_->SyncAll();
+  const char* names[] = {"o", "lse", "dq", "dk", "dv", "dsinks"};
+  const double tolerances[] = {1.5e-2, 1e-3, 1e-2, 1e-2, 1e-2, 1e-2};
+  for (int t = 0; t < kOutputs; ++t) {
+    if (t == 5 && !a.sinks) continue;
+    const std::vector<float> got = Download(gpu_.get(), hopper[t].gt, hopper[t].g, hopper[t].n);
+    EXPECT_LT(hopper[t].Err(), tolerances[t]) << names[t] << " against the CPU";
+    EXPECT_LT(RelErr(got, Download(gpu_.get(), mma[t].gt, mma[t].g, mma[t].n)), tolerances[t])
+        << names[t] << " against the mma kernels";
+    EXPECT_TRUE(got == Download(gpu_.get(), again[t].gt, again[t].g, again[t].n) &&
+                got == Download(gpu_.get(), third[t].gt, third[t].g, third[t].n))
+        << names[t] << " differs between three runs";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperAttention,
+                         ::testing::Values(HopperShape{1000, 8, 8, 64, 0, false},
+                                           HopperShape{1531, 16, 4, 128, 0, false},
+                                           HopperShape{777, 16, 2, 128, 0, false},
+                                           HopperShape{1000, 8, 1, 64, 128, true},
+                                           HopperShape{1000, 8, 2, 128, 37, true},
+                                           HopperShape{300, 4, 4, 64, 0, true},
+                                           HopperShape{4099, 8, 1, 128, 0, false}),
+                         [](const ::testing::TestParamInfo<HopperShape>& info) {
+                           const HopperShape& a = info.param;
+                           return "n" + std::to_string(a.n) + "_H" + std::to_string(a.H) + "_KV" +
+                                  std::to_string(a.KV) + "_D" + std::to_string(a.D) + "_w" +
+                                  std::to_string(a.window) + (a.sinks ? "_sinks" : "");
+                         });
+#endif  // MEGATRAIN_TEST_CUDA_OPS
 
 }  // namespace
 }  // namespace megatrain::testing

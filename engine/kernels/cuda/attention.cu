@@ -882,7 +882,9 @@ void Attention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
   if (n == 0) return;
   const int ni = static_cast<int>(n), Hi = static_cast<int>(H), KVi = static_cast<int>(KV);
   const int Di = static_cast<int>(D);
-  if (D <= 64) {
+  if (HopperAttentionApplies(D)) {
+    HopperAttention(o, lse, q, k, v, doc_start, sinks, w, ni, Hi, KVi, Di, stream);
+  } else if (D <= 64) {
     LaunchForward<64>(o, lse, q, k, v, doc_start, sinks, w, ni, Hi, KVi, Di, stream);
   } else if (D <= 128) {
     LaunchForward<128>(o, lse, q, k, v, doc_start, sinks, w, ni, Hi, KVi, Di, stream);

@@ -1,0 +1,385 @@
+// The attention of attention.cu on Hopper (sm_90a), head_dim 64 and 128: the same ops, the
+// same masks (causal within documents, optional sliding window and per-head sinks) and the
+// same outputs, on warpgroup MMA (wgmma) fed by the tensor memory accelerator (TMA).
+//
+// Forward, FlashAttention-3 style warp specialisation: a block is three warpgroups over 128
+// queries of one head. The first is the producer: one thread loads the block's Q once and then
+// the K and V tiles (128 keys) of its key range into a two-stage ring of shared memory, each
+// tile completing on its own "full" mbarrier, each stage reused once both consumers have
+// arrived on its "empty" barrier. The other two are consumers of 64 queries each: S = Q K^T by
+// wgmma from shared memory, the online softmax in registers (fp32, exp2 domain), then
+// O += P V by wgmma with P as the A operand straight from registers, so P never touches
+// shared memory. Setmaxnreg gives the consumers the registers the producer does not need.
+// Key tiles start at the first key the block's first query sees (not at a tile boundary:
+// TMA takes any start row and fills rows past n with zeros), and a consumer skips the
+// tiles its own queries cannot see, so a causal block costs about half its square.
+//
+// Status: the forward only (the backward stays on attention.cu's kernels), and opt-in
+// (MEGATRAIN_ATTENTION=hopper, see ops.h): written in a session with no H200 to run it on,
+// so it has compiled (no spills, 168 registers at entry) but has not yet run.
+//
+// Numerics: each output is a fixed sequence of fp32 operations with no atomics, so the
+// same inputs give the same bits. They differ from attention.cu's kernels in the order of
+// the sums, within bf16 tolerance (the tests hold both to the CPU reference).
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/common/check.h"
+#include "engine/kernels/cuda/common.cuh"
+#include "engine/kernels/cuda/hopper.cuh"
+#include "engine/kernels/cuda/ops.h"
+
+namespace megatrain::cuda {
+namespace {
+
+using namespace hopper;  // NOLINT: the building blocks of these kernels
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kWarpgroup = 128;
+constexpr int kColumns = 64;  // bf16 columns of one 128-byte swizzled row
+
+// Forward tiles: kM queries per block (two consumer warpgroups of 64), kN keys per tile,
+// kStages K/V tiles in flight.
+template <int kD>
+struct ForwardTiles {
+  static constexpr int kM = 128, kN = 128, kStages = 2;
+  static constexpr int kQElems = kM * kD, kKvElems = kN * kD;
+  static constexpr int kBarriers = 1 + 3 * kStages;  // q full; k full, v full, k/v empty
+  static constexpr int kSmemBytes = 1024 + 2 * (kQElems + 2 * kStages * kKvElems) + 8 * kBarriers;
+};
+
+// The first key query i sees: its document's start, or the window's if that is later.
+template <bool kWindow>
+__device__ __forceinline__ int FirstKey(const int32_t* doc_start, int i, int window) {
+  const int lo = __ldg(doc_start + i);
+  if constexpr (kWindow) return max(lo, i - window + 1);
+  return lo;
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &v, sizeof(u));
+  return u;
+}
+
+// The 1024-byte-aligned start of the dynamic shared memory (the swizzle atoms need it).
+__device__ __forceinline__ uint8_t* AlignedSmem(uint8_t* raw) {
+  const uint32_t pad = (1024 - (Smem(raw) & 1023)) & 1023;
+  return raw + pad;
+}
+
+// q, o (n, H, kD); k, v (n, KV, kD) through their tensor maps (boxes of 64 columns, one head,
+// kM or kN rows); lse (n, H). Grid: (query tiles, H), the tile of the most keys first.
+template <int kD, bool kWindow, bool kSink>
+__global__ void __launch_bounds__(3 * kWarpgroup, 1)
+    HopperForwardKernel(const __grid_constant__ CUtensorMap q_map,
+                        const __grid_constant__ CUtensorMap k_map,
+                        const __grid_constant__ CUtensorMap v_map, bf16* __restrict__ o,
+                        float* __restrict__ lse, const int32_t* __restrict__ doc_start,
+                        const bf16* __restrict__ sinks, int window, int n, int H, int KV,
+                        float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = ForwardTiles<kD>;
+  constexpr int kM = T::kM, kN = T::kN, kStages = T::kStages, kBlocks = kD / kColumns;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = AlignedSmem(smem_raw);
+  bf16* s_q = reinterpret_cast<bf16*>(smem);
+  bf16* s_k = s_q + T::kQElems;                 // kStages tiles
+  bf16* s_v = s_k + kStages * T::kKvElems;      // kStages tiles
+  uint64_t* bars = reinterpret_cast<uint64_t*>(s_v + kStages * T::kKvElems);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* v_full = bars + 1 + kStages;
+  uint64_t* kv_empty = bars + 1 + 2 * kStages;
+
+  const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  const int h = static_cast<int>(blockIdx.y), kvh = h / (H / KV);
+  const int q0 = tile * kM, q_last = min(q0 + kM, n) - 1;
+  const int j_first = FirstKey<kWindow>(doc_start, q0, window);
+  const int tiles = (q_last - j_first + kN) / kN;
+  const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
+
+  if (threadIdx.x == 0) {
+    BarrierInit(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(&k_full[s], 1);
+      BarrierInit(&v_full[s], 1);
+      BarrierInit(&kv_empty[s], 2 * kWarpgroup);
+    }
+    BarrierInitFence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    RegistersDown<40>();
+    if (threadIdx.x == 0) {
+      TmaPrefetchMap(&q_map);
+      TmaPrefetchMap(&k_map);
+      TmaPrefetchMap(&v_map);
+      BarrierExpectBytes(q_full, 2 * T::kQElems);
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {
+        TmaLoad3d(s_q + b * kM * kColumns, &q_map, q_full, b * kColumns, h, q0);
+      }
+      for (int t = 0; t < tiles; ++t) {
+        const int s = t % kStages, use = t / kStages, j0 = j_first + t * kN;
+        if (use > 0) BarrierWait(&kv_empty[s], (use - 1) & 1);
+        bf16* k_tile = s_k + s * T::kKvElems;
+        bf16* v_tile = s_v + s * T::kKvElems;
+        BarrierExpectBytes(&k_full[s], 2 * T::kKvElems);
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+          TmaLoad3d(k_tile + b * kN * kColumns, &k_map, &k_full[s], b * kColumns, kvh, j0);
+        }
+        BarrierExpectBytes(&v_full[s], 2 * T::kKvElems);
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+          TmaLoad3d(v_tile + b * kN * kColumns, &v_map, &v_full[s], b * kColumns, kvh, j0);
+        }
+      }
+    }
+  } else {  // consumer: 64 queries
+    RegistersUp<232>();
+    const int cw = wg - 1, t = static_cast<int>(threadIdx.x) % kWarpgroup;
+    const int lane = t % 32, r0 = 16 * (t / 32) + lane / 4, c0 = 2 * (lane % 4);
+    const int qa = q0 + 64 * cw, qb = min(qa + 63, n - 1);
+    const bool has_rows = qa < n;
+    const int wg_lo = has_rows ? FirstKey<kWindow>(doc_start, qa, window) : INT_MAX;
+    const int wg_last_lo = has_rows ? FirstKey<kWindow>(doc_start, qb, window) : INT_MAX;
+    int qi[2], lo[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      qi[hr] = qa + r0 + 8 * hr;
+      lo[hr] = FirstKey<kWindow>(doc_start, min(qi[hr], n - 1), window);
+    }
+    float acc[kD / 2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) acc[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const bf16* q_rows = s_q + cw * 64 * kColumns;
+
+    BarrierWait(q_full, 0);
+    for (int it = 0; it < tiles; ++it) {
+      const int s = it % kStages, j0 = j_first + it * kN;
+      const uint32_t parity = (it / kStages) & 1;
+      const bool active = has_rows && j0 <= qb && j0 + kN - 1 >= wg_lo;
+      const bf16* k_tile = s_k + s * T::kKvElems;
+      const bf16* v_tile = s_v + s * T::kKvElems;
+      uint32_t p[kN / 16][4];
+      BarrierWait(&k_full[s], parity);
+      if (active) {
+        float sc[kN / 2];
+        FenceRegisters(sc);
+        WgmmaFence();
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) {
+          const int b = ks / 4, col = (ks % 4) * 16;
+          WgmmaSS<kN>(sc, Desc(q_rows + b * kM * kColumns + col),
+                      Desc(k_tile + b * kN * kColumns + col), ks > 0);
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceRegisters(sc);
+        const bool masked = j0 + kN - 1 > qa || j0 < wg_last_lo;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          float mx = m[hr];
+#pragma unroll
+          for (int c = 0; c < kN / 8; ++c) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int idx = 4 * c + 2 * hr + e, j = j0 + 8 * c + c0 + e;
+              float x = sc[idx] * scale_log2;
+              if (masked && (j < lo[hr] || j > qi[hr])) x = -INFINITY;
+              sc[idx] = x;
+              mx = fmaxf(mx, x);
+            }
+          }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float base = mx == -INFINITY ? 0.0f : mx;
+          const float alpha = exp2f(m[hr] - base);
+          m[hr] = mx;
+          l[hr] *= alpha;
+#pragma unroll
+          for (int c = 0; c < kD / 8; ++c) {
+            acc[4 * c + 2 * hr] *= alpha;
+            acc[4 * c + 2 * hr + 1] *= alpha;
+          }
+#pragma unroll
+          for (int c = 0; c < kN / 8; ++c) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int idx = 4 * c + 2 * hr + e;
+              const float pe = exp2f(sc[idx] - base);
+              l[hr] += pe;
+              sc[idx] = pe;
+            }
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) {
+          p[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+          p[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+          p[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+          p[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+      }
+      BarrierWait(&v_full[s], parity);
+      if (active) {
+        FenceRegisters(acc);
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) {
+          WgmmaRS<kD>(acc, p[kk], Desc(v_tile + kk * 16 * kColumns, 2 * kN * kColumns), 1);
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceRegisters(acc);
+      }
+      BarrierArrive(&kv_empty[s]);
+    }
+
+    const float sink = kSink ? __bfloat162float(sinks[h]) * kLog2e : 0.0f;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float sum = l[hr];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if constexpr (kSink) sum += exp2f(sink - m[hr]);
+      const float inv = 1.0f / sum;
+      const int row = qi[hr];
+      if (row < n) {
+        bf16* out = o + (static_cast<int64_t>(row) * H + h) * kD + c0;
+#pragma unroll
+        for (int c = 0; c < kD / 8; ++c) {
+          *reinterpret_cast<uint32_t*>(out + 8 * c) =
+              PackBf16(acc[4 * c + 2 * hr] * inv, acc[4 * c + 2 * hr + 1] * inv);
+        }
+        if (lane % 4 == 0) lse[static_cast<int64_t>(row) * H + h] = (m[hr] + log2f(sum)) * kLn2;
+      }
+    }
+  }
+#endif
+}
+
+// ---- host side
+
+// cuTensorMapEncodeTiled, from the driver through the runtime (no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                             cudaEnableDefault, &found);
+    MT_CHECK_MSG(err == cudaSuccess && found == cudaDriverEntryPointSuccess && f != nullptr,
+                 "attention: the driver has no cuTensorMapEncodeTiled (%s)",
+                 cudaGetErrorString(err));
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The tensor map of an (n, heads, D) bf16 tensor read in boxes of 64 columns of one head and
+// `rows` rows, 128-byte swizzled.
+CUtensorMap HeadMap(const bf16* x, int n, int heads, int D, int rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(n)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * 2,
+                                 static_cast<cuuint64_t>(heads) * D * 2};
+  const cuuint32_t box[3] = {kColumns, 1, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t steps[3] = {1, 1, 1};
+  const CUresult r = EncodeTiled()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(x), dims, strides, box, steps,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MT_CHECK_MSG(r == CUDA_SUCCESS, "attention: cannot describe a (%d, %d, %d) tensor to TMA: error %d",
+               n, heads, D, static_cast<int>(r));
+  return map;
+}
+
+template <typename Kernel>
+void SetSmem(Kernel kernel, int bytes) {
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  MT_CHECK_MSG(err == cudaSuccess,
+               "attention: cannot give a Hopper kernel %d bytes of shared memory: %s", bytes,
+               cudaGetErrorString(err));
+}
+
+template <int kD, bool kWindow, bool kSink>
+void LaunchForward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                   const int32_t* doc_start, const bf16* sinks, int window, int n, int H, int KV,
+                   cudaStream_t stream) {
+  using T = ForwardTiles<kD>;
+  const CUtensorMap q_map = HeadMap(q, n, H, kD, T::kM);
+  const CUtensorMap k_map = HeadMap(k, n, KV, kD, T::kN);
+  const CUtensorMap v_map = HeadMap(v, n, KV, kD, T::kN);
+  SetSmem(HopperForwardKernel<kD, kWindow, kSink>, T::kSmemBytes);
+  const dim3 grid((n + T::kM - 1) / T::kM, H);
+  HopperForwardKernel<kD, kWindow, kSink><<<grid, 3 * kWarpgroup, T::kSmemBytes, stream>>>(
+      q_map, k_map, v_map, o, lse, doc_start, sinks, window, n, H, KV,
+      kLog2e / sqrtf(static_cast<float>(kD)));
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+template <int kD>
+void LaunchForward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                   const int32_t* doc_start, const bf16* sinks, int window, int n, int H, int KV,
+                   cudaStream_t stream) {
+  if (window > 0 && sinks != nullptr) {
+    LaunchForward<kD, true, true>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, stream);
+  } else if (window > 0) {
+    LaunchForward<kD, true, false>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, stream);
+  } else if (sinks != nullptr) {
+    LaunchForward<kD, false, true>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, stream);
+  } else {
+    LaunchForward<kD, false, false>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, stream);
+  }
+}
+
+// Whether the current device is compute capability 9.0 (the sm_90a code runs nowhere else).
+bool DeviceIsHopper() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // 0 unknown, 1 yes, 2 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  int state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    state = major == 9 && minor == 0 ? 1 : 2;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == 1;
+}
+
+}  // namespace
+
+bool HopperAttentionApplies(int64_t D) {
+  const char* env = std::getenv("MEGATRAIN_ATTENTION");
+  const bool asked = env != nullptr && std::strcmp(env, "hopper") == 0;
+  return (D == 64 || D == 128) && asked && DeviceIsHopper();
+}
+
+void HopperAttention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                     const int32_t* doc_start, const bf16* sinks, int window, int n, int H,
+                     int KV, int D, cudaStream_t stream) {
+  if (D == 64) {
+    LaunchForward<64>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, stream);
+  } else {
+    MT_CHECK_MSG(D == 128, "HopperAttention: head_dim %d (64 or 128)", D);
+    LaunchForward<128>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, stream);
+  }
+}
+
+}  // namespace megatrain::cuda
