@@ -35,31 +35,58 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// One TensorToWrite (name, dtype, shape; no data) per tensor of every unit, in order.
-std::vector<TensorToWrite> TensorsOf(const ModelLayout& layout, DType dtype) {
-  std::vector<TensorToWrite> out;
-  for (const UnitLayout& unit : layout.units) {
-    for (const TensorSlot& t : unit.tensors) out.push_back(TensorToWrite{t.name, dtype, t.shape, nullptr});
+// A part's tensors within one unit: (name, shape, element offset in the unit's buffer).
+struct PartTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t num_elements = 0;
+};
+
+// The parts of a checkpoint: the model as transformers loads it (bf16), and the optimizer
+// state in one folder of safetensors each, Hugging Face tensor names; int8 moments add
+// their block scales, one tensor per unit ("<unit>.block_scales").
+struct PartInfo {
+  std::string dir;  // under the checkpoint folder
+  DType dtype;
+  void* (*base)(const HostStore&, int64_t unit);
+  bool block_scales = false;  // one (blocks) tensor per unit, not the model's tensors
+};
+
+std::vector<PartInfo> PartsFor(MomentDType moments) {
+  const bool f32 = moments == MomentDType::kF32, bf16 = moments == MomentDType::kBF16;
+  std::vector<PartInfo> parts = {
+      {"", DType::kBF16, [](const HostStore& s, int64_t u) -> void* { return s.weights(u); }},
+      {"optimizer/master", DType::kF32,
+       [](const HostStore& s, int64_t u) -> void* { return s.master(u); }},
+      {"optimizer/exp_avg", f32 ? DType::kF32 : bf16 ? DType::kBF16 : DType::kI8,
+       [](const HostStore& s, int64_t u) -> void* { return s.moments(u).m; }},
+      {"optimizer/exp_avg_sq", f32 ? DType::kF32 : bf16 ? DType::kBF16 : DType::kU8,
+       [](const HostStore& s, int64_t u) -> void* { return s.moments(u).v; }},
+  };
+  if (moments == MomentDType::kInt8) {
+    parts.push_back({"optimizer/exp_avg_scales", DType::kF32,
+                     [](const HostStore& s, int64_t u) -> void* { return s.moments(u).m_scales; },
+                     true});
+    parts.push_back({"optimizer/exp_avg_sq_scales", DType::kF32,
+                     [](const HostStore& s, int64_t u) -> void* { return s.moments(u).v_scales; },
+                     true});
+  }
+  return parts;
+}
+
+std::vector<PartTensor> UnitTensors(const UnitLayout& unit, bool block_scales) {
+  std::vector<PartTensor> out;
+  if (block_scales) {
+    const int64_t blocks = (unit.num_elements + kMomentBlock - 1) / kMomentBlock;
+    out.push_back(PartTensor{unit.name + ".block_scales", {blocks}, 0, blocks});
+    return out;
+  }
+  for (const TensorSlot& t : unit.tensors) {
+    out.push_back(PartTensor{t.name, t.shape, t.offset, t.num_elements});
   }
   return out;
 }
-
-// The four parts of a checkpoint: the model as transformers loads it (bf16), and the
-// optimizer state in one folder of safetensors each, Hugging Face tensor names.
-struct PartInfo {
-  const char* dir;  // under the checkpoint folder
-  DType dtype;
-  void* (*base)(const HostStore&, int64_t unit);
-};
-constexpr PartInfo kParts[] = {
-    {"", DType::kBF16, [](const HostStore& s, int64_t u) -> void* { return s.weights(u); }},
-    {"optimizer/master", DType::kF32,
-     [](const HostStore& s, int64_t u) -> void* { return s.master(u); }},
-    {"optimizer/exp_avg", DType::kF32,
-     [](const HostStore& s, int64_t u) -> void* { return s.exp_avg(u); }},
-    {"optimizer/exp_avg_sq", DType::kF32,
-     [](const HostStore& s, int64_t u) -> void* { return s.exp_avg_sq(u); }},
-};
 
 int64_t StepOf(const std::string& name) {
   const std::string prefix = "checkpoint-";
@@ -74,7 +101,9 @@ int64_t StepOf(const std::string& name) {
 }  // namespace
 
 struct CheckpointWriter::Part {
-  const PartInfo* info;
+  PartInfo info;
+  std::vector<std::vector<PartTensor>> units;  // per unit, its tensors in this part
+  std::vector<int64_t> first_tensor;           // per unit: its first tensor's index
   std::unique_ptr<ShardedSafetensorsWriter> writer;
 };
 
@@ -93,7 +122,8 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
   w->final_ = (fs::path(root) / name).string();
   w->tmp_ = (fs::path(root) / absl::StrCat(".", name, ".tmp")).string();
   fs::remove_all(w->tmp_, ec);
-  for (const PartInfo& part : kParts) {
+  const std::vector<PartInfo> parts = PartsFor(options.moments);
+  for (const PartInfo& part : parts) {
     fs::create_directories(fs::path(w->tmp_) / part.dir, ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", w->tmp_, ": ", ec.message()));
   }
@@ -108,22 +138,24 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
       RETURN_IF_ERROR(FsyncPath((fs::path(w->tmp_) / file).string()));
     }
   }
-  int64_t first = 0;
-  for (const UnitLayout& unit : layout.units) {
-    w->first_tensor_.push_back(first);
-    first += static_cast<int64_t>(unit.tensors.size());
-  }
+  w->moments_ = options.moments;
   const std::map<std::string, std::string> pt = {{"format", "pt"}};
-  for (const PartInfo& part : kParts) {
+  for (const PartInfo& part : parts) {
     auto p = std::make_unique<Part>();
-    p->info = &part;
+    p->info = part;
+    std::vector<TensorToWrite> tensors;
+    for (const UnitLayout& unit : layout.units) {
+      p->first_tensor.push_back(static_cast<int64_t>(tensors.size()));
+      p->units.push_back(UnitTensors(unit, part.block_scales));
+      for (const PartTensor& t : p->units.back()) {
+        tensors.push_back(TensorToWrite{t.name, part.dtype, t.shape, nullptr});
+      }
+    }
     ASSIGN_OR_RETURN(p->writer, ShardedSafetensorsWriter::Open(
-                                    (fs::path(w->tmp_) / part.dir).string(), "model",
-                                    TensorsOf(layout, part.dtype),
-                                    part.dtype == DType::kF32
-                                        ? std::min(options.max_shard_bytes,
-                                                   options.optimizer_shard_bytes)
-                                        : options.max_shard_bytes,
+                                    (fs::path(w->tmp_) / part.dir).string(), "model", tensors,
+                                    part.dir.empty() ? options.max_shard_bytes
+                                                     : std::min(options.max_shard_bytes,
+                                                                options.optimizer_shard_bytes),
                                     pt));
     w->parts_.push_back(std::move(p));
   }
@@ -146,9 +178,17 @@ absl::Status CheckpointWriter::WriteUnit(const HostStore& store, int64_t unit) {
   return absl::OkStatus();
 }
 
+// A unit's buffer in a part: the unit's elements, or its blocks' scales.
+uint64_t CheckpointWriter::UnitPartBytes(int64_t unit, int part) const {
+  const Part& p = *parts_[part];
+  const int64_t n = p.info.block_scales
+                        ? (layout_.units[unit].num_elements + kMomentBlock - 1) / kMomentBlock
+                        : layout_.units[unit].num_elements;
+  return static_cast<uint64_t>(n) * DTypeSize(p.info.dtype);
+}
+
 int64_t CheckpointWriter::PiecesPerPart(int64_t unit, int part) const {
-  const uint64_t bytes = static_cast<uint64_t>(layout_.units[unit].num_elements) *
-                         DTypeSize(kParts[part].dtype);
+  const uint64_t bytes = UnitPartBytes(unit, part);
   return static_cast<int64_t>(std::max<uint64_t>(1, (bytes + piece_bytes_ - 1) / piece_bytes_));
 }
 
@@ -167,8 +207,7 @@ void CheckpointWriter::Locate(int64_t unit, int64_t piece, size_t* part, uint64_
   }
   MT_CHECK(*part < parts_.size());
   // The unit's part split evenly.
-  const uint64_t unit_bytes = static_cast<uint64_t>(layout_.units[unit].num_elements) *
-                              DTypeSize(parts_[*part]->info->dtype);
+  const uint64_t unit_bytes = UnitPartBytes(unit, static_cast<int>(*part));
   const uint64_t pieces = static_cast<uint64_t>(PiecesPerPart(unit, static_cast<int>(*part)));
   *begin = unit_bytes * piece / pieces;
   *end = unit_bytes * (piece + 1) / pieces;
@@ -178,14 +217,15 @@ int64_t CheckpointWriter::PieceFile(int64_t unit, int64_t piece) const {
   size_t part;
   uint64_t begin, end;
   Locate(unit, piece, &part, &begin, &end);
-  const uint64_t element = DTypeSize(parts_[part]->info->dtype);
-  const std::vector<TensorSlot>& tensors = layout_.units[unit].tensors;
+  const Part& p = *parts_[part];
+  const uint64_t element = DTypeSize(p.info.dtype);
+  const std::vector<PartTensor>& tensors = p.units[unit];
   size_t i = 0;  // the tensor holding the piece's first byte
   while (i + 1 < tensors.size() &&
          static_cast<uint64_t>(tensors[i + 1].offset) * element <= begin) {
     ++i;
   }
-  const size_t shard = parts_[part]->writer->ShardOf(static_cast<size_t>(first_tensor_[unit]) + i);
+  const size_t shard = p.writer->ShardOf(static_cast<size_t>(p.first_tensor[unit]) + i);
   return static_cast<int64_t>(part) * (int64_t{1} << 32) + static_cast<int64_t>(shard);
 }
 
@@ -194,17 +234,20 @@ absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, 
   uint64_t begin, end;
   Locate(unit, piece, &part, &begin, &end);
   const Part& p = *parts_[part];
-  const uint64_t element = DTypeSize(p.info->dtype);
+  MT_CHECK_MSG(store.moment_dtype() == moments_,
+               "checkpoint: begun for %s moments, written from a store of %s",
+               MomentDTypeName(moments_), MomentDTypeName(store.moment_dtype()));
+  const uint64_t element = DTypeSize(p.info.dtype);
   // Each tensor the piece meets, its share.
-  const char* base = static_cast<const char*>(p.info->base(store, unit));
-  const std::vector<TensorSlot>& tensors = layout_.units[unit].tensors;
+  const char* base = static_cast<const char*>(p.info.base(store, unit));
+  const std::vector<PartTensor>& tensors = p.units[unit];
   for (size_t i = 0; i < tensors.size(); ++i) {
     const uint64_t t_begin = static_cast<uint64_t>(tensors[i].offset) * element;
     const uint64_t t_end = t_begin + static_cast<uint64_t>(tensors[i].num_elements) * element;
     const uint64_t b = std::max(begin, t_begin), e = std::min(end, t_end);
     if (b >= e) continue;
-    RETURN_IF_ERROR(p.writer->WriteBytes(static_cast<size_t>(first_tensor_[unit]) + i, b - t_begin,
-                                         base + b, e - b));
+    RETURN_IF_ERROR(p.writer->WriteBytes(static_cast<size_t>(p.first_tensor[unit]) + i,
+                                         b - t_begin, base + b, e - b));
   }
   return absl::OkStatus();
 }
@@ -220,7 +263,8 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const TrainerState& state) 
                        {"data_seed", state.data_seed},
                        {"init_seed", state.init_seed},
                        {"last_loss", state.last_loss},
-                       {"spec_fingerprint", state.spec_fingerprint}};
+                       {"spec_fingerprint", state.spec_fingerprint},
+                       {"optimizer_state_dtype", MomentDTypeName(moments_)}};
   RETURN_IF_ERROR(WriteFileSynced((fs::path(tmp_) / "trainer_state.json").string(), js.dump(2)));
   RETURN_IF_ERROR(FsyncPath((fs::path(tmp_) / "optimizer").string()));
   RETURN_IF_ERROR(FsyncPath(tmp_));
@@ -242,8 +286,11 @@ uint64_t CheckpointWriter::data_bytes() const {
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const ModelConfig& config,
                                            const HostStore& store, const TrainerState& state,
                                            const CheckpointOptions& options) {
+  CheckpointOptions with_moments = options;
+  with_moments.moments = store.moment_dtype();
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
-                   CheckpointWriter::Begin(root, config, store.layout(), state.step, options));
+                   CheckpointWriter::Begin(root, config, store.layout(), state.step,
+                                           with_moments));
   for (int64_t u = 0; u < store.num_units(); ++u) RETURN_IF_ERROR(writer->WriteUnit(store, u));
   return writer->Commit(state);
 }
@@ -266,14 +313,35 @@ absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerSt
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat(path, "/trainer_state.json: ", Printable(e.what())));
   }
-  for (const PartInfo& part : kParts) {
-    if (part.dtype != DType::kF32) continue;  // the bf16 weights follow from master
+  // Moments as they were kept (fp32 when the checkpoint does not say: written before
+  // the choice existed); they must match the job's.
+  MomentDType saved = MomentDType::kF32;
+  const std::string saved_name = js.value("optimizer_state_dtype", "fp32");
+  if (!ParseMomentDType(saved_name, &saved)) {
+    return absl::DataLossError(absl::StrCat(path, "/trainer_state.json: optimizer_state_dtype \"",
+                                            Printable(saved_name), "\" is not fp32, bf16 or int8"));
+  }
+  if (saved != store->moment_dtype()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " keeps its AdamW moments in ", MomentDTypeName(saved), "; this job asks for ",
+        MomentDTypeName(store->moment_dtype()),
+        " (optimizer.state_dtype): resume with the same, or start from the checkpoint's model "
+        "files as a new run"));
+  }
+  // Zeroed first: alignment padding between tensors is not in the files, and int8 blocks
+  // that cover it read its codes as zeros, as training left them.
+  for (int64_t u = 0; u < store->num_units(); ++u) store->ResetMoments(u);
+  for (const PartInfo& part : PartsFor(saved)) {
+    if (part.dir.empty()) continue;  // the bf16 weights follow from master
     ASSIGN_OR_RETURN(ModelTensorReader reader,
                      ModelTensorReader::OpenFolder((fs::path(path) / part.dir).string()));
     for (int64_t u = 0; u < store->num_units(); ++u) {
-      float* base = static_cast<float*>(part.base(*store, u));
-      for (const TensorSlot& t : store->layout().units[u].tensors) {
-        RETURN_IF_ERROR(reader.ReadAsFloat(t.name, t.shape, base + t.offset));
+      char* base = static_cast<char*>(part.base(*store, u));
+      for (const PartTensor& t : UnitTensors(store->layout().units[u], part.block_scales)) {
+        char* dst = base + t.offset * DTypeSize(part.dtype);
+        RETURN_IF_ERROR(part.dtype == DType::kF32
+                            ? reader.ReadAsFloat(t.name, t.shape, reinterpret_cast<float*>(dst))
+                            : reader.ReadRaw(t.name, t.shape, part.dtype, dst));
       }
     }
   }

@@ -4,7 +4,9 @@
 //   <root>/checkpoint-<step>/
 //     config.json, model[-0000k-of-0000n].safetensors (+ index), bf16, metadata format "pt"
 //     tokenizer files copied from the model folder (when it had them)
-//     optimizer/{master,exp_avg,exp_avg_sq}/model*.safetensors  f32, Hugging Face names
+//     optimizer/{master,exp_avg,exp_avg_sq}/model*.safetensors  Hugging Face names; master
+//       f32, the moments as the job keeps them (f32, bf16, or int8 codes: I8 m, U8 v, with
+//       optimizer/exp_avg{,_sq}_scales/ holding "<unit>.block_scales" f32)
 //     trainer_state.json   step, data position, seeds, schedule, last loss
 //
 // A checkpoint is written under ".checkpoint-<step>.tmp", every file fsynced, then
@@ -40,6 +42,9 @@ struct CheckpointOptions {
   uint64_t optimizer_shard_bytes = 1ull << 30;
   uint64_t piece_bytes = 128ull << 20;    // CheckpointWriter::WritePiece
   std::string tokenizer_dir;              // copy tokenizer files from here ("" = none)
+  // How the store keeps AdamW's moments (HostStore::moment_dtype()): they are written as
+  // kept (bf16; int8 codes with their block scales), so that a resume is exact.
+  MomentDType moments = MomentDType::kF32;
 };
 
 // A checkpoint being written. Begin() creates ".checkpoint-<step>.tmp" under `root` with
@@ -80,6 +85,7 @@ class CheckpointWriter {
  private:
   struct Part;
   CheckpointWriter() = default;
+  uint64_t UnitPartBytes(int64_t unit, int part) const;
   int64_t PiecesPerPart(int64_t unit, int part) const;
   // The part `piece` of `unit` belongs to, and its byte range within the unit's part.
   void Locate(int64_t unit, int64_t piece, size_t* part, uint64_t* begin, uint64_t* end) const;
@@ -90,8 +96,9 @@ class CheckpointWriter {
   int64_t step_ = 0;
   ModelLayout layout_;
   uint64_t piece_bytes_ = 256ull << 20;
-  std::vector<int64_t> first_tensor_;  // per unit: its first tensor's index in every part
-  std::vector<std::unique_ptr<Part>> parts_;  // model (bf16), then master, exp_avg, exp_avg_sq
+  MomentDType moments_ = MomentDType::kF32;
+  // Model (bf16), then master, exp_avg, exp_avg_sq (and their int8 block scales).
+  std::vector<std::unique_ptr<Part>> parts_;
   bool committed_ = false;
 };
 

@@ -16,11 +16,12 @@
 namespace megatrain {
 
 // Elements of each rank's shard of an n-element gradient over `ranks` ranks: ceil(n/ranks)
-// rounded up to 64 (256-byte pieces, for the copy engines). A buffer reduced this way
-// holds ranks * shard elements; the tail past n is padding that no one reads.
-inline int64_t GradShardElements(int64_t n, int ranks) {
+// rounded up to 256 (1 KiB pieces for the copy engines, and whole blocks of int8 moments:
+// kMomentBlock, store/host_store.h). A buffer reduced this way holds ranks * shard
+// elements; the tail past n is padding that no one reads.
+constexpr int64_t GradShardElements(int64_t n, int ranks) {
   const int64_t per = (n + ranks - 1) / ranks;
-  return (per + 63) / 64 * 64;
+  return (per + 255) / 256 * 256;
 }
 
 class GradCollective {

@@ -10,11 +10,12 @@
 
 namespace megatrain {
 
-enum class DType { kBF16, kF16, kF32, kF64, kI32, kU8 };
+enum class DType { kBF16, kF16, kF32, kF64, kI32, kU8, kI8 };
 
 inline int DTypeSize(DType t) {
   switch (t) {
-    case DType::kU8: return 1;
+    case DType::kU8:
+    case DType::kI8: return 1;
     case DType::kBF16:
     case DType::kF16: return 2;
     case DType::kF32:
@@ -32,6 +33,7 @@ inline const char* DTypeName(DType t) {
     case DType::kF64: return "F64";
     case DType::kI32: return "I32";
     case DType::kU8: return "U8";
+    case DType::kI8: return "I8";
   }
   return "?";
 }

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/common/check.h"
 #include "engine/common/device_name.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
@@ -270,6 +271,17 @@ absl::Status ParseTrain(Section& top, JobSpec* spec) {
   return absl::OkStatus();
 }
 
+absl::Status ParseOptimizer(Section& top, JobSpec* spec) {
+  if (!top.Has("optimizer")) return absl::OkStatus();
+  if (!top.Get("optimizer").IsMap()) return top.Error("optimizer", "must be a mapping");
+  Section o(top.Get("optimizer"), "optimizer");
+  std::string dtype = MomentDTypeName(spec->state_dtype);
+  RETURN_IF_ERROR(o.String("state_dtype", &dtype));
+  RETURN_IF_ERROR(o.OneOf("state_dtype", dtype, {"fp32", "bf16", "int8"}));
+  MT_CHECK(ParseMomentDType(dtype, &spec->state_dtype));
+  return o.CheckNoUnknown();
+}
+
 absl::Status ParseCheckpoint(Section& top, const std::string& base_dir, JobSpec* spec) {
   if (top.Has("checkpoint")) {
     if (!top.Get("checkpoint").IsMap()) return top.Error("checkpoint", "must be a mapping");
@@ -346,6 +358,7 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   RETURN_IF_ERROR(ParseModel(top, base_dir, spec));
   RETURN_IF_ERROR(ParseData(top, base_dir, spec));
   RETURN_IF_ERROR(ParseTrain(top, spec));
+  RETURN_IF_ERROR(ParseOptimizer(top, spec));
   RETURN_IF_ERROR(ParseCheckpoint(top, base_dir, spec));
   RETURN_IF_ERROR(top.CheckNoUnknown());
   return CheckBatchShape(*spec);
@@ -505,6 +518,9 @@ std::string JobSpecToYaml(const JobSpec& s) {
   if (s.router_aux_loss_coef >= 0) {
     out << YAML::Key << "router_aux_loss_coef" << YAML::Value << s.router_aux_loss_coef;
   }
+  out << YAML::EndMap;
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "state_dtype" << YAML::Value << MomentDTypeName(s.state_dtype);
   out << YAML::EndMap;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << s.checkpoint_dir;

@@ -21,6 +21,8 @@
 //                devices: 1   # data parallel: the step's micro-batches split over N devices
 //                gradient_reduce: auto|device|host  # how N devices' gradients meet
 //                activation_checkpoints: auto|device|host}
+//   optimizer:  {state_dtype: fp32|bf16|int8}   # how AdamW's moments are kept (the master
+//                                             # is fp32 always): 12, 8 or 6 B/param of state
 //   checkpoint: {dir, every_steps, keep_last, max_shard_bytes, background}
 //   backend:    auto | cpu | cuda
 //   device_memory_cap_bytes: 0      # the most device memory the job may take; 0 = all free
@@ -36,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/config.h"
 #include "engine/optim/schedule.h"
+#include "engine/store/host_store.h"
 
 namespace megatrain {
 
@@ -92,6 +95,9 @@ struct JobSpec {
   std::string activation_checkpoints = "auto";  // where: auto | device | host
   int64_t loss_chunk_tokens = 4096;
   double router_aux_loss_coef = -1;  // < 0: the model config's (PipelineOptions)
+  // optimizer.state_dtype: AdamW's moments in fp32 (PyTorch's AdamW, bit for bit), bf16 or
+  // int8 (block-scaled), rounded stochastically (optim/adamw.h).
+  MomentDType state_dtype = MomentDType::kF32;
 
   std::string checkpoint_dir;    // "" = no checkpoints
   int64_t checkpoint_every_steps = 0;  // 0 = only at the end

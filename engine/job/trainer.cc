@@ -195,7 +195,7 @@ absl::Status Trainer::InitStore(const JobSpec& spec, const DeviceSet& devices) {
     absl::StrAppend(&plan_text_, "numa       host store interleaved over NUMA nodes ",
                     absl::StrJoin(store_nodes, ", "), " (the GPUs' own)\n");
   }
-  ASSIGN_OR_RETURN(store_, HostStore::Create(BuildLayout(config_), store_nodes));
+  ASSIGN_OR_RETURN(store_, HostStore::Create(BuildLayout(config_), store_nodes, spec.state_dtype));
   ASSIGN_OR_RETURN(slabs_, MakeSlabs(spec, devices, 0));
   RETURN_IF_ERROR(backend_->PinHostRange(store_->transfer_base(), store_->transfer_bytes()));
   pinned_.push_back(store_->transfer_base());
@@ -441,6 +441,7 @@ CheckpointOptions Trainer::checkpoint_options() const {
   CheckpointOptions options;
   options.max_shard_bytes = static_cast<uint64_t>(spec_.max_shard_bytes);
   options.tokenizer_dir = tokenizer_dir_;
+  options.moments = store_->moment_dtype();
   return options;
 }
 

@@ -43,7 +43,7 @@ absl::StatusOr<DType> ParseDType(const std::string& path, const std::string& ten
                                  const std::string& name) {
   static const std::pair<const char*, DType> kKnown[] = {
       {"BF16", DType::kBF16}, {"F16", DType::kF16}, {"F32", DType::kF32},
-      {"F64", DType::kF64},   {"I32", DType::kI32}, {"U8", DType::kU8}};
+      {"F64", DType::kF64},   {"I32", DType::kI32}, {"U8", DType::kU8}, {"I8", DType::kI8}};
   for (const auto& [text, dtype] : kKnown) {
     if (name == text) return dtype;
   }
@@ -297,6 +297,7 @@ absl::Status SafetensorsFile::ReadAsFloat(const TensorInfo& info, float* out) co
     case DType::kF64:
     case DType::kI32:
     case DType::kU8:
+    case DType::kI8:
       break;
   }
   return TensorError(path_, info.name,

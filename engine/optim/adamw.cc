@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/common/check.h"
+#include "engine/common/dtype.h"
 
 namespace megatrain {
 namespace {
@@ -69,6 +70,151 @@ double ChunkSumOfSquares(const float* __restrict g, int64_t begin, int64_t end) 
   return sum;
 }
 
+// The scalars of one step, computed in double as torch/optim/adam.py does; each becomes a
+// float where it meets an fp32 tensor.
+struct StepScalars {
+  float decay, lerp_w, one_minus_lerp_w, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
+  bool lerp_small;
+};
+
+StepScalars MakeScalars(int64_t step, double lr, double weight_decay, const AdamWHyper& hyper) {
+  const double bias_correction1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
+  const double step_size = lr / bias_correction1;
+  const double lerp_weight = 1.0 - hyper.beta1;
+  StepScalars s;
+  s.decay = static_cast<float>(1.0 - lr * weight_decay);
+  s.lerp_w = static_cast<float>(lerp_weight);
+  s.one_minus_lerp_w = 1.0f - s.lerp_w;  // torch.lerp computes 1 - weight in fp32
+  s.beta2 = static_cast<float>(hyper.beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - hyper.beta2);
+  s.bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.eps = static_cast<float>(hyper.eps);
+  s.neg_step_size = static_cast<float>(-step_size);
+  s.lerp_small = std::abs(s.lerp_w) < 0.5f;
+  return s;
+}
+
+void Chunk(const StepScalars& s, float* master, float* m, float* v, uint16_t* bf16_out,
+           const float* grad, int64_t begin, int64_t end, float grad_scale) {
+  if (s.lerp_small) {
+    AdamWChunk<true>(master, m, v, bf16_out, grad, begin, end, grad_scale, s.decay, s.lerp_w,
+                     s.one_minus_lerp_w, s.beta2, s.one_minus_beta2, s.bc2_sqrt, s.eps,
+                     s.neg_step_size);
+  } else {
+    AdamWChunk<false>(master, m, v, bf16_out, grad, begin, end, grad_scale, s.decay, s.lerp_w,
+                      s.one_minus_lerp_w, s.beta2, s.one_minus_beta2, s.bc2_sqrt, s.eps,
+                      s.neg_step_size);
+  }
+}
+
+// ---- quantised moments
+
+// murmur3's finaliser: a 32-bit hash whose output bits all depend on every input bit.
+inline uint32_t Mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85ebca6bu;
+  x ^= x >> 13;
+  x *= 0xc2b2ae35u;
+  x ^= x >> 16;
+  return x;
+}
+
+// A uniform draw in [0, 1) from 24 random bits.
+inline float Uniform(uint32_t r) { return static_cast<float>(r >> 8) * 0x1.0p-24f; }
+
+// x rounded to one of the two bf16 values around it, up with probability equal to the
+// distance from the lower one over the gap: adding 16 random bits below the cut does it.
+inline uint16_t Bf16Stochastic(float x, uint32_t r) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  return static_cast<uint16_t>((bits + (r & 0xffffu)) >> 16);
+}
+
+constexpr float kMCodes = 127.0f, kVCodes = 255.0f;
+
+// The magnitude code of t = |m| / scale in [0, 1] (values (q / 127)^2), chosen between the
+// two around t with probabilities that make its value t on average.
+inline int32_t EncodeM(float t, float u) {
+  t = std::fmin(std::fmax(t, 0.0f), 1.0f);  // also takes NaN to 0
+  const float lo_q = std::fmin(std::floor(std::sqrt(t) * kMCodes), kMCodes - 1.0f);
+  const float lo = (lo_q / kMCodes) * (lo_q / kMCodes);
+  const float hi = ((lo_q + 1.0f) / kMCodes) * ((lo_q + 1.0f) / kMCodes);
+  return static_cast<int32_t>(lo_q) + (u * (hi - lo) < t - lo ? 1 : 0);
+}
+
+// The same for t = v / scale with values (q / 255)^4; a nonzero t keeps code 1 at least.
+inline int32_t EncodeV(float t, float u) {
+  t = std::fmin(std::fmax(t, 0.0f), 1.0f);
+  const float lo_q = std::fmin(std::floor(std::sqrt(std::sqrt(t)) * kVCodes), kVCodes - 1.0f);
+  const float a = lo_q / kVCodes, b = (lo_q + 1.0f) / kVCodes;
+  const float lo = (a * a) * (a * a), hi = (b * b) * (b * b);
+  const int32_t q = static_cast<int32_t>(lo_q) + (u * (hi - lo) < t - lo ? 1 : 0);
+  return t > 0.0f && q == 0 ? 1 : q;
+}
+
+// Decodes elements [begin, end) of a block-aligned run into m and v (fp32).
+void DecodeRun(const UnitMoments& s, int64_t begin, int64_t end, float* m, float* v) {
+  if (s.dtype == MomentDType::kBF16) {
+    const uint16_t* mb = static_cast<const uint16_t*>(s.m);
+    const uint16_t* vb = static_cast<const uint16_t*>(s.v);
+    for (int64_t i = begin; i < end; ++i) {
+      m[i - begin] = Bf16ToFloat(mb[i]);
+      v[i - begin] = Bf16ToFloat(vb[i]);
+    }
+    return;
+  }
+  const int8_t* mq = static_cast<const int8_t*>(s.m);
+  const uint8_t* vq = static_cast<const uint8_t*>(s.v);
+  for (int64_t b0 = begin; b0 < end; b0 = (b0 / kMomentBlock + 1) * kMomentBlock) {
+    const int64_t blk = b0 / kMomentBlock, b1 = std::min(end, (blk + 1) * kMomentBlock);
+    const float ms = s.m_scales[blk] / (kMCodes * kMCodes);
+    const float vs = s.v_scales[blk] / ((kVCodes * kVCodes) * (kVCodes * kVCodes));
+    for (int64_t i = b0; i < b1; ++i) {
+      const float qm = static_cast<float>(mq[i]), qv = static_cast<float>(vq[i]);
+      m[i - begin] = (qm < 0.0f ? -(qm * qm) : qm * qm) * ms;
+      v[i - begin] = ((qv * qv) * (qv * qv)) * vs;
+    }
+  }
+}
+
+// Encodes one block [b0, b1) of fp32 moments into the store (block index blk).
+void EncodeBlock(const UnitMoments& s, int64_t b0, int64_t b1, const float* m, const float* v,
+                 uint32_t key_m, uint32_t key_v) {
+  const int64_t n = b1 - b0;
+  if (s.dtype == MomentDType::kBF16) {
+    uint16_t* mb = static_cast<uint16_t*>(s.m) + b0;
+    uint16_t* vb = static_cast<uint16_t*>(s.v) + b0;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t index = static_cast<uint32_t>(b0 + i);
+      mb[i] = Bf16Stochastic(m[i], Mix32(index ^ key_m));
+      vb[i] = Bf16Stochastic(v[i], Mix32(index ^ key_v));
+    }
+    return;
+  }
+  float m_max = 0.0f, v_max = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    m_max = std::fmax(m_max, std::fabs(m[i]));
+    v_max = std::fmax(v_max, v[i]);
+  }
+  const int64_t blk = b0 / kMomentBlock;
+  s.m_scales[blk] = m_max;
+  s.v_scales[blk] = v_max;
+  const float m_inv = m_max > 0.0f ? 1.0f / m_max : 0.0f;
+  const float v_inv = v_max > 0.0f ? 1.0f / v_max : 0.0f;
+  int8_t* mq = static_cast<int8_t*>(s.m) + b0;
+  uint8_t* vq = static_cast<uint8_t*>(s.v) + b0;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t index = static_cast<uint32_t>(b0 + i);
+    const int32_t qm = EncodeM(std::fabs(m[i]) * m_inv, Uniform(Mix32(index ^ key_m)));
+    mq[i] = static_cast<int8_t>(m[i] < 0.0f ? -qm : qm);
+    vq[i] = static_cast<uint8_t>(EncodeV(v[i] * v_inv, Uniform(Mix32(index ^ key_v))));
+  }
+}
+
 }  // namespace
 
 void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const float* grad,
@@ -78,24 +224,7 @@ void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const fl
   MT_CHECK(step >= 1);
   if (n == 0) return;
   MT_CHECK(master != nullptr && m != nullptr && v != nullptr && grad != nullptr);
-
-  // Python-side scalars, in double as torch/optim/adam.py computes them.
-  const double bias_correction1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
-  const double step_size = lr / bias_correction1;
-  const double lerp_weight = 1.0 - hyper.beta1;
-
-  // Each becomes a float where it meets an fp32 tensor.
-  const float decay = static_cast<float>(1.0 - lr * weight_decay);
-  const float lerp_w = static_cast<float>(lerp_weight);
-  const float one_minus_lerp_w = 1.0f - lerp_w;  // torch.lerp computes 1 - weight in fp32
-  const float beta2 = static_cast<float>(hyper.beta2);
-  const float one_minus_beta2 = static_cast<float>(1.0 - hyper.beta2);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  const float eps = static_cast<float>(hyper.eps);
-  const float neg_step_size = static_cast<float>(-step_size);
-  const bool lerp_small = std::abs(lerp_w) < 0.5f;
-
+  const StepScalars sc = MakeScalars(step, lr, weight_decay, hyper);
   const int64_t num_chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partials(grad_sum_squares != nullptr ? num_chunks : 0);
   // Dynamic: a core that is busy with something else (a CUDA driver thread, the pipeline)
@@ -104,14 +233,66 @@ void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const fl
   for (int64_t c = 0; c < num_chunks; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t end = std::min(n, begin + kChunk);
-    if (lerp_small) {
-      AdamWChunk<true>(master, m, v, bf16_out, grad, begin, end, grad_scale, decay, lerp_w,
-                       one_minus_lerp_w, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size);
-    } else {
-      AdamWChunk<false>(master, m, v, bf16_out, grad, begin, end, grad_scale, decay, lerp_w,
-                        one_minus_lerp_w, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size);
-    }
+    Chunk(sc, master, m, v, bf16_out, grad, begin, end, grad_scale);
     if (grad_sum_squares != nullptr) partials[c] = ChunkSumOfSquares(grad, begin, end);
+  }
+  if (grad_sum_squares != nullptr) {
+    double total = 0.0;
+    for (double p : partials) total += p;
+    *grad_sum_squares = total;
+  }
+}
+
+uint32_t MomentRoundingKey(int64_t unit, int64_t step) {
+  return Mix32(static_cast<uint32_t>(unit) * 0x9e3779b9u ^ Mix32(static_cast<uint32_t>(step)));
+}
+
+void DecodeMoments(const UnitMoments& moments, int64_t begin, int64_t end, float* m, float* v) {
+  if (moments.dtype == MomentDType::kF32) {
+    std::memcpy(m, static_cast<const float*>(moments.m) + begin, (end - begin) * sizeof(float));
+    std::memcpy(v, static_cast<const float*>(moments.v) + begin, (end - begin) * sizeof(float));
+    return;
+  }
+  DecodeRun(moments, begin, end, m, v);
+}
+
+void AdamWUpdateQuantized(float* master, const UnitMoments& moments, uint16_t* bf16_out,
+                          const float* grad, int64_t begin, int64_t end, int64_t unit_elements,
+                          const std::vector<ElementRange>& tensors, int64_t step, double lr,
+                          double weight_decay, float grad_scale, const AdamWHyper& hyper,
+                          uint32_t key, double* grad_sum_squares) {
+  MT_CHECK(step >= 1);
+  MT_CHECK(moments.dtype != MomentDType::kF32);
+  MT_CHECK_MSG(begin >= 0 && begin <= end && end <= unit_elements && begin % kMomentBlock == 0 &&
+                   (end % kMomentBlock == 0 || end == unit_elements),
+               "AdamWUpdateQuantized: [%lld, %lld) of %lld is not whole moment blocks",
+               static_cast<long long>(begin), static_cast<long long>(end),
+               static_cast<long long>(unit_elements));
+  if (begin == end) return;
+  const StepScalars with_decay = MakeScalars(step, lr, weight_decay, hyper);
+  const StepScalars no_decay = MakeScalars(step, lr, 0.0, hyper);
+  const uint32_t key_m = Mix32(key ^ 0x1b873593u), key_v = Mix32(key ^ 0xcc9e2d51u);
+  const int64_t blocks = (end - begin + kMomentBlock - 1) / kMomentBlock;
+  std::vector<double> partials(grad_sum_squares != nullptr ? blocks : 0);
+#pragma omp parallel for schedule(dynamic, 64) if (blocks > 64)
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int64_t b0 = begin + k * kMomentBlock, b1 = std::min(end, b0 + kMomentBlock);
+    float m[kMomentBlock], v[kMomentBlock];
+    DecodeRun(moments, b0, b1, m, v);
+    // The tensors' runs in the block (sorted by begin, so also by end), each with its decay.
+    // Indices relative to the block for m and v, to the unit for master and bf16.
+    auto r = std::upper_bound(tensors.begin(), tensors.end(), b0,
+                              [](int64_t x, const ElementRange& t) { return x < t.end; });
+    double squares = 0.0;
+    for (; r != tensors.end() && r->begin < b1; ++r) {
+      const int64_t i0 = std::max(b0, r->begin), i1 = std::min(b1, r->end);
+      Chunk(r->decay ? with_decay : no_decay, master + b0, m, v,
+            bf16_out != nullptr ? bf16_out + b0 : nullptr, grad + (b0 - begin), i0 - b0, i1 - b0,
+            grad_scale);
+      if (grad_sum_squares != nullptr) squares += ChunkSumOfSquares(grad, i0 - begin, i1 - begin);
+    }
+    EncodeBlock(moments, b0, b1, m, v, key_m, key_v);
+    if (grad_sum_squares != nullptr) partials[k] = squares;
   }
   if (grad_sum_squares != nullptr) {
     double total = 0.0;

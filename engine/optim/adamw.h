@@ -8,6 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "engine/store/host_store.h"  // MomentDType, UnitMoments, kMomentBlock
 
 namespace megatrain {
 
@@ -41,5 +44,40 @@ struct AdamWHyper {
 void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const float* grad,
                  int64_t n, int64_t step, double lr, double weight_decay, float grad_scale,
                  const AdamWHyper& hyper, double* grad_sum_squares = nullptr);
+
+// The same update of elements [begin, end) of one unit whose moments are stored as bf16 or
+// int8 (UnitMoments: the unit's own pointers, indexed from its first element). Each block
+// of kMomentBlock elements is decoded to fp32, updated by exactly the fp32 arithmetic
+// above (so the master and bf16 weights see the same operations), and encoded again:
+//   bf16: each moment rounded stochastically to a neighbouring bf16 (unbiased: rounding to
+//         nearest would lose v's 0.1% steps and never let it decay);
+//   int8: per block, m as sign * (q/127)^2 * max|m| with q in 0..127, and v as
+//         (q/255)^4 * max v with q in 0..255 (square and fourth-power code spacing: fine
+//         steps near zero, like 8-bit Adam's dynamic code), q chosen stochastically
+//         between the two codes around the value so that the code is unbiased; a nonzero
+//         v never becomes 0 (its smallest code is kept), so m / sqrt(v) stays bounded.
+// The random bits are a hash of (key, element index): the same bits on every run and for
+// every thread count. key: the caller's per (unit, step) value. tensors: the unit's ranges
+// of elements to update (its tensors: sorted, disjoint), each with or without weight
+// decay; elements between them (alignment padding) are left as they are, and their moments
+// stay zero, so they never move a block's scale.
+// REQUIRES: begin % kMomentBlock == 0; end is a multiple of kMomentBlock or the unit's
+// end (the unit has `unit_elements`); grad points at element `begin`.
+struct ElementRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool decay = false;
+};
+void AdamWUpdateQuantized(float* master, const UnitMoments& moments, uint16_t* bf16_out,
+                          const float* grad, int64_t begin, int64_t end, int64_t unit_elements,
+                          const std::vector<ElementRange>& tensors, int64_t step, double lr,
+                          double weight_decay, float grad_scale, const AdamWHyper& hyper,
+                          uint32_t key, double* grad_sum_squares = nullptr);
+
+// The moments of elements [begin, end) of a unit as fp32 (checkpoint tests, inspection).
+void DecodeMoments(const UnitMoments& moments, int64_t begin, int64_t end, float* m, float* v);
+
+// The random key of a (unit, step) for AdamWUpdateQuantized.
+uint32_t MomentRoundingKey(int64_t unit, int64_t step);
 
 }  // namespace megatrain

@@ -299,12 +299,29 @@ void HostOptimizer::Drain() {
 double HostOptimizer::Update(const Item& item, const float* grad, float grad_scale) {
   const int64_t unit = item.unit;
   float* master = store_->master(unit);
+  uint16_t* bf16 = store_->weights(unit);
+  const UnitLayout& layout = store_->layout().units[unit];
+  if (store_->moment_dtype() != MomentDType::kF32) {
+    // Whole blocks of the piece at once: pieces start on block boundaries (grad_slab_pool.h).
+    std::vector<ElementRange> tensors;
+    tensors.reserve(layout.tensors.size());
+    for (const TensorSlot& t : layout.tensors) {
+      tensors.push_back(ElementRange{t.offset, t.offset + t.num_elements, t.weight_decay});
+    }
+    std::sort(tensors.begin(), tensors.end(),
+              [](const ElementRange& a, const ElementRange& b) { return a.begin < b.begin; });
+    double sum_squares = 0;
+    AdamWUpdateQuantized(master, store_->moments(unit), bf16, grad, item.offset,
+                         item.offset + item.count, layout.num_elements, tensors, item.step,
+                         item.lr, options_.weight_decay, grad_scale, options_.hyper,
+                         MomentRoundingKey(unit, item.step), &sum_squares);
+    return sum_squares;
+  }
   float* m = store_->exp_avg(unit);
   float* v = store_->exp_avg_sq(unit);
-  uint16_t* bf16 = store_->weights(unit);
   // The piece [item.offset, item.offset + item.count) meets each tensor in one range.
   double sum_squares = 0;
-  for (const TensorSlot& t : store_->layout().units[unit].tensors) {
+  for (const TensorSlot& t : layout.tensors) {
     const int64_t begin = std::max(t.offset, item.offset);
     const int64_t end = std::min(t.offset + t.num_elements, item.offset + item.count);
     if (begin >= end) continue;

@@ -35,8 +35,13 @@ float* GradSlabPool::Acquire() {
   return slab;
 }
 
+// Pieces of a unit start at multiples of the slab size: whole blocks of int8 moments.
+static_assert(kGradSlabMaxElements % kMomentBlock == 0 &&
+              GradShardElements(kMomentBlock + 1, 3) % kMomentBlock == 0);
+
 int64_t GradSlabElements(const ModelLayout& layout) {
-  return std::min(layout.MaxDecoderElements(), kGradSlabMaxElements);
+  const int64_t layer = (layout.MaxDecoderElements() + kMomentBlock - 1) / kMomentBlock * kMomentBlock;
+  return std::min(layer, kGradSlabMaxElements);
 }
 
 int64_t GradSlabsNeeded(const ModelLayout& layout, bool clipping) {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/check.h"
 #include "engine/common/dtype.h"
 #include "engine/common/status.h"
 
@@ -18,7 +19,42 @@ namespace {
 constexpr size_t kPage = 4096;
 size_t RoundUp(size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
+size_t MomentElementBytes(MomentDType t) {
+  switch (t) {
+    case MomentDType::kF32: return 4;
+    case MomentDType::kBF16: return 2;
+    case MomentDType::kInt8: return 1;
+  }
+  return 4;
+}
+
+int64_t MomentBlocks(int64_t n) { return (n + kMomentBlock - 1) / kMomentBlock; }
+
 }  // namespace
+
+const char* MomentDTypeName(MomentDType t) {
+  switch (t) {
+    case MomentDType::kF32: return "fp32";
+    case MomentDType::kBF16: return "bf16";
+    case MomentDType::kInt8: return "int8";
+  }
+  return "?";
+}
+
+bool ParseMomentDType(const std::string& name, MomentDType* out) {
+  for (MomentDType t : {MomentDType::kF32, MomentDType::kBF16, MomentDType::kInt8}) {
+    if (name == MomentDTypeName(t)) {
+      *out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+double MomentBytesPerParameter(MomentDType t) {
+  const double scales = t == MomentDType::kInt8 ? 2.0 * 4 / kMomentBlock : 0.0;
+  return 2.0 * MomentElementBytes(t) + scales;
+}
 
 std::vector<int> StoreNodes(const std::vector<int>& device_nodes) {
   std::vector<int> nodes;
@@ -84,23 +120,56 @@ HostArena& HostArena::operator=(HostArena&& o) noexcept {
 }
 
 absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout,
-                                                             int numa_node) {
-  return Create(layout, numa_node >= 0 ? std::vector<int>{numa_node} : std::vector<int>{});
+                                                             int numa_node, MomentDType moments) {
+  return Create(layout, numa_node >= 0 ? std::vector<int>{numa_node} : std::vector<int>{},
+                moments);
 }
 
 absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout,
-                                                             const std::vector<int>& nodes) {
-  std::unique_ptr<HostStore> store(new HostStore(layout));
+                                                             const std::vector<int>& nodes,
+                                                             MomentDType moments) {
+  std::unique_ptr<HostStore> store(new HostStore(layout, moments));
   size_t transfer_bytes = 0, state_bytes = 0;
-  for (const UnitLayout& u : layout.units) {
+  for (int64_t u = 0; u < static_cast<int64_t>(layout.units.size()); ++u) {
     store->transfer_offset_.push_back(transfer_bytes);
     store->state_offset_.push_back(state_bytes);
-    transfer_bytes += RoundUp(u.num_elements * sizeof(uint16_t));
-    state_bytes += 3 * RoundUp(u.num_elements * sizeof(float));
+    transfer_bytes += RoundUp(layout.units[u].num_elements * sizeof(uint16_t));
+    state_bytes += RoundUp(layout.units[u].num_elements * sizeof(float)) +
+                   2 * (store->moment_bytes(u) + store->moment_scale_bytes(u));
   }
   ASSIGN_OR_RETURN(store->transfer_, HostArena::Map(transfer_bytes, "bf16 weights", nodes));
-  ASSIGN_OR_RETURN(store->state_, HostArena::Map(state_bytes, "fp32 master weights and AdamW moments", nodes));
+  ASSIGN_OR_RETURN(store->state_,
+                   HostArena::Map(state_bytes,
+                                  absl::StrCat("fp32 master weights and ", MomentDTypeName(moments),
+                                               " AdamW moments")
+                                      .c_str(),
+                                  nodes));
   return store;
+}
+
+size_t HostStore::moment_bytes(int64_t unit) const {
+  return RoundUp(unit_elements(unit) * MomentElementBytes(moments_));
+}
+
+size_t HostStore::moment_scale_bytes(int64_t unit) const {
+  return moments_ == MomentDType::kInt8 ? RoundUp(MomentBlocks(unit_elements(unit)) * sizeof(float))
+                                        : 0;
+}
+
+UnitMoments HostStore::moments(int64_t unit) const {
+  char* m = state_.data() + state_offset_[unit] + RoundUp(unit_elements(unit) * sizeof(float));
+  char* v = m + moment_bytes(unit);
+  UnitMoments out{moments_, m, v, nullptr, nullptr};
+  if (moments_ == MomentDType::kInt8) {
+    out.m_scales = reinterpret_cast<float*>(v + moment_bytes(unit));
+    out.v_scales = reinterpret_cast<float*>(v + moment_bytes(unit) + moment_scale_bytes(unit));
+  }
+  return out;
+}
+
+void HostStore::ResetMoments(int64_t unit) {
+  // m, v and the scales are contiguous; all-zero bytes are zero in every dtype.
+  std::memset(moments(unit).m, 0, 2 * (moment_bytes(unit) + moment_scale_bytes(unit)));
 }
 
 uint16_t* HostStore::weights(int64_t unit) const {
@@ -112,13 +181,15 @@ float* HostStore::master(int64_t unit) const {
 }
 
 float* HostStore::exp_avg(int64_t unit) const {
-  return reinterpret_cast<float*>(state_.data() + state_offset_[unit] +
-                                  RoundUp(unit_elements(unit) * sizeof(float)));
+  MT_CHECK_MSG(moments_ == MomentDType::kF32, "exp_avg: the moments are %s",
+               MomentDTypeName(moments_));
+  return static_cast<float*>(moments(unit).m);
 }
 
 float* HostStore::exp_avg_sq(int64_t unit) const {
-  return reinterpret_cast<float*>(state_.data() + state_offset_[unit] +
-                                  2 * RoundUp(unit_elements(unit) * sizeof(float)));
+  MT_CHECK_MSG(moments_ == MomentDType::kF32, "exp_avg_sq: the moments are %s",
+               MomentDTypeName(moments_));
+  return static_cast<float*>(moments(unit).v);
 }
 
 void HostStore::RefreshWeightsFromMaster(int64_t unit) {

@@ -8,18 +8,46 @@
 // in a second arena (ordinary pageable memory; NUMA placement is the allocator's job).
 // Cost: 2 + 12 bytes per parameter, plus gradient slabs (grad_slab_pool.h).
 //
+// The moments may instead be kept in bf16 (2 + 4 + 2 + 2 bytes per parameter) or int8
+// (2 + 4 + 1 + 1, plus one fp32 scale per moment per kMomentBlock elements of the unit):
+// MomentDType, chosen per job (optimizer.state_dtype). The master is always fp32.
+//
 // Thread-compatible: the pipeline reads a unit's transfer part only after the optimizer
 // has finished writing it (the pipeline orders this with the optimizer's completions).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/model/layout.h"
 
 namespace megatrain {
+
+// How AdamW's moments are stored (adamw.h says how they are rounded).
+enum class MomentDType { kF32, kBF16, kInt8 };
+const char* MomentDTypeName(MomentDType t);  // "fp32", "bf16", "int8"
+// Parses a name MomentDTypeName gives; false for anything else.
+[[nodiscard]] bool ParseMomentDType(const std::string& name, MomentDType* out);
+// Bytes of state per parameter beyond the fp32 master: m and v (and the int8 scales).
+double MomentBytesPerParameter(MomentDType t);
+
+// int8 moments share one scale per block of this many elements of a unit (the block of
+// element i is i / kMomentBlock). Optimizer pieces start on block boundaries.
+constexpr int64_t kMomentBlock = 256;
+
+// A unit's moments as stored: m and v (n elements of `dtype`: float, bf16 bits, or int8
+// codes for m and uint8 codes for v), and for int8 the block scales (ceil(n / kMomentBlock)
+// floats each; null otherwise).
+struct UnitMoments {
+  MomentDType dtype = MomentDType::kF32;
+  void* m = nullptr;
+  void* v = nullptr;
+  float* m_scales = nullptr;
+  float* v_scales = nullptr;
+};
 
 // The NUMA nodes a data-parallel job's host store spreads over: the distinct known nodes
 // (>= 0) of its devices, in device order. Empty: the default policy.
@@ -53,20 +81,29 @@ class HostStore {
  public:
   // numa_node: where both arenas live (the node nearest the GPU), -1 = default policy.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostStore>> Create(
-      const ModelLayout& layout, int numa_node = -1);
+      const ModelLayout& layout, int numa_node = -1, MomentDType moments = MomentDType::kF32);
   // Over the nodes of several GPUs (StoreNodes): interleaved across them, so that every
   // GPU streams from its own node's memory as much as from the others'.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostStore>> Create(
-      const ModelLayout& layout, const std::vector<int>& nodes);
+      const ModelLayout& layout, const std::vector<int>& nodes,
+      MomentDType moments = MomentDType::kF32);
 
   const ModelLayout& layout() const { return layout_; }
   int64_t num_units() const { return static_cast<int64_t>(layout_.units.size()); }
   int64_t unit_elements(int64_t unit) const { return layout_.units[unit].num_elements; }
 
+  MomentDType moment_dtype() const { return moments_; }
   uint16_t* weights(int64_t unit) const;  // bf16 (n)
   float* master(int64_t unit) const;      // f32 (n)
-  float* exp_avg(int64_t unit) const;     // f32 (n)
-  float* exp_avg_sq(int64_t unit) const;  // f32 (n)
+  // f32 (n). REQUIRES: moment_dtype() == kF32.
+  float* exp_avg(int64_t unit) const;
+  float* exp_avg_sq(int64_t unit) const;
+  UnitMoments moments(int64_t unit) const;  // any dtype
+  // Bytes of one moment of `unit` as stored (m's; v's are the same), and of its scales.
+  size_t moment_bytes(int64_t unit) const;
+  size_t moment_scale_bytes(int64_t unit) const;
+  // Zeroes m and v (and their scales): the state before the first step.
+  void ResetMoments(int64_t unit);
 
   // The transfer arena, for pinning.
   void* transfer_base() const { return transfer_.data(); }
@@ -77,13 +114,14 @@ class HostStore {
   void RefreshWeightsFromMaster(int64_t unit);
 
  private:
-  explicit HostStore(const ModelLayout& layout) : layout_(layout) {}
+  HostStore(const ModelLayout& layout, MomentDType moments) : layout_(layout), moments_(moments) {}
 
   ModelLayout layout_;
+  MomentDType moments_;
   HostArena transfer_;
   HostArena state_;
   std::vector<size_t> transfer_offset_;  // bytes, per unit
-  std::vector<size_t> state_offset_;     // bytes, per unit (master; m and v follow)
+  std::vector<size_t> state_offset_;     // bytes, per unit (master; m, v, their scales follow)
 };
 
 }  // namespace megatrain

@@ -33,9 +33,7 @@ bool IsBias(TensorRole r) {
 }
 
 void ResetUnitState(HostStore* store, int64_t unit) {
-  const size_t bytes = store->unit_elements(unit) * sizeof(float);
-  std::memset(store->exp_avg(unit), 0, bytes);
-  std::memset(store->exp_avg_sq(unit), 0, bytes);
+  store->ResetMoments(unit);
   store->RefreshWeightsFromMaster(unit);
 }
 

@@ -52,10 +52,12 @@ TEST(CpuCollective, RefusesBackendsOfDifferentPrecision) {
 }
 
 TEST(GradShardElements, CoversTheGradientInWholePieces) {
-  EXPECT_EQ(GradShardElements(1000, 3), 384);  // ceil(1000/3) = 334, up to 64s
-  EXPECT_EQ(GradShardElements(128, 2), 64);
-  EXPECT_EQ(GradShardElements(1, 4), 64);
+  // ceil(n / ranks), up to 256s (whole blocks of int8 moments).
+  EXPECT_EQ(GradShardElements(1000, 3), 512);
+  EXPECT_EQ(GradShardElements(512, 2), 256);
+  EXPECT_EQ(GradShardElements(1, 4), 256);
   EXPECT_EQ(GradShardElements(1000, 1), 1024);
+  EXPECT_EQ(GradShardElements(1025, 1), 1280);
 }
 
 }  // namespace

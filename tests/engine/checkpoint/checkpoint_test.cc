@@ -19,9 +19,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/common/dtype.h"
 #include "engine/model/layout.h"
 #include "engine/model/safetensors.h"
+#include "engine/optim/adamw.h"
 #include "engine/store/model_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -589,6 +591,74 @@ TEST(PruneCheckpointsTest, RealSavesPrunedToTheNewestTwoStillLoad) {
   ASSERT_TRUE(LoadCheckpoint(left.back(), fresh.get(), &loaded).ok());
   EXPECT_EQ(loaded.step, 9);
 }
+
+
+// bf16 and int8 moments are written as kept (bf16; I8/U8 codes and the blocks' scales), so
+// a resume restores the same bytes; the checkpoint names the choice, and a job that keeps
+// its moments otherwise is refused with both named.
+class QuantizedMomentsCheckpoint : public ::testing::TestWithParam<MomentDType> {};
+
+TEST_P(QuantizedMomentsCheckpoint, RoundTripsTheStoredBytesAndRefusesAnotherDtype) {
+  const ModelConfig config = TinyConfig(/*tied=*/false);
+  absl::StatusOr<std::unique_ptr<HostStore>> store =
+      HostStore::Create(BuildLayout(config), -1, GetParam());
+  ASSERT_TRUE(store.ok()) << store.status();
+  RandomInitWeights(config, 5, store->get());
+  // One real update per unit fills the moments (and the int8 scales) with trained values.
+  std::mt19937 gen(3);
+  std::normal_distribution<float> dist(0.0f, 0.01f);
+  for (int64_t u = 0; u < (*store)->num_units(); ++u) {
+    const UnitLayout& unit = (*store)->layout().units[u];
+    std::vector<float> grad(unit.num_elements);
+    for (float& g : grad) g = dist(gen);
+    std::vector<ElementRange> tensors;
+    for (const TensorSlot& t : unit.tensors) tensors.push_back({t.offset, t.offset + t.num_elements, true});
+    std::sort(tensors.begin(), tensors.end(),
+              [](const ElementRange& a, const ElementRange& b) { return a.begin < b.begin; });
+    for (int64_t step = 1; step <= 2; ++step) {
+      AdamWUpdateQuantized((*store)->master(u), (*store)->moments(u), (*store)->weights(u),
+                           grad.data(), 0, unit.num_elements, unit.num_elements, tensors, step,
+                           1e-3, 0.0, 1.0f, AdamWHyper{}, MomentRoundingKey(u, step));
+    }
+  }
+  TempDir root;
+  absl::StatusOr<std::string> path =
+      SaveCheckpoint(root.path(), config, **store, SampleState(), CheckpointOptions{});
+  ASSERT_TRUE(path.ok()) << path.status();
+  const nlohmann::json ts = nlohmann::json::parse(ReadFile(*path + "/trainer_state.json"));
+  EXPECT_EQ(ts.at("optimizer_state_dtype"), MomentDTypeName(GetParam()));
+
+  absl::StatusOr<std::unique_ptr<HostStore>> back =
+      HostStore::Create(BuildLayout(config), -1, GetParam());
+  ASSERT_TRUE(back.ok());
+  TrainerState state;
+  ASSERT_TRUE(LoadCheckpoint(*path, back->get(), &state).ok());
+  for (int64_t u = 0; u < (*store)->num_units(); ++u) {
+    const UnitMoments a = (*store)->moments(u), b = (*back)->moments(u);
+    const size_t bytes = (*store)->moment_bytes(u), scales = (*store)->moment_scale_bytes(u);
+    EXPECT_EQ(std::memcmp(a.m, b.m, bytes), 0) << "exp_avg of unit " << u;
+    EXPECT_EQ(std::memcmp(a.v, b.v, bytes), 0) << "exp_avg_sq of unit " << u;
+    if (scales > 0) {
+      EXPECT_EQ(std::memcmp(a.m_scales, b.m_scales, scales), 0) << "exp_avg scales of " << u;
+      EXPECT_EQ(std::memcmp(a.v_scales, b.v_scales, scales), 0) << "exp_avg_sq scales of " << u;
+    }
+    EXPECT_EQ(std::memcmp((*store)->master(u), (*back)->master(u),
+                          (*store)->unit_elements(u) * sizeof(float)),
+              0);
+  }
+  std::unique_ptr<HostStore> fp32 = EmptyStore(config);
+  const absl::Status refused = LoadCheckpoint(*path, fp32.get(), &state);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr(absl::StrCat("keeps its AdamW moments in ", MomentDTypeName(GetParam()),
+                                     "; this job asks for fp32")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, QuantizedMomentsCheckpoint,
+                         ::testing::Values(MomentDType::kBF16, MomentDType::kInt8),
+                         [](const ::testing::TestParamInfo<MomentDType>& info) {
+                           return std::string(MomentDTypeName(info.param));
+                         });
 
 }  // namespace
 }  // namespace megatrain

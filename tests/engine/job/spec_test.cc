@@ -265,6 +265,24 @@ TEST(JobSpecTest, DataChoicesRoundTripThroughYaml) {
   EXPECT_EQ(again->Fingerprint(), spec->Fingerprint());
 }
 
+TEST(JobSpecTest, OptimizerStateDtypeIsCheckedByNameAndRoundTrips) {
+  absl::StatusOr<JobSpec> plain = ParseJobSpec(MinimalSpec(), "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->state_dtype, MomentDType::kF32);
+  for (const char* name : {"fp32", "bf16", "int8"}) {
+    absl::StatusOr<JobSpec> spec =
+        ParseJobSpec(MinimalSpec() + "optimizer:\n  state_dtype: " + name + "\n", "");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_STREQ(MomentDTypeName(spec->state_dtype), name);
+    absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec), "");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->state_dtype, spec->state_dtype);
+  }
+  ExpectInvalid(MinimalSpec() + "optimizer:\n  state_dtype: fp8\n", "optimizer.state_dtype");
+  ExpectInvalid(MinimalSpec() + "optimizer:\n  moments: int8\n", "optimizer.moments");
+  ExpectInvalid(MinimalSpec() + "optimizer: int8\n", "optimizer");
+}
+
 TEST(JobSpecTest, UnknownTopLevelFieldIsRefusedByName) {
   ExpectInvalid(MinimalSpec() + "trian:\n  steps: 3\n", "'trian'");
 }

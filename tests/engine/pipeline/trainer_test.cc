@@ -178,6 +178,29 @@ TEST(Trainer, ResumeInANewProcessIsBitExact) {
   EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-8", dir + "/split/checkpoint-8"), 6);
 }
 
+// bf16 and int8 moments resume as exactly as fp32 ones: their stochastic rounding draws
+// on (unit, step, element), never on what ran before in the process.
+TEST(Trainer, ResumeWithQuantizedMomentsIsBitExact) {
+  for (const char* dtype : {"bf16", "int8"}) {
+    const std::string dir = TempDir(std::string("resume_") + dtype);
+    WriteFile(dir + "/data.jsonl", kText);
+    const std::string optimizer = std::string("optimizer: {state_dtype: ") + dtype + "}\n";
+    WriteFile(dir + "/straight.yaml", Spec(dir, 6, "", optimizer + "checkpoint: {dir: straight}\n"));
+    WriteFile(dir + "/split.yaml", Spec(dir, 6, "", optimizer + "checkpoint: {dir: split}\n"));
+    const std::string bin = MEGATRAIN_TRAIN_BIN;
+    ASSERT_EQ(std::system((bin + " " + dir + "/straight.yaml > /dev/null").c_str()), 0);
+    ASSERT_EQ(std::system((bin + " " + dir + "/split.yaml --max-steps 3 > /dev/null").c_str()), 0);
+    ASSERT_EQ(std::system((bin + " " + dir + "/split.yaml > /dev/null").c_str()), 0);
+    // config, model, 3 optimizer parts (+ 2 of int8 scales), trainer state
+    EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-6", dir + "/split/checkpoint-6"),
+              std::string(dtype) == "int8" ? 8 : 6)
+        << dtype;
+    EXPECT_NE(ReadFile(dir + "/split/checkpoint-6/trainer_state.json")
+                  .find(std::string("\"optimizer_state_dtype\": \"") + dtype + "\""),
+              std::string::npos);
+  }
+}
+
 // Checkpoints written while training goes on equal the ones written with training
 // stopped at the same step, file for file, and are reported by a later Step().
 TEST(Trainer, BackgroundCheckpointsEqualStoppedOnes) {
