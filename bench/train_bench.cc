@@ -116,8 +116,9 @@ int main(int argc, char** argv) {
   int64_t micro_rows = 0, k = 0, kept = -1, slots = -1, mlp_tile = -1;
   double device_gib = 0, max_grad_norm = 0, host_gib = 0;
   bool plan_only = false, no_optimizer = false;
-  std::string timeline_path;
+  std::string timeline_path, state_dtype = "fp32";
   app.add_option("--backend", backend);
+  app.add_option("--state-dtype", state_dtype, "AdamW moments: fp32 | bf16 | int8");
   app.add_option("--shape", shape,
                  "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b | "
                  "gpt-oss-120b | gpt-oss-20b | qwen3-235b-a22b");
@@ -177,6 +178,13 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "%s\n", note.c_str());
 
   PlanRequest request;
+  MomentDType moments = MomentDType::kF32;
+  if (!ParseMomentDType(state_dtype, &moments)) {
+    std::fprintf(stderr, "--state-dtype must be fp32, bf16 or int8, got '%s'\n",
+                 state_dtype.c_str());
+    return 2;
+  }
+  request.moments = moments;
   request.config = c;
   request.seq_len = seq;
   request.rows_per_step = tokens / seq;
@@ -230,7 +238,7 @@ int main(int argc, char** argv) {
   }
 
   const ModelLayout layout = BuildLayout(c);
-  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout);
+  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout, -1, moments);
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
     return 1;
@@ -369,6 +377,7 @@ int main(int argc, char** argv) {
       {"seq_len", seq},
       {"clipping", max_grad_norm > 0},
       {"optimizer", no_optimizer ? "none (gradients discarded)" : "CPU AdamW"},
+      {"optimizer_state_dtype", MomentDTypeName(moments)},
       {"device_memory_cap_gib", device_gib},
       {"plan", plan_json},
       {"steady_steps", step_s.size()},

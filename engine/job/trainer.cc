@@ -66,6 +66,7 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.host_budget_bytes = host_budget_bytes;
   r.devices = std::max<int64_t>(1, spec.devices);
   r.reduce_on_devices = spec.gradient_reduce != "host";
+  r.moments = spec.state_dtype;
   return r;
 }
 

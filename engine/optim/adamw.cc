@@ -121,7 +121,9 @@ inline uint32_t Mix32(uint32_t x) {
 }
 
 // A uniform draw in [0, 1) from 24 random bits.
-inline float Uniform(uint32_t r) { return static_cast<float>(r >> 8) * 0x1.0p-24f; }
+inline float Uniform(uint32_t r) {
+  return static_cast<float>(static_cast<int32_t>(r >> 8)) * 0x1.0p-24f;  // signed: vectorises
+}
 
 // x rounded to one of the two bf16 values around it, up with probability equal to the
 // distance from the lower one over the gap: adding 16 random bits below the cut does it.
@@ -134,31 +136,49 @@ inline uint16_t Bf16Stochastic(float x, uint32_t r) {
 
 constexpr float kMCodes = 127.0f, kVCodes = 255.0f;
 
+constexpr float kMStep = 1.0f / kMCodes, kVStep = 1.0f / kVCodes;
+
+// (Comparisons and selects only, no branches or library calls such as std::fmin, so that
+// the encoding loop vectorises.)
+inline float Clamp01(float t) {
+  t = t < 1.0f ? t : 1.0f;
+  return t > 0.0f ? t : 0.0f;  // also takes NaN to 0
+}
+
 // The magnitude code of t = |m| / scale in [0, 1] (values (q / 127)^2), chosen between the
-// two around t with probabilities that make its value t on average.
-inline int32_t EncodeM(float t, float u) {
-  t = std::fmin(std::fmax(t, 0.0f), 1.0f);  // also takes NaN to 0
-  const float lo_q = std::fmin(std::floor(std::sqrt(t) * kMCodes), kMCodes - 1.0f);
-  const float lo = (lo_q / kMCodes) * (lo_q / kMCodes);
-  const float hi = ((lo_q + 1.0f) / kMCodes) * ((lo_q + 1.0f) / kMCodes);
-  return static_cast<int32_t>(lo_q) + (u * (hi - lo) < t - lo ? 1 : 0);
+// two around t with probabilities that make its value t on average (u uniform in [0, 1)).
+inline float EncodeM(float t, float u) {
+  t = Clamp01(t);
+  float q = std::floor(std::sqrt(t) * kMCodes);
+  q = q < kMCodes - 1.0f ? q : kMCodes - 1.0f;
+  const float a = q * kMStep, b = (q + 1.0f) * kMStep;
+  const float lo = a * a, hi = b * b;
+  return q + (u * (hi - lo) < t - lo ? 1.0f : 0.0f);
 }
 
 // The same for t = v / scale with values (q / 255)^4; a nonzero t keeps code 1 at least.
-inline int32_t EncodeV(float t, float u) {
-  t = std::fmin(std::fmax(t, 0.0f), 1.0f);
-  const float lo_q = std::fmin(std::floor(std::sqrt(std::sqrt(t)) * kVCodes), kVCodes - 1.0f);
-  const float a = lo_q / kVCodes, b = (lo_q + 1.0f) / kVCodes;
+inline float EncodeV(float t, float u) {
+  t = Clamp01(t);
+  float q = std::floor(std::sqrt(std::sqrt(t)) * kVCodes);
+  q = q < kVCodes - 1.0f ? q : kVCodes - 1.0f;
+  const float a = q * kVStep, b = (q + 1.0f) * kVStep;
   const float lo = (a * a) * (a * a), hi = (b * b) * (b * b);
-  const int32_t q = static_cast<int32_t>(lo_q) + (u * (hi - lo) < t - lo ? 1 : 0);
-  return t > 0.0f && q == 0 ? 1 : q;
+  const float code = q + (u * (hi - lo) < t - lo ? 1.0f : 0.0f);
+  const float least = t > 0.0f ? 1.0f : 0.0f;
+  return code > least ? code : least;
 }
 
-// Decodes elements [begin, end) of a block-aligned run into m and v (fp32).
+// Decodes elements [begin, end) of a block-aligned run into m and v (fp32). Built for
+// several vector widths as AdamWChunk is (floor needs SSE4.1 to vectorise at all); every
+// operation is exact IEEE arithmetic, so each width gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 void DecodeRun(const UnitMoments& s, int64_t begin, int64_t end, float* m, float* v) {
   if (s.dtype == MomentDType::kBF16) {
     const uint16_t* mb = static_cast<const uint16_t*>(s.m);
     const uint16_t* vb = static_cast<const uint16_t*>(s.v);
+#pragma omp simd
     for (int64_t i = begin; i < end; ++i) {
       m[i - begin] = Bf16ToFloat(mb[i]);
       v[i - begin] = Bf16ToFloat(vb[i]);
@@ -171,15 +191,20 @@ void DecodeRun(const UnitMoments& s, int64_t begin, int64_t end, float* m, float
     const int64_t blk = b0 / kMomentBlock, b1 = std::min(end, (blk + 1) * kMomentBlock);
     const float ms = s.m_scales[blk] / (kMCodes * kMCodes);
     const float vs = s.v_scales[blk] / ((kVCodes * kVCodes) * (kVCodes * kVCodes));
+#pragma omp simd
     for (int64_t i = b0; i < b1; ++i) {
       const float qm = static_cast<float>(mq[i]), qv = static_cast<float>(vq[i]);
-      m[i - begin] = (qm < 0.0f ? -(qm * qm) : qm * qm) * ms;
+      m[i - begin] = (qm * std::fabs(qm)) * ms;  // the code's sign, its square's size
       v[i - begin] = ((qv * qv) * (qv * qv)) * vs;
     }
   }
 }
 
-// Encodes one block [b0, b1) of fp32 moments into the store (block index blk).
+// Encodes one block [b0, b1) of fp32 moments into the store (block index blk); built as
+// DecodeRun is.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 void EncodeBlock(const UnitMoments& s, int64_t b0, int64_t b1, const float* m, const float* v,
                  uint32_t key_m, uint32_t key_v) {
   const int64_t n = b1 - b0;
@@ -195,9 +220,11 @@ void EncodeBlock(const UnitMoments& s, int64_t b0, int64_t b1, const float* m, c
     return;
   }
   float m_max = 0.0f, v_max = 0.0f;
+#pragma omp simd reduction(max : m_max, v_max)
   for (int64_t i = 0; i < n; ++i) {
-    m_max = std::fmax(m_max, std::fabs(m[i]));
-    v_max = std::fmax(v_max, v[i]);
+    const float a = std::fabs(m[i]);
+    m_max = a > m_max ? a : m_max;
+    v_max = v[i] > v_max ? v[i] : v_max;
   }
   const int64_t blk = b0 / kMomentBlock;
   s.m_scales[blk] = m_max;
@@ -206,12 +233,19 @@ void EncodeBlock(const UnitMoments& s, int64_t b0, int64_t b1, const float* m, c
   const float v_inv = v_max > 0.0f ? 1.0f / v_max : 0.0f;
   int8_t* mq = static_cast<int8_t*>(s.m) + b0;
   uint8_t* vq = static_cast<uint8_t*>(s.v) + b0;
+  // The codes as floats first (the loop that does the arithmetic, vectorised), then as bytes.
+  float cm[kMomentBlock], cv[kMomentBlock];
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t index = static_cast<uint32_t>(b0 + i);
-    const int32_t qm = EncodeM(std::fabs(m[i]) * m_inv, Uniform(Mix32(index ^ key_m)));
-    mq[i] = static_cast<int8_t>(m[i] < 0.0f ? -qm : qm);
-    vq[i] = static_cast<uint8_t>(EncodeV(v[i] * v_inv, Uniform(Mix32(index ^ key_v))));
+    const float qm = EncodeM(std::fabs(m[i]) * m_inv, Uniform(Mix32(index ^ key_m)));
+    cm[i] = m[i] < 0.0f ? -qm : qm;
+    cv[i] = EncodeV(v[i] * v_inv, Uniform(Mix32(index ^ key_v)));
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    mq[i] = static_cast<int8_t>(static_cast<int32_t>(cm[i]));
+    vq[i] = static_cast<uint8_t>(static_cast<int32_t>(cv[i]));
   }
 }
 

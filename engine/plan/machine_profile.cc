@@ -61,6 +61,24 @@ double AdamWParamsPerSecond(int64_t n, int reps) {
   return n / seconds;
 }
 
+// The same over bf16 or int8 moments (AdamWUpdateQuantized, one unit of n elements).
+double QuantizedAdamWParamsPerSecond(MomentDType dtype, int64_t n, int reps) {
+  const int64_t blocks = (n + kMomentBlock - 1) / kMomentBlock;
+  const int64_t size = dtype == MomentDType::kBF16 ? 2 : 1;
+  std::vector<float> master(n, 0.5f), grad(n, 1e-3f), m_scales(blocks, 0.0f), v_scales(blocks, 0.0f);
+  std::vector<char> m(n * size, 0), v(n * size, 0);
+  std::vector<uint16_t> out(n);
+  UnitMoments moments{dtype, m.data(), v.data(), m_scales.data(), v_scales.data()};
+  const std::vector<ElementRange> tensors = {ElementRange{0, n, true}};
+  int64_t step = 1;
+  const double seconds = TimeOnHost(reps, [&] {
+    AdamWUpdateQuantized(master.data(), moments, out.data(), grad.data(), 0, n, n, tensors, step,
+                         1e-4, 0.01, 1.0f, AdamWHyper{}, MomentRoundingKey(0, step));
+    ++step;
+  });
+  return n / seconds;
+}
+
 double Lerp(double x0, double y0, double x1, double y1, double x) {
   if (x1 == x0) return y0;
   const double t = (x - x0) / (x1 - x0);
@@ -194,6 +212,8 @@ std::string ProfileToJson(const MachineProfile& p) {
                       {"gemm", gemm},
                       {"attention", attention},
                       {"adamw_params_per_second", p.adamw_params_per_second},
+                      {"adamw_bf16_params_per_second", p.adamw_bf16_params_per_second},
+                      {"adamw_int8_params_per_second", p.adamw_int8_params_per_second},
                       {"host_gbps", p.host_gbps},
                       {"device_memory_bytes", p.device_memory_bytes},
                       {"host_memory_bytes", p.host_memory_bytes},
@@ -235,6 +255,9 @@ absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& text) {
                                             a.at("backward_tflops").get<double>()});
     }
     p.adamw_params_per_second = j.at("adamw_params_per_second").get<double>();
+    // Profiles measured before the quantized moments existed have neither.
+    p.adamw_bf16_params_per_second = j.value("adamw_bf16_params_per_second", 0.0);
+    p.adamw_int8_params_per_second = j.value("adamw_int8_params_per_second", 0.0);
     p.host_gbps = j.at("host_gbps").get<double>();
     p.device_memory_bytes = j.at("device_memory_bytes").get<int64_t>();
     p.host_memory_bytes = j.at("host_memory_bytes").get<int64_t>();
@@ -406,10 +429,30 @@ absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileO
 
   // The host: our AdamW, and memory bandwidth.
   p.adamw_params_per_second = AdamWParamsPerSecond(quick ? (8 << 20) : (64 << 20), reps);
+  p.adamw_bf16_params_per_second =
+      QuantizedAdamWParamsPerSecond(MomentDType::kBF16, quick ? (8 << 20) : (64 << 20), reps);
+  p.adamw_int8_params_per_second =
+      QuantizedAdamWParamsPerSecond(MomentDType::kInt8, quick ? (8 << 20) : (64 << 20), reps);
   p.host_gbps = HostBandwidthGbps(quick ? (16 << 20) : (256 << 20), reps);
   p.measure_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return p;
+}
+
+double MachineProfile::AdamWParamsPerSecond(MomentDType moments) const {
+  const double rate = moments == MomentDType::kBF16   ? adamw_bf16_params_per_second
+                      : moments == MomentDType::kInt8 ? adamw_int8_params_per_second
+                                                      : adamw_params_per_second;
+  return rate > 0 ? rate : adamw_params_per_second;
+}
+
+double StoreBytesPerParameter(MomentDType moments) {
+  return 2.0 + 4.0 + MomentBytesPerParameter(moments);
+}
+
+double AdamWBytesPerParameter(MomentDType moments) {
+  // grad 4, master 4 + 4, the moments read and written, bf16 2.
+  return 4.0 + 8.0 + 2.0 * MomentBytesPerParameter(moments) + 2.0;
 }
 
 std::string DefaultProfilePath() {

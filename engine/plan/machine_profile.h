@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
+#include "engine/store/host_store.h"
 
 namespace megatrain {
 
@@ -58,6 +59,9 @@ struct MachineProfile {
   std::vector<GemmSample> gemm;
   std::vector<AttentionSample> attention;
   double adamw_params_per_second = 0;  // AdamWUpdate, all threads, fp32 state + bf16 out
+  // AdamWUpdateQuantized over bf16 and int8 moments (0: not measured; the fp32 rate).
+  double adamw_bf16_params_per_second = 0;
+  double adamw_int8_params_per_second = 0;
   double host_gbps = 0;     // host memory, a += s * b in place, all threads
   int64_t device_memory_bytes = 0;  // what the backend may allocate (0 on the CPU)
   int64_t host_memory_bytes = 0;
@@ -69,7 +73,14 @@ struct MachineProfile {
                     bool backward) const;
   // Attention rate at seq_len (nearest measured lengths, interpolated).
   double AttentionTflops(int64_t seq_len, bool backward) const;
+  // The optimizer's rate with the moments kept in `moments`.
+  double AdamWParamsPerSecond(MomentDType moments) const;
 };
+
+// Host bytes per parameter of the store (bf16 weights, fp32 master, the moments) and those
+// AdamW moves per parameter (gradient in, master and moments read and written, bf16 out).
+double StoreBytesPerParameter(MomentDType moments);
+double AdamWBytesPerParameter(MomentDType moments);
 
 std::string ProfileToJson(const MachineProfile& profile);
 [[nodiscard]] absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& json);

@@ -127,7 +127,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // unit's with clipping), pinned checkpoints; the CPU backend's buffers are host memory.
   const int64_t num_ckpt = (L + K - 1) / K;
   const int64_t ckpt_bytes = M * n * C * act;  // one checkpoint, all micro-batches
-  plan->host_store_bytes = 14 * total;
+  plan->host_store_bytes = static_cast<int64_t>(StoreBytesPerParameter(r.moments) * total);
   const int64_t N = std::max<int64_t>(1, plan->devices);
   const bool sharded = N > 1 && r.reduce_on_devices;
   if (sharded) {  // every device its shard: together as much as one device's
@@ -198,8 +198,9 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // AdamW moves 30 bytes a parameter at memory bandwidth; the step's DMA (weights in,
   // gradients out) shares that bandwidth while it runs.
   // With several devices, all of their DMA.
-  const double adamw = std::max(1.0, p.adamw_params_per_second) /
-                       (1.0 + N * (s.h2d_bytes + s.d2h_bytes) / (30.0 * total));
+  const double adamw = std::max(1.0, p.AdamWParamsPerSecond(r.moments)) /
+                       (1.0 + N * (s.h2d_bytes + s.d2h_bytes) /
+                                  (AdamWBytesPerParameter(r.moments) * total));
   const double norm = r.clipping ? 4.0 * total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
   s.optimizer_seconds = total / adamw + norm;
 
@@ -434,13 +435,19 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
     }
     return absl::FailedPreconditionError(absl::StrFormat(
         "the job does not fit in host memory: it needs %s (training state %s for %s parameters "
-        "at 14 bytes each, gradient slabs %s%s), and %s is available; use a smaller model%s",
+        "at %.4g bytes each, gradient slabs %s%s), and %s is available; use a smaller model%s%s",
         GiB(smallest.host_bytes), GiB(smallest.host_store_bytes), Params(smallest.num_parameters),
+        StoreBytesPerParameter(r.moments),
         GiB(smallest.host_slab_bytes),
         smallest.host_checkpoint_bytes > 0
             ? absl::StrCat(", checkpoints ", GiB(smallest.host_checkpoint_bytes))
             : std::string(cpu ? absl::StrCat(", CPU buffers ", GiB(smallest.device_bytes)) : ""),
         GiB(r.host_budget_bytes),
+        r.moments != MomentDType::kInt8
+            ? absl::StrFormat(", or keep AdamW's moments in int8 (optimizer.state_dtype: int8, "
+                              "%.4g bytes a parameter)",
+                              StoreBytesPerParameter(MomentDType::kInt8))
+            : std::string(),
         r.clipping ? ", or turn clipping off (train.max_grad_norm: 0 holds two layers' "
                      "gradients instead of every layer's)"
                    : ""));
@@ -521,6 +528,9 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
                         plan.devices > 1 ? " on each" : "", GiB(plan.host_bytes),
                         GiB(r.host_budget_bytes), GiB(plan.host_store_bytes),
                         GiB(plan.host_slab_bytes), GiB(plan.host_checkpoint_bytes));
+  absl::StrAppendFormat(&out, "state      bf16 weights, fp32 master, %s AdamW moments: %.4g bytes a "
+                              "parameter\n",
+                        MomentDTypeName(r.moments), StoreBytesPerParameter(r.moments));
   const double tps = tokens / std::max(1e-12, s.seconds);
   absl::StrAppendFormat(&out, "step       %.3f s predicted: %.0f tokens/s, %.0f model TFLOP/s (MFU %.2f)\n",
                         s.seconds, tps, s.model_flops / s.seconds / 1e12,

@@ -63,6 +63,9 @@ struct PlanRequest {
   // without reduce_on_devices, each drains all of it and the host adds.
   int64_t devices = 1;
   bool reduce_on_devices = true;
+  // How AdamW's moments are kept (optimizer.state_dtype): the store's bytes per parameter
+  // and the optimizer's rate follow.
+  MomentDType moments = MomentDType::kF32;
   // Device-to-device rate of that reduce-scatter (GB/s per device; NVLink, or PCIe peer
   // copies); 0: the PCIe rate (no NVLink assumed).
   double peer_gbps = 0;
