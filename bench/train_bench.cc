@@ -116,9 +116,11 @@ int main(int argc, char** argv) {
   int64_t micro_rows = 0, k = 0, kept = -1, slots = -1, mlp_tile = -1;
   double device_gib = 0, max_grad_norm = 0, host_gib = 0;
   bool plan_only = false, no_optimizer = false;
-  std::string timeline_path, state_dtype = "fp32";
+  std::string timeline_path, state_dtype = "fp32", bf16_copy = "yes";
   app.add_option("--backend", backend);
   app.add_option("--state-dtype", state_dtype, "AdamW moments: fp32 | bf16 | int8");
+  app.add_option("--bf16-copy", bf16_copy,
+                 "keep the bf16 weights that cross PCIe: yes | no | auto (the planner)");
   app.add_option("--shape", shape,
                  "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b | "
                  "gpt-oss-120b | gpt-oss-20b | qwen3-235b-a22b");
@@ -185,6 +187,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   request.moments = moments;
+  if (bf16_copy != "auto" && bf16_copy != "yes" && bf16_copy != "no") {
+    std::fprintf(stderr, "--bf16-copy must be auto, yes or no, got '%s'\n", bf16_copy.c_str());
+    return 2;
+  }
+  request.bf16_copy = bf16_copy;
   request.config = c;
   request.seq_len = seq;
   request.rows_per_step = tokens / seq;
@@ -238,7 +245,7 @@ int main(int argc, char** argv) {
   }
 
   const ModelLayout layout = BuildLayout(c);
-  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout, -1, moments);
+  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout, -1, StoreOptions{moments, plan->bf16_copy});
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
     return 1;
@@ -378,6 +385,7 @@ int main(int argc, char** argv) {
       {"clipping", max_grad_norm > 0},
       {"optimizer", no_optimizer ? "none (gradients discarded)" : "CPU AdamW"},
       {"optimizer_state_dtype", MomentDTypeName(moments)},
+      {"bf16_copy", plan->bf16_copy},
       {"device_memory_cap_gib", device_gib},
       {"plan", plan_json},
       {"steady_steps", step_s.size()},

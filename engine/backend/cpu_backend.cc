@@ -101,6 +101,13 @@ class CpuBackend final : public Backend {
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(Bf16ToFloat(host_bf16[i]));
     });
   }
+  void UploadWeightsFromF32(void* slot, const float* host_f32, int64_t n, StreamId s) override {
+    On(s, [=] {
+      T* out = static_cast<T*>(slot);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(Bf16ToFloat(FloatToBf16(host_f32[i])));
+    });
+  }
   void DownloadGrads(float* host, const void* grad, int64_t n, StreamId s) override {
     On(s, [=] {
       const T* in = static_cast<const T*>(grad);

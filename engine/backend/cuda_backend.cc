@@ -32,6 +32,9 @@ class CudaBackend final : public Backend {
     if (workspace_ != nullptr) cudaFree(workspace_);
     if (partials_ != nullptr) cudaFree(partials_);
     if (host_offsets_ != nullptr) cudaFreeHost(host_offsets_);
+    for (float* staging : staging_) {
+      if (staging != nullptr) cudaFree(staging);
+    }
     for (cudaStream_t s : streams_) {
       if (s != nullptr) cudaStreamDestroy(s);
     }
@@ -162,6 +165,25 @@ class CudaBackend final : public Backend {
   void UploadWeights(void* slot, const uint16_t* host_bf16, int64_t n, StreamId s) override {
     MT_CUDA_CHECK(cudaMemcpyAsync(slot, host_bf16, n * 2, cudaMemcpyHostToDevice, Stream(s)));
   }
+  // Through a staging buffer of the stream's, chunk by chunk: copy, then round, in stream
+  // order (the rounding of a chunk reads 32 MiB and writes 16 MiB of device memory: ~15 us
+  // against the chunk's ~0.6 ms over PCIe).
+  void UploadWeightsFromF32(void* slot, const float* host_f32, int64_t n, StreamId s) override {
+    float*& staging = staging_[static_cast<int>(s)];
+    if (staging == nullptr) {
+      MT_CUDA_CHECK(cudaMalloc(&staging, kStagingElements * sizeof(float)));
+      std::lock_guard<std::mutex> lock(mu_);
+      in_use_ += kStagingElements * sizeof(float);
+      peak_ = std::max(peak_, in_use_);
+    }
+    for (int64_t off = 0; off < n; off += kStagingElements) {
+      const int64_t count = std::min(kStagingElements, n - off);
+      MT_CUDA_CHECK(cudaMemcpyAsync(staging, host_f32 + off, count * sizeof(float),
+                                    cudaMemcpyHostToDevice, Stream(s)));
+      cuda::RoundToBf16(Bf16(slot) + off, staging, count, Stream(s));
+    }
+  }
+  int64_t f32_upload_staging_bytes() const override { return kStagingElements * sizeof(float); }
   void DownloadGrads(float* host, const void* grad, int64_t n, StreamId s) override {
     MT_CUDA_CHECK(cudaMemcpyAsync(host, grad, n * 4, cudaMemcpyDeviceToHost, Stream(s)));
   }
@@ -412,6 +434,7 @@ class CudaBackend final : public Backend {
     return host_offsets_;
   }
   static constexpr int64_t kMaxExperts = 1024;
+  static constexpr int64_t kStagingElements = int64_t{8} << 20;  // 32 MiB of fp32
 
   cudaStream_t Stream(StreamId s) const { return streams_[static_cast<int>(s)]; }
   static bf16* Bf16(void* p) { return static_cast<bf16*>(p); }
@@ -435,6 +458,7 @@ class CudaBackend final : public Backend {
   void* workspace_ = nullptr;
   int32_t* host_offsets_ = nullptr;  // pinned (kMaxExperts + 1): GroupedLinear's row counts
   float* partials_ = nullptr;  // kPartialFloats: the deterministic weight gradients' scratch
+  float* staging_[kNumStreams] = {};  // UploadWeightsFromF32's, per stream, made at first use
   mutable std::mutex mu_;
   std::unordered_map<void*, size_t> sizes_;
   int64_t cap_ = 0;

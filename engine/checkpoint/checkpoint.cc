@@ -56,7 +56,11 @@ struct PartInfo {
 std::vector<PartInfo> PartsFor(MomentDType moments) {
   const bool f32 = moments == MomentDType::kF32, bf16 = moments == MomentDType::kBF16;
   std::vector<PartInfo> parts = {
-      {"", DType::kBF16, [](const HostStore& s, int64_t u) -> void* { return s.weights(u); }},
+      // Without a bf16 copy the model is rounded from the master as it is written.
+      {"", DType::kBF16,
+       [](const HostStore& s, int64_t u) -> void* {
+         return s.has_bf16_copy() ? s.weights(u) : nullptr;
+       }},
       {"optimizer/master", DType::kF32,
        [](const HostStore& s, int64_t u) -> void* { return s.master(u); }},
       {"optimizer/exp_avg", f32 ? DType::kF32 : bf16 ? DType::kBF16 : DType::kI8,
@@ -240,14 +244,23 @@ absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, 
   const uint64_t element = DTypeSize(p.info.dtype);
   // Each tensor the piece meets, its share.
   const char* base = static_cast<const char*>(p.info.base(store, unit));
+  MT_CHECK(base != nullptr || p.info.dtype == DType::kBF16);
   const std::vector<PartTensor>& tensors = p.units[unit];
   for (size_t i = 0; i < tensors.size(); ++i) {
     const uint64_t t_begin = static_cast<uint64_t>(tensors[i].offset) * element;
     const uint64_t t_end = t_begin + static_cast<uint64_t>(tensors[i].num_elements) * element;
     const uint64_t b = std::max(begin, t_begin), e = std::min(end, t_end);
     if (b >= e) continue;
+    const char* bytes = base + b;
+    std::vector<uint16_t> rounded;
+    if (base == nullptr) {  // the model of a store without a bf16 copy: from the master
+      rounded.resize((e - b) / 2);
+      store.ReadWeightsBf16(unit, static_cast<int64_t>(b / 2), static_cast<int64_t>(e / 2),
+                            rounded.data());
+      bytes = reinterpret_cast<const char*>(rounded.data());
+    }
     RETURN_IF_ERROR(p.writer->WriteBytes(static_cast<size_t>(p.first_tensor[unit]) + i,
-                                         b - t_begin, base + b, e - b));
+                                         b - t_begin, bytes, e - b));
   }
   return absl::OkStatus();
 }

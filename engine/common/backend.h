@@ -77,6 +77,14 @@ class Backend {
   // slot (n) weight  <-  host bf16 (n). The host range stays in use until an event
   // recorded after this call on `stream` completes.
   virtual void UploadWeights(void* slot, const uint16_t* host_bf16, int64_t n, StreamId s) = 0;
+  // slot (n) weight  <-  host f32 (n) rounded to bf16 (nearest even) on the device: the
+  // bits UploadWeights gives from FloatToBf16 of the same values, with twice the bytes
+  // crossing. For a store that keeps no bf16 copy (12 bytes a parameter). The host range
+  // stays in use as with UploadWeights. REQUIRES: host_f32 16-byte aligned.
+  virtual void UploadWeightsFromF32(void* slot, const float* host_f32, int64_t n,
+                                    StreamId s) = 0;
+  // Device bytes UploadWeightsFromF32 stages through (per stream that calls it).
+  virtual int64_t f32_upload_staging_bytes() const { return 0; }
   // host f32 (n)  <-  grad (n)
   virtual void DownloadGrads(float* host, const void* grad, int64_t n, StreamId s) = 0;
   // Raw bytes, host <-> device and device <-> device.

@@ -279,6 +279,8 @@ absl::Status ParseOptimizer(Section& top, JobSpec* spec) {
   RETURN_IF_ERROR(o.String("state_dtype", &dtype));
   RETURN_IF_ERROR(o.OneOf("state_dtype", dtype, {"fp32", "bf16", "int8"}));
   MT_CHECK(ParseMomentDType(dtype, &spec->state_dtype));
+  RETURN_IF_ERROR(o.String("bf16_copy", &spec->bf16_copy));
+  RETURN_IF_ERROR(o.OneOf("bf16_copy", spec->bf16_copy, {"auto", "yes", "no"}));
   return o.CheckNoUnknown();
 }
 
@@ -521,6 +523,7 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::EndMap;
   out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "state_dtype" << YAML::Value << MomentDTypeName(s.state_dtype);
+  out << YAML::Key << "bf16_copy" << YAML::Value << YAML::DoubleQuoted << s.bf16_copy;
   out << YAML::EndMap;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << s.checkpoint_dir;

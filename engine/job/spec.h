@@ -21,8 +21,11 @@
 //                devices: 1   # data parallel: the step's micro-batches split over N devices
 //                gradient_reduce: auto|device|host  # how N devices' gradients meet
 //                activation_checkpoints: auto|device|host}
-//   optimizer:  {state_dtype: fp32|bf16|int8}   # how AdamW's moments are kept (the master
+//   optimizer:  {state_dtype: fp32|bf16|int8,   # how AdamW's moments are kept (the master
 //                                             # is fp32 always): 12, 8 or 6 B/param of state
+//                bf16_copy: yes|no|auto}      # keep the bf16 weights that cross PCIe (2
+//                                             # B/param more), or stream the master; auto:
+//                                             # the planner's choice
 //   checkpoint: {dir, every_steps, keep_last, max_shard_bytes, background}
 //   backend:    auto | cpu | cuda
 //   device_memory_cap_bytes: 0      # the most device memory the job may take; 0 = all free
@@ -98,6 +101,11 @@ struct JobSpec {
   // optimizer.state_dtype: AdamW's moments in fp32 (PyTorch's AdamW, bit for bit), bf16 or
   // int8 (block-scaled), rounded stochastically (optim/adamw.h).
   MomentDType state_dtype = MomentDType::kF32;
+  // optimizer.bf16_copy: "yes", "no", or "auto" (the planner: no, unless the step is
+  // PCIe-bound enough that the copy pays). The same bf16 values reach the kernels either way.
+  // "yes" by default until the master's upload has been measured on a GPU (it was written
+  // in a session without one).
+  std::string bf16_copy = "yes";
 
   std::string checkpoint_dir;    // "" = no checkpoints
   int64_t checkpoint_every_steps = 0;  // 0 = only at the end

@@ -67,6 +67,7 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.devices = std::max<int64_t>(1, spec.devices);
   r.reduce_on_devices = spec.gradient_reduce != "host";
   r.moments = spec.state_dtype;
+  r.bf16_copy = spec.bf16_copy;
   return r;
 }
 
@@ -196,7 +197,8 @@ absl::Status Trainer::InitStore(const JobSpec& spec, const DeviceSet& devices) {
     absl::StrAppend(&plan_text_, "numa       host store interleaved over NUMA nodes ",
                     absl::StrJoin(store_nodes, ", "), " (the GPUs' own)\n");
   }
-  ASSIGN_OR_RETURN(store_, HostStore::Create(BuildLayout(config_), store_nodes, spec.state_dtype));
+  ASSIGN_OR_RETURN(store_, HostStore::Create(BuildLayout(config_), store_nodes,
+                                             StoreOptions{spec.state_dtype, plan_.bf16_copy}));
   ASSIGN_OR_RETURN(slabs_, MakeSlabs(spec, devices, 0));
   RETURN_IF_ERROR(backend_->PinHostRange(store_->transfer_base(), store_->transfer_bytes()));
   pinned_.push_back(store_->transfer_base());

@@ -299,7 +299,7 @@ void HostOptimizer::Drain() {
 double HostOptimizer::Update(const Item& item, const float* grad, float grad_scale) {
   const int64_t unit = item.unit;
   float* master = store_->master(unit);
-  uint16_t* bf16 = store_->weights(unit);
+  uint16_t* bf16 = store_->has_bf16_copy() ? store_->weights(unit) : nullptr;
   const UnitLayout& layout = store_->layout().units[unit];
   if (store_->moment_dtype() != MomentDType::kF32) {
     // Whole blocks of the piece at once: pieces start on block boundaries (grad_slab_pool.h).

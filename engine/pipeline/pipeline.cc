@@ -303,14 +303,11 @@ void Pipeline::UploadInputs(const std::vector<MicroBatch>& batches, GradSink* si
   const int64_t embed_unit = ModelLayout::EmbeddingUnit();
   const int64_t head_unit = layout_->HeadUnit();
   sink->AwaitUnit(embed_unit);
-  h2d_bytes_ += 2 * (store_->unit_elements(embed_unit) + store_->unit_elements(head_unit));
-  be.UploadWeights(embed_slot_.get(), store_->weights(embed_unit),
-                   store_->unit_elements(embed_unit), StreamId::kH2D);
+  h2d_bytes_ += UploadUnitWeights(&be, *store_, embed_unit, embed_slot_.get(), StreamId::kH2D);
   be.Record(embed_loaded_.get(), StreamId::kH2D);
   slots_.EnsureLoaded(0);
   sink->AwaitUnit(head_unit);
-  be.UploadWeights(head_slot_.get(), store_->weights(head_unit),
-                   store_->unit_elements(head_unit), StreamId::kH2D);
+  h2d_bytes_ += UploadUnitWeights(&be, *store_, head_unit, head_slot_.get(), StreamId::kH2D);
   be.Record(head_loaded_.get(), StreamId::kH2D);
 }
 

@@ -446,13 +446,13 @@ double MachineProfile::AdamWParamsPerSecond(MomentDType moments) const {
   return rate > 0 ? rate : adamw_params_per_second;
 }
 
-double StoreBytesPerParameter(MomentDType moments) {
-  return 2.0 + 4.0 + MomentBytesPerParameter(moments);
+double StoreBytesPerParameter(MomentDType moments, bool bf16_copy) {
+  return (bf16_copy ? 2.0 : 0.0) + 4.0 + MomentBytesPerParameter(moments);
 }
 
-double AdamWBytesPerParameter(MomentDType moments) {
+double AdamWBytesPerParameter(MomentDType moments, bool bf16_copy) {
   // grad 4, master 4 + 4, the moments read and written, bf16 2.
-  return 4.0 + 8.0 + 2.0 * MomentBytesPerParameter(moments) + 2.0;
+  return 4.0 + 8.0 + 2.0 * MomentBytesPerParameter(moments) + (bf16_copy ? 2.0 : 0.0);
 }
 
 std::string DefaultProfilePath() {

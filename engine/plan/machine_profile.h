@@ -77,10 +77,11 @@ struct MachineProfile {
   double AdamWParamsPerSecond(MomentDType moments) const;
 };
 
-// Host bytes per parameter of the store (bf16 weights, fp32 master, the moments) and those
-// AdamW moves per parameter (gradient in, master and moments read and written, bf16 out).
-double StoreBytesPerParameter(MomentDType moments);
-double AdamWBytesPerParameter(MomentDType moments);
+// Host bytes per parameter of the store (the bf16 copy if kept, fp32 master, the moments)
+// and those AdamW moves per parameter (gradient in, master and moments read and written,
+// the bf16 copy out).
+double StoreBytesPerParameter(MomentDType moments, bool bf16_copy = true);
+double AdamWBytesPerParameter(MomentDType moments, bool bf16_copy = true);
 
 std::string ProfileToJson(const MachineProfile& profile);
 [[nodiscard]] absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& json);

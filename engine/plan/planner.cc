@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/common/check.h"
 #include "engine/layers/layer_kind.h"
 #include "engine/model/layout.h"
 #include "engine/pipeline/pipeline.h"
@@ -121,13 +122,15 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   po.mlp_tile_tokens = plan->mlp_tile_tokens;
   const int64_t slots = Pipeline::NumWeightSlots(c, po);
   plan->weight_slots = slots;
-  plan->device_bytes = Pipeline::DeviceBytesFor(c, layout, backend, po);
+  plan->device_bytes = Pipeline::DeviceBytesFor(c, layout, backend, po) +
+                       (plan->bf16_copy ? 0 : backend->f32_upload_staging_bytes());
 
   // Host memory: the store (bf16 weights + fp32 master, m, v), the gradient slabs (every
   // unit's with clipping), pinned checkpoints; the CPU backend's buffers are host memory.
   const int64_t num_ckpt = (L + K - 1) / K;
   const int64_t ckpt_bytes = M * n * C * act;  // one checkpoint, all micro-batches
-  plan->host_store_bytes = static_cast<int64_t>(StoreBytesPerParameter(r.moments) * total);
+  plan->host_store_bytes =
+      static_cast<int64_t>(StoreBytesPerParameter(r.moments, plan->bf16_copy) * total);
   const int64_t N = std::max<int64_t>(1, plan->devices);
   const bool sharded = N > 1 && r.reduce_on_devices;
   if (sharded) {  // every device its shard: together as much as one device's
@@ -166,14 +169,16 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   s.compute_seconds = fwd_compute + s.head_seconds + bwd_compute;
 
   // Transfers.
-  const int64_t w_layer = 2 * layer_n;  // bf16 from the host store, whatever the slot type
+  // bf16 from the host store whatever the slot type, or the fp32 master without the copy.
+  const int64_t up = plan->bf16_copy ? 2 : 4;  // bytes a parameter crossing
+  const int64_t w_layer = up * layer_n;
   const int64_t reuploads = std::max<int64_t>(0, L - slots);  // backward finds the top S
   const int64_t ckpt_total = plan->checkpoints_on_host ? num_ckpt * ckpt_bytes : 0;
   // With a slot per layer (and one device), a layer's next weights go up in the backward,
   // once the optimizer has applied its update (Pipeline::UploadUpdated), not in the next
   // forward.
   const bool early = slots >= L && plan->devices <= 1;
-  const int64_t h2d_fwd = (early ? 0 : L * w_layer) + 2 * (embed_n + head_n) +
+  const int64_t h2d_fwd = (early ? 0 : L * w_layer) + up * (embed_n + head_n) +
                           Pipeline::kBatchArrays * 4 * n * M;
   const int64_t h2d_bwd = (early ? L * w_layer : reuploads * w_layer) + ckpt_total;
   const int64_t d2h_fwd = ckpt_total;
@@ -200,7 +205,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // With several devices, all of their DMA.
   const double adamw = std::max(1.0, p.AdamWParamsPerSecond(r.moments)) /
                        (1.0 + N * (s.h2d_bytes + s.d2h_bytes) /
-                                  (AdamWBytesPerParameter(r.moments) * total));
+                                  (AdamWBytesPerParameter(r.moments, plan->bf16_copy) * total));
   const double norm = r.clipping ? 4.0 * total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
   s.optimizer_seconds = total / adamw + norm;
 
@@ -221,7 +226,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   } else {
     // Each unit is updated as its gradient lands; the next step needs the embedding and
     // layer 0, which land last, and uploads the embedding once it is updated.
-    const double embed_up = cpu ? 0 : 2.0 * embed_n / h2d_rate;
+    const double embed_up = cpu ? 0 : static_cast<double>(up) * embed_n / h2d_rate;
     const double tail =
         (cpu ? 0 : 4.0 * embed_n / d2h_rate) + (embed_n + layer_n) / adamw + embed_up;
     // The optimizer's first piece: the lm_head's gradient, or (tied, the head holding only
@@ -389,6 +394,16 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
     slot_choices.push_back(c.num_layers);
   }
 
+  std::vector<bool> copies;
+  if (r.bf16_copy == "yes") {
+    copies = {true};
+  } else if (r.bf16_copy == "no") {
+    copies = {false};
+  } else {
+    MT_CHECK_MSG(r.bf16_copy == "auto", "plan: bf16_copy '%s' (auto, yes or no)", r.bf16_copy.c_str());
+    copies = {true, false};
+  }
+
   PlanSearch search;
   std::vector<int64_t> tiles = {r.mlp_tile_tokens > 0 ? r.mlp_tile_tokens : 0};
   for (size_t pass = 0; pass < tiles.size(); ++pass) {
@@ -396,7 +411,9 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
       for (int64_t k : ks) {
         for (bool host : places) {
           for (int64_t slots : slot_choices) {
+           for (bool copy : copies) {
             Plan plan;
+            plan.bf16_copy = copy;
             plan.micro_batch_rows = mb;
             plan.micro_batches = share / mb;
             plan.devices = devices;
@@ -408,6 +425,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
             PredictPlan(r, profile, backend, &plan);
             ChooseKeptLayers(r, profile, backend, &plan);
             search.Consider(plan, r, cpu);
+           }
           }
         }
       }
@@ -437,7 +455,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
         "the job does not fit in host memory: it needs %s (training state %s for %s parameters "
         "at %.4g bytes each, gradient slabs %s%s), and %s is available; use a smaller model%s%s",
         GiB(smallest.host_bytes), GiB(smallest.host_store_bytes), Params(smallest.num_parameters),
-        StoreBytesPerParameter(r.moments),
+        StoreBytesPerParameter(r.moments, smallest.bf16_copy),
         GiB(smallest.host_slab_bytes),
         smallest.host_checkpoint_bytes > 0
             ? absl::StrCat(", checkpoints ", GiB(smallest.host_checkpoint_bytes))
@@ -446,11 +464,17 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
         r.moments != MomentDType::kInt8
             ? absl::StrFormat(", or keep AdamW's moments in int8 (optimizer.state_dtype: int8, "
                               "%.4g bytes a parameter)",
-                              StoreBytesPerParameter(MomentDType::kInt8))
+                              StoreBytesPerParameter(MomentDType::kInt8, smallest.bf16_copy))
             : std::string(),
         r.clipping ? ", or turn clipping off (train.max_grad_norm: 0 holds two layers' "
                      "gradients instead of every layer's)"
                    : ""));
+  }
+  if (copies.size() == 2) {  // what the other choice would cost, for the plan's reason
+    Plan other = best;
+    other.bf16_copy = !best.bf16_copy;
+    PredictPlan(r, profile, backend, &other);
+    best.other_copy_step_seconds = other.step.seconds;
   }
   best.candidates = search.candidates;
   best.fitting = search.fitting;
@@ -528,9 +552,22 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
                         plan.devices > 1 ? " on each" : "", GiB(plan.host_bytes),
                         GiB(r.host_budget_bytes), GiB(plan.host_store_bytes),
                         GiB(plan.host_slab_bytes), GiB(plan.host_checkpoint_bytes));
-  absl::StrAppendFormat(&out, "state      bf16 weights, fp32 master, %s AdamW moments: %.4g bytes a "
-                              "parameter\n",
-                        MomentDTypeName(r.moments), StoreBytesPerParameter(r.moments));
+  absl::StrAppendFormat(&out, "state      %sfp32 master, %s AdamW moments: %.4g bytes a parameter\n",
+                        plan.bf16_copy ? "bf16 weights, " : "", MomentDTypeName(r.moments),
+                        StoreBytesPerParameter(r.moments, plan.bf16_copy));
+  const double other = plan.other_copy_step_seconds;
+  const double change = other > 0 ? 100.0 * (other / std::max(1e-12, s.seconds) - 1.0) : 0.0;
+  if (plan.bf16_copy) {
+    absl::StrAppendFormat(&out, "           the bf16 copy crosses PCIe%s\n",
+                          other > 0 ? absl::StrFormat(" (kept: without it, streaming the fp32 "
+                                                      "master, the step is %+.1f%%)", change)
+                                    : std::string(" (optimizer.bf16_copy: yes)"));
+  } else {
+    absl::StrAppendFormat(&out, "           the fp32 master crosses PCIe, rounded to bf16 on the "
+                                "device (no bf16 copy: %s)\n",
+                          other > 0 ? absl::StrFormat("with one the step is %+.1f%%", change)
+                                    : std::string("optimizer.bf16_copy: no"));
+  }
   const double tps = tokens / std::max(1e-12, s.seconds);
   absl::StrAppendFormat(&out, "step       %.3f s predicted: %.0f tokens/s, %.0f model TFLOP/s (MFU %.2f)\n",
                         s.seconds, tps, s.model_flops / s.seconds / 1e12,

@@ -66,6 +66,10 @@ struct PlanRequest {
   // How AdamW's moments are kept (optimizer.state_dtype): the store's bytes per parameter
   // and the optimizer's rate follow.
   MomentDType moments = MomentDType::kF32;
+  // optimizer.bf16_copy: "yes" keeps the bf16 copy that crosses PCIe (2 bytes a parameter
+  // of host memory), "no" streams the fp32 master and rounds it on the device (twice the
+  // upload bytes), "auto" drops the copy unless the step is then 5% slower (PCIe-bound).
+  std::string bf16_copy = "yes";
   // Device-to-device rate of that reduce-scatter (GB/s per device; NVLink, or PCIe peer
   // copies); 0: the PCIe rate (no NVLink assumed).
   double peer_gbps = 0;
@@ -99,12 +103,15 @@ struct Plan {
   int64_t kept_layers = 0;       // top layers whose intermediates are kept, not recomputed
   int64_t loss_chunk_tokens = 4096;
   int64_t mlp_tile_tokens = 0;   // dense layers' MLP over tiles of this many tokens (0: not)
+  bool bf16_copy = true;         // the store keeps the bf16 weights (else the master streams)
   // What they cost.
   StepPrediction step;
   int64_t device_bytes = 0;      // allocated by the pipeline, on each device
   int64_t host_bytes = 0;        // store + gradient slabs + host checkpoints (+ CPU buffers)
   int64_t host_store_bytes = 0, host_slab_bytes = 0, host_checkpoint_bytes = 0;
   int64_t num_parameters = 0;
+  // The best plan's step with the other bf16_copy choice (0: not considered).
+  double other_copy_step_seconds = 0;
   int candidates = 0;            // plans considered
   int fitting = 0;               // of which fit in memory
 };

@@ -120,47 +120,52 @@ HostArena& HostArena::operator=(HostArena&& o) noexcept {
 }
 
 absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout,
-                                                             int numa_node, MomentDType moments) {
+                                                             int numa_node,
+                                                             const StoreOptions& options) {
   return Create(layout, numa_node >= 0 ? std::vector<int>{numa_node} : std::vector<int>{},
-                moments);
+                options);
 }
 
 absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout,
                                                              const std::vector<int>& nodes,
-                                                             MomentDType moments) {
-  std::unique_ptr<HostStore> store(new HostStore(layout, moments));
+                                                             const StoreOptions& options) {
+  std::unique_ptr<HostStore> store(new HostStore(layout, options));
   size_t transfer_bytes = 0, state_bytes = 0;
   for (int64_t u = 0; u < static_cast<int64_t>(layout.units.size()); ++u) {
     store->transfer_offset_.push_back(transfer_bytes);
     store->state_offset_.push_back(state_bytes);
-    transfer_bytes += RoundUp(layout.units[u].num_elements * sizeof(uint16_t));
-    state_bytes += RoundUp(layout.units[u].num_elements * sizeof(float)) +
+    const size_t master = RoundUp(layout.units[u].num_elements * sizeof(float));
+    const size_t bf16 = RoundUp(layout.units[u].num_elements * sizeof(uint16_t));
+    transfer_bytes += options.bf16_copy ? bf16 : master;
+    state_bytes += (options.bf16_copy ? master : 0) +
                    2 * (store->moment_bytes(u) + store->moment_scale_bytes(u));
   }
-  ASSIGN_OR_RETURN(store->transfer_, HostArena::Map(transfer_bytes, "bf16 weights", nodes));
-  ASSIGN_OR_RETURN(store->state_,
-                   HostArena::Map(state_bytes,
-                                  absl::StrCat("fp32 master weights and ", MomentDTypeName(moments),
-                                               " AdamW moments")
-                                      .c_str(),
-                                  nodes));
+  ASSIGN_OR_RETURN(store->transfer_,
+                   HostArena::Map(transfer_bytes,
+                                  options.bf16_copy ? "bf16 weights" : "fp32 master weights", nodes));
+  const std::string state =
+      absl::StrCat(options.bf16_copy ? "fp32 master weights and " : "", MomentDTypeName(options.moments),
+                   " AdamW moments");
+  ASSIGN_OR_RETURN(store->state_, HostArena::Map(state_bytes, state.c_str(), nodes));
   return store;
 }
 
 size_t HostStore::moment_bytes(int64_t unit) const {
-  return RoundUp(unit_elements(unit) * MomentElementBytes(moments_));
+  return RoundUp(unit_elements(unit) * MomentElementBytes(options_.moments));
 }
 
 size_t HostStore::moment_scale_bytes(int64_t unit) const {
-  return moments_ == MomentDType::kInt8 ? RoundUp(MomentBlocks(unit_elements(unit)) * sizeof(float))
-                                        : 0;
+  return options_.moments == MomentDType::kInt8
+             ? RoundUp(MomentBlocks(unit_elements(unit)) * sizeof(float))
+             : 0;
 }
 
 UnitMoments HostStore::moments(int64_t unit) const {
-  char* m = state_.data() + state_offset_[unit] + RoundUp(unit_elements(unit) * sizeof(float));
+  char* m = state_.data() + state_offset_[unit] +
+            (options_.bf16_copy ? RoundUp(unit_elements(unit) * sizeof(float)) : 0);
   char* v = m + moment_bytes(unit);
-  UnitMoments out{moments_, m, v, nullptr, nullptr};
-  if (moments_ == MomentDType::kInt8) {
+  UnitMoments out{options_.moments, m, v, nullptr, nullptr};
+  if (options_.moments == MomentDType::kInt8) {
     out.m_scales = reinterpret_cast<float*>(v + moment_bytes(unit));
     out.v_scales = reinterpret_cast<float*>(v + moment_bytes(unit) + moment_scale_bytes(unit));
   }
@@ -173,26 +178,40 @@ void HostStore::ResetMoments(int64_t unit) {
 }
 
 uint16_t* HostStore::weights(int64_t unit) const {
+  MT_CHECK_MSG(options_.bf16_copy, "weights: this store keeps no bf16 copy (the master streams)");
   return reinterpret_cast<uint16_t*>(transfer_.data() + transfer_offset_[unit]);
 }
 
 float* HostStore::master(int64_t unit) const {
-  return reinterpret_cast<float*>(state_.data() + state_offset_[unit]);
+  return reinterpret_cast<float*>(
+      options_.bf16_copy ? state_.data() + state_offset_[unit]
+                         : transfer_.data() + transfer_offset_[unit]);
+}
+
+void HostStore::ReadWeightsBf16(int64_t unit, int64_t begin, int64_t end, uint16_t* out) const {
+  if (options_.bf16_copy) {
+    std::memcpy(out, weights(unit) + begin, (end - begin) * sizeof(uint16_t));
+    return;
+  }
+  const float* m = master(unit);
+#pragma omp parallel for schedule(static) if (end - begin > (1 << 20))
+  for (int64_t i = begin; i < end; ++i) out[i - begin] = FloatToBf16(m[i]);
 }
 
 float* HostStore::exp_avg(int64_t unit) const {
-  MT_CHECK_MSG(moments_ == MomentDType::kF32, "exp_avg: the moments are %s",
-               MomentDTypeName(moments_));
+  MT_CHECK_MSG(options_.moments == MomentDType::kF32, "exp_avg: the moments are %s",
+               MomentDTypeName(options_.moments));
   return static_cast<float*>(moments(unit).m);
 }
 
 float* HostStore::exp_avg_sq(int64_t unit) const {
-  MT_CHECK_MSG(moments_ == MomentDType::kF32, "exp_avg_sq: the moments are %s",
-               MomentDTypeName(moments_));
+  MT_CHECK_MSG(options_.moments == MomentDType::kF32, "exp_avg_sq: the moments are %s",
+               MomentDTypeName(options_.moments));
   return static_cast<float*>(moments(unit).v);
 }
 
 void HostStore::RefreshWeightsFromMaster(int64_t unit) {
+  if (!options_.bf16_copy) return;
   const float* m = master(unit);
   uint16_t* w = weights(unit);
   const int64_t n = unit_elements(unit);

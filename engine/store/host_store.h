@@ -11,6 +11,9 @@
 // The moments may instead be kept in bf16 (2 + 4 + 2 + 2 bytes per parameter) or int8
 // (2 + 4 + 1 + 1, plus one fp32 scale per moment per kMomentBlock elements of the unit):
 // MomentDType, chosen per job (optimizer.state_dtype). The master is always fp32.
+// Without the bf16 copy (StoreOptions::bf16_copy false: 2 bytes less per parameter) the
+// fp32 master is the transfer part: it crosses PCIe and is rounded on the device
+// (Backend::UploadWeightsFromF32), which gives the kernels the same bf16 values.
 //
 // Thread-compatible: the pipeline reads a unit's transfer part only after the optimizer
 // has finished writing it (the pipeline orders this with the optimizer's completions).
@@ -77,23 +80,28 @@ class HostArena {
   size_t bytes_ = 0;
 };
 
+struct StoreOptions {
+  MomentDType moments = MomentDType::kF32;
+  bool bf16_copy = true;  // keep the bf16 weights the device streams (else the master streams)
+};
+
 class HostStore {
  public:
   // numa_node: where both arenas live (the node nearest the GPU), -1 = default policy.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostStore>> Create(
-      const ModelLayout& layout, int numa_node = -1, MomentDType moments = MomentDType::kF32);
+      const ModelLayout& layout, int numa_node = -1, const StoreOptions& options = {});
   // Over the nodes of several GPUs (StoreNodes): interleaved across them, so that every
   // GPU streams from its own node's memory as much as from the others'.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostStore>> Create(
-      const ModelLayout& layout, const std::vector<int>& nodes,
-      MomentDType moments = MomentDType::kF32);
+      const ModelLayout& layout, const std::vector<int>& nodes, const StoreOptions& options);
 
   const ModelLayout& layout() const { return layout_; }
   int64_t num_units() const { return static_cast<int64_t>(layout_.units.size()); }
   int64_t unit_elements(int64_t unit) const { return layout_.units[unit].num_elements; }
 
-  MomentDType moment_dtype() const { return moments_; }
-  uint16_t* weights(int64_t unit) const;  // bf16 (n)
+  MomentDType moment_dtype() const { return options_.moments; }
+  bool has_bf16_copy() const { return options_.bf16_copy; }
+  uint16_t* weights(int64_t unit) const;  // bf16 (n). REQUIRES: has_bf16_copy()
   float* master(int64_t unit) const;      // f32 (n)
   // f32 (n). REQUIRES: moment_dtype() == kF32.
   float* exp_avg(int64_t unit) const;
@@ -105,23 +113,29 @@ class HostStore {
   // Zeroes m and v (and their scales): the state before the first step.
   void ResetMoments(int64_t unit);
 
-  // The transfer arena, for pinning.
+  // The transfer arena (the bf16 weights, or the master without them), for pinning.
   void* transfer_base() const { return transfer_.data(); }
   size_t transfer_bytes() const { return transfer_.bytes(); }
   size_t state_bytes() const { return state_.bytes(); }
 
-  // Rewrites unit's bf16 weights from its fp32 master (round to nearest even).
+  // Rewrites unit's bf16 weights from its fp32 master (round to nearest even); nothing to
+  // do without the copy.
   void RefreshWeightsFromMaster(int64_t unit);
+  // Elements [begin, end) of the unit's bf16 weights into out: the copy's, or the master
+  // rounded as the copy would hold it (checkpoints write the model this way).
+  void ReadWeightsBf16(int64_t unit, int64_t begin, int64_t end, uint16_t* out) const;
 
  private:
-  HostStore(const ModelLayout& layout, MomentDType moments) : layout_(layout), moments_(moments) {}
+  HostStore(const ModelLayout& layout, const StoreOptions& options)
+      : layout_(layout), options_(options) {}
 
   ModelLayout layout_;
-  MomentDType moments_;
+  StoreOptions options_;
   HostArena transfer_;
   HostArena state_;
   std::vector<size_t> transfer_offset_;  // bytes, per unit
-  std::vector<size_t> state_offset_;     // bytes, per unit (master; m, v, their scales follow)
+  std::vector<size_t> state_offset_;     // bytes, per unit (master when it is not the
+                                         // transfer part; m, v, their scales follow)
 };
 
 }  // namespace megatrain

@@ -40,6 +40,17 @@ void WeightSlots::BeginStep(GradSink* sink) {
   h2d_bytes_ = 0;
 }
 
+int64_t UploadUnitWeights(Backend* backend, const HostStore& store, int64_t unit, void* slot,
+                          StreamId s) {
+  const int64_t n = store.unit_elements(unit);
+  if (store.has_bf16_copy()) {
+    backend->UploadWeights(slot, store.weights(unit), n, s);
+    return 2 * n;
+  }
+  backend->UploadWeightsFromF32(slot, store.master(unit), n, s);
+  return 4 * n;
+}
+
 void WeightSlots::EnsureLoaded(int64_t layer) {
   const int64_t s = layer % num_slots_;
   if (slot_layer_[s] == layer) return;
@@ -51,9 +62,7 @@ void WeightSlots::Upload(int64_t layer, const char* label) {
   const int64_t s = layer % num_slots_, unit = layout_.DecoderUnit(layer);
   backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());  // the slot's last use is done
   const int span = spans_->Begin(StreamId::kH2D, label + std::to_string(layer));
-  h2d_bytes_ += 2 * store_->unit_elements(unit);
-  backend_->UploadWeights(slots_[s].get(), store_->weights(unit), store_->unit_elements(unit),
-                          StreamId::kH2D);
+  h2d_bytes_ += UploadUnitWeights(backend_, *store_, unit, slots_[s].get(), StreamId::kH2D);
   spans_->End(span);
   backend_->Record(slot_loaded_[s].get(), StreamId::kH2D);
   slot_layer_[s] = layer;

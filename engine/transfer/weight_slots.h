@@ -21,6 +21,12 @@
 
 namespace megatrain {
 
+// Uploads a unit's weights into `slot` on stream s: the store's bf16 copy, or its fp32
+// master rounded on the device when it keeps none (the same bits). Returns the bytes that
+// cross PCIe.
+int64_t UploadUnitWeights(Backend* backend, const HostStore& store, int64_t unit, void* slot,
+                          StreamId s);
+
 class WeightSlots {
  public:
   // `num_slots` slots for the decoder layers of `layout`; `store` may be null when the

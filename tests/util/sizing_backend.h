@@ -33,6 +33,7 @@ class SizingBackend final : public Backend {
   double ElapsedSeconds(void* start, void* end) override { return cpu_->ElapsedSeconds(start, end); }
   void SyncAll() override { cpu_->SyncAll(); }
   void UploadWeights(void* slot, const uint16_t* host_bf16, int64_t n, StreamId s) override { cpu_->UploadWeights(slot, host_bf16, n, s); }
+  void UploadWeightsFromF32(void* slot, const float* host_f32, int64_t n, StreamId s) override { cpu_->UploadWeightsFromF32(slot, host_f32, n, s); }
   void DownloadGrads(float* host, const void* grad, int64_t n, StreamId s) override { cpu_->DownloadGrads(host, grad, n, s); }
   void CopyToDevice(void* dst, const void* host, size_t bytes, StreamId s) override { cpu_->CopyToDevice(dst, host, bytes, s); }
   void CopyToHost(void* host, const void* src, size_t bytes, StreamId s) override { cpu_->CopyToHost(host, src, bytes, s); }

@@ -21,6 +21,8 @@ using bf16 = __nv_bfloat16;
 // 2 * D floats). The CUDA backend gives kPartialFloats (8 MiB): a full grid up to C = 8192.
 constexpr int64_t kPartialFloats = int64_t{1} << 21;
 
+// reduce.cu: out (n) bf16 = in (n) f32 rounded to nearest even. REQUIRES: 16-byte aligned.
+void RoundToBf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);
 // reduce.cu: dst (count) += the column sums of partials (blocks, stride), row by row in
 // block order (bits independent of timing).
 void AddColumnSums(float* dst, const float* partials, int64_t blocks, int64_t count,

@@ -601,7 +601,7 @@ class QuantizedMomentsCheckpoint : public ::testing::TestWithParam<MomentDType> 
 TEST_P(QuantizedMomentsCheckpoint, RoundTripsTheStoredBytesAndRefusesAnotherDtype) {
   const ModelConfig config = TinyConfig(/*tied=*/false);
   absl::StatusOr<std::unique_ptr<HostStore>> store =
-      HostStore::Create(BuildLayout(config), -1, GetParam());
+      HostStore::Create(BuildLayout(config), -1, StoreOptions{GetParam()});
   ASSERT_TRUE(store.ok()) << store.status();
   RandomInitWeights(config, 5, store->get());
   // One real update per unit fills the moments (and the int8 scales) with trained values.
@@ -629,7 +629,7 @@ TEST_P(QuantizedMomentsCheckpoint, RoundTripsTheStoredBytesAndRefusesAnotherDtyp
   EXPECT_EQ(ts.at("optimizer_state_dtype"), MomentDTypeName(GetParam()));
 
   absl::StatusOr<std::unique_ptr<HostStore>> back =
-      HostStore::Create(BuildLayout(config), -1, GetParam());
+      HostStore::Create(BuildLayout(config), -1, StoreOptions{GetParam()});
   ASSERT_TRUE(back.ok());
   TrainerState state;
   ASSERT_TRUE(LoadCheckpoint(*path, back->get(), &state).ok());

@@ -201,6 +201,35 @@ TEST(Trainer, ResumeWithQuantizedMomentsIsBitExact) {
   }
 }
 
+// Without the bf16 copy the fp32 master crosses to the device and is rounded there: the
+// kernels see the same bf16 values, so the run is the same bits, checkpoints included (the
+// model files rounded from the master as they are written).
+TEST(Trainer, StreamingTheMasterWithoutABf16CopyTrainsTheSameBits) {
+  const std::string dir = TempDir("no_copy");
+  WriteFile(dir + "/data.jsonl", kText);
+  std::vector<double> losses[2];
+  for (const bool copy : {true, false}) {
+    const std::string name = copy ? "copy" : "master";
+    absl::StatusOr<std::unique_ptr<Trainer>> t =
+        Make(dir, Spec(dir, 5, "", std::string("optimizer: {state_dtype: int8, bf16_copy: ") +
+                                       (copy ? "yes" : "no") + "}\ncheckpoint: {dir: " + name +
+                                       "}\n"));
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_NE((*t)->plan_text().find(copy ? "the bf16 copy crosses PCIe"
+                                          : "the fp32 master crosses PCIe"),
+              std::string::npos)
+        << (*t)->plan_text();
+    while (!(*t)->done()) {
+      absl::StatusOr<StepReport> r = (*t)->Step();
+      ASSERT_TRUE(r.ok()) << r.status();
+      losses[copy ? 0 : 1].push_back(r->loss);
+    }
+    ASSERT_TRUE((*t)->SaveCheckpoint().ok());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_GE(ExpectSameFiles(dir + "/copy/checkpoint-5", dir + "/master/checkpoint-5"), 8);
+}
+
 // Checkpoints written while training goes on equal the ones written with training
 // stopped at the same step, file for file, and are reported by a later Step().
 TEST(Trainer, BackgroundCheckpointsEqualStoppedOnes) {
