@@ -11,7 +11,7 @@ PKGS=(
   libabsl-dev libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev
   libopenblas-dev libhwloc-dev libnuma-dev
   libgtest-dev libgmock-dev libcli11-dev
-  libpcre2-dev libutf8proc-dev
+  libpcre2-dev libutf8proc-dev liburing-dev
   libssl-dev openssl
   prometheus-cpp-dev
   prometheus
