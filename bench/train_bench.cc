@@ -116,9 +116,13 @@ int main(int argc, char** argv) {
   int64_t micro_rows = 0, k = 0, kept = -1, slots = -1, mlp_tile = -1;
   double device_gib = 0, max_grad_norm = 0, host_gib = 0;
   bool plan_only = false, no_optimizer = false;
-  std::string timeline_path, state_dtype = "fp32", bf16_copy = "yes";
+  std::string timeline_path, state_dtype = "fp32", bf16_copy = "yes", nvme_dir;
+  int64_t nvme_layers = -1;
   app.add_option("--backend", backend);
   app.add_option("--state-dtype", state_dtype, "AdamW moments: fp32 | bf16 | int8");
+  app.add_option("--nvme-dir", nvme_dir, "the NVMe tier: a folder for layers' moments");
+  app.add_option("--nvme-layers", nvme_layers,
+                 "layers whose moments go there (-1: as many as --host-memory-gib needs)");
   app.add_option("--bf16-copy", bf16_copy,
                  "keep the bf16 weights that cross PCIe: yes | no | auto (the planner)");
   app.add_option("--shape", shape,
@@ -192,6 +196,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   request.bf16_copy = bf16_copy;
+  request.nvme_dir = nvme_dir;
+  request.nvme_layers = nvme_dir.empty() ? 0 : nvme_layers;
   request.config = c;
   request.seq_len = seq;
   request.rows_per_step = tokens / seq;
@@ -245,7 +251,14 @@ int main(int argc, char** argv) {
   }
 
   const ModelLayout layout = BuildLayout(c);
-  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout, -1, StoreOptions{moments, plan->bf16_copy});
+  StoreOptions store_options;
+  store_options.moments = moments;
+  store_options.bf16_copy = plan->bf16_copy;
+  store_options.nvme_dir = nvme_dir;
+  for (int64_t l = c.num_layers - plan->nvme_layers; l < c.num_layers; ++l) {
+    store_options.disk_units.push_back(layout.DecoderUnit(l));
+  }
+  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout, -1, store_options);
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
     return 1;
@@ -386,6 +399,13 @@ int main(int argc, char** argv) {
       {"optimizer", no_optimizer ? "none (gradients discarded)" : "CPU AdamW"},
       {"optimizer_state_dtype", MomentDTypeName(moments)},
       {"bf16_copy", plan->bf16_copy},
+      {"nvme", {{"layers", plan->nvme_layers},
+                {"disk_gib", plan->disk_bytes / double(1ll << 30)},
+                {"read_gib", (*store)->moment_disk() != nullptr
+                                 ? (*store)->moment_disk()->bytes_read() / double(1ll << 30) : 0.0},
+                {"written_gib", (*store)->moment_disk() != nullptr
+                                    ? (*store)->moment_disk()->bytes_written() / double(1ll << 30)
+                                    : 0.0}}},
       {"device_memory_cap_gib", device_gib},
       {"plan", plan_json},
       {"steady_steps", step_s.size()},

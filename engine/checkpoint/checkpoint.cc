@@ -51,6 +51,7 @@ struct PartInfo {
   DType dtype;
   void* (*base)(const HostStore&, int64_t unit);
   bool block_scales = false;  // one (blocks) tensor per unit, not the model's tensors
+  int moment = -1;            // 0 m, 1 v, 2 m's scales, 3 v's (HostStore::ReadMomentBytes)
 };
 
 std::vector<PartInfo> PartsFor(MomentDType moments) {
@@ -63,18 +64,29 @@ std::vector<PartInfo> PartsFor(MomentDType moments) {
        }},
       {"optimizer/master", DType::kF32,
        [](const HostStore& s, int64_t u) -> void* { return s.master(u); }},
+      // Moments kept on disk (the NVMe tier) have no pointer: read through the store.
       {"optimizer/exp_avg", f32 ? DType::kF32 : bf16 ? DType::kBF16 : DType::kI8,
-       [](const HostStore& s, int64_t u) -> void* { return s.moments(u).m; }},
+       [](const HostStore& s, int64_t u) -> void* {
+         return s.moments_on_disk(u) ? nullptr : s.moments(u).m;
+       },
+       false, 0},
       {"optimizer/exp_avg_sq", f32 ? DType::kF32 : bf16 ? DType::kBF16 : DType::kU8,
-       [](const HostStore& s, int64_t u) -> void* { return s.moments(u).v; }},
+       [](const HostStore& s, int64_t u) -> void* {
+         return s.moments_on_disk(u) ? nullptr : s.moments(u).v;
+       },
+       false, 1},
   };
   if (moments == MomentDType::kInt8) {
     parts.push_back({"optimizer/exp_avg_scales", DType::kF32,
-                     [](const HostStore& s, int64_t u) -> void* { return s.moments(u).m_scales; },
-                     true});
+                     [](const HostStore& s, int64_t u) -> void* {
+                       return s.moments_on_disk(u) ? nullptr : s.moments(u).m_scales;
+                     },
+                     true, 2});
     parts.push_back({"optimizer/exp_avg_sq_scales", DType::kF32,
-                     [](const HostStore& s, int64_t u) -> void* { return s.moments(u).v_scales; },
-                     true});
+                     [](const HostStore& s, int64_t u) -> void* {
+                       return s.moments_on_disk(u) ? nullptr : s.moments(u).v_scales;
+                     },
+                     true, 3});
   }
   return parts;
 }
@@ -244,7 +256,7 @@ absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, 
   const uint64_t element = DTypeSize(p.info.dtype);
   // Each tensor the piece meets, its share.
   const char* base = static_cast<const char*>(p.info.base(store, unit));
-  MT_CHECK(base != nullptr || p.info.dtype == DType::kBF16);
+  MT_CHECK(base != nullptr || p.info.dir.empty() || p.info.moment >= 0);
   const std::vector<PartTensor>& tensors = p.units[unit];
   for (size_t i = 0; i < tensors.size(); ++i) {
     const uint64_t t_begin = static_cast<uint64_t>(tensors[i].offset) * element;
@@ -253,7 +265,12 @@ absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, 
     if (b >= e) continue;
     const char* bytes = base + b;
     std::vector<uint16_t> rounded;
-    if (base == nullptr) {  // the model of a store without a bf16 copy: from the master
+    std::vector<char> read;
+    if (base == nullptr && p.info.moment >= 0) {  // moments on disk
+      read.resize(e - b);
+      RETURN_IF_ERROR(store.ReadMomentBytes(unit, p.info.moment, b, e - b, read.data()));
+      bytes = read.data();
+    } else if (base == nullptr) {  // the model of a store without a bf16 copy: from the master
       rounded.resize((e - b) / 2);
       store.ReadWeightsBf16(unit, static_cast<int64_t>(b / 2), static_cast<int64_t>(e / 2),
                             rounded.data());
@@ -342,14 +359,26 @@ absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerSt
         "files as a new run"));
   }
   // Zeroed first: alignment padding between tensors is not in the files, and int8 blocks
-  // that cover it read its codes as zeros, as training left them.
-  for (int64_t u = 0; u < store->num_units(); ++u) store->ResetMoments(u);
+  // that cover it read its codes as zeros, as training left them. Units whose moments are
+  // on disk are assembled in RAM, then written there at once.
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    if (!store->moments_on_disk(u)) RETURN_IF_ERROR(store->ResetMoments(u));
+  }
+  std::map<int64_t, std::vector<char>> disk_blocks;
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    if (store->moments_on_disk(u)) disk_blocks[u].assign(store->moment_block_bytes(u), 0);
+  }
   for (const PartInfo& part : PartsFor(saved)) {
     if (part.dir.empty()) continue;  // the bf16 weights follow from master
     ASSIGN_OR_RETURN(ModelTensorReader reader,
                      ModelTensorReader::OpenFolder((fs::path(path) / part.dir).string()));
     for (int64_t u = 0; u < store->num_units(); ++u) {
       char* base = static_cast<char*>(part.base(*store, u));
+      if (base == nullptr) {  // on disk: this part's place in the unit's block
+        const UnitMoments at = store->MomentsAt(u, disk_blocks.at(u).data());
+        void* const starts[] = {at.m, at.v, at.m_scales, at.v_scales};
+        base = static_cast<char*>(starts[part.moment]);
+      }
       for (const PartTensor& t : UnitTensors(store->layout().units[u], part.block_scales)) {
         char* dst = base + t.offset * DTypeSize(part.dtype);
         RETURN_IF_ERROR(part.dtype == DType::kF32
@@ -357,6 +386,10 @@ absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerSt
                             : reader.ReadRaw(t.name, t.shape, part.dtype, dst));
       }
     }
+  }
+  for (auto& [u, block] : disk_blocks) {
+    RETURN_IF_ERROR(store->moment_disk()->Write(u, 0, static_cast<int64_t>(block.size()),
+                                                block.data()));
   }
   for (int64_t u = 0; u < store->num_units(); ++u) store->RefreshWeightsFromMaster(u);
   return absl::OkStatus();

@@ -271,7 +271,7 @@ absl::Status ParseTrain(Section& top, JobSpec* spec) {
   return absl::OkStatus();
 }
 
-absl::Status ParseOptimizer(Section& top, JobSpec* spec) {
+absl::Status ParseOptimizer(Section& top, const std::string& base_dir, JobSpec* spec) {
   if (!top.Has("optimizer")) return absl::OkStatus();
   if (!top.Get("optimizer").IsMap()) return top.Error("optimizer", "must be a mapping");
   Section o(top.Get("optimizer"), "optimizer");
@@ -281,6 +281,9 @@ absl::Status ParseOptimizer(Section& top, JobSpec* spec) {
   MT_CHECK(ParseMomentDType(dtype, &spec->state_dtype));
   RETURN_IF_ERROR(o.String("bf16_copy", &spec->bf16_copy));
   RETURN_IF_ERROR(o.OneOf("bf16_copy", spec->bf16_copy, {"auto", "yes", "no"}));
+  RETURN_IF_ERROR(o.String("nvme_dir", &spec->nvme_dir));
+  spec->nvme_dir = Resolve(base_dir, spec->nvme_dir);
+  RETURN_IF_ERROR(o.Int("nvme_layers", &spec->nvme_layers, -1));
   return o.CheckNoUnknown();
 }
 
@@ -360,7 +363,7 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   RETURN_IF_ERROR(ParseModel(top, base_dir, spec));
   RETURN_IF_ERROR(ParseData(top, base_dir, spec));
   RETURN_IF_ERROR(ParseTrain(top, spec));
-  RETURN_IF_ERROR(ParseOptimizer(top, spec));
+  RETURN_IF_ERROR(ParseOptimizer(top, base_dir, spec));
   RETURN_IF_ERROR(ParseCheckpoint(top, base_dir, spec));
   RETURN_IF_ERROR(top.CheckNoUnknown());
   return CheckBatchShape(*spec);
@@ -524,6 +527,8 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "state_dtype" << YAML::Value << MomentDTypeName(s.state_dtype);
   out << YAML::Key << "bf16_copy" << YAML::Value << YAML::DoubleQuoted << s.bf16_copy;
+  out << YAML::Key << "nvme_dir" << YAML::Value << YAML::DoubleQuoted << s.nvme_dir;
+  out << YAML::Key << "nvme_layers" << YAML::Value << s.nvme_layers;
   out << YAML::EndMap;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << s.checkpoint_dir;

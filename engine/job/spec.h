@@ -23,9 +23,12 @@
 //                activation_checkpoints: auto|device|host}
 //   optimizer:  {state_dtype: fp32|bf16|int8,   # how AdamW's moments are kept (the master
 //                                             # is fp32 always): 12, 8 or 6 B/param of state
-//                bf16_copy: yes|no|auto}      # keep the bf16 weights that cross PCIe (2
+//                bf16_copy: yes|no|auto,      # keep the bf16 weights that cross PCIe (2
 //                                             # B/param more), or stream the master; auto:
 //                                             # the planner's choice
+//                nvme_dir: "",                # a local disk for the moments of layers
+//                nvme_layers: -1}             # that do not fit in RAM: how many (-1: as
+//                                             # many as the host budget needs)
 //   checkpoint: {dir, every_steps, keep_last, max_shard_bytes, background}
 //   backend:    auto | cpu | cuda
 //   device_memory_cap_bytes: 0      # the most device memory the job may take; 0 = all free
@@ -106,6 +109,9 @@ struct JobSpec {
   // "yes" by default until the master's upload has been measured on a GPU (it was written
   // in a session without one).
   std::string bf16_copy = "yes";
+  // optimizer.nvme_dir / nvme_layers: the NVMe tier (store/moment_disk.h). "" = none.
+  std::string nvme_dir;
+  int64_t nvme_layers = -1;
 
   std::string checkpoint_dir;    // "" = no checkpoints
   int64_t checkpoint_every_steps = 0;  // 0 = only at the end

@@ -68,6 +68,8 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.reduce_on_devices = spec.gradient_reduce != "host";
   r.moments = spec.state_dtype;
   r.bf16_copy = spec.bf16_copy;
+  r.nvme_dir = spec.nvme_dir;
+  r.nvme_layers = spec.nvme_dir.empty() ? 0 : spec.nvme_layers;
   return r;
 }
 
@@ -197,8 +199,15 @@ absl::Status Trainer::InitStore(const JobSpec& spec, const DeviceSet& devices) {
     absl::StrAppend(&plan_text_, "numa       host store interleaved over NUMA nodes ",
                     absl::StrJoin(store_nodes, ", "), " (the GPUs' own)\n");
   }
-  ASSIGN_OR_RETURN(store_, HostStore::Create(BuildLayout(config_), store_nodes,
-                                             StoreOptions{spec.state_dtype, plan_.bf16_copy}));
+  StoreOptions store_options;
+  store_options.moments = spec.state_dtype;
+  store_options.bf16_copy = plan_.bf16_copy;
+  store_options.nvme_dir = spec.nvme_dir;
+  const ModelLayout layout = BuildLayout(config_);
+  for (int64_t l = config_.num_layers - plan_.nvme_layers; l < config_.num_layers; ++l) {
+    store_options.disk_units.push_back(layout.DecoderUnit(l));
+  }
+  ASSIGN_OR_RETURN(store_, HostStore::Create(layout, store_nodes, store_options));
   ASSIGN_OR_RETURN(slabs_, MakeSlabs(spec, devices, 0));
   RETURN_IF_ERROR(backend_->PinHostRange(store_->transfer_base(), store_->transfer_bytes()));
   pinned_.push_back(store_->transfer_base());
@@ -337,6 +346,11 @@ absl::StatusOr<StepReport> Trainer::Step() {
   for (MicroBatch& b : batches_) packer_->Next(plan_.micro_batch_rows, &b);
   for (Replica& r : replicas_) {
     for (MicroBatch& b : r.batches) packer_->Next(plan_.micro_batch_rows, &b);
+  }
+  // An NVMe tier's I/O error in the last step's updates (they run on into this one).
+  if (absl::Status s = optimizer_->status(); !s.ok()) {
+    step_failed_ = true;
+    return s;
   }
   const double lr = LearningRate(spec_.schedule, state_.step);
   optimizer_->BeginStep(lr, step);
@@ -494,6 +508,7 @@ void Trainer::CollectBackground(bool wait, StepReport* report) {
 
 absl::StatusOr<std::string> Trainer::SaveCheckpointTo(const std::string& root) {
   optimizer_->Drain();  // the last step's updates are in the store
+  RETURN_IF_ERROR(optimizer_->status());  // never a checkpoint of state the tier lost
   return megatrain::SaveCheckpoint(root, config_, *store_, state_, checkpoint_options());
 }
 
@@ -526,6 +541,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   if (background_step == state_.step && background.ok()) return background;  // this step's
   const auto started = std::chrono::steady_clock::now();
   optimizer_->Drain();  // the last step's updates are in the store
+  RETURN_IF_ERROR(optimizer_->status());  // never a checkpoint of state the tier lost
   ASSIGN_OR_RETURN(std::string path, megatrain::SaveCheckpoint(spec_.checkpoint_dir, config_,
                                                                *store_, state_,
                                                                checkpoint_options()));

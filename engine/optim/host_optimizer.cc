@@ -72,6 +72,17 @@ void HostOptimizer::Submit(int64_t unit, float* slab, void* ready, int64_t offse
     ++in_flight_;
     ++norms_pending_;
   }
+  // The NVMe tier: the unit's moments are needed soon (a piece of its gradient is here),
+  // and the next unit down is usually the next to land.
+  if (MomentDisk* disk = store_->moment_disk(); disk != nullptr) {
+    disk->Prefetch(unit);
+    for (int64_t u = unit - 1; u >= 0; --u) {
+      if (disk->Has(u)) {
+        disk->Prefetch(u);
+        break;
+      }
+    }
+  }
 }
 
 // Each stretch under the lock is a MutexLock scope of its own, also the last one of an
@@ -301,6 +312,28 @@ double HostOptimizer::Update(const Item& item, const float* grad, float grad_sca
   float* master = store_->master(unit);
   uint16_t* bf16 = store_->has_bf16_copy() ? store_->weights(unit) : nullptr;
   const UnitLayout& layout = store_->layout().units[unit];
+  // The unit's moments: in RAM, or in a buffer of the NVMe tier (written back once the
+  // unit's last piece is updated).
+  UnitMoments moments;
+  MomentDisk* disk = store_->moments_on_disk(unit) ? store_->moment_disk() : nullptr;
+  if (disk != nullptr) {
+    absl::StatusOr<char*> block = disk->Acquire(unit);
+    if (!block.ok()) {
+      MutexLock lock(&mu_);
+      if (status_.ok()) status_ = block.status();
+      return 0.0;  // the job fails at the end of this step (status())
+    }
+    moments = store_->MomentsAt(unit, *block);
+  } else {
+    moments = store_->moments(unit);
+  }
+  struct WriteBack {
+    MomentDisk* disk;
+    int64_t unit, count, elements;
+    ~WriteBack() {
+      if (disk != nullptr) disk->Updated(unit, count, elements);
+    }
+  } write_back{disk, unit, item.count, layout.num_elements};
   if (store_->moment_dtype() != MomentDType::kF32) {
     // Whole blocks of the piece at once: pieces start on block boundaries (grad_slab_pool.h).
     std::vector<ElementRange> tensors;
@@ -311,14 +344,14 @@ double HostOptimizer::Update(const Item& item, const float* grad, float grad_sca
     std::sort(tensors.begin(), tensors.end(),
               [](const ElementRange& a, const ElementRange& b) { return a.begin < b.begin; });
     double sum_squares = 0;
-    AdamWUpdateQuantized(master, store_->moments(unit), bf16, grad, item.offset,
+    AdamWUpdateQuantized(master, moments, bf16, grad, item.offset,
                          item.offset + item.count, layout.num_elements, tensors, item.step,
                          item.lr, options_.weight_decay, grad_scale, options_.hyper,
                          MomentRoundingKey(unit, item.step), &sum_squares);
     return sum_squares;
   }
-  float* m = store_->exp_avg(unit);
-  float* v = store_->exp_avg_sq(unit);
+  float* m = static_cast<float*>(moments.m);
+  float* v = static_cast<float*>(moments.v);
   // The piece [item.offset, item.offset + item.count) meets each tensor in one range.
   double sum_squares = 0;
   for (const TensorSlot& t : layout.tensors) {

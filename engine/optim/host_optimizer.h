@@ -79,6 +79,12 @@ class HostOptimizer final : public GradSink {
   double capture_wait_seconds() const {
     return capture_wait_ns_.load(std::memory_order_relaxed) / 1e9;
   }
+  // OK, or the first error of the NVMe tier (its moments could not be read): the updates
+  // of the unit it hit were skipped, so the step must fail.
+  absl::Status status() const {
+    MutexLock lock(&mu_);
+    return status_;
+  }
   // Seconds the optimizer thread has spent on gradients (norms and AdamW) since creation.
   double busy_seconds() const { return busy_ns_.load(std::memory_order_relaxed) / 1e9; }
 
@@ -117,7 +123,8 @@ class HostOptimizer final : public GradSink {
   Backend* backend_;
   HostOptimizerOptions options_;
 
-  Mutex mu_;
+  mutable Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
   double lr_ ABSL_GUARDED_BY(mu_) = 0.0;
   int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);

@@ -62,6 +62,8 @@ struct MachineProfile {
   // AdamWUpdateQuantized over bf16 and int8 moments (0: not measured; the fp32 rate).
   double adamw_bf16_params_per_second = 0;
   double adamw_int8_params_per_second = 0;
+  // The NVMe tier's disk, read and write (GB/s; 0: not measured, 2 assumed).
+  double nvme_gbps = 0;
   double host_gbps = 0;     // host memory, a += s * b in place, all threads
   int64_t device_memory_bytes = 0;  // what the backend may allocate (0 on the CPU)
   int64_t host_memory_bytes = 0;

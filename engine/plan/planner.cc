@@ -144,6 +144,28 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   plan->host_checkpoint_bytes = plan->checkpoints_on_host ? (num_ckpt + 1) * ckpt_bytes : 0;
   plan->host_bytes = plan->host_store_bytes + plan->host_slab_bytes +
                      N * plan->host_checkpoint_bytes + (cpu ? N * plan->device_bytes : 0);
+  // The NVMe tier: the top layers' moments on disk, as many as the host budget needs (each
+  // saves its moments; the kDiskBuffers buffers they cycle through are paid once).
+  plan->nvme_layers = 0;
+  plan->disk_bytes = plan->host_disk_buffer_bytes = 0;
+  if (!r.nvme_dir.empty()) {
+    constexpr int64_t kDiskBuffers = 3;  // StoreOptions::disk_buffers
+    const int64_t layer_moments =
+        static_cast<int64_t>(MomentBytesPerParameter(r.moments) * static_cast<double>(layer_n));
+    int64_t k = r.nvme_layers;
+    if (k < 0) {
+      const int64_t over = plan->host_bytes - r.host_budget_bytes;
+      k = over > 0 ? (over + kDiskBuffers * layer_moments + layer_moments - 1) / layer_moments : 0;
+    }
+    k = std::min(k, L);
+    if (k > 0) {
+      plan->nvme_layers = k;
+      plan->disk_bytes = k * layer_moments;
+      plan->host_disk_buffer_bytes = std::min(k, kDiskBuffers) * layer_moments;
+      plan->host_store_bytes -= plan->disk_bytes;
+      plan->host_bytes += plan->host_disk_buffer_bytes - plan->disk_bytes;
+    }
+  }
 
   // Kernels.
   StepPrediction& s = plan->step;
@@ -208,6 +230,11 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
                                   (AdamWBytesPerParameter(r.moments, plan->bf16_copy) * total));
   const double norm = r.clipping ? 4.0 * total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
   s.optimizer_seconds = total / adamw + norm;
+  // Its layers' moments are read and written once a step, in the optimizer's order, ahead
+  // of it: the optimizer goes no faster than the disk (profile rate, else 2 GB/s each way).
+  const double disk_gbps = p.nvme_gbps > 0 ? p.nvme_gbps : 2.0;
+  s.disk_seconds = 2.0 * plan->disk_bytes / (1e9 * disk_gbps);
+  s.optimizer_seconds = std::max(s.optimizer_seconds, s.disk_seconds);
 
   // Overlap, phase by phase (pipeline.h): forward streams weights in under compute; the
   // head; backward streams gradients out (and re-uploads evicted layers) under compute.
@@ -267,7 +294,9 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   } else {
     // AdamW moves 30 bytes per parameter; near the memory bandwidth, that is the limit.
     const bool memory = 30.0 * adamw >= 0.8 * 1e9 * p.host_gbps;
-    s.bound = memory ? "host memory bandwidth (CPU AdamW)" : "CPU optimizer";
+    s.bound = s.disk_seconds >= s.optimizer_seconds && s.disk_seconds > 0
+                  ? "NVMe (the optimizer state on disk)"
+                  : memory ? "host memory bandwidth (CPU AdamW)" : "CPU optimizer";
   }
 }
 
@@ -555,6 +584,13 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
   absl::StrAppendFormat(&out, "state      %sfp32 master, %s AdamW moments: %.4g bytes a parameter\n",
                         plan.bf16_copy ? "bf16 weights, " : "", MomentDTypeName(r.moments),
                         StoreBytesPerParameter(r.moments, plan.bf16_copy));
+  if (plan.nvme_layers > 0) {
+    absl::StrAppendFormat(&out, "nvme       the moments of the top %d layer(s) on disk in %s: %s "
+                                "(%s of RAM buffers), %.2f s a step each way at %.3g GB/s\n",
+                          plan.nvme_layers, r.nvme_dir, GiB(plan.disk_bytes),
+                          GiB(plan.host_disk_buffer_bytes), s.disk_seconds / 2,
+                          profile.nvme_gbps > 0 ? profile.nvme_gbps : 2.0);
+  }
   const double other = plan.other_copy_step_seconds;
   const double change = other > 0 ? 100.0 * (other / std::max(1e-12, s.seconds) - 1.0) : 0.0;
   if (plan.bf16_copy) {

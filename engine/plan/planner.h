@@ -70,6 +70,10 @@ struct PlanRequest {
   // of host memory), "no" streams the fp32 master and rounds it on the device (twice the
   // upload bytes), "auto" drops the copy unless the step is then 5% slower (PCIe-bound).
   std::string bf16_copy = "yes";
+  // The NVMe tier: with a folder, the moments of the top decoder layers go to disk when
+  // the host budget needs it (nvme_layers -1: as many as it needs; N: exactly N).
+  std::string nvme_dir;
+  int64_t nvme_layers = -1;
   // Device-to-device rate of that reduce-scatter (GB/s per device; NVLink, or PCIe peer
   // copies); 0: the PCIe rate (no NVLink assumed).
   double peer_gbps = 0;
@@ -84,6 +88,7 @@ struct StepPrediction {
   double h2d_seconds = 0, d2h_seconds = 0;
   double pcie_seconds = 0;       // the PCIe floor: each way alone and both at once
   double optimizer_seconds = 0;  // CPU AdamW (and the clipping norm) of every parameter
+  double disk_seconds = 0;       // the NVMe tier: its layers' moments read and written
   double reduce_seconds = 0;     // data parallelism: the reduce-scatter, on the D2H stream
   double peer_gbps = 0;          // at this device-to-device rate (the request's, or PCIe's)
   int64_t h2d_bytes = 0, d2h_bytes = 0;  // per device
@@ -104,6 +109,9 @@ struct Plan {
   int64_t loss_chunk_tokens = 4096;
   int64_t mlp_tile_tokens = 0;   // dense layers' MLP over tiles of this many tokens (0: not)
   bool bf16_copy = true;         // the store keeps the bf16 weights (else the master streams)
+  int64_t nvme_layers = 0;       // top decoder layers whose moments are on disk
+  int64_t host_disk_buffer_bytes = 0;  // the RAM those layers' moments cycle through
+  int64_t disk_bytes = 0;        // the scratch file
   // What they cost.
   StepPrediction step;
   int64_t device_bytes = 0;      // allocated by the pipeline, on each device

@@ -130,6 +130,15 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& 
                                                              const std::vector<int>& nodes,
                                                              const StoreOptions& options) {
   std::unique_ptr<HostStore> store(new HostStore(layout, options));
+  if (!options.disk_units.empty()) {
+    std::vector<int64_t> blocks;
+    for (int64_t u : options.disk_units) {
+      MT_CHECK(u >= 0 && u < static_cast<int64_t>(layout.units.size()));
+      blocks.push_back(static_cast<int64_t>(store->moment_block_bytes(u)));
+    }
+    ASSIGN_OR_RETURN(store->disk_, MomentDisk::Create(options.nvme_dir, options.disk_units, blocks,
+                                                      options.disk_buffers));
+  }
   size_t transfer_bytes = 0, state_bytes = 0;
   for (int64_t u = 0; u < static_cast<int64_t>(layout.units.size()); ++u) {
     store->transfer_offset_.push_back(transfer_bytes);
@@ -138,7 +147,7 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& 
     const size_t bf16 = RoundUp(layout.units[u].num_elements * sizeof(uint16_t));
     transfer_bytes += options.bf16_copy ? bf16 : master;
     state_bytes += (options.bf16_copy ? master : 0) +
-                   2 * (store->moment_bytes(u) + store->moment_scale_bytes(u));
+                   (store->moments_on_disk(u) ? 0 : store->moment_block_bytes(u));
   }
   ASSIGN_OR_RETURN(store->transfer_,
                    HostArena::Map(transfer_bytes,
@@ -160,9 +169,54 @@ size_t HostStore::moment_scale_bytes(int64_t unit) const {
              : 0;
 }
 
+size_t HostStore::moment_block_bytes(int64_t unit) const {
+  return 2 * (moment_bytes(unit) + moment_scale_bytes(unit));
+}
+
 UnitMoments HostStore::moments(int64_t unit) const {
-  char* m = state_.data() + state_offset_[unit] +
-            (options_.bf16_copy ? RoundUp(unit_elements(unit) * sizeof(float)) : 0);
+  MT_CHECK_MSG(!moments_on_disk(unit), "moments: unit %lld keeps them on disk",
+               static_cast<long long>(unit));
+  return MomentsAt(unit, state_.data() + state_offset_[unit] +
+                             (options_.bf16_copy ? RoundUp(unit_elements(unit) * sizeof(float)) : 0));
+}
+
+namespace {
+// Where part `which` of a unit's moment block starts, and its bytes.
+std::pair<uint64_t, uint64_t> MomentPart(uint64_t moment, uint64_t scales, int which) {
+  switch (which) {
+    case 0: return {0, moment};
+    case 1: return {moment, moment};
+    case 2: return {2 * moment, scales};
+    default: return {2 * moment + scales, scales};
+  }
+}
+}  // namespace
+
+absl::Status HostStore::ReadMomentBytes(int64_t unit, int which, uint64_t offset, uint64_t bytes,
+                                        char* dst) const {
+  const auto [start, size] = MomentPart(moment_bytes(unit), moment_scale_bytes(unit), which);
+  MT_CHECK(offset + bytes <= size);
+  if (moments_on_disk(unit)) {
+    return disk_->Read(unit, static_cast<int64_t>(start + offset), static_cast<int64_t>(bytes), dst);
+  }
+  std::memcpy(dst, static_cast<const char*>(moments(unit).m) + start + offset, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status HostStore::WriteMomentBytes(int64_t unit, int which, uint64_t offset, uint64_t bytes,
+                                         const char* src) {
+  const auto [start, size] = MomentPart(moment_bytes(unit), moment_scale_bytes(unit), which);
+  MT_CHECK(offset + bytes <= size);
+  if (moments_on_disk(unit)) {
+    return disk_->Write(unit, static_cast<int64_t>(start + offset), static_cast<int64_t>(bytes),
+                        src);
+  }
+  std::memcpy(static_cast<char*>(moments(unit).m) + start + offset, src, bytes);
+  return absl::OkStatus();
+}
+
+UnitMoments HostStore::MomentsAt(int64_t unit, char* block) const {
+  char* m = block;
   char* v = m + moment_bytes(unit);
   UnitMoments out{options_.moments, m, v, nullptr, nullptr};
   if (options_.moments == MomentDType::kInt8) {
@@ -172,9 +226,14 @@ UnitMoments HostStore::moments(int64_t unit) const {
   return out;
 }
 
-void HostStore::ResetMoments(int64_t unit) {
+absl::Status HostStore::ResetMoments(int64_t unit) {
   // m, v and the scales are contiguous; all-zero bytes are zero in every dtype.
-  std::memset(moments(unit).m, 0, 2 * (moment_bytes(unit) + moment_scale_bytes(unit)));
+  if (!moments_on_disk(unit)) {
+    std::memset(moments(unit).m, 0, moment_block_bytes(unit));
+    return absl::OkStatus();
+  }
+  const std::vector<char> zeros(moment_block_bytes(unit), 0);
+  return disk_->Write(unit, 0, static_cast<int64_t>(zeros.size()), zeros.data());
 }
 
 uint16_t* HostStore::weights(int64_t unit) const {

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/layout.h"
+#include "engine/store/moment_disk.h"
 
 namespace megatrain {
 
@@ -83,6 +84,11 @@ class HostArena {
 struct StoreOptions {
   MomentDType moments = MomentDType::kF32;
   bool bf16_copy = true;  // keep the bf16 weights the device streams (else the master streams)
+  // The NVMe tier (moment_disk.h): the units (by index) whose moments live in a scratch file
+  // under nvme_dir instead of RAM, and the RAM buffers they cycle through.
+  std::vector<int64_t> disk_units;
+  std::string nvme_dir;
+  int disk_buffers = 3;
 };
 
 class HostStore {
@@ -106,12 +112,28 @@ class HostStore {
   // f32 (n). REQUIRES: moment_dtype() == kF32.
   float* exp_avg(int64_t unit) const;
   float* exp_avg_sq(int64_t unit) const;
-  UnitMoments moments(int64_t unit) const;  // any dtype
+  // Any dtype. REQUIRES: !moments_on_disk(unit) (those are in moment_disk()'s buffers).
+  UnitMoments moments(int64_t unit) const;
+  bool moments_on_disk(int64_t unit) const { return disk_ != nullptr && disk_->Has(unit); }
+  MomentDisk* moment_disk() const { return disk_.get(); }
+  // The unit's moments (m, v, scales) as one block of this many bytes, and a view of them in
+  // a block at `block` (a MomentDisk buffer).
+  size_t moment_block_bytes(int64_t unit) const;
+  UnitMoments MomentsAt(int64_t unit, char* block) const;
+  // Bytes [offset, offset + bytes) of part `which` (0 m, 1 v, 2 m's scales, 3 v's) of the
+  // unit's moments, wherever they are; and written there (checkpoints).
+  [[nodiscard]] absl::Status ReadMomentBytes(int64_t unit, int which, uint64_t offset,
+                                             uint64_t bytes, char* dst) const;
+  [[nodiscard]] absl::Status WriteMomentBytes(int64_t unit, int which, uint64_t offset,
+                                              uint64_t bytes, const char* src);
+  // Bytes of moments kept on disk.
+  int64_t disk_moment_bytes() const { return disk_ != nullptr ? disk_->file_bytes() : 0; }
   // Bytes of one moment of `unit` as stored (m's; v's are the same), and of its scales.
   size_t moment_bytes(int64_t unit) const;
   size_t moment_scale_bytes(int64_t unit) const;
-  // Zeroes m and v (and their scales): the state before the first step.
-  void ResetMoments(int64_t unit);
+  // Zeroes m and v (and their scales): the state before the first step. (A unit on disk is
+  // zero until first written: the file is new; see WriteMomentBytes for the rest.)
+  [[nodiscard]] absl::Status ResetMoments(int64_t unit);
 
   // The transfer arena (the bf16 weights, or the master without them), for pinning.
   void* transfer_base() const { return transfer_.data(); }
@@ -133,6 +155,7 @@ class HostStore {
   StoreOptions options_;
   HostArena transfer_;
   HostArena state_;
+  std::unique_ptr<MomentDisk> disk_;
   std::vector<size_t> transfer_offset_;  // bytes, per unit
   std::vector<size_t> state_offset_;     // bytes, per unit (master when it is not the
                                          // transfer part; m, v, their scales follow)

@@ -1,5 +1,7 @@
 #include "engine/store/model_io.h"
 
+#include "engine/common/check.h"
+
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -32,8 +34,9 @@ bool IsBias(TensorRole r) {
          r == TensorRole::kExpertDownBias;
 }
 
+// (Units whose moments are on disk need nothing: a store's scratch file starts as zeros.)
 void ResetUnitState(HostStore* store, int64_t unit) {
-  store->ResetMoments(unit);
+  if (!store->moments_on_disk(unit)) MT_CHECK(store->ResetMoments(unit).ok());
   store->RefreshWeightsFromMaster(unit);
 }
 

@@ -598,10 +598,16 @@ TEST(PruneCheckpointsTest, RealSavesPrunedToTheNewestTwoStillLoad) {
 // its moments otherwise is refused with both named.
 class QuantizedMomentsCheckpoint : public ::testing::TestWithParam<MomentDType> {};
 
+StoreOptions MomentsOnly(MomentDType moments) {
+  StoreOptions o;
+  o.moments = moments;
+  return o;
+}
+
 TEST_P(QuantizedMomentsCheckpoint, RoundTripsTheStoredBytesAndRefusesAnotherDtype) {
   const ModelConfig config = TinyConfig(/*tied=*/false);
   absl::StatusOr<std::unique_ptr<HostStore>> store =
-      HostStore::Create(BuildLayout(config), -1, StoreOptions{GetParam()});
+      HostStore::Create(BuildLayout(config), -1, MomentsOnly(GetParam()));
   ASSERT_TRUE(store.ok()) << store.status();
   RandomInitWeights(config, 5, store->get());
   // One real update per unit fills the moments (and the int8 scales) with trained values.
@@ -629,7 +635,7 @@ TEST_P(QuantizedMomentsCheckpoint, RoundTripsTheStoredBytesAndRefusesAnotherDtyp
   EXPECT_EQ(ts.at("optimizer_state_dtype"), MomentDTypeName(GetParam()));
 
   absl::StatusOr<std::unique_ptr<HostStore>> back =
-      HostStore::Create(BuildLayout(config), -1, StoreOptions{GetParam()});
+      HostStore::Create(BuildLayout(config), -1, MomentsOnly(GetParam()));
   ASSERT_TRUE(back.ok());
   TrainerState state;
   ASSERT_TRUE(LoadCheckpoint(*path, back->get(), &state).ok());

@@ -230,6 +230,40 @@ TEST(Trainer, StreamingTheMasterWithoutABf16CopyTrainsTheSameBits) {
   EXPECT_GE(ExpectSameFiles(dir + "/copy/checkpoint-5", dir + "/master/checkpoint-5"), 8);
 }
 
+// The NVMe tier: the moments of some layers in a scratch file under optimizer.nvme_dir,
+// read ahead and written behind each step; the same bits as all in RAM, checkpoints
+// included, and the file gone when the job is.
+TEST(Trainer, MomentsOnDiskTrainTheSameBitsAsInRam) {
+  for (const char* dtype : {"fp32", "int8"}) {
+    const std::string dir = TempDir(std::string("nvme_") + dtype);
+    WriteFile(dir + "/data.jsonl", kText);
+    std::vector<double> losses[2];
+    for (const bool disk : {false, true}) {
+      const std::string name = disk ? "disk" : "ram";
+      std::string optimizer = std::string("optimizer: {state_dtype: ") + dtype;
+      if (disk) optimizer += ", nvme_dir: scratch, nvme_layers: 2";
+      absl::StatusOr<std::unique_ptr<Trainer>> t =
+          Make(dir, Spec(dir, 4, "", optimizer + "}\ncheckpoint: {dir: " + name + "}\n"));
+      ASSERT_TRUE(t.ok()) << t.status();
+      if (disk) {
+        EXPECT_NE((*t)->plan_text().find("nvme       the moments of the top 2 layer(s) on disk"),
+                  std::string::npos)
+            << (*t)->plan_text();
+        EXPECT_FALSE(fs::is_empty(dir + "/scratch"));
+      }
+      while (!(*t)->done()) {
+        absl::StatusOr<StepReport> r = (*t)->Step();
+        ASSERT_TRUE(r.ok()) << r.status();
+        losses[disk ? 1 : 0].push_back(r->loss);
+      }
+      ASSERT_TRUE((*t)->SaveCheckpoint().ok());
+    }
+    EXPECT_EQ(losses[0], losses[1]) << dtype;
+    EXPECT_GE(ExpectSameFiles(dir + "/ram/checkpoint-4", dir + "/disk/checkpoint-4"), 6) << dtype;
+    EXPECT_TRUE(fs::is_empty(dir + "/scratch")) << "the scratch file outlived its job";
+  }
+}
+
 // Checkpoints written while training goes on equal the ones written with training
 // stopped at the same step, file for file, and are reported by a later Step().
 TEST(Trainer, BackgroundCheckpointsEqualStoppedOnes) {
