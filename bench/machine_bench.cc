@@ -8,6 +8,7 @@
 //   machine_bench [--backend cuda|cpu] [--save PATH]   (--save: also write the profile
 //                                                      where the planner caches it)
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "engine/backend/factory.h"
 #include "engine/kernels/moe_scratch.h"
 #include "engine/plan/machine_profile.h"
+#include "engine/store/moment_disk.h"
 #if MEGATRAIN_BENCH_CUDA_OPS
 #include "engine/kernels/cuda/ops.h"
 #endif
@@ -235,14 +237,45 @@ nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, in
           {"forward_tflops", flops / fwd / 1e12}, {"backward_tflops", 2.5 * flops / bwd / 1e12}};
 }
 
+// The NVMe tier's rate in `dir`: `units` blocks of 256 MiB cycled as the optimizer cycles
+// them (prefetch the next, acquire, write back), twice; GB/s each way, reads and writes
+// running together.
+nlohmann::json DiskRates(const std::string& dir, int units) {
+  constexpr int64_t kBlock = int64_t{256} << 20;
+  std::vector<int64_t> ids(units);
+  for (int i = 0; i < units; ++i) ids[i] = i;
+  absl::StatusOr<std::unique_ptr<MomentDisk>> disk =
+      MomentDisk::Create(dir, ids, std::vector<int64_t>(units, kBlock), 3);
+  if (!disk.ok()) return {{"error", std::string(disk.status().message())}};
+  const auto start = std::chrono::steady_clock::now();
+  for (int round = 0; round < 2; ++round) {
+    for (int u = units - 1; u >= 0; --u) {
+      if (u > 0) (*disk)->Prefetch(u - 1);
+      absl::StatusOr<char*> block = (*disk)->Acquire(u);
+      if (!block.ok()) return {{"error", std::string(block.status().message())}};
+      (*disk)->Updated(u, 1, 1);
+    }
+  }
+  if (absl::Status s = (*disk)->Flush(); !s.ok()) return {{"error", std::string(s.message())}};
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double read = static_cast<double>((*disk)->bytes_read());
+  const double written = static_cast<double>((*disk)->bytes_written());
+  return {{"dir", dir}, {"bytes_read", read}, {"bytes_written", written}, {"seconds", seconds},
+          {"gbps_each_way", std::min(read, written) / seconds / 1e9},
+          {"read_gbps", read / seconds / 1e9}, {"write_gbps", written / seconds / 1e9}};
+}
+
 }  // namespace
 }  // namespace megatrain
 
 int main(int argc, char** argv) {
   using namespace megatrain;
   CLI::App app{"machine_bench: the rates the planner plans with, measured now"};
-  std::string backend = "auto", save;
+  std::string backend = "auto", save, nvme_dir;
   app.add_option("--backend", backend);
+  app.add_option("--nvme-dir", nvme_dir,
+                 "also measure the NVMe tier's disk here (4 GiB of scratch, removed after)");
   app.add_option("--save", save, "also write the profile here (the planner's cache)");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{backend});
@@ -255,9 +288,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", p.status().ToString().c_str());
     return 1;
   }
+  nlohmann::json disk = nullptr;
+  if (!nvme_dir.empty()) {
+    disk = DiskRates(nvme_dir, 8);
+    if (disk.contains("gbps_each_way")) p->nvme_gbps = disk["gbps_each_way"].get<double>();
+  }
   if (!save.empty()) std::ofstream(save) << ProfileToJson(*p) << "\n";
   nlohmann::json out = nlohmann::json::parse(ProfileToJson(*p));
   out["benchmark"] = "machine_bench";
+  if (!disk.is_null()) out["nvme"] = disk;
   const bool cpu = (*be)->kind() == BackendKind::kCpu;
   out["rmsnorm"] = nlohmann::json::array(
       {NormRates(be->get(), cpu ? 1024 : 16384, cpu ? 512 : 3584),

@@ -214,6 +214,7 @@ std::string ProfileToJson(const MachineProfile& p) {
                       {"adamw_params_per_second", p.adamw_params_per_second},
                       {"adamw_bf16_params_per_second", p.adamw_bf16_params_per_second},
                       {"adamw_int8_params_per_second", p.adamw_int8_params_per_second},
+                      {"nvme_gbps", p.nvme_gbps},
                       {"host_gbps", p.host_gbps},
                       {"device_memory_bytes", p.device_memory_bytes},
                       {"host_memory_bytes", p.host_memory_bytes},
@@ -258,6 +259,7 @@ absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& text) {
     // Profiles measured before the quantized moments existed have neither.
     p.adamw_bf16_params_per_second = j.value("adamw_bf16_params_per_second", 0.0);
     p.adamw_int8_params_per_second = j.value("adamw_int8_params_per_second", 0.0);
+    p.nvme_gbps = j.value("nvme_gbps", 0.0);
     p.host_gbps = j.at("host_gbps").get<double>();
     p.device_memory_bytes = j.at("device_memory_bytes").get<int64_t>();
     p.host_memory_bytes = j.at("host_memory_bytes").get<int64_t>();

@@ -52,6 +52,24 @@ static std::vector<int32_t> DocStarts(int64_t n, std::vector<int64_t> starts) {
 // The backward adds each token's rows in TokenOrder, in position order: the reference's
 // sums, bit for bit. Long runs of one token cross the 32-position end search and the
 // 4-row loads.
+// The fp32 master's upload (a store without a bf16 copy): rounded on the device to the bits
+// FloatToBf16 gives on the host, through the staging buffer's chunks (n spans three of
+// them, the last partial and not a multiple of 8).
+TEST_F(Kernels, UploadWeightsFromF32RoundsAsTheHostDoes) {
+  const int64_t n = (int64_t{8} << 20) * 2 + 12345;
+  std::vector<float> master = RandomBf16(n, 50, 0.02f);
+  for (int64_t i = 0; i < n; ++i) master[i] += 1e-6f * static_cast<float>(i % 997);  // not bf16
+  std::vector<uint16_t> bits(n);
+  for (int64_t i = 0; i < n; ++i) bits[i] = FloatToBf16(master[i]);
+  absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(gpu_.get(), n * 2);
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(gpu_.get(), n * 2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  gpu_->UploadWeightsFromF32(a->get(), master.data(), n, StreamId::kH2D);
+  gpu_->UploadWeights(b->get(), bits.data(), n, StreamId::kH2D);
+  gpu_->SyncAll();
+  EXPECT_TRUE(Download(gpu_.get(), DType::kBF16, *a, n) == Download(gpu_.get(), DType::kBF16, *b, n));
+}
+
 TEST_F(Kernels, EmbeddingForwardAndBackward) {
   for (const auto& [n, C, V] : {std::array<int64_t, 3>{300, 136, 50},
                                 std::array<int64_t, 3>{5000, 64, 3},

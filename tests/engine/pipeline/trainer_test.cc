@@ -2,10 +2,13 @@
 // and bad inputs are refused with messages that name the problem.
 #include "engine/job/trainer.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -262,6 +265,42 @@ TEST(Trainer, MomentsOnDiskTrainTheSameBitsAsInRam) {
     EXPECT_GE(ExpectSameFiles(dir + "/ram/checkpoint-4", dir + "/disk/checkpoint-4"), 6) << dtype;
     EXPECT_TRUE(fs::is_empty(dir + "/scratch")) << "the scratch file outlived its job";
   }
+}
+
+// The tier's failures fail the job with the file named, and no checkpoint of lost state:
+// an nvme_dir that cannot hold a file at the start; a scratch file cut short mid-run.
+TEST(Trainer, MomentDiskFailuresFailTheJobNamingTheFile) {
+  const std::string dir = TempDir("nvme_fail");
+  WriteFile(dir + "/data.jsonl", kText);
+  WriteFile(dir + "/not_a_dir", "x");
+  absl::StatusOr<std::unique_ptr<Trainer>> bad = Make(
+      dir, Spec(dir, 3, "", "optimizer: {nvme_dir: not_a_dir, nvme_layers: 1}\n"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("optimizer.nvme_dir: cannot create"), std::string::npos)
+      << bad.status();
+
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Make(
+      dir, Spec(dir, 3, "", "optimizer: {nvme_dir: scratch, nvme_layers: 2}\n"
+                            "checkpoint: {dir: ckpt}\n"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->Step().ok());
+  ASSERT_TRUE((*t)->SaveCheckpoint().ok());  // the updates applied (their write-behind soon)
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  fs::path file;
+  for (const auto& e : fs::directory_iterator(dir + "/scratch")) file = e.path();
+  ASSERT_FALSE(file.empty());
+  fs::resize_file(file, 0);
+  absl::Status failed = absl::OkStatus();
+  for (int i = 0; i < 2 && failed.ok(); ++i) failed = (*t)->Step().status();
+  ASSERT_FALSE(failed.ok()) << "training went on over a cut scratch file";
+  EXPECT_NE(failed.message().find(file.string()), std::string::npos) << failed;
+  EXPECT_FALSE((*t)->SaveCheckpoint().ok());
+  std::vector<std::string> saved;
+  for (const auto& e : fs::directory_iterator(dir + "/ckpt")) {
+    if (e.path().filename().string().rfind("checkpoint", 0) == 0) saved.push_back(e.path().filename());
+  }
+  EXPECT_EQ(saved, std::vector<std::string>{"checkpoint-1"})
+      << "a checkpoint was written from moments the disk lost";
 }
 
 // Checkpoints written while training goes on equal the ones written with training
