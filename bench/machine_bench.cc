@@ -111,24 +111,36 @@ nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, in
           {"grouped_over_dense_backward", dense_bwd / grouped_bwd}};
 }
 
+// Device buffers that live as long as it does; ok() is false once an allocation failed
+// (its pointer is null).
+class Buffers {
+ public:
+  explicit Buffers(Backend* be) : be_(be) {}
+  void* Alloc(int64_t bytes) {
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(be_, bytes);
+    if (!b.ok()) {
+      ok_ = false;
+      return nullptr;
+    }
+    keep_.push_back(std::move(*b));
+    return keep_.back().get();
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  Backend* be_;
+  std::vector<DeviceBuffer> keep_;
+  bool ok_ = true;
+};
+
 // The MoE layer's kernels other than the expert GEMMs, over n tokens routed top-k of E
 // (hidden C, expert width I), each timed alone with random logits (about uniform routing):
 // microseconds per call, and the bytes of act rows each moves over the time (GB/s).
 nlohmann::json RoutingKernelTimes(Backend* be, int64_t n, int64_t E, int64_t k, int64_t C,
                                   int64_t I) {
   const int64_t R = n * k, a = DTypeSize(be->act_dtype()), st = DTypeSize(be->stat_dtype());
-  std::vector<DeviceBuffer> keep;
-  keep.reserve(32);
-  bool ok = true;
-  auto alloc = [&](int64_t bytes) -> void* {
-    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(be, bytes);
-    if (!b.ok()) {
-      ok = false;
-      return nullptr;
-    }
-    keep.push_back(std::move(*b));
-    return keep.back().get();
-  };
+  Buffers buffers(be);
+  auto alloc = [&](int64_t bytes) { return buffers.Alloc(bytes); };
   void* logits = alloc(n * E * a);
   void* probs = alloc(n * E * st);
   auto* idx = static_cast<int32_t*>(alloc(R * 4));
@@ -146,7 +158,7 @@ nlohmann::json RoutingKernelTimes(Backend* be, int64_t n, int64_t E, int64_t k, 
   void* act = alloc(R * I * a);
   void* dgu = alloc(R * 2 * I * a);
   void* dlogits = alloc(n * E * a);
-  if (!ok) return nullptr;
+  if (!buffers.ok()) return nullptr;
   const StreamId s = StreamId::kCompute;
   FillRandom(be, logits, n * E, be->act_dtype(), 4);
   FillRandom(be, h, n * C, be->act_dtype(), 5);
@@ -192,17 +204,8 @@ nlohmann::json RoutingKernelTimes(Backend* be, int64_t n, int64_t E, int64_t k, 
 nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, int64_t KV,
                               int64_t D) {
   const int64_t a = DTypeSize(be->act_dtype()), st = DTypeSize(be->stat_dtype());
-  std::vector<DeviceBuffer> keep;
-  bool ok = true;
-  auto alloc = [&](int64_t bytes) -> void* {
-    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(be, bytes);
-    if (!b.ok()) {
-      ok = false;
-      return nullptr;
-    }
-    keep.push_back(std::move(*b));
-    return keep.back().get();
-  };
+  Buffers buffers(be);
+  auto alloc = [&](int64_t bytes) { return buffers.Alloc(bytes); };
   void* q = alloc(n * H * D * a);
   void* k = alloc(n * KV * D * a);
   void* v = alloc(n * KV * D * a);
@@ -213,7 +216,7 @@ nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, in
   void* dv = alloc(n * KV * D * a);
   void* lse = alloc(n * H * st);
   auto* doc = static_cast<int32_t*>(alloc(n * 4));
-  if (!ok) return nullptr;
+  if (!buffers.ok()) return nullptr;
   const StreamId s = StreamId::kCompute;
   FillRandom(be, q, n * H * D, be->act_dtype(), 4);
   FillRandom(be, k, n * KV * D, be->act_dtype(), 5);

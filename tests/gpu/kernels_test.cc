@@ -37,6 +37,30 @@ class Kernels : public GpuTest {
     DeviceBuffer c, g;
   };
   Ints Int(const std::vector<int32_t>& v) { return Ints{UploadInts(cpu_.get(), v), UploadInts(gpu_.get(), v)}; }
+
+  // Attention's outputs o, lse, dq, dk, dv, dsinks over (n, H, KV, D) tokens and heads;
+  // dsinks starts at dsinks0 (the backward adds to it).
+  using AttentionOutputs = std::array<Pair, 6>;
+  AttentionOutputs NewAttentionOutputs(int64_t n, int64_t H, int64_t KV, int64_t D,
+                                       const std::vector<float>& dsinks0) {
+    return AttentionOutputs{Act(std::vector<float>(n * H * D)),  Stat(n * H),
+                            Act(std::vector<float>(n * H * D)),  Act(std::vector<float>(n * KV * D)),
+                            Act(std::vector<float>(n * KV * D)), Grad(dsinks0)};
+  }
+  // Attention forward and backward on one backend (c: the CPU's buffers) into `out`;
+  // sinks null: none.
+  static void RunAttention(AttentionOutputs& out, Backend* b, bool c, Pair& q, Pair& k, Pair& v,
+                           Pair& dout, Pair* sinks, const Ints& docs, int64_t window, int64_t n,
+                           int64_t H, int64_t KV, int64_t D) {
+    auto P = [&](Pair& x) { return c ? x.c.get() : x.g.get(); };
+    const int32_t* ds = static_cast<const int32_t*>(c ? docs.c.get() : docs.g.get());
+    const void* sk = sinks != nullptr ? P(*sinks) : nullptr;
+    void* dsk = sinks != nullptr ? P(out[5]) : nullptr;
+    b->Attention(P(out[0]), P(out[1]), P(q), P(k), P(v), ds, sk, window, n, H, KV, D,
+                 StreamId::kCompute);
+    b->AttentionBackward(P(out[2]), P(out[3]), P(out[4]), dsk, P(dout), P(q), P(k), P(v),
+                         P(out[0]), P(out[1]), ds, sk, window, n, H, KV, D, StreamId::kCompute);
+  }
 };
 
 static std::vector<int32_t> DocStarts(int64_t n, std::vector<int64_t> starts) {
@@ -351,24 +375,12 @@ TEST_P(SinkWindowAttention, ForwardAndBackwardMatchTheCpuAndRepeatBitForBit) {
   Pair q = Act(RandomBf16(a.n * a.H * a.D, 30)), k = Act(RandomBf16(a.n * a.KV * a.D, 31)),
        v = Act(RandomBf16(a.n * a.KV * a.D, 32)), dout = Act(RandomBf16(a.n * a.H * a.D, 33)),
        sinks = Weight(RandomBf16(a.H, 34, 1.0f, 0.5f));
-  // Outputs o, lse, dq, dk, dv, dsinks.
-  auto outputs = [&] {
-    return std::array<Pair, 6>{
-        Act(std::vector<float>(a.n * a.H * a.D)),  Stat(a.n * a.H),
-        Act(std::vector<float>(a.n * a.H * a.D)),  Act(std::vector<float>(a.n * a.KV * a.D)),
-        Act(std::vector<float>(a.n * a.KV * a.D)), Grad(dsinks0)};
+  auto run = [&](AttentionOutputs& out, Backend* b, bool c) {
+    RunAttention(out, b, c, q, k, v, dout, a.sinks ? &sinks : nullptr, d, a.window, a.n, a.H,
+                 a.KV, a.D);
   };
-  auto run = [&](std::array<Pair, 6>& out, Backend* b, bool c) {
-    auto P = [&](Pair& x) { return c ? x.c.get() : x.g.get(); };
-    const int32_t* ds = static_cast<int32_t*>(c ? d.c.get() : d.g.get());
-    const void* sk = a.sinks ? P(sinks) : nullptr;
-    void* dsk = a.sinks ? P(out[5]) : nullptr;
-    b->Attention(P(out[0]), P(out[1]), P(q), P(k), P(v), ds, sk, a.window, a.n, a.H, a.KV, a.D,
-                 StreamId::kCompute);
-    b->AttentionBackward(P(out[2]), P(out[3]), P(out[4]), dsk, P(dout), P(q), P(k), P(v), P(out[0]),
-                         P(out[1]), ds, sk, a.window, a.n, a.H, a.KV, a.D, StreamId::kCompute);
-  };
-  std::array<Pair, 6> first = outputs(), second = outputs();
+  AttentionOutputs first = NewAttentionOutputs(a.n, a.H, a.KV, a.D, dsinks0),
+                   second = NewAttentionOutputs(a.n, a.H, a.KV, a.D, dsinks0);
   Both([&](Backend* b, bool c) { run(first, b, c); });
   run(second, gpu_.get(), false);
   gpu_->SyncAll();
@@ -404,10 +416,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SinkWindowAttention,
 // kernels they replace on sm_90, over five packed documents of odd lengths (one of a single
 // token), GQA ratios 1, 4 and 8, head_dim 64 and 128, with and without window and sinks;
 // and the same bits on three runs.
-struct HopperShape {
-  int64_t n, H, KV, D, window;
-  bool sinks;
-};
+using HopperShape = SinkWindowShape;
 
 class HopperAttention : public Kernels, public ::testing::WithParamInterface<HopperShape> {
  protected:
@@ -426,24 +435,13 @@ TEST_P(HopperAttention, MatchesTheCpuAndTheMmaKernelsAndRepeatsBitForBit) {
        sinks = Weight(RandomBf16(a.H, 44, 1.0f, 0.5f));
   constexpr int kOutputs = 6;  // o, lse, dq, dk, dv, dsinks
   auto outputs = [&] {
-    return std::array<Pair, kOutputs>{
-        Act(std::vector<float>(a.n * a.H * a.D)),  Stat(a.n * a.H),
-        Act(std::vector<float>(a.n * a.H * a.D)),  Act(std::vector<float>(a.n * a.KV * a.D)),
-        Act(std::vector<float>(a.n * a.KV * a.D)), Grad(std::vector<float>(a.H))};
+    return NewAttentionOutputs(a.n, a.H, a.KV, a.D, std::vector<float>(a.H));
   };
-  auto run = [&](std::array<Pair, kOutputs>& out, Backend* b, bool c) {
-    auto P = [&](Pair& x) { return c ? x.c.get() : x.g.get(); };
-    const int32_t* ds = static_cast<int32_t*>(c ? d.c.get() : d.g.get());
-    const void* sk = a.sinks ? P(sinks) : nullptr;
-    void* dsk = a.sinks ? P(out[5]) : nullptr;
-    b->Attention(P(out[0]), P(out[1]), P(q), P(k), P(v), ds, sk, a.window, a.n, a.H, a.KV, a.D,
-                 StreamId::kCompute);
-    b->AttentionBackward(P(out[2]), P(out[3]), P(out[4]), dsk, P(dout), P(q), P(k), P(v),
-                         P(out[0]), P(out[1]), ds, sk, a.window, a.n, a.H, a.KV, a.D,
-                         StreamId::kCompute);
+  auto run = [&](AttentionOutputs& out, Backend* b, bool c) {
+    RunAttention(out, b, c, q, k, v, dout, a.sinks ? &sinks : nullptr, d, a.window, a.n, a.H,
+                 a.KV, a.D);
   };
-  std::array<Pair, kOutputs> hopper = outputs(), again = outputs(), third = outputs(),
-                             mma = outputs();
+  AttentionOutputs hopper = outputs(), again = outputs(), third = outputs(), mma = outputs();
   Both([&](Backend* b, bool c) { run(hopper, b, c); });
   run(again, gpu_.get(), false);
   run(third, gpu_.get(), false);
