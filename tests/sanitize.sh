@@ -3,7 +3,7 @@
 #   asan: AddressSanitizer + UndefinedBehaviorSanitizer, every CPU engine, server and client
 #         unit test;
 #   tsan: ThreadSanitizer, the pipeline (threads as streams), the host optimizer, background
-#         checkpoints, the CPU reduce-scatter of data parallelism), the trainer and the
+#         checkpoints, the CPU reduce-scatter of data parallelism, the NVMe tier), the trainer and the
 #         server (job store, metrics registry, daemon metrics, the server's mutex). The
 #         server locks
 #         with server/mutex.h (std::mutex), which TSan sees; gRPC and SQLite, from
@@ -44,7 +44,7 @@ fi
 if [[ $WHICH == tsan || $WHICH == all ]]; then
   dir="$ROOT/build-tsan"
   configure "$dir" thread
-  mapfile -t t < <(targets "$dir" '^(pipeline|host_optimizer|trainer|collective|job_store|metrics|daemon_metrics|server_mutex|access)_test$')
+  mapfile -t t < <(targets "$dir" '^(pipeline|host_optimizer|trainer|collective|moment_disk|job_store|metrics|daemon_metrics|server_mutex|access)_test$')
   [[ ${#t[@]} -ge 8 ]] || { echo "sanitize.sh: TSan targets not found: ${t[*]}" >&2; exit 1; }
   cmake --build "$dir" -j"$jobs" --target "${t[@]}"
   # OpenMP teams of one: libgomp is not instrumented, so its barriers would read as races.

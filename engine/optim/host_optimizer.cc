@@ -359,9 +359,9 @@ double HostOptimizer::Update(const Item& item, const float* grad, float grad_sca
     const int64_t end = std::min(t.offset + t.num_elements, item.offset + item.count);
     if (begin >= end) continue;
     double ss = 0;
-    AdamWUpdate(master + begin, m + begin, v + begin, bf16 + begin, grad + (begin - item.offset),
-                end - begin, item.step, item.lr, t.weight_decay ? options_.weight_decay : 0.0,
-                grad_scale, options_.hyper, &ss);
+    AdamWUpdate(master + begin, m + begin, v + begin, bf16 != nullptr ? bf16 + begin : nullptr,
+                grad + (begin - item.offset), end - begin, item.step, item.lr,
+                t.weight_decay ? options_.weight_decay : 0.0, grad_scale, options_.hyper, &ss);
     sum_squares += ss;
   }
   return sum_squares;
