@@ -4,6 +4,7 @@
 
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -110,7 +111,7 @@ std::string FormatNode(const v1::Node& node) {
   for (const auto& [lib, version] : sorted) libs.push_back(absl::StrCat(lib, " ", version));
   std::string version = node.version();
   if (!libs.empty()) absl::StrAppend(&version, " (", absl::StrJoin(libs, ", "), ")");
-  std::string out = FormatKeyValues({
+  std::vector<std::pair<std::string, std::string>> items = {
       {"hostname", node.hostname()},
       {"backend", node.backend()},
       {"version", version},
@@ -119,7 +120,12 @@ std::string FormatNode(const v1::Node& node) {
        absl::StrCat(FormatGiB(node.host_memory_total_bytes()), " total, ",
                     FormatGiB(node.host_memory_reserved_bytes()), " reserved by jobs, ",
                     FormatGiB(node.host_memory_free_bytes()), " free")},
-  });
+  };
+  if (node.nvme_reserved_bytes() > 0) {
+    items.push_back({"nvme", absl::StrCat(FormatGiB(node.nvme_reserved_bytes()),
+                                          " of jobs' optimizer state on disk")});
+  }
+  std::string out = FormatKeyValues(items);
 
   out += "\n";
   if (node.gpus().empty()) {

@@ -27,6 +27,8 @@ absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
   out.set_weight_slots(plan.weight_slots);
   out.set_kept_layers(plan.kept_layers);
   out.set_mlp_tile_tokens(plan.mlp_tile_tokens);
+  out.set_nvme_layers(plan.nvme_layers);
+  out.set_nvme_bytes(plan.disk_bytes);
   out.set_devices(plan.devices);
   out.set_reduce_seconds(plan.step.reduce_seconds);
   const StepPrediction& s = plan.step;

@@ -57,18 +57,20 @@ grpc::Status NodeServiceImpl::GetNode(grpc::ServerContext* ctx, const v1::GetNod
   resp->set_cpu_count(static_cast<int32_t>(sysconf(_SC_NPROCESSORS_ONLN)));
   const HostMemory mem = ReadHostMemory();
   resp->set_host_memory_total_bytes(mem.total_bytes);
-  int64_t reserved = 0;
+  int64_t reserved = 0, nvme = 0;
   std::map<std::string, int64_t> running_on;  // device -> the job running there
   for (v1::JobState s : {v1::JOB_STATE_RUNNING, v1::JOB_STATE_QUEUED}) {
     absl::StatusOr<std::vector<v1::Job>> jobs = store_->ListInState(s);
     if (!jobs.ok()) continue;
     for (const v1::Job& j : *jobs) {
       reserved += j.host_bytes_estimate();
+      nvme += j.plan().nvme_bytes();
       if (s == v1::JOB_STATE_RUNNING) running_on[j.device()] = j.id();
     }
   }
   resp->set_host_memory_reserved_bytes(reserved);
   resp->set_host_memory_free_bytes(std::max<int64_t>(0, admissible_bytes_ - reserved));
+  resp->set_nvme_reserved_bytes(nvme);
   resp->set_backend(backend_);
   resp->set_version("0.1.0");
   (*resp->mutable_versions())["grpc"] = grpc::Version();

@@ -131,6 +131,16 @@ TEST(FormatNode, MemoryGpusAndNumaNodes) {
             "   0  256.0 GiB  200.0 GiB  0-3,8\n");
 }
 
+TEST(FormatNode, ShowsTheJobsStateOnNvmeWhenThereIsSome) {
+  v1::Node node;
+  node.set_hostname("h200-01");
+  node.set_host_memory_total_bytes(int64_t{512} << 30);
+  node.set_nvme_reserved_bytes(int64_t{300} << 30);
+  EXPECT_NE(FormatNode(node).find("nvme:         300.0 GiB of jobs' optimizer state on disk\n"),
+            std::string::npos)
+      << FormatNode(node);
+}
+
 TEST(FormatNode, NoGpus) {
   v1::Node node;
   node.set_backend("cpu");
