@@ -123,16 +123,20 @@ int MomentDisk::BufferOf(int64_t unit) const {
   return -1;
 }
 
-int MomentDisk::StartRead(int64_t unit) {
-  for (size_t i = 0; i < buffers_.size(); ++i) {
-    Buffer& b = buffers_[i];
-    if (b.unit >= 0) continue;
-    b.unit = unit;
-    b.state = State::kReading;
-    b.updated = 0;
-    queue_.push_back(Request{static_cast<int>(i), false});
-    cv_.notify_all();
-    return static_cast<int>(i);
+int MomentDisk::StartRead(int64_t unit, bool evict) {
+  for (int pass = 0; pass < (evict ? 2 : 1); ++pass) {
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      Buffer& b = buffers_[i];
+      const bool untouched = b.state == State::kResident && !b.acquired && b.updated == 0;
+      if (b.unit >= 0 && !(pass == 1 && untouched)) continue;
+      b.unit = unit;
+      b.state = State::kReading;
+      b.updated = 0;
+      b.acquired = false;
+      queue_.push_back(Request{static_cast<int>(i), false});
+      cv_.notify_all();
+      return static_cast<int>(i);
+    }
   }
   return -1;
 }
@@ -150,10 +154,11 @@ absl::StatusOr<char*> MomentDisk::Acquire(int64_t unit) {
   cv_.wait(lock, [&] {
     if (!error_.ok()) return true;
     b = BufferOf(unit);
-    if (b < 0) b = StartRead(unit);  // none free: wait for a write to complete
+    if (b < 0) b = StartRead(unit, /*evict=*/true);  // none free: wait for a write to complete
     return b >= 0 && buffers_[b].state == State::kResident;
   });
   RETURN_IF_ERROR(error_);
+  buffers_[b].acquired = true;
   return buffers_[b].data;
 }
 
@@ -166,6 +171,7 @@ void MomentDisk::Updated(int64_t unit, int64_t elements, int64_t unit_elements) 
   buffers_[b].updated += elements;
   if (buffers_[b].updated < unit_elements) return;
   buffers_[b].state = State::kWriting;
+  buffers_[b].acquired = false;
   queue_.push_back(Request{b, true});
   cv_.notify_all();
 }

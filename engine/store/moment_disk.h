@@ -6,7 +6,9 @@
 // buffers cycle through the units: Prefetch(u) starts reading u's block into a free buffer,
 // Acquire(u) waits for it (reading it then if no prefetch did), and when the optimizer has
 // updated all of u (Updated(u, elements) adds up to the unit), the block is written back and
-// the buffer freed once the write completes. A worker thread owns the ring: it submits the
+// the buffer freed once the write completes. An Acquire that finds no buffer free takes back
+// one holding a prefetched block nobody has acquired yet (with clipping, gradients land top
+// layer first but the updates run bottom first), so prefetches never block an update. A worker thread owns the ring: it submits the
 // queued requests in 64 MiB pieces and reaps their completions.
 //
 // The file is scratch: created (and preallocated, so a full disk fails at the start) when a
@@ -74,6 +76,7 @@ class MomentDisk {
     State state = State::kResident;
     int64_t updated = 0;      // elements updated since acquired
     int pending = 0;          // pieces in flight
+    bool acquired = false;    // handed to the optimizer (not to be taken back)
   };
   struct Request {
     int buffer;
@@ -81,8 +84,10 @@ class MomentDisk {
   };
   MomentDisk() = default;
   void Loop();
-  // A free buffer for `unit`, reading it in; -1 if none is free. REQUIRES: mu_ held.
-  int StartRead(int64_t unit);
+  // A free buffer for `unit`, reading it in; -1 if none is free. evict: a buffer that holds
+  // a prefetched block no one has acquired counts as free (its block is still the file's).
+  // REQUIRES: mu_ held.
+  int StartRead(int64_t unit, bool evict = false);
   int BufferOf(int64_t unit) const;  // -1 if not in a buffer. REQUIRES: mu_ held.
   absl::Status FileIo(bool write, int64_t offset, int64_t bytes, char* data);
 

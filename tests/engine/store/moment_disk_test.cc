@@ -67,6 +67,37 @@ TEST(MomentDisk, BlocksSurviveRoundsOfUpdatesThroughFewerBuffers) {
   EXPECT_FALSE(std::filesystem::exists(path)) << "the scratch file outlived its job";
 }
 
+// With clipping the gradients land top layer first (and are prefetched in that order) but
+// the updates run bottom first: Acquire of a unit while every buffer holds a prefetched,
+// untouched block must take one of those buffers back instead of waiting for ever.
+TEST(MomentDisk, AcquireTakesBackAPrefetchedBufferWhenNoneIsFree) {
+  TempDir dir;
+  const std::vector<int64_t> units = {1, 2, 3, 4, 5};
+  absl::StatusOr<std::unique_ptr<MomentDisk>> disk =
+      MomentDisk::Create(dir.path(), units, std::vector<int64_t>(units.size(), kBlock), 2);
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  for (int64_t u : units) {
+    const std::vector<char> p = Pattern(u, 0);
+    ASSERT_TRUE((*disk)->Write(u, 0, kBlock, p.data()).ok());
+  }
+  (*disk)->Prefetch(5);
+  (*disk)->Prefetch(4);  // both buffers now hold blocks the next updates do not want first
+  for (int64_t u : units) {  // forward order
+    absl::StatusOr<char*> block = (*disk)->Acquire(u);
+    ASSERT_TRUE(block.ok()) << block.status();
+    EXPECT_EQ(std::memcmp(*block, Pattern(u, 0).data(), kBlock), 0) << u;
+    const std::vector<char> next = Pattern(u, 1);
+    std::memcpy(*block, next.data(), kBlock);
+    (*disk)->Updated(u, 1, 1);
+  }
+  ASSERT_TRUE((*disk)->Flush().ok());
+  for (int64_t u : units) {
+    std::vector<char> got(kBlock);
+    ASSERT_TRUE((*disk)->Read(u, 0, kBlock, got.data()).ok());
+    EXPECT_EQ(std::memcmp(got.data(), Pattern(u, 1).data(), kBlock), 0) << u;
+  }
+}
+
 TEST(MomentDisk, AFileCutShortFailsTheReadNamingIt) {
   TempDir dir;
   absl::StatusOr<std::unique_ptr<MomentDisk>> disk = MomentDisk::Create(dir.path(), {1}, {kBlock}, 1);
