@@ -226,14 +226,9 @@ UnitMoments HostStore::MomentsAt(int64_t unit, char* block) const {
   return out;
 }
 
-absl::Status HostStore::ResetMoments(int64_t unit) {
+void HostStore::ResetMoments(int64_t unit) {
   // m, v and the scales are contiguous; all-zero bytes are zero in every dtype.
-  if (!moments_on_disk(unit)) {
-    std::memset(moments(unit).m, 0, moment_block_bytes(unit));
-    return absl::OkStatus();
-  }
-  const std::vector<char> zeros(moment_block_bytes(unit), 0);
-  return disk_->Write(unit, 0, static_cast<int64_t>(zeros.size()), zeros.data());
+  std::memset(moments(unit).m, 0, moment_block_bytes(unit));
 }
 
 uint16_t* HostStore::weights(int64_t unit) const {

@@ -131,9 +131,9 @@ class HostStore {
   // Bytes of one moment of `unit` as stored (m's; v's are the same), and of its scales.
   size_t moment_bytes(int64_t unit) const;
   size_t moment_scale_bytes(int64_t unit) const;
-  // Zeroes m and v (and their scales): the state before the first step. (A unit on disk is
-  // zero until first written: the file is new; see WriteMomentBytes for the rest.)
-  [[nodiscard]] absl::Status ResetMoments(int64_t unit);
+  // Zeroes m and v (and their scales): the state before the first step. REQUIRES:
+  // !moments_on_disk(unit) (a unit on disk is zero until written: its file is new).
+  void ResetMoments(int64_t unit);
 
   // The transfer arena (the bf16 weights, or the master without them), for pinning.
   void* transfer_base() const { return transfer_.data(); }
