@@ -27,6 +27,10 @@ absl::Status HostCheckpoints::Allocate(DeviceAllocator* alloc) {
                                            "layer-input checkpoints"));
     RETURN_IF_ERROR(backend_->PinHostRange(host_.data(), host_.bytes()));
   }
+  if (!alloc->count_only()) {
+    on_host_.clear();
+    for (int64_t c = 0; c < num_layers_; c += checkpoint_every_) on_host_.emplace_back(backend_);
+  }
   for (int i = 0; i < 2; ++i) {
     RETURN_IF_ERROR(alloc->Allocate(&staging_[i], checkpoint_bytes_, "checkpoint staging"));
     if (alloc->count_only()) continue;
@@ -57,6 +61,7 @@ void HostCheckpoints::Save(int64_t layer, const DeviceBuffer& activations) {
                        StreamId::kD2H);
   spans_->End(span);
   backend_->Record(saved.get(), StreamId::kD2H);  // the forward buffer may be overwritten
+  backend_->Record(on_host_[layer / checkpoint_every_].get(), StreamId::kD2H);
 }
 
 void HostCheckpoints::Load(int64_t c) {
@@ -64,6 +69,9 @@ void HostCheckpoints::Load(int64_t c) {
   const int i = Staging(c);
   if (staged_[i] == c) return;
   backend_->StreamWait(StreamId::kH2D, free_[i].get());
+  // The host thread runs ahead of the device: the forward's copy of x_c may still be on
+  // its way to the host.
+  backend_->StreamWait(StreamId::kH2D, on_host_[c / checkpoint_every_].get());
   const int span = spans_->Begin(StreamId::kH2D, "h2d x " + std::to_string(c));
   h2d_bytes_ += static_cast<int64_t>(staging_[i].bytes());
   backend_->CopyToDevice(staging_[i].get(), HostCheckpoint(c), staging_[i].bytes(),

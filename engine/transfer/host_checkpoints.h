@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/common/backend.h"
@@ -60,6 +61,7 @@ class HostCheckpoints {
   HostArena host_;                    // [checkpoint index] x M x (n, C)
   DeviceBuffer staging_[2];           // x_c of a segment, M x (n, C)
   Event saved_[2], loaded_[2], free_[2];
+  std::vector<Event> on_host_;        // [checkpoint index]: its forward copy has landed
   int64_t staged_[2] = {-1, -1};      // which checkpoint each staging buffer holds
   int64_t h2d_bytes_ = 0, d2h_bytes_ = 0;
 };
