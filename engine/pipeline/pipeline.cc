@@ -376,7 +376,20 @@ void Pipeline::Head(double scale, GradSink* sink) {
                   StreamId::kD2H);
   }
   // Complete here even when tied: the tied lm_head gradient lands in the embedding's.
-  drain_.Drain(layout_->HeadUnit(), head_grad_.get(), losses_ready_.get(), nullptr, sink);
+  DeferDrain(layout_->HeadUnit(), head_grad_.get(), losses_ready_.get(), nullptr, -1, sink);
+}
+
+void Pipeline::DeferDrain(int64_t unit, void* device_grad, void* done_event, void* free_event,
+                          int64_t layer, GradSink* sink) {
+  FlushDrain(sink);
+  pending_drain_ = PendingDrain{unit, device_grad, done_event, free_event, layer};
+}
+
+void Pipeline::FlushDrain(GradSink* sink) {
+  const PendingDrain p = pending_drain_;
+  if (p.unit < 0) return;
+  pending_drain_ = PendingDrain{};
+  drain_.Drain(p.unit, p.device_grad, p.done_event, p.free_event, sink);
 }
 
 void Pipeline::BackwardSweep(GradSink* sink) {
@@ -392,6 +405,7 @@ void Pipeline::BackwardSweep(GradSink* sink) {
                          batches_[m].token_order, n, config_.hidden_size, StreamId::kCompute);
   }
   be.Record(step_end_.get(), StreamId::kCompute);
+  FlushDrain(sink);  // layer 0's
   drain_.Drain(ModelLayout::EmbeddingUnit(), embed_grad_.get(), step_end_.get(), nullptr, sink);
 }
 
@@ -439,9 +453,9 @@ void Pipeline::BackwardSegment(int64_t c, int64_t e, int64_t* grad_turn, GradSin
     spans_.End(span);
     slots_.Release(l);
     be.Record(grad_ready_[g].get(), StreamId::kCompute);
-    drain_.Drain(layout_->DecoderUnit(l), layer_grad_[g].get(), grad_ready_[g].get(),
-                 grad_free_[g].get(), sink);
-    slots_.UploadUpdated(l);  // the layers above whose update the optimizer has applied
+    DeferDrain(layout_->DecoderUnit(l), layer_grad_[g].get(), grad_ready_[g].get(),
+               grad_free_[g].get(), l, sink);
+    slots_.UploadUpdated(l + 1);  // the layers above whose update the optimizer has applied
   }
   if (host_checkpoints_ != nullptr) {
     be.Record(host_checkpoints_->free_event(c), StreamId::kCompute);

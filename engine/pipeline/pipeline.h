@@ -154,6 +154,13 @@ class Pipeline {
   void BackwardSweep(GradSink* sink);  // segments from the top; then the embedding
   // One checkpoint segment [c, e): its inputs recomputed, then its layers' backward.
   void BackwardSegment(int64_t c, int64_t e, int64_t* grad_turn, GradSink* sink);
+  // A unit's gradient drain is enqueued after the next layer's backward, not before: the
+  // drain blocks this thread while the sink holds every gradient slab (the optimizer
+  // behind), and the device should have that layer's kernels queued meanwhile. The D2H
+  // stream's order is the same either way.
+  void DeferDrain(int64_t unit, void* device_grad, void* done_event, void* free_event,
+                  int64_t layer, GradSink* sink);
+  void FlushDrain(GradSink* sink);
   StepResult FinishStep(GradSink* sink, int64_t num_targets,
                         std::chrono::steady_clock::time_point start);
 
@@ -190,6 +197,13 @@ class Pipeline {
   Event embed_loaded_, head_loaded_;
   DeviceBuffer layer_grad_[2];
   Event grad_ready_[2], grad_free_[2];
+  struct PendingDrain {
+    int64_t unit = -1;   // -1: none
+    void* device_grad = nullptr;
+    void* done_event = nullptr;
+    void* free_event = nullptr;
+    int64_t layer = -1;  // a decoder layer: its updated weights upload after its drain
+  } pending_drain_;
   std::vector<DeviceBuffer> ckpt_;        // [ckpt index] -> M x (n, C)
   std::vector<DeviceBuffer> seg_;         // [K-1] recomputed inputs, M x (n, C)
   DeviceBuffer cur_[2];                   // forward ping-pong, M x (n, C)
