@@ -233,7 +233,10 @@ int main(int argc, char** argv) {
       {"predicted_optimizer_seconds", plan->step.optimizer_seconds},
       {"predicted_model_tflops", plan->step.model_flops / plan->step.seconds / 1e12},
       {"predicted_device_gib", plan->device_bytes / double(1ll << 30)},
-      {"predicted_host_gib", plan->host_bytes / double(1ll << 30)}};
+      {"predicted_host_gib", plan->host_bytes / double(1ll << 30)},
+      {"bf16_copy", plan->bf16_copy},
+      {"nvme_layers", plan->nvme_layers},
+      {"predicted_disk_seconds", plan->step.disk_seconds}};
   if (plan_only) {
     std::printf("%s\n", nlohmann::json{{"benchmark", "train_bench --plan-only"},
                                        {"shape", shape},
