@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   int64_t micro_rows = 0, k = 0, kept = -1, slots = -1, mlp_tile = -1;
   double device_gib = 0, max_grad_norm = 0, host_gib = 0;
   bool plan_only = false, no_optimizer = false;
-  std::string timeline_path, state_dtype = "fp32", bf16_copy = "yes", nvme_dir;
+  std::string timeline_path, state_dtype = "fp32", bf16_copy = "auto", nvme_dir;
   int64_t nvme_layers = -1;
   app.add_option("--backend", backend);
   app.add_option("--state-dtype", state_dtype, "AdamW moments: fp32 | bf16 | int8");

@@ -106,9 +106,7 @@ struct JobSpec {
   MomentDType state_dtype = MomentDType::kF32;
   // optimizer.bf16_copy: "yes", "no", or "auto" (the planner: no, unless the step is
   // PCIe-bound enough that the copy pays). The same bf16 values reach the kernels either way.
-  // "yes" by default until the master's upload has been measured on a GPU (it was written
-  // in a session without one).
-  std::string bf16_copy = "yes";
+  std::string bf16_copy = "auto";
   // optimizer.nvme_dir / nvme_layers: the NVMe tier (store/moment_disk.h). "" = none.
   std::string nvme_dir;
   int64_t nvme_layers = -1;

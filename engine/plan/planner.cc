@@ -482,7 +482,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
     }
     return absl::FailedPreconditionError(absl::StrFormat(
         "the job does not fit in host memory: it needs %s (training state %s for %s parameters "
-        "at %.4g bytes each, gradient slabs %s%s), and %s is available; use a smaller model%s%s",
+        "at %.4g bytes each, gradient slabs %s%s), and %s is available; use a smaller model%s%s%s",
         GiB(smallest.host_bytes), GiB(smallest.host_store_bytes), Params(smallest.num_parameters),
         StoreBytesPerParameter(r.moments, smallest.bf16_copy),
         GiB(smallest.host_slab_bytes),
@@ -495,6 +495,9 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
                               "%.4g bytes a parameter)",
                               StoreBytesPerParameter(MomentDType::kInt8, smallest.bf16_copy))
             : std::string(),
+        r.nvme_dir.empty() ? ", or keep the top layers' moments on a local disk "
+                             "(optimizer.nvme_dir)"
+                           : "",
         r.clipping ? ", or turn clipping off (train.max_grad_norm: 0 holds two layers' "
                      "gradients instead of every layer's)"
                    : ""));

@@ -69,7 +69,7 @@ struct PlanRequest {
   // optimizer.bf16_copy: "yes" keeps the bf16 copy that crosses PCIe (2 bytes a parameter
   // of host memory), "no" streams the fp32 master and rounds it on the device (twice the
   // upload bytes), "auto" drops the copy unless the step is then 5% slower (PCIe-bound).
-  std::string bf16_copy = "yes";
+  std::string bf16_copy = "auto";
   // The NVMe tier: with a folder, the moments of the top decoder layers go to disk when
   // the host budget needs it (nvme_layers -1: as many as it needs; N: exactly N).
   std::string nvme_dir;
