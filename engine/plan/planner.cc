@@ -232,9 +232,14 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   s.optimizer_seconds = total / adamw + norm;
   // Its layers' moments are read and written once a step, in the optimizer's order, ahead
   // of it: the optimizer goes no faster than the disk (profile rate, else 2 GB/s each way).
+  // Reads and writes run together (machine_bench measures the rate so), and the first
+  // layer's block is read before its update can start.
   const double disk_gbps = p.nvme_gbps > 0 ? p.nvme_gbps : 2.0;
-  s.disk_seconds = 2.0 * plan->disk_bytes / (1e9 * disk_gbps);
+  const double disk_layer =
+      plan->nvme_layers > 0 ? static_cast<double>(plan->disk_bytes) / plan->nvme_layers : 0;
+  s.disk_seconds = (plan->disk_bytes + disk_layer) / (1e9 * disk_gbps);
   s.optimizer_seconds = std::max(s.optimizer_seconds, s.disk_seconds);
+  const double updates = std::max(total / adamw, s.disk_seconds);  // every unit's
 
   // Overlap, phase by phase (pipeline.h): forward streams weights in under compute; the
   // head; backward streams gradients out (and re-uploads evicted layers) under compute.
@@ -248,7 +253,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const double head_d2h = cpu ? 0 : 4.0 * head_n / d2h_rate;
   if (r.clipping) {
     // Updates wait for the norm, then run in forward order under the next forward.
-    s.seconds = std::max(t_fwd, total / adamw + lt.bottom.forward * M) + s.head_seconds +
+    s.seconds = std::max(t_fwd, updates + lt.bottom.forward * M) + s.head_seconds +
                 std::max(t_bwd, norm);
   } else {
     // Each unit is updated as its gradient lands; the next step needs the embedding and
@@ -261,7 +266,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
     const double first = head_n >= layer_n
                              ? head_d2h
                              : M * lt.top.backward + (cpu ? 0 : 4.0 * layer_n / d2h_rate);
-    s.seconds = t_fwd + s.head_seconds + std::max(t_bwd + tail, first + total / adamw + embed_up);
+    s.seconds = t_fwd + s.head_seconds + std::max(t_bwd + tail, first + updates + embed_up);
   }
 
   const double tokens = static_cast<double>(M) * n * N;  // the whole step's
@@ -589,9 +594,10 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
                         StoreBytesPerParameter(r.moments, plan.bf16_copy));
   if (plan.nvme_layers > 0) {
     absl::StrAppendFormat(&out, "nvme       the moments of the top %d layer(s) on disk in %s: %s "
-                                "(%s of RAM buffers), %.2f s a step each way at %.3g GB/s\n",
+                                "(%s of RAM buffers), read and written every step: %.2f s "
+                                "at %.3g GB/s each way\n",
                           plan.nvme_layers, r.nvme_dir, GiB(plan.disk_bytes),
-                          GiB(plan.host_disk_buffer_bytes), s.disk_seconds / 2,
+                          GiB(plan.host_disk_buffer_bytes), s.disk_seconds,
                           profile.nvme_gbps > 0 ? profile.nvme_gbps : 2.0);
   }
   const double other = plan.other_copy_step_seconds;

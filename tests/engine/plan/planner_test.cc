@@ -249,6 +249,31 @@ TEST(Planner, RefusesWithTheNumbersWhenTheHostIsTooSmall) {
   EXPECT_NE(plan.status().message().find("optimizer.nvme_dir"), std::string::npos);
 }
 
+TEST(Planner, TheNvmeTierBoundsTheStepAtTheDisksRate) {
+  SizingBackend be;
+  MachineProfile profile = H200Like();
+  profile.nvme_gbps = 1.0;  // each way, reads and writes together (machine_bench)
+  PlanRequest r = Request(Qwen7B(), 65536, 130, 82);
+  r.bf16_copy = "no";
+  r.nvme_dir = "/scratch";
+  r.nvme_layers = -1;  // as many as the 82 GiB need
+  absl::StatusOr<Plan> plan = MakePlan(r, profile, &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->nvme_layers, 0);
+  EXPECT_LE(plan->host_bytes, r.host_budget_bytes);
+  // Every disk layer's moments are read and written once a step (H200: 14 layers, 26 GB
+  // each way at 1.08 GB/s, a 28.5 s step), plus one layer's read before the first update.
+  const double each_way = plan->disk_bytes / 1e9;
+  EXPECT_NEAR(plan->step.disk_seconds, each_way * (1.0 + 1.0 / plan->nvme_layers), 1e-6);
+  EXPECT_GE(plan->step.seconds, plan->step.disk_seconds);
+  EXPECT_NE(plan->step.bound.find("NVMe"), std::string::npos) << plan->step.bound;
+  r.nvme_dir.clear();
+  r.host_budget_bytes = 120 * kGiB;
+  absl::StatusOr<Plan> in_ram = MakePlan(r, profile, &be);
+  ASSERT_TRUE(in_ram.ok()) << in_ram.status();
+  EXPECT_LT(in_ram->step.seconds, plan->step.seconds / 2);
+}
+
 TEST(Planner, MoreTokensTakeLongerAndRefusesNonsense) {
   SizingBackend be;
   absl::StatusOr<Plan> a = MakePlan(Request(Qwen1p5B(), 16384, 130), H200Like(), &be);
