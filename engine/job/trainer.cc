@@ -80,12 +80,6 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   spec_ = spec;
   ASSIGN_OR_RETURN(config_, ResolveModelConfig(spec));
   num_params_ = NumParameters(config_);
-  if (config_.sliding_window > 0 && config_.sliding_layers.empty() &&
-      spec.seq_len > config_.sliding_window) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.seq_len ", spec.seq_len, " exceeds the model's sliding_window ",
-        config_.sliding_window, "; sliding-window attention is not implemented"));
-  }
   RETURN_IF_ERROR(InitData(spec));
   DeviceSet devices;
   devices.requests = {BackendRequest{spec.backend, spec.device_memory_cap_bytes}};

@@ -257,57 +257,93 @@ absl::Status ParseRope(const FieldReader& top, absl::string_view source, ModelCo
   return absl::OkStatus();
 }
 
-// GPT-OSS: sliding_window (default 128) on the layers layer_types marks
-// "sliding_attention" (default: the even ones), full attention on the "full_attention" ones.
-absl::StatusOr<int64_t> ParseLayerTypes(const FieldReader& f, ModelConfig& c) {
-  c.sliding_layers.assign(c.num_layers, false);
-  for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = l % 2 == 0;
-  if (const Json* types = f.Get("layer_types")) {
-    if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
-      return f.Error("layer_types",
-                     absl::StrCat("must be a list of num_hidden_layers (", c.num_layers,
-                                  ") layer types, got ", Describe(*types)));
-    }
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      const Json& t = (*types)[l];
-      const std::string name = t.is_string() ? t.get<std::string>() : "";
-      if (name != "sliding_attention" && name != "full_attention") {
-        return f.Error("layer_types",
-                       absl::StrCat("[", l, "] is ", Describe(t),
-                                    "; each must be \"sliding_attention\" or \"full_attention\""));
-      }
-      c.sliding_layers[l] = name == "sliding_attention";
-    }
+// `layer_types` ("sliding_attention" / "full_attention" per layer) into c.sliding_layers, if
+// config.json has it: false when it does not.
+absl::StatusOr<bool> ReadLayerTypes(const FieldReader& f, ModelConfig& c) {
+  const Json* types = f.Get("layer_types");
+  if (types == nullptr) return false;
+  if (!types->is_array() || static_cast<int64_t>(types->size()) != c.num_layers) {
+    return f.Error("layer_types", absl::StrCat("must be a list of num_hidden_layers (",
+                                               c.num_layers, ") layer types, got ",
+                                               Describe(*types)));
   }
-  const bool any = std::find(c.sliding_layers.begin(), c.sliding_layers.end(), true) !=
-                   c.sliding_layers.end();
-  if (!any) return int64_t{0};
-  return f.OptionalPositiveInt("sliding_window", 128);
+  c.sliding_layers.assign(c.num_layers, false);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const Json& t = (*types)[l];
+    const std::string name = t.is_string() ? t.get<std::string>() : "";
+    if (name != "sliding_attention" && name != "full_attention") {
+      return f.Error("layer_types",
+                     absl::StrCat("[", l, "] is ", Describe(t),
+                                  "; each must be \"sliding_attention\" or \"full_attention\""));
+    }
+    c.sliding_layers[l] = name == "sliding_attention";
+  }
+  return true;
 }
 
-// Mistral: sliding_window (transformers' default 4096 when the field is absent, null =
-// none). Qwen2/3: only when use_sliding_window is true, and only if some layer slides
-// (layers >= max_window_layers do). Llama has none.
+// The window of the layers c.sliding_layers marks: `window` if any layer slides, else none
+// (and no layer marked).
+int64_t WindowIfAnySlides(int64_t window, ModelConfig& c) {
+  const bool any = std::find(c.sliding_layers.begin(), c.sliding_layers.end(), true) !=
+                   c.sliding_layers.end();
+  if (window > 0 && any) return window;
+  c.sliding_layers.clear();
+  return 0;
+}
+
+// Which layers attend over a sliding window, and its width, as transformers 5.17 reads
+// config.json:
+// - GPT-OSS: sliding_window (default 128) on the layers layer_types marks
+//   "sliding_attention" (default: the even ones).
+// - Mistral: every layer; sliding_window defaults to 4096 when the field is absent, null
+//   is none. Mixtral: the same, but no window by default.
+// - Qwen2/3 (and Qwen3-MoE): only when use_sliding_window is true; the layers layer_types
+//   marks, else those at or above max_window_layers (default 28).
+// - Llama: none.
 absl::StatusOr<int64_t> ParseSlidingWindow(const FieldReader& f, ModelConfig& c,
                                            const Json& root) {
+  c.sliding_layers.clear();
   if (c.architecture == Architecture::kLlama) return int64_t{0};
-  if (c.architecture == Architecture::kGptOss) return ParseLayerTypes(f, c);
-  auto window = [&]() -> absl::StatusOr<int64_t> {
+  auto window = [&](int64_t fallback) -> absl::StatusOr<int64_t> {
     if (root.contains("sliding_window") && root["sliding_window"].is_null()) return int64_t{0};
-    return f.OptionalPositiveInt("sliding_window", 4096);
+    return f.OptionalPositiveInt("sliding_window", fallback);
   };
-  if (c.architecture == Architecture::kMistral) return window();
-  if (c.architecture == Architecture::kMixtral) {  // MixtralConfig's default is no window
-    if (f.Get("sliding_window") == nullptr) return int64_t{0};
-    return window();
+  if (c.architecture == Architecture::kGptOss) {
+    ASSIGN_OR_RETURN(bool listed, ReadLayerTypes(f, c));
+    if (!listed) {
+      c.sliding_layers.assign(c.num_layers, false);
+      for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = l % 2 == 0;
+    }
+    if (!std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true)) {
+      return WindowIfAnySlides(0, c);
+    }
+    ASSIGN_OR_RETURN(int64_t w, f.OptionalPositiveInt("sliding_window", 128));
+    return WindowIfAnySlides(w, c);
+  }
+  if (c.architecture == Architecture::kMistral || c.architecture == Architecture::kMixtral) {
+    // MixtralConfig's default is no window.
+    if (c.architecture == Architecture::kMixtral && f.Get("sliding_window") == nullptr) {
+      return int64_t{0};
+    }
+    ASSIGN_OR_RETURN(int64_t w, window(4096));
+    c.sliding_layers.assign(c.num_layers, true);
+    return WindowIfAnySlides(w, c);
   }
   ASSIGN_OR_RETURN(bool use, f.OptionalBool("use_sliding_window", false));
   if (!use) return int64_t{0};
-  const int64_t default_max_window_layers = 28;  // transformers' Qwen2Config / Qwen3Config
-  ASSIGN_OR_RETURN(int64_t max_window_layers,
-                   f.Int("max_window_layers", &default_max_window_layers, /*min_value=*/0));
-  if (max_window_layers >= c.num_layers) return int64_t{0};
-  return window();
+  ASSIGN_OR_RETURN(bool listed, ReadLayerTypes(f, c));
+  if (!listed) {
+    const int64_t default_max_window_layers = 28;  // transformers' Qwen2Config / Qwen3Config
+    ASSIGN_OR_RETURN(int64_t max_window_layers,
+                     f.Int("max_window_layers", &default_max_window_layers, /*min_value=*/0));
+    c.sliding_layers.assign(c.num_layers, false);
+    for (int64_t l = max_window_layers; l < c.num_layers; ++l) c.sliding_layers[l] = true;
+  }
+  if (!std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true)) {
+    return WindowIfAnySlides(0, c);
+  }
+  ASSIGN_OR_RETURN(int64_t w, window(4096));
+  return WindowIfAnySlides(w, c);
 }
 
 absl::Status ParseBiasesAndActivation(const FieldReader& f, ModelConfig& c) {

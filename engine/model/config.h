@@ -90,7 +90,9 @@ struct ModelConfig {
   int64_t vocab_size = 0;          // V
   int64_t max_position_embeddings = 0;
   int64_t sliding_window = 0;      // 0 = none; see AttentionWindow
-  // GPT-OSS layer_types: true where the layer is "sliding_attention" (empty otherwise).
+  // True where the layer attends over sliding_window (GPT-OSS's and Qwen's layer_types
+  // "sliding_attention", Qwen's layers >= max_window_layers, every Mistral layer); empty
+  // when no layer does.
   std::vector<bool> sliding_layers;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
@@ -110,8 +112,7 @@ struct ModelConfig {
   bool IsMoeLayer(int64_t layer) const;
   int64_t NumMoeLayers() const;
   // The attention window of decoder layer `layer` in tokens (a key j is visible to query i
-  // when i - j < window), 0 for full causal attention. GPT-OSS's sliding layers have one;
-  // Mistral/Qwen's sliding_window is not a mask here: sequences longer than it are refused.
+  // when i - j < window), 0 for full causal attention.
   int64_t AttentionWindow(int64_t layer) const;
 };
 

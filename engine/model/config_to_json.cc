@@ -9,6 +9,18 @@
 #include "nlohmann/json.hpp"
 
 namespace megatrain {
+namespace {
+
+// transformers' layer_types: one entry a decoder layer.
+nlohmann::json LayerTypes(const ModelConfig& c) {
+  nlohmann::json types = nlohmann::json::array();
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    types.push_back(c.AttentionWindow(l) > 0 ? "sliding_attention" : "full_attention");
+  }
+  return types;
+}
+
+}  // namespace
 
 using Json = nlohmann::json;
 
@@ -71,22 +83,23 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     case Architecture::kMixtral: j["sliding_window"] = window; break;
     case Architecture::kQwen2:
     case Architecture::kQwen3:
-    case Architecture::kQwen3Moe:
-      // Every layer slides when a window is set (layers >= max_window_layers do); for
-      // the sequences the engine accepts (<= window) that equals full attention anyway.
+    case Architecture::kQwen3Moe: {
+      // layer_types says which layers slide; max_window_layers too where they are the top
+      // ones (what transformers derives layer_types from when it is absent).
       j["use_sliding_window"] = c.sliding_window > 0;
       j["sliding_window"] = window;
-      j["max_window_layers"] = c.sliding_window > 0 ? 0 : c.num_layers;
-      break;
-    case Architecture::kGptOss: {
-      j["sliding_window"] = window;
-      Json types = Json::array();
-      for (bool slides : c.sliding_layers) {
-        types.push_back(slides ? "sliding_attention" : "full_attention");
-      }
-      j["layer_types"] = types;
+      int64_t first = c.num_layers;
+      while (first > 0 && c.AttentionWindow(first - 1) > 0) --first;
+      bool suffix = true;
+      for (int64_t l = 0; l < first; ++l) suffix = suffix && c.AttentionWindow(l) == 0;
+      j["max_window_layers"] = suffix ? first : c.num_layers;
+      if (c.sliding_window > 0) j["layer_types"] = LayerTypes(c);
       break;
     }
+    case Architecture::kGptOss:
+      j["sliding_window"] = window;
+      j["layer_types"] = LayerTypes(c);
+      break;
   }
   if (c.is_moe()) {
     const MoeConfig& m = c.moe;

@@ -33,6 +33,7 @@ void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.vocab_size, b.vocab_size);
   EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
   EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.sliding_layers, b.sliding_layers);
   EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
   EXPECT_EQ(a.rope_theta, b.rope_theta);
   EXPECT_EQ(a.rope_scaling.type, b.rope_scaling.type);
@@ -107,6 +108,7 @@ TEST(ModelConfigTest, ParsesMistralWithSlidingWindow) {
   ModelConfig c = MustParse(kMistral);
   EXPECT_EQ(c.architecture, Architecture::kMistral);
   EXPECT_EQ(c.sliding_window, 4096);
+  for (int64_t l : {0, 31}) EXPECT_EQ(c.AttentionWindow(l), 4096) << l;  // every layer
   EXPECT_EQ(c.num_kv_heads, 8);
   EXPECT_EQ(NumParameters(c), 7241732096);  // Mistral-7B-v0.1
 }
@@ -134,11 +136,26 @@ TEST(ModelConfigTest, Qwen2SlidingWindowOnlyWhenUseSlidingWindowAndSomeLayerSlid
                                         {"max_window_layers", 28}}))
                 .sliding_window,
             0);  // layers >= 28 slide: none of 28
-  EXPECT_EQ(MustParse(Patched(kQwen25, {{"use_sliding_window", true},
-                                        {"max_window_layers", 21},
-                                        {"sliding_window", 32768}}))
-                .sliding_window,
-            32768);
+  const ModelConfig c = MustParse(Patched(kQwen25, {{"use_sliding_window", true},
+                                                    {"max_window_layers", 21},
+                                                    {"sliding_window", 32768}}));
+  EXPECT_EQ(c.sliding_window, 32768);
+  // transformers: layer i slides when i >= max_window_layers.
+  EXPECT_EQ(c.AttentionWindow(20), 0);
+  EXPECT_EQ(c.AttentionWindow(21), 32768);
+  EXPECT_EQ(c.AttentionWindow(27), 32768);
+  // Its layer_types, when config.json has them, decide instead.
+  Json types = Json::array();
+  for (int l = 0; l < 28; ++l) types.push_back(l % 3 == 0 ? "sliding_attention" : "full_attention");
+  const ModelConfig listed = MustParse(Patched(
+      kQwen25, {{"use_sliding_window", true}, {"sliding_window", 64}, {"layer_types", types}}));
+  EXPECT_EQ(listed.AttentionWindow(0), 64);
+  EXPECT_EQ(listed.AttentionWindow(1), 0);
+  EXPECT_EQ(listed.AttentionWindow(27), 64);
+  // use_sliding_window false: no window, whatever the layer types say.
+  EXPECT_EQ(MustParse(Patched(kQwen25, {{"sliding_window", 64}, {"layer_types", types}}))
+                .AttentionWindow(0),
+            0);
 }
 
 TEST(ModelConfigTest, ParsesQwen3WithExplicitHeadDimAndTiedEmbeddings) {
@@ -400,12 +417,20 @@ TEST(ModelConfigTest, ToJsonRoundTripsThroughParseForEveryArchitecture) {
 
 TEST(ModelConfigTest, ToJsonRoundTripsSlidingWindows) {
   for (const std::string& sample :
-       {std::string(kMistral), Patched(kQwen25, {{"use_sliding_window", true},
-                                                 {"max_window_layers", 0},
-                                                 {"sliding_window", 4096}})}) {
+       {std::string(kMistral),
+        Patched(kQwen25, {{"use_sliding_window", true},
+                          {"max_window_layers", 0},
+                          {"sliding_window", 4096}}),
+        Patched(kQwen25, {{"use_sliding_window", true},
+                          {"max_window_layers", 21},
+                          {"sliding_window", 4096}})}) {
     ModelConfig c = MustParse(sample);
     EXPECT_EQ(c.sliding_window, 4096);
     ExpectSameConfig(c, MustParse(ModelConfigToJson(c)));
+    // Also without layer_types (transformers before 4.54 reads max_window_layers only).
+    Json j = Json::parse(ModelConfigToJson(c));
+    j.erase("layer_types");
+    ExpectSameConfig(c, MustParse(j.dump()));
   }
 }
 

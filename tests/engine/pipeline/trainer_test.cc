@@ -379,6 +379,40 @@ TEST(Trainer, AlpacaJobTrainsOnTheOutputsOnly) {
   EXPECT_LT(last, 0.3) << "the two outputs should be memorised";
 }
 
+// Mistral's sliding_window (every layer) and Qwen2's (use_sliding_window, the layers at or
+// above max_window_layers) mask attention as transformers does; they were refused when
+// seq_len exceeded the window. A window as long as the sequence changes no bit.
+TEST(Trainer, SlidingWindowsShorterThanTheSequenceTrain) {
+  const std::string dir = TempDir("window");
+  WriteFile(dir + "/data.jsonl", kText);
+  auto first_loss = [&](const std::string& arch, const std::string& window) -> double {
+    std::string yaml = Spec(dir, 1);
+    yaml.replace(yaml.find("LlamaForCausalLM"), 16, arch);
+    yaml.replace(yaml.find("tie_word_embeddings: true"), 25,
+                 "tie_word_embeddings: true, " + window);
+    absl::StatusOr<std::unique_ptr<Trainer>> t = Make(dir, yaml);
+    EXPECT_TRUE(t.ok()) << arch << " " << window << ": " << t.status();
+    if (!t.ok()) return 0;
+    absl::StatusOr<StepReport> r = (*t)->Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->loss : 0;
+  };
+  const double mistral_full = first_loss("MistralForCausalLM", "sliding_window: null");
+  EXPECT_NE(first_loss("MistralForCausalLM", "sliding_window: 4"), mistral_full);
+  EXPECT_EQ(first_loss("MistralForCausalLM", "sliding_window: 32"), mistral_full);
+  const double qwen_full = first_loss("Qwen2ForCausalLM", "use_sliding_window: false");
+  const double qwen_top =
+      first_loss("Qwen2ForCausalLM", "use_sliding_window: true, sliding_window: 4, "
+                                     "max_window_layers: 1");
+  EXPECT_NE(qwen_top, qwen_full);
+  EXPECT_NE(first_loss("Qwen2ForCausalLM", "use_sliding_window: true, sliding_window: 4, "
+                                           "max_window_layers: 0"),
+            qwen_top);
+  EXPECT_EQ(first_loss("Qwen2ForCausalLM", "use_sliding_window: true, sliding_window: 4, "
+                                           "max_window_layers: 2"),
+            qwen_full);  // no layer at or above 2 of 2
+}
+
 TEST(Trainer, ModelFolderWithoutWeightsIsNotFound) {
   const std::string dir = TempDir("noweights");
   WriteFile(dir + "/data.jsonl", kText);
