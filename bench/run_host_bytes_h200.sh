@@ -8,6 +8,7 @@
 # qwen:    Qwen2.5-7B at 64K tokens: bf16 copy yes / no with fp32 moments, int8 moments
 #          without the copy, and the plan `auto` picks
 # llama:   the same for Llama-3.1-8B
+# qwen_copy: the first two of qwen (with a timeline of the first)
 # nvme:    Qwen2.5-7B without the copy, the host budget capped so that about a third of the
 #          layers' moments live on disk (the plan picks the layers; compare its losses with
 #          qwen's no-copy run)
@@ -56,6 +57,9 @@ for part in "$@"; do
       bench7b "${part}_copy_no" $shape --bf16-copy no
       bench7b "${part}_int8_copy_no" $shape --bf16-copy no --state-dtype int8
       bench7b "${part}_auto_plan" $shape --bf16-copy auto --plan-only ;;
+    qwen_copy)  # bf16 copy yes / no only: a reference pair
+      bench7b qwen_copy_yes qwen2.5-7b --bf16-copy yes --timeline "$OUT/qwen_copy_yes_timeline.json"
+      bench7b qwen_copy_no qwen2.5-7b --bf16-copy no ;;
     nvme)
       mkdir -p "$SCRATCH"
       df -h "$SCRATCH" >&2
