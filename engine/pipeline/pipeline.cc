@@ -376,13 +376,13 @@ void Pipeline::Head(double scale, GradSink* sink) {
                   StreamId::kD2H);
   }
   // Complete here even when tied: the tied lm_head gradient lands in the embedding's.
-  DeferDrain(layout_->HeadUnit(), head_grad_.get(), losses_ready_.get(), nullptr, -1, sink);
+  DeferDrain(layout_->HeadUnit(), head_grad_.get(), losses_ready_.get(), nullptr, sink);
 }
 
 void Pipeline::DeferDrain(int64_t unit, void* device_grad, void* done_event, void* free_event,
-                          int64_t layer, GradSink* sink) {
+                          GradSink* sink) {
   FlushDrain(sink);
-  pending_drain_ = PendingDrain{unit, device_grad, done_event, free_event, layer};
+  pending_drain_ = PendingDrain{unit, device_grad, done_event, free_event};
 }
 
 void Pipeline::FlushDrain(GradSink* sink) {
@@ -454,7 +454,7 @@ void Pipeline::BackwardSegment(int64_t c, int64_t e, int64_t* grad_turn, GradSin
     slots_.Release(l);
     be.Record(grad_ready_[g].get(), StreamId::kCompute);
     DeferDrain(layout_->DecoderUnit(l), layer_grad_[g].get(), grad_ready_[g].get(),
-               grad_free_[g].get(), l, sink);
+               grad_free_[g].get(), sink);
     slots_.UploadUpdated(l + 1);  // the layers above whose update the optimizer has applied
   }
   if (host_checkpoints_ != nullptr) {

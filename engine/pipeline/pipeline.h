@@ -159,7 +159,7 @@ class Pipeline {
   // behind), and the device should have that layer's kernels queued meanwhile. The D2H
   // stream's order is the same either way.
   void DeferDrain(int64_t unit, void* device_grad, void* done_event, void* free_event,
-                  int64_t layer, GradSink* sink);
+                  GradSink* sink);
   void FlushDrain(GradSink* sink);
   StepResult FinishStep(GradSink* sink, int64_t num_targets,
                         std::chrono::steady_clock::time_point start);
@@ -202,7 +202,6 @@ class Pipeline {
     void* device_grad = nullptr;
     void* done_event = nullptr;
     void* free_event = nullptr;
-    int64_t layer = -1;  // a decoder layer: its updated weights upload after its drain
   } pending_drain_;
   std::vector<DeviceBuffer> ckpt_;        // [ckpt index] -> M x (n, C)
   std::vector<DeviceBuffer> seg_;         // [K-1] recomputed inputs, M x (n, C)
