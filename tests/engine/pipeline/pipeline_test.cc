@@ -107,6 +107,46 @@ TEST(Pipeline, GradientsAreHandedOverInBackwardOrder) {
   EXPECT_EQ(sink.order, want);
 }
 
+// A layer's gradient drain is enqueued after the next layer's backward: the drain can
+// block the pipeline's thread on gradient slabs the optimizer still holds, and the device
+// must have that backward queued meanwhile (on the H200 it idled 57-80 ms a layer).
+// Spans are recorded in the order the thread enqueues them.
+TEST(Pipeline, TheNextBackwardIsQueuedBeforeALayersGradientDrains) {
+  for (int64_t k : {1, 3}) {
+    const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+    Harness h(c, 2, 10, k);
+    PipelineOptions o = h.options;
+    o.record_timeline = true;
+    absl::StatusOr<std::unique_ptr<Pipeline>> p =
+        Pipeline::Create(c, h.store.get(), h.pool.get(), h.be.get(), o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
+    absl::StatusOr<StepResult> r = (*p)->Step(
+        {RandomBatch(1, 10, c.vocab_size, 1), RandomBatch(1, 10, c.vocab_size, 2)}, &sink);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto index = [&](const std::string& label) {
+      for (size_t i = 0; i < r->timeline.size(); ++i) {
+        if (r->timeline[i].label == label) return static_cast<int64_t>(i);
+      }
+      ADD_FAILURE() << "no span " << label;
+      return int64_t{-1};
+    };
+    const ModelLayout layout = BuildLayout(c);
+    // The head's gradient, then each layer's but the lowest, after the layer below's
+    // backward; layer 0's after the embedding's backward is queued, before its drain.
+    EXPECT_GT(index("d2h g " + std::to_string(layout.HeadUnit())),
+              index("bwd " + std::to_string(c.num_layers - 1)))
+        << "K=" << k;
+    for (int64_t l = 1; l < c.num_layers; ++l) {
+      EXPECT_GT(index("d2h g " + std::to_string(layout.DecoderUnit(l))),
+                index("bwd " + std::to_string(l - 1)))
+          << "K=" << k << " layer " << l;
+    }
+    EXPECT_LT(index("d2h g " + std::to_string(layout.DecoderUnit(0))),
+              index("d2h g " + std::to_string(ModelLayout::EmbeddingUnit())));
+  }
+}
+
 TEST(Pipeline, RecomputeIntervalAndCheckpointPlacementDoNotChangeAnyBit) {
  for (Variant variant : {Variant::kQwen3QkNorm, Variant::kQwen3MoeMixedLayers}) {
   const ModelConfig c = TinyConfig(variant);
