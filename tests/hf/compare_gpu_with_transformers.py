@@ -61,6 +61,13 @@ def configs():
                                           rope_theta=10000.0,
                                           rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     yield "mistral_8l", MistralConfig(**common, sliding_window=None, rope_theta=1000000.0)
+    # Sliding windows shorter than the rows (256 and 512 tokens): every Mistral layer; the
+    # Qwen2 layers at or above max_window_layers.
+    yield "mistral_window_4l", MistralConfig(**dict(common, num_hidden_layers=4),
+                                             sliding_window=64, rope_theta=1000000.0)
+    yield "qwen2_window_4l", Qwen2Config(**dict(common, num_hidden_layers=4),
+                                         use_sliding_window=True, sliding_window=64,
+                                         max_window_layers=2, rope_theta=1000000.0)
     moe = dict(common, num_hidden_layers=4, output_router_logits=True,
                router_aux_loss_coef=0.02)
     yield "qwen3_moe_4l", Qwen3MoeConfig(**dict(moe, intermediate_size=1024), head_dim=64,
