@@ -274,6 +274,28 @@ TEST(Planner, TheNvmeTierBoundsTheStepAtTheDisksRate) {
   EXPECT_LT(in_ram->step.seconds, plan->step.seconds / 2);
 }
 
+// optimizer.bf16_copy auto (the default) drops the copy unless the step is then 5% slower:
+// where compute hides the fp32 master's upload, and not where PCIe bounds the step.
+TEST(Planner, AutoDropsTheBf16CopyWherePcieHasRoom) {
+  SizingBackend be;
+  PlanRequest r = Request(Qwen7B(), 65536, 130);
+  ASSERT_EQ(r.bf16_copy, "auto");
+  absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // 64K tokens: compute-bound (the H200: 6.499 s without the copy, 6.478 s with it).
+  EXPECT_FALSE(plan->bf16_copy);
+  EXPECT_GT(plan->other_copy_step_seconds, 0);
+  EXPECT_LE(plan->step.seconds, 1.05 * plan->other_copy_step_seconds);
+  EXPECT_NE(DescribePlan(*plan, r, H200Like()).find("optimizer.bf16_copy"), std::string::npos);
+  // 4K tokens: the weights' upload is the forward; streaming the master would cost more than
+  // 5% (its upload runs at 22 GB/s beside compute, kF32UploadCost).
+  r = Request(Qwen7B(), 4096, 130);
+  plan = MakePlan(r, H200Like(), &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->bf16_copy);
+  EXPECT_GT(plan->other_copy_step_seconds, 1.05 * plan->step.seconds);
+}
+
 TEST(Planner, MoreTokensTakeLongerAndRefusesNonsense) {
   SizingBackend be;
   absl::StatusOr<Plan> a = MakePlan(Request(Qwen1p5B(), 16384, 130), H200Like(), &be);
