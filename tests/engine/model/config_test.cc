@@ -427,7 +427,7 @@ TEST(ModelConfigTest, ToJsonRoundTripsSlidingWindows) {
     ModelConfig c = MustParse(sample);
     EXPECT_EQ(c.sliding_window, 4096);
     ExpectSameConfig(c, MustParse(ModelConfigToJson(c)));
-    // Also without layer_types (transformers before 4.54 reads max_window_layers only).
+    // Also without layer_types (as a transformers that reads only max_window_layers).
     Json j = Json::parse(ModelConfigToJson(c));
     j.erase("layer_types");
     ExpectSameConfig(c, MustParse(j.dump()));
