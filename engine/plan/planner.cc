@@ -202,9 +202,10 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // once the optimizer has applied its update (Pipeline::UploadUpdated), not in the next
   // forward.
   const bool early = slots >= L && plan->devices <= 1;
-  const int64_t h2d_fwd = (early ? 0 : L * w_layer) + up * (embed_n + head_n) +
-                          Pipeline::kBatchArrays * 4 * n * M;
-  const int64_t h2d_bwd = (early ? L * w_layer : reuploads * w_layer) + ckpt_total;
+  const int64_t weights_fwd = (early ? 0 : L * w_layer) + up * (embed_n + head_n);
+  const int64_t weights_bwd = early ? L * w_layer : reuploads * w_layer;
+  const int64_t h2d_fwd = weights_fwd + Pipeline::kBatchArrays * 4 * n * M;
+  const int64_t h2d_bwd = weights_bwd + ckpt_total;
   const int64_t d2h_fwd = ckpt_total;
   // Gradients land as fp32; reduce-scattered first, each device drains its shard.
   const int64_t d2h_bwd = 4 * total / (sharded ? N : 1);
@@ -218,9 +219,8 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // GB/s against the copy's 52 beside compute (H200, 2026-12-02), so its weight bytes cost
   // kF32UploadCost times theirs. (Counted in time, not in the bytes reported.)
   const double weight_extra = plan->bf16_copy ? 0.0 : kF32UploadCost - 1.0;
-  const double h2d_fwd_time =
-      h2d_fwd + weight_extra * ((early ? 0 : L * w_layer) + up * (embed_n + head_n));
-  const double h2d_bwd_time = h2d_bwd + weight_extra * (early ? L * w_layer : reuploads * w_layer);
+  const double h2d_fwd_time = h2d_fwd + weight_extra * weights_fwd;
+  const double h2d_bwd_time = h2d_bwd + weight_extra * weights_bwd;
   s.h2d_seconds = (h2d_fwd_time + h2d_bwd_time) / h2d_rate;
   s.d2h_seconds = s.d2h_bytes / d2h_rate;
   s.pcie_seconds = std::max({s.h2d_seconds, s.d2h_seconds,
