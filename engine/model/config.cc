@@ -7,6 +7,7 @@
 #include "engine/model/config.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -281,14 +282,17 @@ absl::StatusOr<bool> ReadLayerTypes(const FieldReader& f, ModelConfig& c) {
   return true;
 }
 
-// The window of the layers c.sliding_layers marks: `window` if any layer slides, else none
-// (and no layer marked).
-int64_t WindowIfAnySlides(int64_t window, ModelConfig& c) {
-  const bool any = std::find(c.sliding_layers.begin(), c.sliding_layers.end(), true) !=
-                   c.sliding_layers.end();
-  if (window > 0 && any) return window;
-  c.sliding_layers.clear();
-  return 0;
+// The window of the layers c.sliding_layers marks: `width()` (read only when some layer
+// slides); none, and no layer marked, when none slides or the width is 0.
+absl::StatusOr<int64_t> WindowOfSlidingLayers(
+    ModelConfig& c, const std::function<absl::StatusOr<int64_t>()>& width) {
+  int64_t w = 0;
+  if (std::find(c.sliding_layers.begin(), c.sliding_layers.end(), true) !=
+      c.sliding_layers.end()) {
+    ASSIGN_OR_RETURN(w, width());
+  }
+  if (w == 0) c.sliding_layers.clear();
+  return w;
 }
 
 // Which layers attend over a sliding window, and its width, as transformers 5.17 reads
@@ -314,20 +318,15 @@ absl::StatusOr<int64_t> ParseSlidingWindow(const FieldReader& f, ModelConfig& c,
       c.sliding_layers.assign(c.num_layers, false);
       for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = l % 2 == 0;
     }
-    if (!std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true)) {
-      return WindowIfAnySlides(0, c);
-    }
-    ASSIGN_OR_RETURN(int64_t w, f.OptionalPositiveInt("sliding_window", 128));
-    return WindowIfAnySlides(w, c);
+    return WindowOfSlidingLayers(c, [&] { return f.OptionalPositiveInt("sliding_window", 128); });
   }
   if (c.architecture == Architecture::kMistral || c.architecture == Architecture::kMixtral) {
     // MixtralConfig's default is no window.
     if (c.architecture == Architecture::kMixtral && f.Get("sliding_window") == nullptr) {
       return int64_t{0};
     }
-    ASSIGN_OR_RETURN(int64_t w, window(4096));
     c.sliding_layers.assign(c.num_layers, true);
-    return WindowIfAnySlides(w, c);
+    return WindowOfSlidingLayers(c, [&] { return window(4096); });
   }
   ASSIGN_OR_RETURN(bool use, f.OptionalBool("use_sliding_window", false));
   if (!use) return int64_t{0};
@@ -339,11 +338,7 @@ absl::StatusOr<int64_t> ParseSlidingWindow(const FieldReader& f, ModelConfig& c,
     c.sliding_layers.assign(c.num_layers, false);
     for (int64_t l = max_window_layers; l < c.num_layers; ++l) c.sliding_layers[l] = true;
   }
-  if (!std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true)) {
-    return WindowIfAnySlides(0, c);
-  }
-  ASSIGN_OR_RETURN(int64_t w, window(4096));
-  return WindowIfAnySlides(w, c);
+  return WindowOfSlidingLayers(c, [&] { return window(4096); });
 }
 
 absl::Status ParseBiasesAndActivation(const FieldReader& f, ModelConfig& c) {
