@@ -8,8 +8,9 @@
 // updated all of u (Updated(u, elements) adds up to the unit), the block is written back and
 // the buffer freed once the write completes. An Acquire that finds no buffer free takes back
 // one holding a prefetched block nobody has acquired yet (with clipping, gradients land top
-// layer first but the updates run bottom first), so prefetches never block an update. A worker thread owns the ring: it submits the
-// queued requests in 64 MiB pieces and reaps their completions.
+// layer first but the updates run bottom first), so prefetches never block an update. A
+// worker thread owns the ring: it submits the queued requests in 64 MiB pieces and reaps
+// their completions.
 //
 // The file is scratch: created (and preallocated, so a full disk fails at the start) when a
 // job starts, removed when it ends, rebuilt from the last checkpoint after a crash. An I/O

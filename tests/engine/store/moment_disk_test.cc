@@ -27,43 +27,53 @@ std::vector<char> Pattern(int64_t unit, int step) {
   return v;
 }
 
+// A scratch file in `dir` for `units` (a block each) through `buffers` buffers, every block
+// written with Pattern(u, 0).
+std::unique_ptr<MomentDisk> DiskOfPatterns(const TempDir& dir, const std::vector<int64_t>& units,
+                                           int buffers) {
+  absl::StatusOr<std::unique_ptr<MomentDisk>> disk = MomentDisk::Create(
+      dir.path(), units, std::vector<int64_t>(units.size(), kBlock), buffers);
+  EXPECT_TRUE(disk.ok()) << disk.status();
+  if (!disk.ok()) return nullptr;
+  for (int64_t u : units) {
+    const std::vector<char> p = Pattern(u, 0);
+    EXPECT_TRUE((*disk)->Write(u, 0, kBlock, p.data()).ok()) << u;
+  }
+  return std::move(*disk);
+}
+
 // Five units through two buffers, three rounds of read-modify-write in the optimizer's
 // order (top unit first), then every block read back as the last round left it.
 TEST(MomentDisk, BlocksSurviveRoundsOfUpdatesThroughFewerBuffers) {
   TempDir dir;
   const std::vector<int64_t> units = {2, 3, 4, 5, 6};
-  absl::StatusOr<std::unique_ptr<MomentDisk>> disk =
-      MomentDisk::Create(dir.path(), units, std::vector<int64_t>(units.size(), kBlock), 2);
-  ASSERT_TRUE(disk.ok()) << disk.status();
-  EXPECT_EQ((*disk)->file_bytes(), 5 * kBlock);
-  for (int64_t u : units) {
-    const std::vector<char> p = Pattern(u, 0);
-    ASSERT_TRUE((*disk)->Write(u, 0, kBlock, p.data()).ok());
-  }
+  std::unique_ptr<MomentDisk> disk = DiskOfPatterns(dir, units, 2);
+  ASSERT_NE(disk, nullptr);
+  EXPECT_EQ(disk->file_bytes(), 5 * kBlock);
   for (int step = 1; step <= 3; ++step) {
     for (auto it = units.rbegin(); it != units.rend(); ++it) {
-      if (it + 1 != units.rend()) (*disk)->Prefetch(*(it + 1));
-      absl::StatusOr<char*> block = (*disk)->Acquire(*it);
+      if (it + 1 != units.rend()) disk->Prefetch(*(it + 1));
+      absl::StatusOr<char*> block = disk->Acquire(*it);
       ASSERT_TRUE(block.ok()) << block.status();
       EXPECT_EQ(std::memcmp(*block, Pattern(*it, step - 1).data(), kBlock), 0)
           << "unit " << *it << " before step " << step;
       const std::vector<char> next = Pattern(*it, step);
       std::memcpy(*block, next.data(), kBlock);
-      (*disk)->Updated(*it, 600, 1000);  // two pieces of a 1000-element unit
-      (*disk)->Updated(*it, 400, 1000);
+      disk->Updated(*it, 600, 1000);  // two pieces of a 1000-element unit
+      disk->Updated(*it, 400, 1000);
     }
   }
-  ASSERT_TRUE((*disk)->Flush().ok());
+  ASSERT_TRUE(disk->Flush().ok());
   for (int64_t u : units) {
     std::vector<char> got(100);
-    ASSERT_TRUE((*disk)->Read(u, 5000, 100, got.data()).ok());  // unaligned: through a bounce
+    ASSERT_TRUE(disk->Read(u, 5000, 100, got.data()).ok());  // unaligned: through a bounce
     EXPECT_EQ(std::memcmp(got.data(), Pattern(u, 3).data() + 5000, 100), 0) << u;
   }
-  EXPECT_GE((*disk)->bytes_read(), 15 * kBlock);
-  EXPECT_GE((*disk)->bytes_written(), 20 * kBlock);
-  const std::string path = (*disk)->path();
+  EXPECT_GE(disk->bytes_read(), 15 * kBlock);
+  EXPECT_GE(disk->bytes_written(), 20 * kBlock);
+  const std::string path = disk->path();
   EXPECT_TRUE(std::filesystem::exists(path));
-  disk->reset();
+  disk.reset();
   EXPECT_FALSE(std::filesystem::exists(path)) << "the scratch file outlived its job";
 }
 
@@ -73,27 +83,22 @@ TEST(MomentDisk, BlocksSurviveRoundsOfUpdatesThroughFewerBuffers) {
 TEST(MomentDisk, AcquireTakesBackAPrefetchedBufferWhenNoneIsFree) {
   TempDir dir;
   const std::vector<int64_t> units = {1, 2, 3, 4, 5};
-  absl::StatusOr<std::unique_ptr<MomentDisk>> disk =
-      MomentDisk::Create(dir.path(), units, std::vector<int64_t>(units.size(), kBlock), 2);
-  ASSERT_TRUE(disk.ok()) << disk.status();
-  for (int64_t u : units) {
-    const std::vector<char> p = Pattern(u, 0);
-    ASSERT_TRUE((*disk)->Write(u, 0, kBlock, p.data()).ok());
-  }
-  (*disk)->Prefetch(5);
-  (*disk)->Prefetch(4);  // both buffers now hold blocks the next updates do not want first
+  std::unique_ptr<MomentDisk> disk = DiskOfPatterns(dir, units, 2);
+  ASSERT_NE(disk, nullptr);
+  disk->Prefetch(5);
+  disk->Prefetch(4);  // both buffers now hold blocks the next updates do not want first
   for (int64_t u : units) {  // forward order
-    absl::StatusOr<char*> block = (*disk)->Acquire(u);
+    absl::StatusOr<char*> block = disk->Acquire(u);
     ASSERT_TRUE(block.ok()) << block.status();
     EXPECT_EQ(std::memcmp(*block, Pattern(u, 0).data(), kBlock), 0) << u;
     const std::vector<char> next = Pattern(u, 1);
     std::memcpy(*block, next.data(), kBlock);
-    (*disk)->Updated(u, 1, 1);
+    disk->Updated(u, 1, 1);
   }
-  ASSERT_TRUE((*disk)->Flush().ok());
+  ASSERT_TRUE(disk->Flush().ok());
   for (int64_t u : units) {
     std::vector<char> got(kBlock);
-    ASSERT_TRUE((*disk)->Read(u, 0, kBlock, got.data()).ok());
+    ASSERT_TRUE(disk->Read(u, 0, kBlock, got.data()).ok());
     EXPECT_EQ(std::memcmp(got.data(), Pattern(u, 1).data(), kBlock), 0) << u;
   }
 }
