@@ -62,8 +62,9 @@ nlohmann::json NormRates(Backend* be, int64_t rows, int64_t C) {
 // The experts' grouped matmul (GroupedLinear, forward and input + weight gradient) of E
 // experts with `rows` rows each, (rows, IC) -> (rows, OC), against one Linear over the same
 // E * rows rows: the MoE layer's GEMMs at its shapes and the dense rate they are held to.
-// Inputs are random (FillRandom: matmuls run faster on zeros). in_major: the weights are
-// input-major (GPT-OSS's experts).
+// Timed with the offsets on the host (as the pipeline calls it), and reading them back in
+// every call (a wait for the device: `read_back_*`). Inputs are random (FillRandom: matmuls
+// run faster on zeros). in_major: the weights are input-major (GPT-OSS's experts).
 nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, int64_t OC,
                             bool in_major) {
   const int64_t R = E * rows, a = DTypeSize(be->act_dtype()), w = DTypeSize(be->weight_dtype());
@@ -86,13 +87,18 @@ nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, in
   be->SyncAll();
   const int32_t* o = static_cast<const int32_t*>(offsets->get());
   auto time = [&](auto&& f) { return TimeOnStream(be, s, 5, f); };
-  const double grouped_fwd = time([&] {
-    be->GroupedLinear(out->get(), in->get(), wt->get(), nullptr, o, E, IC, OC, in_major, s);
-  });
-  const double grouped_bwd = time([&] {
-    be->GroupedLinearBackward(din->get(), dw->get(), nullptr, out->get(), in->get(), wt->get(), o,
-                              E, IC, OC, in_major, s);
-  });
+  auto rates = [&](const ExpertOffsets& eo) {
+    const double fwd = time([&] {
+      be->GroupedLinear(out->get(), in->get(), wt->get(), nullptr, eo, E, IC, OC, in_major, s);
+    });
+    const double bwd = time([&] {
+      be->GroupedLinearBackward(din->get(), dw->get(), nullptr, out->get(), in->get(), wt->get(),
+                                eo, E, IC, OC, in_major, s);
+    });
+    return std::make_pair(fwd, bwd);
+  };
+  const auto [loop_fwd, loop_bwd] = rates(ExpertOffsets{o, off.data()});
+  const auto [read_fwd, read_bwd] = rates(ExpertOffsets{o, nullptr});
   // The dense yardstick: one (R, IC) x (IC, OC) matmul, expert 0's weight for every row.
   const double dense_fwd =
       time([&] { be->Linear(out->get(), in->get(), wt->get(), nullptr, R, IC, OC, false, s); });
@@ -101,14 +107,17 @@ nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, in
                        IC, OC, s);
   });
   const double flops = 2.0 * R * IC * OC;
-  return {{"experts", E}, {"rows_per_expert", rows}, {"in_features", IC}, {"out_features", OC},
-          {"weights_input_major", in_major},
-          {"grouped_forward_tflops", flops / grouped_fwd / 1e12},
-          {"grouped_backward_tflops", 2 * flops / grouped_bwd / 1e12},
-          {"dense_forward_tflops", flops / dense_fwd / 1e12},
-          {"dense_backward_tflops", 2 * flops / dense_bwd / 1e12},
-          {"grouped_over_dense_forward", dense_fwd / grouped_fwd},
-          {"grouped_over_dense_backward", dense_bwd / grouped_bwd}};
+  return {
+      {"experts", E}, {"rows_per_expert", rows}, {"in_features", IC}, {"out_features", OC},
+      {"weights_input_major", in_major},
+      {"grouped_forward_tflops", flops / loop_fwd / 1e12},
+      {"grouped_backward_tflops", 2 * flops / loop_bwd / 1e12},
+      {"read_back_forward_tflops", flops / read_fwd / 1e12},
+      {"read_back_backward_tflops", 2 * flops / read_bwd / 1e12},
+      {"dense_forward_tflops", flops / dense_fwd / 1e12},
+      {"dense_backward_tflops", 2 * flops / dense_bwd / 1e12},
+      {"grouped_over_dense_forward", dense_fwd / loop_fwd},
+      {"grouped_over_dense_backward", dense_bwd / loop_bwd}};
 }
 
 // Device buffers that live as long as it does; ok() is false once an allocation failed
@@ -305,12 +314,13 @@ int main(int argc, char** argv) {
       {NormRates(be->get(), cpu ? 1024 : 16384, cpu ? 512 : 3584),
        NormRates(be->get(), cpu ? 1024 : 65536, cpu ? 1024 : 4096)});
   if (!cpu) {
-    // MoE shapes: Qwen3-30B-A3B's experts (128, top-8, C 2048, I 768) at 64K and 256K tokens
-    // per micro-batch, Mixtral-8x7B's (8, top-2, C 4096, I 14336) at 64K, GPT-OSS-120B's
+    // MoE shapes: Qwen3-30B-A3B's experts (128, top-8, C 2048, I 768) at 16K, 64K and 256K
+    // tokens per micro-batch, Mixtral-8x7B's (8, top-2, C 4096, I 14336) at 64K, GPT-OSS-120B's
     // (128, top-4, C 2880, I 2880, input-major) at 64K and 256K: gate|up, then down.
     nlohmann::json grouped = nlohmann::json::array();
     for (const auto& [E, rows, C, I, in_major] :
-         {std::array<int64_t, 5>{128, 4096, 2048, 768, 0},
+         {std::array<int64_t, 5>{128, 1024, 2048, 768, 0},
+          std::array<int64_t, 5>{128, 4096, 2048, 768, 0},
           std::array<int64_t, 5>{128, 16384, 2048, 768, 0},
           std::array<int64_t, 5>{8, 16384, 4096, 14336, 0},
           std::array<int64_t, 5>{128, 2048, 2880, 2880, 1},

@@ -229,16 +229,22 @@ class CpuBackend final : public Backend {
                          int64_t C, StreamId s) override {
     On(s, [=] { ref::MoeGatherBackward<T>(P(dh), P(dxe), slot_of, n, k, C); });
   }
+  void ReadOffsets(int32_t* host, const int32_t* offsets, int64_t E, StreamId s) override {
+    streams_[static_cast<int>(s)].Drain();
+    std::memcpy(host, offsets, (E + 1) * sizeof(int32_t));
+  }
   void GroupedLinear(void* out, const void* in, const void* W, const void* bias,
-                     const int32_t* offsets, int64_t E, int64_t IC, int64_t OC,
+                     const ExpertOffsets& expert_offsets, int64_t E, int64_t IC, int64_t OC,
                      bool w_in_major, StreamId s) override {
+    const int32_t* offsets = expert_offsets.device;  // host memory: the host copy adds nothing
     On(s, [=] {
       ref::GroupedLinear<T>(P(out), P(in), P(W), P(bias), offsets, E, IC, OC, w_in_major);
     });
   }
   void GroupedLinearBackward(void* din, void* dW, void* dbias, const void* dout, const void* in,
-                             const void* W, const int32_t* offsets, int64_t E, int64_t IC,
-                             int64_t OC, bool w_in_major, StreamId s) override {
+                             const void* W, const ExpertOffsets& expert_offsets, int64_t E,
+                             int64_t IC, int64_t OC, bool w_in_major, StreamId s) override {
+    const int32_t* offsets = expert_offsets.device;
     On(s, [=] {
       ref::GroupedLinearBackward<T>(P(din), P(dW), P(dbias), P(dout), P(in), P(W), offsets, E, IC,
                                     OC, w_in_major);

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -302,51 +303,59 @@ class CudaBackend final : public Backend {
                          int64_t C, StreamId s) override {
     cuda::MoeGatherBackward(Bf16(dh), Bf16(dxe), slot_of, n, k, C, Stream(s));
   }
-  // The experts' row counts are on the device: the host reads them (a wait for the compute
-  // stream to reach this call, once per grouped matmul) and issues one GEMM per expert that
-  // has rows. Experts without rows are skipped: their gradient stays as it was. The biases
+  void ReadOffsets(int32_t* host, const int32_t* offsets, int64_t E, StreamId s) override {
+    std::memcpy(host, HostOffsets(offsets, E, s), (E + 1) * sizeof(int32_t));
+  }
+  // One cuBLAS GEMM per expert that has rows: the host needs the experts' row counts, from
+  // offsets.host or else read back (a wait for the stream). (cuBLAS 13.0's grouped batched
+  // GEMM answers NOT_SUPPORTED for these bf16 matmuls on the H200.) Experts without rows are skipped: their gradient stays as it was. The biases
   // are one launch over all the rows (device offsets), after the GEMMs, as Linear's.
   void GroupedLinear(void* out, const void* in, const void* W, const void* bias,
-                     const int32_t* offsets, int64_t E, int64_t IC, int64_t OC,
+                     const ExpertOffsets& offsets, int64_t E, int64_t IC, int64_t OC,
                      bool w_in_major, StreamId s) override {
     CheckComputeStream(s);
-    const int32_t* rows = HostOffsets(offsets, E);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = rows[e], count = rows[e + 1] - rows[e];
-      if (count == 0) continue;
-      void* out_e = Offset(out, r0 * OC, DType::kBF16);
-      const void* in_e = Offset(in, r0 * IC, DType::kBF16);
-      const void* W_e = Offset(W, e * OC * IC, DType::kBF16);
-      if (w_in_major) {
-        GemmInMajor(out_e, in_e, W_e, count, IC, OC);
-      } else {
-        Gemm(out_e, in_e, W_e, count, IC, OC, false);
-      }
-    }
+    const int32_t* rows = RowsOf(offsets, E);
+    ExpertGemm g;  // out^T (OC, rows) = W_e (OC, IC)^T-or-not . in^T (IC, rows)
+    g.ta = w_in_major ? CUBLAS_OP_N : CUBLAS_OP_T;
+    g.tb = CUBLAS_OP_N;
+    g.m = OC, g.k = IC, g.rows_are_k = false;
+    g.lda = w_in_major ? OC : IC, g.ldb = IC, g.ldc = OC;
+    g.operands = {{W, in, out}, {OC * IC * kBf16, 0, 0}, {0, IC * kBf16, OC * kBf16}};
+    g.c_type = CUDA_R_16BF, g.beta = 0;
+    RunExpertGemms(g, rows, E);
     if (bias != nullptr) {
-      cuda::AddGroupedBias(Bf16(out), Bf16(bias), offsets, E, rows[E], OC, Stream(s));
+      cuda::AddGroupedBias(Bf16(out), Bf16(bias), offsets.device, E, rows[E], OC, Stream(s));
     }
   }
   void GroupedLinearBackward(void* din, void* dW, void* dbias, const void* dout, const void* in,
-                             const void* W, const int32_t* offsets, int64_t E, int64_t IC,
+                             const void* W, const ExpertOffsets& offsets, int64_t E, int64_t IC,
                              int64_t OC, bool w_in_major, StreamId s) override {
     CheckComputeStream(s);
-    const int32_t* rows = HostOffsets(offsets, E);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = rows[e], count = rows[e + 1] - rows[e];
-      if (count == 0) continue;
-      void* din_e = Offset(din, r0 * IC, DType::kBF16);
-      void* dW_e = Offset(dW, e * OC * IC, DType::kF32);
-      const void* dout_e = Offset(dout, r0 * OC, DType::kBF16);
-      const void* in_e = Offset(in, r0 * IC, DType::kBF16);
-      const void* W_e = Offset(W, e * OC * IC, DType::kBF16);
-      if (w_in_major) {
-        GemmInMajorBackward(din_e, dW_e, dout_e, in_e, W_e, count, IC, OC);
-      } else {
-        GemmBackward(din_e, false, dW_e, dout_e, in_e, W_e, count, IC, OC);
-      }
+    const int32_t* rows = RowsOf(offsets, E);
+    ExpertGemm d;  // din^T (IC, rows) = W_e . dout^T (OC, rows)
+    d.ta = w_in_major ? CUBLAS_OP_T : CUBLAS_OP_N;
+    d.tb = CUBLAS_OP_N;
+    d.m = IC, d.k = OC, d.rows_are_k = false;
+    d.lda = w_in_major ? OC : IC, d.ldb = OC, d.ldc = IC;
+    d.operands = {{W, dout, din}, {OC * IC * kBf16, 0, 0}, {0, OC * kBf16, IC * kBf16}};
+    d.c_type = CUDA_R_16BF, d.beta = 0;
+    RunExpertGemms(d, rows, E);
+    ExpertGemm w;  // dW_e f32 += in_e^T dout_e, as W is laid out: a sum over the expert's rows
+    w.ta = CUBLAS_OP_N;
+    w.tb = CUBLAS_OP_T;
+    w.rows_are_k = true;
+    if (w_in_major) {  // dW^T (OC, IC) += dout^T (OC, rows) . in (rows, IC)
+      w.m = OC, w.n = IC, w.lda = OC, w.ldb = IC, w.ldc = OC;
+      w.operands = {{dout, in, dW}, {0, 0, OC * IC * kF32}, {OC * kBf16, IC * kBf16, 0}};
+    } else {  // dW^T (IC, OC) += in^T (IC, rows) . dout (rows, OC)
+      w.m = IC, w.n = OC, w.lda = IC, w.ldb = OC, w.ldc = IC;
+      w.operands = {{in, dout, dW}, {0, 0, OC * IC * kF32}, {IC * kBf16, OC * kBf16, 0}};
     }
-    if (dbias != nullptr) cuda::GroupedBiasGrad(F32(dbias), Bf16(dout), offsets, E, OC, Stream(s));
+    w.c_type = CUDA_R_32F, w.beta = 1;
+    RunExpertGemms(w, rows, E);
+    if (dbias != nullptr) {
+      cuda::GroupedBiasGrad(F32(dbias), Bf16(dout), offsets.device, E, OC, Stream(s));
+    }
   }
   void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w, int64_t n,
                   int64_t k, int64_t C, StreamId s) override {
@@ -399,35 +408,52 @@ class CudaBackend final : public Backend {
                                  CUDA_R_16BF, CublasDim(OC), &one, dW, CUDA_R_32F, CublasDim(IC),
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  // out (N,OC) = in (N,IC) W (IC,OC): the weight stored input-major (GPT-OSS's experts).
-  void GemmInMajor(void* out, const void* in, const void* W, int64_t N, int64_t IC, int64_t OC) {
-    const float one = 1.0f, zero = 0.0f;
-    // out^T (OC,N) = W^T (OC,IC) in^T (IC,N); row-major W (IC,OC) is column-major W^T.
-    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, CublasDim(OC), CublasDim(N),
-                                 CublasDim(IC), &one, W, CUDA_R_16BF, CublasDim(OC), in,
-                                 CUDA_R_16BF, CublasDim(IC), &zero, out, CUDA_R_16BF,
-                                 CublasDim(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  // One matmul per expert over its rows in cuBLAS's column-major terms, C_e (m, n) =
+  // op(A_e) op(B_e) + beta C_e, bf16 A and B, fp32 accumulation; the expert's row count is
+  // n, or k when rows_are_k (a weight gradient's sum over the rows). Operand i of expert e
+  // starts at base[i] + e * expert_bytes[i] + (its first row) * row_bytes[i].
+  struct ExpertOperands {
+    const void* base[3];
+    int64_t expert_bytes[3];
+    int64_t row_bytes[3];
+  };
+  struct ExpertGemm {
+    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    int64_t m = 0, n = 0, k = 0;  // the place of the row count is ignored
+    bool rows_are_k = false;
+    int64_t lda = 0, ldb = 0, ldc = 0;
+    ExpertOperands operands = {};  // A, B, C
+    cudaDataType_t c_type = CUDA_R_16BF;
+    float beta = 0;
+  };
+  static constexpr int64_t kBf16 = 2, kF32 = 4;
+
+  void RunExpertGemms(const ExpertGemm& g, const int32_t* rows, int64_t E) {
+    const float one = 1.0f;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t count = rows[e + 1] - rows[e];
+      if (count == 0) continue;
+      const int n = CublasDim(g.rows_are_k ? g.n : count), k = CublasDim(g.rows_are_k ? count : g.k);
+      auto at = [&](int i) {
+        return static_cast<char*>(const_cast<void*>(g.operands.base[i])) +
+               e * g.operands.expert_bytes[i] + rows[e] * g.operands.row_bytes[i];
+      };
+      MT_CUBLAS_CHECK(cublasGemmEx(cublas_, g.ta, g.tb, CublasDim(g.m), n, k, &one, at(0),
+                                   CUDA_R_16BF, CublasDim(g.lda), at(1), CUDA_R_16BF,
+                                   CublasDim(g.ldb), &g.beta, at(2), g.c_type, CublasDim(g.ldc),
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
   }
-  // din (N,IC) = dout (N,OC) W^T; dW f32 (IC,OC) += in^T dout.
-  void GemmInMajorBackward(void* din, void* dW, const void* dout, const void* in, const void* W,
-                           int64_t N, int64_t IC, int64_t OC) {
-    const float one = 1.0f, zero = 0.0f;
-    // din^T (IC,N) = W (IC,OC) dout^T (OC,N)
-    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, CublasDim(IC), CublasDim(N),
-                                 CublasDim(OC), &one, W, CUDA_R_16BF, CublasDim(OC), dout,
-                                 CUDA_R_16BF, CublasDim(OC), &zero, din, CUDA_R_16BF,
-                                 CublasDim(IC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    // dW^T (OC,IC) += dout^T (OC,N) in (N,IC), in fp32.
-    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, CublasDim(OC), CublasDim(IC),
-                                 CublasDim(N), &one, dout, CUDA_R_16BF, CublasDim(OC), in,
-                                 CUDA_R_16BF, CublasDim(IC), &one, dW, CUDA_R_32F, CublasDim(OC),
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  // The experts' row offsets on the host: the caller's copy, or read back (a wait).
+  const int32_t* RowsOf(const ExpertOffsets& offsets, int64_t E) {
+    if (offsets.host != nullptr) return offsets.host;
+    return HostOffsets(offsets.device, E, StreamId::kCompute);
   }
-  // The (E+1) device offsets, read back once the compute stream has reached this point.
-  const int32_t* HostOffsets(const int32_t* offsets, int64_t E) {
+  // The (E+1) device offsets, read back once stream s has reached this point.
+  const int32_t* HostOffsets(const int32_t* offsets, int64_t E, StreamId stream) {
     MT_CHECK_MSG(E + 1 <= kMaxExperts + 1, "cuda backend: %lld experts, at most %lld",
                  static_cast<long long>(E), static_cast<long long>(kMaxExperts));
-    cudaStream_t s = Stream(StreamId::kCompute);
+    cudaStream_t s = Stream(stream);
     MT_CUDA_CHECK(cudaMemcpyAsync(host_offsets_, offsets, (E + 1) * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, s));
     MT_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -457,6 +483,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
   int32_t* host_offsets_ = nullptr;  // pinned (kMaxExperts + 1): GroupedLinear's row counts
+
   float* partials_ = nullptr;  // kPartialFloats: the deterministic weight gradients' scratch
   float* staging_[kNumStreams] = {};  // UploadWeightsFromF32's, per stream, made at first use
   mutable std::mutex mu_;

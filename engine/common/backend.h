@@ -31,6 +31,15 @@ constexpr int kNumStreams = 3;
 // its streams are threads: the planner and the trainer branch on this, never on name().
 enum class BackendKind { kCpu, kCuda };
 
+// The experts' row offsets (E+1) of rows sorted by expert (rows [o[e], o[e+1]) are expert
+// e's), as MoeSort writes them on the device; `host`, when not null, holds the same values
+// on the host (ReadOffsets), so a backend that launches a GEMM per expert need not read
+// them back and wait.
+struct ExpertOffsets {
+  const int32_t* device = nullptr;
+  const int32_t* host = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -170,17 +179,20 @@ class Backend {
   // dh act (n,C) written = sum_j dxe act (R,C) [slot_of (t,j)]
   virtual void MoeGatherBackward(void* dh, const void* dxe, const int32_t* slot_of, int64_t n,
                                  int64_t k, int64_t C, StreamId s) = 0;
+  // host int32 (E+1) <- offsets int32 (E+1): blocks until stream s has written them (the
+  // one wait of a routing: ExpertOffsets::host then spares the grouped matmuls theirs)
+  virtual void ReadOffsets(int32_t* host, const int32_t* offsets, int64_t E, StreamId s) = 0;
   // out act (R,OC) = in act (R,IC) . W_e^T + bias_e per expert's rows, W weight (E,OC,IC)
   // or, with w_in_major, (E,IC,OC) (out = in . W_e: GPT-OSS's experts as transformers keeps
-  // them); bias weight (E,OC) | null; offsets (E+1) on the device
+  // them); bias weight (E,OC) | null
   virtual void GroupedLinear(void* out, const void* in, const void* W, const void* bias,
-                             const int32_t* offsets, int64_t E, int64_t IC, int64_t OC,
+                             const ExpertOffsets& offsets, int64_t E, int64_t IC, int64_t OC,
                              bool w_in_major, StreamId s) = 0;
   // din act (R,IC) written; dW grad (E,OC,IC) or (E,IC,OC) +=, as W; dbias grad (E,OC) +=
   // | null (column sums of each expert's rows of dout, deterministic); experts without rows
   // keep their gradients
   virtual void GroupedLinearBackward(void* din, void* dW, void* dbias, const void* dout,
-                                     const void* in, const void* W, const int32_t* offsets,
+                                     const void* in, const void* W, const ExpertOffsets& offsets,
                                      int64_t E, int64_t IC, int64_t OC, bool w_in_major,
                                      StreamId s) = 0;
   // out act (n,C) += sum_j w stat (n,k) * ye act (R,C) [slot_of]

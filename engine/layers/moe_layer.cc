@@ -150,11 +150,15 @@ void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
                       E_, k_, s);
   }
   be.MoeSort(a.offsets, a.slot_of, a.row_token, a.sort_scratch, a.idx, n, E_, k_, s);
+  if (call.host_offsets != nullptr && !call.routing_known) {
+    be.ReadOffsets(call.host_offsets, a.offsets, E_, s);  // the experts' row counts, once
+  }
+  const ExpertOffsets offsets{a.offsets, call.host_offsets};
   be.Embedding(a.xe, a.row_token, a.h2, R, C, s);                          // xe = h2[rows]
-  be.GroupedLinear(a.gu, a.xe, w.gate_up, w.gate_up_bias, a.offsets, E_, C, 2 * I_, in_major_,
+  be.GroupedLinear(a.gu, a.xe, w.gate_up, w.gate_up_bias, offsets, E_, C, 2 * I_, in_major_,
                    s);                                                      // gu = xe Wgu^T + b
   Activation(a, R, s);                                                      // a = silu(g) * u
-  be.GroupedLinear(a.ye, a.a, w.down, w.down_bias, a.offsets, E_, I_, C, in_major_,
+  be.GroupedLinear(a.ye, a.a, w.down, w.down_bias, offsets, E_, I_, C, in_major_,
                    s);                                                      // ye = a Wd^T + b
   be.CopyOnDevice(out, a.attn.x2, n * C * DTypeSize(be.act_dtype()), s);
   be.MoeCombine(out, a.ye, a.slot_of, a.w, n, k_, C, s);                   // out = x2 + sum w ye
@@ -185,12 +189,13 @@ void MoeLayer::Backward(const LayerCall& call, const void* x, void* dres) const 
   const bool renorm = config_.moe.norm_topk_prob;
   const RouterStats* stats = call.router_stats;
   const bool aux = stats != nullptr && stats->aux_scale != 0;
+  const ExpertOffsets offsets{a.offsets, call.host_offsets};
   // experts: dres = dL/dout
   be.MoeCombineBackward(dye, a.dw, dres, a.ye, a.slot_of, a.w, n, k_, C, s);
-  be.GroupedLinearBackward(a.da, g.down, g.down_bias, dye, a.a, w.down, a.offsets, E_, I_, C,
+  be.GroupedLinearBackward(a.da, g.down, g.down_bias, dye, a.a, w.down, offsets, E_, I_, C,
                            in_major_, s);
   ActivationBackward(a, R, s);
-  be.GroupedLinearBackward(a.dxe, g.gate_up, g.gate_up_bias, a.dgu, a.xe, w.gate_up, a.offsets,
+  be.GroupedLinearBackward(a.dxe, g.gate_up, g.gate_up_bias, a.dgu, a.xe, w.gate_up, offsets,
                            E_, C, 2 * I_, in_major_, s);
   be.MoeGatherBackward(dh2, a.dxe, a.slot_of, n, k_, C, s);
   // router: dL/dw through the top-k and the softmax, plus the load-balancing term

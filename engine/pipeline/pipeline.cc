@@ -166,6 +166,7 @@ absl::Status Pipeline::Allocate(bool count_only) {
     router_stats_.counts = reinterpret_cast<int32_t*>(stats);
     router_stats_.prob_sum = stats == nullptr ? nullptr : stats + counts_bytes;
     aux_coef_ = config_.moe.TrainedAuxLossCoef(options_.router_aux_loss_coef);
+    host_offsets_.resize(config_.num_layers * M * (E + 1));
   }
   device_bytes_ = alloc.bytes();
   if (count_only) return absl::OkStatus();
@@ -214,7 +215,7 @@ void* Pipeline::SegmentInput(int64_t c, int64_t m) {
   return host_checkpoints_->Input(c, m);
 }
 
-LayerCall Pipeline::CallFor(int64_t layer, int64_t m, void* slot, bool kept, void* grads) const {
+LayerCall Pipeline::CallFor(int64_t layer, int64_t m, void* slot, bool kept, void* grads) {
   LayerCall call;
   call.weights = slot;
   call.grads = grads;
@@ -226,7 +227,12 @@ LayerCall Pipeline::CallFor(int64_t layer, int64_t m, void* slot, bool kept, voi
   call.batch = &batches_[m];
   call.rope_inv_freq = static_cast<const float*>(inv_freq_.get());
   call.stream = StreamId::kCompute;
-  if (config_.is_moe()) call.router_stats = &router_stats_;
+  if (config_.is_moe()) {
+    call.router_stats = &router_stats_;
+    const int64_t E = config_.moe.num_experts;
+    call.host_offsets = &host_offsets_[(layer * options_.micro_batches + m) * (E + 1)];
+    call.routing_known = true;  // but in the step's first forward
+  }
   return call;
 }
 
@@ -343,6 +349,7 @@ void Pipeline::ForwardSweep() {
     for (int64_t m = 0; m < M; ++m) {
       LayerCall call = CallFor(l, m, slot, /*kept=*/true);
       call.record_router_stats = true;  // the step's one forward of this layer
+      call.routing_known = false;
       kind.Forward(call, LayerInput(l, m), LayerInput(l + 1, m));
     }
     spans_.End(span);

@@ -173,7 +173,7 @@ class Pipeline {
   bool Kept(int64_t layer) const { return layer >= config_.num_layers - options_.kept_layers; }
   // What a layer's kind runs with for micro-batch m: its slot (Use()d), the workspace,
   // its kept intermediates if it is kept (and `kept` is true), the batch and RoPE table.
-  LayerCall CallFor(int64_t layer, int64_t m, void* slot, bool kept, void* grads = nullptr) const;
+  LayerCall CallFor(int64_t layer, int64_t m, void* slot, bool kept, void* grads = nullptr);
   // The load-balancing loss of the step's router statistics (on the host after the step).
   double AuxLoss() const;
 
@@ -221,6 +221,9 @@ class Pipeline {
   DeviceBuffer router_stats_buf_;
   RouterStats router_stats_;
   std::vector<char> host_router_stats_;
+  // [layer][micro-batch] (E+1): the experts' row offsets of each MoE layer's routing, from
+  // the step's forward to its recompute and backward (LayerCall::host_offsets).
+  std::vector<int32_t> host_offsets_;
   double aux_coef_ = 0;
   Event inputs_loaded_, losses_ready_, step_start_, step_end_, uploads_done_;
   std::vector<char> host_losses_;

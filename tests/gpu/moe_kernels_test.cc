@@ -129,6 +129,19 @@ class MoeKernels : public GpuTest {
   Pair Stat(const std::vector<float>& v) { return Make(v, &Backend::stat_dtype); }
   IntPair Int(const std::vector<int32_t>& v) { return IntPair(cpu_.get(), gpu_.get(), v); }
 
+  // The two ways the grouped matmuls learn the experts' row counts: read back from the
+  // device in each call, or the caller's host copy (the pipeline's).
+  struct ExpertMode {
+    const char* name;
+    bool host_offsets;
+  };
+  static constexpr ExpertMode kExpertModes[] = {{"offsets read back", false},
+                                                {"host offsets", true}};
+  static ExpertOffsets OffsetsFor(const ExpertMode& mode, const IntPair& offsets,
+                                  const std::vector<int32_t>& host, bool on_cpu) {
+    return ExpertOffsets{offsets.P(on_cpu), !on_cpu && mode.host_offsets ? host.data() : nullptr};
+  }
+
  private:
   Pair Make(const std::vector<float>& v, DType (Backend::*role)() const) {
     return Pair(cpu_.get(), gpu_.get(), (cpu_.get()->*role)(), (gpu_.get()->*role)(), v);
@@ -298,6 +311,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Per-expert matmuls over the sorted rows; the first expert and one in the middle get no
 // rows (their weight gradients stay as they were, bit for bit).
 TEST_F(MoeKernels, GroupedLinearForwardAndBackwardSkipExpertsWithoutRows) {
+  for (const ExpertMode& mode : kExpertModes)
   for (const auto& [n, E, k, IC, OC] :
        {std::array<int64_t, 5>{300, 8, 2, 64, 96}, std::array<int64_t, 5>{211, 16, 4, 128, 256},
         std::array<int64_t, 5>{40, 8, 1, 2048, 64}}) {
@@ -306,15 +320,17 @@ TEST_F(MoeKernels, GroupedLinearForwardAndBackwardSkipExpertsWithoutRows) {
     const Permutation perm = SortOnHost(choices, n, E, k);
     ASSERT_EQ(perm.offsets[1], 0);
     ASSERT_EQ(perm.offsets[mid], perm.offsets[mid + 1]);
+    SCOPED_TRACE(mode.name);
     IntPair offsets = Int(perm.offsets);
     const std::vector<float> dW0 = RandomBf16(E * OC * IC, 17);
     Pair in = Act(RandomBf16(R * IC, 18)), W = Weight(RandomBf16(E * OC * IC, 19, 0.1f)),
          out = Act(RandomBf16(R * OC, 20)), dout = Act(RandomBf16(R * OC, 21)),
          din = Act(RandomBf16(R * IC, 22)), dW = Grad(dW0);
     Both([&](Backend* b, bool c) {
-      b->GroupedLinear(out.P(c), in.P(c), W.P(c), nullptr, offsets.P(c), E, IC, OC, false, kS);
-      b->GroupedLinearBackward(din.P(c), dW.P(c), nullptr, dout.P(c), in.P(c), W.P(c),
-                               offsets.P(c), E, IC, OC, false, kS);
+      const ExpertOffsets o = OffsetsFor(mode, offsets, perm.offsets, c);
+      b->GroupedLinear(out.P(c), in.P(c), W.P(c), nullptr, o, E, IC, OC, false, kS);
+      b->GroupedLinearBackward(din.P(c), dW.P(c), nullptr, dout.P(c), in.P(c), W.P(c), o, E, IC,
+                               OC, false, kS);
     });
     EXPECT_LT(out.Err(), 8e-3) << E;
     EXPECT_LT(din.Err(), 8e-3) << E;
@@ -338,10 +354,12 @@ struct BiasShape {
 // without rows (the first, one in the middle, maybe the last) keep their gradients' bits.
 // Both weight orders: (E, OC, IC), and GPT-OSS's input-major (E, IC, OC).
 TEST_F(MoeKernels, GroupedLinearWithBiasAddsAndSumsEachExpertsRows) {
+  for (const ExpertMode& mode : kExpertModes)
   for (bool in_major : {false, true})
   for (const BiasShape& a :
        {BiasShape{300, 8, 2, 64, 96, false}, BiasShape{211, 16, 4, 128, 256, true},
         BiasShape{97, 8, 3, 40, 90, false}, BiasShape{50, 6, 1, 24, 36, true}}) {
+    SCOPED_TRACE(mode.name);
     SCOPED_TRACE(in_major ? "input-major weights" : "output-major weights");
     const int64_t E = a.E, IC = a.IC, OC = a.OC, R = a.n * a.k, mid = E / 2;
     std::vector<int64_t> empty = {0, mid};
@@ -355,10 +373,10 @@ TEST_F(MoeKernels, GroupedLinearWithBiasAddsAndSumsEachExpertsRows) {
          dout = Act(RandomBf16(R * OC, 37)), din = Act(RandomBf16(R * IC, 38)), dW = Grad(dW0),
          dbias = Grad(db0);
     Both([&](Backend* b, bool c) {
-      b->GroupedLinear(out.P(c), in.P(c), W.P(c), bias.P(c), offsets.P(c), E, IC, OC, in_major,
-                       kS);
-      b->GroupedLinearBackward(din.P(c), dW.P(c), dbias.P(c), dout.P(c), in.P(c), W.P(c),
-                               offsets.P(c), E, IC, OC, in_major, kS);
+      const ExpertOffsets o = OffsetsFor(mode, offsets, perm.offsets, c);
+      b->GroupedLinear(out.P(c), in.P(c), W.P(c), bias.P(c), o, E, IC, OC, in_major, kS);
+      b->GroupedLinearBackward(din.P(c), dW.P(c), dbias.P(c), dout.P(c), in.P(c), W.P(c), o, E,
+                               IC, OC, in_major, kS);
     });
     EXPECT_LT(out.Err(), 8e-3) << OC;
     EXPECT_LT(din.Err(), 8e-3) << OC;
@@ -375,33 +393,42 @@ TEST_F(MoeKernels, GroupedLinearWithBiasAddsAndSumsEachExpertsRows) {
 
 // ---- determinism ----
 
-// The experts' biases over many rows and blocks (GPT-OSS-120B's 128 experts, top-4): three
-// runs give the same forward and bias gradient bits.
-TEST_F(MoeKernels, GroupedBiasForwardAndGradientAreTheSameBitsOnEveryRun) {
-  Backend* g = gpu_.get();
+// The experts' matmuls and biases over many rows and blocks (GPT-OSS-120B's 128 experts,
+// top-4), with the offsets read back and given: three runs give the same forward, input
+// gradient, weight gradient and bias gradient bits.
+TEST_F(MoeKernels, GroupedLinearAndBiasAreTheSameBitsOnEveryRun) {
   const int64_t n = 20000, E = 128, k = 4, R = n * k, IC = 64, OC = 576;
   const Permutation perm = SortOnHost(RandomChoices(n, E, k, {5}, 39), n, E, k);
-  DeviceBuffer offsets = UploadInts(g, perm.offsets),
-               in = Upload(g, DType::kBF16, RandomBf16(R * IC, 40)),
-               W = Upload(g, DType::kBF16, RandomBf16(E * OC * IC, 41, 0.1f)),
-               bias = Upload(g, DType::kBF16, RandomBf16(E * OC, 42)),
-               dout = Upload(g, DType::kBF16, RandomBf16(R * OC, 43));
-  const int32_t* o = static_cast<const int32_t*>(offsets.get());
-  std::vector<std::vector<float>> outs, dbiases;
-  for (int run = 0; run < 3; ++run) {
-    DeviceBuffer out = Upload(g, DType::kBF16, std::vector<float>(R * OC)),
-                 din = Upload(g, DType::kBF16, std::vector<float>(R * IC)),
-                 dW = Upload(g, DType::kF32, std::vector<float>(E * OC * IC)),
-                 dbias = Upload(g, DType::kF32, RandomBf16(E * OC, 44));
-    g->GroupedLinear(out.get(), in.get(), W.get(), bias.get(), o, E, IC, OC, false, kS);
-    g->GroupedLinearBackward(din.get(), dW.get(), dbias.get(), dout.get(), in.get(), W.get(), o,
-                             E, IC, OC, false, kS);
-    outs.push_back(Download(g, DType::kBF16, out, R * OC));
-    dbiases.push_back(Download(g, DType::kF32, dbias, E * OC));
-  }
-  for (int run = 1; run < 3; ++run) {
-    EXPECT_TRUE(outs[run] == outs[0]) << "out, run " << run;
-    EXPECT_TRUE(dbiases[run] == dbiases[0]) << "dbias, run " << run;
+  for (const ExpertMode& mode : kExpertModes) {
+    SCOPED_TRACE(mode.name);
+    Backend* g = gpu_.get();
+    DeviceBuffer offsets = UploadInts(g, perm.offsets),
+                 in = Upload(g, DType::kBF16, RandomBf16(R * IC, 40)),
+                 W = Upload(g, DType::kBF16, RandomBf16(E * OC * IC, 41, 0.1f)),
+                 bias = Upload(g, DType::kBF16, RandomBf16(E * OC, 42)),
+                 dout = Upload(g, DType::kBF16, RandomBf16(R * OC, 43));
+    const ExpertOffsets o{static_cast<const int32_t*>(offsets.get()),
+                          mode.host_offsets ? perm.offsets.data() : nullptr};
+    std::vector<std::vector<float>> runs[4];  // out, din, dW, dbias
+    for (int run = 0; run < 3; ++run) {
+      DeviceBuffer out = Upload(g, DType::kBF16, std::vector<float>(R * OC)),
+                   din = Upload(g, DType::kBF16, std::vector<float>(R * IC)),
+                   dW = Upload(g, DType::kF32, RandomBf16(E * OC * IC, 45)),
+                   dbias = Upload(g, DType::kF32, RandomBf16(E * OC, 44));
+      g->GroupedLinear(out.get(), in.get(), W.get(), bias.get(), o, E, IC, OC, false, kS);
+      g->GroupedLinearBackward(din.get(), dW.get(), dbias.get(), dout.get(), in.get(), W.get(), o,
+                               E, IC, OC, false, kS);
+      runs[0].push_back(Download(g, DType::kBF16, out, R * OC));
+      runs[1].push_back(Download(g, DType::kBF16, din, R * IC));
+      runs[2].push_back(Download(g, DType::kF32, dW, E * OC * IC));
+      runs[3].push_back(Download(g, DType::kF32, dbias, E * OC));
+    }
+    const char* names[4] = {"out", "din", "dW", "dbias"};
+    for (int t = 0; t < 4; ++t) {
+      for (int run = 1; run < 3; ++run) {
+        EXPECT_TRUE(runs[t][run] == runs[t][0]) << names[t] << ", run " << run;
+      }
+    }
   }
 }
 

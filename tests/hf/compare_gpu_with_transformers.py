@@ -297,6 +297,7 @@ def check(bin_path, work, name, config, data):
               "last10_mean_rel_err": last10_err, "curve_criterion_met": curve_ok,
               "curve_ours": [round(x, 4) for x in our_losses],
               "curve_transformers": [round(x, 4) for x in hf_losses],
+              "curve_transformers_bf16_autocast": [round(x, 4) for x in hf_bf16_losses],
               "logits_rel_err": logit_err,
               "transformers_bf16_autocast_logits_rel_err": hf_bf16_logit_err,
               "cpu_backend_logits_rel_err": cpu_logit_err,

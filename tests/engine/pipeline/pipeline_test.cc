@@ -12,6 +12,7 @@
 #include "tests/engine/pipeline/direct_model.h"
 #include "tests/engine/pipeline/recording_sink.h"
 #include "tests/engine/pipeline/sgd_sink.h"
+#include "tests/util/forwarding_backend.h"
 
 namespace megatrain::testing {
 namespace {
@@ -19,8 +20,9 @@ namespace {
 struct Harness {
   Harness(const ModelConfig& c, int64_t micro_batches, int64_t tokens, int64_t k,
           bool host_checkpoints = false, int64_t weight_slots = 0, int64_t kept_layers = 0,
-          int64_t slab_elements = 0, int64_t mlp_tile = 0) {
-    be = CreateCpuBackend(CpuBackendOptions{});
+          int64_t slab_elements = 0, int64_t mlp_tile = 0,
+          std::unique_ptr<Backend> backend = nullptr) {
+    be = backend != nullptr ? std::move(backend) : CreateCpuBackend(CpuBackendOptions{});
     store = std::move(*HostStore::Create(BuildLayout(c)));
     RandomInitWeights(c, 11, store.get());
     int64_t max_unit = 0;
@@ -377,6 +379,71 @@ TEST(Pipeline, FourMicroBatchesEqualOneBatchOfTheSameTokens) {
     }
   }
  }
+}
+
+// The CPU backend, counting the waits for the experts' row offsets, and checking that every
+// grouped matmul is given the host's copy of them, equal to the device's when it runs.
+class RoutingProbe final : public ForwardingBackend {
+ public:
+  RoutingProbe() : ForwardingBackend(CreateCpuBackend(CpuBackendOptions{})) {}
+  void ReadOffsets(int32_t* host, const int32_t* offsets, int64_t E, StreamId s) override {
+    ++reads;
+    ForwardingBackend::ReadOffsets(host, offsets, E, s);
+  }
+  void GroupedLinear(void* out, const void* in, const void* W, const void* bias,
+                     const ExpertOffsets& offsets, int64_t E, int64_t IC, int64_t OC,
+                     bool w_in_major, StreamId s) override {
+    Check(offsets, E);
+    ForwardingBackend::GroupedLinear(out, in, W, bias, offsets, E, IC, OC, w_in_major, s);
+  }
+  void GroupedLinearBackward(void* din, void* dW, void* dbias, const void* dout, const void* in,
+                             const void* W, const ExpertOffsets& offsets, int64_t E, int64_t IC,
+                             int64_t OC, bool w_in_major, StreamId s) override {
+    Check(offsets, E);
+    ForwardingBackend::GroupedLinearBackward(din, dW, dbias, dout, in, W, offsets, E, IC, OC,
+                                             w_in_major, s);
+  }
+  int reads = 0, grouped_calls = 0, without_host = 0, stale = 0;
+
+ private:
+  void Check(const ExpertOffsets& offsets, int64_t E) {
+    ++grouped_calls;
+    if (offsets.host == nullptr) {
+      ++without_host;
+      return;
+    }
+    SyncAll();  // the sort that wrote the device's offsets has run
+    if (!std::equal(offsets.host, offsets.host + E + 1, offsets.device)) ++stale;
+  }
+};
+
+// An MoE layer waits for its routing once a step per micro-batch, in its forward; the
+// recompute (K = 2) and the backward reuse the host's copy, which still equals the routing
+// they compute. Dense layers among the MoE ones wait for nothing.
+TEST(Pipeline, MoeLayersWaitForTheirRoutingOnceAStepAndReuseIt) {
+  const ModelConfig c = TinyConfig(Variant::kQwen3MoeMixedLayers);
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+  ASSERT_GT(moe_layers, 0);
+  ASSERT_LT(moe_layers, c.num_layers);
+  for (int64_t k : {1, 2}) {
+    auto probe = std::make_unique<RoutingProbe>();
+    RoutingProbe* seen = probe.get();
+    const int64_t M = 3;
+    Harness h(c, M, 9, k, false, 0, 0, 0, 0, std::move(probe));
+    std::vector<MicroBatch> parts;
+    for (int i = 0; i < M; ++i) parts.push_back(RandomBatch(1, 9, c.vocab_size, 60 + i));
+    for (int step = 0; step < 2; ++step) {
+      RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
+      h.Run(parts, &sink);
+    }
+    EXPECT_EQ(seen->reads, 2 * moe_layers * M) << "K=" << k;
+    // two steps of 2 forward and 2 backward grouped matmuls per MoE layer and micro-batch,
+    // and those of the recomputes
+    EXPECT_GE(seen->grouped_calls, 2 * 4 * moe_layers * M) << "K=" << k;
+    EXPECT_EQ(seen->without_host, 0) << "K=" << k;
+    EXPECT_EQ(seen->stale, 0) << "K=" << k;
+  }
 }
 
 TEST(Pipeline, StepRejectsMicroBatchesThatDoNotMatchThePlan) {
