@@ -1,6 +1,7 @@
 // CUDA backend: host-side orchestration. Kernels live in kernels/cuda/*.cu; this file
 // only sees their plain-C++ launchers.
 #include "engine/backend/cuda_backend.h"
+#include "engine/backend/expert_gemms.h"
 #include "engine/backend/nccl.h"
 #include "engine/backend/pci_numa.h"
 
@@ -9,6 +10,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -29,6 +31,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaDeviceSynchronize();
+    expert_gemms_.reset();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (workspace_ != nullptr) cudaFree(workspace_);
     if (partials_ != nullptr) cudaFree(partials_);
@@ -61,6 +64,8 @@ class CudaBackend final : public Backend {
     constexpr size_t kWorkspace = 32ull << 20;
     MT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspace));
     MT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kWorkspace));
+    expert_gemms_ = std::make_unique<ExpertGemms>(Stream(StreamId::kCompute), workspace_,
+                                                  kWorkspace);
     MT_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
     MT_CUDA_CHECK(cudaMalloc(&partials_, cuda::kPartialFloats * sizeof(float)));
     MT_CUDA_CHECK(cudaMallocHost(&host_offsets_, (kMaxExperts + 1) * sizeof(int32_t)));
@@ -306,9 +311,10 @@ class CudaBackend final : public Backend {
   void ReadOffsets(int32_t* host, const int32_t* offsets, int64_t E, StreamId s) override {
     std::memcpy(host, HostOffsets(offsets, E, s), (E + 1) * sizeof(int32_t));
   }
-  // One cuBLAS GEMM per expert that has rows: the host needs the experts' row counts, from
-  // offsets.host or else read back (a wait for the stream). (cuBLAS 13.0's grouped batched
-  // GEMM answers NOT_SUPPORTED for these bf16 matmuls on the H200.) Experts without rows are skipped: their gradient stays as it was. The biases
+  // One cuBLASLt matmul per expert that has rows (ExpertGemms: an algorithm per shape
+  // bucket): the host needs the experts' row counts, from offsets.host or else read back (a
+  // wait for the stream). (cuBLAS 13.0's grouped batched GEMM answers NOT_SUPPORTED for
+  // these bf16 matmuls on the H200.) Experts without rows are skipped: their gradient stays as it was. The biases
   // are one launch over all the rows (device offsets), after the GEMMs, as Linear's.
   void GroupedLinear(void* out, const void* in, const void* W, const void* bias,
                      const ExpertOffsets& offsets, int64_t E, int64_t IC, int64_t OC,
@@ -320,9 +326,11 @@ class CudaBackend final : public Backend {
     g.tb = CUBLAS_OP_N;
     g.m = OC, g.k = IC, g.rows_are_k = false;
     g.lda = w_in_major ? OC : IC, g.ldb = IC, g.ldc = OC;
-    g.operands = {{W, in, out}, {OC * IC * kBf16, 0, 0}, {0, IC * kBf16, OC * kBf16}};
+    const void* base[3] = {W, in, out};
+    const int64_t expert_bytes[3] = {OC * IC * kBf16, 0, 0}, row_bytes[3] = {0, IC * kBf16, OC * kBf16};
+    SetOperands(&g, base, expert_bytes, row_bytes);
     g.c_type = CUDA_R_16BF, g.beta = 0;
-    RunExpertGemms(g, rows, E);
+    expert_gemms_->Run(g, rows, E);
     if (bias != nullptr) {
       cuda::AddGroupedBias(Bf16(out), Bf16(bias), offsets.device, E, rows[E], OC, Stream(s));
     }
@@ -337,22 +345,29 @@ class CudaBackend final : public Backend {
     d.tb = CUBLAS_OP_N;
     d.m = IC, d.k = OC, d.rows_are_k = false;
     d.lda = w_in_major ? OC : IC, d.ldb = OC, d.ldc = IC;
-    d.operands = {{W, dout, din}, {OC * IC * kBf16, 0, 0}, {0, OC * kBf16, IC * kBf16}};
+    const void* d_base[3] = {W, dout, din};
+    const int64_t d_expert[3] = {OC * IC * kBf16, 0, 0}, d_row[3] = {0, OC * kBf16, IC * kBf16};
+    SetOperands(&d, d_base, d_expert, d_row);
     d.c_type = CUDA_R_16BF, d.beta = 0;
-    RunExpertGemms(d, rows, E);
+    expert_gemms_->Run(d, rows, E);
     ExpertGemm w;  // dW_e f32 += in_e^T dout_e, as W is laid out: a sum over the expert's rows
     w.ta = CUBLAS_OP_N;
     w.tb = CUBLAS_OP_T;
     w.rows_are_k = true;
+    const int64_t w_expert[3] = {0, 0, OC * IC * kF32};
     if (w_in_major) {  // dW^T (OC, IC) += dout^T (OC, rows) . in (rows, IC)
       w.m = OC, w.n = IC, w.lda = OC, w.ldb = IC, w.ldc = OC;
-      w.operands = {{dout, in, dW}, {0, 0, OC * IC * kF32}, {OC * kBf16, IC * kBf16, 0}};
+      const void* w_base[3] = {dout, in, dW};
+      const int64_t w_row[3] = {OC * kBf16, IC * kBf16, 0};
+      SetOperands(&w, w_base, w_expert, w_row);
     } else {  // dW^T (IC, OC) += in^T (IC, rows) . dout (rows, OC)
       w.m = IC, w.n = OC, w.lda = IC, w.ldb = OC, w.ldc = IC;
-      w.operands = {{in, dout, dW}, {0, 0, OC * IC * kF32}, {IC * kBf16, OC * kBf16, 0}};
+      const void* w_base[3] = {in, dout, dW};
+      const int64_t w_row[3] = {IC * kBf16, OC * kBf16, 0};
+      SetOperands(&w, w_base, w_expert, w_row);
     }
     w.c_type = CUDA_R_32F, w.beta = 1;
-    RunExpertGemms(w, rows, E);
+    expert_gemms_->Run(w, rows, E);
     if (dbias != nullptr) {
       cuda::GroupedBiasGrad(F32(dbias), Bf16(dout), offsets.device, E, OC, Stream(s));
     }
@@ -408,42 +423,16 @@ class CudaBackend final : public Backend {
                                  CUDA_R_16BF, CublasDim(OC), &one, dW, CUDA_R_32F, CublasDim(IC),
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  // One matmul per expert over its rows in cuBLAS's column-major terms, C_e (m, n) =
-  // op(A_e) op(B_e) + beta C_e, bf16 A and B, fp32 accumulation; the expert's row count is
-  // n, or k when rows_are_k (a weight gradient's sum over the rows). Operand i of expert e
-  // starts at base[i] + e * expert_bytes[i] + (its first row) * row_bytes[i].
-  struct ExpertOperands {
-    const void* base[3];
-    int64_t expert_bytes[3];
-    int64_t row_bytes[3];
-  };
-  struct ExpertGemm {
-    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
-    int64_t m = 0, n = 0, k = 0;  // the place of the row count is ignored
-    bool rows_are_k = false;
-    int64_t lda = 0, ldb = 0, ldc = 0;
-    ExpertOperands operands = {};  // A, B, C
-    cudaDataType_t c_type = CUDA_R_16BF;
-    float beta = 0;
-  };
   static constexpr int64_t kBf16 = 2, kF32 = 4;
-
-  void RunExpertGemms(const ExpertGemm& g, const int32_t* rows, int64_t E) {
-    const float one = 1.0f;
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t count = rows[e + 1] - rows[e];
-      if (count == 0) continue;
-      const int n = CublasDim(g.rows_are_k ? g.n : count), k = CublasDim(g.rows_are_k ? count : g.k);
-      auto at = [&](int i) {
-        return static_cast<char*>(const_cast<void*>(g.operands.base[i])) +
-               e * g.operands.expert_bytes[i] + rows[e] * g.operands.row_bytes[i];
-      };
-      MT_CUBLAS_CHECK(cublasGemmEx(cublas_, g.ta, g.tb, CublasDim(g.m), n, k, &one, at(0),
-                                   CUDA_R_16BF, CublasDim(g.lda), at(1), CUDA_R_16BF,
-                                   CublasDim(g.ldb), &g.beta, at(2), g.c_type, CublasDim(g.ldc),
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  static void SetOperands(ExpertGemm* g, const void* const base[3], const int64_t expert_bytes[3],
+                          const int64_t row_bytes[3]) {
+    for (int i = 0; i < 3; ++i) {
+      g->base[i] = base[i];
+      g->expert_bytes[i] = expert_bytes[i];
+      g->row_bytes[i] = row_bytes[i];
     }
   }
+
   // The experts' row offsets on the host: the caller's copy, or read back (a wait).
   const int32_t* RowsOf(const ExpertOffsets& offsets, int64_t E) {
     if (offsets.host != nullptr) return offsets.host;
@@ -481,6 +470,7 @@ class CudaBackend final : public Backend {
   std::string name_;
   cudaStream_t streams_[kNumStreams] = {};
   cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<ExpertGemms> expert_gemms_;  // the experts' matmuls, on the compute stream
   void* workspace_ = nullptr;
   int32_t* host_offsets_ = nullptr;  // pinned (kMaxExperts + 1): GroupedLinear's row counts
 

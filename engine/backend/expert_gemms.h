@@ -1,0 +1,80 @@
+// The experts' matmuls on the CUDA backend: one cuBLASLt matmul per expert over its rows,
+// with the algorithm chosen once per shape bucket (the expert's row count rounded up to a
+// power of two) and kept, instead of cuBLAS choosing one in every call.
+//
+// Why: cublasGemmEx runs its heuristic on the host for a problem size it has not seen,
+// about 100 us. An expert's row count changes every step as routing changes, so nearly
+// every expert GEMM paid it: on the H200 a Qwen3-30B-A3B layer's forward (256 GEMMs) took
+// 41 ms beside training against 23 ms with fixed routing (--no-optimizer), whatever the
+// CPU load, the host falling behind the GPU. With a bucket's algorithm the host's cost is
+// that of a launch. The algorithm depends only on the bucket, so the bits of a step repeat.
+//
+// Thread-compatible; everything is enqueued on the stream given at construction, which
+// must be the one the workspace belongs to.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+namespace megatrain {
+
+// One matmul per expert over its rows, in cuBLAS's column-major terms: C_e (m, n) =
+// op(A_e) op(B_e) + beta C_e, bf16 A and B, fp32 accumulation. The expert's row count is
+// n, or k when rows_are_k (a weight gradient's sum over the rows). Operand i of expert e
+// starts at base[i] + e * expert_bytes[i] + (its first row) * row_bytes[i].
+struct ExpertGemm {
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  int64_t m = 0, n = 0, k = 0;  // the place of the row count is ignored
+  bool rows_are_k = false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  const void* base[3] = {};  // A, B, C
+  int64_t expert_bytes[3] = {};
+  int64_t row_bytes[3] = {};
+  cudaDataType_t c_type = CUDA_R_16BF;
+  float beta = 0;
+};
+
+class ExpertGemms {
+ public:
+  ExpertGemms(cudaStream_t stream, void* workspace, size_t workspace_bytes);
+  ~ExpertGemms();
+  ExpertGemms(const ExpertGemms&) = delete;
+  ExpertGemms& operator=(const ExpertGemms&) = delete;
+
+  // The experts with rows (offsets rows (E+1), on the host) each get their matmul; the
+  // others are skipped (their C stays as it was).
+  void Run(const ExpertGemm& g, const int32_t* rows, int64_t E);
+
+  // Buckets whose algorithm was chosen so far (for tests).
+  int64_t algorithms() const { return static_cast<int64_t>(algos_.size()); }
+
+ private:
+  // What an algorithm is chosen for: every field of the matmul but the row count, the
+  // operands' alignment, and the row count it is chosen at (a bucket, or -rows for an exact
+  // size when the bucket's algorithm does not take this one).
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
+                         bool, int64_t, int64_t, int64_t, int64_t>;
+  struct Algo {
+    bool found = false;
+    cublasLtMatmulAlgo_t algo;
+  };
+  // The algorithm chosen at `rows` rows (its key: `key_rows`).
+  const Algo& AlgoFor(const ExpertGemm& g, int64_t rows, int64_t key_rows, const int64_t align[3]);
+  cublasStatus_t Matmul(const ExpertGemm& g, const Algo& algo, int64_t rows, void* const p[3]);
+  // The layouts of A, B and C for `rows` rows.
+  void Layouts(const ExpertGemm& g, int64_t rows, cublasLtMatrixLayout_t* a,
+               cublasLtMatrixLayout_t* b, cublasLtMatrixLayout_t* c) const;
+
+  cudaStream_t stream_;
+  void* workspace_;
+  size_t workspace_bytes_;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasLtMatmulDesc_t op_[2][2] = {};  // [ta == T][tb == T]
+  std::map<Key, Algo> algos_;
+};
+
+}  // namespace megatrain
