@@ -2,12 +2,13 @@
 // with the algorithm chosen once per shape bucket (the expert's row count rounded up to a
 // power of two) and kept, instead of cuBLAS choosing one in every call.
 //
-// Why: cublasGemmEx runs its heuristic on the host for a problem size it has not seen,
-// about 100 us. An expert's row count changes every step as routing changes, so nearly
-// every expert GEMM paid it: on the H200 a Qwen3-30B-A3B layer's forward (256 GEMMs) took
-// 41 ms beside training against 23 ms with fixed routing (--no-optimizer), whatever the
-// CPU load, the host falling behind the GPU. With a bucket's algorithm the host's cost is
-// that of a launch. The algorithm depends only on the bucket, so the bits of a step repeat.
+// Why: cublasGemmEx runs its heuristic on the host for a problem size it has not seen. An
+// expert's row count changes every step as routing changes, so nearly every expert GEMM
+// paid it, and the host fell behind the GPU: on the H200 a Qwen3-30B-A3B layer's forward
+// (256 GEMMs) took 41-56 ms beside training against 23 ms with fixed routing
+// (--no-optimizer), with 16 optimizer threads or one, about 70 us more a GEMM; with an
+// algorithm per bucket, 23.9 ms. The algorithm depends only on the bucket, so the bits of
+// a step repeat.
 //
 // Thread-compatible; everything is enqueued on the stream given at construction, which
 // must be the one the workspace belongs to.
