@@ -14,9 +14,10 @@
 // TMA takes any start row and fills rows past n with zeros), and a consumer skips the
 // tiles its own queries cannot see, so a causal block costs about half its square.
 //
-// Status: the forward only (the backward stays on attention.cu's kernels), and opt-in
-// (MEGATRAIN_ATTENTION=hopper, see ops.h): written in a session with no H200 to run it on,
-// so it has compiled (no spills, 168 registers at entry) but has not yet run.
+// Status: opt-in (MEGATRAIN_ATTENTION=hopper, see ops.h). The forward has passed gpu_test on
+// an H200 (2026-12-01). The backward's dq pass (HopperDqKernel below) was written on
+// 2026-12-02 without device time left: it has compiled, not yet run; Delta, dsinks and
+// dk/dv stay on attention.cu's kernels.
 //
 // Numerics: each output is a fixed sequence of fp32 operations with no atomics, so the
 // same inputs give the same bits. They differ from attention.cu's kernels in the order of
@@ -52,6 +53,17 @@ struct ForwardTiles {
   static constexpr int kQElems = kM * kD, kKvElems = kN * kD;
   static constexpr int kBarriers = 1 + 3 * kStages;  // q full; k full, v full, k/v empty
   static constexpr int kSmemBytes = 1024 + 2 * (kQElems + 2 * kStages * kKvElems) + 8 * kBarriers;
+};
+
+// Backward dq tiles: kM queries per block (two consumer warpgroups of 64) whose Q and dO stay
+// in shared memory, kN keys per K/V tile (64: S, dP and dq are all in registers at once).
+template <int kD>
+struct DqTiles {
+  static constexpr int kM = 128, kN = 64, kStages = 2;
+  static constexpr int kQElems = kM * kD, kKvElems = kN * kD;
+  static constexpr int kBarriers = 1 + 3 * kStages;  // q/dO full; k full, v full, k/v empty
+  static constexpr int kSmemBytes =
+      1024 + 2 * (2 * kQElems + 2 * kStages * kKvElems) + 8 * kBarriers;
 };
 
 // The first key query i sees: its document's start, or the window's if that is later.
@@ -270,6 +282,192 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
 #endif
 }
 
+// dq of the backward, per block of 128 queries of one head (the layout of the forward: a
+// producer warpgroup and two consumers of 64 queries). The producer loads the block's Q and
+// dO once, then its K and V tiles (64 keys) into a two-stage ring. A consumer, per tile:
+// S = Q K^T and dP = dO V^T by wgmma from shared memory, P = exp(S - lse) (lse saved by the
+// forward, so no online softmax), dS = P (dP - Delta) in registers, then dq += dS K by
+// wgmma with dS as the A operand from registers and K transposed, the forward's P V. dq is
+// scaled by 1/sqrt(D) and written at the end; each thread reads its rows' Delta (parked in
+// dq's storage by AttentionDeltaKernel) before its warp writes those rows. The key tiles are
+// visited in order, so the sums' order is fixed.
+template <int kD, bool kWindow>
+__global__ void __launch_bounds__(3 * kWarpgroup, 1)
+    HopperDqKernel(const __grid_constant__ CUtensorMap q_map,
+                   const __grid_constant__ CUtensorMap do_map,
+                   const __grid_constant__ CUtensorMap k_map,
+                   const __grid_constant__ CUtensorMap v_map, bf16* __restrict__ dq,
+                   const float* __restrict__ lse, const int32_t* __restrict__ doc_start,
+                   int window, int n, int H, int KV, float scale_log2, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = DqTiles<kD>;
+  constexpr int kM = T::kM, kN = T::kN, kStages = T::kStages, kBlocks = kD / kColumns;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = AlignedSmem(smem_raw);
+  bf16* s_q = reinterpret_cast<bf16*>(smem);
+  bf16* s_do = s_q + T::kQElems;
+  bf16* s_k = s_do + T::kQElems;                // kStages tiles
+  bf16* s_v = s_k + kStages * T::kKvElems;      // kStages tiles
+  uint64_t* bars = reinterpret_cast<uint64_t*>(s_v + kStages * T::kKvElems);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* v_full = bars + 1 + kStages;
+  uint64_t* kv_empty = bars + 1 + 2 * kStages;
+
+  const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  const int h = static_cast<int>(blockIdx.y), kvh = h / (H / KV);
+  const int q0 = tile * kM, q_last = min(q0 + kM, n) - 1;
+  const int j_first = FirstKey<kWindow>(doc_start, q0, window);
+  const int tiles = (q_last - j_first + kN) / kN;
+  const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
+
+  if (threadIdx.x == 0) {
+    BarrierInit(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(&k_full[s], 1);
+      BarrierInit(&v_full[s], 1);
+      BarrierInit(&kv_empty[s], 2 * kWarpgroup);
+    }
+    BarrierInitFence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    RegistersDown<40>();
+    if (threadIdx.x == 0) {
+      TmaPrefetchMap(&q_map);
+      TmaPrefetchMap(&do_map);
+      TmaPrefetchMap(&k_map);
+      TmaPrefetchMap(&v_map);
+      BarrierExpectBytes(q_full, 2 * 2 * T::kQElems);
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {
+        TmaLoad3d(s_q + b * kM * kColumns, &q_map, q_full, b * kColumns, h, q0);
+        TmaLoad3d(s_do + b * kM * kColumns, &do_map, q_full, b * kColumns, h, q0);
+      }
+      for (int t = 0; t < tiles; ++t) {
+        const int s = t % kStages, use = t / kStages, j0 = j_first + t * kN;
+        if (use > 0) BarrierWait(&kv_empty[s], (use - 1) & 1);
+        bf16* k_tile = s_k + s * T::kKvElems;
+        bf16* v_tile = s_v + s * T::kKvElems;
+        BarrierExpectBytes(&k_full[s], 2 * T::kKvElems);
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+          TmaLoad3d(k_tile + b * kN * kColumns, &k_map, &k_full[s], b * kColumns, kvh, j0);
+        }
+        BarrierExpectBytes(&v_full[s], 2 * T::kKvElems);
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+          TmaLoad3d(v_tile + b * kN * kColumns, &v_map, &v_full[s], b * kColumns, kvh, j0);
+        }
+      }
+    }
+  } else {  // consumer: 64 queries
+    RegistersUp<232>();
+    const int cw = wg - 1, t = static_cast<int>(threadIdx.x) % kWarpgroup;
+    const int lane = t % 32, r0 = 16 * (t / 32) + lane / 4, c0 = 2 * (lane % 4);
+    const int qa = q0 + 64 * cw, qb = min(qa + 63, n - 1);
+    const bool has_rows = qa < n;
+    const int wg_lo = has_rows ? FirstKey<kWindow>(doc_start, qa, window) : INT_MAX;
+    const int wg_last_lo = has_rows ? FirstKey<kWindow>(doc_start, qb, window) : INT_MAX;
+    int qi[2], lo[2];
+    float lse2[2], delta[2];  // lse in log2 units (+inf past n: P is 0 there); Delta_i
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      qi[hr] = qa + r0 + 8 * hr;
+      lo[hr] = FirstKey<kWindow>(doc_start, min(qi[hr], n - 1), window);
+      const bool row = qi[hr] < n;
+      const int64_t at = static_cast<int64_t>(row ? qi[hr] : 0) * H + h;
+      lse2[hr] = row ? lse[at] * kLog2e : INFINITY;
+      delta[hr] = row ? *reinterpret_cast<const float*>(dq + at * kD) : 0.0f;
+    }
+    float acc[kD / 2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) acc[i] = 0.0f;
+    const bf16* q_rows = s_q + cw * 64 * kColumns;
+    const bf16* do_rows = s_do + cw * 64 * kColumns;
+
+    BarrierWait(q_full, 0);
+    for (int it = 0; it < tiles; ++it) {
+      const int s = it % kStages, j0 = j_first + it * kN;
+      const uint32_t parity = (it / kStages) & 1;
+      const bool active = has_rows && j0 <= qb && j0 + kN - 1 >= wg_lo;
+      const bf16* k_tile = s_k + s * T::kKvElems;
+      const bf16* v_tile = s_v + s * T::kKvElems;
+      BarrierWait(&k_full[s], parity);
+      BarrierWait(&v_full[s], parity);
+      if (active) {
+        float sc[kN / 2], dp[kN / 2];
+        FenceRegisters(sc);
+        FenceRegisters(dp);
+        WgmmaFence();
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) {  // S = Q K^T
+          const int b = ks / 4, col = (ks % 4) * 16;
+          WgmmaSS<kN>(sc, Desc(q_rows + b * kM * kColumns + col),
+                      Desc(k_tile + b * kN * kColumns + col), ks > 0);
+        }
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) {  // dP = dO V^T
+          const int b = ks / 4, col = (ks % 4) * 16;
+          WgmmaSS<kN>(dp, Desc(do_rows + b * kM * kColumns + col),
+                      Desc(v_tile + b * kN * kColumns + col), ks > 0);
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceRegisters(sc);
+        FenceRegisters(dp);
+        const bool masked = j0 + kN - 1 > qa || j0 < wg_last_lo;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+          for (int c = 0; c < kN / 8; ++c) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int idx = 4 * c + 2 * hr + e, j = j0 + 8 * c + c0 + e;
+              float p = exp2f(sc[idx] * scale_log2 - lse2[hr]);
+              if (masked && (j < lo[hr] || j > qi[hr])) p = 0.0f;
+              sc[idx] = p * (dp[idx] - delta[hr]);  // dS
+            }
+          }
+        }
+        uint32_t ds[kN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) {
+          ds[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+          ds[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+          ds[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+          ds[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+        FenceRegisters(acc);
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) {  // dq += dS K
+          WgmmaRS<kD>(acc, ds[kk], Desc(k_tile + kk * 16 * kColumns, 2 * kN * kColumns), 1);
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceRegisters(acc);
+      }
+      BarrierArrive(&kv_empty[s]);
+    }
+
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int row = qi[hr];
+      if (row < n) {
+        bf16* out = dq + (static_cast<int64_t>(row) * H + h) * kD + c0;
+#pragma unroll
+        for (int c = 0; c < kD / 8; ++c) {
+          *reinterpret_cast<uint32_t*>(out + 8 * c) =
+              PackBf16(acc[4 * c + 2 * hr] * scale, acc[4 * c + 2 * hr + 1] * scale);
+        }
+      }
+    }
+  }
+#endif
+}
+
 // ---- host side
 
 // cuTensorMapEncodeTiled, from the driver through the runtime (no link to libcuda).
@@ -346,6 +544,34 @@ void LaunchForward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16
   }
 }
 
+template <int kD, bool kWindow>
+void LaunchDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+              const float* lse, const int32_t* doc_start, int window, int n, int H, int KV,
+              cudaStream_t stream) {
+  using T = DqTiles<kD>;
+  const CUtensorMap q_map = HeadMap(q, n, H, kD, T::kM);
+  const CUtensorMap do_map = HeadMap(dout, n, H, kD, T::kM);
+  const CUtensorMap k_map = HeadMap(k, n, KV, kD, T::kN);
+  const CUtensorMap v_map = HeadMap(v, n, KV, kD, T::kN);
+  SetSmem(HopperDqKernel<kD, kWindow>, T::kSmemBytes);
+  const float scale = 1.0f / sqrtf(static_cast<float>(kD));
+  const dim3 grid((n + T::kM - 1) / T::kM, H);
+  HopperDqKernel<kD, kWindow><<<grid, 3 * kWarpgroup, T::kSmemBytes, stream>>>(
+      q_map, do_map, k_map, v_map, dq, lse, doc_start, window, n, H, KV, kLog2e * scale, scale);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
+template <int kD>
+void LaunchDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+              const float* lse, const int32_t* doc_start, int window, int n, int H, int KV,
+              cudaStream_t stream) {
+  if (window > 0) {
+    LaunchDq<kD, true>(dq, dout, q, k, v, lse, doc_start, window, n, H, KV, stream);
+  } else {
+    LaunchDq<kD, false>(dq, dout, q, k, v, lse, doc_start, window, n, H, KV, stream);
+  }
+}
+
 // Whether the current device is compute capability 9.0 (the sm_90a code runs nowhere else).
 bool DeviceIsHopper() {
   constexpr int kMaxDevices = 64;
@@ -379,6 +605,17 @@ void HopperAttention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf
   } else {
     MT_CHECK_MSG(D == 128, "HopperAttention: head_dim %d (64 or 128)", D);
     LaunchForward<128>(o, lse, q, k, v, doc_start, sinks, window, n, H, KV, stream);
+  }
+}
+
+void HopperAttentionDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                       const float* lse, const int32_t* doc_start, int window, int n, int H,
+                       int KV, int D, cudaStream_t stream) {
+  if (D == 64) {
+    LaunchDq<64>(dq, dout, q, k, v, lse, doc_start, window, n, H, KV, stream);
+  } else {
+    MT_CHECK_MSG(D == 128, "HopperAttentionDq: head_dim %d (64 or 128)", D);
+    LaunchDq<128>(dq, dout, q, k, v, lse, doc_start, window, n, H, KV, stream);
   }
 }
 
