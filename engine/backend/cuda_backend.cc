@@ -314,23 +314,18 @@ class CudaBackend final : public Backend {
   // One cuBLASLt matmul per expert that has rows (ExpertGemms: an algorithm per shape
   // bucket): the host needs the experts' row counts, from offsets.host or else read back (a
   // wait for the stream). (cuBLAS 13.0's grouped batched GEMM answers NOT_SUPPORTED for
-  // these bf16 matmuls on the H200.) Experts without rows are skipped: their gradient stays as it was. The biases
-  // are one launch over all the rows (device offsets), after the GEMMs, as Linear's.
+  // these bf16 matmuls on the H200.) Experts without rows are skipped: their gradient stays
+  // as it was. The biases are one launch over all the rows (device offsets), after the
+  // GEMMs, as Linear's.
   void GroupedLinear(void* out, const void* in, const void* W, const void* bias,
                      const ExpertOffsets& offsets, int64_t E, int64_t IC, int64_t OC,
                      bool w_in_major, StreamId s) override {
     CheckComputeStream(s);
     const int32_t* rows = RowsOf(offsets, E);
-    ExpertGemm g;  // out^T (OC, rows) = W_e (OC, IC)^T-or-not . in^T (IC, rows)
-    g.ta = w_in_major ? CUBLAS_OP_N : CUBLAS_OP_T;
-    g.tb = CUBLAS_OP_N;
-    g.m = OC, g.k = IC, g.rows_are_k = false;
-    g.lda = w_in_major ? OC : IC, g.ldb = IC, g.ldc = OC;
-    const void* base[3] = {W, in, out};
-    const int64_t expert_bytes[3] = {OC * IC * kBf16, 0, 0}, row_bytes[3] = {0, IC * kBf16, OC * kBf16};
-    SetOperands(&g, base, expert_bytes, row_bytes);
-    g.c_type = CUDA_R_16BF, g.beta = 0;
-    expert_gemms_->Run(g, rows, E);
+    // out^T (OC, rows) = op(W_e) (OC, IC) . in^T (IC, rows)
+    expert_gemms_->Run(RowsThroughWeight(W, w_in_major ? CUBLAS_OP_N : CUBLAS_OP_T,
+                                         w_in_major ? OC : IC, in, IC, out, OC),
+                       rows, E);
     if (bias != nullptr) {
       cuda::AddGroupedBias(Bf16(out), Bf16(bias), offsets.device, E, rows[E], OC, Stream(s));
     }
@@ -340,16 +335,10 @@ class CudaBackend final : public Backend {
                              int64_t OC, bool w_in_major, StreamId s) override {
     CheckComputeStream(s);
     const int32_t* rows = RowsOf(offsets, E);
-    ExpertGemm d;  // din^T (IC, rows) = W_e . dout^T (OC, rows)
-    d.ta = w_in_major ? CUBLAS_OP_T : CUBLAS_OP_N;
-    d.tb = CUBLAS_OP_N;
-    d.m = IC, d.k = OC, d.rows_are_k = false;
-    d.lda = w_in_major ? OC : IC, d.ldb = OC, d.ldc = IC;
-    const void* d_base[3] = {W, dout, din};
-    const int64_t d_expert[3] = {OC * IC * kBf16, 0, 0}, d_row[3] = {0, OC * kBf16, IC * kBf16};
-    SetOperands(&d, d_base, d_expert, d_row);
-    d.c_type = CUDA_R_16BF, d.beta = 0;
-    expert_gemms_->Run(d, rows, E);
+    // din^T (IC, rows) = op(W_e) (IC, OC) . dout^T (OC, rows)
+    expert_gemms_->Run(RowsThroughWeight(W, w_in_major ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         w_in_major ? OC : IC, dout, OC, din, IC),
+                       rows, E);
     ExpertGemm w;  // dW_e f32 += in_e^T dout_e, as W is laid out: a sum over the expert's rows
     w.ta = CUBLAS_OP_N;
     w.tb = CUBLAS_OP_T;
@@ -424,6 +413,20 @@ class CudaBackend final : public Backend {
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   static constexpr int64_t kBf16 = 2, kF32 = 4;
+  // The expert's rows through its weight: C (m, rows) = op(W_e) (m, k) . B^T (k, rows), bf16,
+  // B (rows, k) and C (rows, m) row-major over the sorted rows, W (E, ...) lda-major.
+  static ExpertGemm RowsThroughWeight(const void* W, cublasOperation_t ta, int64_t lda,
+                                      const void* B, int64_t k, void* C, int64_t m) {
+    ExpertGemm g;
+    g.ta = ta, g.tb = CUBLAS_OP_N;
+    g.m = m, g.k = k, g.rows_are_k = false;
+    g.lda = lda, g.ldb = k, g.ldc = m;
+    const void* base[3] = {W, B, C};
+    const int64_t expert_bytes[3] = {m * k * kBf16, 0, 0}, row_bytes[3] = {0, k * kBf16, m * kBf16};
+    SetOperands(&g, base, expert_bytes, row_bytes);
+    g.c_type = CUDA_R_16BF, g.beta = 0;
+    return g;
+  }
   static void SetOperands(ExpertGemm* g, const void* const base[3], const int64_t expert_bytes[3],
                           const int64_t row_bytes[3]) {
     for (int i = 0; i < 3; ++i) {

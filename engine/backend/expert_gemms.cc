@@ -15,11 +15,15 @@ int64_t AlignmentOf(int64_t v) {
   return a;
 }
 
-// The row count a bucket's algorithm is chosen at: the next power of two, at least 16.
+// The row count a bucket's algorithm is chosen at: the next power of two up to 128 rows,
+// then the next eighth of an octave (so the algorithm is chosen within 1/8 of the size it
+// runs at, from at most 8 buckets per octave).
 int64_t BucketOf(int64_t rows) {
   int64_t b = 16;
   while (b < rows) b *= 2;
-  return b;
+  if (b <= 128) return b;
+  const int64_t step = b / 16;  // the octave [b/2, b) in 8 steps
+  return (rows + step - 1) / step * step;
 }
 
 uint64_t U64(int64_t v) { return static_cast<uint64_t>(v); }
@@ -33,9 +37,12 @@ ExpertGemms::ExpertGemms(cudaStream_t stream, void* workspace, size_t workspace_
     for (int tb = 0; tb < 2; ++tb) {
       cublasLtMatmulDesc_t& op = op_[ta][tb];
       MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      const cublasOperation_t a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &a, sizeof(a)));
-      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &b, sizeof(b)));
+      const cublasOperation_t a = ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+      MT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &a, sizeof(a)));
+      MT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &b, sizeof(b)));
     }
   }
 }
@@ -54,18 +61,18 @@ void ExpertGemms::Layouts(const ExpertGemm& g, int64_t rows, cublasLtMatrixLayou
   const int64_t n = g.rows_are_k ? g.n : rows, k = g.rows_are_k ? rows : g.k;
   // Stored shapes (column-major): A is m x k, or k x m when transposed; B likewise.
   const bool at = g.ta == CUBLAS_OP_T, bt = g.tb == CUBLAS_OP_T;
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(a, CUDA_R_16BF, U64(at ? k : g.m), U64(at ? g.m : k),
-                                             g.lda));
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(b, CUDA_R_16BF, U64(bt ? n : k), U64(bt ? k : n),
-                                             g.ldb));
+  MT_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(a, CUDA_R_16BF, U64(at ? k : g.m), U64(at ? g.m : k), g.lda));
+  MT_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(b, CUDA_R_16BF, U64(bt ? n : k), U64(bt ? k : n), g.ldb));
   MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(c, g.c_type, U64(g.m), U64(n), g.ldc));
 }
 
-const ExpertGemms::Algo& ExpertGemms::AlgoFor(const ExpertGemm& g, int64_t rows,
-                                              int64_t key_rows, const int64_t align[3]) {
-  const Key key{g.ta,    g.tb,       g.m,      g.rows_are_k ? g.n : 0, g.rows_are_k ? 0 : g.k,
-                g.lda,   g.ldb,      g.ldc,    g.c_type,               g.rows_are_k,
-                align[0], align[1], align[2], key_rows};
+const ExpertGemms::Algo& ExpertGemms::AlgoFor(const ExpertGemm& g, int64_t rows, int64_t key_rows,
+                                              const int64_t align[3]) {
+  const Key key =
+      std::make_tuple(g.ta, g.tb, g.m, g.rows_are_k ? g.n : 0, g.rows_are_k ? 0 : g.k, g.lda, g.ldb,
+                      g.ldc, g.c_type, g.rows_are_k, align[0], align[1], align[2], key_rows);
   auto it = algos_.find(key);
   if (it != algos_.end()) return it->second;
   cublasLtMatrixLayout_t a, b, c;
@@ -75,7 +82,8 @@ const ExpertGemms::Algo& ExpertGemms::AlgoFor(const ExpertGemm& g, int64_t rows,
   const uint64_t ws = workspace_bytes_;
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  const uint32_t align_a = static_cast<uint32_t>(align[0]), align_b = static_cast<uint32_t>(align[1]),
+  const uint32_t align_a = static_cast<uint32_t>(align[0]),
+                 align_b = static_cast<uint32_t>(align[1]),
                  align_c = static_cast<uint32_t>(align[2]);
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
@@ -103,8 +111,8 @@ void ExpertGemms::Run(const ExpertGemm& g, const int32_t* rows, int64_t E) {
   int64_t align[3];
   for (int i = 0; i < 3; ++i) {
     const int64_t base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(g.base[i]));
-    align[i] = std::min({AlignmentOf(base), AlignmentOf(g.expert_bytes[i]),
-                         AlignmentOf(g.row_bytes[i])});
+    align[i] =
+        std::min({AlignmentOf(base), AlignmentOf(g.expert_bytes[i]), AlignmentOf(g.row_bytes[i])});
   }
   for (int64_t e = 0; e < E; ++e) {
     const int64_t count = rows[e + 1] - rows[e];

@@ -1,14 +1,16 @@
 // The experts' matmuls on the CUDA backend: one cuBLASLt matmul per expert over its rows,
-// with the algorithm chosen once per shape bucket (the expert's row count rounded up to a
-// power of two) and kept, instead of cuBLAS choosing one in every call.
+// with the algorithm chosen once per shape bucket (the expert's row count rounded up to
+// the next power of two up to 128, then to the next eighth of an octave) and kept, instead
+// of cuBLAS choosing one in every call.
 //
 // Why: cublasGemmEx runs its heuristic on the host for a problem size it has not seen. An
 // expert's row count changes every step as routing changes, so nearly every expert GEMM
 // paid it, and the host fell behind the GPU: on the H200 a Qwen3-30B-A3B layer's forward
 // (256 GEMMs) took 41-56 ms beside training against 23 ms with fixed routing
 // (--no-optimizer), with 16 optimizer threads or one, about 70 us more a GEMM; with an
-// algorithm per bucket, 23.9 ms. The algorithm depends only on the bucket, so the bits of
-// a step repeat.
+// algorithm per power-of-two bucket, 23.9 ms. Eighths of an octave above 128 rows keep
+// the choice near the size it runs at (large experts, Mixtral's) at a bounded number of
+// choices. The algorithm depends only on the bucket, so the bits of a step repeat.
 //
 // Thread-compatible; everything is enqueued on the stream given at construction, which
 // must be the one the workspace belongs to.
@@ -57,8 +59,8 @@ class ExpertGemms {
   // What an algorithm is chosen for: every field of the matmul but the row count, the
   // operands' alignment, and the row count it is chosen at (a bucket, or -rows for an exact
   // size when the bucket's algorithm does not take this one).
-  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
-                         bool, int64_t, int64_t, int64_t, int64_t>;
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool,
+                         int64_t, int64_t, int64_t, int64_t>;
   struct Algo {
     bool found = false;
     cublasLtMatmulAlgo_t algo;

@@ -344,11 +344,12 @@ TEST_F(MoeKernels, GroupedLinearForwardAndBackwardSkipExpertsWithoutRows) {
   }
 }
 
-// The experts' matmuls choose an algorithm per bucket of row counts (the next power of two)
-// and run it at the expert's own count: counts at, just below and just above the buckets'
-// edges, from 1 row to 5000, each expert against the reference, both weight orders.
+// The experts' matmuls choose an algorithm per bucket of row counts (powers of two up to
+// 128, then eighths of an octave) and run it at the expert's own count: counts at, just
+// below and just above buckets' edges, from 1 row to 5000, each expert against the
+// reference, both weight orders.
 TEST_F(MoeKernels, GroupedLinearMatchesTheReferenceAtEveryRowCountBucket) {
-  const std::vector<int32_t> counts = {1,   15,   16,   17,   100,  255,  256,  257,
+  const std::vector<int32_t> counts = {1,   15,   16,   17,   100,  129,  144,  145,
                                        1000, 1023, 1025, 2048, 3000, 4095, 4097, 5000};
   const int64_t E = static_cast<int64_t>(counts.size()), IC = 136, OC = 200;
   std::vector<int32_t> off(E + 1, 0);
