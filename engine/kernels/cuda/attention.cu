@@ -837,16 +837,17 @@ void LaunchBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* dou
   if (dsinks != nullptr) {
     LaunchSinkGrad(dsinks, dq, lse, sinks, n, H, D, partials, partial_floats, stream);
   }
+  if (HopperAttentionApplies(D)) {  // dk/dv, then dq over the parked deltas
+    HopperAttentionDkDv(dk, dv, dq, dout, q, k, v, lse, doc_start, window, n, H, KV, D, stream);
+    HopperAttentionDq(dq, dout, q, k, v, lse, doc_start, window, n, H, KV, D, stream);
+    return;
+  }
   constexpr int kDkDvBytes = DkDvSmemBytes<kD>();
   SetSmem(AttentionDkDvKernel<kD, kWindow>, kDkDvBytes);
   AttentionDkDvKernel<kD, kWindow>
       <<<dim3(key_pairs, KV), kGroupThreads * Tiles<kD>::kSplit, kDkDvBytes, stream>>>(
           dk, dv, dout, q, k, v, dq, lse, doc_start, n, H, KV, D, scale_log2, scale, window);
   MT_CUDA_LAUNCH_CHECK();
-  if (HopperAttentionApplies(D)) {  // last: it overwrites the parked deltas
-    HopperAttentionDq(dq, dout, q, k, v, lse, doc_start, window, n, H, KV, D, stream);
-    return;
-  }
   constexpr int kDqBytes = DqSmemBytes<kD>();  // last: it overwrites the parked deltas
   SetSmem(AttentionDqKernel<kD, kWindow>, kDqBytes);
   AttentionDqKernel<kD, kWindow><<<dim3(query_tiles, H), kGroupThreads, kDqBytes, stream>>>(

@@ -15,9 +15,9 @@
 // tiles its own queries cannot see, so a causal block costs about half its square.
 //
 // Status: opt-in (MEGATRAIN_ATTENTION=hopper, see ops.h). The forward has passed gpu_test on
-// an H200 (2026-12-01). The backward's dq pass (HopperDqKernel below) was written on
-// 2026-12-02 without device time left: it has compiled, not yet run; Delta, dsinks and
-// dk/dv stay on attention.cu's kernels.
+// an H200 (2026-12-01). The backward's dk/dv and dq passes (HopperDkDvKernel and
+// HopperDqKernel below) were written on 2026-12-02 without device time left: they have
+// compiled (no spills), not yet run; Delta and dsinks stay on attention.cu's kernels.
 //
 // Numerics: each output is a fixed sequence of fp32 operations with no atomics, so the
 // same inputs give the same bits. They differ from attention.cu's kernels in the order of
@@ -65,6 +65,34 @@ struct DqTiles {
   static constexpr int kSmemBytes =
       1024 + 2 * (2 * kQElems + 2 * kStages * kKvElems) + 8 * kBarriers;
 };
+
+// Backward dk/dv tiles: kN keys per block (two consumer warpgroups of 64) whose K and V stay
+// in shared memory, kM queries per Q/dO tile of the ring.
+template <int kD>
+struct DkDvTiles {
+  static constexpr int kN = 128, kM = 64, kStages = 2;
+  static constexpr int kKvElems = kN * kD, kQElems = kM * kD;
+  static constexpr int kBarriers = 1 + 2 * kStages;  // k/v full; q/dO full, q/dO empty
+  // Per consumer, two buffers of a tile's queries' lse (log2), Delta and first key.
+  static constexpr int kStatWords = 2 * 2 * 3 * kM;
+  static constexpr int kSmemBytes =
+      1024 + 2 * (2 * kKvElems + 2 * kStages * kQElems) + 8 * kBarriers + 4 * kStatWords;
+};
+
+// One past the last query that sees key j_last: the end of j_last's document (doc_start is
+// nondecreasing, so the first i > j_last whose document starts after j_last).
+__device__ __forceinline__ int QueryEnd(const int32_t* doc_start, int j_last, int n) {
+  int lo = j_last + 1, hi = n;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (__ldg(doc_start + mid) <= j_last) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
 
 // The first key query i sees: its document's start, or the window's if that is later.
 template <bool kWindow>
@@ -468,6 +496,210 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
 #endif
 }
 
+// dk and dv of the backward, per block of 128 keys of one kv head: a producer warpgroup and
+// two consumers of 64 keys. The producer loads the block's K and V once, then the Q and dO
+// tiles (64 queries) of every query head of the group that sees these keys, head by head,
+// into a two-stage ring. A consumer, per tile: S^T = K Q^T and dP^T = V dO^T by wgmma from
+// shared memory, P^T = exp(S^T - lse) and dS^T = P^T (dP^T - Delta) in registers (lse,
+// Delta and the queries' first keys staged in shared memory by the consumer), then
+// dv += P^T dO and dk += dS^T Q by wgmma with P^T and dS^T as A operands from registers,
+// dO and Q transposed. dk is scaled by 1/sqrt(D) at the end. The tiles are visited in order,
+// so the sums' order is fixed. Delta is parked in dq's storage (AttentionDeltaKernel); dq's
+// own pass runs after this one.
+template <int kD, bool kWindow>
+__global__ void __launch_bounds__(3 * kWarpgroup, 1)
+    HopperDkDvKernel(const __grid_constant__ CUtensorMap k_map,
+                     const __grid_constant__ CUtensorMap v_map,
+                     const __grid_constant__ CUtensorMap q_map,
+                     const __grid_constant__ CUtensorMap do_map, bf16* __restrict__ dk,
+                     bf16* __restrict__ dv, const bf16* __restrict__ dq,
+                     const float* __restrict__ lse, const int32_t* __restrict__ doc_start,
+                     int window, int n, int H, int KV, float scale_log2, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = DkDvTiles<kD>;
+  constexpr int kN = T::kN, kM = T::kM, kStages = T::kStages, kBlocks = kD / kColumns;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = AlignedSmem(smem_raw);
+  bf16* s_k = reinterpret_cast<bf16*>(smem);
+  bf16* s_v = s_k + T::kKvElems;
+  bf16* s_q = s_v + T::kKvElems;                 // kStages tiles
+  bf16* s_do = s_q + kStages * T::kQElems;       // kStages tiles
+  uint64_t* bars = reinterpret_cast<uint64_t*>(s_do + kStages * T::kQElems);
+  uint64_t* kv_full = bars;
+  uint64_t* q_full = bars + 1;
+  uint64_t* q_empty = bars + 1 + kStages;
+  float* s_stats = reinterpret_cast<float*>(bars + T::kBarriers);  // T::kStatWords
+
+  const int kvh = static_cast<int>(blockIdx.y), group = H / KV;
+  const int j0 = static_cast<int>(blockIdx.x) * kN, j_last = min(j0 + kN, n) - 1;
+  int i_end = QueryEnd(doc_start, j_last, n);  // queries [j0, i_end) see these keys
+  if constexpr (kWindow) i_end = min(i_end, j_last + window);
+  const int q_tiles = (i_end - j0 + kM - 1) / kM, items = group * q_tiles;
+  const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
+
+  if (threadIdx.x == 0) {
+    BarrierInit(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(&q_full[s], 1);
+      BarrierInit(&q_empty[s], 2 * kWarpgroup);
+    }
+    BarrierInitFence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    RegistersDown<24>();
+    if (threadIdx.x == 0) {
+      TmaPrefetchMap(&k_map);
+      TmaPrefetchMap(&v_map);
+      TmaPrefetchMap(&q_map);
+      TmaPrefetchMap(&do_map);
+      BarrierExpectBytes(kv_full, 2 * 2 * T::kKvElems);
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {
+        TmaLoad3d(s_k + b * kN * kColumns, &k_map, kv_full, b * kColumns, kvh, j0);
+        TmaLoad3d(s_v + b * kN * kColumns, &v_map, kv_full, b * kColumns, kvh, j0);
+      }
+      for (int t = 0; t < items; ++t) {
+        const int s = t % kStages, use = t / kStages;
+        const int h = kvh * group + t / q_tiles, i0 = j0 + (t % q_tiles) * kM;
+        if (use > 0) BarrierWait(&q_empty[s], (use - 1) & 1);
+        bf16* q_tile = s_q + s * T::kQElems;
+        bf16* do_tile = s_do + s * T::kQElems;
+        BarrierExpectBytes(&q_full[s], 2 * 2 * T::kQElems);
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+          TmaLoad3d(q_tile + b * kM * kColumns, &q_map, &q_full[s], b * kColumns, h, i0);
+          TmaLoad3d(do_tile + b * kM * kColumns, &do_map, &q_full[s], b * kColumns, h, i0);
+        }
+      }
+    }
+  } else {  // consumer: 64 keys
+    RegistersUp<240>();
+    const int cw = wg - 1, t = static_cast<int>(threadIdx.x) % kWarpgroup;
+    const int lane = t % 32, r0 = 16 * (t / 32) + lane / 4, c0 = 2 * (lane % 4);
+    const int ka = j0 + 64 * cw, kb = min(ka + 63, n - 1);
+    const bool has_keys = ka < n;
+    const int kj[2] = {ka + r0, ka + r0 + 8};  // this thread's keys (rows)
+    float dk_acc[kD / 2], dv_acc[kD / 2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
+    const bf16* k_rows = s_k + cw * 64 * kColumns;
+    const bf16* v_rows = s_v + cw * 64 * kColumns;
+
+    BarrierWait(kv_full, 0);
+    for (int it = 0; it < items; ++it) {
+      const int s = it % kStages;
+      const uint32_t parity = (it / kStages) & 1;
+      const int h = kvh * group + it / q_tiles, i0 = j0 + (it % q_tiles) * kM;
+      const int i_last = min(i0 + kM, n) - 1;
+      // Some query of the tile sees some key of ours: the last query is at or after our first
+      // key, and the first query's first key (the smallest) is at or before our last.
+      const bool active =
+          has_keys && i_last >= ka && FirstKey<kWindow>(doc_start, i0, window) <= kb;
+      const bf16* q_tile = s_q + s * T::kQElems;
+      const bf16* do_tile = s_do + s * T::kQElems;
+      // The tile's queries' lse (log2; +inf past n: P is 0 there), Delta and first key, in
+      // this consumer's buffer of this item's parity (one barrier an item: a buffer is
+      // written again only after every thread has passed the next item's barrier).
+      float* stats = s_stats + (2 * cw + (it & 1)) * 3 * kM;
+      int* first_key = reinterpret_cast<int*>(stats + 2 * kM);
+      if (t < kM) {
+        const int i = i0 + t;
+        const bool row = i < n;
+        const int64_t at = static_cast<int64_t>(row ? i : 0) * H + h;
+        stats[t] = row ? __ldg(lse + at) * kLog2e : INFINITY;
+        stats[kM + t] = row ? *reinterpret_cast<const float*>(dq + at * kD) : 0.0f;
+        first_key[t] = row ? FirstKey<kWindow>(doc_start, i, window) : INT_MAX;
+      }
+      NamedBarrierSync(1 + cw, kWarpgroup);
+      BarrierWait(&q_full[s], parity);
+      if (active) {
+        float st[kM / 2], dpt[kM / 2];  // S^T, dP^T: (64 keys, kM queries)
+        FenceRegisters(st);
+        FenceRegisters(dpt);
+        WgmmaFence();
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) {  // S^T = K Q^T
+          const int b = ks / 4, col = (ks % 4) * 16;
+          WgmmaSS<kM>(st, Desc(k_rows + b * kN * kColumns + col),
+                      Desc(q_tile + b * kM * kColumns + col), ks > 0);
+        }
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) {  // dP^T = V dO^T
+          const int b = ks / 4, col = (ks % 4) * 16;
+          WgmmaSS<kM>(dpt, Desc(v_rows + b * kN * kColumns + col),
+                      Desc(do_tile + b * kM * kColumns + col), ks > 0);
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceRegisters(st);
+        FenceRegisters(dpt);
+        const bool masked = i0 < kb || FirstKey<kWindow>(doc_start, i_last, window) > ka ||
+                            i0 + kM > n;
+#pragma unroll
+        for (int c = 0; c < kM / 8; ++c) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = 8 * c + c0 + e, i = i0 + col;  // this column's query
+            const float lse2 = stats[col], delta = stats[kM + col];
+            const int lo = first_key[col];
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              const int idx = 4 * c + 2 * hr + e, j = kj[hr];
+              float p = exp2f(st[idx] * scale_log2 - lse2);
+              if (masked && (j < lo || j > i)) p = 0.0f;
+              st[idx] = p;                              // P^T
+              dpt[idx] = p * (dpt[idx] - delta);        // dS^T
+            }
+          }
+        }
+        uint32_t pt[kM / 16][4], dst[kM / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < kM / 16; ++kk) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            pt[kk][x] = PackBf16(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
+            dst[kk][x] = PackBf16(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
+          }
+        }
+        FenceRegisters(dv_acc);
+        FenceRegisters(dk_acc);
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kM / 16; ++kk) {  // dv += P^T dO
+          WgmmaRS<kD>(dv_acc, pt[kk], Desc(do_tile + kk * 16 * kColumns, 2 * kM * kColumns), 1);
+        }
+#pragma unroll
+        for (int kk = 0; kk < kM / 16; ++kk) {  // dk += dS^T Q
+          WgmmaRS<kD>(dk_acc, dst[kk], Desc(q_tile + kk * 16 * kColumns, 2 * kM * kColumns), 1);
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceRegisters(dv_acc);
+        FenceRegisters(dk_acc);
+      }
+      BarrierArrive(&q_empty[s]);
+    }
+
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int row = kj[hr];
+      if (row < n) {
+        const int64_t base = (static_cast<int64_t>(row) * KV + kvh) * kD + c0;
+#pragma unroll
+        for (int c = 0; c < kD / 8; ++c) {
+          *reinterpret_cast<uint32_t*>(dk + base + 8 * c) =
+              PackBf16(dk_acc[4 * c + 2 * hr] * scale, dk_acc[4 * c + 2 * hr + 1] * scale);
+          *reinterpret_cast<uint32_t*>(dv + base + 8 * c) =
+              PackBf16(dv_acc[4 * c + 2 * hr], dv_acc[4 * c + 2 * hr + 1]);
+        }
+      }
+    }
+  }
+#endif
+}
+
 // ---- host side
 
 // cuTensorMapEncodeTiled, from the driver through the runtime (no link to libcuda).
@@ -561,6 +793,24 @@ void LaunchDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf
   MT_CUDA_LAUNCH_CHECK();
 }
 
+template <int kD, bool kWindow>
+void LaunchDkDv(bf16* dk, bf16* dv, const bf16* dq, const bf16* dout, const bf16* q,
+                const bf16* k, const bf16* v, const float* lse, const int32_t* doc_start,
+                int window, int n, int H, int KV, cudaStream_t stream) {
+  using T = DkDvTiles<kD>;
+  const CUtensorMap k_map = HeadMap(k, n, KV, kD, T::kN);
+  const CUtensorMap v_map = HeadMap(v, n, KV, kD, T::kN);
+  const CUtensorMap q_map = HeadMap(q, n, H, kD, T::kM);
+  const CUtensorMap do_map = HeadMap(dout, n, H, kD, T::kM);
+  SetSmem(HopperDkDvKernel<kD, kWindow>, T::kSmemBytes);
+  const float scale = 1.0f / sqrtf(static_cast<float>(kD));
+  const dim3 grid((n + T::kN - 1) / T::kN, KV);
+  HopperDkDvKernel<kD, kWindow><<<grid, 3 * kWarpgroup, T::kSmemBytes, stream>>>(
+      k_map, v_map, q_map, do_map, dk, dv, dq, lse, doc_start, window, n, H, KV, kLog2e * scale,
+      scale);
+  MT_CUDA_LAUNCH_CHECK();
+}
+
 template <int kD>
 void LaunchDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
               const float* lse, const int32_t* doc_start, int window, int n, int H, int KV,
@@ -616,6 +866,21 @@ void HopperAttentionDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k,
   } else {
     MT_CHECK_MSG(D == 128, "HopperAttentionDq: head_dim %d (64 or 128)", D);
     LaunchDq<128>(dq, dout, q, k, v, lse, doc_start, window, n, H, KV, stream);
+  }
+}
+
+void HopperAttentionDkDv(bf16* dk, bf16* dv, const bf16* dq, const bf16* dout, const bf16* q,
+                         const bf16* k, const bf16* v, const float* lse, const int32_t* doc_start,
+                         int window, int n, int H, int KV, int D, cudaStream_t stream) {
+  MT_CHECK_MSG(D == 64 || D == 128, "HopperAttentionDkDv: head_dim %d (64 or 128)", D);
+  if (D == 64 && window > 0) {
+    LaunchDkDv<64, true>(dk, dv, dq, dout, q, k, v, lse, doc_start, window, n, H, KV, stream);
+  } else if (D == 64) {
+    LaunchDkDv<64, false>(dk, dv, dq, dout, q, k, v, lse, doc_start, window, n, H, KV, stream);
+  } else if (window > 0) {
+    LaunchDkDv<128, true>(dk, dv, dq, dout, q, k, v, lse, doc_start, window, n, H, KV, stream);
+  } else {
+    LaunchDkDv<128, false>(dk, dv, dq, dout, q, k, v, lse, doc_start, window, n, H, KV, stream);
   }
 }
 

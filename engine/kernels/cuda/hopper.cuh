@@ -57,6 +57,11 @@ __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
+// A barrier of `threads` threads (whole warps) under id (1-15; 0 is __syncthreads').
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- TMA: a box of a 3-D tensor (coordinates innermost first) into shared memory,
 // completing `bar`'s expected bytes. Out-of-range elements are written as zeros.
 __device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,

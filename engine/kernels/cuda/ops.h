@@ -81,8 +81,12 @@ bool HopperAttentionApplies(int64_t D);  // on the current device
 void HopperAttention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
                      const int32_t* doc_start, const bf16* sinks, int window, int n, int H,
                      int KV, int D, cudaStream_t stream);
-// The backward's dq pass on sm_90 (AttentionBackward's last kernel there): dq (n,H,D)
-// written from the Delta each (query, head) row has parked in its first 4 bytes.
+// The backward's dk/dv and dq passes on sm_90 (AttentionBackward's, in that order, after its
+// Delta kernel): dk, dv (n,KV,D) written, reading the Delta each (query, head) row of dq has
+// parked in its first 4 bytes; then dq (n,H,D) written over them.
+void HopperAttentionDkDv(bf16* dk, bf16* dv, const bf16* dq, const bf16* dout, const bf16* q,
+                         const bf16* k, const bf16* v, const float* lse, const int32_t* doc_start,
+                         int window, int n, int H, int KV, int D, cudaStream_t stream);
 void HopperAttentionDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                        const float* lse, const int32_t* doc_start, int window, int n, int H,
                        int KV, int D, cudaStream_t stream);
