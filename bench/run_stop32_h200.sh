@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The first H200 checks of stop 31's unrun work, from a bundle, in parts that each fit one
+# device call (10 minutes):
+#   hopper   the Hopper attention tests alone first (its backward has never run: a hang or a
+#            crash shows here, under a short timeout), then the whole gpu_test
+#   rates    machine_bench, saved as the profile: attention_kernels (Hopper forward and now
+#            backward against the mma kernels), grouped_gemm (the expert GEMMs' buckets)
+#   moe      the MoE shapes with both of stop 31's fixes (row offsets once, cuBLASLt
+#            algorithm per bucket): Qwen3-30B-A3B 4 layers at 64K and 256K, Mixtral-8x7B 4
+#            layers at 64K (box 7 of stop 31 left it unexplained), with timelines
+#   moe2     Qwen3-30B-A3B 12 layers at 64K (no bf16 copy: 12 B/param fits), GPT-OSS-120B 1
+#            layer at 64K and 256K
+#   steps    whole steps with MEGATRAIN_ATTENTION=hopper against the mma kernels in the same
+#            call: Qwen2.5-7B seq 4K, 64K tokens; Llama-3.1-8B seq 8K, 128K tokens
+# Usage: bench/run_stop32_h200.sh OUT PART...   (PATH must hold the bundle's bin/)
+set -uo pipefail
+OUT=${1:?OUT}; shift
+mkdir -p "$OUT"
+export MEGATRAIN_PROFILE=${MEGATRAIN_PROFILE:-$OUT/machine-profile.json}
+summary() {  # a train_bench JSON's headline
+  python3 - "$1" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("   no JSON:", e); sys.exit(0)
+keys = ('step_seconds', 'step_over_largest_floor', 'step_over_dependency_floor',
+        'prediction_error', 'model_tflops', 'measured_bound')
+print("  ", {k: r.get(k) for k in keys}, r.get('floors_seconds'))
+PY
+}
+train() {  # name, train_bench arguments...
+  local name=$1; shift
+  timeout 280 train_bench "$@" --timeline "$OUT/${name}_timeline.json" > "$OUT/$name.json" \
+    2> "$OUT/$name.log"
+  echo "$name rc=$?"
+  summary "$OUT/$name.json"
+  python3 bench/timeline_spans.py "$OUT/${name}_timeline.json" 2>/dev/null | head -3
+}
+moe() {  # shape, layers, tokens, extra arguments...
+  local shape=$1 layers=$2 tokens=$3; shift 3
+  train "moe_${shape}_${layers}l_${tokens}" --shape "$shape" --layers "$layers" --seq 4096 \
+    --tokens-per-step "$tokens" --steps 4 "$@"
+}
+for part in "$@"; do
+  case "$part" in
+    hopper)
+      timeout 120 gpu_test --gtest_filter='*HopperAttention*' \
+        > "$OUT/gpu_test_hopper.txt" 2>&1
+      echo "hopper tests rc=$?"; grep -E "OK|FAILED|Failure|differs|against" \
+        "$OUT/gpu_test_hopper.txt" | head -40
+      timeout 200 gpu_test --gtest_brief=1 > "$OUT/gpu_test.txt" 2>&1
+      echo "gpu_test rc=$?"; tail -n 3 "$OUT/gpu_test.txt" ;;
+    rates)
+      timeout 300 machine_bench --backend cuda --save "$MEGATRAIN_PROFILE" \
+        > "$OUT/machine_bench.json" 2> "$OUT/machine_bench.log"
+      echo "machine_bench rc=$?"
+      python3 - "$OUT/machine_bench.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for a in d.get("attention_kernels", []):
+    print(a.get("kernels"), "D", a.get("head_dim"), "len", a.get("seq_len"),
+          "fwd %.1f bwd %.1f" % (a["forward_tflops"], a["backward_tflops"]))
+for g in d.get("grouped_gemm", []):
+    if g:
+        print("E", g["experts"], "rows", g["rows_per_expert"], g["in_features"], "->",
+              g["out_features"], "fwd %.2f bwd %.2f of dense" % (
+                  g["grouped_over_dense_forward"], g["grouped_over_dense_backward"]))
+print("AdamW G/s", d.get("adamw_params_per_second", 0) / 1e9)
+PY
+      ;;
+    moe)
+      moe qwen3-30b-a3b 4 65536
+      moe qwen3-30b-a3b 4 262144
+      moe mixtral-8x7b 4 65536 ;;
+    moe2)
+      moe qwen3-30b-a3b 12 65536 --bf16-copy no
+      moe gpt-oss-120b 1 65536
+      moe gpt-oss-120b 1 262144 ;;
+    steps)
+      for kernels in mma hopper; do
+        a=""; [ "$kernels" = hopper ] && a=hopper
+        MEGATRAIN_ATTENTION=$a train "step_qwen7b_4k_64k_$kernels" --shape qwen2.5-7b --seq 4096 \
+          --tokens-per-step 65536 --steps 4 --warmup 2
+        MEGATRAIN_ATTENTION=$a train "step_llama8b_8k_128k_$kernels" --shape llama-3.1-8b \
+          --seq 8192 --tokens-per-step 131072 --steps 3 --warmup 1
+      done ;;
+    *) echo "unknown part $part" >&2 ;;
+  esac
+done
