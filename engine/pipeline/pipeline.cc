@@ -166,10 +166,10 @@ absl::Status Pipeline::Allocate(bool count_only) {
     router_stats_.counts = reinterpret_cast<int32_t*>(stats);
     router_stats_.prob_sum = stats == nullptr ? nullptr : stats + counts_bytes;
     aux_coef_ = config_.moe.TrainedAuxLossCoef(options_.router_aux_loss_coef);
-    host_offsets_.resize(config_.num_layers * M * (E + 1));
   }
   device_bytes_ = alloc.bytes();
   if (count_only) return absl::OkStatus();
+  if (E > 0) host_offsets_.resize(config_.num_layers * M * (E + 1));
 
   const std::vector<float> inv_freq = RopeInvFreqs(config_);
   be->CopyToDevice(inv_freq_.get(), inv_freq.data(), half * sizeof(float), StreamId::kH2D);
