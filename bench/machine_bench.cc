@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -305,7 +306,6 @@ int main(int argc, char** argv) {
     disk = DiskRates(nvme_dir, 8);
     if (disk.contains("gbps_each_way")) p->nvme_gbps = disk["gbps_each_way"].get<double>();
   }
-  if (!save.empty()) std::ofstream(save) << ProfileToJson(*p) << "\n";
   nlohmann::json out = nlohmann::json::parse(ProfileToJson(*p));
   out["benchmark"] = "machine_bench";
   if (!disk.is_null()) out["nvme"] = disk;
@@ -325,8 +325,15 @@ int main(int argc, char** argv) {
           std::array<int64_t, 5>{8, 16384, 4096, 14336, 0},
           std::array<int64_t, 5>{128, 2048, 2880, 2880, 1},
           std::array<int64_t, 5>{128, 8192, 2880, 2880, 1}}) {
-      grouped.push_back(GroupedRates(be->get(), E, rows, C, 2 * I, in_major != 0));
-      grouped.push_back(GroupedRates(be->get(), E, rows, I, C, in_major != 0));
+      for (const auto& [in, out_features] : {std::pair{C, 2 * I}, std::pair{I, C}}) {
+        nlohmann::json g = GroupedRates(be->get(), E, rows, in, out_features, in_major != 0);
+        if (!g.is_null()) {  // also into the profile: the planner's rates for experts' GEMMs
+          p->grouped_gemm.push_back(GroupedGemmSample{
+              E, rows, in, out_features, g["grouped_forward_tflops"].get<double>(),
+              g["grouped_backward_tflops"].get<double>()});
+        }
+        grouped.push_back(g);
+      }
     }
     out["grouped_gemm"] = grouped;
     // The routing kernels at Qwen3-30B-A3B's, GPT-OSS-120B's and Mixtral-8x7B's shapes over
@@ -371,6 +378,8 @@ int main(int argc, char** argv) {
   }
   out["adamw_bytes_per_second"] = 30.0 * p->adamw_params_per_second;
   out["adamw_fraction_of_host_bandwidth"] = 30.0 * p->adamw_params_per_second / (1e9 * p->host_gbps);
+  if (!save.empty()) std::ofstream(save) << ProfileToJson(*p) << "\n";
+  out["grouped_gemm_samples_in_profile"] = p->grouped_gemm.size();
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }

@@ -179,6 +179,30 @@ double MachineProfile::GemmTflops(int64_t rows, int64_t in_features, int64_t out
   return InterpolateRows(by_rows, rows);
 }
 
+double MachineProfile::GroupedGemmTflops(int64_t rows_per_expert, int64_t in_features,
+                                         int64_t out_features, bool backward) const {
+  const double kNear = std::log(1.5);  // each dimension within 1.5x
+  double best = 1e300;
+  const GroupedGemmSample* nearest = nullptr;
+  for (const GroupedGemmSample& g : grouped_gemm) {
+    const double di = std::fabs(std::log(double(g.in_features) / in_features));
+    const double d_o = std::fabs(std::log(double(g.out_features) / out_features));
+    if (di <= kNear && d_o <= kNear && di + d_o < best) {
+      best = di + d_o;
+      nearest = &g;
+    }
+  }
+  if (nearest == nullptr) return GemmTflops(rows_per_expert, in_features, out_features, backward);
+  std::vector<std::pair<int64_t, double>> by_rows;
+  for (const GroupedGemmSample& g : grouped_gemm) {
+    if (g.in_features == nearest->in_features && g.out_features == nearest->out_features) {
+      by_rows.emplace_back(g.rows_per_expert, backward ? g.backward_tflops : g.forward_tflops);
+    }
+  }
+  std::sort(by_rows.begin(), by_rows.end());
+  return InterpolateRows(by_rows, rows_per_expert);
+}
+
 double MachineProfile::AttentionTflops(int64_t seq_len, bool backward) const {
   std::vector<std::pair<int64_t, double>> by_len;
   for (const AttentionSample& a : attention) {
@@ -190,10 +214,17 @@ double MachineProfile::AttentionTflops(int64_t seq_len, bool backward) const {
 
 std::string ProfileToJson(const MachineProfile& p) {
   nlohmann::json gemm = nlohmann::json::array(), attention = nlohmann::json::array();
+  nlohmann::json grouped = nlohmann::json::array();
   for (const GemmSample& g : p.gemm) {
     gemm.push_back({{"rows", g.rows}, {"in_features", g.in_features},
                     {"out_features", g.out_features}, {"forward_tflops", g.forward_tflops},
                     {"backward_tflops", g.backward_tflops}});
+  }
+  for (const GroupedGemmSample& g : p.grouped_gemm) {
+    grouped.push_back({{"experts", g.experts}, {"rows_per_expert", g.rows_per_expert},
+                       {"in_features", g.in_features}, {"out_features", g.out_features},
+                       {"forward_tflops", g.forward_tflops},
+                       {"backward_tflops", g.backward_tflops}});
   }
   for (const AttentionSample& a : p.attention) {
     attention.push_back({{"seq_len", a.seq_len}, {"forward_tflops", a.forward_tflops},
@@ -210,6 +241,7 @@ std::string ProfileToJson(const MachineProfile& p) {
                       {"device_gbps", p.device_gbps},
                       {"gemm_peak_tflops", p.gemm_peak_tflops},
                       {"gemm", gemm},
+                      {"grouped_gemm", grouped},
                       {"attention", attention},
                       {"adamw_params_per_second", p.adamw_params_per_second},
                       {"adamw_bf16_params_per_second", p.adamw_bf16_params_per_second},
@@ -249,6 +281,14 @@ absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& text) {
                                   g.at("out_features").get<int64_t>(),
                                   g.at("forward_tflops").get<double>(),
                                   g.at("backward_tflops").get<double>()});
+    }
+    // Profiles saved before the grouped samples existed, or measured without machine_bench,
+    // have none.
+    for (const nlohmann::json& g : j.value("grouped_gemm", nlohmann::json::array())) {
+      p.grouped_gemm.push_back(GroupedGemmSample{
+          g.at("experts").get<int64_t>(), g.at("rows_per_expert").get<int64_t>(),
+          g.at("in_features").get<int64_t>(), g.at("out_features").get<int64_t>(),
+          g.at("forward_tflops").get<double>(), g.at("backward_tflops").get<double>()});
     }
     for (const nlohmann::json& a : j.at("attention")) {
       p.attention.push_back(AttentionSample{a.at("seq_len").get<int64_t>(),

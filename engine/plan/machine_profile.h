@@ -32,6 +32,17 @@ struct GemmSample {
   double backward_tflops = 0;  // LinearBackward: input gradient + weight gradient
 };
 
+// The experts' grouped matmul (GroupedLinear and its backward), experts x rows_per_expert
+// rows, at an MoE shape: what machine_bench measures (grouped_gemm) and saves with --save.
+struct GroupedGemmSample {
+  int64_t experts = 0;
+  int64_t rows_per_expert = 0;
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  double forward_tflops = 0;
+  double backward_tflops = 0;
+};
+
 // Causal attention over documents of seq_len tokens, n tokens in all, head_dim 128.
 struct AttentionSample {
   int64_t seq_len = 0;
@@ -57,6 +68,8 @@ struct MachineProfile {
   double device_gbps = 0;   // device memory, read + write of a copy
   double gemm_peak_tflops = 0;  // best forward rate of the grid
   std::vector<GemmSample> gemm;
+  // Grouped matmuls at MoE shapes (empty: not measured; GroupedGemmTflops then uses gemm).
+  std::vector<GroupedGemmSample> grouped_gemm;
   std::vector<AttentionSample> attention;
   double adamw_params_per_second = 0;  // AdamWUpdate, all threads, fp32 state + bf16 out
   // AdamWUpdateQuantized over bf16 and int8 moments (0: not measured; the fp32 rate).
@@ -73,6 +86,12 @@ struct MachineProfile {
   // and the nearest weight size; `backward` for LinearBackward.
   double GemmTflops(int64_t rows, int64_t in_features, int64_t out_features,
                     bool backward) const;
+  // An expert matmul's rate in a grouped matmul of rows_per_expert rows an expert: the
+  // grouped samples of the nearest shape when one is within 1.5x in each dimension
+  // (interpolated over rows per expert as GemmTflops is over rows), else GemmTflops at
+  // rows_per_expert rows.
+  double GroupedGemmTflops(int64_t rows_per_expert, int64_t in_features, int64_t out_features,
+                           bool backward) const;
   // Attention rate at seq_len (nearest measured lengths, interpolated).
   double AttentionTflops(int64_t seq_len, bool backward) const;
   // The optimizer's rate with the moments kept in `moments`.

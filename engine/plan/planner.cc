@@ -41,11 +41,15 @@ LayerTimes LayerKernelSeconds(const LayerKind& kind, const MachineProfile& p, in
     const int64_t rows = n * m.rows_per_token;
     const int64_t group_rows = std::max<int64_t>(1, rows / m.groups);  // one GEMM's
     const double flops = 2.0 * rows * m.in * m.out;
-    const double fwd = flops / (1e12 * std::max(1e-6, p.GemmTflops(group_rows, m.in, m.out, false)));
+    auto rate = [&](bool backward) {  // the experts' GEMMs at their measured grouped rate
+      const double r = m.groups > 1 ? p.GroupedGemmTflops(group_rows, m.in, m.out, backward)
+                                    : p.GemmTflops(group_rows, m.in, m.out, backward);
+      return 1e12 * std::max(1e-6, r);
+    };
+    const double fwd = flops / rate(false);
     t.forward += fwd;
     if (m.rebuilt) t.rebuild += fwd;
-    t.backward +=
-        2 * flops / (1e12 * std::max(1e-6, p.GemmTflops(group_rows, m.in, m.out, true)));
+    t.backward += 2 * flops / rate(true);
   }
   const double attn = work.attention_flops;
   t.forward += attn / (1e12 * std::max(1e-6, p.AttentionTflops(seq, false)));

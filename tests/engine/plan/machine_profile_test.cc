@@ -28,6 +28,29 @@ TEST(MachineProfile, MeasuresPositiveRatesOnTheCpuAndRoundTripsThroughJson) {
   EXPECT_DOUBLE_EQ(back->adamw_params_per_second, p->adamw_params_per_second);
 }
 
+// The experts' matmuls plan with the grouped samples of the nearest MoE shape (within 1.5x
+// in each dimension), over rows per expert; any other shape, or no grouped samples, with the
+// dense grid at rows_per_expert rows. The samples survive the profile's JSON.
+TEST(MachineProfile, GroupedRateUsesTheNearestGroupedShapeElseTheDenseGrid) {
+  MachineProfile p;
+  p.gemm = {{1000, 2048, 1536, 500, 450}, {10000, 2048, 1536, 700, 650}};
+  EXPECT_DOUBLE_EQ(p.GroupedGemmTflops(1000, 2048, 1536, false), 500);  // none measured
+  p.grouped_gemm = {{128, 1000, 2048, 1536, 300, 250}, {128, 10000, 2048, 1536, 600, 550}};
+  EXPECT_DOUBLE_EQ(p.GroupedGemmTflops(1000, 2048, 1536, false), 300);
+  EXPECT_DOUBLE_EQ(p.GroupedGemmTflops(10000, 2000, 1600, true), 550);  // near enough
+  EXPECT_NEAR(p.GroupedGemmTflops(3162, 2048, 1536, false), 450, 0.5);  // halfway in log rows
+  EXPECT_DOUBLE_EQ(p.GroupedGemmTflops(1000, 4096, 1536, false), p.GemmTflops(1000, 4096, 1536,
+                                                                               false));  // 2x in
+  p.attention = {{1024, 100, 90}};
+  p.h2d_gbps = p.d2h_gbps = 1;
+  p.adamw_params_per_second = 1;
+  absl::StatusOr<MachineProfile> back = ProfileFromJson(ProfileToJson(p));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->grouped_gemm.size(), 2u);
+  EXPECT_EQ(back->grouped_gemm[1].rows_per_expert, 10000);
+  EXPECT_DOUBLE_EQ(back->grouped_gemm[1].backward_tflops, 550);
+}
+
 TEST(MachineProfile, GemmRateInterpolatesOverRowsAndPicksTheNearestShape) {
   MachineProfile p;
   p.gemm = {{1000, 1024, 1024, 100, 90}, {10000, 1024, 1024, 200, 180},

@@ -350,6 +350,39 @@ TEST(Planner, GptOssPlanNamesItsWindowsAndSlidingLayersCostLess) {
 }
 
 
+// The experts' GEMMs are timed at the grouped rate machine_bench measured at the MoE shape:
+// with grouped samples at half the dense grid's rate, an MoE layer's kernels take longer,
+// by about the experts' share; a dense model's plan does not change.
+TEST(Planner, ExpertGemmsPlanAtTheMeasuredGroupedRate) {
+  SizingBackend be;
+  ModelConfig c;
+  ASSERT_TRUE(NamedShape("qwen3-30b-a3b", &c));
+  SetNumLayers(2, &c);
+  c.vocab_size = 32000;
+  PlanRequest r = Request(c, 65536, 130);
+  r.seq_len = 4096;
+  r.rows_per_step = 16;
+  MachineProfile dense = H200Like();
+  dense.gemm.push_back(GemmSample{2048, 2048, 1536, 450, 405});
+  dense.gemm.push_back(GemmSample{32768, 2048, 1536, 650, 585});
+  dense.gemm.push_back(GemmSample{2048, 768, 2048, 450, 405});
+  dense.gemm.push_back(GemmSample{32768, 768, 2048, 650, 585});
+  MachineProfile grouped = dense;
+  for (int64_t rows : {1024, 16384}) {
+    grouped.grouped_gemm.push_back({128, rows, 2048, 1536, rows == 1024 ? 200.0 : 300.0, 250});
+    grouped.grouped_gemm.push_back({128, rows, 768, 2048, rows == 1024 ? 200.0 : 300.0, 250});
+  }
+  absl::StatusOr<Plan> a = MakePlan(r, dense, &be);
+  absl::StatusOr<Plan> b = MakePlan(r, grouped, &be);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_GT(b->step.compute_seconds, a->step.compute_seconds * 1.1);
+  const PlanRequest d = Request(Qwen7B(), 65536, 130);
+  absl::StatusOr<Plan> da = MakePlan(d, dense, &be);
+  absl::StatusOr<Plan> db = MakePlan(d, grouped, &be);
+  ASSERT_TRUE(da.ok() && db.ok());
+  EXPECT_DOUBLE_EQ(da->step.compute_seconds, db->step.compute_seconds);
+}
+
 // A 7B layer's gradient (233 M elements) drains in slabs of 32 M elements, so that the
 // optimizer updates its first piece while the rest are still being copied out; without
 // clipping the pool holds two layers' worth, as two whole-layer slabs did; with clipping,
