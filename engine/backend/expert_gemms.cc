@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/backend/expert_buckets.h"
 #include "engine/common/check.h"
 #include "engine/common/cuda_check.h"
 
@@ -13,17 +14,6 @@ int64_t AlignmentOf(int64_t v) {
   int64_t a = 256;
   while (a > 1 && v % a != 0) a /= 2;
   return a;
-}
-
-// The row count a bucket's algorithm is chosen at: the next power of two up to 128 rows,
-// then the next eighth of an octave (so the algorithm is chosen within 1/8 of the size it
-// runs at, from at most 8 buckets per octave).
-int64_t BucketOf(int64_t rows) {
-  int64_t b = 16;
-  while (b < rows) b *= 2;
-  if (b <= 128) return b;
-  const int64_t step = b / 16;  // the octave [b/2, b) in 8 steps
-  return (rows + step - 1) / step * step;
 }
 
 uint64_t U64(int64_t v) { return static_cast<uint64_t>(v); }
@@ -122,7 +112,7 @@ void ExpertGemms::Run(const ExpertGemm& g, const int32_t* rows, int64_t E) {
       p[i] = static_cast<char*>(const_cast<void*>(g.base[i])) + e * g.expert_bytes[i] +
              rows[e] * g.row_bytes[i];
     }
-    const int64_t bucket = BucketOf(count);
+    const int64_t bucket = ExpertRowBucket(count);
     const Algo& algo = AlgoFor(g, bucket, bucket, align);
     cublasStatus_t status = algo.found ? Matmul(g, algo, count, p) : CUBLAS_STATUS_NOT_SUPPORTED;
     if (status != CUBLAS_STATUS_SUCCESS) {  // rare: the bucket's algorithm refuses this size
