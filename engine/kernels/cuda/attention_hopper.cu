@@ -115,6 +115,85 @@ __device__ __forceinline__ uint8_t* AlignedSmem(uint8_t* raw) {
   return raw + pad;
 }
 
+// d (64 x kN) = A (64 x kD) . B^T, B (kN x kD): both K-major in shared memory, as the TMA
+// loads write them (blocks of 64 columns of all of a tile's rows: a_rows and b_rows rows).
+// Enqueued only: the caller commits and waits.
+template <int kD, int kN>
+__device__ __forceinline__ void RowsTimesRowsT(float (&d)[kN / 2], const bf16* a, int a_rows,
+                                               const bf16* b, int b_rows) {
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    const int block = ks / 4, col = (ks % 4) * 16;
+    WgmmaSS<kN>(d, Desc(a + block * a_rows * kColumns + col),
+                Desc(b + block * b_rows * kColumns + col), ks > 0);
+  }
+}
+
+// acc (64 x kD) += A . B, A (64 x kK) as register fragments (PackFragments), B (kK x kD)
+// a shared-memory tile of kK rows read transposed (MN-major). Enqueued only.
+template <int kD, int kK>
+__device__ __forceinline__ void AccumulateFragmentsTimesRows(float (&acc)[kD / 2],
+                                                             const uint32_t (&a)[kK / 16][4],
+                                                             const bf16* b) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    WgmmaRS<kD>(acc, a[kk], Desc(b + kk * 16 * kColumns, 2 * kK * kColumns), 1);
+  }
+}
+
+// An accumulator (64 x kN) as bf16 A fragments of kN / 16 wgmma k-steps.
+template <int kN>
+__device__ __forceinline__ void PackFragments(const float (&x)[kN / 2], uint32_t (&a)[kN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[kk][i] = PackBf16(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
+  }
+}
+
+// The barriers of a block that loads one tile once (`once`) and streams K and V tiles
+// through kStages stages, each released by both consumer warpgroups.
+template <int kStages>
+__device__ __forceinline__ void InitKvRing(uint64_t* once, uint64_t* k_full, uint64_t* v_full,
+                                           uint64_t* kv_empty) {
+  if (threadIdx.x == 0) {
+    BarrierInit(once, 1);
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(&k_full[s], 1);
+      BarrierInit(&v_full[s], 1);
+      BarrierInit(&kv_empty[s], 2 * kWarpgroup);
+    }
+    BarrierInitFence();
+  }
+  __syncthreads();
+}
+
+// The producer's K/V ring (one thread): tile t, keys j_first + t kN, into stage t % kStages
+// once both consumers have released the stage's previous tile.
+template <int kD, int kN, int kStages>
+__device__ __forceinline__ void LoadKvRing(bf16* s_k, bf16* s_v, uint64_t* k_full,
+                                           uint64_t* v_full, uint64_t* kv_empty,
+                                           const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                           int kvh, int j_first, int tiles) {
+  constexpr int kElems = kN * kD, kBlocks = kD / kColumns;
+  for (int t = 0; t < tiles; ++t) {
+    const int s = t % kStages, use = t / kStages, j0 = j_first + t * kN;
+    if (use > 0) BarrierWait(&kv_empty[s], (use - 1) & 1);
+    bf16* k_tile = s_k + s * kElems;
+    bf16* v_tile = s_v + s * kElems;
+    BarrierExpectBytes(&k_full[s], 2 * kElems);
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      TmaLoad3d(k_tile + b * kN * kColumns, k_map, &k_full[s], b * kColumns, kvh, j0);
+    }
+    BarrierExpectBytes(&v_full[s], 2 * kElems);
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      TmaLoad3d(v_tile + b * kN * kColumns, v_map, &v_full[s], b * kColumns, kvh, j0);
+    }
+  }
+}
+
 // q, o (n, H, kD); k, v (n, KV, kD) through their tensor maps (boxes of 64 columns, one head,
 // kM or kN rows); lse (n, H). Grid: (query tiles, H), the tile of the most keys first.
 template <int kD, bool kWindow, bool kSink>
@@ -146,16 +225,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
   const int tiles = (q_last - j_first + kN) / kN;
   const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
 
-  if (threadIdx.x == 0) {
-    BarrierInit(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      BarrierInit(&k_full[s], 1);
-      BarrierInit(&v_full[s], 1);
-      BarrierInit(&kv_empty[s], 2 * kWarpgroup);
-    }
-    BarrierInitFence();
-  }
-  __syncthreads();
+  InitKvRing<kStages>(q_full, k_full, v_full, kv_empty);
 
   if (wg == 0) {  // producer
     RegistersDown<40>();
@@ -168,22 +238,8 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
       for (int b = 0; b < kBlocks; ++b) {
         TmaLoad3d(s_q + b * kM * kColumns, &q_map, q_full, b * kColumns, h, q0);
       }
-      for (int t = 0; t < tiles; ++t) {
-        const int s = t % kStages, use = t / kStages, j0 = j_first + t * kN;
-        if (use > 0) BarrierWait(&kv_empty[s], (use - 1) & 1);
-        bf16* k_tile = s_k + s * T::kKvElems;
-        bf16* v_tile = s_v + s * T::kKvElems;
-        BarrierExpectBytes(&k_full[s], 2 * T::kKvElems);
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b) {
-          TmaLoad3d(k_tile + b * kN * kColumns, &k_map, &k_full[s], b * kColumns, kvh, j0);
-        }
-        BarrierExpectBytes(&v_full[s], 2 * T::kKvElems);
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b) {
-          TmaLoad3d(v_tile + b * kN * kColumns, &v_map, &v_full[s], b * kColumns, kvh, j0);
-        }
-      }
+      LoadKvRing<kD, kN, kStages>(s_k, s_v, k_full, v_full, kv_empty, &k_map, &v_map, kvh,
+                                  j_first, tiles);
     }
   } else {  // consumer: 64 queries
     RegistersUp<232>();
@@ -218,12 +274,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         float sc[kN / 2];
         FenceRegisters(sc);
         WgmmaFence();
-#pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) {
-          const int b = ks / 4, col = (ks % 4) * 16;
-          WgmmaSS<kN>(sc, Desc(q_rows + b * kM * kColumns + col),
-                      Desc(k_tile + b * kN * kColumns + col), ks > 0);
-        }
+        RowsTimesRowsT<kD, kN>(sc, q_rows, kM, k_tile, kN);  // S = Q K^T
         WgmmaCommit();
         WgmmaWait<0>();
         FenceRegisters(sc);
@@ -264,22 +315,13 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
             }
           }
         }
-#pragma unroll
-        for (int kk = 0; kk < kN / 16; ++kk) {
-          p[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-          p[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-          p[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-          p[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-        }
+        PackFragments<kN>(sc, p);
       }
       BarrierWait(&v_full[s], parity);
       if (active) {
         FenceRegisters(acc);
         WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kN / 16; ++kk) {
-          WgmmaRS<kD>(acc, p[kk], Desc(v_tile + kk * 16 * kColumns, 2 * kN * kColumns), 1);
-        }
+        AccumulateFragmentsTimesRows<kD, kN>(acc, p, v_tile);  // O += P V
         WgmmaCommit();
         WgmmaWait<0>();
         FenceRegisters(acc);
@@ -349,16 +391,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
   const int tiles = (q_last - j_first + kN) / kN;
   const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
 
-  if (threadIdx.x == 0) {
-    BarrierInit(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      BarrierInit(&k_full[s], 1);
-      BarrierInit(&v_full[s], 1);
-      BarrierInit(&kv_empty[s], 2 * kWarpgroup);
-    }
-    BarrierInitFence();
-  }
-  __syncthreads();
+  InitKvRing<kStages>(q_full, k_full, v_full, kv_empty);
 
   if (wg == 0) {  // producer
     RegistersDown<40>();
@@ -373,22 +406,8 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         TmaLoad3d(s_q + b * kM * kColumns, &q_map, q_full, b * kColumns, h, q0);
         TmaLoad3d(s_do + b * kM * kColumns, &do_map, q_full, b * kColumns, h, q0);
       }
-      for (int t = 0; t < tiles; ++t) {
-        const int s = t % kStages, use = t / kStages, j0 = j_first + t * kN;
-        if (use > 0) BarrierWait(&kv_empty[s], (use - 1) & 1);
-        bf16* k_tile = s_k + s * T::kKvElems;
-        bf16* v_tile = s_v + s * T::kKvElems;
-        BarrierExpectBytes(&k_full[s], 2 * T::kKvElems);
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b) {
-          TmaLoad3d(k_tile + b * kN * kColumns, &k_map, &k_full[s], b * kColumns, kvh, j0);
-        }
-        BarrierExpectBytes(&v_full[s], 2 * T::kKvElems);
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b) {
-          TmaLoad3d(v_tile + b * kN * kColumns, &v_map, &v_full[s], b * kColumns, kvh, j0);
-        }
-      }
+      LoadKvRing<kD, kN, kStages>(s_k, s_v, k_full, v_full, kv_empty, &k_map, &v_map, kvh,
+                                  j_first, tiles);
     }
   } else {  // consumer: 64 queries
     RegistersUp<232>();
@@ -429,18 +448,8 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         FenceRegisters(sc);
         FenceRegisters(dp);
         WgmmaFence();
-#pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) {  // S = Q K^T
-          const int b = ks / 4, col = (ks % 4) * 16;
-          WgmmaSS<kN>(sc, Desc(q_rows + b * kM * kColumns + col),
-                      Desc(k_tile + b * kN * kColumns + col), ks > 0);
-        }
-#pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) {  // dP = dO V^T
-          const int b = ks / 4, col = (ks % 4) * 16;
-          WgmmaSS<kN>(dp, Desc(do_rows + b * kM * kColumns + col),
-                      Desc(v_tile + b * kN * kColumns + col), ks > 0);
-        }
+        RowsTimesRowsT<kD, kN>(sc, q_rows, kM, k_tile, kN);   // S = Q K^T
+        RowsTimesRowsT<kD, kN>(dp, do_rows, kM, v_tile, kN);  // dP = dO V^T
         WgmmaCommit();
         WgmmaWait<0>();
         FenceRegisters(sc);
@@ -460,19 +469,10 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
           }
         }
         uint32_t ds[kN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < kN / 16; ++kk) {
-          ds[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-          ds[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-          ds[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-          ds[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-        }
+        PackFragments<kN>(sc, ds);
         FenceRegisters(acc);
         WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kN / 16; ++kk) {  // dq += dS K
-          WgmmaRS<kD>(acc, ds[kk], Desc(k_tile + kk * 16 * kColumns, 2 * kN * kColumns), 1);
-        }
+        AccumulateFragmentsTimesRows<kD, kN>(acc, ds, k_tile);  // dq += dS K
         WgmmaCommit();
         WgmmaWait<0>();
         FenceRegisters(acc);
@@ -619,18 +619,8 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         FenceRegisters(st);
         FenceRegisters(dpt);
         WgmmaFence();
-#pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) {  // S^T = K Q^T
-          const int b = ks / 4, col = (ks % 4) * 16;
-          WgmmaSS<kM>(st, Desc(k_rows + b * kN * kColumns + col),
-                      Desc(q_tile + b * kM * kColumns + col), ks > 0);
-        }
-#pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) {  // dP^T = V dO^T
-          const int b = ks / 4, col = (ks % 4) * 16;
-          WgmmaSS<kM>(dpt, Desc(v_rows + b * kN * kColumns + col),
-                      Desc(do_tile + b * kM * kColumns + col), ks > 0);
-        }
+        RowsTimesRowsT<kD, kM>(st, k_rows, kN, q_tile, kM);    // S^T = K Q^T
+        RowsTimesRowsT<kD, kM>(dpt, v_rows, kN, do_tile, kM);  // dP^T = V dO^T
         WgmmaCommit();
         WgmmaWait<0>();
         FenceRegisters(st);
@@ -655,25 +645,13 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
           }
         }
         uint32_t pt[kM / 16][4], dst[kM / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < kM / 16; ++kk) {
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            pt[kk][x] = PackBf16(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
-            dst[kk][x] = PackBf16(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
-          }
-        }
+        PackFragments<kM>(st, pt);
+        PackFragments<kM>(dpt, dst);
         FenceRegisters(dv_acc);
         FenceRegisters(dk_acc);
         WgmmaFence();
-#pragma unroll
-        for (int kk = 0; kk < kM / 16; ++kk) {  // dv += P^T dO
-          WgmmaRS<kD>(dv_acc, pt[kk], Desc(do_tile + kk * 16 * kColumns, 2 * kM * kColumns), 1);
-        }
-#pragma unroll
-        for (int kk = 0; kk < kM / 16; ++kk) {  // dk += dS^T Q
-          WgmmaRS<kD>(dk_acc, dst[kk], Desc(q_tile + kk * 16 * kColumns, 2 * kM * kColumns), 1);
-        }
+        AccumulateFragmentsTimesRows<kD, kM>(dv_acc, pt, do_tile);  // dv += P^T dO
+        AccumulateFragmentsTimesRows<kD, kM>(dk_acc, dst, q_tile);  // dk += dS^T Q
         WgmmaCommit();
         WgmmaWait<0>();
         FenceRegisters(dv_acc);
