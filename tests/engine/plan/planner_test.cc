@@ -319,17 +319,25 @@ TEST(Planner, DescribesThePlanInWords) {
   }
 }
 
-// GPT-OSS-120B's shape, one layer per kind: the plan names its sliding and full layers,
-// and a sliding layer's attention costs its window, not the sequence.
-TEST(Planner, GptOssPlanNamesItsWindowsAndSlidingLayersCostLess) {
-  SizingBackend be;
+// A bench shape cut to 2 layers and a 32000-token vocabulary, planned at 64K tokens a step
+// in 16 rows of 4096 on a 130 GiB device.
+PlanRequest TwoLayersOf(const char* shape) {
   ModelConfig c;
-  ASSERT_TRUE(NamedShape("gpt-oss-120b", &c));
+  EXPECT_TRUE(NamedShape(shape, &c)) << shape;
   SetNumLayers(2, &c);
   c.vocab_size = 32000;
   PlanRequest r = Request(c, 65536, 130);
   r.seq_len = 4096;
   r.rows_per_step = 16;
+  return r;
+}
+
+// GPT-OSS-120B's shape, one layer per kind: the plan names its sliding and full layers,
+// and a sliding layer's attention costs its window, not the sequence.
+TEST(Planner, GptOssPlanNamesItsWindowsAndSlidingLayersCostLess) {
+  SizingBackend be;
+  const PlanRequest r = TwoLayersOf("gpt-oss-120b");
+  const ModelConfig& c = r.config;
   absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::string text = DescribePlan(*plan, r, H200Like());
@@ -355,13 +363,7 @@ TEST(Planner, GptOssPlanNamesItsWindowsAndSlidingLayersCostLess) {
 // by about the experts' share; a dense model's plan does not change.
 TEST(Planner, ExpertGemmsPlanAtTheMeasuredGroupedRate) {
   SizingBackend be;
-  ModelConfig c;
-  ASSERT_TRUE(NamedShape("qwen3-30b-a3b", &c));
-  SetNumLayers(2, &c);
-  c.vocab_size = 32000;
-  PlanRequest r = Request(c, 65536, 130);
-  r.seq_len = 4096;
-  r.rows_per_step = 16;
+  const PlanRequest r = TwoLayersOf("qwen3-30b-a3b");
   MachineProfile dense = H200Like();
   dense.gemm.push_back(GemmSample{2048, 2048, 1536, 450, 405});
   dense.gemm.push_back(GemmSample{32768, 2048, 1536, 650, 585});
