@@ -350,6 +350,14 @@ int main(int argc, char** argv) {
     nlohmann::json attention = nlohmann::json::array();
     const char* env = std::getenv("MEGATRAIN_ATTENTION");
     const std::string saved = env != nullptr ? env : "";
+    // The profile's own samples (H 32, KV 8, head_dim 128, up to 16K) gain these lengths,
+    // of the kernels this environment trains with, so that long sequences plan at their rate.
+#if MEGATRAIN_BENCH_CUDA_OPS
+    const bool trains_on_hopper = saved == "hopper" && cuda::HopperAttentionApplies(128);
+#else
+    const bool trains_on_hopper = false;
+#endif
+    std::vector<AttentionSample> profile_samples;
     for (const char* kernels : {"hopper", "mma"}) {
       setenv("MEGATRAIN_ATTENTION", kernels, 1);
 #if MEGATRAIN_BENCH_CUDA_OPS
@@ -364,6 +372,10 @@ int main(int argc, char** argv) {
           if (r.is_null()) continue;
           r["kernels"] = kernels;
           attention.push_back(r);
+          if (D == 128 && (std::string(kernels) == "hopper") == trains_on_hopper) {
+            profile_samples.push_back(AttentionSample{len, r["forward_tflops"].get<double>(),
+                                                      r["backward_tflops"].get<double>()});
+          }
         }
       }
     }
@@ -372,6 +384,7 @@ int main(int argc, char** argv) {
     } else {
       unsetenv("MEGATRAIN_ATTENTION");
     }
+    p->AddAttentionSamples(profile_samples);
     out["attention_kernels"] = attention;
     out["attention_flops"] = "forward 2 * 2 * seq_len^2 * head_dim * heads / 2 per sequence "
                              "(causal); backward 2.5x the forward";

@@ -203,6 +203,20 @@ double MachineProfile::GroupedGemmTflops(int64_t rows_per_expert, int64_t in_fea
   return InterpolateRows(by_rows, rows_per_expert);
 }
 
+void MachineProfile::AddAttentionSamples(const std::vector<AttentionSample>& samples) {
+  for (const AttentionSample& a : samples) {
+    auto same = std::find_if(attention.begin(), attention.end(),
+                             [&](const AttentionSample& b) { return b.seq_len == a.seq_len; });
+    if (same != attention.end()) {
+      *same = a;
+    } else {
+      attention.push_back(a);
+    }
+  }
+  std::sort(attention.begin(), attention.end(),
+            [](const AttentionSample& x, const AttentionSample& y) { return x.seq_len < y.seq_len; });
+}
+
 double MachineProfile::AttentionTflops(int64_t seq_len, bool backward) const {
   std::vector<std::pair<int64_t, double>> by_len;
   for (const AttentionSample& a : attention) {

@@ -92,6 +92,9 @@ struct MachineProfile {
   // rows_per_expert rows.
   double GroupedGemmTflops(int64_t rows_per_expert, int64_t in_features, int64_t out_features,
                            bool backward) const;
+  // Takes more attention samples (machine_bench's longer sequences): each replaces the
+  // sample of its seq_len, if any; the samples stay in seq_len order.
+  void AddAttentionSamples(const std::vector<AttentionSample>& samples);
   // Attention rate at seq_len (nearest measured lengths, interpolated).
   double AttentionTflops(int64_t seq_len, bool backward) const;
   // The optimizer's rate with the moments kept in `moments`.

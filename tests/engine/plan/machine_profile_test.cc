@@ -51,6 +51,20 @@ TEST(MachineProfile, GroupedRateUsesTheNearestGroupedShapeElseTheDenseGrid) {
   EXPECT_DOUBLE_EQ(back->grouped_gemm[1].backward_tflops, 550);
 }
 
+// machine_bench's longer sequences join the profile's attention samples: a length measured
+// again replaces its sample, and a 512K sequence plans at the longest length's rate.
+TEST(MachineProfile, LongerAttentionSamplesJoinInOrderAndReplaceTheirLength) {
+  MachineProfile p;
+  p.attention = {{1024, 300, 250}, {4096, 400, 330}, {16384, 420, 350}};
+  p.AddAttentionSamples({{131072, 520, 410}, {4096, 410, 340}, {32768, 480, 380}});
+  ASSERT_EQ(p.attention.size(), 5u);
+  for (size_t i = 1; i < p.attention.size(); ++i) {
+    EXPECT_LT(p.attention[i - 1].seq_len, p.attention[i].seq_len);
+  }
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(4096, false), 410);
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(524288, true), 410);  // held past the longest
+}
+
 TEST(MachineProfile, GemmRateInterpolatesOverRowsAndPicksTheNearestShape) {
   MachineProfile p;
   p.gemm = {{1000, 1024, 1024, 100, 90}, {10000, 1024, 1024, 200, 180},
