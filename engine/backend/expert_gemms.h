@@ -52,9 +52,6 @@ class ExpertGemms {
   // others are skipped (their C stays as it was).
   void Run(const ExpertGemm& g, const int32_t* rows, int64_t E);
 
-  // Buckets whose algorithm was chosen so far (for tests).
-  int64_t algorithms() const { return static_cast<int64_t>(algos_.size()); }
-
  private:
   // What an algorithm is chosen for: every field of the matmul but the row count, the
   // operands' alignment, and the row count it is chosen at (a bucket, or -rows for an exact

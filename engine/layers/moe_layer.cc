@@ -150,7 +150,7 @@ void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
                       E_, k_, s);
   }
   be.MoeSort(a.offsets, a.slot_of, a.row_token, a.sort_scratch, a.idx, n, E_, k_, s);
-  if (call.host_offsets != nullptr && !call.routing_known) {
+  if (call.host_offsets != nullptr && call.record_router_stats) {
     be.ReadOffsets(call.host_offsets, a.offsets, E_, s);  // the experts' row counts, once
   }
   const ExpertOffsets offsets{a.offsets, call.host_offsets};

@@ -231,7 +231,6 @@ LayerCall Pipeline::CallFor(int64_t layer, int64_t m, void* slot, bool kept, voi
     call.router_stats = &router_stats_;
     const int64_t E = config_.moe.num_experts;
     call.host_offsets = &host_offsets_[(layer * options_.micro_batches + m) * (E + 1)];
-    call.routing_known = true;  // but in the step's first forward
   }
   return call;
 }
@@ -349,7 +348,6 @@ void Pipeline::ForwardSweep() {
     for (int64_t m = 0; m < M; ++m) {
       LayerCall call = CallFor(l, m, slot, /*kept=*/true);
       call.record_router_stats = true;  // the step's one forward of this layer
-      call.routing_known = false;
       kind.Forward(call, LayerInput(l, m), LayerInput(l + 1, m));
     }
     spans_.End(span);
