@@ -250,6 +250,52 @@ nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, in
           {"forward_tflops", flops / fwd / 1e12}, {"backward_tflops", 2.5 * flops / bwd / 1e12}};
 }
 
+// Attention kernels at 4K, 8K, 32K and 128K, head_dim 128 (Llama/Qwen: 32 heads, 8 kv) and 64
+// (GPT-OSS: 64 heads, 8 kv), 128K tokens each: the Hopper kernels where the device has them,
+// and attention.cu's mma kernels (MEGATRAIN_ATTENTION picks). `profile_samples` gets the
+// head_dim 128 rates of the kernels this environment trains with, so that long sequences plan
+// at their rate.
+nlohmann::json AttentionKernelRates(Backend* be, std::vector<AttentionSample>* profile_samples) {
+  nlohmann::json attention = nlohmann::json::array();
+  const char* env = std::getenv("MEGATRAIN_ATTENTION");
+  const std::string saved = env != nullptr ? env : "";
+  // Whether the Hopper kernels run here: HopperAttentionApplies reads the variable.
+  setenv("MEGATRAIN_ATTENTION", "hopper", 1);
+#if MEGATRAIN_BENCH_CUDA_OPS
+  const bool hopper = cuda::HopperAttentionApplies(128);
+#else
+  const bool hopper = false;
+#endif
+  const bool trains_on_hopper = saved == "hopper" && hopper;
+  for (const char* kernels : {"hopper", "mma"}) {
+    if (std::string(kernels) == "hopper" && !hopper) continue;
+    setenv("MEGATRAIN_ATTENTION", kernels, 1);
+    for (const auto& [H, KV, D] :
+         {std::array<int64_t, 3>{32, 8, 128}, std::array<int64_t, 3>{64, 8, 64}}) {
+      for (int64_t len : {4096, 8192, 32768, 131072}) {
+        nlohmann::json r = AttentionRates(be, 131072, len, H, KV, D);
+        if (r.is_null()) continue;
+        r["kernels"] = kernels;
+        attention.push_back(r);
+        if (D == 128 && (std::string(kernels) == "hopper") == trains_on_hopper) {
+          profile_samples->push_back(AttentionSample{len, r["forward_tflops"].get<double>(),
+                                                     r["backward_tflops"].get<double>()});
+        }
+      }
+    }
+  }
+  if (env != nullptr) {
+    setenv("MEGATRAIN_ATTENTION", saved.c_str(), 1);
+  } else {
+    unsetenv("MEGATRAIN_ATTENTION");
+  }
+  return attention;
+}
+
+constexpr const char* kAttentionFlops =
+    "forward 2 * 2 * seq_len^2 * head_dim * heads / 2 per sequence (causal); backward 2.5x the "
+    "forward";
+
 // The NVMe tier's rate in `dir`: `units` blocks of 256 MiB cycled as the optimizer cycles
 // them (prefetch the next, acquire, write back), twice; GB/s each way, reads and writes
 // running together.
@@ -290,11 +336,22 @@ int main(int argc, char** argv) {
   app.add_option("--nvme-dir", nvme_dir,
                  "also measure the NVMe tier's disk here (4 GiB of scratch, removed after)");
   app.add_option("--save", save, "also write the profile here (the planner's cache)");
+  bool attention_only = false;
+  app.add_flag("--attention-only", attention_only,
+               "only the attention kernels' rates (a quick check of a kernel change)");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{backend});
   if (!be.ok()) {
     std::fprintf(stderr, "%s\n", be.status().ToString().c_str());
     return 1;
+  }
+  if (attention_only) {
+    std::vector<AttentionSample> unused;
+    const nlohmann::json out = {{"benchmark", "machine_bench"},
+                                {"attention_kernels", AttentionKernelRates(be->get(), &unused)},
+                                {"attention_flops", kAttentionFlops}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
   }
   absl::StatusOr<MachineProfile> p = MeasureMachineProfile(be->get());
   if (!p.ok()) {
@@ -344,50 +401,10 @@ int main(int argc, char** argv) {
          RoutingKernelTimes(be->get(), 65536, 8, 2, 4096, 14336)});
   }
   if (!cpu) {
-    // Attention kernels at 4K, 8K, 32K and 128K, head_dim 128 (Llama/Qwen: 32 heads, 8 kv)
-    // and 64 (GPT-OSS: 64 heads, 8 kv), 128K tokens each: the Hopper kernels where the
-    // device has them, and attention.cu's mma kernels (MEGATRAIN_ATTENTION picks).
-    nlohmann::json attention = nlohmann::json::array();
-    const char* env = std::getenv("MEGATRAIN_ATTENTION");
-    const std::string saved = env != nullptr ? env : "";
-    // The profile's own samples (H 32, KV 8, head_dim 128, up to 16K) gain these lengths,
-    // of the kernels this environment trains with, so that long sequences plan at their rate.
-#if MEGATRAIN_BENCH_CUDA_OPS
-    const bool trains_on_hopper = saved == "hopper" && cuda::HopperAttentionApplies(128);
-#else
-    const bool trains_on_hopper = false;
-#endif
     std::vector<AttentionSample> profile_samples;
-    for (const char* kernels : {"hopper", "mma"}) {
-      setenv("MEGATRAIN_ATTENTION", kernels, 1);
-#if MEGATRAIN_BENCH_CUDA_OPS
-      if (std::string(kernels) == "hopper" && !cuda::HopperAttentionApplies(128)) continue;
-#else
-      if (std::string(kernels) == "hopper") continue;
-#endif
-      for (const auto& [H, KV, D] : {std::array<int64_t, 3>{32, 8, 128},
-                                     std::array<int64_t, 3>{64, 8, 64}}) {
-        for (int64_t len : {4096, 8192, 32768, 131072}) {
-          nlohmann::json r = AttentionRates(be->get(), 131072, len, H, KV, D);
-          if (r.is_null()) continue;
-          r["kernels"] = kernels;
-          attention.push_back(r);
-          if (D == 128 && (std::string(kernels) == "hopper") == trains_on_hopper) {
-            profile_samples.push_back(AttentionSample{len, r["forward_tflops"].get<double>(),
-                                                      r["backward_tflops"].get<double>()});
-          }
-        }
-      }
-    }
-    if (env != nullptr) {
-      setenv("MEGATRAIN_ATTENTION", saved.c_str(), 1);
-    } else {
-      unsetenv("MEGATRAIN_ATTENTION");
-    }
+    out["attention_kernels"] = AttentionKernelRates(be->get(), &profile_samples);
     p->AddAttentionSamples(profile_samples);
-    out["attention_kernels"] = attention;
-    out["attention_flops"] = "forward 2 * 2 * seq_len^2 * head_dim * heads / 2 per sequence "
-                             "(causal); backward 2.5x the forward";
+    out["attention_flops"] = kAttentionFlops;
   }
   out["adamw_bytes_per_second"] = 30.0 * p->adamw_params_per_second;
   out["adamw_fraction_of_host_bandwidth"] = 30.0 * p->adamw_params_per_second / (1e9 * p->host_gbps);

@@ -3,6 +3,9 @@
 # device call (10 minutes):
 #   hopper   the Hopper attention tests alone first (its backward has never run: a hang or a
 #            crash shows here, under a short timeout), then the whole gpu_test
+#   gate     stops the run unless the Hopper tests passed
+#   hsteps   the steps part on the Hopper kernels only
+#   attn     machine_bench --attention-only: the attention kernels' rates alone (a minute)
 #   rates    machine_bench, saved as the profile: attention_kernels (Hopper forward and now
 #            backward against the mma kernels), grouped_gemm (the expert GEMMs' buckets)
 #   moe      the MoE shapes with both of stop 31's fixes (row offsets once, cuBLASLt
@@ -49,8 +52,29 @@ for part in "$@"; do
         > "$OUT/gpu_test_hopper.txt" 2>&1
       echo "hopper tests rc=$?"; grep -E "OK|FAILED|Failure|differs|against" \
         "$OUT/gpu_test_hopper.txt" | head -40
-      timeout 200 gpu_test --gtest_brief=1 > "$OUT/gpu_test.txt" 2>&1
+      timeout 240 gpu_test --gtest_brief=1 > "$OUT/gpu_test.txt" 2>&1
       echo "gpu_test rc=$?"; tail -n 3 "$OUT/gpu_test.txt" ;;
+    gate)  # stop here unless the Hopper tests passed
+      if ! grep -q "PASSED" "$OUT/gpu_test_hopper.txt" || grep -q "FAILED" "$OUT/gpu_test_hopper.txt"; then
+        echo "the Hopper tests did not pass: stopping"; exit 1
+      fi ;;
+    hsteps)  # whole steps on the Hopper kernels only
+      MEGATRAIN_ATTENTION=hopper train step_qwen7b_4k_64k_hopper --shape qwen2.5-7b --seq 4096 \
+        --tokens-per-step 65536 --steps 4 --warmup 2
+      MEGATRAIN_ATTENTION=hopper train step_llama8b_8k_128k_hopper --shape llama-3.1-8b \
+        --seq 8192 --tokens-per-step 131072 --steps 3 --warmup 1 ;;
+    attn)
+      timeout 200 machine_bench --backend cuda --attention-only > "$OUT/attention_rates.json" \
+        2> "$OUT/attention_rates.log"
+      echo "attention rates rc=$?"
+      python3 - "$OUT/attention_rates.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for a in d.get("attention_kernels", []):
+    print(a.get("kernels"), "D", a.get("head_dim"), "len", a.get("seq_len"),
+          "fwd %.1f bwd %.1f" % (a["forward_tflops"], a["backward_tflops"]))
+PY
+      ;;
     rates)
       timeout 300 machine_bench --backend cuda --save "$MEGATRAIN_PROFILE" \
         > "$OUT/machine_bench.json" 2> "$OUT/machine_bench.log"
