@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/algorithm/container.h"
 #include "engine/backend/factory.h"
 #include "engine/kernels/moe_scratch.h"
 #include "engine/plan/machine_profile.h"
@@ -255,7 +256,14 @@ nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, in
 // and attention.cu's mma kernels (MEGATRAIN_ATTENTION picks). `profile_samples` gets the
 // head_dim 128 rates of the kernels this environment trains with, so that long sequences plan
 // at their rate.
-nlohmann::json AttentionKernelRates(Backend* be, std::vector<AttentionSample>* profile_samples) {
+struct AttentionChoice {  // which of the rates to measure (all by default)
+  std::vector<std::string> kernels = {"hopper", "mma"};
+  std::vector<int64_t> lengths = {4096, 8192, 32768, 131072};
+  std::vector<int64_t> head_dims = {128, 64};
+};
+
+nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
+                                    std::vector<AttentionSample>* profile_samples) {
   nlohmann::json attention = nlohmann::json::array();
   const char* env = std::getenv("MEGATRAIN_ATTENTION");
   const std::string saved = env != nullptr ? env : "";
@@ -267,17 +275,18 @@ nlohmann::json AttentionKernelRates(Backend* be, std::vector<AttentionSample>* p
   const bool hopper = false;
 #endif
   const bool trains_on_hopper = saved == "hopper" && hopper;
-  for (const char* kernels : {"hopper", "mma"}) {
-    if (std::string(kernels) == "hopper" && !hopper) continue;
-    setenv("MEGATRAIN_ATTENTION", kernels, 1);
+  for (const std::string& kernels : choice.kernels) {
+    if (kernels == "hopper" && !hopper) continue;
+    setenv("MEGATRAIN_ATTENTION", kernels.c_str(), 1);
     for (const auto& [H, KV, D] :
          {std::array<int64_t, 3>{32, 8, 128}, std::array<int64_t, 3>{64, 8, 64}}) {
-      for (int64_t len : {4096, 8192, 32768, 131072}) {
+      if (absl::c_find(choice.head_dims, D) == choice.head_dims.end()) continue;
+      for (int64_t len : choice.lengths) {
         nlohmann::json r = AttentionRates(be, 131072, len, H, KV, D);
         if (r.is_null()) continue;
         r["kernels"] = kernels;
         attention.push_back(r);
-        if (D == 128 && (std::string(kernels) == "hopper") == trains_on_hopper) {
+        if (D == 128 && (kernels == "hopper") == trains_on_hopper) {
           profile_samples->push_back(AttentionSample{len, r["forward_tflops"].get<double>(),
                                                      r["backward_tflops"].get<double>()});
         }
@@ -339,6 +348,11 @@ int main(int argc, char** argv) {
   bool attention_only = false;
   app.add_flag("--attention-only", attention_only,
                "only the attention kernels' rates (a quick check of a kernel change)");
+  AttentionChoice attention_choice;
+  app.add_option("--attention-kernels", attention_choice.kernels, "hopper, mma (default both)");
+  app.add_option("--attention-lengths", attention_choice.lengths,
+                 "sequence lengths (default 4096 8192 32768 131072)");
+  app.add_option("--attention-head-dims", attention_choice.head_dims, "128, 64 (default both)");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{backend});
   if (!be.ok()) {
@@ -348,7 +362,7 @@ int main(int argc, char** argv) {
   if (attention_only) {
     std::vector<AttentionSample> unused;
     const nlohmann::json out = {{"benchmark", "machine_bench"},
-                                {"attention_kernels", AttentionKernelRates(be->get(), &unused)},
+                                {"attention_kernels", AttentionKernelRates(be->get(), attention_choice, &unused)},
                                 {"attention_flops", kAttentionFlops}};
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
@@ -402,7 +416,7 @@ int main(int argc, char** argv) {
   }
   if (!cpu) {
     std::vector<AttentionSample> profile_samples;
-    out["attention_kernels"] = AttentionKernelRates(be->get(), &profile_samples);
+    out["attention_kernels"] = AttentionKernelRates(be->get(), AttentionChoice{}, &profile_samples);
     p->AddAttentionSamples(profile_samples);
     out["attention_flops"] = kAttentionFlops;
   }

@@ -5,19 +5,23 @@
 // Forward, FlashAttention-3 style warp specialisation: a block is three warpgroups over 128
 // queries of one head. The first is the producer: one thread loads the block's Q once and then
 // the K and V tiles (128 keys) of its key range into a two-stage ring of shared memory, each
-// tile completing on its own "full" mbarrier, each stage reused once both consumers have
-// arrived on its "empty" barrier. The other two are consumers of 64 queries each: S = Q K^T by
-// wgmma from shared memory, the online softmax in registers (fp32, exp2 domain), then
-// O += P V by wgmma with P as the A operand straight from registers, so P never touches
-// shared memory. Setmaxnreg gives the consumers the registers the producer does not need.
-// Key tiles start at the first key the block's first query sees (not at a tile boundary:
-// TMA takes any start row and fills rows past n with zeros), and a consumer skips the
-// tiles its own queries cannot see, so a causal block costs about half its square.
+// tile completing on its own "full" mbarrier, each stage's K and V reused once both consumers
+// have arrived on its "empty" barriers. The other two are consumers of 64 queries each:
+// S = Q K^T by wgmma from shared memory, the online softmax in registers (fp32, exp2 domain),
+// then O += P V by wgmma with P as the A operand straight from registers, so P never touches
+// shared memory. A consumer issues the next tile's S with this tile's P V and runs the next
+// softmax while P V runs: the tensor cores run one consumer's GEMMs while the other computes.
+// (Making the two consumers take turns to issue, FlashAttention-3's ping-pong, measured 13-15%
+// slower at head_dim 128 and 10% at 64 on an H200 on 2026-12-02, so they issue freely.)
+// Setmaxnreg gives the consumers the registers the producer does not need. Key tiles start at
+// the first key the block's first query sees (not at a tile boundary: TMA takes any start row
+// and fills rows past n with zeros), and a consumer skips the tiles its own queries cannot
+// see, so a causal block costs about half its square.
 //
-// Status: opt-in (MEGATRAIN_ATTENTION=hopper, see ops.h). The forward has passed gpu_test on
-// an H200 (2026-12-01). The backward's dk/dv and dq passes (HopperDkDvKernel and
-// HopperDqKernel below) were written on 2026-12-02 without device time left: they have
-// compiled (no spills), not yet run; Delta and dsinks stay on attention.cu's kernels.
+// Status: opt-in (MEGATRAIN_ATTENTION=hopper, see ops.h). The serial forward (one tile's S,
+// softmax, P V after another) and the backward's dk/dv and dq passes (HopperDkDvKernel and
+// HopperDqKernel below) have passed gpu_test on an H200 (2026-12-01 and 2026-12-02); Delta
+// and dsinks stay on attention.cu's kernels.
 //
 // Numerics: each output is a fixed sequence of fp32 operations with no atomics, so the
 // same inputs give the same bits. They differ from attention.cu's kernels in the order of
@@ -51,7 +55,7 @@ template <int kD>
 struct ForwardTiles {
   static constexpr int kM = 128, kN = 128, kStages = 2;
   static constexpr int kQElems = kM * kD, kKvElems = kN * kD;
-  static constexpr int kBarriers = 1 + 3 * kStages;  // q full; k full, v full, k/v empty
+  static constexpr int kBarriers = 1 + 4 * kStages;  // q full; k full, v full, k empty, v empty
   static constexpr int kSmemBytes = 1024 + 2 * (kQElems + 2 * kStages * kKvElems) + 8 * kBarriers;
 };
 
@@ -151,34 +155,47 @@ __device__ __forceinline__ void PackFragments(const float (&x)[kN / 2], uint32_t
   }
 }
 
+// Keeps A fragments alive (their registers unreused) until a wgmma reading them is done.
+template <int kN>
+__device__ __forceinline__ void FenceFragments(uint32_t (&a)[kN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kk][i])::"memory");
+  }
+}
+
 // The barriers of a block that loads one tile once (`once`) and streams K and V tiles
-// through kStages stages, each released by both consumer warpgroups.
+// through kStages stages, each released by both consumer warpgroups: k_empty[s] and
+// v_empty[s] may be the same barriers (K and V released together) or not.
 template <int kStages>
 __device__ __forceinline__ void InitKvRing(uint64_t* once, uint64_t* k_full, uint64_t* v_full,
-                                           uint64_t* kv_empty) {
+                                           uint64_t* k_empty, uint64_t* v_empty) {
   if (threadIdx.x == 0) {
     BarrierInit(once, 1);
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(&k_full[s], 1);
       BarrierInit(&v_full[s], 1);
-      BarrierInit(&kv_empty[s], 2 * kWarpgroup);
+      BarrierInit(&k_empty[s], 2 * kWarpgroup);
+      if (v_empty != k_empty) BarrierInit(&v_empty[s], 2 * kWarpgroup);
     }
     BarrierInitFence();
   }
   __syncthreads();
 }
 
-// The producer's K/V ring (one thread): tile t, keys j_first + t kN, into stage t % kStages
-// once both consumers have released the stage's previous tile.
+// The producer's K/V ring (one thread): tile t, keys j_first + t kN, into stage t % kStages:
+// its K once both consumers have released the stage's previous K, its V likewise.
 template <int kD, int kN, int kStages>
 __device__ __forceinline__ void LoadKvRing(bf16* s_k, bf16* s_v, uint64_t* k_full,
-                                           uint64_t* v_full, uint64_t* kv_empty,
-                                           const CUtensorMap* k_map, const CUtensorMap* v_map,
-                                           int kvh, int j_first, int tiles) {
+                                           uint64_t* v_full, uint64_t* k_empty,
+                                           uint64_t* v_empty, const CUtensorMap* k_map,
+                                           const CUtensorMap* v_map, int kvh, int j_first,
+                                           int tiles) {
   constexpr int kElems = kN * kD, kBlocks = kD / kColumns;
   for (int t = 0; t < tiles; ++t) {
     const int s = t % kStages, use = t / kStages, j0 = j_first + t * kN;
-    if (use > 0) BarrierWait(&kv_empty[s], (use - 1) & 1);
+    if (use > 0) BarrierWait(&k_empty[s], (use - 1) & 1);
     bf16* k_tile = s_k + s * kElems;
     bf16* v_tile = s_v + s * kElems;
     BarrierExpectBytes(&k_full[s], 2 * kElems);
@@ -186,6 +203,7 @@ __device__ __forceinline__ void LoadKvRing(bf16* s_k, bf16* s_v, uint64_t* k_ful
     for (int b = 0; b < kBlocks; ++b) {
       TmaLoad3d(k_tile + b * kN * kColumns, k_map, &k_full[s], b * kColumns, kvh, j0);
     }
+    if (use > 0 && v_empty != k_empty) BarrierWait(&v_empty[s], (use - 1) & 1);
     BarrierExpectBytes(&v_full[s], 2 * kElems);
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
@@ -194,8 +212,56 @@ __device__ __forceinline__ void LoadKvRing(bf16* s_k, bf16* s_v, uint64_t* k_ful
   }
 }
 
+// The online softmax of one S tile (64 x kN, in exp2 units after scale_log2) of this thread's
+// two rows: masks keys outside [lo, qi] when `masked`, raises the running maxima m, rescales
+// the running sums l, adds P's row sums to them and packs P as bf16 A fragments. alpha is each
+// row's factor for the output accumulator (which the caller applies once no wgmma writes it).
+template <int kN>
+__device__ __forceinline__ void OnlineSoftmax(float (&sc)[kN / 2], uint32_t (&p)[kN / 16][4],
+                                              float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                              int j0, bool masked, const int (&lo)[2],
+                                              const int (&qi)[2], int c0, float scale_log2) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < kN / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int idx = 4 * c + 2 * hr + e, j = j0 + 8 * c + c0 + e;
+        if (masked && (j < lo[hr] || j > qi[hr])) sc[idx] = -INFINITY;
+        mx = fmaxf(mx, sc[idx]);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[hr], mx * scale_log2);  // scale_log2 > 0
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[hr] = exp2f(m[hr] - base);
+    m[hr] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kN / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int idx = 4 * c + 2 * hr + e;
+        const float pe = exp2f(fmaf(sc[idx], scale_log2, -base));
+        sum += pe;
+        sc[idx] = pe;
+      }
+    }
+    l[hr] = l[hr] * alpha[hr] + sum;
+  }
+  PackFragments<kN>(sc, p);
+}
+
 // q, o (n, H, kD); k, v (n, KV, kD) through their tensor maps (boxes of 64 columns, one head,
 // kM or kN rows); lse (n, H). Grid: (query tiles, H), the tile of the most keys first.
+//
+// A consumer overlaps its softmax with its own GEMMs (FlashAttention-3's intra-warpgroup
+// pipelining): with P of tile t in registers it issues S = Q K^T of tile t + 1 and O += P V of
+// tile t together, runs tile t + 1's softmax once its S is done while P V still runs, then
+// rescales O. K and V stages are released apart (K as soon as its S is done).
 template <int kD, bool kWindow, bool kSink>
 __global__ void __launch_bounds__(3 * kWarpgroup, 1)
     HopperForwardKernel(const __grid_constant__ CUtensorMap q_map,
@@ -216,7 +282,8 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;
   uint64_t* v_full = bars + 1 + kStages;
-  uint64_t* kv_empty = bars + 1 + 2 * kStages;
+  uint64_t* k_empty = bars + 1 + 2 * kStages;
+  uint64_t* v_empty = bars + 1 + 3 * kStages;
 
   const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
   const int h = static_cast<int>(blockIdx.y), kvh = h / (H / KV);
@@ -225,10 +292,10 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
   const int tiles = (q_last - j_first + kN) / kN;
   const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
 
-  InitKvRing<kStages>(q_full, k_full, v_full, kv_empty);
+  InitKvRing<kStages>(q_full, k_full, v_full, k_empty, v_empty);
 
   if (wg == 0) {  // producer
-    RegistersDown<40>();
+    RegistersDown<24>();
     if (threadIdx.x == 0) {
       TmaPrefetchMap(&q_map);
       TmaPrefetchMap(&k_map);
@@ -238,11 +305,11 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
       for (int b = 0; b < kBlocks; ++b) {
         TmaLoad3d(s_q + b * kM * kColumns, &q_map, q_full, b * kColumns, h, q0);
       }
-      LoadKvRing<kD, kN, kStages>(s_k, s_v, k_full, v_full, kv_empty, &k_map, &v_map, kvh,
-                                  j_first, tiles);
+      LoadKvRing<kD, kN, kStages>(s_k, s_v, k_full, v_full, k_empty, v_empty, &k_map, &v_map,
+                                  kvh, j_first, tiles);
     }
   } else {  // consumer: 64 queries
-    RegistersUp<232>();
+    RegistersUp<240>();
     const int cw = wg - 1, t = static_cast<int>(threadIdx.x) % kWarpgroup;
     const int lane = t % 32, r0 = 16 * (t / 32) + lane / 4, c0 = 2 * (lane % 4);
     const int qa = q0 + 64 * cw, qb = min(qa + 63, n - 1);
@@ -255,79 +322,97 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
       qi[hr] = qa + r0 + 8 * hr;
       lo[hr] = FirstKey<kWindow>(doc_start, min(qi[hr], n - 1), window);
     }
+    // The ring tiles this warpgroup's queries see: [a0, a1), keys j_first + a kN onwards
+    // (wg_lo >= j_first, and the last key any of them sees is qb).
+    int a0 = 0, a1 = 0;
+    if (has_rows) {
+      const int before = wg_lo - j_first - kN + 1;
+      a0 = before > 0 ? (before + kN - 1) / kN : 0;
+      a1 = min(tiles, (qb - j_first) / kN + 1);
+    }
+    auto j0_of = [&](int it) { return j_first + it * kN; };
+    auto masked = [&](int it) { return j0_of(it) + kN - 1 > qa || j0_of(it) < wg_last_lo; };
+    auto stage = [](int it) { return it % kStages; };
+    auto parity = [](int it) { return static_cast<uint32_t>((it / kStages) & 1); };
+
+    auto skip = [&](int it) {  // a tile none of this warpgroup's queries sees
+      BarrierWait(&k_full[stage(it)], parity(it));
+      BarrierWait(&v_full[stage(it)], parity(it));
+      BarrierArrive(&k_empty[stage(it)]);
+      BarrierArrive(&v_empty[stage(it)]);
+    };
+
     float acc[kD / 2];
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) acc[i] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
     const bf16* q_rows = s_q + cw * 64 * kColumns;
+    uint32_t p[kN / 16][4];
 
+    for (int it = 0; it < a0; ++it) skip(it);
     BarrierWait(q_full, 0);
-    for (int it = 0; it < tiles; ++it) {
-      const int s = it % kStages, j0 = j_first + it * kN;
-      const uint32_t parity = (it / kStages) & 1;
-      const bool active = has_rows && j0 <= qb && j0 + kN - 1 >= wg_lo;
-      const bf16* k_tile = s_k + s * T::kKvElems;
-      const bf16* v_tile = s_v + s * T::kKvElems;
-      uint32_t p[kN / 16][4];
-      BarrierWait(&k_full[s], parity);
-      if (active) {
+    if (a0 < a1) {
+      {  // the first tile's S and softmax
         float sc[kN / 2];
-        FenceRegisters(sc);
+        BarrierWait(&k_full[stage(a0)], parity(a0));
+          FenceRegisters(sc);
         WgmmaFence();
-        RowsTimesRowsT<kD, kN>(sc, q_rows, kM, k_tile, kN);  // S = Q K^T
+        RowsTimesRowsT<kD, kN>(sc, q_rows, kM, s_k + stage(a0) * T::kKvElems, kN);
         WgmmaCommit();
-        WgmmaWait<0>();
+          WgmmaWait<0>();
         FenceRegisters(sc);
-        const bool masked = j0 + kN - 1 > qa || j0 < wg_last_lo;
+        BarrierArrive(&k_empty[stage(a0)]);
+        OnlineSoftmax<kN>(sc, p, m, l, alpha, j0_of(a0), masked(a0), lo, qi, c0, scale_log2);
+      }
+      for (int it = a0; it + 1 < a1; ++it) {
+        float sc[kN / 2];
+        BarrierWait(&k_full[stage(it + 1)], parity(it + 1));
+        BarrierWait(&v_full[stage(it)], parity(it));
+          FenceRegisters(sc);
+        FenceRegisters(acc);
+        WgmmaFence();
+        RowsTimesRowsT<kD, kN>(sc, q_rows, kM, s_k + stage(it + 1) * T::kKvElems, kN);  // next S
+        WgmmaCommit();
+        AccumulateFragmentsTimesRows<kD, kN>(acc, p, s_v + stage(it) * T::kKvElems);  // O += P V
+        WgmmaCommit();
+          WgmmaWait<1>();
+        FenceRegisters(sc);
+        BarrierArrive(&k_empty[stage(it + 1)]);
+        uint32_t p_next[kN / 16][4];
+        OnlineSoftmax<kN>(sc, p_next, m, l, alpha, j0_of(it + 1), masked(it + 1), lo, qi, c0,
+                          scale_log2);
+        WgmmaWait<0>();
+        FenceRegisters(acc);
+        FenceFragments<kN>(p);
+        BarrierArrive(&v_empty[stage(it)]);
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          float mx = m[hr];
+        for (int c = 0; c < kD / 8; ++c) {
 #pragma unroll
-          for (int c = 0; c < kN / 8; ++c) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int idx = 4 * c + 2 * hr + e, j = j0 + 8 * c + c0 + e;
-              float x = sc[idx] * scale_log2;
-              if (masked && (j < lo[hr] || j > qi[hr])) x = -INFINITY;
-              sc[idx] = x;
-              mx = fmaxf(mx, x);
-            }
-          }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float base = mx == -INFINITY ? 0.0f : mx;
-          const float alpha = exp2f(m[hr] - base);
-          m[hr] = mx;
-          l[hr] *= alpha;
-#pragma unroll
-          for (int c = 0; c < kD / 8; ++c) {
-            acc[4 * c + 2 * hr] *= alpha;
-            acc[4 * c + 2 * hr + 1] *= alpha;
-          }
-#pragma unroll
-          for (int c = 0; c < kN / 8; ++c) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int idx = 4 * c + 2 * hr + e;
-              const float pe = exp2f(sc[idx] - base);
-              l[hr] += pe;
-              sc[idx] = pe;
-            }
+          for (int hr = 0; hr < 2; ++hr) {
+            acc[4 * c + 2 * hr] *= alpha[hr];
+            acc[4 * c + 2 * hr + 1] *= alpha[hr];
           }
         }
-        PackFragments<kN>(sc, p);
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) p[kk][i] = p_next[kk][i];
+        }
       }
-      BarrierWait(&v_full[s], parity);
-      if (active) {
-        FenceRegisters(acc);
+      {  // the last tile's P V
+        const int it = a1 - 1;
+        BarrierWait(&v_full[stage(it)], parity(it));
+          FenceRegisters(acc);
         WgmmaFence();
-        AccumulateFragmentsTimesRows<kD, kN>(acc, p, v_tile);  // O += P V
+        AccumulateFragmentsTimesRows<kD, kN>(acc, p, s_v + stage(it) * T::kKvElems);
         WgmmaCommit();
-        WgmmaWait<0>();
+          WgmmaWait<0>();
         FenceRegisters(acc);
+        FenceFragments<kN>(p);
+        BarrierArrive(&v_empty[stage(it)]);
       }
-      BarrierArrive(&kv_empty[s]);
     }
+    for (int it = max(a1, a0); it < tiles; ++it) skip(it);
 
     const float sink = kSink ? __bfloat162float(sinks[h]) * kLog2e : 0.0f;
 #pragma unroll
@@ -391,7 +476,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
   const int tiles = (q_last - j_first + kN) / kN;
   const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
 
-  InitKvRing<kStages>(q_full, k_full, v_full, kv_empty);
+  InitKvRing<kStages>(q_full, k_full, v_full, kv_empty, kv_empty);
 
   if (wg == 0) {  // producer
     RegistersDown<40>();
@@ -406,8 +491,8 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         TmaLoad3d(s_q + b * kM * kColumns, &q_map, q_full, b * kColumns, h, q0);
         TmaLoad3d(s_do + b * kM * kColumns, &do_map, q_full, b * kColumns, h, q0);
       }
-      LoadKvRing<kD, kN, kStages>(s_k, s_v, k_full, v_full, kv_empty, &k_map, &v_map, kvh,
-                                  j_first, tiles);
+      LoadKvRing<kD, kN, kStages>(s_k, s_v, k_full, v_full, kv_empty, kv_empty, &k_map, &v_map,
+                                  kvh, j_first, tiles);
     }
   } else {  // consumer: 64 queries
     RegistersUp<232>();
@@ -731,9 +816,10 @@ void LaunchForward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16
   const CUtensorMap q_map = HeadMap(q, n, H, kD, T::kM);
   const CUtensorMap k_map = HeadMap(k, n, KV, kD, T::kN);
   const CUtensorMap v_map = HeadMap(v, n, KV, kD, T::kN);
-  SetSmem(HopperForwardKernel<kD, kWindow, kSink>, T::kSmemBytes);
+  auto kernel = HopperForwardKernel<kD, kWindow, kSink>;
+  SetSmem(kernel, T::kSmemBytes);
   const dim3 grid((n + T::kM - 1) / T::kM, H);
-  HopperForwardKernel<kD, kWindow, kSink><<<grid, 3 * kWarpgroup, T::kSmemBytes, stream>>>(
+  kernel<<<grid, 3 * kWarpgroup, T::kSmemBytes, stream>>>(
       q_map, k_map, v_map, o, lse, doc_start, sinks, window, n, H, KV,
       kLog2e / sqrtf(static_cast<float>(kD)));
   MT_CUDA_LAUNCH_CHECK();
