@@ -210,7 +210,7 @@ nlohmann::json RoutingKernelTimes(Backend* be, int64_t n, int64_t E, int64_t k, 
 
 // Causal attention over documents of `len` tokens, n tokens in all (H query heads, KV kv
 // heads, head_dim D), forward and backward, on whichever kernels the backend picks (the
-// caller sets MEGATRAIN_ATTENTION to choose). FLOPs as the issue counts them: 2 * 2 * len^2 *
+// caller sets MEGATRAIN_ATTENTION to choose: hopper or mma). FLOPs as the issue counts them: 2 * 2 * len^2 *
 // D * H / 2 per document forward, 2.5x that backward.
 nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, int64_t KV,
                               int64_t D) {
@@ -253,7 +253,8 @@ nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, in
 
 // Attention kernels at 4K, 8K, 32K and 128K, head_dim 128 (Llama/Qwen: 32 heads, 8 kv) and 64
 // (GPT-OSS: 64 heads, 8 kv), 128K tokens each: the Hopper kernels where the device has them,
-// and attention.cu's mma kernels (MEGATRAIN_ATTENTION picks). `profile_samples` gets the
+// and attention.cu's mma kernels (MEGATRAIN_ATTENTION picks: Hopper's by default on sm_90,
+// mma declines them). `profile_samples` gets the
 // head_dim 128 rates of the kernels this environment trains with, so that long sequences plan
 // at their rate.
 struct AttentionChoice {  // which of the rates to measure (all by default)
@@ -274,7 +275,7 @@ nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
 #else
   const bool hopper = false;
 #endif
-  const bool trains_on_hopper = saved == "hopper" && hopper;
+  const bool trains_on_hopper = saved != "mma" && hopper;
   for (const std::string& kernels : choice.kernels) {
     if (kernels == "hopper" && !hopper) continue;
     setenv("MEGATRAIN_ATTENTION", kernels.c_str(), 1);

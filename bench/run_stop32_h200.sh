@@ -103,7 +103,7 @@ PY
       moe gpt-oss-120b 1 262144 ;;
     steps)
       for kernels in mma hopper; do
-        a=""; [ "$kernels" = hopper ] && a=hopper
+        a=$kernels
         MEGATRAIN_ATTENTION=$a train "step_qwen7b_4k_64k_$kernels" --shape qwen2.5-7b --seq 4096 \
           --tokens-per-step 65536 --steps 4 --warmup 2
         MEGATRAIN_ATTENTION=$a train "step_llama8b_8k_128k_$kernels" --shape llama-3.1-8b \

@@ -18,10 +18,10 @@
 // and fills rows past n with zeros), and a consumer skips the tiles its own queries cannot
 // see, so a causal block costs about half its square.
 //
-// Status: opt-in (MEGATRAIN_ATTENTION=hopper, see ops.h). The serial forward (one tile's S,
-// softmax, P V after another) and the backward's dk/dv and dq passes (HopperDkDvKernel and
-// HopperDqKernel below) have passed gpu_test on an H200 (2026-12-01 and 2026-12-02); Delta
-// and dsinks stay on attention.cu's kernels.
+// Status: the default on sm_90 since 2026-12-02 (MEGATRAIN_ATTENTION=mma declines them, see
+// ops.h), after the forward and the backward's dk/dv and dq passes (HopperDkDvKernel and
+// HopperDqKernel below) passed gpu_test on H200s; Delta and dsinks stay on attention.cu's
+// kernels.
 //
 // Numerics: each output is a fixed sequence of fp32 operations with no atomics, so the
 // same inputs give the same bits. They differ from attention.cu's kernels in the order of
@@ -907,8 +907,8 @@ bool DeviceIsHopper() {
 
 bool HopperAttentionApplies(int64_t D) {
   const char* env = std::getenv("MEGATRAIN_ATTENTION");
-  const bool asked = env != nullptr && std::strcmp(env, "hopper") == 0;
-  return (D == 64 || D == 128) && asked && DeviceIsHopper();
+  const bool declined = env != nullptr && std::strcmp(env, "mma") == 0;
+  return (D == 64 || D == 128) && !declined && DeviceIsHopper();
 }
 
 void HopperAttention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,

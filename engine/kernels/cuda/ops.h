@@ -73,10 +73,10 @@ void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* 
                        cudaStream_t stream);
 
 // attention_hopper.cu: the two above on sm_90 (H100/H200) for head_dim 64 and 128, with
-// wgmma, TMA and warp specialisation. Attention calls them where HopperAttentionApplies,
-// which needs MEGATRAIN_ATTENTION=hopper in the environment (read at each call): opt-in
-// until they have passed gpu_test on an H200 (written in a session without one); otherwise
-// every call stays on attention.cu's kernels. window: as the kernels take it (0, or < n).
+// wgmma, TMA and warp specialisation. Attention calls them where HopperAttentionApplies:
+// on an sm_90 device, for head_dim 64 or 128, unless MEGATRAIN_ATTENTION=mma is in the
+// environment (read at each call), which keeps every call on attention.cu's kernels.
+// window: as the kernels take it (0, or < n).
 bool HopperAttentionApplies(int64_t D);  // on the current device
 void HopperAttention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
                      const int32_t* doc_start, const bf16* sinks, int window, int n, int H,
