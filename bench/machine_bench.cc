@@ -255,8 +255,8 @@ nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, in
 // (GPT-OSS: 64 heads, 8 kv), 128K tokens each: the Hopper kernels where the device has them,
 // and attention.cu's mma kernels (MEGATRAIN_ATTENTION picks: Hopper's by default on sm_90,
 // mma declines them). `profile_samples` gets the
-// head_dim 128 rates of the kernels this environment trains with, so that long sequences plan
-// at their rate.
+// rates of the kernels this environment trains with, so that long sequences and head_dim 64
+// (GPT-OSS) plan at their rate.
 struct AttentionChoice {  // which of the rates to measure (all by default)
   std::vector<std::string> kernels = {"hopper", "mma"};
   std::vector<int64_t> lengths = {4096, 8192, 32768, 131072};
@@ -287,9 +287,9 @@ nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
         if (r.is_null()) continue;
         r["kernels"] = kernels;
         attention.push_back(r);
-        if (D == 128 && (kernels == "hopper") == trains_on_hopper) {
+        if ((kernels == "hopper") == trains_on_hopper) {
           profile_samples->push_back(AttentionSample{len, r["forward_tflops"].get<double>(),
-                                                     r["backward_tflops"].get<double>()});
+                                                     r["backward_tflops"].get<double>(), D});
         }
       }
     }

@@ -82,6 +82,7 @@ void AttentionBlock::AddWork(int64_t n, int64_t seq_len, int64_t act_bytes,
   const double L = static_cast<double>(std::min(seq_len, n)), W = static_cast<double>(window_);
   const double keys = window_ > 0 && W < L ? W - W * W / (2 * L) : L / 2;
   work->attention_flops += 4.0 * n * keys * hd;
+  work->attention_head_dim = config_.head_dim;
   // Per token: the norm reads x and writes h, RoPE rewrites q and k, the residual reads and
   // writes C; the rebuild is the norm again.
   work->elementwise_bytes += static_cast<double>(act_bytes) * n * (4 * C + 2 * qkv_dim_ + 2 * hd);

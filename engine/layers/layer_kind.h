@@ -73,6 +73,7 @@ struct MatmulShape {
 struct LayerWork {
   std::vector<MatmulShape> matmuls;  // each over the n rows; backward is twice each
   double attention_flops = 0;        // causal attention forward (backward: 2.5x)
+  int64_t attention_head_dim = 128;  // the attention's head size (its kernels' rate)
   double elementwise_bytes = 0;      // norms, RoPE, activation, residuals (backward: 2x)
   double rebuild_bytes = 0;          // a kept layer's rebuild of what it did not keep
 };

@@ -9,9 +9,11 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -205,8 +207,9 @@ double MachineProfile::GroupedGemmTflops(int64_t rows_per_expert, int64_t in_fea
 
 void MachineProfile::AddAttentionSamples(const std::vector<AttentionSample>& samples) {
   for (const AttentionSample& a : samples) {
-    auto same = std::find_if(attention.begin(), attention.end(),
-                             [&](const AttentionSample& b) { return b.seq_len == a.seq_len; });
+    auto same = std::find_if(attention.begin(), attention.end(), [&](const AttentionSample& b) {
+      return b.seq_len == a.seq_len && b.head_dim == a.head_dim;
+    });
     if (same != attention.end()) {
       *same = a;
     } else {
@@ -214,12 +217,26 @@ void MachineProfile::AddAttentionSamples(const std::vector<AttentionSample>& sam
     }
   }
   std::sort(attention.begin(), attention.end(),
-            [](const AttentionSample& x, const AttentionSample& y) { return x.seq_len < y.seq_len; });
+            [](const AttentionSample& x, const AttentionSample& y) {
+              return std::pair(x.head_dim, x.seq_len) < std::pair(y.head_dim, y.seq_len);
+            });
 }
 
-double MachineProfile::AttentionTflops(int64_t seq_len, bool backward) const {
+double MachineProfile::AttentionTflops(int64_t seq_len, bool backward, int64_t head_dim) const {
+  // The measured head_dim nearest in ratio (ties to the smaller: samples are in order).
+  int64_t nearest = 0;
+  double best = std::numeric_limits<double>::infinity();
+  for (const AttentionSample& a : attention) {
+    const double off = std::abs(std::log(static_cast<double>(std::max<int64_t>(1, a.head_dim)) /
+                                         static_cast<double>(std::max<int64_t>(1, head_dim))));
+    if (off < best - 1e-12) {
+      best = off;
+      nearest = a.head_dim;
+    }
+  }
   std::vector<std::pair<int64_t, double>> by_len;
   for (const AttentionSample& a : attention) {
+    if (a.head_dim != nearest) continue;
     by_len.emplace_back(a.seq_len, backward ? a.backward_tflops : a.forward_tflops);
   }
   std::sort(by_len.begin(), by_len.end());
@@ -241,7 +258,8 @@ std::string ProfileToJson(const MachineProfile& p) {
                        {"backward_tflops", g.backward_tflops}});
   }
   for (const AttentionSample& a : p.attention) {
-    attention.push_back({{"seq_len", a.seq_len}, {"forward_tflops", a.forward_tflops},
+    attention.push_back({{"seq_len", a.seq_len}, {"head_dim", a.head_dim},
+                         {"forward_tflops", a.forward_tflops},
                          {"backward_tflops", a.backward_tflops}});
   }
   nlohmann::json j = {{"version", p.version},
@@ -305,9 +323,10 @@ absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& text) {
           g.at("forward_tflops").get<double>(), g.at("backward_tflops").get<double>()});
     }
     for (const nlohmann::json& a : j.at("attention")) {
-      p.attention.push_back(AttentionSample{a.at("seq_len").get<int64_t>(),
-                                            a.at("forward_tflops").get<double>(),
-                                            a.at("backward_tflops").get<double>()});
+      // Profiles saved before the head size was recorded measured head_dim 128.
+      p.attention.push_back(AttentionSample{
+          a.at("seq_len").get<int64_t>(), a.at("forward_tflops").get<double>(),
+          a.at("backward_tflops").get<double>(), a.value("head_dim", int64_t{128})});
     }
     p.adamw_params_per_second = j.at("adamw_params_per_second").get<double>();
     // Profiles measured before the quantized moments existed have neither.

@@ -43,11 +43,12 @@ struct GroupedGemmSample {
   double backward_tflops = 0;
 };
 
-// Causal attention over documents of seq_len tokens, n tokens in all, head_dim 128.
+// Causal attention over documents of seq_len tokens, n tokens in all, of head_dim.
 struct AttentionSample {
   int64_t seq_len = 0;
   double forward_tflops = 0;   // 2 * n * seq_len * H * D (causal: half of the square, x2 GEMMs)
   double backward_tflops = 0;  // 2.5x the forward's FLOPs (five matmuls to its two)
+  int64_t head_dim = 128;
 };
 
 struct MachineProfile {
@@ -92,11 +93,13 @@ struct MachineProfile {
   // rows_per_expert rows.
   double GroupedGemmTflops(int64_t rows_per_expert, int64_t in_features, int64_t out_features,
                            bool backward) const;
-  // Takes more attention samples (machine_bench's longer sequences): each replaces the
-  // sample of its seq_len, if any; the samples stay in seq_len order.
+  // Takes more attention samples (machine_bench's longer sequences, other head sizes): each
+  // replaces the sample of its seq_len and head_dim, if any; the samples stay in (head_dim,
+  // seq_len) order.
   void AddAttentionSamples(const std::vector<AttentionSample>& samples);
-  // Attention rate at seq_len (nearest measured lengths, interpolated).
-  double AttentionTflops(int64_t seq_len, bool backward) const;
+  // Attention rate at seq_len (nearest measured lengths, interpolated) over the samples of the
+  // measured head_dim nearest to head_dim (in ratio; the smaller of two as near).
+  double AttentionTflops(int64_t seq_len, bool backward, int64_t head_dim = 128) const;
   // The optimizer's rate with the moments kept in `moments`.
   double AdamWParamsPerSecond(MomentDType moments) const;
 };

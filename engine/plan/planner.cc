@@ -52,8 +52,9 @@ LayerTimes LayerKernelSeconds(const LayerKind& kind, const MachineProfile& p, in
     t.backward += 2 * flops / rate(true);
   }
   const double attn = work.attention_flops;
-  t.forward += attn / (1e12 * std::max(1e-6, p.AttentionTflops(seq, false)));
-  t.backward += 2.5 * attn / (1e12 * std::max(1e-6, p.AttentionTflops(seq, true)));
+  const int64_t D = work.attention_head_dim;
+  t.forward += attn / (1e12 * std::max(1e-6, p.AttentionTflops(seq, false, D)));
+  t.backward += 2.5 * attn / (1e12 * std::max(1e-6, p.AttentionTflops(seq, true, D)));
   // Elementwise kernels at device bandwidth; backward moves about twice as much.
   const double bytes = work.elementwise_bytes;
   t.forward += bytes / (1e9 * std::max(1e-6, p.device_gbps));

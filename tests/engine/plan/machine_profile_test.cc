@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "engine/backend/cpu_backend.h"
@@ -63,6 +64,45 @@ TEST(MachineProfile, LongerAttentionSamplesJoinInOrderAndReplaceTheirLength) {
   }
   EXPECT_DOUBLE_EQ(p.AttentionTflops(4096, false), 410);
   EXPECT_DOUBLE_EQ(p.AttentionTflops(524288, true), 410);  // held past the longest
+}
+
+// Attention plans at the rates of its own head size (GPT-OSS's 64 runs slower than 128):
+// the samples of the measured head_dim nearest in ratio, which survive the profile's JSON;
+// a profile saved before head sizes were recorded holds head_dim 128.
+TEST(MachineProfile, AttentionRateUsesTheSamplesOfTheNearestHeadDim) {
+  MachineProfile p;
+  p.attention = {{4096, 400, 300}, {32768, 480, 330}};
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(4096, false, 64), 400);  // only 128 measured
+  p.AddAttentionSamples({{4096, 280, 200, 64}, {32768, 316, 214, 64}});
+  ASSERT_EQ(p.attention.size(), 4u);
+  EXPECT_EQ(p.attention[0].head_dim, 64);
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(4096, false, 64), 280);
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(32768, true, 64), 214);
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(4096, false, 128), 400);
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(4096, false), 400);
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(4096, false, 80), 280);   // nearer 64 than 128
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(4096, false, 256), 400);  // nearest 128
+  p.AddAttentionSamples({{4096, 290, 205, 64}});  // measured again: replaces its own head_dim's
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(4096, false, 64), 290);
+  EXPECT_DOUBLE_EQ(p.AttentionTflops(4096, false, 128), 400);
+  p.gemm = {{1000, 1024, 1024, 100, 90}};
+  p.h2d_gbps = p.d2h_gbps = 1;
+  p.adamw_params_per_second = 1;
+  absl::StatusOr<MachineProfile> back = ProfileFromJson(ProfileToJson(p));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_DOUBLE_EQ(back->AttentionTflops(32768, true, 64), 214);
+  EXPECT_DOUBLE_EQ(back->AttentionTflops(32768, true, 128), 330);
+  std::string old = ProfileToJson(p);
+  for (size_t at; (at = old.find("\"head_dim\": 64,")) != std::string::npos;) {
+    old.erase(at, std::string("\"head_dim\": 64,").size());
+  }
+  for (size_t at; (at = old.find("\"head_dim\": 128,")) != std::string::npos;) {
+    old.erase(at, std::string("\"head_dim\": 128,").size());
+  }
+  ASSERT_EQ(old.find("head_dim"), std::string::npos);
+  absl::StatusOr<MachineProfile> before = ProfileFromJson(old);
+  ASSERT_TRUE(before.ok()) << before.status();
+  for (const AttentionSample& a : before->attention) EXPECT_EQ(a.head_dim, 128);
 }
 
 TEST(MachineProfile, GemmRateInterpolatesOverRowsAndPicksTheNearestShape) {

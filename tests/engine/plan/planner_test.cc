@@ -385,6 +385,32 @@ TEST(Planner, ExpertGemmsPlanAtTheMeasuredGroupedRate) {
   EXPECT_DOUBLE_EQ(da->step.compute_seconds, db->step.compute_seconds);
 }
 
+// A model of head_dim 64 (GPT-OSS) plans its attention at the rates measured at 64, where
+// the profile has them; a head_dim-128 model's plan is unchanged by them.
+TEST(Planner, AttentionPlansAtItsHeadDimsMeasuredRate) {
+  SizingBackend be;
+  PlanRequest r = TwoLayersOf("gpt-oss-120b");
+  r.seq_len = 65536;  // one long sequence: attention matters
+  r.rows_per_step = 1;
+  ASSERT_EQ(r.config.head_dim, 64);
+  const MachineProfile only_128 = H200Like();
+  MachineProfile with_64 = only_128;
+  std::vector<AttentionSample> slow_64;
+  for (const AttentionSample& a : only_128.attention) {
+    slow_64.push_back({a.seq_len, a.forward_tflops / 2, a.backward_tflops / 2, 64});
+  }
+  with_64.AddAttentionSamples(slow_64);
+  absl::StatusOr<Plan> a = MakePlan(r, only_128, &be);
+  absl::StatusOr<Plan> b = MakePlan(r, with_64, &be);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_GT(b->step.compute_seconds, a->step.compute_seconds * 1.05);
+  const PlanRequest d = Request(Qwen7B(), 65536, 130);
+  absl::StatusOr<Plan> da = MakePlan(d, only_128, &be);
+  absl::StatusOr<Plan> db = MakePlan(d, with_64, &be);
+  ASSERT_TRUE(da.ok() && db.ok());
+  EXPECT_DOUBLE_EQ(da->step.compute_seconds, db->step.compute_seconds);
+}
+
 // A 7B layer's gradient (233 M elements) drains in slabs of 32 M elements, so that the
 // optimizer updates its first piece while the rest are still being copied out; without
 // clipping the pool holds two layers' worth, as two whole-layer slabs did; with clipping,
