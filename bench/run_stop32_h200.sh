@@ -32,6 +32,15 @@ keys = ('step_seconds', 'step_over_largest_floor', 'step_over_dependency_floor',
 print("  ", {k: r.get(k) for k in keys}, r.get('floors_seconds'))
 PY
 }
+attention_rows() {  # a machine_bench JSON's attention_kernels, a line each
+  python3 - "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for a in d.get("attention_kernels", []):
+    print(a.get("kernels"), "D", a.get("head_dim"), "len", a.get("seq_len"),
+          "fwd %.1f bwd %.1f" % (a["forward_tflops"], a["backward_tflops"]))
+PY
+}
 train() {  # name, train_bench arguments...
   local name=$1; shift
   timeout 280 train_bench "$@" --timeline "$OUT/${name}_timeline.json" > "$OUT/$name.json" \
@@ -67,24 +76,15 @@ for part in "$@"; do
       timeout 200 machine_bench --backend cuda --attention-only > "$OUT/attention_rates.json" \
         2> "$OUT/attention_rates.log"
       echo "attention rates rc=$?"
-      python3 - "$OUT/attention_rates.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for a in d.get("attention_kernels", []):
-    print(a.get("kernels"), "D", a.get("head_dim"), "len", a.get("seq_len"),
-          "fwd %.1f bwd %.1f" % (a["forward_tflops"], a["backward_tflops"]))
-PY
-      ;;
+      attention_rows "$OUT/attention_rates.json" ;;
     rates)
       timeout 300 machine_bench --backend cuda --save "$MEGATRAIN_PROFILE" \
         > "$OUT/machine_bench.json" 2> "$OUT/machine_bench.log"
       echo "machine_bench rc=$?"
+      attention_rows "$OUT/machine_bench.json"
       python3 - "$OUT/machine_bench.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-for a in d.get("attention_kernels", []):
-    print(a.get("kernels"), "D", a.get("head_dim"), "len", a.get("seq_len"),
-          "fwd %.1f bwd %.1f" % (a["forward_tflops"], a["backward_tflops"]))
 for g in d.get("grouped_gemm", []):
     if g:
         print("E", g["experts"], "rows", g["rows_per_expert"], g["in_features"], "->",

@@ -97,11 +97,41 @@ void HostOptimizer::Loop() {
   const bool clipping = options_.max_grad_norm > 0;
   for (;;) {
     Item item;
-    std::vector<Item> held;
+    std::vector<Item> held, to_square;
     {
       MutexLock lock(&mu_);
       mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;
+      if (squares_asked_) {  // Finish() waits for the norm: the queued pieces' squares first
+        squares_asked_ = false;
+        for (Item& q : queue_) {
+          if (q.slab == nullptr || q.norm_counted) continue;
+          q.norm_counted = true;
+          to_square.push_back(q);
+        }
+      }
+    }
+    if (!to_square.empty()) {
+      // On this thread's OpenMP team, not beside it on the caller's: two teams on the same
+      // cores slow each other far more than one pass over the gradients costs.
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<double> ss(to_square.size());
+      for (size_t i = 0; i < to_square.size(); ++i) {
+        backend_->EventSync(to_square[i].ready);
+        ss[i] = SumOfSquares(to_square[i].slab, to_square[i].count);
+      }
+      busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - t0).count();
+      MutexLock lock(&mu_);
+      for (size_t i = 0; i < to_square.size(); ++i) {
+        piece_squares_[{to_square[i].unit, to_square[i].offset}] += ss[i];
+      }
+      norms_pending_ -= static_cast<int64_t>(to_square.size());
+      continue;
+    }
+    {
+      MutexLock lock(&mu_);
+      if (queue_.empty()) continue;
       // One device without clipping: the lowest unit first (a unit's pieces by offset),
       // the one the next forward needs first: a backlog (the optimizer slower than the
       // backward) leaves the top of the stack, needed last, for the next forward to
@@ -130,8 +160,12 @@ void HostOptimizer::Loop() {
       queue_.erase(pick);
       if (item.slab == nullptr) {
         held.swap(held_);
-      } else if (!clipping) {
-        AwaitCapture(item);
+      } else if (!clipping && !AwaitCapture(item, /*or_squares=*/true)) {
+        // Finish() asked for the squares while this piece waited for a checkpoint's
+        // capture: back in the queue, a leftover like the others, for the squares first.
+        item.forward_order = true;
+        queue_.push_back(item);
+        continue;
       }
     }
     if (item.slab == nullptr) {  // clipping: apply the held updates in forward order
@@ -182,30 +216,19 @@ void HostOptimizer::Loop() {
 
 double HostOptimizer::Finish() {
   if (options_.max_grad_norm <= 0) {
-    // Sum the squares of the pieces still queued here, on the caller's thread, and leave
-    // their updates to the worker, in forward order. The slabs stay valid: the worker
-    // only reads them, and only the caller (the pipeline) takes slabs from the pool.
-    std::vector<Item> queued;
+    // The pieces still queued are updated after this step's others, in forward order; the
+    // worker sums their squares before it updates any (squares_asked_), so the norm is
+    // known without waiting for their updates.
     {
-      MutexLock lock(&mu_);
+      // A scope of its own: its Unlock() wakes the worker (Await below would not).
+      MutexLock ask(&mu_);
       for (Item& q : queue_) {
         if (q.slab == nullptr || q.norm_counted) continue;
-        q.norm_counted = true;
         q.forward_order = true;
-        queued.push_back(q);
+        squares_asked_ = true;
       }
     }
-    std::vector<double> ss(queued.size());
-    for (size_t i = 0; i < queued.size(); ++i) {
-      backend_->EventSync(queued[i].ready);
-      ss[i] = SumOfSquares(queued[i].slab, queued[i].count);
-    }
     MutexLock lock(&mu_);
-    for (size_t i = 0; i < queued.size(); ++i) {
-      piece_squares_[{queued[i].unit, queued[i].offset}] += ss[i];
-    }
-    norms_pending_ -= static_cast<int64_t>(queued.size());
-    // Only this wait reads piece_squares_ or norms_pending_: no waiter to wake before it.
     mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return norms_pending_ == 0;  // the ones being updated now
     });
@@ -258,15 +281,18 @@ void HostOptimizer::PieceDone(const Item& item) {
   }
 }
 
-void HostOptimizer::AwaitCapture(const Item& item) {
+bool HostOptimizer::AwaitCapture(const Item& item, bool or_squares) {
   auto free = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return capture_step_ < 0 || item.step <= capture_step_ || captured_[item.unit];
   };
-  if (free()) return;
+  if (free()) return true;
   const auto t0 = std::chrono::steady_clock::now();
-  mu_.Await(free);
+  mu_.Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return free() || (or_squares && squares_asked_);
+  });
   capture_wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::steady_clock::now() - t0).count();
+  return free();
 }
 
 void HostOptimizer::BeginCapture(int64_t step, std::function<void(int64_t unit)> ready) {

@@ -94,7 +94,7 @@ class HostOptimizer final : public GradSink {
     float* slab = nullptr;  // null: apply the held updates (clipping), scaled by coef
     int64_t offset = 0;     // the piece of the unit the slab holds
     int64_t count = 0;
-    bool norm_counted = false;   // Finish() summed its squares (the worker must not)
+    bool norm_counted = false;   // its squares summed apart from its update (at Finish())
     bool forward_order = false;  // left over at Finish(): updated before newer items,
                                  // lowest unit first, as the next forward needs them
     void* ready = nullptr;
@@ -106,8 +106,9 @@ class HostOptimizer final : public GradSink {
   // Applies AdamW to the item's piece of its unit; returns the sum of squares of the
   // piece's gradient.
   double Update(const Item& item, const float* grad, float grad_scale);
-  // Blocks while the item's unit must first be captured.
-  void AwaitCapture(const Item& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks while the item's unit must first be captured; with or_squares, returns false
+  // instead once Finish() asks for the queued pieces' squares (the item is not updated yet).
+  bool AwaitCapture(const Item& item, bool or_squares = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RestoredLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The item's piece of its unit is updated.
   void PieceDone(const Item& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -136,6 +137,9 @@ class HostOptimizer final : public GradSink {
   std::map<std::pair<int64_t, int64_t>, double> piece_squares_ ABSL_GUARDED_BY(mu_);
   // Submitted pieces whose squares are not yet summed.
   int64_t norms_pending_ ABSL_GUARDED_BY(mu_) = 0;
+  // Finish() waits for the norm: the worker sums the squares of the pieces queued, before
+  // any update.
+  bool squares_asked_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Item> held_ ABSL_GUARDED_BY(mu_);  // clipping: waiting for the norm
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Per unit: the last step whose pieces have begun to land in the store, and how many of

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <cstring>
@@ -328,6 +329,74 @@ void CaptureEqualsStoppedState(double max_grad_norm, bool early) {
   }
   // The writer took 5 ms a unit, slower than the updates: they must have waited for it.
   EXPECT_GT(live.waited, 0.0);
+}
+
+// Without clipping the optimizer's own thread sums the squares of the pieces still queued
+// when Finish() asks (not the caller, whose OpenMP team would share the cores with the
+// optimizer's). Finish() still returns the step's exact norm while every update is held by
+// a checkpoint's capture that has not written its units: the worker leaves the capture
+// wait to sum the squares, and the updates follow once the units are written.
+TEST(HostOptimizer, FinishGetsTheNormWhileACaptureHoldsTheUpdates) {
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  std::unique_ptr<HostStore> store = TinyStore();
+  const int64_t units = store->num_units();
+  constexpr int64_t kPiece = 37;
+  const int64_t pieces = CountPieces(*store, kPiece);
+  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(pieces, kPiece));
+  HostOptimizer opt(store.get(), pool.get(), be.get(), HostOptimizerOptions{});
+  std::vector<Event> events;
+  for (int64_t i = 0; i < pieces; ++i) events.emplace_back(be.get());
+  std::mt19937_64 gen(21);
+  opt.BeginStep(1e-2, 1);
+  SubmitRandomStep(opt, *store, *pool, *be, events, kPiece, gen);
+  opt.Finish();
+  opt.Drain();
+  const std::vector<std::string> after_one = Snapshot(*store);
+
+  std::mutex mu;
+  std::vector<int64_t> handed;
+  opt.BeginCapture(1, [&](int64_t u) {
+    std::lock_guard<std::mutex> lock(mu);
+    handed.push_back(u);
+  });
+  opt.BeginStep(1e-2, 2);
+  std::mt19937_64 replay = gen;  // the same gradients, summed here
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  double ss = 0;
+  for (int64_t u = units - 1; u >= 0; --u) {
+    for (int64_t offset = 0; offset < store->unit_elements(u); offset += kPiece) {
+      double piece = 0;  // as SumOfSquares adds one piece
+      const int64_t count = std::min<int64_t>(kPiece, store->unit_elements(u) - offset);
+      for (int64_t i = 0; i < count; ++i) {
+        const double x = normal(replay);
+        piece += x * x;
+      }
+      ss += piece;
+    }
+  }
+  SubmitRandomStep(opt, *store, *pool, *be, events, kPiece, gen);
+  std::future<double> norm = std::async(std::launch::async, [&] { return opt.Finish(); });
+  const bool returned = norm.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  EXPECT_TRUE(returned) << "Finish() waited for the capture";
+  // Nothing was updated: every unit's step-2 update waits for its capture.
+  EXPECT_TRUE(Snapshot(*store) == after_one);
+  for (size_t written = 0; written < static_cast<size_t>(units);) {  // a writer, now
+    int64_t u = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (written < handed.size()) u = handed[written];
+    }
+    if (u < 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    opt.Captured(u);
+    ++written;
+  }
+  EXPECT_NEAR(norm.get(), std::sqrt(ss), 1e-9 * std::sqrt(ss));
+  opt.Drain();
+  opt.EndCapture();
+  EXPECT_FALSE(Snapshot(*store) == after_one);  // the updates ran once written
 }
 
 TEST(HostOptimizer, CaptureWithoutClippingHoldsEachUpdateUntilItsUnitIsWritten) {

@@ -357,12 +357,26 @@ TEST(Planner, GptOssPlanNamesItsWindowsAndSlidingLayersCostLess) {
   EXPECT_LT(plan->step.compute_seconds, full_plan->step.compute_seconds);
 }
 
+// r's GPU time under `after` is over `factor` times that under `before`, and a dense 7B's
+// (head_dim 128, no experts) the same under both.
+void ExpectSlowerWithOnlyFor(const PlanRequest& r, const MachineProfile& before,
+                             const MachineProfile& after, double factor) {
+  SizingBackend be;
+  absl::StatusOr<Plan> a = MakePlan(r, before, &be);
+  absl::StatusOr<Plan> b = MakePlan(r, after, &be);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_GT(b->step.compute_seconds, a->step.compute_seconds * factor);
+  const PlanRequest d = Request(Qwen7B(), 65536, 130);
+  absl::StatusOr<Plan> da = MakePlan(d, before, &be);
+  absl::StatusOr<Plan> db = MakePlan(d, after, &be);
+  ASSERT_TRUE(da.ok() && db.ok());
+  EXPECT_DOUBLE_EQ(da->step.compute_seconds, db->step.compute_seconds);
+}
 
 // The experts' GEMMs are timed at the grouped rate machine_bench measured at the MoE shape:
 // with grouped samples at half the dense grid's rate, an MoE layer's kernels take longer,
 // by about the experts' share; a dense model's plan does not change.
 TEST(Planner, ExpertGemmsPlanAtTheMeasuredGroupedRate) {
-  SizingBackend be;
   const PlanRequest r = TwoLayersOf("qwen3-30b-a3b");
   MachineProfile dense = H200Like();
   dense.gemm.push_back(GemmSample{2048, 2048, 1536, 450, 405});
@@ -374,21 +388,12 @@ TEST(Planner, ExpertGemmsPlanAtTheMeasuredGroupedRate) {
     grouped.grouped_gemm.push_back({128, rows, 2048, 1536, rows == 1024 ? 200.0 : 300.0, 250});
     grouped.grouped_gemm.push_back({128, rows, 768, 2048, rows == 1024 ? 200.0 : 300.0, 250});
   }
-  absl::StatusOr<Plan> a = MakePlan(r, dense, &be);
-  absl::StatusOr<Plan> b = MakePlan(r, grouped, &be);
-  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  EXPECT_GT(b->step.compute_seconds, a->step.compute_seconds * 1.1);
-  const PlanRequest d = Request(Qwen7B(), 65536, 130);
-  absl::StatusOr<Plan> da = MakePlan(d, dense, &be);
-  absl::StatusOr<Plan> db = MakePlan(d, grouped, &be);
-  ASSERT_TRUE(da.ok() && db.ok());
-  EXPECT_DOUBLE_EQ(da->step.compute_seconds, db->step.compute_seconds);
+  ExpectSlowerWithOnlyFor(r, dense, grouped, 1.1);
 }
 
 // A model of head_dim 64 (GPT-OSS) plans its attention at the rates measured at 64, where
 // the profile has them; a head_dim-128 model's plan is unchanged by them.
 TEST(Planner, AttentionPlansAtItsHeadDimsMeasuredRate) {
-  SizingBackend be;
   PlanRequest r = TwoLayersOf("gpt-oss-120b");
   r.seq_len = 65536;  // one long sequence: attention matters
   r.rows_per_step = 1;
@@ -400,15 +405,7 @@ TEST(Planner, AttentionPlansAtItsHeadDimsMeasuredRate) {
     slow_64.push_back({a.seq_len, a.forward_tflops / 2, a.backward_tflops / 2, 64});
   }
   with_64.AddAttentionSamples(slow_64);
-  absl::StatusOr<Plan> a = MakePlan(r, only_128, &be);
-  absl::StatusOr<Plan> b = MakePlan(r, with_64, &be);
-  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  EXPECT_GT(b->step.compute_seconds, a->step.compute_seconds * 1.05);
-  const PlanRequest d = Request(Qwen7B(), 65536, 130);
-  absl::StatusOr<Plan> da = MakePlan(d, only_128, &be);
-  absl::StatusOr<Plan> db = MakePlan(d, with_64, &be);
-  ASSERT_TRUE(da.ok() && db.ok());
-  EXPECT_DOUBLE_EQ(da->step.compute_seconds, db->step.compute_seconds);
+  ExpectSlowerWithOnlyFor(r, only_128, with_64, 1.05);
 }
 
 // A 7B layer's gradient (233 M elements) drains in slabs of 32 M elements, so that the
