@@ -151,24 +151,32 @@ TEST(HostOptimizer, AdamWWithoutClippingUpdatesAsGradientsLandAndMatchesClosedFo
   RunSteps(0.0);
 }
 
+// The tiny store with a slab and an event for each of its pieces of kPiece elements: a whole
+// step's gradients can be submitted at once.
+class HostOptimizerWholeStep : public ::testing::Test {
+ protected:
+  HostOptimizerWholeStep() {
+    for (int64_t i = 0; i < pieces; ++i) events.emplace_back(be.get());
+  }
+  static constexpr int64_t kPiece = 37;
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  std::unique_ptr<HostStore> store = TinyStore();
+  const int64_t units = store->num_units();
+  const int64_t pieces = CountPieces(*store, kPiece);
+  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(pieces, kPiece));
+  std::vector<Event> events;
+};
+
 // Without clipping, with one device, the worker takes the lowest unit queued: when the
 // gradients land faster than it updates them (here: all at once, behind a slow copy on the
 // D2H stream, before the step's Finish()), the embedding and the bottom layers, which the
 // next forward needs first, are updated first, and the head, needed last, last. (The
 // order units complete is the order a capture of the step is handed them.)
-TEST(HostOptimizer, WithoutClippingABacklogIsUpdatedLowestUnitFirst) {
-  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
-  std::unique_ptr<HostStore> store = TinyStore();
-  const int64_t units = store->num_units();
-  constexpr int64_t kPiece = 37;
-  const int64_t pieces = CountPieces(*store, kPiece);
+TEST_F(HostOptimizerWholeStep, WithoutClippingABacklogIsUpdatedLowestUnitFirst) {
   ASSERT_GT(store->unit_elements(units - 1), kPiece);  // the head arrives in pieces
-  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(pieces, kPiece));
   HostOptimizerOptions o;
   o.weight_decay = 0.1;
   HostOptimizer opt(store.get(), pool.get(), be.get(), o);
-  std::vector<Event> events;
-  for (int64_t i = 0; i < pieces; ++i) events.emplace_back(be.get());
   std::vector<int64_t> order;
   std::mutex mu;
   opt.BeginCapture(1, [&](int64_t u) {
@@ -336,16 +344,8 @@ void CaptureEqualsStoppedState(double max_grad_norm, bool early) {
 // optimizer's). Finish() still returns the step's exact norm while every update is held by
 // a checkpoint's capture that has not written its units: the worker leaves the capture
 // wait to sum the squares, and the updates follow once the units are written.
-TEST(HostOptimizer, FinishGetsTheNormWhileACaptureHoldsTheUpdates) {
-  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
-  std::unique_ptr<HostStore> store = TinyStore();
-  const int64_t units = store->num_units();
-  constexpr int64_t kPiece = 37;
-  const int64_t pieces = CountPieces(*store, kPiece);
-  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(pieces, kPiece));
+TEST_F(HostOptimizerWholeStep, FinishGetsTheNormWhileACaptureHoldsTheUpdates) {
   HostOptimizer opt(store.get(), pool.get(), be.get(), HostOptimizerOptions{});
-  std::vector<Event> events;
-  for (int64_t i = 0; i < pieces; ++i) events.emplace_back(be.get());
   std::mt19937_64 gen(21);
   opt.BeginStep(1e-2, 1);
   SubmitRandomStep(opt, *store, *pool, *be, events, kPiece, gen);
