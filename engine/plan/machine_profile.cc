@@ -223,7 +223,7 @@ void MachineProfile::AddAttentionSamples(const std::vector<AttentionSample>& sam
 }
 
 double MachineProfile::AttentionTflops(int64_t seq_len, bool backward, int64_t head_dim) const {
-  // The measured head_dim nearest in ratio (ties to the smaller: samples are in order).
+  // The measured head_dim nearest in ratio (of two as near, the first listed).
   int64_t nearest = 0;
   double best = std::numeric_limits<double>::infinity();
   for (const AttentionSample& a : attention) {

@@ -98,7 +98,7 @@ struct MachineProfile {
   // seq_len) order.
   void AddAttentionSamples(const std::vector<AttentionSample>& samples);
   // Attention rate at seq_len (nearest measured lengths, interpolated) over the samples of the
-  // measured head_dim nearest to head_dim (in ratio; the smaller of two as near).
+  // measured head_dim nearest to head_dim (in ratio; of two as near, the first listed).
   double AttentionTflops(int64_t seq_len, bool backward, int64_t head_dim = 128) const;
   // The optimizer's rate with the moments kept in `moments`.
   double AdamWParamsPerSecond(MomentDType moments) const;
