@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The first H200 checks of stop 31's unrun work, from a bundle, in parts that each fit one
-# device call (10 minutes):
+# H200 checks from a bundle, in parts that each fit one device call (10 minutes). Written for
+# stop 31's unrun work (the hopper, attn, hsteps parts ran in stop 32); still to run: finish
+# (stop 32's Finish() change), moe2, rates:
 #   hopper   the Hopper attention tests alone first (its backward has never run: a hang or a
 #            crash shows here, under a short timeout), then the whole gpu_test
 #   gate     stops the run unless the Hopper tests passed
@@ -15,6 +16,10 @@
 #            layer at 64K and 256K
 #   steps    whole steps with MEGATRAIN_ATTENTION=hopper against the mma kernels in the same
 #            call: Qwen2.5-7B seq 4K, 64K tokens; Llama-3.1-8B seq 8K, 128K tokens
+#   finish   the optimizer's squares on its own thread (stop 32): Mixtral-8x7B and
+#            Qwen3-30B-A3B 4 layers at 64K with a timeline, then Mixtral without one (a
+#            timeline's step also waits for the early uploads' spans); against box 5's
+#            2.596 s and 1.747 s (bench/results/h200-2026-12-02-hopper/); the 7B 128K sequence
 # Usage: bench/run_stop32_h200.sh OUT PART...   (PATH must hold the bundle's bin/)
 set -uo pipefail
 OUT=${1:?OUT}; shift
@@ -109,6 +114,14 @@ PY
         MEGATRAIN_ATTENTION=$a train "step_llama8b_8k_128k_$kernels" --shape llama-3.1-8b \
           --seq 8192 --tokens-per-step 131072 --steps 3 --warmup 1
       done ;;
+    finish)
+      moe mixtral-8x7b 4 65536
+      moe qwen3-30b-a3b 4 65536
+      timeout 280 train_bench --shape mixtral-8x7b --layers 4 --seq 4096 --tokens-per-step 65536 \
+        --steps 4 > "$OUT/moe_mixtral_4l_65536_plain.json" 2> "$OUT/moe_mixtral_4l_65536_plain.log"
+      echo "mixtral without a timeline rc=$?"; summary "$OUT/moe_mixtral_4l_65536_plain.json"
+      train step_qwen7b_128k_seq --shape qwen2.5-7b --seq 131072 --tokens-per-step 131072 \
+        --steps 2 --warmup 1 ;;
     *) echo "unknown part $part" >&2 ;;
   esac
 done
