@@ -210,8 +210,8 @@ nlohmann::json RoutingKernelTimes(Backend* be, int64_t n, int64_t E, int64_t k, 
 
 // Causal attention over documents of `len` tokens, n tokens in all (H query heads, KV kv
 // heads, head_dim D), forward and backward, on whichever kernels the backend picks (the
-// caller sets MEGATRAIN_ATTENTION to choose: hopper or mma). FLOPs as the issue counts them: 2 * 2 * len^2 *
-// D * H / 2 per document forward, 2.5x that backward.
+// caller sets MEGATRAIN_ATTENTION to choose: hopper or mma). FLOPs as the issue counts them:
+// 2 * 2 * len^2 * D * H / 2 per document forward, 2.5x that backward.
 nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, int64_t KV,
                               int64_t D) {
   const int64_t a = DTypeSize(be->act_dtype()), st = DTypeSize(be->stat_dtype());
@@ -254,9 +254,8 @@ nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, in
 // Attention kernels at 4K, 8K, 32K and 128K, head_dim 128 (Llama/Qwen: 32 heads, 8 kv) and 64
 // (GPT-OSS: 64 heads, 8 kv), 128K tokens each: the Hopper kernels where the device has them,
 // and attention.cu's mma kernels (MEGATRAIN_ATTENTION picks: Hopper's by default on sm_90,
-// mma declines them). `profile_samples` gets the
-// rates of the kernels this environment trains with, so that long sequences and head_dim 64
-// (GPT-OSS) plan at their rate.
+// mma declines them). `profile_samples`, unless null, gets the rates of the kernels this
+// environment trains with, so that long sequences and head_dim 64 (GPT-OSS) plan at theirs.
 struct AttentionChoice {  // which of the rates to measure (all by default)
   std::vector<std::string> kernels = {"hopper", "mma"};
   std::vector<int64_t> lengths = {4096, 8192, 32768, 131072};
@@ -287,7 +286,7 @@ nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
         if (r.is_null()) continue;
         r["kernels"] = kernels;
         attention.push_back(r);
-        if ((kernels == "hopper") == trains_on_hopper) {
+        if (profile_samples != nullptr && (kernels == "hopper") == trains_on_hopper) {
           profile_samples->push_back(AttentionSample{len, r["forward_tflops"].get<double>(),
                                                      r["backward_tflops"].get<double>(), D});
         }
@@ -350,10 +349,12 @@ int main(int argc, char** argv) {
   app.add_flag("--attention-only", attention_only,
                "only the attention kernels' rates (a quick check of a kernel change)");
   AttentionChoice attention_choice;
-  app.add_option("--attention-kernels", attention_choice.kernels, "hopper, mma (default both)");
+  app.add_option("--attention-kernels", attention_choice.kernels, "hopper, mma (default both)")
+      ->check(CLI::IsMember({"hopper", "mma"}));
   app.add_option("--attention-lengths", attention_choice.lengths,
                  "sequence lengths (default 4096 8192 32768 131072)");
-  app.add_option("--attention-head-dims", attention_choice.head_dims, "128, 64 (default both)");
+  app.add_option("--attention-head-dims", attention_choice.head_dims, "128, 64 (default both)")
+      ->check(CLI::IsMember({128, 64}));
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{backend});
   if (!be.ok()) {
@@ -361,10 +362,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (attention_only) {
-    std::vector<AttentionSample> unused;
-    const nlohmann::json out = {{"benchmark", "machine_bench"},
-                                {"attention_kernels", AttentionKernelRates(be->get(), attention_choice, &unused)},
-                                {"attention_flops", kAttentionFlops}};
+    if ((*be)->kind() == BackendKind::kCpu) {
+      std::fprintf(stderr, "machine_bench: --attention-only measures a GPU's kernels\n");
+      return 1;
+    }
+    const nlohmann::json out = {
+        {"benchmark", "machine_bench"},
+        {"attention_kernels", AttentionKernelRates(be->get(), attention_choice, nullptr)},
+        {"attention_flops", kAttentionFlops}};
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
@@ -417,7 +422,8 @@ int main(int argc, char** argv) {
   }
   if (!cpu) {
     std::vector<AttentionSample> profile_samples;
-    out["attention_kernels"] = AttentionKernelRates(be->get(), AttentionChoice{}, &profile_samples);
+    out["attention_kernels"] =
+        AttentionKernelRates(be->get(), AttentionChoice{}, &profile_samples);
     p->AddAttentionSamples(profile_samples);
     out["attention_flops"] = kAttentionFlops;
   }

@@ -59,6 +59,14 @@ moe() {  # shape, layers, tokens, extra arguments...
   train "moe_${shape}_${layers}l_${tokens}" --shape "$shape" --layers "$layers" --seq 4096 \
     --tokens-per-step "$tokens" --steps 4 "$@"
 }
+steps_on() {  # kernels...: Qwen2.5-7B seq 4K, 64K tokens; Llama-3.1-8B seq 8K, 128K tokens
+  for kernels in "$@"; do
+    MEGATRAIN_ATTENTION=$kernels train "step_qwen7b_4k_64k_$kernels" --shape qwen2.5-7b \
+      --seq 4096 --tokens-per-step 65536 --steps 4 --warmup 2
+    MEGATRAIN_ATTENTION=$kernels train "step_llama8b_8k_128k_$kernels" --shape llama-3.1-8b \
+      --seq 8192 --tokens-per-step 131072 --steps 3 --warmup 1
+  done
+}
 for part in "$@"; do
   case "$part" in
     hopper)
@@ -72,11 +80,7 @@ for part in "$@"; do
       if ! grep -q "PASSED" "$OUT/gpu_test_hopper.txt" || grep -q "FAILED" "$OUT/gpu_test_hopper.txt"; then
         echo "the Hopper tests did not pass: stopping"; exit 1
       fi ;;
-    hsteps)  # whole steps on the Hopper kernels only
-      MEGATRAIN_ATTENTION=hopper train step_qwen7b_4k_64k_hopper --shape qwen2.5-7b --seq 4096 \
-        --tokens-per-step 65536 --steps 4 --warmup 2
-      MEGATRAIN_ATTENTION=hopper train step_llama8b_8k_128k_hopper --shape llama-3.1-8b \
-        --seq 8192 --tokens-per-step 131072 --steps 3 --warmup 1 ;;
+    hsteps) steps_on hopper ;;  # whole steps on the Hopper kernels only
     attn)
       timeout 200 machine_bench --backend cuda --attention-only > "$OUT/attention_rates.json" \
         2> "$OUT/attention_rates.log"
@@ -106,14 +110,7 @@ PY
       moe qwen3-30b-a3b 12 65536 --bf16-copy no
       moe gpt-oss-120b 1 65536
       moe gpt-oss-120b 1 262144 ;;
-    steps)
-      for kernels in mma hopper; do
-        a=$kernels
-        MEGATRAIN_ATTENTION=$a train "step_qwen7b_4k_64k_$kernels" --shape qwen2.5-7b --seq 4096 \
-          --tokens-per-step 65536 --steps 4 --warmup 2
-        MEGATRAIN_ATTENTION=$a train "step_llama8b_8k_128k_$kernels" --shape llama-3.1-8b \
-          --seq 8192 --tokens-per-step 131072 --steps 3 --warmup 1
-      done ;;
+    steps) steps_on mma hopper ;;
     finish)
       moe mixtral-8x7b 4 65536
       moe qwen3-30b-a3b 4 65536

@@ -110,6 +110,43 @@ void HostOptimizer::Loop() {
           to_square.push_back(q);
         }
       }
+      if (to_square.empty()) {
+        // One device without clipping: the lowest unit first (a unit's pieces by offset),
+        // the one the next forward needs first: a backlog (the optimizer slower than the
+        // backward) leaves the top of the stack, needed last, for the next forward to
+        // overlap, and the bottom layers the next forward waits for go first.
+        // Otherwise leftovers of a finished step first, in forward order; then backward order
+        // (unit ids descending, a unit's pieces by offset), which is one pipeline's arrival
+        // order. With several devices (sharded data parallelism) a fast device's shard of a
+        // unit may arrive before a slow device's shard of an earlier unit: its copy waits on
+        // a reduce-scatter the slow device enqueues only once it has a slab, which it gets
+        // back only when its earlier shard is consumed. Taking the earlier unit first means
+        // the worker only ever waits on work that every device has enqueued. (Clipping holds
+        // the updates anyway; its norms are summed as they land.)
+        const bool lowest_first = !clipping && other_pools_.empty();
+        auto before = [lowest_first](const Item& a, const Item& b) {
+          if (!lowest_first && a.forward_order != b.forward_order) return a.forward_order;
+          if (lowest_first || a.forward_order) {
+            return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
+          }
+          return a.unit != b.unit ? a.unit > b.unit : a.offset < b.offset;
+        };
+        auto pick = queue_.begin();
+        for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+          if (before(*it, *pick)) pick = it;
+        }
+        item = *pick;
+        queue_.erase(pick);
+        if (item.slab == nullptr) {
+          held.swap(held_);
+        } else if (!clipping && !AwaitCapture(item, /*or_squares=*/true)) {
+          // Finish() asked for the squares while this piece waited for a checkpoint's
+          // capture: back in the queue, a leftover like the others, for the squares first.
+          item.forward_order = true;
+          queue_.push_back(item);
+          continue;
+        }
+      }
     }
     if (!to_square.empty()) {
       // On this thread's OpenMP team, not beside it on the caller's: two teams on the same
@@ -128,45 +165,6 @@ void HostOptimizer::Loop() {
       }
       norms_pending_ -= static_cast<int64_t>(to_square.size());
       continue;
-    }
-    {
-      MutexLock lock(&mu_);
-      if (queue_.empty()) continue;
-      // One device without clipping: the lowest unit first (a unit's pieces by offset),
-      // the one the next forward needs first: a backlog (the optimizer slower than the
-      // backward) leaves the top of the stack, needed last, for the next forward to
-      // overlap, and the bottom layers the next forward waits for go first.
-      // Otherwise leftovers of a finished step first, in forward order; then backward order
-      // (unit ids descending, a unit's pieces by offset), which is one pipeline's arrival
-      // order. With several devices (sharded data parallelism) a fast device's shard of a
-      // unit may arrive before a slow device's shard of an earlier unit: its copy waits on
-      // a reduce-scatter the slow device enqueues only once it has a slab, which it gets
-      // back only when its earlier shard is consumed. Taking the earlier unit first means
-      // the worker only ever waits on work that every device has enqueued. (Clipping holds
-      // the updates anyway; its norms are summed as they land.)
-      const bool lowest_first = !clipping && other_pools_.empty();
-      auto before = [lowest_first](const Item& a, const Item& b) {
-        if (!lowest_first && a.forward_order != b.forward_order) return a.forward_order;
-        if (lowest_first || a.forward_order) {
-          return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
-        }
-        return a.unit != b.unit ? a.unit > b.unit : a.offset < b.offset;
-      };
-      auto pick = queue_.begin();
-      for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-        if (before(*it, *pick)) pick = it;
-      }
-      item = *pick;
-      queue_.erase(pick);
-      if (item.slab == nullptr) {
-        held.swap(held_);
-      } else if (!clipping && !AwaitCapture(item, /*or_squares=*/true)) {
-        // Finish() asked for the squares while this piece waited for a checkpoint's
-        // capture: back in the queue, a leftover like the others, for the squares first.
-        item.forward_order = true;
-        queue_.push_back(item);
-        continue;
-      }
     }
     if (item.slab == nullptr) {  // clipping: apply the held updates in forward order
       std::sort(held.begin(), held.end(), [](const Item& a, const Item& b) {
