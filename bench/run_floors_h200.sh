@@ -2,7 +2,7 @@
 # Where MoE steps lose time, on an H200 from a bundle, in one call (README "Where MoE steps
 # lose time"): machine_bench (saved as the planner's profile), then each shape's step with
 # the CPU optimizer and with --no-optimizer, each writing its timeline, and a one-line
-# summary per run: step, step over the largest and the dependency floor, prediction error,
+# summary per run: step, step over the largest and the schedule floor, prediction error,
 # compute seconds by stage.
 # Usage: bench/run_floors_h200.sh OUT [SPEC...]   SPEC: "SHAPE LAYERS TOKENS [VOCAB]"
 #   default specs: qwen3-30b-a3b 4 at 64K and 256K, mixtral-8x7b 4 at 64K,
@@ -31,7 +31,7 @@ for spec in "$@"; do
 import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"  step {r['step_seconds']:.3f} s, x{r['step_over_largest_floor']:.2f} largest floor, "
-      f"x{r['step_over_dependency_floor']:.2f} dependency floor, planner "
+      f"x{r['step_over_schedule_floor']:.2f} schedule floor, planner "
       f"{r['prediction_error']:+.0%}, floors {r['floors_seconds']}, "
       f"stages {r['steps'][-1].get('compute_seconds_by_stage')}")
 PY

@@ -12,8 +12,11 @@
 #   moe      the MoE shapes with both of stop 31's fixes (row offsets once, cuBLASLt
 #            algorithm per bucket): Qwen3-30B-A3B 4 layers at 64K and 256K, Mixtral-8x7B 4
 #            layers at 64K (box 7 of stop 31 left it unexplained), with timelines
-#   moe2     Qwen3-30B-A3B 12 layers at 64K (no bf16 copy: 12 B/param fits), GPT-OSS-120B 1
-#            layer at 64K and 256K
+#   moe2     Qwen3-30B-A3B 12 layers at 64K (no bf16 copy: 12 B/param fits), GPT-OSS-120B 2
+#            layers at 64K and 256K (vocab 32000: two layers fit beside the embeddings)
+#   moe64    stop 33 (the optimizer's one team pass over a unit's tensors, the schedule
+#            floor): Qwen3-30B-A3B and Mixtral-8x7B 4 layers at 64K, with timelines
+#   moe256   the same two at 256K tokens a step
 #   steps    whole steps with MEGATRAIN_ATTENTION=hopper against the mma kernels in the same
 #            call: Qwen2.5-7B seq 4K, 64K tokens; Llama-3.1-8B seq 8K, 128K tokens
 #   finish   the optimizer's squares on its own thread (stop 32): Mixtral-8x7B and
@@ -32,7 +35,7 @@ try:
     r = json.load(open(sys.argv[1]))
 except Exception as e:
     print("   no JSON:", e); sys.exit(0)
-keys = ('step_seconds', 'step_over_largest_floor', 'step_over_dependency_floor',
+keys = ('step_seconds', 'step_over_largest_floor', 'step_over_schedule_floor',
         'prediction_error', 'model_tflops', 'measured_bound')
 print("  ", {k: r.get(k) for k in keys}, r.get('floors_seconds'))
 PY
@@ -108,8 +111,14 @@ PY
       moe mixtral-8x7b 4 65536 ;;
     moe2)
       moe qwen3-30b-a3b 12 65536 --bf16-copy no
-      moe gpt-oss-120b 1 65536
-      moe gpt-oss-120b 1 262144 ;;
+      moe gpt-oss-120b 2 65536 --vocab 32000
+      moe gpt-oss-120b 2 262144 --vocab 32000 ;;
+    moe64)
+      moe qwen3-30b-a3b 4 65536
+      moe mixtral-8x7b 4 65536 ;;
+    moe256)
+      moe qwen3-30b-a3b 4 262144
+      moe mixtral-8x7b 4 262144 ;;
     steps) steps_on mma hopper ;;
     finish)
       moe mixtral-8x7b 4 65536

@@ -27,6 +27,7 @@
 #include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/plan/planner.h"
+#include "engine/plan/step_schedule.h"
 #include "engine/store/model_io.h"
 #include "bench/shapes.h"
 #include "nlohmann/json.hpp"
@@ -303,7 +304,7 @@ int main(int argc, char** argv) {
 
   const double model_flops = plan->step.model_flops, hardware_flops = plan->step.hardware_flops;
   nlohmann::json steps_json = nlohmann::json::array();
-  std::vector<double> step_s, compute_s, optimizer_s, pcie_s, head_s;
+  std::vector<double> step_s, compute_s, optimizer_s, pcie_s, head_s, forward_s, backward_s;
   int64_t h2d = 0, d2h = 0;
   std::array<double, kNumStreams> busy_sum{};
   for (int64_t s = 0; s < steps; ++s) {
@@ -343,6 +344,8 @@ int main(int argc, char** argv) {
       compute_s.push_back(busy[0]);
       pcie_s.push_back(pcie);
       head_s.push_back(stage_seconds["head"]);
+      forward_s.push_back(stage_seconds["fwd"]);
+      backward_s.push_back(busy[0] - stage_seconds["fwd"] - stage_seconds["head"]);
       // The optimizer's work for this step may finish in the next one: its busy time
       // accrued during this step is what this step cost it.
       optimizer_s.push_back(opt.busy_seconds() - optimizer_before);
@@ -359,23 +362,27 @@ int main(int argc, char** argv) {
   const char* measured_bound = floor == floor_compute ? "GPU compute"
                                : floor == floor_pcie  ? "PCIe"
                                                       : "CPU optimizer";
-  // The floor of the step's dependencies (exact AdamW on the CPU, one step's gradient
-  // before the next step's weights), from the same measurements. (a) The next forward
-  // needs the embedding and layer 0 updated, whose gradients are the backward's last:
-  // their updates follow the GPU's step and precede the next one. (b) The optimizer waits
-  // from the head's update (before the next head forward) to the next head gradient (its
-  // forward and backward later): the head's GPU time adds to the optimizer's. With few,
-  // large layers either exceeds the three floors.
+  // The floor of the step's dependencies (exact AdamW on the CPU: one step's gradient of a
+  // unit before the next step's forward of it): the ideal schedule of the stages measured
+  // (step_schedule.h). With few, large layers it exceeds the three floors: the next
+  // forward waits for the bottom layers' updates, and the top layers' wait for the head.
+  std::vector<int64_t> unit_elements;
   int64_t total_elements = 0;
-  for (const UnitLayout& u : layout.units) total_elements += u.num_elements;
-  const double optimizer_per_param =
+  for (const UnitLayout& u : layout.units) {
+    unit_elements.push_back(u.num_elements);
+    total_elements += u.num_elements;
+  }
+  StackTimes stage_times;
+  stage_times.layers_forward = Median(forward_s);  // the embedding's is in "fwd" too
+  stage_times.layers_backward = Median(backward_s);
+  stage_times.head = Median(head_s);
+  stage_times.optimizer_per_element =
       floor_optimizer / static_cast<double>(std::max<int64_t>(1, total_elements));
-  const double bottom_units =
-      static_cast<double>(layout.units[ModelLayout::EmbeddingUnit()].num_elements +
-                          layout.units[layout.DecoderUnit(0)].num_elements);
-  const double floor_bottom = floor_compute + optimizer_per_param * bottom_units;
-  const double floor_head = floor_optimizer + Median(head_s);
-  const double floor_dependency = std::max({floor, floor_bottom, floor_head});
+  stage_times.download_per_element = 4.0 / (1e9 * profile->d2h_gbps);
+  stage_times.upload_per_element = (plan->bf16_copy ? 2.0 : 4.0) / (1e9 * profile->h2d_gbps);
+  StepStages stages = StackStages(unit_elements, stage_times);
+  stages.clipping = max_grad_norm > 0;
+  const double floor_schedule = std::max(floor, ScheduleStepSeconds(stages));
   const int64_t host_bytes = static_cast<int64_t>((*store)->transfer_bytes() +
                                                   (*store)->state_bytes() + pool->bytes()) +
                              plan->host_checkpoint_bytes;
@@ -422,12 +429,12 @@ int main(int argc, char** argv) {
                           {"cpu_optimizer", floor_optimizer}}},
       {"measured_bound", measured_bound},
       {"step_over_largest_floor", step / floor},
-      {"dependency_floors_seconds",
-       {{"gpu_then_bottom_updates", floor_bottom}, {"optimizer_then_head", floor_head},
-        {"formula",
-         "gpu_kernels + cpu_optimizer * (embedding + layer 0 parameters) / parameters; "
-         "cpu_optimizer + the head's GPU seconds"}}},
-      {"step_over_dependency_floor", step / floor_dependency},
+      {"schedule_floor_seconds", floor_schedule},
+      {"schedule_floor_formula",
+       "the ideal schedule of the measured stages (engine/plan/step_schedule.h): GPU "
+       "forward, head, backward; each gradient over D2H; CPU AdamW lowest unit first at the "
+       "step's measured rate; each update over H2D before the next forward of its unit"},
+      {"step_over_schedule_floor", step / floor_schedule},
       {"prediction_error", plan->step.seconds / step - 1.0},
       {"pcie_bytes_per_step", {{"h2d", h2d}, {"d2h", d2h}}},
       {"busy_fraction", {{"compute", busy_sum[0] / n_steady / step},

@@ -277,6 +277,53 @@ void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const fl
   }
 }
 
+void AdamWUpdateRanges(float* master, float* m, float* v, uint16_t* bf16_out, const float* grad,
+                       int64_t grad_begin, const std::vector<ElementRange>& ranges, int64_t step,
+                       double lr, double weight_decay, float grad_scale, const AdamWHyper& hyper,
+                       double* grad_sum_squares) {
+  MT_CHECK(step >= 1);
+  const StepScalars decayed = MakeScalars(step, lr, weight_decay, hyper);
+  const StepScalars plain = MakeScalars(step, lr, 0.0, hyper);
+  // AdamWUpdate's chunks of each range (from the range's first element), all in one loop.
+  struct Piece {
+    size_t range;
+    int64_t begin, end;
+  };
+  std::vector<Piece> pieces;
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    MT_CHECK(ranges[r].begin <= ranges[r].end && ranges[r].begin >= grad_begin);
+    for (int64_t b = ranges[r].begin; b < ranges[r].end; b += kChunk) {
+      pieces.push_back(Piece{r, b, std::min(ranges[r].end, b + kChunk)});
+    }
+  }
+  if (pieces.empty()) {
+    if (grad_sum_squares != nullptr) *grad_sum_squares = 0.0;
+    return;
+  }
+  MT_CHECK(master != nullptr && m != nullptr && v != nullptr && grad != nullptr);
+  const float* g = grad - grad_begin;  // indexed like the others
+  std::vector<double> partials(grad_sum_squares != nullptr ? pieces.size() : 0);
+  const int64_t num_pieces = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(dynamic, 8) if (num_pieces > 1)
+  for (int64_t i = 0; i < num_pieces; ++i) {
+    const Piece& p = pieces[i];
+    Chunk(ranges[p.range].decay ? decayed : plain, master, m, v, bf16_out, g, p.begin, p.end,
+          grad_scale);
+    if (grad_sum_squares != nullptr) partials[i] = ChunkSumOfSquares(g, p.begin, p.end);
+  }
+  if (grad_sum_squares != nullptr) {
+    double total = 0.0, range_total = 0.0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      range_total += partials[i];
+      if (i + 1 == pieces.size() || pieces[i + 1].range != pieces[i].range) {
+        total += range_total;
+        range_total = 0.0;
+      }
+    }
+    *grad_sum_squares = total;
+  }
+}
+
 uint32_t MomentRoundingKey(int64_t unit, int64_t step) {
   return Mix32(static_cast<uint32_t>(unit) * 0x9e3779b9u ^ Mix32(static_cast<uint32_t>(step)));
 }

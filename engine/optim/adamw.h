@@ -45,6 +45,22 @@ void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const fl
                  int64_t n, int64_t step, double lr, double weight_decay, float grad_scale,
                  const AdamWHyper& hyper, double* grad_sum_squares = nullptr);
 
+// AdamWUpdate on several ranges of the same arrays in one pass of the thread team: element
+// i of master, m, v and bf16_out with grad[i - grad_begin], each range with weight_decay
+// if its `decay` says so, else none. A unit of many small tensors (Qwen3-MoE's 384 experts
+// a layer) would otherwise start a team per tensor that a few threads finish alone. The
+// same bits as AdamWUpdate on each range in turn; grad_sum_squares the same sum as adding
+// those calls' sums in range order.
+struct ElementRange {  // elements [begin, end), with weight decay or without
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool decay = false;
+};
+void AdamWUpdateRanges(float* master, float* m, float* v, uint16_t* bf16_out, const float* grad,
+                       int64_t grad_begin, const std::vector<ElementRange>& ranges, int64_t step,
+                       double lr, double weight_decay, float grad_scale, const AdamWHyper& hyper,
+                       double* grad_sum_squares = nullptr);
+
 // The same update of elements [begin, end) of one unit whose moments are stored as bf16 or
 // int8 (UnitMoments: the unit's own pointers, indexed from its first element). Each block
 // of kMomentBlock elements is decoded to fp32, updated by exactly the fp32 arithmetic
@@ -63,11 +79,6 @@ void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const fl
 // stay zero, so they never move a block's scale.
 // REQUIRES: begin % kMomentBlock == 0; end is a multiple of kMomentBlock or the unit's
 // end (the unit has `unit_elements`); grad points at element `begin`.
-struct ElementRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-  bool decay = false;
-};
 void AdamWUpdateQuantized(float* master, const UnitMoments& moments, uint16_t* bf16_out,
                           const float* grad, int64_t begin, int64_t end, int64_t unit_elements,
                           const std::vector<ElementRange>& tensors, int64_t step, double lr,

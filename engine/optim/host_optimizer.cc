@@ -374,20 +374,19 @@ double HostOptimizer::Update(const Item& item, const float* grad, float grad_sca
                          MomentRoundingKey(unit, item.step), &sum_squares);
     return sum_squares;
   }
-  float* m = static_cast<float*>(moments.m);
-  float* v = static_cast<float*>(moments.v);
-  // The piece [item.offset, item.offset + item.count) meets each tensor in one range.
-  double sum_squares = 0;
+  // The piece [item.offset, item.offset + item.count) meets each tensor in one range; all
+  // of them in one pass of the thread team.
+  std::vector<ElementRange> ranges;
+  ranges.reserve(layout.tensors.size());
   for (const TensorSlot& t : layout.tensors) {
     const int64_t begin = std::max(t.offset, item.offset);
     const int64_t end = std::min(t.offset + t.num_elements, item.offset + item.count);
-    if (begin >= end) continue;
-    double ss = 0;
-    AdamWUpdate(master + begin, m + begin, v + begin, bf16 != nullptr ? bf16 + begin : nullptr,
-                grad + (begin - item.offset), end - begin, item.step, item.lr,
-                t.weight_decay ? options_.weight_decay : 0.0, grad_scale, options_.hyper, &ss);
-    sum_squares += ss;
+    if (begin < end) ranges.push_back(ElementRange{begin, end, t.weight_decay});
   }
+  double sum_squares = 0;
+  AdamWUpdateRanges(master, static_cast<float*>(moments.m), static_cast<float*>(moments.v), bf16,
+                    grad, item.offset, ranges, item.step, item.lr, options_.weight_decay,
+                    grad_scale, options_.hyper, &sum_squares);
   return sum_squares;
 }
 

@@ -207,6 +207,39 @@ TEST(AdamWTest, FirstStepMovesEachWeightByAboutLr) {
   EXPECT_NEAR(s.p[2], 0.99f, 1e-6);
 }
 
+// Many small ranges (an MoE layer's experts) in one call: the bits and the sum of squares
+// of a call per range, with and without weight decay, from a gradient that starts partway.
+TEST(AdamWTest, RangesInOnePassGiveTheBitsOfACallPerRange) {
+  constexpr int64_t kN = 200000, kFrom = 1234;  // the gradient holds elements [kFrom, kN)
+  std::vector<ElementRange> ranges;
+  for (int64_t b = kFrom + 7, i = 0; b + 5000 < kN; b += 5000 + 40 * (i % 5), ++i) {
+    ranges.push_back(ElementRange{b, b + 3000 + 300 * (i % 7) + (i == 3 ? 40000 : 0), i % 3 != 0});
+    if (i == 3) b += 40000;  // one range of several chunks
+  }
+  ranges.push_back(ElementRange{kN - 10, kN - 10, true});  // empty
+  State one = MakeState(kN, 9);
+  State all = one;
+  for (int64_t step = 1; step <= 2; ++step) {
+    const std::vector<float> grad = RandomGrad(kN - kFrom, 900 + step, 1.0f);
+    double expected = 0;
+    for (const ElementRange& r : ranges) {
+      double ss = 0;
+      AdamWUpdate(one.p.data() + r.begin, one.m.data() + r.begin, one.v.data() + r.begin,
+                  one.bf16.data() + r.begin, grad.data() + (r.begin - kFrom), r.end - r.begin,
+                  step, 1e-3, r.decay ? 0.1 : 0.0, 0.5f, AdamWHyper(), &ss);
+      expected += ss;
+    }
+    double got = -1;
+    AdamWUpdateRanges(all.p.data(), all.m.data(), all.v.data(), all.bf16.data(), grad.data(),
+                      kFrom, ranges, step, 1e-3, 0.1, 0.5f, AdamWHyper(), &got);
+    EXPECT_EQ(got, expected);
+  }
+  EXPECT_EQ(0, std::memcmp(one.p.data(), all.p.data(), kN * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(one.m.data(), all.m.data(), kN * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(one.v.data(), all.v.data(), kN * sizeof(float)));
+  EXPECT_EQ(one.bf16, all.bf16);
+}
+
 TEST(AdamWTest, EmptyTensorIsANoOp) {
   AdamWUpdate(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 1, 1e-3, 0.1, 1.0f, AdamWHyper());
 }

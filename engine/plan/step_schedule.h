@@ -1,0 +1,56 @@
+// The steady-state step of the ideal schedule of a step's stages, with exact AdamW: a
+// unit's update needs this step's gradient of it, and the next step's forward of it needs
+// that update. The train step's dependencies, with every resource as busy as they allow:
+//
+//   GPU        the forward of every unit in order (embedding, layers, head: the head's
+//              stage is its forward and backward), then the backward from the top layer
+//              down to the embedding; a unit's forward waits for its weights
+//   D2H        each gradient once its backward ends, in that order
+//   optimizer  one CPU team, preemptive, always on the lowest unit whose gradient has
+//              landed (the next forward needs the lowest first: the earliest deadline);
+//              with clipping, only once every gradient has landed and the norm is summed
+//   H2D        each unit's weights once updated, in the order updates finish
+//
+// The planner and train_bench use it where the three floors (GPU, PCIe, optimizer) are
+// too optimistic: with few, large layers (MoE cuts of 4 layers) a step cannot overlap the
+// optimizer's work on its top layers with anything, since the head's gradient, the first
+// to land, comes only after the whole forward, and the next forward needs the last
+// update. Not modelled: the gradient slabs' number (a full pool stalls D2H), weight slots
+// (uploads go ahead as soon as a unit is updated), and data parallelism.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace megatrain {
+
+struct ScheduleUnit {
+  double forward = 0;    // GPU seconds of its forward (the head: forward and backward)
+  double backward = 0;   // GPU seconds of its backward (recompute included)
+  double download = 0;   // its gradient over D2H
+  double optimizer = 0;  // its AdamW update
+  double upload = 0;     // its weights over H2D
+};
+
+struct StepStages {
+  std::vector<ScheduleUnit> units;  // forward order: embedding, layers, head
+  bool clipping = false;            // updates start only once every gradient has landed
+  double norm = 0;                  // clipping: summing the norm, before the first update
+};
+
+// A stack's stages from its totals: the layers share their GPU seconds evenly, and each
+// unit's transfers and update take their per-element rates.
+struct StackTimes {
+  double embedding_forward = 0, embedding_backward = 0;
+  double layers_forward = 0, layers_backward = 0;  // all layers together
+  double head = 0;                                 // forward and backward
+  double optimizer_per_element = 0, download_per_element = 0, upload_per_element = 0;
+};
+// unit_elements: the embedding's, each layer's, the head's (ModelLayout's units).
+StepStages StackStages(const std::vector<int64_t>& unit_elements, const StackTimes& times);
+
+// Seconds between the starts of consecutive steps once they repeat (from all weights
+// ready at the first step).
+double ScheduleStepSeconds(const StepStages& stages);
+
+}  // namespace megatrain
