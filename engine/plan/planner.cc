@@ -10,7 +10,6 @@
 #include "engine/layers/layer_kind.h"
 #include "engine/model/layout.h"
 #include "engine/pipeline/pipeline.h"
-#include "engine/plan/step_schedule.h"
 #include "engine/store/grad_slab_pool.h"
 
 namespace megatrain {
@@ -284,24 +283,6 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
                              ? head_d2h
                              : M * lt.top.backward + (cpu ? 0 : 4.0 * layer_n / d2h_rate);
     s.seconds = t_fwd + s.head_seconds + std::max(t_bwd + tail, first + updates + embed_up);
-  }
-  if (!cpu && N == 1) {
-    // The phases above assume the next forward never waits for an update. With few,
-    // large layers it does: the ideal schedule of the same stages (step_schedule.h).
-    std::vector<int64_t> unit_elements;
-    for (const UnitLayout& u : layout.units) unit_elements.push_back(u.num_elements);
-    StackTimes times;
-    times.embedding_forward = times.embedding_backward = M * embed;
-    times.layers_forward = fwd_compute - M * embed;
-    times.layers_backward = bwd_compute - M * embed;
-    times.head = s.head_seconds;
-    times.optimizer_per_element = updates / static_cast<double>(std::max<int64_t>(1, total));
-    times.download_per_element = 4.0 / d2h_rate;
-    times.upload_per_element = static_cast<double>(up) * (1.0 + weight_extra) / h2d_rate;
-    StepStages stages = StackStages(unit_elements, times);
-    stages.clipping = r.clipping;
-    stages.norm = norm;
-    s.seconds = std::max(s.seconds, ScheduleStepSeconds(stages));
   }
 
   const double tokens = static_cast<double>(M) * n * N;  // the whole step's

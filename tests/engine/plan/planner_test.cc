@@ -498,27 +498,3 @@ TEST(Planner, DataParallelDividesTheStepAndNotTheHostState) {
 
 }  // namespace
 }  // namespace megatrain
-
-namespace megatrain {
-namespace {
-// Mixtral-8x7B cut to 4 layers at 64K tokens: CPU-optimizer bound, and a step cannot hide
-// its top layers' updates (they start only after the whole forward and the head, and the
-// next forward waits for them), so the plan is the ideal schedule's, well above the
-// optimizer's floor plus the head's GPU time, which the phase sum alone predicted.
-TEST(Planner, FewLargeLayersPlanTheWaitForTheirUpdates) {
-  SizingBackend be;
-  ModelConfig c;
-  ASSERT_TRUE(NamedShape("mixtral-8x7b", &c));
-  SetNumLayers(4, &c);
-  PlanRequest r = Request(c, 65536, 130);
-  r.seq_len = 4096;
-  r.rows_per_step = 16;
-  absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  const StepPrediction& s = plan->step;
-  std::fprintf(stderr, "step %.3f opt %.3f compute %.3f head %.3f\n", s.seconds, s.optimizer_seconds, s.compute_seconds, s.head_seconds);
-  EXPECT_EQ(s.bound, "CPU optimizer") << DescribePlan(*plan, r, H200Like());
-  EXPECT_GT(s.seconds, 1.15 * (s.optimizer_seconds + s.head_seconds));
-}
-}  // namespace
-}  // namespace megatrain
