@@ -17,6 +17,8 @@
 #   moe64    stop 33 (the optimizer's one team pass over a unit's tensors, the schedule
 #            floor): Qwen3-30B-A3B and Mixtral-8x7B 4 layers at 64K, with timelines
 #   moe256   the same two at 256K tokens a step
+#   mixmb    Mixtral-8x7B 4 layers at 64K in 8 micro-batches of 2 sequences (the plan of
+#            stop 32's boxes; stop 33's profile plans one of 16)
 #   steps    whole steps with MEGATRAIN_ATTENTION=hopper against the mma kernels in the same
 #            call: Qwen2.5-7B seq 4K, 64K tokens; Llama-3.1-8B seq 8K, 128K tokens
 #   finish   the optimizer's squares on its own thread (stop 32): Mixtral-8x7B and
@@ -116,6 +118,7 @@ PY
     moe64)
       moe qwen3-30b-a3b 4 65536
       moe mixtral-8x7b 4 65536 ;;
+    mixmb) moe mixtral-8x7b 4 65536 --micro-batch-rows 2 ;;
     moe256)
       moe qwen3-30b-a3b 4 262144
       moe mixtral-8x7b 4 262144 ;;

@@ -202,6 +202,16 @@ double MachineProfile::GroupedGemmTflops(int64_t rows_per_expert, int64_t in_fea
     }
   }
   std::sort(by_rows.begin(), by_rows.end());
+  const int64_t fewest = by_rows.front().first;
+  if (rows_per_expert < fewest) {
+    // Fewer rows than measured: InterpolateRows would scale the rate down with the rows
+    // (the dense grid's rule below its smallest sample, a few thousand rows), which at one
+    // sample of 16K rows (Mixtral's) makes 2K rows 8x slower. The dense rate at these rows
+    // instead, times grouped over dense at the fewest rows measured.
+    const double dense_there = GemmTflops(fewest, in_features, out_features, backward);
+    const double ratio = dense_there > 0 ? by_rows.front().second / dense_there : 1.0;
+    return ratio * GemmTflops(rows_per_expert, in_features, out_features, backward);
+  }
   return InterpolateRows(by_rows, rows_per_expert);
 }
 

@@ -89,7 +89,8 @@ struct MachineProfile {
                     bool backward) const;
   // An expert matmul's rate in a grouped matmul of rows_per_expert rows an expert: the
   // grouped samples of the nearest shape when one is within 1.5x in each dimension
-  // (interpolated over rows per expert as GemmTflops is over rows), else GemmTflops at
+  // (interpolated over rows per expert as GemmTflops is over rows; below its fewest rows,
+  // GemmTflops there times grouped over dense at the fewest), else GemmTflops at
   // rows_per_expert rows.
   double GroupedGemmTflops(int64_t rows_per_expert, int64_t in_features, int64_t out_features,
                            bool backward) const;

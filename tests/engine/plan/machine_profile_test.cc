@@ -42,6 +42,12 @@ TEST(MachineProfile, GroupedRateUsesTheNearestGroupedShapeElseTheDenseGrid) {
   EXPECT_NEAR(p.GroupedGemmTflops(3162, 2048, 1536, false), 450, 0.5);  // halfway in log rows
   EXPECT_DOUBLE_EQ(p.GroupedGemmTflops(1000, 4096, 1536, false), p.GemmTflops(1000, 4096, 1536,
                                                                                false));  // 2x in
+  // Fewer rows than any grouped sample (Mixtral's one sample, at 16K rows an expert): the
+  // dense rate there, times grouped over dense at the fewest rows measured, not the
+  // grouped rate scaled down with the rows (60 at a tenth of the rows).
+  MachineProfile one = p;
+  one.grouped_gemm = {{8, 10000, 2048, 1536, 600, 550}};
+  EXPECT_NEAR(one.GroupedGemmTflops(1000, 2048, 1536, false), 500.0 * 600 / 700, 1e-9);
   p.attention = {{1024, 100, 90}};
   p.h2d_gbps = p.d2h_gbps = 1;
   p.adamw_params_per_second = 1;
