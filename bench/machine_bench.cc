@@ -392,13 +392,15 @@ int main(int argc, char** argv) {
        NormRates(be->get(), cpu ? 1024 : 65536, cpu ? 1024 : 4096)});
   if (!cpu) {
     // MoE shapes: Qwen3-30B-A3B's experts (128, top-8, C 2048, I 768) at 16K, 64K and 256K
-    // tokens per micro-batch, Mixtral-8x7B's (8, top-2, C 4096, I 14336) at 64K, GPT-OSS-120B's
-    // (128, top-4, C 2880, I 2880, input-major) at 64K and 256K: gate|up, then down.
+    // tokens per micro-batch, Mixtral-8x7B's (8, top-2, C 4096, I 14336) at 8K (a micro-batch
+    // of 2 sequences of 4K) and 64K, GPT-OSS-120B's (128, top-4, C 2880, I 2880, input-major)
+    // at 64K and 256K: gate|up, then down.
     nlohmann::json grouped = nlohmann::json::array();
     for (const auto& [E, rows, C, I, in_major] :
          {std::array<int64_t, 5>{128, 1024, 2048, 768, 0},
           std::array<int64_t, 5>{128, 4096, 2048, 768, 0},
           std::array<int64_t, 5>{128, 16384, 2048, 768, 0},
+          std::array<int64_t, 5>{8, 2048, 4096, 14336, 0},
           std::array<int64_t, 5>{8, 16384, 4096, 14336, 0},
           std::array<int64_t, 5>{128, 2048, 2880, 2880, 1},
           std::array<int64_t, 5>{128, 8192, 2880, 2880, 1}}) {
