@@ -373,7 +373,9 @@ int main(int argc, char** argv) {
     total_elements += u.num_elements;
   }
   StackTimes stage_times;
-  stage_times.layers_forward = Median(forward_s);  // the embedding's is in "fwd" too
+  // The spans: "fwd" the layers' forward, "head", the rest ("bwd", "recompute") backward;
+  // the embedding's gather has no span (a few ms at most).
+  stage_times.layers_forward = Median(forward_s);
   stage_times.layers_backward = Median(backward_s);
   stage_times.head = Median(head_s);
   stage_times.optimizer_per_element =
