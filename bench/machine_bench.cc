@@ -275,9 +275,18 @@ nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
   const bool hopper = false;
 #endif
   const bool trains_on_hopper = saved != "mma" && hopper;
+  const char* backward_env = std::getenv("MEGATRAIN_ATTENTION_BACKWARD");
+  const std::string saved_backward = backward_env != nullptr ? backward_env : "";
   for (const std::string& kernels : choice.kernels) {
-    if (kernels == "hopper" && !hopper) continue;
-    setenv("MEGATRAIN_ATTENTION", kernels.c_str(), 1);
+    // hopper-fused: the Hopper kernels with the one-pass backward (opt-in, ops.h).
+    const bool fused = kernels == "hopper-fused";
+    if ((kernels == "hopper" || fused) && !hopper) continue;
+    setenv("MEGATRAIN_ATTENTION", fused ? "hopper" : kernels.c_str(), 1);
+    if (fused) {
+      setenv("MEGATRAIN_ATTENTION_BACKWARD", "fused", 1);
+    } else {
+      unsetenv("MEGATRAIN_ATTENTION_BACKWARD");
+    }
     for (const auto& [H, KV, D] :
          {std::array<int64_t, 3>{32, 8, 128}, std::array<int64_t, 3>{64, 8, 64}}) {
       if (absl::c_find(choice.head_dims, D) == choice.head_dims.end()) continue;
@@ -286,7 +295,7 @@ nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
         if (r.is_null()) continue;
         r["kernels"] = kernels;
         attention.push_back(r);
-        if (profile_samples != nullptr && (kernels == "hopper") == trains_on_hopper) {
+        if (profile_samples != nullptr && !fused && (kernels == "hopper") == trains_on_hopper) {
           profile_samples->push_back(AttentionSample{len, r["forward_tflops"].get<double>(),
                                                      r["backward_tflops"].get<double>(), D});
         }
@@ -297,6 +306,11 @@ nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
     setenv("MEGATRAIN_ATTENTION", saved.c_str(), 1);
   } else {
     unsetenv("MEGATRAIN_ATTENTION");
+  }
+  if (backward_env != nullptr) {
+    setenv("MEGATRAIN_ATTENTION_BACKWARD", saved_backward.c_str(), 1);
+  } else {
+    unsetenv("MEGATRAIN_ATTENTION_BACKWARD");
   }
   return attention;
 }
@@ -349,8 +363,9 @@ int main(int argc, char** argv) {
   app.add_flag("--attention-only", attention_only,
                "only the attention kernels' rates (a quick check of a kernel change)");
   AttentionChoice attention_choice;
-  app.add_option("--attention-kernels", attention_choice.kernels, "hopper, mma (default both)")
-      ->check(CLI::IsMember({"hopper", "mma"}));
+  app.add_option("--attention-kernels", attention_choice.kernels,
+                 "hopper, mma (default both), hopper-fused (the one-pass backward)")
+      ->check(CLI::IsMember({"hopper", "mma", "hopper-fused"}));
   app.add_option("--attention-lengths", attention_choice.lengths,
                  "sequence lengths (default 4096 8192 32768 131072)");
   app.add_option("--attention-head-dims", attention_choice.head_dims, "128, 64 (default both)")

@@ -19,6 +19,11 @@
 #   moe256   the same two at 256K tokens a step
 #   mixmb    Mixtral-8x7B 4 layers at 64K in 8 micro-batches of 2 sequences (the plan of
 #            stop 32's boxes; stop 33's profile plans one of 16)
+#   fused    stop 33's one-pass attention backward (MEGATRAIN_ATTENTION_BACKWARD=fused, never
+#            run yet): the Hopper attention tests alone under a short timeout (a wait that
+#            never ends shows as a timeout), then the rates of both backwards in one run
+#   fsteps   whole steps with the fused backward: Qwen2.5-7B one 128K sequence (2,519 tokens/s
+#            with the two passes, box 1 of stop 33), Llama-3.1-8B seq 8K 128K tokens
 #   steps    whole steps with MEGATRAIN_ATTENTION=hopper against the mma kernels in the same
 #            call: Qwen2.5-7B seq 4K, 64K tokens; Llama-3.1-8B seq 8K, 128K tokens
 #   finish   the optimizer's squares on its own thread (stop 32): Mixtral-8x7B and
@@ -119,6 +124,20 @@ PY
       moe qwen3-30b-a3b 4 65536
       moe mixtral-8x7b 4 65536 ;;
     mixmb) moe mixtral-8x7b 4 65536 --micro-batch-rows 2 ;;
+    fused)
+      timeout 180 gpu_test --gtest_filter='*HopperAttention*' > "$OUT/gpu_test_fused.txt" 2>&1
+      echo "hopper tests (with the fused backward) rc=$?"
+      grep -E "OK|FAILED|Failure|differs|against" "$OUT/gpu_test_fused.txt" | head -40
+      timeout 200 machine_bench --backend cuda --attention-only \
+        --attention-kernels hopper hopper-fused > "$OUT/attention_rates_fused.json" \
+        2> "$OUT/attention_rates_fused.log"
+      echo "attention rates rc=$?"
+      attention_rows "$OUT/attention_rates_fused.json" ;;
+    fsteps)
+      MEGATRAIN_ATTENTION_BACKWARD=fused train step_qwen7b_128k_seq_fused --shape qwen2.5-7b \
+        --seq 131072 --tokens-per-step 131072 --steps 2 --warmup 1
+      MEGATRAIN_ATTENTION_BACKWARD=fused train step_llama8b_8k_128k_fused \
+        --shape llama-3.1-8b --seq 8192 --tokens-per-step 131072 --steps 3 --warmup 1 ;;
     moe256)
       moe qwen3-30b-a3b 4 262144
       moe mixtral-8x7b 4 262144 ;;

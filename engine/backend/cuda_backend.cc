@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (workspace_ != nullptr) cudaFree(workspace_);
     if (partials_ != nullptr) cudaFree(partials_);
+    if (dq_sums_ != nullptr) cudaFree(dq_sums_);
     if (host_offsets_ != nullptr) cudaFreeHost(host_offsets_);
     for (float* staging : staging_) {
       if (staging != nullptr) cudaFree(staging);
@@ -269,9 +270,15 @@ class CudaBackend final : public Backend {
                          int64_t window, int64_t n, int64_t H, int64_t KV, int64_t D,
                          StreamId s) override {
     if (dsinks != nullptr) CheckComputeStream(s);  // the partials scratch is the compute stream's
+    float* dq_sums = nullptr;
+    if (cuda::HopperFusedBackwardRequested() && cuda::HopperAttentionApplies(D)) {
+      CheckComputeStream(s);  // so is dq_sums_
+      dq_sums = DqSums();
+    }
     cuda::AttentionBackward(Bf16(dq), Bf16(dk), Bf16(dv), F32(dsinks), Bf16(dout), Bf16(q), Bf16(k),
                             Bf16(v), Bf16(o), F32(lse), doc_start, Bf16(sinks), window, n, H, KV, D,
-                            partials_, cuda::kPartialFloats, Stream(s));
+                            partials_, cuda::kPartialFloats, Stream(s), dq_sums,
+                            dq_sums != nullptr ? kDqSumFloats : 0);
   }
   void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) override {
     cuda::SwiGlu(Bf16(out), Bf16(gu), N, I, Stream(s));
@@ -476,6 +483,21 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ExpertGemms> expert_gemms_;  // the experts' matmuls, on the compute stream
   void* workspace_ = nullptr;
   int32_t* host_offsets_ = nullptr;  // pinned (kMaxExperts + 1): GroupedLinear's row counts
+
+  // The fused Hopper attention backward's fp32 dq (cuda::HopperAttentionBackwardFused), made
+  // at its first use where the job's device memory cap leaves room (not planned: the fused
+  // backward is opt-in, MEGATRAIN_ATTENTION_BACKWARD=fused); without it the two passes run.
+  static constexpr int64_t kDqSumFloats = int64_t{1} << 28;  // 1 GiB
+  float* DqSums() {
+    if (!dq_sums_tried_) {
+      dq_sums_tried_ = true;
+      absl::StatusOr<void*> p = Alloc(kDqSumFloats * sizeof(float));
+      if (p.ok()) dq_sums_ = static_cast<float*>(*p);
+    }
+    return dq_sums_;
+  }
+  float* dq_sums_ = nullptr;
+  bool dq_sums_tried_ = false;
 
   float* partials_ = nullptr;  // kPartialFloats: the deterministic weight gradients' scratch
   float* staging_[kNumStreams] = {};  // UploadWeightsFromF32's, per stream, made at first use

@@ -420,7 +420,10 @@ using HopperShape = SinkWindowShape;
 
 class HopperAttention : public Kernels, public ::testing::WithParamInterface<HopperShape> {
  protected:
-  void TearDown() override { unsetenv("MEGATRAIN_ATTENTION"); }
+  void TearDown() override {
+    unsetenv("MEGATRAIN_ATTENTION");
+    unsetenv("MEGATRAIN_ATTENTION_BACKWARD");
+  }
 };
 
 TEST_P(HopperAttention, MatchesTheCpuAndTheMmaKernelsAndRepeatsBitForBit) {
@@ -445,6 +448,17 @@ TEST_P(HopperAttention, MatchesTheCpuAndTheMmaKernelsAndRepeatsBitForBit) {
   Both([&](Backend* b, bool c) { run(hopper, b, c); });
   run(again, gpu_.get(), false);
   run(third, gpu_.get(), false);
+  // The fused backward (one pass, dq summed in a fixed order across blocks): three runs, and
+  // one in launches of a kv head each.
+  AttentionOutputs fused = outputs(), fused_again = outputs(), fused_third = outputs(),
+                   fused_by_head = outputs();
+  setenv("MEGATRAIN_ATTENTION_BACKWARD", "fused", 1);
+  Both([&](Backend* b, bool c) { run(fused, b, c); });
+  run(fused_again, gpu_.get(), false);
+  run(fused_third, gpu_.get(), false);
+  setenv("MEGATRAIN_ATTENTION_BACKWARD", "fused:1", 1);
+  run(fused_by_head, gpu_.get(), false);
+  unsetenv("MEGATRAIN_ATTENTION_BACKWARD");
   setenv("MEGATRAIN_ATTENTION", "mma", 1);
   run(mma, gpu_.get(), false);
   gpu_->SyncAll();
@@ -452,13 +466,24 @@ TEST_P(HopperAttention, MatchesTheCpuAndTheMmaKernelsAndRepeatsBitForBit) {
   const double tolerances[] = {1.5e-2, 1e-3, 1e-2, 1e-2, 1e-2, 1e-2};
   for (int t = 0; t < kOutputs; ++t) {
     if (t == 5 && !a.sinks) continue;
-    const std::vector<float> got = Download(gpu_.get(), hopper[t].gt, hopper[t].g, hopper[t].n);
+    auto get = [&](AttentionOutputs& out) {
+      return Download(gpu_.get(), out[t].gt, out[t].g, out[t].n);
+    };
+    const std::vector<float> got = get(hopper), got_fused = get(fused), want_mma = get(mma);
     EXPECT_LT(hopper[t].Err(), tolerances[t]) << names[t] << " against the CPU";
-    EXPECT_LT(RelErr(got, Download(gpu_.get(), mma[t].gt, mma[t].g, mma[t].n)), tolerances[t])
-        << names[t] << " against the mma kernels";
-    EXPECT_TRUE(got == Download(gpu_.get(), again[t].gt, again[t].g, again[t].n) &&
-                got == Download(gpu_.get(), third[t].gt, third[t].g, third[t].n))
-        << names[t] << " differs between three runs";
+    EXPECT_LT(RelErr(got, want_mma), tolerances[t]) << names[t] << " against the mma kernels";
+    EXPECT_TRUE(got == get(again) && got == get(third)) << names[t] << " differs between three runs";
+    EXPECT_LT(fused[t].Err(), tolerances[t]) << names[t] << " (fused) against the CPU";
+    EXPECT_LT(RelErr(got_fused, want_mma), tolerances[t])
+        << names[t] << " (fused) against the mma kernels";
+    EXPECT_TRUE(got_fused == get(fused_again) && got_fused == get(fused_third))
+        << names[t] << " (fused) differs between three runs";
+    EXPECT_TRUE(got_fused == get(fused_by_head))
+        << names[t] << " (fused) differs between one launch and a launch per kv head";
+    // dk and dv come from the same wgmmas in the same order as the two-pass kernels'.
+    if (t != 2) {
+      EXPECT_TRUE(got_fused == got) << names[t] << " (fused) differs from two passes";
+    }
   }
 }
 

@@ -824,7 +824,8 @@ template <int kD, bool kWindow>
 void LaunchBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* dout, const bf16* q,
                     const bf16* k, const bf16* v, const bf16* o, const float* lse,
                     const int32_t* doc_start, const bf16* sinks, int window, int n, int H, int KV,
-                    int D, float* partials, int64_t partial_floats, cudaStream_t stream) {
+                    int D, float* partials, int64_t partial_floats, float* dq_sums,
+                    int64_t dq_sum_floats, cudaStream_t stream) {
   const float scale = 1.0f / sqrtf(static_cast<float>(D)), scale_log2 = kLog2e * scale;
   const int query_tiles = (n + QueryBlock<kD>() - 1) / QueryBlock<kD>();
   const int key_tiles = (n + kWarpRows * kGroupWarps - 1) / (kWarpRows * kGroupWarps);
@@ -837,9 +838,12 @@ void LaunchBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* dou
   if (dsinks != nullptr) {
     LaunchSinkGrad(dsinks, dq, lse, sinks, n, H, D, partials, partial_floats, stream);
   }
-  if (HopperAttentionApplies(D)) {  // dk/dv, then dq over the parked deltas
-    HopperAttentionDkDv(dk, dv, dq, dout, q, k, v, lse, doc_start, window, n, H, KV, D, stream);
-    HopperAttentionDq(dq, dout, q, k, v, lse, doc_start, window, n, H, KV, D, stream);
+  if (HopperAttentionApplies(D)) {  // dk/dv, then dq over the parked deltas (or all at once)
+    if (!HopperAttentionBackwardFused(dq, dk, dv, dout, q, k, v, lse, doc_start, window, n, H, KV,
+                                      D, dq_sums, dq_sum_floats, stream)) {
+      HopperAttentionDkDv(dk, dv, dq, dout, q, k, v, lse, doc_start, window, n, H, KV, D, stream);
+      HopperAttentionDq(dq, dout, q, k, v, lse, doc_start, window, n, H, KV, D, stream);
+    }
     return;
   }
   constexpr int kDkDvBytes = DkDvSmemBytes<kD>();
@@ -859,13 +863,15 @@ template <int kD>
 void LaunchBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* dout, const bf16* q,
                     const bf16* k, const bf16* v, const bf16* o, const float* lse,
                     const int32_t* doc_start, const bf16* sinks, int window, int n, int H, int KV,
-                    int D, float* partials, int64_t partial_floats, cudaStream_t stream) {
+                    int D, float* partials, int64_t partial_floats, float* dq_sums,
+                    int64_t dq_sum_floats, cudaStream_t stream) {
   if (window > 0) {
     LaunchBackward<kD, true>(dq, dk, dv, dsinks, dout, q, k, v, o, lse, doc_start, sinks, window, n,
-                             H, KV, D, partials, partial_floats, stream);
+                             H, KV, D, partials, partial_floats, dq_sums, dq_sum_floats, stream);
   } else {
     LaunchBackward<kD, false>(dq, dk, dv, dsinks, dout, q, k, v, o, lse, doc_start, sinks, window,
-                              n, H, KV, D, partials, partial_floats, stream);
+                              n, H, KV, D, partials, partial_floats, dq_sums, dq_sum_floats,
+                              stream);
   }
 }
 
@@ -902,7 +908,7 @@ void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* 
                        const bf16* k, const bf16* v, const bf16* o, const float* lse,
                        const int32_t* doc_start, const bf16* sinks, int64_t window, int64_t n,
                        int64_t H, int64_t KV, int64_t D, float* partials, int64_t partial_floats,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, float* dq_sums, int64_t dq_sum_floats) {
   CheckShapes("AttentionBackward", n, H, KV, D, {dq, dk, dv, dout, q, k, v, o});
   const int w = EffectiveWindow("AttentionBackward", window, n);
   MT_CHECK_MSG(dsinks == nullptr || sinks != nullptr,
@@ -915,13 +921,13 @@ void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* 
   const int Di = static_cast<int>(D);
   if (D <= 64) {
     LaunchBackward<64>(dq, dk, dv, dsinks, dout, q, k, v, o, lse, doc_start, sinks, w, ni, Hi, KVi,
-                       Di, partials, partial_floats, stream);
+                       Di, partials, partial_floats, dq_sums, dq_sum_floats, stream);
   } else if (D <= 128) {
     LaunchBackward<128>(dq, dk, dv, dsinks, dout, q, k, v, o, lse, doc_start, sinks, w, ni, Hi, KVi,
-                        Di, partials, partial_floats, stream);
+                        Di, partials, partial_floats, dq_sums, dq_sum_floats, stream);
   } else {
     LaunchBackward<256>(dq, dk, dv, dsinks, dout, q, k, v, o, lse, doc_start, sinks, w, ni, Hi, KVi,
-                        Di, partials, partial_floats, stream);
+                        Di, partials, partial_floats, dq_sums, dq_sum_floats, stream);
   }
 }
 

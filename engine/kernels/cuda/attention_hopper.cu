@@ -81,6 +81,9 @@ struct DkDvTiles {
   static constexpr int kStatWords = 2 * 2 * 3 * kM;
   static constexpr int kSmemBytes =
       1024 + 2 * (2 * kKvElems + 2 * kStages * kQElems) + 8 * kBarriers + 4 * kStatWords;
+  // The fused dq (kFusedDq): per consumer, a tile's dS (kM queries x 64 keys) for dq = dS K.
+  static constexpr int kDsElems = kM * 64;
+  static constexpr int kFusedSmemBytes = kSmemBytes + 2 * 2 * kDsElems;
 };
 
 // One past the last query that sees key j_last: the end of j_last's document (doc_start is
@@ -591,7 +594,18 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
 // dO and Q transposed. dk is scaled by 1/sqrt(D) at the end. The tiles are visited in order,
 // so the sums' order is fixed. Delta is parked in dq's storage (AttentionDeltaKernel); dq's
 // own pass runs after this one.
-template <int kD, bool kWindow>
+//
+// kFusedDq: also dq, in the same pass (5 GEMMs a tile instead of the two passes' 7). A
+// consumer stages its tile's dS in shared memory and adds dS K (64 queries x kD) into
+// dq_acc, fp32 (n, kv_count * group, kD), the launch's kv heads kv_first... only, in a fixed
+// order: a query tile's consumers add in descending order of their 64 keys, each waiting for
+// the tile's count (tile_counts, (kv_count * group, n / 64) ints, zeroed) to say that every
+// consumer of higher keys that sees the tile has added. The consumers of a tile are exactly
+// those whose keys some query of it sees, 64 c .. 64 c + 63 for c from the tile's first key
+// / 64 up to its last query / 64, so the one of keys 64 c waits for last query / 64 - c
+// before it. Blocks run in descending key order (blockIdx.x 0 takes the last keys), so a
+// block waits only for blocks launched before it: no wait can close a cycle.
+template <int kD, bool kWindow, bool kFusedDq = false>
 __global__ void __launch_bounds__(3 * kWarpgroup, 1)
     HopperDkDvKernel(const __grid_constant__ CUtensorMap k_map,
                      const __grid_constant__ CUtensorMap v_map,
@@ -599,7 +613,9 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
                      const __grid_constant__ CUtensorMap do_map, bf16* __restrict__ dk,
                      bf16* __restrict__ dv, const bf16* __restrict__ dq,
                      const float* __restrict__ lse, const int32_t* __restrict__ doc_start,
-                     int window, int n, int H, int KV, float scale_log2, float scale) {
+                     int window, int n, int H, int KV, float scale_log2, float scale,
+                     float* __restrict__ dq_acc = nullptr, int* __restrict__ tile_counts = nullptr,
+                     int kv_first = 0) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = DkDvTiles<kD>;
   constexpr int kN = T::kN, kM = T::kM, kStages = T::kStages, kBlocks = kD / kColumns;
@@ -609,14 +625,17 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
   bf16* s_v = s_k + T::kKvElems;
   bf16* s_q = s_v + T::kKvElems;                 // kStages tiles
   bf16* s_do = s_q + kStages * T::kQElems;       // kStages tiles
-  uint64_t* bars = reinterpret_cast<uint64_t*>(s_do + kStages * T::kQElems);
+  bf16* s_ds = s_do + kStages * T::kQElems;      // kFusedDq: a tile's dS per consumer
+  uint64_t* bars = reinterpret_cast<uint64_t*>(s_ds + (kFusedDq ? 2 * T::kDsElems : 0));
   uint64_t* kv_full = bars;
   uint64_t* q_full = bars + 1;
   uint64_t* q_empty = bars + 1 + kStages;
   float* s_stats = reinterpret_cast<float*>(bars + T::kBarriers);  // T::kStatWords
 
-  const int kvh = static_cast<int>(blockIdx.y), group = H / KV;
-  const int j0 = static_cast<int>(blockIdx.x) * kN, j_last = min(j0 + kN, n) - 1;
+  const int kvh = static_cast<int>(blockIdx.y) + (kFusedDq ? kv_first : 0), group = H / KV;
+  const int key_block =
+      static_cast<int>(kFusedDq ? gridDim.x - 1 - blockIdx.x : blockIdx.x);  // see above
+  const int j0 = key_block * kN, j_last = min(j0 + kN, n) - 1;
   int i_end = QueryEnd(doc_start, j_last, n);  // queries [j0, i_end) see these keys
   if constexpr (kWindow) i_end = min(i_end, j_last + window);
   const int q_tiles = (i_end - j0 + kM - 1) / kM, items = group * q_tiles;
@@ -672,6 +691,22 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
     const bf16* k_rows = s_k + cw * 64 * kColumns;
     const bf16* v_rows = s_v + cw * 64 * kColumns;
 
+    // kFusedDq: the count of the tile our last dq adds went to, to be raised once every
+    // thread's adds are issued (a barrier, then a release by one thread). Raised late, beside
+    // the next tile's first GEMMs, not on the way to them; never after a wait that another
+    // consumer's progress could hold up (only after our next tile has landed, which needs no
+    // more of the other consumer than the tile it waits at).
+    [[maybe_unused]] int* pending = nullptr;
+    [[maybe_unused]] int pending_count = 0;
+    auto release_pending = [&] {
+      if constexpr (kFusedDq) {
+        if (pending != nullptr) {
+          NamedBarrierSync(1 + cw, kWarpgroup);
+          if (t == 0) StoreRelease(pending, pending_count);
+          pending = nullptr;
+        }
+      }
+    };
     BarrierWait(kv_full, 0);
     for (int it = 0; it < items; ++it) {
       const int s = it % kStages;
@@ -707,6 +742,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         RowsTimesRowsT<kD, kM>(st, k_rows, kN, q_tile, kM);    // S^T = K Q^T
         RowsTimesRowsT<kD, kM>(dpt, v_rows, kN, do_tile, kM);  // dP^T = V dO^T
         WgmmaCommit();
+        release_pending();
         WgmmaWait<0>();
         FenceRegisters(st);
         FenceRegisters(dpt);
@@ -729,21 +765,95 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
             }
           }
         }
+        [[maybe_unused]] const bf16* ds_tile = s_ds + cw * T::kDsElems;
+        if constexpr (kFusedDq) {
+          // dS (queries x keys) into this consumer's tile as a TMA load would write it (query
+          // row q, key column k in 16-byte chunk (k / 8) ^ (q % 8)), rounded as dst is.
+          uint8_t* ds_bytes = reinterpret_cast<uint8_t*>(const_cast<bf16*>(ds_tile));
+#pragma unroll
+          for (int c = 0; c < kM / 8; ++c) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int q = 8 * c + c0 + e;
+#pragma unroll
+              for (int hr = 0; hr < 2; ++hr) {
+                const int key = r0 + 8 * hr;
+                *reinterpret_cast<bf16*>(ds_bytes + q * 128 + ((((key >> 3) ^ (q & 7))) << 4) +
+                                         (key & 7) * 2) = __float2bfloat16_rn(dpt[4 * c + 2 * hr + e]);
+              }
+            }
+          }
+          FenceProxyAsyncShared();
+          NamedBarrierSync(1 + cw, kWarpgroup);  // the whole tile is written
+        }
         uint32_t pt[kM / 16][4], dst[kM / 16][4];
         PackFragments<kM>(st, pt);
         PackFragments<kM>(dpt, dst);
+        [[maybe_unused]] float dq_part[kFusedDq ? kD / 2 : 1];  // this tile's dS K (64 x kD)
         FenceRegisters(dv_acc);
         FenceRegisters(dk_acc);
         WgmmaFence();
         AccumulateFragmentsTimesRows<kD, kM>(dv_acc, pt, do_tile);  // dv += P^T dO
         AccumulateFragmentsTimesRows<kD, kM>(dk_acc, dst, q_tile);  // dk += dS^T Q
+        // dq = dS K over our 64 keys: with dv and dk at head_dim 64; after them at 128, where
+        // dq's 64 accumulators beside P^T's and dS^T's fragments would make ptxas serialize
+        // the wgmmas (C7512).
+        auto issue_dq = [&] {
+          if constexpr (kFusedDq) {
+#pragma unroll
+            for (int i = 0; i < kD / 2; ++i) dq_part[i] = 0.0f;
+            FenceRegisters(dq_part);
+#pragma unroll
+            for (int kk = 0; kk < 64 / 16; ++kk) {
+              WgmmaSST<kD>(dq_part, Desc(ds_tile + kk * 16),
+                           Desc(k_rows + kk * 16 * kColumns, 2 * kN * kColumns), kk > 0);
+            }
+          }
+        };
+        constexpr bool kDqBeside = kFusedDq && kD <= 64;
+        if constexpr (kDqBeside) issue_dq();
         WgmmaCommit();
         WgmmaWait<0>();
         FenceRegisters(dv_acc);
         FenceRegisters(dk_acc);
+        if constexpr (kFusedDq && !kDqBeside) {
+          WgmmaFence();
+          issue_dq();
+          WgmmaCommit();
+          WgmmaWait<0>();
+        }
+        if constexpr (kFusedDq) {
+          FenceRegisters(dq_part);
+          // Our turn at the tile (see above), then the adds, then the next consumer's turn.
+          const int heads = static_cast<int>(gridDim.y) * group;  // the launch's query heads
+          const int lh = (kvh - kv_first) * group + (h - kvh * group);
+          int* count = tile_counts + static_cast<int64_t>(lh) * ((n + 63) / 64) + i0 / 64;
+          const int before = i_last / 64 - ka / 64;
+          if (t == 0) {
+            while (LoadAcquire(count) != before) __nanosleep(32);
+          }
+          NamedBarrierSync(1 + cw, kWarpgroup);
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int q = i0 + r0 + 8 * hr;
+            if (q < n) {
+              float* out = dq_acc + (static_cast<int64_t>(q) * heads + lh) * kD + c0;
+#pragma unroll
+              for (int c = 0; c < kD / 8; ++c) {
+                atomicAdd(out + 8 * c, dq_part[4 * c + 2 * hr]);
+                atomicAdd(out + 8 * c + 1, dq_part[4 * c + 2 * hr + 1]);
+              }
+            }
+          }
+          pending = count;
+          pending_count = before + 1;
+        }
+      } else {
+        release_pending();
       }
       BarrierArrive(&q_empty[s]);
     }
+    release_pending();
 
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -761,6 +871,21 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
     }
   }
 #endif
+}
+
+// dq (n, H, kD) rows of the launch's heads h_first.. from the fused backward's fp32 sums
+// (n, heads, kD), times 1/sqrt(kD): a thread per 4 values.
+template <int kD>
+__global__ void DqFromSumsKernel(bf16* __restrict__ dq, const float* __restrict__ sums, int n,
+                                 int H, int h_first, int heads, float scale) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(n) * heads * (kD / 4)) return;
+  const int64_t row = i / (kD / 4);  // (query, launch head)
+  const int64_t query = row / heads;
+  const int head = h_first + static_cast<int>(row % heads), d = 4 * static_cast<int>(i % (kD / 4));
+  const float4 x = reinterpret_cast<const float4*>(sums)[i];
+  const uint2 out = {PackBf16(x.x * scale, x.y * scale), PackBf16(x.z * scale, x.w * scale)};
+  *reinterpret_cast<uint2*>(dq + (query * H + head) * kD + d) = out;
 }
 
 // ---- host side
@@ -875,6 +1000,45 @@ void LaunchDkDv(bf16* dk, bf16* dv, const bf16* dq, const bf16* dout, const bf16
   MT_CUDA_LAUNCH_CHECK();
 }
 
+// HopperAttentionBackwardFused (ops.h), max_kv_heads > 0 capping a launch's kv heads.
+template <int kD, bool kWindow>
+bool LaunchFusedBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                         const bf16* k, const bf16* v, const float* lse, const int32_t* doc_start,
+                         int window, int n, int H, int KV, float* dq_sums, int64_t dq_sum_floats,
+                         int max_kv_heads, cudaStream_t stream) {
+  using T = DkDvTiles<kD>;
+  const int group = H / KV;
+  const int64_t count_words = (n + 63) / 64;  // a head's query tiles of 64
+  const int64_t per_kv_head = static_cast<int64_t>(group) * (static_cast<int64_t>(n) * kD + count_words);
+  int kv_per_launch = static_cast<int>(std::min<int64_t>(KV, dq_sum_floats / per_kv_head));
+  if (max_kv_heads > 0) kv_per_launch = std::min(kv_per_launch, max_kv_heads);
+  if (dq_sums == nullptr || kv_per_launch < 1) return false;
+  const CUtensorMap k_map = HeadMap(k, n, KV, kD, T::kN);
+  const CUtensorMap v_map = HeadMap(v, n, KV, kD, T::kN);
+  const CUtensorMap q_map = HeadMap(q, n, H, kD, T::kM);
+  const CUtensorMap do_map = HeadMap(dout, n, H, kD, T::kM);
+  auto kernel = HopperDkDvKernel<kD, kWindow, true>;
+  SetSmem(kernel, T::kFusedSmemBytes);
+  const float scale = 1.0f / sqrtf(static_cast<float>(kD));
+  for (int kv_first = 0; kv_first < KV; kv_first += kv_per_launch) {
+    const int kv_count = std::min(kv_per_launch, KV - kv_first), heads = kv_count * group;
+    const int64_t sum_floats = static_cast<int64_t>(heads) * n * kD;
+    int* counts = reinterpret_cast<int*>(dq_sums + sum_floats);
+    MT_CUDA_CHECK(cudaMemsetAsync(dq_sums, 0, (sum_floats + heads * count_words) * sizeof(float),
+                                  stream));
+    kernel<<<dim3((n + T::kN - 1) / T::kN, kv_count), 3 * kWarpgroup, T::kFusedSmemBytes,
+             stream>>>(k_map, v_map, q_map, do_map, dk, dv, dq, lse, doc_start, window, n, H, KV,
+                       kLog2e * scale, scale, dq_sums, counts, kv_first);
+    MT_CUDA_LAUNCH_CHECK();
+    constexpr int kThreads = 256;
+    const int64_t threads = sum_floats / 4;
+    DqFromSumsKernel<kD><<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0,
+                           stream>>>(dq, dq_sums, n, H, kv_first * group, heads, scale);
+    MT_CUDA_LAUNCH_CHECK();
+  }
+  return true;
+}
+
 template <int kD>
 void LaunchDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
               const float* lse, const int32_t* doc_start, int window, int n, int H, int KV,
@@ -931,6 +1095,35 @@ void HopperAttentionDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k,
     MT_CHECK_MSG(D == 128, "HopperAttentionDq: head_dim %d (64 or 128)", D);
     LaunchDq<128>(dq, dout, q, k, v, lse, doc_start, window, n, H, KV, stream);
   }
+}
+
+bool HopperFusedBackwardRequested() {
+  const char* env = std::getenv("MEGATRAIN_ATTENTION_BACKWARD");
+  return env != nullptr && std::strncmp(env, "fused", 5) == 0 && (env[5] == '\0' || env[5] == ':');
+}
+
+bool HopperAttentionBackwardFused(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                                  const bf16* k, const bf16* v, const float* lse,
+                                  const int32_t* doc_start, int window, int n, int H, int KV, int D,
+                                  float* dq_sums, int64_t dq_sum_floats, cudaStream_t stream) {
+  if (!HopperFusedBackwardRequested()) return false;
+  const char* env = std::getenv("MEGATRAIN_ATTENTION_BACKWARD");
+  const int max_kv_heads = env[5] == ':' ? std::atoi(env + 6) : 0;
+  if (D == 64) {
+    return window > 0 ? LaunchFusedBackward<64, true>(dq, dk, dv, dout, q, k, v, lse, doc_start,
+                                                      window, n, H, KV, dq_sums, dq_sum_floats,
+                                                      max_kv_heads, stream)
+                      : LaunchFusedBackward<64, false>(dq, dk, dv, dout, q, k, v, lse, doc_start,
+                                                       window, n, H, KV, dq_sums, dq_sum_floats,
+                                                       max_kv_heads, stream);
+  }
+  MT_CHECK_MSG(D == 128, "HopperAttentionBackwardFused: head_dim %d (64 or 128)", D);
+  return window > 0 ? LaunchFusedBackward<128, true>(dq, dk, dv, dout, q, k, v, lse, doc_start,
+                                                     window, n, H, KV, dq_sums, dq_sum_floats,
+                                                     max_kv_heads, stream)
+                    : LaunchFusedBackward<128, false>(dq, dk, dv, dout, q, k, v, lse, doc_start,
+                                                      window, n, H, KV, dq_sums, dq_sum_floats,
+                                                      max_kv_heads, stream);
 }
 
 void HopperAttentionDkDv(bf16* dk, bf16* dv, const bf16* dq, const bf16* dout, const bf16* q,

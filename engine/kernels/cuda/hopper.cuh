@@ -125,26 +125,42 @@ __device__ __forceinline__ void FenceRegisters(float (&d)[kN]) {
 // overwrites d. Accumulator layout: thread t of the warpgroup holds rows
 // r = 16 (t / 32) + (t % 32) / 4 and r + 8; d[4c + 0..1] are row r, columns 8c + 2 (t % 4)
 // and the next, d[4c + 2..3] the same columns of row r + 8.
+// WgmmaSST: WgmmaSS with B MN-major (transposed).
 template <int kN>
 __device__ void WgmmaSS(float (&d)[kN / 2], uint64_t a, uint64_t b, int accumulate);
 template <int kN>
+__device__ void WgmmaSST(float (&d)[kN / 2], uint64_t a, uint64_t b, int accumulate);
+template <int kN>
 __device__ void WgmmaRS(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int accumulate);
 
-template <>
-__device__ __forceinline__ void WgmmaSS<64>(float (&d)[32], uint64_t a, uint64_t b,
-                                           int accumulate) {
+// Both shared-memory forms, B transposed or not (kTransposeB: wgmma's tnspB immediate).
+template <int kTransposeB>
+__device__ __forceinline__ void WgmmaSS64(float (&d)[32], uint64_t a, uint64_t b,
+                                          int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(accumulate));
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaSS<64>(float (&d)[32], uint64_t a, uint64_t b,
+                                           int accumulate) {
+  WgmmaSS64<0>(d, a, b, accumulate);
+}
+
+template <>
+__device__ __forceinline__ void WgmmaSST<64>(float (&d)[32], uint64_t a, uint64_t b,
+                                            int accumulate) {
+  WgmmaSS64<1>(d, a, b, accumulate);
 }
 
 template <>
@@ -164,8 +180,8 @@ __device__ __forceinline__ void WgmmaRS<64>(float (&d)[32], const uint32_t (&a)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
-template <>
-__device__ __forceinline__ void WgmmaSS<128>(float (&d)[64], uint64_t a, uint64_t b,
+template <int kTransposeB>
+__device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t a, uint64_t b,
                                            int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -174,7 +190,7 @@ __device__ __forceinline__ void WgmmaSS<128>(float (&d)[64], uint64_t a, uint64_
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
@@ -185,7 +201,19 @@ __device__ __forceinline__ void WgmmaSS<128>(float (&d)[64], uint64_t a, uint64_
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
         "+f"(d[63])
-      : "l"(a), "l"(b), "r"(accumulate));
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaSS<128>(float (&d)[64], uint64_t a, uint64_t b,
+                                            int accumulate) {
+  WgmmaSS128<0>(d, a, b, accumulate);
+}
+
+template <>
+__device__ __forceinline__ void WgmmaSST<128>(float (&d)[64], uint64_t a, uint64_t b,
+                                             int accumulate) {
+  WgmmaSS128<1>(d, a, b, accumulate);
 }
 
 template <>
@@ -210,6 +238,24 @@ __device__ __forceinline__ void WgmmaRS<128>(float (&d)[64], const uint32_t (&a)
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
         "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// ---- ordering between blocks (the fixed-order sums of the fused backward's dq)
+
+__device__ __forceinline__ int LoadAcquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void StoreRelease(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// Makes this thread's ordinary shared-memory writes visible to wgmma's reads (the async
+// proxy); a barrier over the writing threads follows before the wgmma.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 }  // namespace megatrain::cuda::hopper

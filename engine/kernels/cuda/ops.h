@@ -65,12 +65,14 @@ void Attention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
                const int32_t* doc_start, const bf16* sinks, int64_t window, int64_t n, int64_t H,
                int64_t KV, int64_t D, cudaStream_t stream);
 // dq, dk, dv written; dsinks f32 (H) += | null (needs sinks; deterministic; partials: see
-// kPartialFloats, >= H floats, used only with dsinks).
+// kPartialFloats, >= H floats, used only with dsinks). dq_sums: the fused Hopper backward's
+// fp32 scratch (HopperAttentionBackwardFused), or null.
 void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* dout, const bf16* q,
                        const bf16* k, const bf16* v, const bf16* o, const float* lse,
                        const int32_t* doc_start, const bf16* sinks, int64_t window, int64_t n,
                        int64_t H, int64_t KV, int64_t D, float* partials, int64_t partial_floats,
-                       cudaStream_t stream);
+                       cudaStream_t stream, float* dq_sums = nullptr,
+                       int64_t dq_sum_floats = 0);
 
 // attention_hopper.cu: the two above on sm_90 (H100/H200) for head_dim 64 and 128, with
 // wgmma, TMA and warp specialisation. Attention calls them where HopperAttentionApplies:
@@ -90,6 +92,17 @@ void HopperAttentionDkDv(bf16* dk, bf16* dv, const bf16* dq, const bf16* dout, c
 void HopperAttentionDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                        const float* lse, const int32_t* doc_start, int window, int n, int H,
                        int KV, int D, cudaStream_t stream);
+// Both passes in one (HopperDkDvKernel's kFusedDq: 5 GEMMs a tile, not 7), its dq summed in
+// fp32 in `dq_sums` in a fixed order, in launches of as many kv heads as it holds (n x
+// H / KV x D floats and n / 64 counts each), then rounded into dq. Only with
+// MEGATRAIN_ATTENTION_BACKWARD=fused in the environment (read at each call; "fused:K" caps a
+// launch at K kv heads), and only if dq_sums holds one kv head's: false, and nothing run,
+// otherwise (the two passes above then run).
+bool HopperFusedBackwardRequested();  // MEGATRAIN_ATTENTION_BACKWARD=fused[:K]
+bool HopperAttentionBackwardFused(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                                  const bf16* k, const bf16* v, const float* lse,
+                                  const int32_t* doc_start, int window, int n, int H, int KV, int D,
+                                  float* dq_sums, int64_t dq_sum_floats, cudaStream_t stream);
 
 // swiglu.cu
 void SwiGlu(bf16* out, const bf16* gu, int64_t N, int64_t I, cudaStream_t stream);
