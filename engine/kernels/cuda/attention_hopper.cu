@@ -1040,6 +1040,16 @@ bool LaunchFusedBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const b
 }
 
 template <int kD>
+bool LaunchFusedBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                         const bf16* k, const bf16* v, const float* lse, const int32_t* doc_start,
+                         int window, int n, int H, int KV, float* dq_sums, int64_t dq_sum_floats,
+                         int max_kv_heads, cudaStream_t stream) {
+  auto launch = window > 0 ? LaunchFusedBackward<kD, true> : LaunchFusedBackward<kD, false>;
+  return launch(dq, dk, dv, dout, q, k, v, lse, doc_start, window, n, H, KV, dq_sums,
+                dq_sum_floats, max_kv_heads, stream);
+}
+
+template <int kD>
 void LaunchDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
               const float* lse, const int32_t* doc_start, int window, int n, int H, int KV,
               cudaStream_t stream) {
@@ -1109,21 +1119,10 @@ bool HopperAttentionBackwardFused(bf16* dq, bf16* dk, bf16* dv, const bf16* dout
   if (!HopperFusedBackwardRequested()) return false;
   const char* env = std::getenv("MEGATRAIN_ATTENTION_BACKWARD");
   const int max_kv_heads = env[5] == ':' ? std::atoi(env + 6) : 0;
-  if (D == 64) {
-    return window > 0 ? LaunchFusedBackward<64, true>(dq, dk, dv, dout, q, k, v, lse, doc_start,
-                                                      window, n, H, KV, dq_sums, dq_sum_floats,
-                                                      max_kv_heads, stream)
-                      : LaunchFusedBackward<64, false>(dq, dk, dv, dout, q, k, v, lse, doc_start,
-                                                       window, n, H, KV, dq_sums, dq_sum_floats,
-                                                       max_kv_heads, stream);
-  }
-  MT_CHECK_MSG(D == 128, "HopperAttentionBackwardFused: head_dim %d (64 or 128)", D);
-  return window > 0 ? LaunchFusedBackward<128, true>(dq, dk, dv, dout, q, k, v, lse, doc_start,
-                                                     window, n, H, KV, dq_sums, dq_sum_floats,
-                                                     max_kv_heads, stream)
-                    : LaunchFusedBackward<128, false>(dq, dk, dv, dout, q, k, v, lse, doc_start,
-                                                      window, n, H, KV, dq_sums, dq_sum_floats,
-                                                      max_kv_heads, stream);
+  MT_CHECK_MSG(D == 64 || D == 128, "HopperAttentionBackwardFused: head_dim %d (64 or 128)", D);
+  auto launch = D == 64 ? LaunchFusedBackward<64> : LaunchFusedBackward<128>;
+  return launch(dq, dk, dv, dout, q, k, v, lse, doc_start, window, n, H, KV, dq_sums,
+                dq_sum_floats, max_kv_heads, stream);
 }
 
 void HopperAttentionDkDv(bf16* dk, bf16* dv, const bf16* dq, const bf16* dout, const bf16* q,

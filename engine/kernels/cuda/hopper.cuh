@@ -125,11 +125,7 @@ __device__ __forceinline__ void FenceRegisters(float (&d)[kN]) {
 // overwrites d. Accumulator layout: thread t of the warpgroup holds rows
 // r = 16 (t / 32) + (t % 32) / 4 and r + 8; d[4c + 0..1] are row r, columns 8c + 2 (t % 4)
 // and the next, d[4c + 2..3] the same columns of row r + 8.
-// WgmmaSST: WgmmaSS with B MN-major (transposed).
-template <int kN>
-__device__ void WgmmaSS(float (&d)[kN / 2], uint64_t a, uint64_t b, int accumulate);
-template <int kN>
-__device__ void WgmmaSST(float (&d)[kN / 2], uint64_t a, uint64_t b, int accumulate);
+// WgmmaSST: WgmmaSS with B MN-major (transposed). (Both defined below their kN forms.)
 template <int kN>
 __device__ void WgmmaRS(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, int accumulate);
 
@@ -149,18 +145,6 @@ __device__ __forceinline__ void WgmmaSS64(float (&d)[32], uint64_t a, uint64_t b
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
-}
-
-template <>
-__device__ __forceinline__ void WgmmaSS<64>(float (&d)[32], uint64_t a, uint64_t b,
-                                           int accumulate) {
-  WgmmaSS64<0>(d, a, b, accumulate);
-}
-
-template <>
-__device__ __forceinline__ void WgmmaSST<64>(float (&d)[32], uint64_t a, uint64_t b,
-                                            int accumulate) {
-  WgmmaSS64<1>(d, a, b, accumulate);
 }
 
 template <>
@@ -204,16 +188,27 @@ __device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t a, uint64_t 
       : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeB));
 }
 
-template <>
-__device__ __forceinline__ void WgmmaSS<128>(float (&d)[64], uint64_t a, uint64_t b,
-                                            int accumulate) {
-  WgmmaSS128<0>(d, a, b, accumulate);
+template <int kN, int kTransposeB>
+__device__ __forceinline__ void WgmmaSmem(float (&d)[kN / 2], uint64_t a, uint64_t b,
+                                          int accumulate) {
+  static_assert(kN == 64 || kN == 128, "wgmma N: 64 or 128");
+  if constexpr (kN == 64) {
+    WgmmaSS64<kTransposeB>(d, a, b, accumulate);
+  } else {
+    WgmmaSS128<kTransposeB>(d, a, b, accumulate);
+  }
 }
 
-template <>
-__device__ __forceinline__ void WgmmaSST<128>(float (&d)[64], uint64_t a, uint64_t b,
-                                             int accumulate) {
-  WgmmaSS128<1>(d, a, b, accumulate);
+template <int kN>
+__device__ __forceinline__ void WgmmaSS(float (&d)[kN / 2], uint64_t a, uint64_t b,
+                                        int accumulate) {
+  WgmmaSmem<kN, 0>(d, a, b, accumulate);
+}
+
+template <int kN>
+__device__ __forceinline__ void WgmmaSST(float (&d)[kN / 2], uint64_t a, uint64_t b,
+                                         int accumulate) {
+  WgmmaSmem<kN, 1>(d, a, b, accumulate);
 }
 
 template <>
