@@ -35,6 +35,7 @@
 #include <cstring>
 
 #include "engine/common/check.h"
+#include "engine/kernels/cuda/attention_order.h"
 #include "engine/kernels/cuda/common.cuh"
 #include "engine/kernels/cuda/hopper.cuh"
 #include "engine/kernels/cuda/ops.h"
@@ -86,28 +87,8 @@ struct DkDvTiles {
   static constexpr int kFusedSmemBytes = kSmemBytes + 2 * 2 * kDsElems;
 };
 
-// One past the last query that sees key j_last: the end of j_last's document (doc_start is
-// nondecreasing, so the first i > j_last whose document starts after j_last).
-__device__ __forceinline__ int QueryEnd(const int32_t* doc_start, int j_last, int n) {
-  int lo = j_last + 1, hi = n;
-  while (lo < hi) {
-    const int mid = lo + (hi - lo) / 2;
-    if (__ldg(doc_start + mid) <= j_last) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
-// The first key query i sees: its document's start, or the window's if that is later.
-template <bool kWindow>
-__device__ __forceinline__ int FirstKey(const int32_t* doc_start, int i, int window) {
-  const int lo = __ldg(doc_start + i);
-  if constexpr (kWindow) return max(lo, i - window + 1);
-  return lo;
-}
+using order::FirstKey;
+using order::QueryEnd;
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -636,8 +617,8 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
   const int key_block =
       static_cast<int>(kFusedDq ? gridDim.x - 1 - blockIdx.x : blockIdx.x);  // see above
   const int j0 = key_block * kN, j_last = min(j0 + kN, n) - 1;
-  int i_end = QueryEnd(doc_start, j_last, n);  // queries [j0, i_end) see these keys
-  if constexpr (kWindow) i_end = min(i_end, j_last + window);
+  // Queries [j0, i_end) see these keys.
+  const int i_end = order::KeyBlockQueryEnd<kWindow>(doc_start, j_last, window, n);
   const int q_tiles = (i_end - j0 + kM - 1) / kM, items = group * q_tiles;
   const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
 
@@ -713,10 +694,9 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
       const uint32_t parity = (it / kStages) & 1;
       const int h = kvh * group + it / q_tiles, i0 = j0 + (it % q_tiles) * kM;
       const int i_last = min(i0 + kM, n) - 1;
-      // Some query of the tile sees some key of ours: the last query is at or after our first
-      // key, and the first query's first key (the smallest) is at or before our last.
+      // Some query of the tile may see some key of ours.
       const bool active =
-          has_keys && i_last >= ka && FirstKey<kWindow>(doc_start, i0, window) <= kb;
+          has_keys && order::TileMeetsKeys<kWindow>(doc_start, i0, i_last, ka, kb, window);
       const bf16* q_tile = s_q + s * T::kQElems;
       const bf16* do_tile = s_do + s * T::kQElems;
       // The tile's queries' lse (log2; +inf past n: P is 0 there), Delta and first key, in
@@ -828,7 +808,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
           const int heads = static_cast<int>(gridDim.y) * group;  // the launch's query heads
           const int lh = (kvh - kv_first) * group + (h - kvh * group);
           int* count = tile_counts + static_cast<int64_t>(lh) * ((n + 63) / 64) + i0 / 64;
-          const int before = i_last / 64 - ka / 64;
+          const int before = order::DqAddsBefore(i_last, ka);
           if (t == 0) {
             while (LoadAcquire(count) != before) __nanosleep(32);
           }
