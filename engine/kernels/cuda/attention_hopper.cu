@@ -769,7 +769,9 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         uint32_t pt[kM / 16][4], dst[kM / 16][4];
         PackFragments<kM>(st, pt);
         PackFragments<kM>(dpt, dst);
-        [[maybe_unused]] float dq_part[kFusedDq ? kD / 2 : 1];  // this tile's dS K (64 x kD)
+        // This tile's dS K (64 queries x kD); its first wgmma overwrites it.
+        [[maybe_unused]] float dq_part[kFusedDq ? kD / 2 : 1];
+        if constexpr (kFusedDq) FenceRegisters(dq_part);
         FenceRegisters(dv_acc);
         FenceRegisters(dk_acc);
         WgmmaFence();
@@ -778,11 +780,8 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         // dq = dS K over our 64 keys: with dv and dk at head_dim 64; after them at 128, where
         // dq's 64 accumulators beside P^T's and dS^T's fragments would make ptxas serialize
         // the wgmmas (C7512).
-        auto issue_dq = [&] {
+        auto issue_dq = [&] {  // after a wgmma fence
           if constexpr (kFusedDq) {
-#pragma unroll
-            for (int i = 0; i < kD / 2; ++i) dq_part[i] = 0.0f;
-            FenceRegisters(dq_part);
 #pragma unroll
             for (int kk = 0; kk < 64 / 16; ++kk) {
               WgmmaSST<kD>(dq_part, Desc(ds_tile + kk * 16),
@@ -797,6 +796,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         FenceRegisters(dv_acc);
         FenceRegisters(dk_acc);
         if constexpr (kFusedDq && !kDqBeside) {
+          FenceRegisters(dq_part);
           WgmmaFence();
           issue_dq();
           WgmmaCommit();
