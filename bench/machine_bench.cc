@@ -302,16 +302,15 @@ nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
       }
     }
   }
-  if (env != nullptr) {
-    setenv("MEGATRAIN_ATTENTION", saved.c_str(), 1);
-  } else {
-    unsetenv("MEGATRAIN_ATTENTION");
-  }
-  if (backward_env != nullptr) {
-    setenv("MEGATRAIN_ATTENTION_BACKWARD", saved_backward.c_str(), 1);
-  } else {
-    unsetenv("MEGATRAIN_ATTENTION_BACKWARD");
-  }
+  auto restore = [](const char* name, bool had, const std::string& value) {
+    if (had) {
+      setenv(name, value.c_str(), 1);
+    } else {
+      unsetenv(name);
+    }
+  };
+  restore("MEGATRAIN_ATTENTION", env != nullptr, saved);
+  restore("MEGATRAIN_ATTENTION_BACKWARD", backward_env != nullptr, saved_backward);
   return attention;
 }
 

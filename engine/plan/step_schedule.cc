@@ -60,12 +60,9 @@ StepStages StackStages(const std::vector<int64_t>& unit_elements, const StackTim
   for (size_t i = 0; i < n; ++i) {
     const double elements = static_cast<double>(unit_elements[i]);
     ScheduleUnit u;
-    if (i == 0) {
-      u.forward = times.embedding_forward;
-      u.backward = times.embedding_backward;
-    } else if (i + 1 == n) {
+    if (i + 1 == n) {
       u.forward = times.head;
-    } else {
+    } else if (i > 0) {
       u.forward = times.layers_forward / layers;
       u.backward = times.layers_backward / layers;
     }

@@ -40,10 +40,10 @@ struct StepStages {
   double norm = 0;                  // clipping: summing the norm, before the first update
 };
 
-// A stack's stages from its totals: the layers share their GPU seconds evenly, and each
-// unit's transfers and update take their per-element rates.
+// A stack's stages from its totals: the layers share their GPU seconds evenly (the
+// embedding's gather takes none), and each unit's transfers and update take their
+// per-element rates.
 struct StackTimes {
-  double embedding_forward = 0, embedding_backward = 0;
   double layers_forward = 0, layers_backward = 0;  // all layers together
   double head = 0;                                 // forward and backward
   double optimizer_per_element = 0, download_per_element = 0, upload_per_element = 0;

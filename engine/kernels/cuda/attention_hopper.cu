@@ -1087,18 +1087,26 @@ void HopperAttentionDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k,
   }
 }
 
-bool HopperFusedBackwardRequested() {
+namespace {
+
+// MEGATRAIN_ATTENTION_BACKWARD: -1 unless "fused" or "fused:K"; else K (0: no cap).
+int FusedBackwardMaxKvHeads() {
   const char* env = std::getenv("MEGATRAIN_ATTENTION_BACKWARD");
-  return env != nullptr && std::strncmp(env, "fused", 5) == 0 && (env[5] == '\0' || env[5] == ':');
+  if (env == nullptr || std::strncmp(env, "fused", 5) != 0) return -1;
+  if (env[5] == '\0') return 0;
+  return env[5] == ':' ? std::max(0, std::atoi(env + 6)) : -1;
 }
+
+}  // namespace
+
+bool HopperFusedBackwardRequested() { return FusedBackwardMaxKvHeads() >= 0; }
 
 bool HopperAttentionBackwardFused(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
                                   const bf16* k, const bf16* v, const float* lse,
                                   const int32_t* doc_start, int window, int n, int H, int KV, int D,
                                   float* dq_sums, int64_t dq_sum_floats, cudaStream_t stream) {
-  if (!HopperFusedBackwardRequested()) return false;
-  const char* env = std::getenv("MEGATRAIN_ATTENTION_BACKWARD");
-  const int max_kv_heads = env[5] == ':' ? std::atoi(env + 6) : 0;
+  const int max_kv_heads = FusedBackwardMaxKvHeads();
+  if (max_kv_heads < 0) return false;
   MT_CHECK_MSG(D == 64 || D == 128, "HopperAttentionBackwardFused: head_dim %d (64 or 128)", D);
   auto launch = D == 64 ? LaunchFusedBackward<64> : LaunchFusedBackward<128>;
   return launch(dq, dk, dv, dout, q, k, v, lse, doc_start, window, n, H, KV, dq_sums,
