@@ -573,19 +573,23 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
 // Delta and the queries' first keys staged in shared memory by the consumer), then
 // dv += P^T dO and dk += dS^T Q by wgmma with P^T and dS^T as A operands from registers,
 // dO and Q transposed. dk is scaled by 1/sqrt(D) at the end. The tiles are visited in order,
-// so the sums' order is fixed. Delta is parked in dq's storage (AttentionDeltaKernel); dq's
-// own pass runs after this one.
+// so the sums' order is fixed (order::DkDvItem: the tiles from the last down, the group's
+// heads in turn at each). Delta is parked in dq's storage (AttentionDeltaKernel); dq's own
+// pass runs after this one.
 //
 // kFusedDq: also dq, in the same pass (5 GEMMs a tile instead of the two passes' 7). A
 // consumer stages its tile's dS in shared memory and adds dS K (64 queries x kD) into
 // dq_acc, fp32 (n, kv_count * group, kD), the launch's kv heads kv_first... only, in a fixed
-// order: a query tile's consumers add in descending order of their 64 keys, each waiting for
+// order: a query tile's consumers add in ascending order of their 64 keys, each waiting for
 // the tile's count (tile_counts, (kv_count * group, n / 64) ints, zeroed) to say that every
-// consumer of higher keys that sees the tile has added. The consumers of a tile are exactly
+// consumer of lower keys that sees the tile has added. The consumers of a tile are exactly
 // those whose keys some query of it sees, 64 c .. 64 c + 63 for c from the tile's first key
-// / 64 up to its last query / 64, so the one of keys 64 c waits for last query / 64 - c
-// before it. Blocks run in descending key order (blockIdx.x 0 takes the last keys), so a
-// block waits only for blocks launched before it: no wait can close a cycle.
+// / 64 up to its last query / 64, so the one of keys 64 c waits for c - first key / 64
+// before it. A block takes its keys from a ticket (order::FusedBlock, `ticket` zeroed): the
+// lowest keys first, so a block waits only for blocks that started before it and no wait
+// can close a cycle; and as every block of a kv head visits the tiles from the last down,
+// the block of the next keys reaches a tile just after the one it waits for. The adds are
+// 16-byte vector reductions (a lane and its neighbour trade a row's halves).
 template <int kD, bool kWindow, bool kFusedDq = false>
 __global__ void __launch_bounds__(3 * kWarpgroup, 1)
     HopperDkDvKernel(const __grid_constant__ CUtensorMap k_map,
@@ -596,7 +600,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
                      const float* __restrict__ lse, const int32_t* __restrict__ doc_start,
                      int window, int n, int H, int KV, float scale_log2, float scale,
                      float* __restrict__ dq_acc = nullptr, int* __restrict__ tile_counts = nullptr,
-                     int kv_first = 0) {
+                     int kv_first = 0, int* __restrict__ ticket = nullptr) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = DkDvTiles<kD>;
   constexpr int kN = T::kN, kM = T::kM, kStages = T::kStages, kBlocks = kD / kColumns;
@@ -613,16 +617,9 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
   uint64_t* q_empty = bars + 1 + kStages;
   float* s_stats = reinterpret_cast<float*>(bars + T::kBarriers);  // T::kStatWords
 
-  const int kvh = static_cast<int>(blockIdx.y) + (kFusedDq ? kv_first : 0), group = H / KV;
-  const int key_block =
-      static_cast<int>(kFusedDq ? gridDim.x - 1 - blockIdx.x : blockIdx.x);  // see above
-  const int j0 = key_block * kN, j_last = min(j0 + kN, n) - 1;
-  // Queries [j0, i_end) see these keys.
-  const int i_end = order::KeyBlockQueryEnd<kWindow>(doc_start, j_last, window, n);
-  const int q_tiles = (i_end - j0 + kM - 1) / kM, items = group * q_tiles;
-  const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
-
+  [[maybe_unused]] __shared__ int s_ticket;  // kFusedDq
   if (threadIdx.x == 0) {
+    if constexpr (kFusedDq) s_ticket = atomicAdd(ticket, 1);
     BarrierInit(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(&q_full[s], 1);
@@ -631,6 +628,18 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
     BarrierInitFence();
   }
   __syncthreads();
+
+  int key_block = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y);
+  if constexpr (kFusedDq) {  // see above
+    order::FusedBlock(s_ticket, static_cast<int>(gridDim.y), &key_block, &kvh);
+    kvh += kv_first;
+  }
+  const int group = H / KV;
+  const int j0 = key_block * kN, j_last = min(j0 + kN, n) - 1;
+  // Queries [j0, i_end) see these keys.
+  const int i_end = order::KeyBlockQueryEnd<kWindow>(doc_start, j_last, window, n);
+  const int q_tiles = (i_end - j0 + kM - 1) / kM, items = group * q_tiles;
+  const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
 
   if (wg == 0) {  // producer
     RegistersDown<24>();
@@ -647,7 +656,9 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
       }
       for (int t = 0; t < items; ++t) {
         const int s = t % kStages, use = t / kStages;
-        const int h = kvh * group + t / q_tiles, i0 = j0 + (t % q_tiles) * kM;
+        int hg, i0;
+        order::DkDvItem(t, group, q_tiles, j0, kM, &hg, &i0);
+        const int h = kvh * group + hg;
         if (use > 0) BarrierWait(&q_empty[s], (use - 1) & 1);
         bf16* q_tile = s_q + s * T::kQElems;
         bf16* do_tile = s_do + s * T::kQElems;
@@ -692,7 +703,9 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
     for (int it = 0; it < items; ++it) {
       const int s = it % kStages;
       const uint32_t parity = (it / kStages) & 1;
-      const int h = kvh * group + it / q_tiles, i0 = j0 + (it % q_tiles) * kM;
+      int hg, i0;
+      order::DkDvItem(it, group, q_tiles, j0, kM, &hg, &i0);
+      const int h = kvh * group + hg;
       const int i_last = min(i0 + kM, n) - 1;
       // Some query of the tile may see some key of ours.
       const bool active =
@@ -808,20 +821,28 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
           const int heads = static_cast<int>(gridDim.y) * group;  // the launch's query heads
           const int lh = (kvh - kv_first) * group + (h - kvh * group);
           int* count = tile_counts + static_cast<int64_t>(lh) * ((n + 63) / 64) + i0 / 64;
-          const int before = order::DqAddsBefore(i_last, ka);
+          const int before = order::DqAddsBefore(FirstKey<kWindow>(doc_start, i0, window), ka);
           if (t == 0) {
             while (LoadAcquire(count) != before) __nanosleep(32);
           }
           NamedBarrierSync(1 + cw, kWarpgroup);
+          // A thread holds columns c0, c0 + 1 of every 8 of rows r0 and r0 + 8; with its
+          // neighbour's (lane ^ 1: columns c0 ^ 2) an even lane adds 4 columns of row r0, an
+          // odd one 4 of row r0 + 8.
+          const bool even = (lane & 1) == 0;
+          const int q = i0 + r0 + (even ? 0 : 8), col = c0 - (even ? 0 : 2);
+          float* out = dq_acc + (static_cast<int64_t>(min(q, n - 1)) * heads + lh) * kD + col;
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int q = i0 + r0 + 8 * hr;
+          for (int c = 0; c < kD / 8; ++c) {
+            const float give0 = even ? dq_part[4 * c + 2] : dq_part[4 * c];
+            const float give1 = even ? dq_part[4 * c + 3] : dq_part[4 * c + 1];
+            const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+            const float got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
             if (q < n) {
-              float* out = dq_acc + (static_cast<int64_t>(q) * heads + lh) * kD + c0;
-#pragma unroll
-              for (int c = 0; c < kD / 8; ++c) {
-                atomicAdd(out + 8 * c, dq_part[4 * c + 2 * hr]);
-                atomicAdd(out + 8 * c + 1, dq_part[4 * c + 2 * hr + 1]);
+              if (even) {
+                RedAddV4(out + 8 * c, dq_part[4 * c], dq_part[4 * c + 1], got0, got1);
+              } else {
+                RedAddV4(out + 8 * c, got0, got1, dq_part[4 * c + 2], dq_part[4 * c + 3]);
               }
             }
           }
@@ -990,7 +1011,8 @@ bool LaunchFusedBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const b
   const int group = H / KV;
   const int64_t count_words = (n + 63) / 64;  // a head's query tiles of 64
   const int64_t per_kv_head = static_cast<int64_t>(group) * (static_cast<int64_t>(n) * kD + count_words);
-  int kv_per_launch = static_cast<int>(std::min<int64_t>(KV, dq_sum_floats / per_kv_head));
+  // (Each launch's sums, counts and its ticket.)
+  int kv_per_launch = static_cast<int>(std::min<int64_t>(KV, (dq_sum_floats - 1) / per_kv_head));
   if (max_kv_heads > 0) kv_per_launch = std::min(kv_per_launch, max_kv_heads);
   if (dq_sums == nullptr || kv_per_launch < 1) return false;
   const CUtensorMap k_map = HeadMap(k, n, KV, kD, T::kN);
@@ -1004,11 +1026,12 @@ bool LaunchFusedBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const b
     const int kv_count = std::min(kv_per_launch, KV - kv_first), heads = kv_count * group;
     const int64_t sum_floats = static_cast<int64_t>(heads) * n * kD;
     int* counts = reinterpret_cast<int*>(dq_sums + sum_floats);
-    MT_CUDA_CHECK(cudaMemsetAsync(dq_sums, 0, (sum_floats + heads * count_words) * sizeof(float),
-                                  stream));
+    int* ticket = counts + heads * count_words;
+    MT_CUDA_CHECK(cudaMemsetAsync(
+        dq_sums, 0, (sum_floats + heads * count_words + 1) * sizeof(float), stream));
     kernel<<<dim3((n + T::kN - 1) / T::kN, kv_count), 3 * kWarpgroup, T::kFusedSmemBytes,
              stream>>>(k_map, v_map, q_map, do_map, dk, dv, dq, lse, doc_start, window, n, H, KV,
-                       kLog2e * scale, scale, dq_sums, counts, kv_first);
+                       kLog2e * scale, scale, dq_sums, counts, kv_first, ticket);
     MT_CUDA_LAUNCH_CHECK();
     constexpr int kThreads = 256;
     const int64_t threads = sum_floats / 4;

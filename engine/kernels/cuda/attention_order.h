@@ -80,9 +80,30 @@ MT_ORDER_FN bool TileMeetsKeys(const int32_t* doc_start, int i0, int i_last, int
   return i_last >= ka && FirstKey<kWindow>(doc_start, i0, window) <= kb;
 }
 
+// The dk/dv pass's item `it` of a block whose queries span q_tiles tiles of tile_rows from j0,
+// over `group` query heads: the tiles from the last down, each tile's heads in turn (the
+// head's index in the group in *head, the tile's first query in *i0). Every block of a kv
+// head is then at the same tile at the same item, which is what the one-pass backward's
+// fixed order of dq sums (below) needs to wait little.
+MT_ORDER_FN void DkDvItem(int it, int group, int q_tiles, int j0, int tile_rows, int* head,
+                          int* i0) {
+  *head = it % group;
+  *i0 = j0 + (q_tiles - 1 - it / group) * tile_rows;
+}
+
 // The one-pass backward's dq sums: a query tile's consumers (64 keys each, ka = 64 c) that
-// meet it are c from some c_lo up to i_last / 64, and they add in descending c; so the one
-// of keys ka.. comes after this many.
-MT_ORDER_FN int DqAddsBefore(int i_last, int ka) { return i_last / 64 - ka / 64; }
+// meet it are c from first_key / 64 (first_key: the tile's first query's first key, the
+// smallest of its queries') up to its last query / 64, and they add in ascending c; so the
+// one of keys ka.. comes after this many.
+MT_ORDER_FN int DqAddsBefore(int first_key, int ka) { return ka / 64 - first_key / 64; }
+
+// The one-pass backward's blocks in the order they start (a ticket taken at the start, so a
+// block's ticket is below those of every block that starts after it): the lowest keys (the
+// most queries) first, the launch's kv heads in turn. A block waits only for blocks of
+// lower keys of its kv head, which hold lower tickets and so have started.
+MT_ORDER_FN void FusedBlock(int ticket, int kv_heads, int* key_block, int* kv_head) {
+  *key_block = ticket / kv_heads;
+  *kv_head = ticket % kv_heads;
+}
 
 }  // namespace megatrain::cuda::order

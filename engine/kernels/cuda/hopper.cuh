@@ -247,6 +247,13 @@ __device__ __forceinline__ void StoreRelease(int* p, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+// *p += {a, b, c, d} (16-byte aligned), one relaxed reduction at gpu scope.
+__device__ __forceinline__ void RedAddV4(float* p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b),
+               "f"(c), "f"(d)
+               : "memory");
+}
+
 // Makes this thread's ordinary shared-memory writes visible to wgmma's reads (the async
 // proxy); a barrier over the writing threads follows before the wgmma.
 __device__ __forceinline__ void FenceProxyAsyncShared() {

@@ -1,8 +1,8 @@
 // The Hopper attention backward's iteration (engine/kernels/cuda/attention_order.h, what the
 // dk/dv kernel visits) on the CPU, over packed documents, windows and GQA: every visible
 // (query, key) pair is visited by the consumer that holds the key; and the one-pass
-// backward's fixed order of dq sums is a total order per query tile that the blocks, run
-// in the kernel's launch order with few resident at once, always finish (a wait that no
+// backward's fixed order of dq sums is a total order per query tile that the blocks, started
+// in the kernel's ticket order with few resident at once, always finish (a wait that no
 // block can end would hang the GPU).
 #include "engine/kernels/cuda/attention_order.h"
 
@@ -63,8 +63,7 @@ std::vector<Item> ConsumerItems(const Batch& b, int block, int cw) {
   std::vector<Item> items;
   for (int it = 0; it < b.group * tiles; ++it) {
     Item item;
-    item.head = it / tiles;
-    item.i0 = j0 + (it % tiles) * kTile;
+    DkDvItem(it, b.group, tiles, j0, kTile, &item.head, &item.i0);
     item.i_last = std::min(item.i0 + kTile, b.n) - 1;
     item.active = ka < b.n && (b.window > 0 ? TileMeetsKeys<true>(ds, item.i0, item.i_last, ka, kb,
                                                                    b.window)
@@ -96,7 +95,7 @@ void ExpectEveryPairVisited(const Batch& b) {
   }
 }
 
-// A query tile's active consumers add in descending order of their keys: their counts
+// A query tile's active consumers add in ascending order of their keys: their counts
 // before them are 0, 1, ... m - 1.
 void ExpectATotalOrderPerTile(const Batch& b) {
   std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> adds;  // tile -> (c, before)
@@ -105,13 +104,13 @@ void ExpectATotalOrderPerTile(const Batch& b) {
       const int c = 2 * block + cw;
       for (const Item& item : ConsumerItems(b, block, cw)) {
         if (item.active) {
-          adds[{item.head, item.i0}].push_back({c, DqAddsBefore(item.i_last, c * kKeys)});
+          adds[{item.head, item.i0}].push_back({c, DqAddsBefore(First(b, item.i0), c * kKeys)});
         }
       }
     }
   }
   for (auto& [tile, list] : adds) {
-    std::sort(list.begin(), list.end(), [](auto& x, auto& y) { return x.first > y.first; });
+    std::sort(list.begin(), list.end(), [](auto& x, auto& y) { return x.first < y.first; });
     for (size_t k = 0; k < list.size(); ++k) {
       ASSERT_EQ(list[k].second, static_cast<int>(k))
           << "n " << b.n << " window " << b.window << " tile " << tile.second << " consumer "
@@ -120,12 +119,12 @@ void ExpectATotalOrderPerTile(const Batch& b) {
   }
 }
 
-// The blocks in launch order (the kernel's: the highest keys first; or the lowest first), at
-// most `resident` at once, each consumer through its items: an active one waits for the
+// The blocks in the order they start (the kernel's tickets: the lowest keys first; or the
+// highest first), at most `resident` at once, each consumer through its items: an active one waits for the
 // tile's count, adds, and raises the count when it starts its next item (or ends); a
 // consumer starts item t only once the other has finished item t - 2 (the two-stage ring
 // both release). Whether every block finishes.
-bool OrderFinishes(const Batch& b, int resident, bool highest_first = true) {
+bool OrderFinishes(const Batch& b, int resident, bool highest_first = false) {
   struct Consumer {
     std::vector<Item> items;
     size_t next = 0;           // the item it is at
@@ -143,7 +142,8 @@ bool OrderFinishes(const Batch& b, int resident, bool highest_first = true) {
   const int blocks = Blocks(b);
   auto launch = [&] {
     Block block;
-    block.index = highest_first ? blocks - 1 - launched : launched;
+    int kv_head = 0;
+    FusedBlock(highest_first ? blocks - 1 - launched : launched, 1, &block.index, &kv_head);
     ++launched;
     for (int cw = 0; cw < 2; ++cw) block.c[cw].items = ConsumerItems(b, block.index, cw);
     running.push_back(std::move(block));
@@ -177,7 +177,7 @@ bool OrderFinishes(const Batch& b, int resident, bool highest_first = true) {
         if (item.active) {
           const int ka = (2 * block.index + cw) * kKeys;
           const std::pair<int, int> tile{item.head, item.i0};
-          if (count[tile] != DqAddsBefore(item.i_last, ka)) continue;  // waits
+          if (count[tile] != DqAddsBefore(First(b, item.i0), ka)) continue;  // waits
           c.pending = tile;
           c.pending_set = true;
         }
@@ -223,14 +223,40 @@ TEST(AttentionOrder, EveryPairIsVisitedAndTheDqOrderIsTotalAndAlwaysFinishes) {
   }
 }
 
-// Launched lowest keys first, a block waits for the adds of blocks launched after it: with
+// Started highest keys first, a block waits for the adds of blocks that start after it: with
 // few resident, none can go on (the simulation above can fail).
-TEST(AttentionOrder, LowestKeysFirstWouldHang) {
+TEST(AttentionOrder, HighestKeysFirstWouldHang) {
   std::mt19937 rng(3);
   const Batch b = RandomBatch(&rng, 1000, 0, 1, 1);
   EXPECT_TRUE(OrderFinishes(b, 1));
-  EXPECT_FALSE(OrderFinishes(b, 1, /*highest_first=*/false));
-  EXPECT_FALSE(OrderFinishes(b, 2, /*highest_first=*/false));
+  EXPECT_FALSE(OrderFinishes(b, 1, /*highest_first=*/true));
+  EXPECT_FALSE(OrderFinishes(b, 2, /*highest_first=*/true));
+}
+
+// The tickets: the lowest keys first, each key block's kv heads in turn.
+TEST(AttentionOrder, TicketsTakeTheLowestKeysFirstAcrossKvHeads) {
+  int key_block = -1, kv_head = -1;
+  FusedBlock(0, 4, &key_block, &kv_head);
+  EXPECT_EQ(key_block, 0);
+  EXPECT_EQ(kv_head, 0);
+  FusedBlock(5, 4, &key_block, &kv_head);
+  EXPECT_EQ(key_block, 1);
+  EXPECT_EQ(kv_head, 1);
+}
+
+// The items: the tiles from the last down, the group's heads in turn at each; so two blocks
+// of a kv head whose queries end at the same tile are at the same tile at the same item.
+TEST(AttentionOrder, ItemsRunTheTilesDownwardTheHeadsInTurn) {
+  int head = -1, i0 = -1;
+  DkDvItem(0, 4, 3, 128, 64, &head, &i0);
+  EXPECT_EQ(head, 0);
+  EXPECT_EQ(i0, 128 + 2 * 64);
+  DkDvItem(5, 4, 3, 128, 64, &head, &i0);
+  EXPECT_EQ(head, 1);
+  EXPECT_EQ(i0, 128 + 64);
+  DkDvItem(11, 4, 3, 128, 64, &head, &i0);
+  EXPECT_EQ(head, 3);
+  EXPECT_EQ(i0, 128);
 }
 
 }  // namespace
