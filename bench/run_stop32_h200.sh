@@ -24,6 +24,13 @@
 #            never ends shows as a timeout), then the rates of both backwards in one run
 #   fsteps   whole steps with the fused backward: Qwen2.5-7B one 128K sequence (2,519 tokens/s
 #            with the two passes, box 1 of stop 33), Llama-3.1-8B seq 8K 128K tokens
+#   omp      stop 34: why AdamW runs at ~70% of machine_bench's rate inside steps: the box's
+#            cores, NUMA and huge pages, then Qwen3-30B-A3B 4 layers at 64K (optimizer bound)
+#            as is, with OMP_NUM_THREADS one and two below the cores, and with
+#            OMP_WAIT_POLICY=passive
+#   moe64only  Qwen3-30B-A3B 4 layers and GPT-OSS-120B 2 layers at 64K (stop 34's huge-page A/B)
+#   issue21  stop 34: issue 21's MoE benchmarks with the planner's AdamW at its in-step
+#            fraction, those whose prediction missed first
 #   steps    whole steps with MEGATRAIN_ATTENTION=hopper against the mma kernels in the same
 #            call: Qwen2.5-7B seq 4K, 64K tokens; Llama-3.1-8B seq 8K, 128K tokens
 #   finish   the optimizer's squares on its own thread (stop 32): Mixtral-8x7B and
@@ -64,9 +71,9 @@ train() {  # name, train_bench arguments...
   summary "$OUT/$name.json"
   python3 bench/timeline_spans.py "$OUT/${name}_timeline.json" 2>/dev/null | head -3
 }
-moe() {  # shape, layers, tokens, extra arguments...
+moe() {  # shape, layers, tokens, extra arguments... (TAG: a suffix for the files)
   local shape=$1 layers=$2 tokens=$3; shift 3
-  train "moe_${shape}_${layers}l_${tokens}" --shape "$shape" --layers "$layers" --seq 4096 \
+  train "moe_${shape}_${layers}l_${tokens}${TAG:+_$TAG}" --shape "$shape" --layers "$layers" --seq 4096 \
     --tokens-per-step "$tokens" --steps 4 "$@"
 }
 steps_on() {  # kernels...: Qwen2.5-7B seq 4K, 64K tokens; Llama-3.1-8B seq 8K, 128K tokens
@@ -123,6 +130,17 @@ PY
     moe64)
       moe qwen3-30b-a3b 4 65536
       moe mixtral-8x7b 4 65536 ;;
+    issue21)  # stop 34's planner (AdamW at its in-step fraction): the benchmarks it missed first
+      moe gpt-oss-120b 2 262144 --vocab 32000
+      moe gpt-oss-120b 2 65536 --vocab 32000
+      moe mixtral-8x7b 4 262144
+      moe mixtral-8x7b 4 65536
+      moe qwen3-30b-a3b 4 262144
+      moe qwen3-30b-a3b 12 65536 --bf16-copy no
+      moe qwen3-30b-a3b 4 65536 ;;
+    moe64only)  # the optimizer-bound pair: Qwen3-30B-A3B 4 layers, GPT-OSS-120B 2 layers, 64K
+      moe qwen3-30b-a3b 4 65536
+      moe gpt-oss-120b 2 65536 --vocab 32000 ;;
     mixmb) moe mixtral-8x7b 4 65536 --micro-batch-rows 2 ;;
     fused)
       timeout 180 gpu_test --gtest_filter='*HopperAttention*' > "$OUT/gpu_test_fused.txt" 2>&1
@@ -142,6 +160,14 @@ PY
       moe qwen3-30b-a3b 4 262144
       moe mixtral-8x7b 4 262144 ;;
     steps) steps_on mma hopper ;;
+    omp)
+      { nproc; cat /sys/kernel/mm/transparent_hugepage/enabled; ls -d /sys/devices/system/node/node*
+        grep -m1 "model name" /proc/cpuinfo; } 2>&1 | tee "$OUT/box.txt"
+      cores=$(nproc)
+      moe qwen3-30b-a3b 4 65536
+      TAG=omp$((cores - 1)) OMP_NUM_THREADS=$((cores - 1)) moe qwen3-30b-a3b 4 65536
+      TAG=omp$((cores - 2)) OMP_NUM_THREADS=$((cores - 2)) moe qwen3-30b-a3b 4 65536
+      TAG=passive OMP_WAIT_POLICY=passive moe qwen3-30b-a3b 4 65536 ;;
     finish)
       moe mixtral-8x7b 4 65536
       moe qwen3-30b-a3b 4 65536

@@ -430,6 +430,12 @@ int main(int argc, char** argv) {
       {"floors_seconds", {{"gpu_kernels", floor_compute}, {"pcie", floor_pcie},
                           {"cpu_optimizer", floor_optimizer}}},
       {"measured_bound", measured_bound},
+      // The profile's adamw_in_step_fraction, as this step measured it.
+      {"optimizer_in_step_fraction",
+       no_optimizer || floor_optimizer <= 0
+           ? 0.0
+           : static_cast<double>(total_elements) / floor_optimizer /
+                 profile->AdamWParamsPerSecond(moments)},
       {"step_over_largest_floor", step / floor},
       {"schedule_floor_seconds", floor_schedule},
       {"schedule_floor_formula",

@@ -288,6 +288,7 @@ std::string ProfileToJson(const MachineProfile& p) {
                       {"adamw_params_per_second", p.adamw_params_per_second},
                       {"adamw_bf16_params_per_second", p.adamw_bf16_params_per_second},
                       {"adamw_int8_params_per_second", p.adamw_int8_params_per_second},
+                      {"adamw_in_step_fraction", p.adamw_in_step_fraction},
                       {"nvme_gbps", p.nvme_gbps},
                       {"host_gbps", p.host_gbps},
                       {"device_memory_bytes", p.device_memory_bytes},
@@ -342,6 +343,8 @@ absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& text) {
     // Profiles measured before the quantized moments existed have neither.
     p.adamw_bf16_params_per_second = j.value("adamw_bf16_params_per_second", 0.0);
     p.adamw_int8_params_per_second = j.value("adamw_int8_params_per_second", 0.0);
+    p.adamw_in_step_fraction =
+        j.value("adamw_in_step_fraction", MachineProfile::kDefaultAdamWInStepFraction);
     p.nvme_gbps = j.value("nvme_gbps", 0.0);
     p.host_gbps = j.at("host_gbps").get<double>();
     p.device_memory_bytes = j.at("device_memory_bytes").get<int64_t>();
@@ -353,6 +356,11 @@ absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& text) {
   if (p.gemm.empty() || p.attention.empty() || !(p.h2d_gbps > 0) || !(p.d2h_gbps > 0) ||
       !(p.adamw_params_per_second > 0)) {
     return absl::InvalidArgumentError("machine profile: a rate is missing or not positive");
+  }
+  if (!(p.adamw_in_step_fraction > 0 && p.adamw_in_step_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "machine profile: adamw_in_step_fraction must be in (0, 1], got ",
+        p.adamw_in_step_fraction));
   }
   return p;
 }

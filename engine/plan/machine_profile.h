@@ -76,6 +76,13 @@ struct MachineProfile {
   // AdamWUpdateQuantized over bf16 and int8 moments (0: not measured; the fp32 rate).
   double adamw_bf16_params_per_second = 0;
   double adamw_int8_params_per_second = 0;
+  // AdamW's rate inside a step over its rate alone (the rates above). Measured by train_bench
+  // (optimizer_in_step_fraction), not by machine_bench, which runs AdamW alone: 0.65-0.77 on
+  // H200 boxes over 14 MoE steps on 2026-12-02 (one device's DMA under way, bf16 copy or not,
+  // OpenMP threads one or two short of the cores, passive waits, huge pages: none explains
+  // it). Profiles without it take that default; set it in the profile's JSON to recalibrate.
+  static constexpr double kDefaultAdamWInStepFraction = 0.70;
+  double adamw_in_step_fraction = kDefaultAdamWInStepFraction;
   // The NVMe tier's disk, read and write (GB/s; 0: not measured, 2 assumed).
   double nvme_gbps = 0;
   double host_gbps = 0;     // host memory, a += s * b in place, all threads

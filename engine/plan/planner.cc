@@ -236,13 +236,17 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   s.peer_gbps = r.peer_gbps > 0 ? r.peer_gbps : std::max(1e-6, p.d2h_gbps);
   s.reduce_seconds = sharded ? 4.0 * total * (N - 1) / N / (1e9 * s.peer_gbps) : 0;
 
-  // The optimizer: AdamW of every parameter (+ the clipping norm over every gradient).
-  // AdamW moves 30 bytes a parameter at memory bandwidth; the step's DMA (weights in,
-  // gradients out) shares that bandwidth while it runs.
-  // With several devices, all of their DMA.
-  const double adamw = std::max(1.0, p.AdamWParamsPerSecond(r.moments)) /
-                       (1.0 + N * (s.h2d_bytes + s.d2h_bytes) /
-                                  (AdamWBytesPerParameter(r.moments, plan->bf16_copy) * total));
+  // The optimizer: AdamW of every parameter (+ the clipping norm over every gradient), at
+  // the profile's in-step fraction of its rate alone (one device's DMA under way included:
+  // measured so, it did not follow the DMA's bytes). AdamW moves its bytes (30 a parameter
+  // with fp32 moments and the bf16 copy, which machine_bench writes; 28 without the copy) at
+  // memory bandwidth; each further device's DMA (weights in, gradients out) shares that
+  // bandwidth while it runs.
+  const double adamw_bytes = AdamWBytesPerParameter(r.moments, plan->bf16_copy);
+  const double adamw = std::max(1.0, p.AdamWParamsPerSecond(r.moments)) *
+                       p.adamw_in_step_fraction *
+                       (AdamWBytesPerParameter(r.moments, /*bf16_copy=*/true) / adamw_bytes) /
+                       (1.0 + (N - 1) * (s.h2d_bytes + s.d2h_bytes) / (adamw_bytes * total));
   const double norm = r.clipping ? 4.0 * total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
   s.optimizer_seconds = total / adamw + norm;
   // Its layers' moments are read and written once a step, in the optimizer's order, ahead

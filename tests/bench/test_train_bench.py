@@ -55,6 +55,8 @@ class TrainBenchTest(unittest.TestCase):
         self.assertAlmostEqual(r["step_over_schedule_floor"],
                                r["step_seconds"] / r["schedule_floor_seconds"], places=9)
         self.assertLessEqual(r["step_over_schedule_floor"], r["step_over_largest_floor"])
+        # AdamW's rate in the step over the profile's (what the planner scales by): some.
+        self.assertGreater(r["optimizer_in_step_fraction"], 0)
         # The last step's spans: every layer's forward and backward, the head, on the
         # compute stream (0), each ending after it starts.
         spans = json.load(open(timeline))
@@ -72,6 +74,7 @@ class TrainBenchTest(unittest.TestCase):
         losses = [s["loss"] for s in r["steps"]]
         self.assertEqual(len(set(losses)), 1, losses)  # the same batches, the same weights
         self.assertEqual(r["floors_seconds"]["cpu_optimizer"], 0)
+        self.assertEqual(r["optimizer_in_step_fraction"], 0)
 
 
 if __name__ == "__main__":

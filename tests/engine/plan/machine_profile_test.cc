@@ -29,6 +29,34 @@ TEST(MachineProfile, MeasuresPositiveRatesOnTheCpuAndRoundTripsThroughJson) {
   EXPECT_DOUBLE_EQ(back->adamw_params_per_second, p->adamw_params_per_second);
 }
 
+// AdamW's in-step fraction: the default (0.70) in a profile without it, as saved otherwise,
+// and refused outside (0, 1].
+TEST(MachineProfile, AdamWInStepFractionDefaultsRoundTripsAndIsChecked) {
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  absl::StatusOr<MachineProfile> p = MeasureMachineProfile(be.get(), ProfileOptions{true});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->adamw_in_step_fraction, 0.70);
+  p->adamw_in_step_fraction = 0.55;
+  std::string json = ProfileToJson(*p);
+  absl::StatusOr<MachineProfile> back = ProfileFromJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_DOUBLE_EQ(back->adamw_in_step_fraction, 0.55);
+  const std::string field = "\"adamw_in_step_fraction\": 0.55";
+  const size_t at = json.find(field);
+  ASSERT_NE(at, std::string::npos) << json;
+  std::string without = json;
+  without.erase(at, field.size() + 1);  // and its comma
+  absl::StatusOr<MachineProfile> old = ProfileFromJson(without);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_DOUBLE_EQ(old->adamw_in_step_fraction, MachineProfile::kDefaultAdamWInStepFraction);
+  std::string bad = json;
+  bad.replace(at, field.size(), "\"adamw_in_step_fraction\": 1.5");
+  absl::StatusOr<MachineProfile> refused = ProfileFromJson(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.status().message()).find("adamw_in_step_fraction"),
+            std::string::npos);
+}
+
 // The experts' matmuls plan with the grouped samples of the nearest MoE shape (within 1.5x
 // in each dimension), over rows per expert; any other shape, or no grouped samples, with the
 // dense grid at rows_per_expert rows. The samples survive the profile's JSON.
