@@ -21,9 +21,12 @@
 #include <map>
 #include <thread>
 #include <random>
+#include <sstream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "engine/backend/factory.h"
+#include "engine/backend/planning_backend.h"
 #include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/plan/planner.h"
@@ -140,7 +143,9 @@ int main(int argc, char** argv) {
                  "plan for this much host memory (0 = 90% of this box's); with --plan-only, a "
                  "projection for a bigger box");
   app.add_flag("--plan-only", plan_only,
-               "print the plan's prediction as JSON and exit (no memory is allocated)");
+               "print the plan's prediction as JSON and exit (no memory is allocated); on a "
+               "machine without the --backend's device, plans for the box whose saved "
+               "profile --profile names");
   app.add_option("--timeline", timeline_path,
                  "write the last step's stream spans here (JSON: stream, label, start/end ms)");
   app.add_flag("--no-optimizer", no_optimizer,
@@ -170,14 +175,36 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int64_t cap = static_cast<int64_t>(device_gib * (1ll << 30));
+  const std::string profile_file = profile_path.empty() ? DefaultProfilePath() : profile_path;
   absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{backend, cap});
-  if (!be.ok()) {
+  absl::StatusOr<MachineProfile> profile = absl::UnknownError("not loaded");
+  std::string note;
+  if (!be.ok() && plan_only && backend != "cpu") {
+    // Planning for a GPU box from a machine without its GPU: its saved profile's rates and
+    // device memory (or --device-memory-gib), the CUDA backend's types (PlanningBackend).
+    std::ifstream in(profile_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    profile = in ? ProfileFromJson(text.str())
+                 : absl::StatusOr<MachineProfile>(absl::NotFoundError(
+                       absl::StrCat("no machine profile at ", profile_file)));
+    if (!profile.ok() || profile->backend.rfind("cuda", 0) != 0) {
+      std::fprintf(stderr, "%s; --plan-only without the device needs a saved CUDA box's profile "
+                   "(--profile): %s\n", be.status().ToString().c_str(),
+                   profile.ok() ? ("its backend is " + profile->backend).c_str()
+                                : profile.status().ToString().c_str());
+      return 1;
+    }
+    be = std::unique_ptr<Backend>(std::make_unique<PlanningBackend>(
+        profile->backend, cap > 0 ? cap : profile->device_memory_bytes));
+    note = absl::StrCat("no ", backend, " device here: planning for the box of ", profile_file,
+                        " (", profile->key, ", measured ", profile->measured_at, ")");
+  } else if (!be.ok()) {
     std::fprintf(stderr, "%s\n", be.status().ToString().c_str());
     return 1;
+  } else {
+    profile = LoadOrMeasureProfile(be->get(), profile_file, &note);
   }
-  std::string note;
-  absl::StatusOr<MachineProfile> profile = LoadOrMeasureProfile(
-      be->get(), profile_path.empty() ? DefaultProfilePath() : profile_path, &note);
   if (!profile.ok()) {
     std::fprintf(stderr, "%s\n", profile.status().ToString().c_str());
     return 1;

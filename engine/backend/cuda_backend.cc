@@ -459,7 +459,8 @@ class CudaBackend final : public Backend {
     return host_offsets_;
   }
   static constexpr int64_t kMaxExperts = 1024;
-  static constexpr int64_t kStagingElements = int64_t{8} << 20;  // 32 MiB of fp32
+  static constexpr int64_t kStagingElements =
+      kCudaF32UploadStagingBytes / static_cast<int64_t>(sizeof(float));
 
   cudaStream_t Stream(StreamId s) const { return streams_[static_cast<int>(s)]; }
   static bf16* Bf16(void* p) { return static_cast<bf16*>(p); }

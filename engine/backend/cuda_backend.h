@@ -17,6 +17,10 @@
 
 namespace megatrain {
 
+// UploadWeightsFromF32 stages fp32 through this many device bytes per stream that calls it
+// (Backend::f32_upload_staging_bytes).
+inline constexpr int64_t kCudaF32UploadStagingBytes = (int64_t{8} << 20) * 4;  // 32 MiB
+
 struct CudaBackendOptions {
   int device = 0;
   int64_t device_memory_cap_bytes = 0;  // 0: whatever the device has free

@@ -1,5 +1,6 @@
 """train_bench on the CPU backend, with a tiny MoE model: the flags that diagnose a step
-(--no-optimizer, --timeline) and the floors its JSON reports.
+(--no-optimizer, --timeline) and the floors its JSON reports; and --plan-only for a GPU box
+from its saved profile, on this machine without the GPU.
 
 The binaries are found under $MEGATRAIN_BIN_DIR (the CMake build folder), else ../../build.
 """
@@ -14,6 +15,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 BIN_DIR = os.path.abspath(
     os.environ.get("MEGATRAIN_BIN_DIR") or os.path.join(_HERE, "..", "..", "build"))
 TRAIN_BENCH = os.path.join(BIN_DIR, "bench", "train_bench")
+# An H200 box's saved machine profile (machine_bench --save, 2026-12-02).
+H200_PROFILE = os.path.join(_HERE, "..", "..", "bench", "results", "h200-2026-12-02-schedule",
+                            "box3_machine-profile.json")
 
 
 class TrainBenchTest(unittest.TestCase):
@@ -75,6 +79,43 @@ class TrainBenchTest(unittest.TestCase):
         self.assertEqual(len(set(losses)), 1, losses)  # the same batches, the same weights
         self.assertEqual(r["floors_seconds"]["cpu_optimizer"], 0)
         self.assertEqual(r["optimizer_in_step_fraction"], 0)
+
+    def run_plan(self, *flags):
+        args = [TRAIN_BENCH, "--backend", "cuda", "--plan-only", "--shape", "qwen3-30b-a3b",
+                "--layers", "4", "--seq", "4096", "--tokens-per-step", "65536", *flags]
+        return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+    @unittest.skipIf(os.path.exists("/dev/nvidia0"), "a GPU here: --plan-only would use it")
+    def test_plan_only_plans_for_a_gpu_box_from_its_saved_profile(self):
+        p = self.run_plan("--profile", H200_PROFILE)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("planning for the box of", p.stderr)
+        r = json.loads(p.stdout)
+        with open(H200_PROFILE) as f:
+            profile = json.load(f)
+        plan = r["plan"]
+        self.assertGreater(plan["predicted_step_seconds"], 0)
+        self.assertLessEqual(plan["predicted_device_gib"],
+                             profile["device_memory_bytes"] / 2**30)
+        # The H200's AdamW rate, at the in-step fraction (the profile has none: 0.70), for
+        # 30 bytes a parameter with the bf16 copy and 28 without.
+        rate = profile["adamw_params_per_second"] * 0.70 * (1 if plan["bf16_copy"] else 30 / 28)
+        self.assertAlmostEqual(plan["predicted_optimizer_seconds"], r["parameters"] / rate,
+                               delta=1e-3 * plan["predicted_optimizer_seconds"])
+        # A cap on the device memory plans within it.
+        capped = self.run_plan("--profile", H200_PROFILE, "--device-memory-gib", "40")
+        self.assertEqual(capped.returncode, 0, capped.stderr)
+        self.assertLessEqual(json.loads(capped.stdout)["plan"]["predicted_device_gib"], 40)
+
+    @unittest.skipIf(os.path.exists("/dev/nvidia0"), "a GPU here: --plan-only would use it")
+    def test_plan_only_without_the_device_or_a_gpu_profile_says_why(self):
+        missing = self.run_plan("--profile", os.path.join(self.tmp.name, "none.json"))
+        self.assertEqual(missing.returncode, 1)
+        self.assertIn("no machine profile at", missing.stderr)
+        self.run_bench()  # writes the CPU's profile
+        cpu = self.run_plan("--profile", self.profile)
+        self.assertEqual(cpu.returncode, 1)
+        self.assertIn("its backend is cpu", cpu.stderr)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@
 #include "tests/engine/pipeline/direct_model.h"
 #include "tests/engine/pipeline/recording_sink.h"
 #include "tests/engine/pipeline/sgd_sink.h"
-#include "tests/util/forwarding_backend.h"
+#include "engine/backend/forwarding_backend.h"
 
 namespace megatrain::testing {
 namespace {

@@ -7,14 +7,13 @@
 #include "engine/store/grad_slab_pool.h"
 #include "bench/shapes.h"
 #include "engine/model/layout.h"
-#include "tests/util/sizing_backend.h"
+#include "engine/backend/planning_backend.h"
 
 namespace megatrain {
 namespace {
 
 constexpr int64_t kGiB = 1ll << 30;
 
-using testing::SizingBackend;
 
 MachineProfile H200Like() {
   MachineProfile p;
@@ -82,7 +81,7 @@ PlanRequest Request(const ModelConfig& c, int64_t tokens, int64_t device_gib,
 // never to tile, it is refused naming the device memory. The plan says so, and keeps the
 // attention half of the layers it has room for.
 TEST(Planner, LongSequenceTilesTheMlpWhenNothingElseFits) {
-  SizingBackend be;
+  PlanningBackend be;
   PlanRequest r = Request(Qwen7B(), 524288, 130, 400);
   r.seq_len = 524288;
   r.rows_per_step = 1;
@@ -109,7 +108,7 @@ TEST(Planner, LongSequenceTilesTheMlpWhenNothingElseFits) {
 }
 
 TEST(Planner, SevenBAtSixtyFourKTokensIsComputeBoundAndFitsTheDevice) {
-  SizingBackend be;
+  PlanningBackend be;
   absl::StatusOr<Plan> plan = MakePlan(Request(Qwen7B(), 65536, 130), H200Like(), &be);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->step.bound, "GPU compute");
@@ -127,7 +126,7 @@ TEST(Planner, SevenBAtSixtyFourKTokensIsComputeBoundAndFitsTheDevice) {
 }
 
 TEST(Planner, KeepsActivationsInTheDeviceMemoryLeftOver) {
-  SizingBackend be;
+  PlanningBackend be;
   absl::StatusOr<Plan> roomy = MakePlan(Request(Qwen1p5B(), 65536, 130), H200Like(), &be);
   absl::StatusOr<Plan> tight = MakePlan(Request(Qwen1p5B(), 65536, 40), H200Like(), &be);
   ASSERT_TRUE(roomy.ok() && tight.ok()) << tight.status();
@@ -140,7 +139,7 @@ TEST(Planner, KeepsActivationsInTheDeviceMemoryLeftOver) {
 }
 
 TEST(Planner, TheSameJobInTwentyFourGigabytesStillPlans) {
-  SizingBackend be;
+  PlanningBackend be;
   absl::StatusOr<Plan> big = MakePlan(Request(Qwen7B(), 65536, 130), H200Like(), &be);
   absl::StatusOr<Plan> small = MakePlan(Request(Qwen7B(), 65536, 22), H200Like(), &be);
   ASSERT_TRUE(big.ok() && small.ok()) << small.status();
@@ -150,7 +149,7 @@ TEST(Planner, TheSameJobInTwentyFourGigabytesStillPlans) {
 }
 
 TEST(Planner, ResidentLayersWhenTheyFitAndTransfersMatter) {
-  SizingBackend be;
+  PlanningBackend be;
   MachineProfile fast_cpu = H200Like();
   fast_cpu.adamw_params_per_second = 1e11;  // so that PCIe binds
   fast_cpu.h2d_gbps = 5;  // a slow link in, as through a PCIe switch shared with a NIC
@@ -169,7 +168,7 @@ TEST(Planner, ResidentLayersWhenTheyFitAndTransfersMatter) {
 }
 
 TEST(Planner, SmallBatchOnASmallModelIsBoundByTheHost) {
-  SizingBackend be;
+  PlanningBackend be;
   absl::StatusOr<Plan> plan = MakePlan(Request(Qwen1p5B(), 4096, 130), H200Like(), &be);
   ASSERT_TRUE(plan.ok()) << plan.status();
   // 1.5B parameters of AdamW against 4K tokens of compute: the H200 measured this one
@@ -184,7 +183,7 @@ TEST(Planner, SmallBatchOnASmallModelIsBoundByTheHost) {
 // in proportion to their DMA): half the fraction, twice the optimizer's time. Without the
 // bf16 copy it moves 28 bytes a parameter, not the 30 machine_bench's rate moved.
 TEST(Planner, AdamWPlansAtItsInStepFractionOfTheMeasuredRate) {
-  SizingBackend be;
+  PlanningBackend be;
   MachineProfile p = H200Like();
   p.adamw_in_step_fraction = 1.0;
   absl::StatusOr<Plan> alone = MakePlan(Request(Qwen1p5B(), 4096, 130), p, &be);
@@ -208,7 +207,7 @@ TEST(Planner, AdamWPlansAtItsInStepFractionOfTheMeasuredRate) {
 }
 
 TEST(Planner, DeviceMemoryFlatInDepthWithHostCheckpoints) {
-  SizingBackend be;
+  PlanningBackend be;
   PlanRequest shallow = Request(Qwen1p5B(28), 65536, 130);
   PlanRequest deep = Request(Qwen1p5B(84), 65536, 130);
   for (PlanRequest* r : {&shallow, &deep}) {
@@ -234,7 +233,7 @@ TEST(Planner, DeviceMemoryFlatInDepthWithHostCheckpoints) {
 }
 
 TEST(Planner, FixedChoicesAreKept) {
-  SizingBackend be;
+  PlanningBackend be;
   PlanRequest r = Request(Qwen1p5B(), 65536, 130);
   r.micro_batch_rows = 2;
   r.checkpoint_every = 4;
@@ -248,7 +247,7 @@ TEST(Planner, FixedChoicesAreKept) {
 }
 
 TEST(Planner, ClippingHoldsEveryGradientAndCostsHostMemory) {
-  SizingBackend be;
+  PlanningBackend be;
   PlanRequest r = Request(Qwen1p5B(), 65536, 130);
   absl::StatusOr<Plan> free_running = MakePlan(r, H200Like(), &be);
   r.clipping = true;
@@ -258,7 +257,7 @@ TEST(Planner, ClippingHoldsEveryGradientAndCostsHostMemory) {
 }
 
 TEST(Planner, RefusesWithTheNumbersWhenTheDeviceIsTooSmall) {
-  SizingBackend be;
+  PlanningBackend be;
   absl::StatusOr<Plan> plan = MakePlan(Request(Qwen7B(), 65536, 1), H200Like(), &be);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -267,7 +266,7 @@ TEST(Planner, RefusesWithTheNumbersWhenTheDeviceIsTooSmall) {
 }
 
 TEST(Planner, RefusesWithTheNumbersWhenTheHostIsTooSmall) {
-  SizingBackend be;
+  PlanningBackend be;
   absl::StatusOr<Plan> plan = MakePlan(Request(Qwen7B(), 65536, 130, 64), H200Like(), &be);
   ASSERT_FALSE(plan.ok());
   EXPECT_NE(plan.status().message().find("host memory"), std::string::npos) << plan.status();
@@ -278,7 +277,7 @@ TEST(Planner, RefusesWithTheNumbersWhenTheHostIsTooSmall) {
 }
 
 TEST(Planner, TheNvmeTierBoundsTheStepAtTheDisksRate) {
-  SizingBackend be;
+  PlanningBackend be;
   MachineProfile profile = H200Like();
   profile.nvme_gbps = 1.0;  // each way, reads and writes together (machine_bench)
   PlanRequest r = Request(Qwen7B(), 65536, 130, 82);
@@ -305,7 +304,7 @@ TEST(Planner, TheNvmeTierBoundsTheStepAtTheDisksRate) {
 // optimizer.bf16_copy auto (the default) drops the copy unless the step is then 5% slower:
 // where compute hides the fp32 master's upload, and not where PCIe bounds the step.
 TEST(Planner, AutoDropsTheBf16CopyWherePcieHasRoom) {
-  SizingBackend be;
+  PlanningBackend be;
   PlanRequest r = Request(Qwen7B(), 65536, 130);
   ASSERT_EQ(r.bf16_copy, "auto");
   absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
@@ -329,7 +328,7 @@ TEST(Planner, AutoDropsTheBf16CopyWherePcieHasRoom) {
 }
 
 TEST(Planner, MoreTokensTakeLongerAndRefusesNonsense) {
-  SizingBackend be;
+  PlanningBackend be;
   absl::StatusOr<Plan> a = MakePlan(Request(Qwen1p5B(), 16384, 130), H200Like(), &be);
   absl::StatusOr<Plan> b = MakePlan(Request(Qwen1p5B(), 65536, 130), H200Like(), &be);
   ASSERT_TRUE(a.ok() && b.ok());
@@ -340,7 +339,7 @@ TEST(Planner, MoreTokensTakeLongerAndRefusesNonsense) {
 }
 
 TEST(Planner, DescribesThePlanInWords) {
-  SizingBackend be;
+  PlanningBackend be;
   const PlanRequest r = Request(Qwen7B(), 65536, 130);
   absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
   ASSERT_TRUE(plan.ok());
@@ -367,7 +366,7 @@ PlanRequest TwoLayersOf(const char* shape) {
 // GPT-OSS-120B's shape, one layer per kind: the plan names its sliding and full layers,
 // and a sliding layer's attention costs its window, not the sequence.
 TEST(Planner, GptOssPlanNamesItsWindowsAndSlidingLayersCostLess) {
-  SizingBackend be;
+  PlanningBackend be;
   const PlanRequest r = TwoLayersOf("gpt-oss-120b");
   const ModelConfig& c = r.config;
   absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
@@ -393,7 +392,7 @@ TEST(Planner, GptOssPlanNamesItsWindowsAndSlidingLayersCostLess) {
 // (head_dim 128, no experts) the same under both.
 void ExpectSlowerWithOnlyFor(const PlanRequest& r, const MachineProfile& before,
                              const MachineProfile& after, double factor) {
-  SizingBackend be;
+  PlanningBackend be;
   absl::StatusOr<Plan> a = MakePlan(r, before, &be);
   absl::StatusOr<Plan> b = MakePlan(r, after, &be);
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
@@ -479,7 +478,7 @@ TEST(Planner, GradSlabsOfALargeLayerAreCappedAndHoldTwoLayers) {
 // divides, each device drains 1/N of the gradient when they reduce-scatter (and all of it
 // when the host adds), and the host holds no more gradient slabs than with one device.
 TEST(Planner, DataParallelDividesTheStepAndNotTheHostState) {
-  SizingBackend be;
+  PlanningBackend be;
   const PlanRequest one_r = Request(Qwen7B(), 65536, 130);
   PlanRequest two_r = one_r;
   two_r.devices = 2;

@@ -1,6 +1,6 @@
-// A backend that forwards every call to another (its inner backend): the base of the
-// tests' backends that change or watch a few calls (SizingBackend, probes of the calls the
-// pipeline makes). Override what differs; call the base for the rest.
+// A backend that forwards every call to another (its inner backend): the base of backends
+// that change or watch a few calls (the planning backend, planning_backend.h; the tests'
+// probes of the calls the pipeline makes). Override what differs; call the base for the rest.
 #pragma once
 
 #include <memory>
@@ -9,7 +9,7 @@
 
 #include "engine/common/backend.h"
 
-namespace megatrain::testing {
+namespace megatrain {
 
 class ForwardingBackend : public Backend {
  public:
@@ -72,4 +72,4 @@ class ForwardingBackend : public Backend {
   std::unique_ptr<Backend> inner_;
 };
 
-}  // namespace megatrain::testing
+}  // namespace megatrain
