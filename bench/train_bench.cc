@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   int64_t layers = 0, vocab = 0, seq = 4096, tokens = 65536, steps = 8, warmup = 3;
   int64_t micro_rows = 0, k = 0, kept = -1, slots = -1, mlp_tile = -1;
   double device_gib = 0, max_grad_norm = 0, host_gib = 0;
-  bool plan_only = false, no_optimizer = false;
+  bool plan_only = false, no_optimizer = false, calibrate = false;
   std::string timeline_path, state_dtype = "fp32", bf16_copy = "auto", nvme_dir;
   int64_t nvme_layers = -1;
   app.add_option("--backend", backend);
@@ -146,6 +146,9 @@ int main(int argc, char** argv) {
                "print the plan's prediction as JSON and exit (no memory is allocated); on a "
                "machine without the --backend's device, plans for the box whose saved "
                "profile --profile names");
+  app.add_flag("--calibrate", calibrate,
+               "write AdamW's rate in these steps over the profile's (optimizer_in_step_fraction) "
+               "into the profile as its adamw_in_step_fraction, for the planner's next plans");
   app.add_option("--timeline", timeline_path,
                  "write the last step's stream spans here (JSON: stream, label, start/end ms)");
   app.add_flag("--no-optimizer", no_optimizer,
@@ -170,6 +173,11 @@ int main(int argc, char** argv) {
   }
   if (layers > 0) SetNumLayers(layers, &c);
   if (vocab > 0) c.vocab_size = vocab;
+  if (calibrate && (plan_only || no_optimizer || max_grad_norm > 0)) {
+    std::fprintf(stderr, "--calibrate measures AdamW in steps that run it alone: not with "
+                         "--plan-only, --no-optimizer or --max-grad-norm\n");
+    return 2;
+  }
   if (tokens % seq != 0) {
     std::fprintf(stderr, "--tokens-per-step must be a multiple of --seq\n");
     return 2;
@@ -412,6 +420,26 @@ int main(int argc, char** argv) {
   StepStages stages = StackStages(unit_elements, stage_times);
   stages.clipping = max_grad_norm > 0;
   const double floor_schedule = std::max(floor, ScheduleStepSeconds(stages));
+  // AdamW's rate in these steps over the profile's, as the planner scales it (its bytes a
+  // parameter: the profile's rate moved the bf16 copy's 2 too).
+  const double in_step_fraction =
+      no_optimizer || floor_optimizer <= 0
+          ? 0.0
+          : static_cast<double>(total_elements) / floor_optimizer /
+                (profile->AdamWParamsPerSecond(moments) *
+                 AdamWBytesPerParameter(moments, /*bf16_copy=*/true) /
+                 AdamWBytesPerParameter(moments, plan->bf16_copy));
+  if (calibrate && in_step_fraction > 0) {
+    MachineProfile calibrated = *profile;
+    calibrated.adamw_in_step_fraction = std::min(2.0, in_step_fraction);
+    const absl::Status saved = WriteProfile(calibrated, profile_file);
+    std::fprintf(stderr, "%s\n",
+                 saved.ok() ? absl::StrCat("adamw_in_step_fraction ",
+                                           calibrated.adamw_in_step_fraction, " written to ",
+                                           profile_file).c_str()
+                            : saved.ToString().c_str());
+    if (!saved.ok()) return 1;
+  }
   const int64_t host_bytes = static_cast<int64_t>((*store)->transfer_bytes() +
                                                   (*store)->state_bytes() + pool->bytes()) +
                              plan->host_checkpoint_bytes;
@@ -458,11 +486,7 @@ int main(int argc, char** argv) {
                           {"cpu_optimizer", floor_optimizer}}},
       {"measured_bound", measured_bound},
       // The profile's adamw_in_step_fraction, as this step measured it.
-      {"optimizer_in_step_fraction",
-       no_optimizer || floor_optimizer <= 0
-           ? 0.0
-           : static_cast<double>(total_elements) / floor_optimizer /
-                 profile->AdamWParamsPerSecond(moments)},
+      {"optimizer_in_step_fraction", in_step_fraction},
       {"step_over_largest_floor", step / floor},
       {"schedule_floor_seconds", floor_schedule},
       {"schedule_floor_formula",

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -357,9 +359,9 @@ absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& text) {
       !(p.adamw_params_per_second > 0)) {
     return absl::InvalidArgumentError("machine profile: a rate is missing or not positive");
   }
-  if (!(p.adamw_in_step_fraction > 0 && p.adamw_in_step_fraction <= 1)) {
+  if (!(p.adamw_in_step_fraction > 0 && p.adamw_in_step_fraction <= 2)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "machine profile: adamw_in_step_fraction must be in (0, 1], got ",
+        "machine profile: adamw_in_step_fraction must be in (0, 2], got ",
         p.adamw_in_step_fraction));
   }
   return p;
@@ -561,6 +563,22 @@ std::string DefaultProfilePath() {
   return absl::StrCat(base, "/megatrain/machine-profile.json");
 }
 
+absl::Status WriteProfile(const MachineProfile& profile, const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  std::ofstream out(tmp, std::ios::trunc);
+  out << ProfileToJson(profile) << "\n";
+  out.close();
+  if (!out || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return absl::UnavailableError(
+        absl::StrCat("cannot write the machine profile at ", path, ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
 // The profile cached at `path` when it was measured for `backend` (its source set);
 // else nullopt, and *why says so.
 namespace {
@@ -598,22 +616,13 @@ absl::StatusOr<MachineProfile> LoadOrMeasureProfile(Backend* backend, const std:
     return *cached;
   }
   ASSIGN_OR_RETURN(MachineProfile p, MeasureMachineProfile(backend, options));
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << ProfileToJson(p) << "\n";
-    out.close();
-    if (out && std::rename(tmp.c_str(), path.c_str()) == 0) p.source = path;
-    if (p.source.empty()) {
-      std::remove(tmp.c_str());
-      if (note != nullptr) {
-        *note = absl::StrCat("machine profile measured (", why, "); could not cache it at ", path);
-      }
-      return p;
+  if (!WriteProfile(p, path).ok()) {
+    if (note != nullptr) {
+      *note = absl::StrCat("machine profile measured (", why, "); could not cache it at ", path);
     }
+    return p;
   }
+  p.source = path;
   if (note != nullptr) {
     *note = absl::StrFormat("machine profile measured in %.1f s (%s), cached at %s",
                             p.measure_seconds, why, path);

@@ -80,7 +80,10 @@ struct MachineProfile {
   // (optimizer_in_step_fraction), not by machine_bench, which runs AdamW alone: 0.65-0.77 on
   // H200 boxes over 14 MoE steps on 2026-12-02 (one device's DMA under way, bf16 copy or not,
   // OpenMP threads one or two short of the cores, passive waits, huge pages: none explains
-  // it). Profiles without it take that default; set it in the profile's JSON to recalibrate.
+  // it). Profiles without it take that default; `train_bench --calibrate` measures this
+  // box's into its cached profile (or set it in the JSON). In (0, 2]. Against the rates as
+  // the planner scales them: a step without the bf16 copy moves 28 bytes a parameter, not
+  // the rates' 30.
   static constexpr double kDefaultAdamWInStepFraction = 0.70;
   double adamw_in_step_fraction = kDefaultAdamWInStepFraction;
   // The NVMe tier's disk, read and write (GB/s; 0: not measured, 2 assumed).
@@ -119,6 +122,9 @@ double StoreBytesPerParameter(MomentDType moments, bool bf16_copy = true);
 double AdamWBytesPerParameter(MomentDType moments, bool bf16_copy = true);
 
 std::string ProfileToJson(const MachineProfile& profile);
+// Writes the profile's JSON at `path` (its folders made), whole or not at all (a temporary
+// file renamed over it).
+[[nodiscard]] absl::Status WriteProfile(const MachineProfile& profile, const std::string& path);
 [[nodiscard]] absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& json);
 
 // The key of `backend` on this host (a profile with another key is stale).

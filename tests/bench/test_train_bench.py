@@ -31,10 +31,10 @@ class TrainBenchTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def run_bench(self, *flags):
+    def run_bench(self, *flags, profile=None):
         args = [TRAIN_BENCH, "--backend", "cpu", "--shape", "tiny-moe", "--seq", "64",
                 "--tokens-per-step", "256", "--steps", "3", "--warmup", "1",
-                "--profile", self.profile, *flags]
+                "--profile", profile or self.profile, *flags]
         p = subprocess.run(args, capture_output=True, text=True, timeout=240)
         self.assertEqual(p.returncode, 0, p.stderr)
         return json.loads(p.stdout)
@@ -79,6 +79,28 @@ class TrainBenchTest(unittest.TestCase):
         self.assertEqual(len(set(losses)), 1, losses)  # the same batches, the same weights
         self.assertEqual(r["floors_seconds"]["cpu_optimizer"], 0)
         self.assertEqual(r["optimizer_in_step_fraction"], 0)
+
+    def test_calibrate_writes_the_steps_adamw_fraction_into_the_profile(self):
+        profile = os.path.join(self.tmp.name, "calibrated.json")
+        r = self.run_bench("--calibrate", profile=profile)
+        measured = r["optimizer_in_step_fraction"]
+        self.assertGreater(measured, 0)
+        with open(profile) as f:
+            saved = json.load(f)
+        self.assertAlmostEqual(saved["adamw_in_step_fraction"], min(2.0, measured), places=9)
+        # The next plan takes it: AdamW's time at the profile's rate times the fraction.
+        again = self.run_bench(profile=profile)
+        rate = saved["adamw_params_per_second"] * saved["adamw_in_step_fraction"]
+        if not again["plan"]["bf16_copy"]:
+            rate *= 30 / 28
+        self.assertAlmostEqual(again["plan"]["predicted_optimizer_seconds"],
+                               again["model"]["params"] / rate,
+                               delta=0.02 * again["plan"]["predicted_optimizer_seconds"])
+        bad = subprocess.run([TRAIN_BENCH, "--backend", "cpu", "--shape", "tiny-moe",
+                              "--calibrate", "--no-optimizer", "--profile", profile],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("--calibrate", bad.stderr)
 
     def run_plan(self, *flags):
         args = [TRAIN_BENCH, "--backend", "cuda", "--plan-only", "--shape", "qwen3-30b-a3b",

@@ -30,7 +30,7 @@ TEST(MachineProfile, MeasuresPositiveRatesOnTheCpuAndRoundTripsThroughJson) {
 }
 
 // AdamW's in-step fraction: the default (0.70) in a profile without it, as saved otherwise,
-// and refused outside (0, 1].
+// and refused outside (0, 2].
 TEST(MachineProfile, AdamWInStepFractionDefaultsRoundTripsAndIsChecked) {
   std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
   absl::StatusOr<MachineProfile> p = MeasureMachineProfile(be.get(), ProfileOptions{true});
@@ -50,7 +50,7 @@ TEST(MachineProfile, AdamWInStepFractionDefaultsRoundTripsAndIsChecked) {
   ASSERT_TRUE(old.ok()) << old.status();
   EXPECT_DOUBLE_EQ(old->adamw_in_step_fraction, MachineProfile::kDefaultAdamWInStepFraction);
   std::string bad = json;
-  bad.replace(at, field.size(), "\"adamw_in_step_fraction\": 1.5");
+  bad.replace(at, field.size(), "\"adamw_in_step_fraction\": 2.5");
   absl::StatusOr<MachineProfile> refused = ProfileFromJson(bad);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(std::string(refused.status().message()).find("adamw_in_step_fraction"),
