@@ -417,8 +417,11 @@ int main(int argc, char** argv) {
       floor_optimizer / static_cast<double>(std::max<int64_t>(1, total_elements));
   stage_times.download_per_element = 4.0 / (1e9 * profile->d2h_gbps);
   stage_times.upload_per_element = (plan->bf16_copy ? 2.0 : 4.0) / (1e9 * profile->h2d_gbps);
+  stage_times.slab_elements = pool->slab_elements();
   StepStages stages = StackStages(unit_elements, stage_times);
   stages.clipping = max_grad_norm > 0;
+  stages.slabs = pool->num_slabs();
+  stages.device_grad_buffers = Pipeline::kLayerGradBuffers;
   const double floor_schedule = std::max(floor, ScheduleStepSeconds(stages));
   // AdamW's rate in these steps over the profile's, as the planner scales it (its bytes a
   // parameter: the profile's rate moved the bf16 copy's 2 too).
@@ -491,8 +494,10 @@ int main(int argc, char** argv) {
       {"schedule_floor_seconds", floor_schedule},
       {"schedule_floor_formula",
        "the ideal schedule of the measured stages (engine/plan/step_schedule.h): GPU "
-       "forward, head, backward; each gradient over D2H; CPU AdamW lowest unit first at the "
-       "step's measured rate; each update over H2D before the next forward of its unit"},
+       "forward, head, backward (a layer's once the gradient two layers above it has crossed: "
+       "two device buffers); each gradient over D2H in slab-sized pieces, each into a free "
+       "slab of the step's pool; CPU AdamW lowest unit first at the step's measured rate, "
+       "freeing a piece's slab; each update over H2D before the next forward of its unit"},
       {"step_over_schedule_floor", step / floor_schedule},
       {"prediction_error", plan->step.seconds / step - 1.0},
       {"pcie_bytes_per_step", {{"h2d", h2d}, {"d2h", d2h}}},

@@ -112,7 +112,7 @@ absl::Status Pipeline::Allocate(bool count_only) {
                                  "the embedding gradient"));
   RETURN_IF_ERROR(alloc.Allocate(&head_grad_, drain_.PaddedElements(head_n) * gsize,
                                  "the head gradient"));
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kLayerGradBuffers; ++i) {
     RETURN_IF_ERROR(alloc.Allocate(&layer_grad_[i], drain_.PaddedElements(max_layer) * gsize,
                                    "a layer gradient buffer"));
     if (count_only) continue;
@@ -438,7 +438,7 @@ void Pipeline::BackwardSegment(int64_t c, int64_t e, int64_t* grad_turn, GradSin
     spans_.End(span);
   }
   for (int64_t l = e - 1; l >= c; --l) {
-    const int g = static_cast<int>((*grad_turn)++ % 2);
+    const int g = static_cast<int>((*grad_turn)++ % kLayerGradBuffers);
     void* slot = slots_.Use(l);
     be.StreamWait(StreamId::kCompute, grad_free_[g].get());
     be.Zero(layer_grad_[g].get(), layer_grad_[g].bytes(), StreamId::kCompute);

@@ -111,6 +111,10 @@ std::array<double, kNumStreams> StreamBusySeconds(const std::vector<TimelineSpan
 
 class Pipeline {
  public:
+  // The layers' gradient buffers on the device, in turn: a layer's backward waits until
+  // the gradient of the layer this many above it has drained.
+  static constexpr int kLayerGradBuffers = 2;
+
   // Per micro-batch: tokens, targets, doc_start, positions and TokenOrder, (n) int32 each.
   static constexpr int64_t kBatchArrays = 5;
 
@@ -195,8 +199,8 @@ class Pipeline {
 
   DeviceBuffer embed_slot_, head_slot_, embed_grad_, head_grad_;
   Event embed_loaded_, head_loaded_;
-  DeviceBuffer layer_grad_[2];
-  Event grad_ready_[2], grad_free_[2];
+  DeviceBuffer layer_grad_[kLayerGradBuffers];
+  Event grad_ready_[kLayerGradBuffers], grad_free_[kLayerGradBuffers];
   struct PendingDrain {
     int64_t unit = -1;   // -1: none
     void* device_grad = nullptr;

@@ -6,50 +6,86 @@
 namespace megatrain {
 namespace {
 
-// The optimizer's pass over one step's gradients, from `start` (when it is free): the
-// lowest unit landed first, preempted when a lower one lands. Returns when each unit's
-// update is done.
-std::vector<double> UpdateTimes(const std::vector<ScheduleUnit>& units,
-                                const std::vector<double>& landed, double* start) {
-  const size_t n = units.size();
-  std::vector<double> left(n), done(n, 0);
-  std::vector<bool> finished(n, false);
-  for (size_t i = 0; i < n; ++i) left[i] = units[i].optimizer;
-  double t = *start;
-  for (size_t remaining = n; remaining > 0;) {
+// The optimizer over one step's gradient pieces, preemptive, always on the lowest unit's
+// lowest piece that has landed. Pieces are made known as their landing times are (in
+// download order); Advance() runs it only as far as the pieces known allow, which is
+// exact for every time before the next piece lands.
+class Optimizer {
+ public:
+  Optimizer(const std::vector<ScheduleUnit>& units, double start) : t_(start) {
+    for (size_t u = 0; u < units.size(); ++u) {
+      first_.push_back(left_.size());
+      for (int64_t p = 0; p < units[u].pieces; ++p) {
+        left_.push_back(units[u].optimizer / static_cast<double>(units[u].pieces));
+      }
+    }
+    land_.assign(left_.size(), 0);
+    known_.assign(left_.size(), false);
+    done_.assign(left_.size(), -1);
+  }
+  // Piece `p` of unit `u` lands at `t`.
+  void Land(size_t u, int64_t p, double t) {
+    land_[first_[u] + p] = t;
+    known_[first_[u] + p] = true;
+  }
+  // Runs until `k` pieces are done (k <= the pieces known); returns when the k-th was.
+  double Advance(size_t k) {
+    while (completions_.size() < k) Step();
+    return completions_[k - 1];
+  }
+  // Every piece landed: when each unit's last piece is done; *end when the optimizer is free.
+  std::vector<double> Finish(double* end) {
+    Advance(left_.size());
+    std::vector<double> unit_done;
+    for (size_t u = 0; u < first_.size(); ++u) {
+      const size_t last = u + 1 < first_.size() ? first_[u + 1] : left_.size();
+      double d = 0;
+      for (size_t q = first_[u]; q < last; ++q) d = std::max(d, done_[q]);
+      unit_done.push_back(d);
+    }
+    *end = t_;
+    return unit_done;
+  }
+
+ private:
+  void Step() {
+    const size_t n = left_.size();
     size_t pick = n;
     double next_landing = 0;
     bool any_later = false;
-    for (size_t i = 0; i < n; ++i) {
-      if (finished[i]) continue;
-      if (landed[i] <= t) {
-        pick = i;
+    for (size_t q = 0; q < n; ++q) {
+      if (!known_[q] || done_[q] >= 0) continue;
+      if (land_[q] <= t_) {
+        pick = q;
         break;
       }
-      next_landing = any_later ? std::min(next_landing, landed[i]) : landed[i];
+      next_landing = any_later ? std::min(next_landing, land_[q]) : land_[q];
       any_later = true;
     }
-    if (pick == n) {  // nothing landed yet: idle until the next gradient does
-      t = next_landing;
-      continue;
+    if (pick == n) {  // nothing landed yet: idle until the next piece does
+      t_ = next_landing;
+      return;
     }
-    // Until it is done, or a lower unit lands and takes over.
-    double until = t + left[pick];
-    for (size_t i = 0; i < pick; ++i) {
-      if (!finished[i]) until = std::min(until, landed[i]);
+    // Until it is done, or a lower piece lands and takes over.
+    double until = t_ + left_[pick];
+    for (size_t q = 0; q < pick; ++q) {
+      if (known_[q] && done_[q] < 0) until = std::min(until, land_[q]);
     }
-    const bool completes = until >= t + left[pick];
-    left[pick] -= until - t;
-    t = until;
+    const bool completes = until >= t_ + left_[pick];
+    left_[pick] -= until - t_;
+    t_ = until;
     if (completes) {
-      finished[pick] = true;
-      done[pick] = t;
-      --remaining;
+      done_[pick] = t_;
+      completions_.push_back(t_);
     }
   }
-  *start = t;
-  return done;
-}
+
+  double t_;
+  std::vector<size_t> first_;  // each unit's first piece
+  std::vector<double> left_, land_, done_;  // done: -1 until done
+  std::vector<bool> known_;
+  std::vector<double> completions_;  // in time order
+};
 
 }  // namespace
 
@@ -69,6 +105,10 @@ StepStages StackStages(const std::vector<int64_t>& unit_elements, const StackTim
     u.optimizer = elements * times.optimizer_per_element;
     u.download = elements * times.download_per_element;
     u.upload = elements * times.upload_per_element;
+    if (times.slab_elements > 0) {
+      u.pieces = std::max<int64_t>(1, (unit_elements[i] + times.slab_elements - 1) /
+                                          times.slab_elements);
+    }
     s.units.push_back(u);
   }
   return s;
@@ -90,18 +130,39 @@ double ScheduleStepSeconds(const StepStages& stages) {
       if (i == 0) starts.push_back(t);
       t += units[i].forward;
     }
-    std::vector<double> landed(n);
+    // The backward from the top; each unit's gradient over D2H piece by piece, each piece
+    // into a free slab (a slab frees when its piece is updated; with clipping the plan
+    // holds every gradient, so the slabs do not bind); a unit's backward once the gradient
+    // device_grad_buffers above it has crossed.
+    Optimizer opt(units, optimizer);
+    std::vector<double> crossed(n, 0), landed_last(n, 0);
+    const bool slabs_bind = stages.slabs > 0 && !stages.clipping;
+    size_t pieces_down = 0;
     for (size_t i = n; i-- > 0;) {  // the head's gradient first, the embedding's last
+      // (Layers only, units 1 .. n - 2: the embedding and the head have buffers of their own.)
+      const size_t b = static_cast<size_t>(stages.device_grad_buffers);
+      if (b > 0 && i >= 1 && i + b + 2 <= n) t = std::max(t, crossed[i + b]);
       t += units[i].backward;
-      d2h = std::max(d2h, t) + units[i].download;
-      landed[i] = d2h;
+      const double piece = units[i].download / static_cast<double>(units[i].pieces);
+      for (int64_t p = 0; p < units[i].pieces; ++p, ++pieces_down) {
+        double start = std::max(d2h, t);
+        if (slabs_bind && pieces_down >= static_cast<size_t>(stages.slabs)) {
+          start = std::max(start, opt.Advance(pieces_down - stages.slabs + 1));
+        }
+        d2h = start + piece;
+        landed_last[i] = d2h;
+        if (!stages.clipping) opt.Land(i, p, d2h);
+      }
+      crossed[i] = d2h;
     }
     gpu = t;
     if (stages.clipping) {  // every update waits for the norm over every gradient
-      const double all = *std::max_element(landed.begin(), landed.end()) + stages.norm;
-      std::fill(landed.begin(), landed.end(), all);
+      const double all = *std::max_element(landed_last.begin(), landed_last.end()) + stages.norm;
+      for (size_t i = 0; i < n; ++i) {
+        for (int64_t p = 0; p < units[i].pieces; ++p) opt.Land(i, p, all);
+      }
     }
-    const std::vector<double> done = UpdateTimes(units, landed, &optimizer);
+    const std::vector<double> done = opt.Finish(&optimizer);
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),

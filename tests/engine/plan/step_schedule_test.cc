@@ -60,6 +60,64 @@ TEST(StepSchedule, FourLargeLayersCannotHideTheirUpdatesBehindTheGpu) {
   EXPECT_LT(step, 4 * (0.085 + 0.207) + 0.08 + optimizer);  // not everything in series
 }
 
+TEST(StepSchedule, ASlabPoolOfOnePacesEachGradientByThePreviousUpdate) {
+  // Two layers (backward 1, download 0.5, update 2) under a head of 1 s. As many slabs as
+  // wanted: a step of 6.5 s (L2's update is preempted by L1's, which the next forward needs
+  // first). One slab: each gradient crosses only once the one before it is updated, so L1
+  // lands at 12 of a step starting at 7 (head 8, L2 9.5, updated by 11.5), the embedding's
+  // once L1 is updated, at 14: a step of 7 s.
+  StepStages s = Stack(2, ScheduleUnit{.backward = 1, .download = 0.5, .optimizer = 2}, 1);
+  EXPECT_NEAR(ScheduleStepSeconds(s), 6.5, 1e-9);
+  s.slabs = 1;
+  EXPECT_NEAR(ScheduleStepSeconds(s), 7, 1e-9);
+  // As many slabs as pieces: as if unlimited. With clipping the plan holds every gradient.
+  s.slabs = 4;
+  EXPECT_NEAR(ScheduleStepSeconds(s), 6.5, 1e-9);
+  s.slabs = 1;
+  s.clipping = true;
+  StepStages unlimited = s;
+  unlimited.slabs = 0;
+  EXPECT_NEAR(ScheduleStepSeconds(s), ScheduleStepSeconds(unlimited), 1e-9);
+}
+
+TEST(StepSchedule, PiecesShareAUnitsDownloadAndUpdate) {
+  // A unit's gradient in slab-sized pieces: its update can start on the first piece, so
+  // with pieces the single layer's round trip shortens by what overlaps. forward 1 + head 1
+  // + backward 1, then download 1 and update 1: in one piece 2 s after the backward; in two,
+  // the second half-download (0.5) runs beside the first half-update (0.5): 1.5 s.
+  StepStages s = Stack(1, ScheduleUnit{.forward = 1, .backward = 1, .download = 1,
+                                       .optimizer = 1},
+                       1);
+  EXPECT_NEAR(ScheduleStepSeconds(s), 5, 1e-9);
+  s.units[1].pieces = 2;
+  EXPECT_NEAR(ScheduleStepSeconds(s), 4.5, 1e-9);
+  StackTimes times;
+  times.layers_backward = 1;
+  times.slab_elements = 100;
+  const StepStages cut = StackStages({10, 250, 100}, times);
+  EXPECT_EQ(cut.units[0].pieces, 1);
+  EXPECT_EQ(cut.units[1].pieces, 3);
+  EXPECT_EQ(cut.units[2].pieces, 1);
+}
+
+TEST(StepSchedule, TwoGradientBuffersHoldTheBackwardToTheDownloads) {
+  // Four layers: the top two's gradients take 3 s to cross after 1 s of backward, the bottom
+  // two's take none after 2 s. With two device buffers a layer's backward waits until the
+  // gradient two layers above it has crossed. Free-running: backward L4 0-1, L3 1-2, L2 2-4,
+  // L1 4-6; crossings L4 1-4, L3 4-7, so the last gradient lands at 7. Held: L2 waits for
+  // L4's crossing (4-6), L1 for L3's (7-9): the last lands at 9.
+  StepStages s;
+  s.units.push_back(ScheduleUnit{});
+  s.units.push_back(ScheduleUnit{.backward = 2});
+  s.units.push_back(ScheduleUnit{.backward = 2});
+  s.units.push_back(ScheduleUnit{.backward = 1, .download = 3});
+  s.units.push_back(ScheduleUnit{.backward = 1, .download = 3});
+  s.units.push_back(ScheduleUnit{});
+  EXPECT_NEAR(ScheduleStepSeconds(s), 7, 1e-9);
+  s.device_grad_buffers = 2;
+  EXPECT_NEAR(ScheduleStepSeconds(s), 9, 1e-9);
+}
+
 TEST(StepSchedule, NoUnitsNoStep) { EXPECT_EQ(ScheduleStepSeconds(StepStages{}), 0); }
 
 }  // namespace
