@@ -563,9 +563,10 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
                           c.attention_sinks ? "a learned sink per head" : "no sinks");
   }
   absl::StrAppendFormat(&out, "machine    %s; PCIe %.0f GB/s in, %.0f GB/s out; matmul %.0f TFLOP/s; "
-                              "CPU AdamW %.2f G params/s\n",
+                              "CPU AdamW %.2f G params/s (x %.2f in a step)\n",
                         profile.backend, profile.h2d_gbps, profile.d2h_gbps,
-                        profile.gemm_peak_tflops, profile.adamw_params_per_second / 1e9);
+                        profile.gemm_peak_tflops, profile.adamw_params_per_second / 1e9,
+                        profile.adamw_in_step_fraction);
   // The rates behind every choice below: a spec plans alike wherever this profile is used.
   absl::StrAppendFormat(&out, "profile    %s, measured %s\n",
                         profile.source.empty() ? "not cached" : profile.source,
