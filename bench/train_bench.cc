@@ -21,7 +21,6 @@
 #include <map>
 #include <thread>
 #include <random>
-#include <sstream>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -190,12 +189,7 @@ int main(int argc, char** argv) {
   if (!be.ok() && plan_only && backend != "cpu") {
     // Planning for a GPU box from a machine without its GPU: its saved profile's rates and
     // device memory (or --device-memory-gib), the CUDA backend's types (PlanningBackend).
-    std::ifstream in(profile_file);
-    std::stringstream text;
-    text << in.rdbuf();
-    profile = in ? ProfileFromJson(text.str())
-                 : absl::StatusOr<MachineProfile>(absl::NotFoundError(
-                       absl::StrCat("no machine profile at ", profile_file)));
+    profile = ReadProfile(profile_file);
     if (!profile.ok() || profile->backend.rfind("cuda", 0) != 0) {
       std::fprintf(stderr, "%s; --plan-only without the device needs a saved CUDA box's profile "
                    "(--profile): %s\n", be.status().ToString().c_str(),
@@ -429,9 +423,7 @@ int main(int argc, char** argv) {
       no_optimizer || floor_optimizer <= 0
           ? 0.0
           : static_cast<double>(total_elements) / floor_optimizer /
-                (profile->AdamWParamsPerSecond(moments) *
-                 AdamWBytesPerParameter(moments, /*bf16_copy=*/true) /
-                 AdamWBytesPerParameter(moments, plan->bf16_copy));
+                profile->AdamWParamsPerSecond(moments, plan->bf16_copy);
   if (calibrate && in_step_fraction > 0) {
     MachineProfile calibrated = *profile;
     calibrated.adamw_in_step_fraction = std::min(2.0, in_step_fraction);

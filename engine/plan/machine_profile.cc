@@ -541,6 +541,11 @@ double MachineProfile::AdamWParamsPerSecond(MomentDType moments) const {
   return rate > 0 ? rate : adamw_params_per_second;
 }
 
+double MachineProfile::AdamWParamsPerSecond(MomentDType moments, bool bf16_copy) const {
+  return AdamWParamsPerSecond(moments) * AdamWBytesPerParameter(moments, /*bf16_copy=*/true) /
+         AdamWBytesPerParameter(moments, bf16_copy);
+}
+
 double StoreBytesPerParameter(MomentDType moments, bool bf16_copy) {
   return (bf16_copy ? 2.0 : 0.0) + 4.0 + MomentBytesPerParameter(moments);
 }
@@ -561,6 +566,14 @@ std::string DefaultProfilePath() {
     base = "/tmp";
   }
   return absl::StrCat(base, "/megatrain/machine-profile.json");
+}
+
+absl::StatusOr<MachineProfile> ReadProfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("no machine profile at ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ProfileFromJson(ss.str());
 }
 
 absl::Status WriteProfile(const MachineProfile& profile, const std::string& path) {
@@ -585,16 +598,10 @@ namespace {
 
 std::optional<MachineProfile> ReadCachedProfile(Backend* backend, const std::string& path,
                                                 std::string* why) {
-  std::ifstream in(path);
-  if (!in) {
-    *why = "none cached";
-    return std::nullopt;
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  absl::StatusOr<MachineProfile> cached = ProfileFromJson(ss.str());
+  absl::StatusOr<MachineProfile> cached = ReadProfile(path);
   if (!cached.ok()) {
-    *why = std::string(cached.status().message());
+    *why = absl::IsNotFound(cached.status()) ? "none cached"
+                                              : std::string(cached.status().message());
     return std::nullopt;
   }
   if (cached->key != ProfileKey(backend)) {

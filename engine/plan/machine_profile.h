@@ -113,6 +113,10 @@ struct MachineProfile {
   double AttentionTflops(int64_t seq_len, bool backward, int64_t head_dim = 128) const;
   // The optimizer's rate with the moments kept in `moments`.
   double AdamWParamsPerSecond(MomentDType moments) const;
+  // That rate for a store with or without the bf16 copy: machine_bench's rates wrote it
+  // (AdamWBytesPerParameter with it), a store without it moves 2 bytes a parameter less.
+  // Alone, not yet times adamw_in_step_fraction.
+  double AdamWParamsPerSecond(MomentDType moments, bool bf16_copy) const;
 };
 
 // Host bytes per parameter of the store (the bf16 copy if kept, fp32 master, the moments)
@@ -122,6 +126,9 @@ double StoreBytesPerParameter(MomentDType moments, bool bf16_copy = true);
 double AdamWBytesPerParameter(MomentDType moments, bool bf16_copy = true);
 
 std::string ProfileToJson(const MachineProfile& profile);
+// The profile saved at `path`, whatever it was measured for: NotFound without a file there,
+// InvalidArgument for a file that is not a profile.
+[[nodiscard]] absl::StatusOr<MachineProfile> ReadProfile(const std::string& path);
 // Writes the profile's JSON at `path` (its folders made), whole or not at all (a temporary
 // file renamed over it).
 [[nodiscard]] absl::Status WriteProfile(const MachineProfile& profile, const std::string& path);

@@ -242,11 +242,11 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // with fp32 moments and the bf16 copy, which machine_bench writes; 28 without the copy) at
   // memory bandwidth; each further device's DMA (weights in, gradients out) shares that
   // bandwidth while it runs.
-  const double adamw_bytes = AdamWBytesPerParameter(r.moments, plan->bf16_copy);
-  const double adamw = std::max(1.0, p.AdamWParamsPerSecond(r.moments)) *
-                       p.adamw_in_step_fraction *
-                       (AdamWBytesPerParameter(r.moments, /*bf16_copy=*/true) / adamw_bytes) /
-                       (1.0 + (N - 1) * (s.h2d_bytes + s.d2h_bytes) / (adamw_bytes * total));
+  const double adamw =
+      std::max(1.0, p.AdamWParamsPerSecond(r.moments, plan->bf16_copy)) *
+      p.adamw_in_step_fraction /
+      (1.0 + (N - 1) * (s.h2d_bytes + s.d2h_bytes) /
+                 (AdamWBytesPerParameter(r.moments, plan->bf16_copy) * total));
   const double norm = r.clipping ? 4.0 * total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
   s.optimizer_seconds = total / adamw + norm;
   // Its layers' moments are read and written once a step, in the optimizer's order, ahead

@@ -123,6 +123,8 @@ double ScheduleStepSeconds(const StepStages& stages) {
   constexpr int kSteps = 32, kMeasured = 8;
   std::vector<double> ready(n, 0.0), starts;
   double gpu = 0, d2h = 0, optimizer = 0, h2d = 0;
+  const bool slabs_bind = stages.slabs > 0 && !stages.clipping;
+  const size_t buffers = static_cast<size_t>(stages.device_grad_buffers);
   for (int s = 0; s < kSteps; ++s) {
     double t = gpu;
     for (size_t i = 0; i < n; ++i) {
@@ -135,13 +137,11 @@ double ScheduleStepSeconds(const StepStages& stages) {
     // holds every gradient, so the slabs do not bind); a unit's backward once the gradient
     // device_grad_buffers above it has crossed.
     Optimizer opt(units, optimizer);
-    std::vector<double> crossed(n, 0), landed_last(n, 0);
-    const bool slabs_bind = stages.slabs > 0 && !stages.clipping;
+    std::vector<double> crossed(n, 0);  // when each unit's gradient has crossed
     size_t pieces_down = 0;
     for (size_t i = n; i-- > 0;) {  // the head's gradient first, the embedding's last
       // (Layers only, units 1 .. n - 2: the embedding and the head have buffers of their own.)
-      const size_t b = static_cast<size_t>(stages.device_grad_buffers);
-      if (b > 0 && i >= 1 && i + b + 2 <= n) t = std::max(t, crossed[i + b]);
+      if (buffers > 0 && i >= 1 && i + buffers + 2 <= n) t = std::max(t, crossed[i + buffers]);
       t += units[i].backward;
       const double piece = units[i].download / static_cast<double>(units[i].pieces);
       for (int64_t p = 0; p < units[i].pieces; ++p, ++pieces_down) {
@@ -150,14 +150,13 @@ double ScheduleStepSeconds(const StepStages& stages) {
           start = std::max(start, opt.Advance(pieces_down - stages.slabs + 1));
         }
         d2h = start + piece;
-        landed_last[i] = d2h;
         if (!stages.clipping) opt.Land(i, p, d2h);
       }
       crossed[i] = d2h;
     }
     gpu = t;
     if (stages.clipping) {  // every update waits for the norm over every gradient
-      const double all = *std::max_element(landed_last.begin(), landed_last.end()) + stages.norm;
+      const double all = *std::max_element(crossed.begin(), crossed.end()) + stages.norm;
       for (size_t i = 0; i < n; ++i) {
         for (int64_t p = 0; p < units[i].pieces; ++p) opt.Land(i, p, all);
       }
