@@ -31,6 +31,10 @@
 #   moe64only  Qwen3-30B-A3B 4 layers and GPT-OSS-120B 2 layers at 64K (stop 34's huge-page A/B)
 #   issue21  stop 34: issue 21's MoE benchmarks with the planner's AdamW at its in-step
 #            fraction, those whose prediction missed first
+#   suite    stop 35: the whole gpu_test (not run since stop 34's fused dq and dk/dv order)
+#   ncu      stop 35: Nsight Compute on the Hopper forward (head_dim 128 and 64) and the dk/dv
+#            pass at 8K: the pipes' use (tensor, MUFU, FMA), issue and stall reasons, raw
+#   issue21a, issue21b  the issue21 part in two halves, one device call each
 #   steps    whole steps with MEGATRAIN_ATTENTION=hopper against the mma kernels in the same
 #            call: Qwen2.5-7B seq 4K, 64K tokens; Llama-3.1-8B seq 8K, 128K tokens
 #   finish   the optimizer's squares on its own thread (stop 32): Mixtral-8x7B and
@@ -138,6 +142,33 @@ PY
       moe qwen3-30b-a3b 4 262144
       moe qwen3-30b-a3b 12 65536 --bf16-copy no
       moe qwen3-30b-a3b 4 65536 ;;
+    issue21a)
+      moe gpt-oss-120b 2 262144 --vocab 32000
+      moe gpt-oss-120b 2 65536 --vocab 32000
+      moe mixtral-8x7b 4 262144
+      moe mixtral-8x7b 4 65536 ;;
+    issue21b)
+      moe qwen3-30b-a3b 4 262144
+      moe qwen3-30b-a3b 12 65536 --bf16-copy no
+      moe qwen3-30b-a3b 4 65536 --bf16-copy no
+      moe qwen3-30b-a3b 4 65536 ;;
+    suite)
+      timeout 300 gpu_test --gtest_brief=1 > "$OUT/gpu_test.txt" 2>&1
+      echo "gpu_test rc=$?"; grep -E "FAILED|SKIPPED|PASSED" "$OUT/gpu_test.txt" | head -20 ;;
+    ncu)
+      for d in 128 64; do
+        timeout 150 ncu --clock-control none -k regex:HopperForward --launch-skip 2 \
+          --launch-count 1 --set full --page raw --csv machine_bench --backend cuda \
+          --attention-only --attention-kernels hopper --attention-lengths 8192 \
+          --attention-head-dims $d > "$OUT/ncu_forward_d$d.csv" 2> "$OUT/ncu_forward_d$d.log"
+        echo "ncu forward D$d rc=$?"
+      done
+      timeout 150 ncu --clock-control none -k regex:HopperDkDv --launch-skip 1 --launch-count 1 \
+        --set full --page raw --csv machine_bench --backend cuda --attention-only \
+        --attention-kernels hopper --attention-lengths 8192 --attention-head-dims 128 \
+        > "$OUT/ncu_dkdv_d128.csv" 2> "$OUT/ncu_dkdv_d128.log"
+      echo "ncu dk/dv D128 rc=$?"
+      for f in "$OUT"/ncu_*.csv; do python3 bench/ncu_pipes.py "$f"; done 2>&1 | head -150 ;;
     moe64only)  # the optimizer-bound pair: Qwen3-30B-A3B 4 layers, GPT-OSS-120B 2 layers, 64K
       moe qwen3-30b-a3b 4 65536
       moe gpt-oss-120b 2 65536 --vocab 32000 ;;
