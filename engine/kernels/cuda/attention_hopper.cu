@@ -16,7 +16,9 @@
 // Setmaxnreg gives the consumers the registers the producer does not need. Key tiles start at
 // the first key the block's first query sees (not at a tile boundary: TMA takes any start row
 // and fills rows past n with zeros), and a consumer skips the tiles its own queries cannot
-// see, so a causal block costs about half its square.
+// see, so a causal block costs about half its square; it tests the mask only in the tiles
+// that cross the diagonal, a document's start or the window's edge (order::ForwardTileMasked),
+// in loops of their own.
 //
 // Status: the default on sm_90 since 2026-12-02 (MEGATRAIN_ATTENTION=mma declines them, see
 // ops.h), after the forward and the backward's dk/dv and dq passes (HopperDkDvKernel and
@@ -33,6 +35,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "engine/common/check.h"
 #include "engine/kernels/cuda/attention_order.h"
@@ -88,6 +91,8 @@ struct DkDvTiles {
 };
 
 using order::FirstKey;
+using order::ForwardTileMasked;
+using order::ForwardUnmaskedTiles;
 using order::QueryEnd;
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
@@ -196,26 +201,55 @@ __device__ __forceinline__ void LoadKvRing(bf16* s_k, bf16* s_v, uint64_t* k_ful
   }
 }
 
-// The online softmax of one S tile (64 x kN, in exp2 units after scale_log2) of this thread's
-// two rows: masks keys outside [lo, qi] when `masked`, raises the running maxima m, rescales
-// the running sums l, adds P's row sums to them and packs P as bf16 A fragments. alpha is each
-// row's factor for the output accumulator (which the caller applies once no wgmma writes it).
+// Calls f(std::true_type) when `masked`, else f(std::false_type): a tile's per-element code
+// compiled twice, the mask's tests only in the copy for the tiles that need them (the
+// backward's; the forward runs its masked and unmasked tiles in loops of their own). Tested
+// at run time in every tile, they cost ~4.6 instructions a score (the forward's code size
+// with and without them), mostly on the ALU pipe, which ran 48% busy at head_dim 128 and 55%
+// at 64 in the forward by Nsight Compute on an H200 (2026-12-03), beside 51% and 31% for the
+// tensor cores.
+template <typename F>
+__device__ __forceinline__ void WithMask(bool masked, F&& f) {
+  if (masked) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+// Scores of an S tile (64 x kN) of this thread's two rows outside [lo, qi] to -inf: for the
+// tiles that cross the diagonal, a document's start or the window's edge only.
+template <int kN>
+__device__ __forceinline__ void MaskScores(float (&sc)[kN / 2], int j0, const int (&lo)[2],
+                                           const int (&qi)[2], int c0) {
+#pragma unroll
+  for (int c = 0; c < kN / 8; ++c) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = j0 + 8 * c + c0 + e;
+        if (j < lo[hr] || j > qi[hr]) sc[4 * c + 2 * hr + e] = -INFINITY;
+      }
+    }
+  }
+}
+
+// The online softmax of one S tile (64 x kN, in exp2 units after scale_log2, masked already)
+// of this thread's two rows: raises the running maxima m, rescales the running sums l, adds
+// P's row sums to them and packs P as bf16 A fragments. alpha is each row's factor for the
+// output accumulator (which the caller applies once no wgmma writes it).
 template <int kN>
 __device__ __forceinline__ void OnlineSoftmax(float (&sc)[kN / 2], uint32_t (&p)[kN / 16][4],
                                               float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                              int j0, bool masked, const int (&lo)[2],
-                                              const int (&qi)[2], int c0, float scale_log2) {
+                                              float scale_log2) {
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float mx = -INFINITY;
 #pragma unroll
     for (int c = 0; c < kN / 8; ++c) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int idx = 4 * c + 2 * hr + e, j = j0 + 8 * c + c0 + e;
-        if (masked && (j < lo[hr] || j > qi[hr])) sc[idx] = -INFINITY;
-        mx = fmaxf(mx, sc[idx]);
-      }
+      for (int e = 0; e < 2; ++e) mx = fmaxf(mx, sc[4 * c + 2 * hr + e]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -315,7 +349,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
       a1 = min(tiles, (qb - j_first) / kN + 1);
     }
     auto j0_of = [&](int it) { return j_first + it * kN; };
-    auto masked = [&](int it) { return j0_of(it) + kN - 1 > qa || j0_of(it) < wg_last_lo; };
+    auto masked = [&](int it) { return ForwardTileMasked(j_first, it, wg_last_lo, qa, kN); };
     auto stage = [](int it) { return it % kStages; };
     auto parity = [](int it) { return static_cast<uint32_t>((it / kStages) & 1); };
 
@@ -346,25 +380,31 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
           WgmmaWait<0>();
         FenceRegisters(sc);
         BarrierArrive(&k_empty[stage(a0)]);
-        OnlineSoftmax<kN>(sc, p, m, l, alpha, j0_of(a0), masked(a0), lo, qi, c0, scale_log2);
+        if (masked(a0)) MaskScores<kN>(sc, j0_of(a0), lo, qi, c0);
+        OnlineSoftmax<kN>(sc, p, m, l, alpha, scale_log2);
       }
-      for (int it = a0; it + 1 < a1; ++it) {
+      // One tile's P V beside the next tile's S and softmax (mask: whether that tile needs
+      // the mask), a straight run of code from the wgmmas' issue to their wait: a branch
+      // there made ptxas serialize them (C7513), so the masked and unmasked tiles run in
+      // loops of their own. The unmasked tiles are [u_lo, u_hi): the keys from every query's
+      // first key (wg_last_lo) to the first query (qa).
+      auto step = [&](int it, auto mask) {
         float sc[kN / 2];
         BarrierWait(&k_full[stage(it + 1)], parity(it + 1));
         BarrierWait(&v_full[stage(it)], parity(it));
-          FenceRegisters(sc);
+        FenceRegisters(sc);
         FenceRegisters(acc);
         WgmmaFence();
         RowsTimesRowsT<kD, kN>(sc, q_rows, kM, s_k + stage(it + 1) * T::kKvElems, kN);  // next S
         WgmmaCommit();
         AccumulateFragmentsTimesRows<kD, kN>(acc, p, s_v + stage(it) * T::kKvElems);  // O += P V
         WgmmaCommit();
-          WgmmaWait<1>();
+        WgmmaWait<1>();
         FenceRegisters(sc);
         BarrierArrive(&k_empty[stage(it + 1)]);
         uint32_t p_next[kN / 16][4];
-        OnlineSoftmax<kN>(sc, p_next, m, l, alpha, j0_of(it + 1), masked(it + 1), lo, qi, c0,
-                          scale_log2);
+        if constexpr (decltype(mask)::value) MaskScores<kN>(sc, j0_of(it + 1), lo, qi, c0);
+        OnlineSoftmax<kN>(sc, p_next, m, l, alpha, scale_log2);
         WgmmaWait<0>();
         FenceRegisters(acc);
         FenceFragments<kN>(p);
@@ -382,7 +422,13 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
 #pragma unroll
           for (int i = 0; i < 4; ++i) p[kk][i] = p_next[kk][i];
         }
-      }
+      };
+      int u_lo, u_hi;
+      ForwardUnmaskedTiles(j_first, wg_last_lo, qa, kN, &u_lo, &u_hi);
+      int it = a0;
+      for (; it + 1 < min(a1, u_lo); ++it) step(it, std::true_type{});
+      for (; it + 1 < min(a1, u_hi); ++it) step(it, std::false_type{});
+      for (; it + 1 < a1; ++it) step(it, std::true_type{});
       {  // the last tile's P V
         const int it = a1 - 1;
         BarrierWait(&v_full[stage(it)], parity(it));
@@ -523,20 +569,22 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         WgmmaWait<0>();
         FenceRegisters(sc);
         FenceRegisters(dp);
-        const bool masked = j0 + kN - 1 > qa || j0 < wg_last_lo;
+        WithMask(j0 + kN - 1 > qa || j0 < wg_last_lo, [&](auto mask) {
+          constexpr bool kMasked = decltype(mask)::value;
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
+          for (int hr = 0; hr < 2; ++hr) {
 #pragma unroll
-          for (int c = 0; c < kN / 8; ++c) {
+            for (int c = 0; c < kN / 8; ++c) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int idx = 4 * c + 2 * hr + e, j = j0 + 8 * c + c0 + e;
-              float p = exp2f(sc[idx] * scale_log2 - lse2[hr]);
-              if (masked && (j < lo[hr] || j > qi[hr])) p = 0.0f;
-              sc[idx] = p * (dp[idx] - delta[hr]);  // dS
+              for (int e = 0; e < 2; ++e) {
+                const int idx = 4 * c + 2 * hr + e, j = j0 + 8 * c + c0 + e;
+                float p = exp2f(sc[idx] * scale_log2 - lse2[hr]);
+                if (kMasked && (j < lo[hr] || j > qi[hr])) p = 0.0f;
+                sc[idx] = p * (dp[idx] - delta[hr]);  // dS
+              }
             }
           }
-        }
+        });
         uint32_t ds[kN / 16][4];
         PackFragments<kN>(sc, ds);
         FenceRegisters(acc);
@@ -741,23 +789,26 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         FenceRegisters(dpt);
         const bool masked = i0 < kb || FirstKey<kWindow>(doc_start, i_last, window) > ka ||
                             i0 + kM > n;
+        WithMask(masked, [&](auto mask) {
+          constexpr bool kMasked = decltype(mask)::value;
 #pragma unroll
-        for (int c = 0; c < kM / 8; ++c) {
+          for (int c = 0; c < kM / 8; ++c) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = 8 * c + c0 + e, i = i0 + col;  // this column's query
-            const float lse2 = stats[col], delta = stats[kM + col];
-            const int lo = first_key[col];
+            for (int e = 0; e < 2; ++e) {
+              const int col = 8 * c + c0 + e, i = i0 + col;  // this column's query
+              const float lse2 = stats[col], delta = stats[kM + col];
+              const int lo = kMasked ? first_key[col] : 0;
 #pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              const int idx = 4 * c + 2 * hr + e, j = kj[hr];
-              float p = exp2f(st[idx] * scale_log2 - lse2);
-              if (masked && (j < lo || j > i)) p = 0.0f;
-              st[idx] = p;                              // P^T
-              dpt[idx] = p * (dpt[idx] - delta);        // dS^T
+              for (int hr = 0; hr < 2; ++hr) {
+                const int idx = 4 * c + 2 * hr + e, j = kj[hr];
+                float p = exp2f(st[idx] * scale_log2 - lse2);
+                if (kMasked && (j < lo || j > i)) p = 0.0f;
+                st[idx] = p;                        // P^T
+                dpt[idx] = p * (dpt[idx] - delta);  // dS^T
+              }
             }
           }
-        }
+        });
         [[maybe_unused]] const bf16* ds_tile = s_ds + cw * T::kDsElems;
         if constexpr (kFusedDq) {
           // dS (queries x keys) into this consumer's tile as a TMA load would write it (query

@@ -1,8 +1,8 @@
-// Which keys and query tiles the Hopper attention kernels visit (attention_hopper.cu), as
-// functions of the batch's document starts alone: one definition for the kernels and for the
-// CPU test of the one-pass backward's fixed order of dq sums
-// (tests/engine/kernels/attention_order_test.cc), which must never leave a block waiting for
-// a sum that no block will add. Plain C++ where CUDA is not compiling.
+// Which keys and query tiles the Hopper attention kernels visit (attention_hopper.cu), and
+// which of them need the causal mask, as functions of the batch's document starts alone: one
+// definition for the kernels and for their CPU tests (tests/engine/kernels/
+// attention_order_test.cc), the one-pass backward's fixed order of dq sums above all, which
+// must never leave a block waiting for a sum that no block will add. Plain C++ where CUDA is not compiling.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +60,23 @@ MT_ORDER_FN int FirstKey(const int32_t* doc_start, int i, int window) {
   const int lo = DocStart(doc_start, i);
   if constexpr (kWindow) return Max(lo, i - window + 1);
   return lo;
+}
+
+// The forward's key tile t (tile_keys keys from j_first + t tile_keys) for a consumer whose
+// queries start at qa and whose last query's first key (the largest first key of its
+// queries) is last_lo: whether some score of it is masked (a key before a query's first or
+// after the query).
+MT_ORDER_FN bool ForwardTileMasked(int j_first, int t, int last_lo, int qa, int tile_keys) {
+  const int j0 = j_first + t * tile_keys;
+  return j0 + tile_keys - 1 > qa || j0 < last_lo;
+}
+
+// The tiles ForwardTileMasked says need no mask: [*lo, *hi), empty when *hi <= *lo.
+// REQUIRES: last_lo and qa below INT_MAX - tile_keys.
+MT_ORDER_FN void ForwardUnmaskedTiles(int j_first, int last_lo, int qa, int tile_keys, int* lo,
+                                      int* hi) {
+  *lo = last_lo > j_first ? (last_lo - j_first + tile_keys - 1) / tile_keys : 0;
+  *hi = qa - tile_keys + 1 >= j_first ? (qa - tile_keys + 1 - j_first) / tile_keys + 1 : 0;
 }
 
 // The dk/dv pass's block of keys [j0, j_last]: one past the last query that sees any of them
