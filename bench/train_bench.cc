@@ -15,6 +15,7 @@
 // step is reported beside the measured one.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <deque>
 #include <fstream>
@@ -106,6 +107,52 @@ double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+double Milliseconds(std::chrono::steady_clock::time_point from,
+                    std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+// The AdamW pieces taken from `since` on (the steady steps'): each one's rate (parameters a
+// second, from its gradient's landing to its end), and the worker's waits for landings. A
+// rate that varies across pieces is what the steps' DMA or other threads cost it.
+nlohmann::json OptimizerPieces(const std::vector<OptimizerSpan>& spans,
+                               std::chrono::steady_clock::time_point since) {
+  std::vector<double> rates;
+  double waited_ms = 0;
+  for (const OptimizerSpan& o : spans) {
+    if (!o.update || o.taken < since) continue;
+    const double ms = Milliseconds(o.ready, o.end);
+    if (ms > 0) rates.push_back(o.count / (ms / 1e3));
+    waited_ms += Milliseconds(o.taken, o.ready);
+  }
+  std::sort(rates.begin(), rates.end());
+  auto at = [&](double q) {
+    return rates.empty() ? 0.0 : rates[static_cast<size_t>(q * (rates.size() - 1))];
+  };
+  return {{"pieces", rates.size()},
+          {"params_per_second", {{"min", at(0)}, {"p10", at(0.1)}, {"median", at(0.5)},
+                                 {"p90", at(0.9)}, {"max", at(1)}}},
+          {"waited_for_landing_ms", waited_ms}};
+}
+
+// The optimizer's pieces that end after `step_start` (the last step's start on the host) as
+// timeline spans on stream kNumStreams ("adamw U" / "squares U", ready_ms: when the piece's
+// gradient had landed), in milliseconds from that start: the host's clock, which the
+// streams' spans (from the H2D zero event the step records first) match only as far as
+// H2D was idle when the step began.
+void AddOptimizerSpans(const std::vector<OptimizerSpan>& spans,
+                       std::chrono::steady_clock::time_point step_start, nlohmann::json* out) {
+  for (const OptimizerSpan& o : spans) {
+    if (o.end < step_start) continue;
+    out->push_back({{"stream", kNumStreams},
+                    {"label", absl::StrCat(o.update ? "adamw " : "squares ", o.unit)},
+                    {"start_ms", Milliseconds(step_start, o.taken)},
+                    {"ready_ms", Milliseconds(step_start, o.ready)},
+                    {"end_ms", Milliseconds(step_start, o.end)},
+                    {"params", o.count}});
+  }
 }
 
 }  // namespace
@@ -323,6 +370,7 @@ int main(int argc, char** argv) {
   HostOptimizerOptions oo;
   oo.max_grad_norm = max_grad_norm;
   oo.weight_decay = 0.01;
+  oo.record_spans = true;  // the pieces' rates below, and the timeline's optimizer spans
   HostOptimizer opt(store->get(), pool.get(), be->get(), oo);
   DiscardingSink discard(be->get(), pool.get());
   GradSink* sink = no_optimizer ? static_cast<GradSink*>(&discard) : &opt;
@@ -336,7 +384,15 @@ int main(int argc, char** argv) {
   std::vector<double> step_s, compute_s, optimizer_s, pcie_s, head_s, forward_s, backward_s;
   int64_t h2d = 0, d2h = 0;
   std::array<double, kNumStreams> busy_sum{};
+  // The optimizer's pieces (host clock), every step's; the first steady step's and the last
+  // step's starts on the host.
+  std::vector<OptimizerSpan> optimizer_spans;
+  std::chrono::steady_clock::time_point steady_start, last_start;
+  nlohmann::json last_spans = nlohmann::json::array();  // the last step's stream spans
   for (int64_t s = 0; s < steps; ++s) {
+    const auto host_start = std::chrono::steady_clock::now();
+    if (s == warmup) steady_start = host_start;
+    if (s + 1 == steps) last_start = host_start;
     const double optimizer_before = opt.busy_seconds();
     opt.BeginStep(1e-5, s + 1);
     absl::StatusOr<StepResult> r = (*p)->Step(batches, sink);
@@ -358,14 +414,13 @@ int main(int argc, char** argv) {
     steps_json.push_back({{"seconds", r->seconds}, {"loss", r->loss}, {"aux_loss", r->aux_loss},
                           {"compute_busy_seconds", busy[0]},
                           {"compute_seconds_by_stage", stage_seconds}});
-    if (!timeline_path.empty() && s + 1 == steps) {
-      nlohmann::json spans = nlohmann::json::array();
+    if (s + 1 == steps) {
       for (const TimelineSpan& t : r->timeline) {
-        spans.push_back({{"stream", static_cast<int>(t.stream)}, {"label", t.label},
-                         {"start_ms", t.start_ms}, {"end_ms", t.end_ms}});
+        last_spans.push_back({{"stream", static_cast<int>(t.stream)}, {"label", t.label},
+                              {"start_ms", t.start_ms}, {"end_ms", t.end_ms}});
       }
-      std::ofstream(timeline_path) << spans.dump(1) << "\n";
     }
+    for (OptimizerSpan& o : opt.TakeSpans()) optimizer_spans.push_back(o);
     std::fprintf(stderr, "step %ld: %.3f s, loss %.4f\n", static_cast<long>(s + 1), r->seconds,
                  r->loss);
     if (s >= warmup) {
@@ -384,6 +439,12 @@ int main(int argc, char** argv) {
     }
   }
   opt.Drain();
+  for (OptimizerSpan& o : opt.TakeSpans()) optimizer_spans.push_back(o);
+  const nlohmann::json optimizer_pieces = OptimizerPieces(optimizer_spans, steady_start);
+  if (!timeline_path.empty()) {
+    AddOptimizerSpans(optimizer_spans, last_start, &last_spans);
+    std::ofstream(timeline_path) << last_spans.dump(1) << "\n";
+  }
   const double step = Median(step_s);
   const double floor_compute = Median(compute_s), floor_pcie = Median(pcie_s);
   const double floor_optimizer = Median(optimizer_s);
@@ -482,6 +543,7 @@ int main(int argc, char** argv) {
       {"measured_bound", measured_bound},
       // The profile's adamw_in_step_fraction, as this step measured it.
       {"optimizer_in_step_fraction", in_step_fraction},
+      {"optimizer_pieces", optimizer_pieces},
       {"step_over_largest_floor", step / floor},
       {"schedule_floor_seconds", floor_schedule},
       {"schedule_floor_formula",

@@ -46,6 +46,22 @@ void HostOptimizer::ReleaseSlab(float* slab) {
   pool_->Release(slab);
 }
 
+void HostOptimizer::AddSpan(const Item& item, bool update,
+                            std::chrono::steady_clock::time_point taken,
+                            std::chrono::steady_clock::time_point ready) {
+  if (!options_.record_spans) return;
+  const auto end = std::chrono::steady_clock::now();
+  MutexLock lock(&spans_mu_);
+  spans_.push_back(OptimizerSpan{item.unit, item.offset, item.count, update, taken, ready, end});
+}
+
+std::vector<OptimizerSpan> HostOptimizer::TakeSpans() {
+  MutexLock lock(&spans_mu_);
+  std::vector<OptimizerSpan> out;
+  out.swap(spans_);
+  return out;
+}
+
 void HostOptimizer::BeginStep(double lr, int64_t step) {
   MutexLock lock(&mu_);
   if (updated_step_.empty()) RestoredLocked(step - 1);
@@ -154,8 +170,11 @@ void HostOptimizer::Loop() {
       const auto t0 = std::chrono::steady_clock::now();
       std::vector<double> ss(to_square.size());
       for (size_t i = 0; i < to_square.size(); ++i) {
+        const auto taken = std::chrono::steady_clock::now();
         backend_->EventSync(to_square[i].ready);
+        const auto ready = std::chrono::steady_clock::now();
         ss[i] = SumOfSquares(to_square[i].slab, to_square[i].count);
+        AddSpan(to_square[i], /*update=*/false, taken, ready);
       }
       busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now() - t0).count();
@@ -179,6 +198,7 @@ void HostOptimizer::Loop() {
         Update(h, h.slab, item.coef);
         busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now() - t0).count();
+        AddSpan(h, /*update=*/true, t0, t0);
         ReleaseSlab(h.slab);
         MutexLock done(&mu_);
         PieceDone(h);
@@ -187,6 +207,7 @@ void HostOptimizer::Loop() {
       --in_flight_;
       continue;
     }
+    const auto taken = std::chrono::steady_clock::now();
     backend_->EventSync(item.ready);
     const auto t0 = std::chrono::steady_clock::now();
     double ss = 0;
@@ -198,6 +219,7 @@ void HostOptimizer::Loop() {
     }
     busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - t0).count();
+    AddSpan(item, /*update=*/!clipping, taken, t0);
     MutexLock lock(&mu_);
     if (!item.norm_counted) {
       piece_squares_[{item.unit, item.offset}] += ss;

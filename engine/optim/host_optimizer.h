@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -41,6 +42,19 @@ struct HostOptimizerOptions {
   double weight_decay = 0.0;
   double max_grad_norm = 0.0;  // <= 0: no clipping
   int numa_node = -1;          // run the optimizer (and its OpenMP team) on this node's cores
+  // Keep a span per piece of work (TakeSpans): for benchmarks' timelines. Costs a little.
+  bool record_spans = false;
+};
+
+// One piece of the worker's work, on the host's steady clock: AdamW of a unit's gradient
+// piece (with clipping: its sum of squares as it lands, then its update once the norm is
+// known). Between `taken` and `ready` the worker waited for the piece's copy to land.
+struct OptimizerSpan {
+  int64_t unit = 0;
+  int64_t offset = 0;  // the piece's first element in its unit
+  int64_t count = 0;   // its elements
+  bool update = true;  // AdamW (false: the sum of squares alone)
+  std::chrono::steady_clock::time_point taken, ready, end;
 };
 
 class HostOptimizer final : public GradSink {
@@ -87,6 +101,9 @@ class HostOptimizer final : public GradSink {
   }
   // Seconds the optimizer thread has spent on gradients (norms and AdamW) since creation.
   double busy_seconds() const { return busy_ns_.load(std::memory_order_relaxed) / 1e9; }
+  // The spans finished since the last call, in the order they finished (empty unless
+  // HostOptimizerOptions::record_spans).
+  std::vector<OptimizerSpan> TakeSpans();
 
  private:
   struct Item {
@@ -117,6 +134,9 @@ class HostOptimizer final : public GradSink {
 
   // Returns a consumed slab to the pool it came from.
   void ReleaseSlab(float* slab);
+  // Adds a span of `item`'s piece, ended now, when spans are recorded.
+  void AddSpan(const Item& item, bool update, std::chrono::steady_clock::time_point taken,
+               std::chrono::steady_clock::time_point ready) ABSL_LOCKS_EXCLUDED(mu_);
 
   HostStore* store_;
   GradSlabPool* pool_;
@@ -153,6 +173,8 @@ class HostOptimizer final : public GradSink {
   std::vector<char> captured_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> capture_wait_ns_{0};
   std::atomic<int64_t> busy_ns_{0};
+  Mutex spans_mu_;  // apart from mu_: the worker adds a span holding nothing else
+  std::vector<OptimizerSpan> spans_ ABSL_GUARDED_BY(spans_mu_);
   std::thread worker_;
 };
 

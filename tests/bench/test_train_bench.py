@@ -71,6 +71,19 @@ class TrainBenchTest(unittest.TestCase):
             self.assertIn(f"bwd {l}", labels)
         self.assertIn("head", labels)
         self.assertTrue(all(s["end_ms"] >= s["start_ms"] for s in spans))
+        # The optimizer's pieces (stream 3, the host's clock): AdamW of every unit (the
+        # embedding 0, the layers, the head), each after its gradient landed; and their
+        # rates over the steady steps.
+        pieces = [s for s in spans if s["stream"] == 3]
+        units = {int(s["label"].split()[1]) for s in pieces if s["label"].startswith("adamw ")}
+        self.assertTrue(set(range(layers + 1)) <= units, units)
+        for s in pieces:
+            self.assertLessEqual(s["start_ms"], s["ready_ms"])
+            self.assertLessEqual(s["ready_ms"], s["end_ms"])
+            self.assertGreater(s["params"], 0)
+        rates = r["optimizer_pieces"]["params_per_second"]
+        self.assertGreater(r["optimizer_pieces"]["pieces"], 0)
+        self.assertTrue(0 < rates["min"] <= rates["median"] <= rates["max"], rates)
 
     def test_no_optimizer_updates_nothing(self):
         r = self.run_bench("--no-optimizer")
@@ -79,6 +92,7 @@ class TrainBenchTest(unittest.TestCase):
         self.assertEqual(len(set(losses)), 1, losses)  # the same batches, the same weights
         self.assertEqual(r["floors_seconds"]["cpu_optimizer"], 0)
         self.assertEqual(r["optimizer_in_step_fraction"], 0)
+        self.assertEqual(r["optimizer_pieces"]["pieces"], 0)
 
     def test_calibrate_writes_the_steps_adamw_fraction_into_the_profile(self):
         profile = os.path.join(self.tmp.name, "calibrated.json")

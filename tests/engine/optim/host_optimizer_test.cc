@@ -210,6 +210,48 @@ TEST_F(HostOptimizerWholeStep, WithoutClippingABacklogIsUpdatedLowestUnitFirst) 
   EXPECT_EQ(order, lowest_first);
 }
 
+// Spans (record_spans): an update a piece, covering each unit's elements once a step (with
+// clipping, each piece's squares as it lands too; without, those of the pieces still queued
+// at Finish()), each after its gradient had landed; taken once, and none without the option.
+TEST_F(HostOptimizerWholeStep, SpansCoverEveryPieceOnceAStep) {
+  for (double clip : {0.0, 1.0}) {
+    for (bool record : {true, false}) {
+      HostOptimizerOptions o;
+      o.max_grad_norm = clip;
+      o.record_spans = record;
+      HostOptimizer opt(store.get(), pool.get(), be.get(), o);
+      opt.BeginStep(1e-2, 1);
+      std::mt19937_64 gen(5);
+      SubmitRandomStep(opt, *store, *pool, *be, events, kPiece, gen);
+      opt.Finish();
+      opt.Drain();
+      const std::vector<OptimizerSpan> spans = opt.TakeSpans();
+      EXPECT_TRUE(opt.TakeSpans().empty());
+      if (!record) {
+        EXPECT_TRUE(spans.empty());
+        continue;
+      }
+      std::vector<int64_t> updated(units, 0), squared(units, 0);
+      for (const OptimizerSpan& sp : spans) {
+        ASSERT_GE(sp.unit, 0);
+        ASSERT_LT(sp.unit, units);
+        EXPECT_LE(sp.taken, sp.ready);
+        EXPECT_LE(sp.ready, sp.end);
+        (sp.update ? updated : squared)[sp.unit] += sp.count;
+      }
+      for (int64_t u = 0; u < units; ++u) {
+        EXPECT_EQ(updated[u], store->unit_elements(u)) << "unit " << u << " clip " << clip;
+        // Without clipping, only the pieces still queued at Finish() are squared apart.
+        if (clip > 0) {
+          EXPECT_EQ(squared[u], store->unit_elements(u)) << "unit " << u;
+        } else {
+          EXPECT_LE(squared[u], store->unit_elements(u)) << "unit " << u;
+        }
+      }
+    }
+  }
+}
+
 // A unit's master, m, v and bf16 weights, as bytes.
 std::string SnapshotUnit(const HostStore& store, int64_t u) {
   const size_t n = static_cast<size_t>(store.unit_elements(u));
