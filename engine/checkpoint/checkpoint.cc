@@ -295,6 +295,10 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const TrainerState& state) 
                        {"last_loss", state.last_loss},
                        {"spec_fingerprint", state.spec_fingerprint},
                        {"optimizer_state_dtype", MomentDTypeName(moments_)}};
+  if (state.micro_batch_rows > 0) {
+    js["plan"] = {{"micro_batch_rows", state.micro_batch_rows},
+                  {"mlp_tile_tokens", state.mlp_tile_tokens}};
+  }
   RETURN_IF_ERROR(WriteFileSynced((fs::path(tmp_) / "trainer_state.json").string(), js.dump(2)));
   RETURN_IF_ERROR(FsyncPath((fs::path(tmp_) / "optimizer").string()));
   RETURN_IF_ERROR(FsyncPath(tmp_));
@@ -325,24 +329,56 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const ModelC
   return writer->Commit(state);
 }
 
-absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerState* state) {
+namespace {
+
+absl::StatusOr<nlohmann::json> ReadTrainerStateJson(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadFile((fs::path(path) / "trainer_state.json").string()));
   nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (js.is_discarded() || !js.is_object()) {
     return absl::DataLossError(absl::StrCat(path, "/trainer_state.json is not valid JSON"));
   }
+  return js;
+}
+
+absl::StatusOr<TrainerState> TrainerStateFromJson(const std::string& path,
+                                                  const nlohmann::json& js) {
+  TrainerState state;
   try {
-    state->step = js.at("step").get<int64_t>();
-    ASSIGN_OR_RETURN(state->data, DataPositionFromJson(js.at("data_position")));
-    state->data_seed = js.at("data_seed").get<uint64_t>();
-    state->init_seed = js.at("init_seed").get<uint64_t>();
+    state.step = js.at("step").get<int64_t>();
+    ASSIGN_OR_RETURN(state.data, DataPositionFromJson(js.at("data_position")));
+    state.data_seed = js.at("data_seed").get<uint64_t>();
+    state.init_seed = js.at("init_seed").get<uint64_t>();
     // JSON has no NaN: a diverged loss is written as null.
     const nlohmann::json& loss = js.at("last_loss");
-    state->last_loss = loss.is_null() ? std::nan("") : loss.get<double>();
-    state->spec_fingerprint = js.value("spec_fingerprint", "");
+    state.last_loss = loss.is_null() ? std::nan("") : loss.get<double>();
+    state.spec_fingerprint = js.value("spec_fingerprint", "");
+    if (js.contains("plan")) {
+      const nlohmann::json& plan = js.at("plan");
+      state.micro_batch_rows = plan.at("micro_batch_rows").get<int64_t>();
+      state.mlp_tile_tokens = plan.at("mlp_tile_tokens").get<int64_t>();
+      if (state.micro_batch_rows < 1 || state.mlp_tile_tokens < 0) {
+        return absl::DataLossError(absl::StrCat(
+            path, "/trainer_state.json: plan.micro_batch_rows must be positive and "
+            "plan.mlp_tile_tokens not negative, got ", state.micro_batch_rows, " and ",
+            state.mlp_tile_tokens));
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat(path, "/trainer_state.json: ", Printable(e.what())));
   }
+  return state;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainerState> ReadTrainerState(const std::string& path) {
+  ASSIGN_OR_RETURN(const nlohmann::json js, ReadTrainerStateJson(path));
+  return TrainerStateFromJson(path, js);
+}
+
+absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerState* state) {
+  ASSIGN_OR_RETURN(const nlohmann::json js, ReadTrainerStateJson(path));
+  ASSIGN_OR_RETURN(*state, TrainerStateFromJson(path, js));
   // Moments as they were kept (fp32 when the checkpoint does not say: written before
   // the choice existed); they must match the job's.
   MomentDType saved = MomentDType::kF32;

@@ -33,6 +33,13 @@ struct TrainerState {
   uint64_t init_seed = 0;
   double last_loss = 0;
   std::string spec_fingerprint;  // the job's training-relevant settings, checked on resume
+  // The plan's choices that decide a step's bits (the order its sums run in): sequences per
+  // micro-batch and the MLP's token tile (0: none). A resume plans with them, so that its
+  // steps repeat an uninterrupted run's bits even when the planner would now choose
+  // otherwise (a profile measured again, calibrated, or edited). 0 and -1: not recorded (a
+  // checkpoint written before they were).
+  int64_t micro_batch_rows = 0;
+  int64_t mlp_tile_tokens = -1;
 };
 
 struct CheckpointOptions {
@@ -112,6 +119,8 @@ class CheckpointWriter {
 // Restores master, m, v (and the bf16 weights derived from master) and the trainer state.
 [[nodiscard]] absl::Status LoadCheckpoint(const std::string& path, HostStore* store,
                                           TrainerState* state);
+// The checkpoint's trainer state alone (trainer_state.json): DataLoss when it is not one.
+[[nodiscard]] absl::StatusOr<TrainerState> ReadTrainerState(const std::string& path);
 
 // Complete checkpoints under `root`, oldest first (by step).
 std::vector<std::string> ListCheckpoints(const std::string& root);

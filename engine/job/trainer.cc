@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 #include <filesystem>
 #include <fstream>
@@ -92,7 +93,18 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     ASSIGN_OR_RETURN(profile, LoadMachineProfile(backend_.get()));
   }
   RETURN_IF_ERROR(InitReplicas(spec, &devices));
-  RETURN_IF_ERROR(InitPlan(spec, profile, devices));
+  std::optional<TrainerState> resume;
+  const std::vector<std::string> existing = spec.checkpoint_dir.empty()
+                                                ? std::vector<std::string>{}
+                                                : ListCheckpoints(spec.checkpoint_dir);
+  if (!existing.empty()) {
+    absl::StatusOr<TrainerState> saved = ReadTrainerState(existing.back());
+    if (!saved.ok()) {
+      return Annotate(saved.status(), absl::StrCat("resuming from ", existing.back()));
+    }
+    resume = *std::move(saved);
+  }
+  RETURN_IF_ERROR(InitPlan(spec, profile, devices, resume ? &*resume : nullptr));
   RETURN_IF_ERROR(InitStore(spec, devices));
   RETURN_IF_ERROR(InitPipelines(spec, devices));
   return Restore(spec);
@@ -156,7 +168,7 @@ absl::Status Trainer::InitReplicas(const JobSpec& spec, DeviceSet* devices) {
 // The plan: micro-batch, checkpoints, weight slots (engine/plan/planner.h), for this
 // device's share of the step when there are several.
 absl::Status Trainer::InitPlan(const JobSpec& spec, const MachineProfile& profile,
-                               const DeviceSet& devices) {
+                               const DeviceSet& devices, const TrainerState* resume) {
   const int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
   const int64_t host = profile.host_memory_bytes;
   PlanRequest request = JobPlanRequest(spec, config_, device, host);
@@ -167,8 +179,39 @@ absl::Status Trainer::InitPlan(const JobSpec& spec, const MachineProfile& profil
     backend_->BindThread();
     if (peer.ok()) request.peer_gbps = *peer;
   }
-  ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
-  plan_text_ = DescribePlan(plan_, request, profile);
+  // A resume keeps the checkpoint's split of a step (and MLP tile), which decides a step's
+  // bits, unless the spec fixes the split or it no longer fits (a smaller device, more of
+  // them).
+  std::string resume_note;
+  bool planned = false;
+  if (resume != nullptr && resume->micro_batch_rows > 0 && spec.micro_batch_rows == 0 &&
+      spec.micro_batches == 0) {
+    PlanRequest as_saved = request;
+    as_saved.micro_batch_rows = resume->micro_batch_rows;
+    as_saved.mlp_tile_tokens = resume->mlp_tile_tokens;
+    const std::string split = absl::StrCat(
+        "micro-batches of ", resume->micro_batch_rows, " sequences",
+        resume->mlp_tile_tokens > 0 ? absl::StrCat(", MLP tiles of ", resume->mlp_tile_tokens,
+                                                   " tokens")
+                                    : "");
+    absl::StatusOr<Plan> kept = MakePlan(as_saved, profile, backend_.get());
+    if (kept.ok()) {
+      plan_ = *std::move(kept);
+      request = as_saved;
+      planned = true;
+      resume_note = absl::StrCat("resume     ", split, ", as the checkpoint's steps ran: the "
+                                 "steps repeat an uninterrupted run's bits\n");
+    } else {
+      resume_note = absl::StrCat("resume     the checkpoint's ", split, " do not fit here (",
+                                 kept.status().message(), "): planned anew, so the steps "
+                                 "from here differ in their last bits from an uninterrupted "
+                                 "run's\n");
+    }
+  }
+  if (!planned) {
+    ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
+  }
+  plan_text_ = DescribePlan(plan_, request, profile) + resume_note;
   if (!collectives_.empty()) {
     absl::StrAppend(&plan_text_, "reduce     ", collectives_[0]->description(), "\n");
   } else if (!reduce_note_.empty()) {
@@ -304,6 +347,8 @@ absl::Status Trainer::Restore(const JobSpec& spec) {
   } else {
     RandomInitWeights(config_, spec.init_seed, store_.get());
   }
+  state_.micro_batch_rows = plan_.micro_batch_rows;  // what this run's checkpoints record
+  state_.mlp_tile_tokens = plan_.mlp_tile_tokens;
   optimizer_->Restored(state_.step);
   return absl::OkStatus();
 }

@@ -145,8 +145,10 @@ class Trainer {
   [[nodiscard]] absl::Status Init(const JobSpec& spec, const MachineProfile* profile);
   [[nodiscard]] absl::Status InitData(const JobSpec& spec);
   [[nodiscard]] absl::Status InitReplicas(const JobSpec& spec, DeviceSet* devices);
+  // resume: the trainer state of the checkpoint the job resumes from (null: none), whose
+  // split of a step the plan keeps when it still fits.
   [[nodiscard]] absl::Status InitPlan(const JobSpec& spec, const MachineProfile& profile,
-                        const DeviceSet& devices);
+                                      const DeviceSet& devices, const TrainerState* resume);
   [[nodiscard]] absl::Status InitStore(const JobSpec& spec, const DeviceSet& devices);
   [[nodiscard]] absl::Status InitPipelines(const JobSpec& spec, const DeviceSet& devices);
   [[nodiscard]] absl::Status Restore(const JobSpec& spec);

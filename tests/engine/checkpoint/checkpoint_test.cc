@@ -499,6 +499,44 @@ TEST(CheckpointLoadTest, NanLastLossSurvivesTheRoundTrip) {
   EXPECT_TRUE(std::isnan(state.last_loss));
 }
 
+// The plan's split survives the round trip (ReadTrainerState reads it alone); a checkpoint
+// written before it was recorded reads as "not recorded"; a malformed one names the field.
+TEST(CheckpointLoadTest, ThePlansSplitSurvivesTheRoundTripAndABadOneIsNamed) {
+  TempDir root;
+  const ModelConfig config = TinyConfig(/*tied=*/true);
+  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
+  ASSERT_NE(store, nullptr);
+  TrainerState saved = SampleState();
+  saved.micro_batch_rows = 4;
+  saved.mlp_tile_tokens = 2048;
+  absl::StatusOr<std::string> path =
+      SaveCheckpoint(root.path(), config, *store, saved, CheckpointOptions{});
+  ASSERT_TRUE(path.ok()) << path.status();
+  TrainerState loaded;
+  ASSERT_TRUE(LoadCheckpoint(*path, store.get(), &loaded).ok());
+  EXPECT_EQ(loaded.micro_batch_rows, 4);
+  EXPECT_EQ(loaded.mlp_tile_tokens, 2048);
+  absl::StatusOr<TrainerState> alone = ReadTrainerState(*path);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->micro_batch_rows, 4);
+  EXPECT_EQ(alone->step, saved.step);
+
+  const std::string file = *path + "/trainer_state.json";
+  nlohmann::json js = nlohmann::json::parse(ReadFile(file));
+  js.erase("plan");  // as written before the split was recorded
+  WriteFile(file, js.dump());
+  alone = ReadTrainerState(*path);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->micro_batch_rows, 0);
+  EXPECT_EQ(alone->mlp_tile_tokens, -1);
+
+  js["plan"] = {{"micro_batch_rows", 0}, {"mlp_tile_tokens", 0}};
+  WriteFile(file, js.dump());
+  alone = ReadTrainerState(*path);
+  EXPECT_EQ(alone.status().code(), absl::StatusCode::kDataLoss) << alone.status();
+  EXPECT_THAT(std::string(alone.status().message()), HasSubstr("plan.micro_batch_rows"));
+}
+
 // Makes `root/name` a folder; with a trainer_state.json when `complete`.
 void MakeFakeCheckpoint(const std::string& root, const std::string& name, bool complete) {
   fs::create_directories(fs::path(root) / name);

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "engine/backend/cpu_backend.h"
+#include "engine/plan/machine_profile.h"
 
 namespace megatrain {
 namespace {
@@ -179,6 +181,54 @@ TEST(Trainer, ResumeInANewProcessIsBitExact) {
 
   // config, model, 3 optimizer parts, trainer state
   EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-8", dir + "/split/checkpoint-8"), 6);
+}
+
+// A resume keeps the checkpoint's split of a step (which decides a step's bits) when the
+// planner would now choose another, as after the profile was measured again or calibrated:
+// its steps repeat an uninterrupted run's bits. (Before the split was recorded, a resume
+// planned anew: the checkpoints differed.) A spec that fixes the split keeps its own.
+TEST(Trainer, ResumeKeepsTheCheckpointsSplitWhereThePlannerWouldChooseAnother) {
+  const std::string dir = TempDir("resume_split");
+  WriteFile(dir + "/data.jsonl", kText);
+  auto spec = [&](const std::string& ckpt) {
+    std::string yaml = Spec(dir, 4, "", "checkpoint: {dir: " + ckpt +
+                                            ", every_steps: 2, background: false}\n");
+    yaml.replace(yaml.find("  micro_batch_rows: 2\n  micro_batches: 2\n"), 40,
+                 "  tokens_per_step: 256\n");  // 8 sequences, split by the planner
+    absl::StatusOr<JobSpec> s = ParseJobSpec(yaml, dir);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *s;
+  };
+  std::unique_ptr<Backend> cpu = CreateCpuBackend(CpuBackendOptions{});
+  absl::StatusOr<MachineProfile> measured = LoadMachineProfile(cpu.get());
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  // Another profile whose matmuls slow down with their rows as fast as they grow: one
+  // sequence a micro-batch is then the fastest plan.
+  MachineProfile other = *measured;
+  for (GemmSample& g : other.gemm) {
+    g.forward_tflops = g.backward_tflops = 1e-3 / static_cast<double>(g.rows);
+  }
+  absl::StatusOr<std::unique_ptr<Trainer>> straight = Trainer::Create(spec("straight"), &*measured);
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  absl::StatusOr<std::unique_ptr<Trainer>> fresh = Trainer::Create(spec("fresh"), &other);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  const int64_t rows = (*straight)->plan().micro_batch_rows;
+  ASSERT_NE((*fresh)->plan().micro_batch_rows, rows) << "the two profiles must plan apart";
+  fresh->reset();
+  while (!(*straight)->done()) ASSERT_TRUE((*straight)->Step().ok());
+  {
+    absl::StatusOr<std::unique_ptr<Trainer>> first = Trainer::Create(spec("split"), &*measured);
+    ASSERT_TRUE(first.ok()) << first.status();
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE((*first)->Step().ok());
+  }
+  ASSERT_TRUE(fs::exists(dir + "/split/checkpoint-2/trainer_state.json"));
+  absl::StatusOr<std::unique_ptr<Trainer>> resumed = Trainer::Create(spec("split"), &other);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->plan().micro_batch_rows, rows);
+  EXPECT_NE((*resumed)->plan_text().find("as the checkpoint's steps ran"), std::string::npos)
+      << (*resumed)->plan_text();
+  while (!(*resumed)->done()) ASSERT_TRUE((*resumed)->Step().ok());
+  EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-4", dir + "/split/checkpoint-4"), 6);
 }
 
 // bf16 and int8 moments resume as exactly as fp32 ones: their stochastic rounding draws
