@@ -35,6 +35,14 @@
 #   ncu      stop 35: Nsight Compute on the Hopper forward (head_dim 128 and 64) and the dk/dv
 #            pass at 8K: the pipes' use (tensor, MUFU, FMA), issue and stall reasons, raw
 #   issue21a, issue21b  the issue21 part in two halves, one device call each
+#   next     stop 35's unrun work, first: the whole gpu_test (the mask's loops in the Hopper
+#            attention) and the attention rates of both kernels; then the ncu part again
+#            (against bench/results/h200-2026-12-03/box1_ncu_*.csv)
+#   spans    the CPU optimizer's pieces (train_bench's optimizer_pieces and timeline stream
+#            3): GPT-OSS-120B 2 layers at 256K (AdamW at 0.75 of its rate alone in its steps)
+#            and Qwen3-30B-A3B 4 layers at 64K (0.90) on one box, with timelines
+#   steps22  issue 22's whole steps on the Hopper kernels: Qwen2.5-7B seq 4K 64K tokens,
+#            Llama-3.1-8B seq 8K 128K tokens, Qwen2.5-7B one 128K sequence
 #   steps    whole steps with MEGATRAIN_ATTENTION=hopper against the mma kernels in the same
 #            call: Qwen2.5-7B seq 4K, 64K tokens; Llama-3.1-8B seq 8K, 128K tokens
 #   finish   the optimizer's squares on its own thread (stop 32): Mixtral-8x7B and
@@ -169,6 +177,25 @@ PY
         > "$OUT/ncu_dkdv_d128.csv" 2> "$OUT/ncu_dkdv_d128.log"
       echo "ncu dk/dv D128 rc=$?"
       for f in "$OUT"/ncu_*.csv; do python3 bench/ncu_pipes.py "$f"; done 2>&1 | head -150 ;;
+    next)
+      timeout 300 gpu_test --gtest_brief=1 > "$OUT/gpu_test.txt" 2>&1
+      echo "gpu_test rc=$?"; grep -E "FAILED|SKIPPED|PASSED" "$OUT/gpu_test.txt" | head -20
+      timeout 200 machine_bench --backend cuda --attention-only > "$OUT/attention_rates.json" \
+        2> "$OUT/attention_rates.log"
+      echo "attention rates rc=$?"
+      attention_rows "$OUT/attention_rates.json" ;;
+    spans)
+      moe gpt-oss-120b 2 262144 --vocab 32000
+      python3 bench/timeline_spans.py "$OUT/moe_gpt-oss-120b_2l_262144${TAG:+_$TAG}_timeline.json" | tail -12
+      moe qwen3-30b-a3b 4 65536
+      python3 bench/timeline_spans.py "$OUT/moe_qwen3-30b-a3b_4l_65536${TAG:+_$TAG}_timeline.json" | tail -10 ;;
+    steps22)
+      train step_qwen7b_4k_64k --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536 --steps 4 \
+        --warmup 2
+      train step_llama8b_8k_128k --shape llama-3.1-8b --seq 8192 --tokens-per-step 131072 \
+        --steps 3 --warmup 1
+      train step_qwen7b_128k_seq --shape qwen2.5-7b --seq 131072 --tokens-per-step 131072 \
+        --steps 2 --warmup 1 ;;
     moe64only)  # the optimizer-bound pair: Qwen3-30B-A3B 4 layers, GPT-OSS-120B 2 layers, 64K
       moe qwen3-30b-a3b 4 65536
       moe gpt-oss-120b 2 65536 --vocab 32000 ;;
