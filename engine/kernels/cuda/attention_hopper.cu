@@ -618,7 +618,8 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
 // tiles (64 queries) of every query head of the group that sees these keys, head by head,
 // into a two-stage ring. A consumer, per tile: S^T = K Q^T and dP^T = V dO^T by wgmma from
 // shared memory, P^T = exp(S^T - lse) and dS^T = P^T (dP^T - Delta) in registers (lse,
-// Delta and the queries' first keys staged in shared memory by the consumer), then
+// Delta and the queries' first keys staged in shared memory by the consumer, read from
+// global memory during the item before, so that their latency hides behind its GEMMs), then
 // dv += P^T dO and dk += dS^T Q by wgmma with P^T and dS^T as A operands from registers,
 // dO and Q transposed. dk is scaled by 1/sqrt(D) at the end. The tiles are visited in order,
 // so the sums' order is fixed (order::DkDvItem: the tiles from the last down, the group's
@@ -747,33 +748,51 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         }
       }
     };
+    // Item `item`'s query t's lse (log2; +inf past n: P is 0 there), Delta and first key,
+    // read from global memory (thread t < kM): for the next item, while this one computes.
+    struct QueryStats {
+      float lse2 = INFINITY, delta = 0.0f;
+      int first_key = INT_MAX;
+    };
+    auto read_stats = [&](int item) {
+      QueryStats q;
+      int hg, i0;
+      order::DkDvItem(item, group, q_tiles, j0, kM, &hg, &i0);
+      const int i = i0 + t;
+      if (t < kM && i < n) {
+        const int64_t at = static_cast<int64_t>(i) * H + kvh * group + hg;
+        q.lse2 = __ldg(lse + at) * kLog2e;
+        q.delta = *reinterpret_cast<const float*>(dq + at * kD);
+        q.first_key = FirstKey<kWindow>(doc_start, i, window);
+      }
+      return q;
+    };
+    QueryStats next_stats = items > 0 ? read_stats(0) : QueryStats{};
     BarrierWait(kv_full, 0);
     for (int it = 0; it < items; ++it) {
       const int s = it % kStages;
       const uint32_t parity = (it / kStages) & 1;
       int hg, i0;
       order::DkDvItem(it, group, q_tiles, j0, kM, &hg, &i0);
-      const int h = kvh * group + hg;
+      [[maybe_unused]] const int h = kvh * group + hg;  // kFusedDq
       const int i_last = min(i0 + kM, n) - 1;
       // Some query of the tile may see some key of ours.
       const bool active =
           has_keys && order::TileMeetsKeys<kWindow>(doc_start, i0, i_last, ka, kb, window);
       const bf16* q_tile = s_q + s * T::kQElems;
       const bf16* do_tile = s_do + s * T::kQElems;
-      // The tile's queries' lse (log2; +inf past n: P is 0 there), Delta and first key, in
-      // this consumer's buffer of this item's parity (one barrier an item: a buffer is
-      // written again only after every thread has passed the next item's barrier).
+      // The tile's queries' statistics (read_stats, during the item before), in this
+      // consumer's buffer of this item's parity (one barrier an item: a buffer is written
+      // again only after every thread has passed the next item's barrier).
       float* stats = s_stats + (2 * cw + (it & 1)) * 3 * kM;
       int* first_key = reinterpret_cast<int*>(stats + 2 * kM);
       if (t < kM) {
-        const int i = i0 + t;
-        const bool row = i < n;
-        const int64_t at = static_cast<int64_t>(row ? i : 0) * H + h;
-        stats[t] = row ? __ldg(lse + at) * kLog2e : INFINITY;
-        stats[kM + t] = row ? *reinterpret_cast<const float*>(dq + at * kD) : 0.0f;
-        first_key[t] = row ? FirstKey<kWindow>(doc_start, i, window) : INT_MAX;
+        stats[t] = next_stats.lse2;
+        stats[kM + t] = next_stats.delta;
+        first_key[t] = next_stats.first_key;
       }
       NamedBarrierSync(1 + cw, kWarpgroup);
+      if (it + 1 < items) next_stats = read_stats(it + 1);
       BarrierWait(&q_full[s], parity);
       if (active) {
         float st[kM / 2], dpt[kM / 2];  // S^T, dP^T: (64 keys, kM queries)
