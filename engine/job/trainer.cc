@@ -102,7 +102,8 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     if (!saved.ok()) {
       return Annotate(saved.status(), absl::StrCat("resuming from ", existing.back()));
     }
-    resume = *std::move(saved);
+    // Another job's checkpoints are refused by Restore(), naming the folder.
+    if (saved->spec_fingerprint == spec.Fingerprint()) resume = *std::move(saved);
   }
   RETURN_IF_ERROR(InitPlan(spec, profile, devices, resume ? &*resume : nullptr));
   RETURN_IF_ERROR(InitStore(spec, devices));
