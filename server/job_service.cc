@@ -44,8 +44,9 @@ JobServiceImpl::JobServiceImpl(JobStore* store, EventHub* hub, JobRunner* runner
     : store_(store), hub_(hub), runner_(runner), options_(options) {}
 
 // The node's plan of `spec`; a job that cannot fit is RESOURCE_EXHAUSTED, with the numbers.
-grpc::Status JobServiceImpl::Plan(const JobSpec& spec, v1::JobPlan* plan) {
-  absl::StatusOr<v1::JobPlan> planned = options_.planner->PlanJob(spec);
+grpc::Status JobServiceImpl::Plan(const JobSpec& spec, const std::optional<TrainerState>& resume,
+                                  v1::JobPlan* plan) {
+  absl::StatusOr<v1::JobPlan> planned = options_.planner->PlanJob(spec, resume);
   if (!planned.ok()) {
     if (planned.status().code() == absl::StatusCode::kFailedPrecondition) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -62,10 +63,15 @@ grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::SubmitJ
   MT_IDENTIFY(who, options_.auth, ctx);
   if (absl::Status can = CanActFor(who); !can.ok()) return ToGrpc(can);
   absl::StatusOr<JobSpec> spec = absl::UnknownError("spec not read");
-  absl::Status ran = RunAs(who, [&] { spec = SpecFromRequest(*req); });
+  absl::StatusOr<std::optional<TrainerState>> resume = std::nullopt;
+  absl::Status ran = RunAs(who, [&] {
+    spec = SpecFromRequest(*req);
+    if (spec.ok()) resume = ResumeState(*spec);
+  });
   if (!ran.ok()) return ToGrpc(ran);
   if (!spec.ok()) return ToGrpc(spec.status());
-  return Plan(*spec, resp);
+  if (!resume.ok()) return ToGrpc(resume.status());
+  return Plan(*spec, *resume, resp);
 }
 
 grpc::Status JobServiceImpl::Audited(const Caller& who, const std::string& action,
@@ -118,9 +124,12 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
   FileRoots roots{options_.config->file_roots, options_.state_dir};
   absl::StatusOr<JobSpec> spec = absl::UnknownError("spec not read");
   absl::Status files;
+  // The checkpoint it resumes from, if any, whose split of a step it will keep.
+  absl::StatusOr<std::optional<TrainerState>> resume = std::nullopt;
   absl::Status ran = RunAs(who, [&] {
     spec = SpecFromRequest(req);
     if (spec.ok()) files = CheckJobFiles(*spec, roots, "");
+    if (files.ok() && spec.ok()) resume = ResumeState(*spec);
   });
   if (!ran.ok()) return ToGrpc(ran);
   if (!spec.ok()) return ToGrpc(spec.status());
@@ -136,9 +145,10 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
                                      " (higher priorities are for admins)"));
   }
   if (!files.ok()) return ToGrpc(files);
+  if (!resume.ok()) return ToGrpc(resume.status());
   // The plan admits the job: it names the memory that runs out when it cannot fit.
   v1::JobPlan plan;
-  if (grpc::Status planned = Plan(*spec, &plan); !planned.ok()) return planned;
+  if (grpc::Status planned = Plan(*spec, *resume, &plan); !planned.ok()) return planned;
   const int64_t need = plan.host_bytes();
 
   MutexLock lock(&submit_mu_);  // admission sees every job admitted before it

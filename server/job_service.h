@@ -13,6 +13,7 @@
 // plan against the node's and the user's memory (RESOURCE_EXHAUSTED with the numbers).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "megatrain/v1/jobs.grpc.pb.h"
@@ -61,7 +62,9 @@ class JobServiceImpl final : public v1::JobService::Service {
                                         v1::Job* resp) override;
 
  private:
-  [[nodiscard]] grpc::Status Plan(const JobSpec& spec, v1::JobPlan* plan);
+  // resume: ResumeState(spec), read as the job's user.
+  [[nodiscard]] grpc::Status Plan(const JobSpec& spec, const std::optional<TrainerState>& resume,
+                                  v1::JobPlan* plan);
   [[nodiscard]] grpc::Status AwaitNotRunning(int64_t id, v1::Job* resp);
   [[nodiscard]] grpc::Status Submit(const Caller& who, const v1::SubmitJobRequest& req,
                                     v1::Job* resp, std::string* detail);

@@ -15,8 +15,9 @@ absl::StatusOr<std::unique_ptr<NodePlanner>> NodePlanner::Create(const std::stri
   return std::unique_ptr<NodePlanner>(new NodePlanner(std::move(planner)));
 }
 
-absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec) {
-  ASSIGN_OR_RETURN(const PlannedJob planned, planner_->PlanJob(spec));
+absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec,
+                                                 const std::optional<TrainerState>& resume) {
+  ASSIGN_OR_RETURN(const PlannedJob planned, planner_->PlanJob(spec, resume));
   const Plan& plan = planned.plan;
   const PlanRequest& request = planned.request;
   v1::JobPlan out;

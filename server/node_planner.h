@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -22,7 +23,9 @@ class NodePlanner {
       const std::string& device, const std::string& state_dir, int64_t host_budget_bytes);
 
   // The plan of `spec` on this node: FailedPrecondition naming the memory that runs out.
-  [[nodiscard]] absl::StatusOr<v1::JobPlan> PlanJob(const JobSpec& spec);
+  // `resume`: JobPlanner::PlanJob's.
+  [[nodiscard]] absl::StatusOr<v1::JobPlan> PlanJob(
+      const JobSpec& spec, const std::optional<TrainerState>& resume = std::nullopt);
 
   const MachineProfile& profile() const { return planner_->profile(); }
   const std::string& note() const { return planner_->note(); }  // where the profile came from

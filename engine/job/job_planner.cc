@@ -21,7 +21,8 @@ absl::StatusOr<std::unique_ptr<JobPlanner>> JobPlanner::Create(const std::string
   return p;
 }
 
-absl::StatusOr<PlannedJob> JobPlanner::PlanJob(const JobSpec& spec) {
+absl::StatusOr<PlannedJob> JobPlanner::PlanJob(const JobSpec& spec,
+                                               const std::optional<TrainerState>& resume) {
   ASSIGN_OR_RETURN(ModelConfig config, ResolveModelConfig(spec));
   MutexLock lock(&mu_);
   // The device as a job finds it: all of it but the library workspaces (Trainer::Init),
@@ -39,8 +40,10 @@ absl::StatusOr<PlannedJob> JobPlanner::PlanJob(const JobSpec& spec) {
   }
   PlannedJob out;
   out.request = JobPlanRequest(spec, config, device, host_budget_bytes_);
-  ASSIGN_OR_RETURN(out.plan, MakePlan(out.request, profile_, backend_.get()));
-  out.text = DescribePlan(out.plan, out.request, profile_);
+  std::string resume_note;
+  ASSIGN_OR_RETURN(out.plan, PlanKeepingSplit(spec, resume, profile_, backend_.get(),
+                                              &out.request, &resume_note));
+  out.text = DescribePlan(out.plan, out.request, profile_) + resume_note;
   out.warnings = JobWarnings(spec, config);
   for (const std::string& w : out.warnings) absl::StrAppend(&out.text, "warning: ", w, "\n");
   return out;

@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/common/backend.h"
 #include "engine/common/mutex.h"
 #include "engine/job/spec.h"
@@ -42,8 +44,11 @@ class JobPlanner {
       const std::string& device, const std::string& profile_path, int64_t host_budget_bytes);
 
   // The plan of `spec`: FailedPrecondition naming the memory that runs out,
-  // InvalidArgument for more devices than the machine has.
-  [[nodiscard]] absl::StatusOr<PlannedJob> PlanJob(const JobSpec& spec);
+  // InvalidArgument for more devices than the machine has. `resume`: the state of the
+  // checkpoint it resumes from (ResumeState, read as the job's user), whose split of a step
+  // the plan keeps, as the trainer's will (PlanKeepingSplit).
+  [[nodiscard]] absl::StatusOr<PlannedJob> PlanJob(
+      const JobSpec& spec, const std::optional<TrainerState>& resume = std::nullopt);
 
   const MachineProfile& profile() const { return profile_; }
   const std::string& note() const { return note_; }  // where the profile came from

@@ -74,6 +74,46 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   return r;
 }
 
+absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec) {
+  if (spec.checkpoint_dir.empty()) return std::nullopt;
+  const std::vector<std::string> existing = ListCheckpoints(spec.checkpoint_dir);
+  if (existing.empty()) return std::nullopt;
+  absl::StatusOr<TrainerState> saved = ReadTrainerState(existing.back());
+  if (!saved.ok()) return Annotate(saved.status(), absl::StrCat("resuming from ", existing.back()));
+  // Another job's checkpoints are refused by the trainer (Restore), naming the folder.
+  if (saved->spec_fingerprint != spec.Fingerprint()) return std::nullopt;
+  return std::optional<TrainerState>(*std::move(saved));
+}
+
+absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
+                                      const std::optional<TrainerState>& resume,
+                                      const MachineProfile& profile, Backend* backend,
+                                      PlanRequest* request, std::string* note) {
+  note->clear();
+  if (resume.has_value() && resume->micro_batch_rows > 0 && spec.micro_batch_rows == 0 &&
+      spec.micro_batches == 0) {
+    PlanRequest as_saved = *request;
+    as_saved.micro_batch_rows = resume->micro_batch_rows;
+    as_saved.mlp_tile_tokens = resume->mlp_tile_tokens;
+    const std::string split = absl::StrCat(
+        "micro-batches of ", resume->micro_batch_rows, " sequences",
+        resume->mlp_tile_tokens > 0
+            ? absl::StrCat(", MLP tiles of ", resume->mlp_tile_tokens, " tokens")
+            : "");
+    absl::StatusOr<Plan> kept = MakePlan(as_saved, profile, backend);
+    if (kept.ok()) {
+      *request = as_saved;
+      *note = absl::StrCat("resume     ", split, ", as the checkpoint's steps ran: the steps "
+                           "repeat an uninterrupted run's bits\n");
+      return kept;
+    }
+    *note = absl::StrCat("resume     the checkpoint's ", split, " do not fit here (",
+                         kept.status().message(), "): planned anew, so the steps from here "
+                         "differ in their last bits from an uninterrupted run's\n");
+  }
+  return MakePlan(*request, profile, backend);
+}
+
 // Setup, in stages: the data first (a broken dataset fails before minutes of model
 // loading), then the devices, the plan, the host store, the pipelines and the optimizer,
 // and last the weights (a checkpoint resumed, the model folder's, or random).
@@ -93,19 +133,8 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     ASSIGN_OR_RETURN(profile, LoadMachineProfile(backend_.get()));
   }
   RETURN_IF_ERROR(InitReplicas(spec, &devices));
-  std::optional<TrainerState> resume;
-  const std::vector<std::string> existing = spec.checkpoint_dir.empty()
-                                                ? std::vector<std::string>{}
-                                                : ListCheckpoints(spec.checkpoint_dir);
-  if (!existing.empty()) {
-    absl::StatusOr<TrainerState> saved = ReadTrainerState(existing.back());
-    if (!saved.ok()) {
-      return Annotate(saved.status(), absl::StrCat("resuming from ", existing.back()));
-    }
-    // Another job's checkpoints are refused by Restore(), naming the folder.
-    if (saved->spec_fingerprint == spec.Fingerprint()) resume = *std::move(saved);
-  }
-  RETURN_IF_ERROR(InitPlan(spec, profile, devices, resume ? &*resume : nullptr));
+  ASSIGN_OR_RETURN(const std::optional<TrainerState> resume, ResumeState(spec));
+  RETURN_IF_ERROR(InitPlan(spec, profile, devices, resume));
   RETURN_IF_ERROR(InitStore(spec, devices));
   RETURN_IF_ERROR(InitPipelines(spec, devices));
   return Restore(spec);
@@ -169,7 +198,8 @@ absl::Status Trainer::InitReplicas(const JobSpec& spec, DeviceSet* devices) {
 // The plan: micro-batch, checkpoints, weight slots (engine/plan/planner.h), for this
 // device's share of the step when there are several.
 absl::Status Trainer::InitPlan(const JobSpec& spec, const MachineProfile& profile,
-                               const DeviceSet& devices, const TrainerState* resume) {
+                               const DeviceSet& devices,
+                               const std::optional<TrainerState>& resume) {
   const int64_t device = PlannableDeviceBytes(backend_->device_memory_budget());
   const int64_t host = profile.host_memory_bytes;
   PlanRequest request = JobPlanRequest(spec, config_, device, host);
@@ -180,38 +210,9 @@ absl::Status Trainer::InitPlan(const JobSpec& spec, const MachineProfile& profil
     backend_->BindThread();
     if (peer.ok()) request.peer_gbps = *peer;
   }
-  // A resume keeps the checkpoint's split of a step (and MLP tile), which decides a step's
-  // bits, unless the spec fixes the split or it no longer fits (a smaller device, more of
-  // them).
   std::string resume_note;
-  bool planned = false;
-  if (resume != nullptr && resume->micro_batch_rows > 0 && spec.micro_batch_rows == 0 &&
-      spec.micro_batches == 0) {
-    PlanRequest as_saved = request;
-    as_saved.micro_batch_rows = resume->micro_batch_rows;
-    as_saved.mlp_tile_tokens = resume->mlp_tile_tokens;
-    const std::string split = absl::StrCat(
-        "micro-batches of ", resume->micro_batch_rows, " sequences",
-        resume->mlp_tile_tokens > 0 ? absl::StrCat(", MLP tiles of ", resume->mlp_tile_tokens,
-                                                   " tokens")
-                                    : "");
-    absl::StatusOr<Plan> kept = MakePlan(as_saved, profile, backend_.get());
-    if (kept.ok()) {
-      plan_ = *std::move(kept);
-      request = as_saved;
-      planned = true;
-      resume_note = absl::StrCat("resume     ", split, ", as the checkpoint's steps ran: the "
-                                 "steps repeat an uninterrupted run's bits\n");
-    } else {
-      resume_note = absl::StrCat("resume     the checkpoint's ", split, " do not fit here (",
-                                 kept.status().message(), "): planned anew, so the steps "
-                                 "from here differ in their last bits from an uninterrupted "
-                                 "run's\n");
-    }
-  }
-  if (!planned) {
-    ASSIGN_OR_RETURN(plan_, MakePlan(request, profile, backend_.get()));
-  }
+  ASSIGN_OR_RETURN(plan_, PlanKeepingSplit(spec, resume, profile, backend_.get(), &request,
+                                           &resume_note));
   plan_text_ = DescribePlan(plan_, request, profile) + resume_note;
   if (!collectives_.empty()) {
     absl::StrAppend(&plan_text_, "reduce     ", collectives_[0]->description(), "\n");

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -65,6 +66,21 @@ struct StepReport {
   std::string checkpoint_error;
   std::vector<int64_t> failed_checkpoint_steps;  // the steps whose checkpoint failed
 };
+
+// The trainer state of the checkpoint `spec` resumes from: its checkpoint.dir's newest, if
+// it is this job's (the same Fingerprint; another job's is refused when the job starts).
+// Reads files: call it as the job's user. DataLoss naming the file for a corrupt state.
+[[nodiscard]] absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec);
+
+// The plan of `*request` for `spec`, keeping a resumed job's split of a step and MLP tile
+// (TrainerState::micro_batch_rows, mlp_tile_tokens: they decide a step's bits) when the spec
+// leaves the split to the planner and it still fits; *request then asks for them. `*note` is
+// a line for the plan's text saying which ("" without a split to keep).
+[[nodiscard]] absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
+                                                    const std::optional<TrainerState>& resume,
+                                                    const MachineProfile& profile,
+                                                    Backend* backend, PlanRequest* request,
+                                                    std::string* note);
 
 // What the planner needs to know of a job: the model, the batch, clipping and the choices
 // the spec fixes; the budgets are the caller's (the device's, the node's).
@@ -145,10 +161,11 @@ class Trainer {
   [[nodiscard]] absl::Status Init(const JobSpec& spec, const MachineProfile* profile);
   [[nodiscard]] absl::Status InitData(const JobSpec& spec);
   [[nodiscard]] absl::Status InitReplicas(const JobSpec& spec, DeviceSet* devices);
-  // resume: the trainer state of the checkpoint the job resumes from (null: none), whose
+  // resume: the trainer state of the checkpoint the job resumes from (ResumeState), whose
   // split of a step the plan keeps when it still fits.
   [[nodiscard]] absl::Status InitPlan(const JobSpec& spec, const MachineProfile& profile,
-                                      const DeviceSet& devices, const TrainerState* resume);
+                                      const DeviceSet& devices,
+                                      const std::optional<TrainerState>& resume);
   [[nodiscard]] absl::Status InitStore(const JobSpec& spec, const DeviceSet& devices);
   [[nodiscard]] absl::Status InitPipelines(const JobSpec& spec, const DeviceSet& devices);
   [[nodiscard]] absl::Status Restore(const JobSpec& spec);

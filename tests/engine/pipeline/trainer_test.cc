@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "engine/backend/cpu_backend.h"
+#include "engine/job/job_planner.h"
 #include "engine/plan/machine_profile.h"
 
 namespace megatrain {
@@ -227,8 +228,33 @@ TEST(Trainer, ResumeKeepsTheCheckpointsSplitWhereThePlannerWouldChooseAnother) {
   EXPECT_EQ((*resumed)->plan().micro_batch_rows, rows);
   EXPECT_NE((*resumed)->plan_text().find("as the checkpoint's steps ran"), std::string::npos)
       << (*resumed)->plan_text();
+  // The daemon plans (admits, `megatrain plan`) a resumed job alike: with ResumeState, read
+  // as its user.
+  absl::StatusOr<std::optional<TrainerState>> state = ResumeState(spec("split"));
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_TRUE(state->has_value());
+  EXPECT_EQ((*state)->micro_batch_rows, rows);
+  const std::string other_path = dir + "/other-profile.json";
+  ASSERT_TRUE(WriteProfile(other, other_path).ok());
+  absl::StatusOr<std::unique_ptr<JobPlanner>> planner =
+      JobPlanner::Create("cpu", other_path, int64_t{1} << 40);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  absl::StatusOr<PlannedJob> planned = (*planner)->PlanJob(spec("split"), *state);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_EQ(planned->plan.micro_batch_rows, rows);
+  EXPECT_NE(planned->text.find("as the checkpoint's steps ran"), std::string::npos);
+  planned = (*planner)->PlanJob(spec("split"));
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_NE(planned->plan.micro_batch_rows, rows);  // a new job there plans its own
   while (!(*resumed)->done()) ASSERT_TRUE((*resumed)->Step().ok());
   EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-4", dir + "/split/checkpoint-4"), 6);
+  // Another job's checkpoints give it nothing to keep (it is refused when it starts).
+  JobSpec another = spec("split");
+  another.data_seed += 1;
+  ASSERT_NE(another.Fingerprint(), spec("split").Fingerprint());
+  state = ResumeState(another);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_FALSE(state->has_value());
 }
 
 // bf16 and int8 moments resume as exactly as fp32 ones: their stochastic rounding draws
