@@ -425,10 +425,10 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
       };
       int u_lo, u_hi;
       ForwardUnmaskedTiles(j_first, wg_last_lo, qa, kN, &u_lo, &u_hi);
-      int it = a0;
-      for (; it + 1 < min(a1, u_lo); ++it) step(it, std::true_type{});
-      for (; it + 1 < min(a1, u_hi); ++it) step(it, std::false_type{});
-      for (; it + 1 < a1; ++it) step(it, std::true_type{});
+      int pv = a0;  // the tile whose P V runs beside the next one's S and softmax
+      for (; pv + 1 < min(a1, u_lo); ++pv) step(pv, std::true_type{});
+      for (; pv + 1 < min(a1, u_hi); ++pv) step(pv, std::false_type{});
+      for (; pv + 1 < a1; ++pv) step(pv, std::true_type{});
       {  // the last tile's P V
         const int it = a1 - 1;
         BarrierWait(&v_full[stage(it)], parity(it));
