@@ -23,7 +23,8 @@
 // Status: the default on sm_90 since 2026-12-02 (MEGATRAIN_ATTENTION=mma declines them, see
 // ops.h), after the forward and the backward's dk/dv and dq passes (HopperDkDvKernel and
 // HopperDqKernel below) passed gpu_test on H200s; Delta and dsinks stay on attention.cu's
-// kernels.
+// kernels. Not yet run on a GPU: the mask's own loops and the dk/dv pass's statistics read
+// ahead (2026-12-03; built for sm_90a without spills or serialized wgmmas).
 //
 // Numerics: each output is a fixed sequence of fp32 operations with no atomics, so the
 // same inputs give the same bits. They differ from attention.cu's kernels in the order of
