@@ -62,6 +62,12 @@ DaemonMetrics::DaemonMetrics(MetricsRegistry* registry, JobStore* store,
   r.Declare("megatrain_stream_busy_seconds_total", T::kCounter,
             "Seconds each stream was busy: compute, h2d and d2h from CUDA event (or thread) "
             "timings, optimizer from the CPU AdamW thread.");
+  r.Declare("megatrain_optimizer_params_per_second", T::kGauge,
+            "CPU AdamW's rate in the last step: the parameters it updates a step over its busy "
+            "seconds.");
+  r.Declare("megatrain_optimizer_in_step_fraction", T::kGauge,
+            "CPU AdamW's rate in the last step over the machine profile's rate alone (the "
+            "planner takes the profile's adamw_in_step_fraction).");
   r.Declare("megatrain_pcie_bytes_total", T::kCounter, "Bytes moved over PCIe, by direction.");
   r.Declare("megatrain_pcie_throughput_bytes_per_second", T::kGauge,
             "Bytes moved in the last step over the step's duration, by direction.");
@@ -185,6 +191,12 @@ void DaemonMetrics::StepDone(const v1::Job& job, const StepReport& report) {
   MetricLabels ol = l;
   ol["stream"] = "optimizer";
   r.Add("megatrain_stream_busy_seconds_total", ol, report.optimizer_busy_seconds);
+  if (report.optimizer_params_per_second > 0) {
+    r.Set("megatrain_optimizer_params_per_second", l, report.optimizer_params_per_second);
+  }
+  if (report.optimizer_in_step_fraction > 0) {
+    r.Set("megatrain_optimizer_in_step_fraction", l, report.optimizer_in_step_fraction);
+  }
   r.Add("megatrain_checkpoint_wait_seconds_total", l, report.checkpoint_wait_seconds);
   const struct {
     const char* direction;

@@ -49,6 +49,12 @@ struct StepReport {
   // of the optimizer thread (AdamW of this step's gradients may finish in the next one).
   std::array<double, kNumStreams> stream_busy_seconds{};
   double optimizer_busy_seconds = 0;
+  // AdamW's rate in the step: the parameters it updates each step over optimizer_busy_seconds
+  // (0 when the optimizer was not busy), and that over the machine profile's rate alone (the
+  // planner's adamw_in_step_fraction, as this step measured it: when it differs from the
+  // profile's, `train_bench --calibrate` measures the box's, README "The daemon").
+  double optimizer_params_per_second = 0;
+  double optimizer_in_step_fraction = 0;
   int64_t h2d_bytes = 0;     // PCIe traffic of the step
   int64_t d2h_bytes = 0;
   // The checkpoints completed during Step(), oldest first (Trainer::last_checkpoint_*()
@@ -208,6 +214,8 @@ class Trainer {
   std::string plan_text_;
   DatasetStats dataset_stats_;
   double optimizer_busy_seen_ = 0;
+  int64_t optimizer_elements_ = 0;         // the store's: what AdamW updates each step
+  double adamw_alone_params_per_second_ = 0;  // the profile's, for the plan's store
   double capture_wait_seen_ = 0;
   double last_checkpoint_seconds_ = 0;
   int64_t last_checkpoint_bytes_ = 0;

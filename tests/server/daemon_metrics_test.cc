@@ -43,6 +43,8 @@ TEST(DaemonMetrics, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
   r.d2h_bytes = 6000;
   r.stream_busy_seconds = {1.5, 0.5, 0.25};
   r.optimizer_busy_seconds = 1;
+  r.optimizer_params_per_second = 3e9;
+  r.optimizer_in_step_fraction = 0.875;
   r.checkpoint_wait_seconds = 0.75;
   metrics.StepDone(job, r);
   metrics.CheckpointWritten(job, 0.5, 123);
@@ -59,6 +61,8 @@ TEST(DaemonMetrics, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
         "megatrain_host_store_bytes{" + l + ",kind=\"pinned\",user=\"ada\"} 1000",
         "megatrain_checkpoint_bytes_total{" + l + ",user=\"ada\"} 123",
         "megatrain_checkpoint_wait_seconds_total{" + l + ",user=\"ada\"} 0.75",
+        "megatrain_optimizer_params_per_second{" + l + ",user=\"ada\"} 3000000000",
+        "megatrain_optimizer_in_step_fraction{" + l + ",user=\"ada\"} 0.875",
         "megatrain_jobs{state=\"running\"} 1", "megatrain_user_jobs{state=\"running\",user=\"ada\"} 1",
         "megatrain_peak_tflops{gpu=\"0\"} 100"}) {
     EXPECT_NE(text.find(want + "\n"), std::string::npos) << want << "\n" << text;

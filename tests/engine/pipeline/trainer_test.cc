@@ -93,6 +93,13 @@ TEST(Trainer, TinyModelOverfitsASmallText) {
     ASSERT_TRUE(r.ok()) << r.status();
     if (r->step == 1) first = r->loss;
     last = r->loss;
+    // AdamW's rate in the step, and over the profile's alone (metrics show both).
+    if (r->optimizer_busy_seconds > 0) {
+      EXPECT_NEAR(r->optimizer_params_per_second * r->optimizer_busy_seconds,
+                  static_cast<double>((*t)->num_parameters()),
+                  0.05 * static_cast<double>((*t)->num_parameters()));
+      EXPECT_GT(r->optimizer_in_step_fraction, 0);
+    }
   }
   EXPECT_GT(first, 5.0);  // ~ln(258) at random init
   EXPECT_LT(last, 0.6);   // memorised: most next bytes predictable
