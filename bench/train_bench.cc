@@ -481,10 +481,9 @@ int main(int argc, char** argv) {
   // AdamW's rate in these steps over the profile's, as the planner scales it (its bytes a
   // parameter: the profile's rate moved the bf16 copy's 2 too).
   const double in_step_fraction =
-      no_optimizer || floor_optimizer <= 0
-          ? 0.0
-          : static_cast<double>(total_elements) / floor_optimizer /
-                profile->AdamWParamsPerSecond(moments, plan->bf16_copy);
+      no_optimizer ? 0.0
+                   : profile->AdamWInStepFraction(total_elements, floor_optimizer, moments,
+                                                  plan->bf16_copy);
   if (calibrate && in_step_fraction > 0) {
     MachineProfile calibrated = *profile;
     calibrated.adamw_in_step_fraction = std::min(2.0, in_step_fraction);

@@ -213,8 +213,7 @@ absl::Status Trainer::InitPlan(const JobSpec& spec, const MachineProfile& profil
   std::string resume_note;
   ASSIGN_OR_RETURN(plan_, PlanKeepingSplit(spec, resume, profile, backend_.get(), &request,
                                            &resume_note));
-  adamw_alone_params_per_second_ =
-      profile.AdamWParamsPerSecond(spec.state_dtype, plan_.bf16_copy);
+  profile_ = profile;
   plan_text_ = DescribePlan(plan_, request, profile) + resume_note;
   if (!collectives_.empty()) {
     absl::StrAppend(&plan_text_, "reduce     ", collectives_[0]->description(), "\n");
@@ -249,10 +248,6 @@ absl::Status Trainer::InitStore(const JobSpec& spec, const DeviceSet& devices) {
     store_options.disk_units.push_back(layout.DecoderUnit(l));
   }
   ASSIGN_OR_RETURN(store_, HostStore::Create(layout, store_nodes, store_options));
-  optimizer_elements_ = 0;
-  for (int64_t u = 0; u < store_->num_units(); ++u) {
-    optimizer_elements_ += store_->unit_elements(u);
-  }
   ASSIGN_OR_RETURN(slabs_, MakeSlabs(spec, devices, 0));
   RETURN_IF_ERROR(backend_->PinHostRange(store_->transfer_base(), store_->transfer_bytes()));
   pinned_.push_back(store_->transfer_base());
@@ -437,12 +432,10 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.optimizer_busy_seconds = optimizer_busy - optimizer_busy_seen_;
   optimizer_busy_seen_ = optimizer_busy;
   if (report.optimizer_busy_seconds > 0) {
-    report.optimizer_params_per_second =
-        static_cast<double>(optimizer_elements_) / report.optimizer_busy_seconds;
-    if (adamw_alone_params_per_second_ > 0) {
-      report.optimizer_in_step_fraction =
-          report.optimizer_params_per_second / adamw_alone_params_per_second_;
-    }
+    const int64_t updated = store_->layout().TotalElements();  // every unit, each step
+    report.optimizer_params_per_second = updated / report.optimizer_busy_seconds;
+    report.optimizer_in_step_fraction = profile_.AdamWInStepFraction(
+        updated, report.optimizer_busy_seconds, spec_.state_dtype, plan_.bf16_copy);
   }
   report.h2d_bytes = r.h2d_bytes;
   report.d2h_bytes = r.d2h_bytes;

@@ -214,8 +214,7 @@ class Trainer {
   std::string plan_text_;
   DatasetStats dataset_stats_;
   double optimizer_busy_seen_ = 0;
-  int64_t optimizer_elements_ = 0;         // the store's: what AdamW updates each step
-  double adamw_alone_params_per_second_ = 0;  // the profile's, for the plan's store
+  MachineProfile profile_;  // what the plan was made with (AdamW's rate alone: the reports)
   double capture_wait_seen_ = 0;
   double last_checkpoint_seconds_ = 0;
   int64_t last_checkpoint_bytes_ = 0;

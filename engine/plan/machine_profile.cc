@@ -546,6 +546,13 @@ double MachineProfile::AdamWParamsPerSecond(MomentDType moments, bool bf16_copy)
          AdamWBytesPerParameter(moments, bf16_copy);
 }
 
+double MachineProfile::AdamWInStepFraction(int64_t params, double busy_seconds,
+                                           MomentDType moments, bool bf16_copy) const {
+  const double alone = AdamWParamsPerSecond(moments, bf16_copy);
+  if (busy_seconds <= 0 || alone <= 0) return 0;
+  return static_cast<double>(params) / busy_seconds / alone;
+}
+
 double StoreBytesPerParameter(MomentDType moments, bool bf16_copy) {
   return (bf16_copy ? 2.0 : 0.0) + 4.0 + MomentBytesPerParameter(moments);
 }

@@ -117,6 +117,10 @@ struct MachineProfile {
   // (AdamWBytesPerParameter with it), a store without it moves 2 bytes a parameter less.
   // Alone, not yet times adamw_in_step_fraction.
   double AdamWParamsPerSecond(MomentDType moments, bool bf16_copy) const;
+  // AdamW's rate in a step that updated `params` in `busy_seconds` over that rate alone:
+  // the step's measure of adamw_in_step_fraction (0 without busy seconds or a rate).
+  double AdamWInStepFraction(int64_t params, double busy_seconds, MomentDType moments,
+                             bool bf16_copy) const;
 };
 
 // Host bytes per parameter of the store (the bf16 copy if kept, fp32 master, the moments)

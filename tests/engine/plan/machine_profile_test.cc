@@ -57,6 +57,19 @@ TEST(MachineProfile, AdamWInStepFractionDefaultsRoundTripsAndIsChecked) {
             std::string::npos);
 }
 
+// A step's measure of the fraction: its AdamW rate over the rate alone at the store's bytes
+// (without the bf16 copy a parameter moves 28 bytes, not the measured 30); none without time.
+TEST(MachineProfile, AdamWInStepFractionOfAStepIsItsRateOverTheRateAlone) {
+  MachineProfile p;
+  p.adamw_params_per_second = 3e9;
+  EXPECT_DOUBLE_EQ(p.AdamWInStepFraction(3'000'000'000, 2.0, MomentDType::kF32, true), 0.5);
+  EXPECT_DOUBLE_EQ(p.AdamWInStepFraction(3'000'000'000, 2.0, MomentDType::kF32, false),
+                   0.5 * 28.0 / 30.0);
+  EXPECT_EQ(p.AdamWInStepFraction(3'000'000'000, 0.0, MomentDType::kF32, true), 0.0);
+  p.adamw_params_per_second = 0;
+  EXPECT_EQ(p.AdamWInStepFraction(3'000'000'000, 2.0, MomentDType::kF32, true), 0.0);
+}
+
 // The experts' matmuls plan with the grouped samples of the nearest MoE shape (within 1.5x
 // in each dimension), over rows per expert; any other shape, or no grouped samples, with the
 // dense grid at rows_per_expert rows. The samples survive the profile's JSON.
