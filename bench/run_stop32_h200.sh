@@ -38,6 +38,7 @@
 #   next     stop 35's unrun work, first: the whole gpu_test (the mask's loops in the Hopper
 #            attention) and the attention rates of both kernels; then the ncu part again
 #            (against bench/results/h200-2026-12-03/box1_ncu_*.csv)
+#   ncubwd   stop 36: Nsight Compute on the backward's dq and dk/dv passes at 8K, head_dim 128
 #   spans    the CPU optimizer's pieces (train_bench's optimizer_pieces and timeline stream
 #            3): GPT-OSS-120B 2 layers at 256K (AdamW at 0.75 of its rate alone in its steps)
 #            and Qwen3-30B-A3B 4 layers at 64K (0.90) on one box, with timelines
@@ -163,6 +164,15 @@ PY
     suite)
       timeout 300 gpu_test --gtest_brief=1 > "$OUT/gpu_test.txt" 2>&1
       echo "gpu_test rc=$?"; grep -E "FAILED|SKIPPED|PASSED" "$OUT/gpu_test.txt" | head -20 ;;
+    ncubwd)  # stop 36: the backward's dq and dk/dv passes at 8K, head_dim 128, by Nsight Compute
+      for k in Dq DkDv; do
+        timeout 150 ncu --clock-control none -k regex:Hopper$k --launch-skip 1 --launch-count 1 \
+          --set full --page raw --csv machine_bench --backend cuda --attention-only \
+          --attention-kernels hopper --attention-lengths 8192 --attention-head-dims 128 \
+          > "$OUT/ncu_${k,,}_d128.csv" 2> "$OUT/ncu_${k,,}_d128.log"
+        echo "ncu $k D128 rc=$?"
+        python3 bench/ncu_pipes.py "$OUT/ncu_${k,,}_d128.csv" | grep -E 'duration|pipe_(alu|fma|xu|tensor_cycles).*avg|issue_active.avg|stall' | head -12
+      done ;;
     ncu)
       for d in 128 64; do
         timeout 150 ncu --clock-control none -k regex:HopperForward --launch-skip 2 \

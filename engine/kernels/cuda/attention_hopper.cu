@@ -2,11 +2,12 @@
 // same masks (causal within documents, optional sliding window and per-head sinks) and the
 // same outputs, on warpgroup MMA (wgmma) fed by the tensor memory accelerator (TMA).
 //
-// Forward, FlashAttention-3 style warp specialisation: a block is three warpgroups over 128
-// queries of one head. The first is the producer: one thread loads the block's Q once and then
-// the K and V tiles (128 keys) of its key range into a two-stage ring of shared memory, each
-// tile completing on its own "full" mbarrier, each stage's K and V reused once both consumers
-// have arrived on its "empty" barriers. The other two are consumers of 64 queries each:
+// Forward, FlashAttention-3 style warp specialisation: a block is a producer warpgroup and
+// two consumer warpgroups over 128 queries of one head (three over 192 at head_dim 64 without
+// a window: ForwardTiles). The producer: one thread loads the block's Q once and then the K
+// and V tiles (128 keys) of its key range into a two-stage ring of shared memory, each tile
+// completing on its own "full" mbarrier, each stage's K and V reused once every consumer has
+// arrived on its "empty" barriers. The consumers take 64 queries each:
 // S = Q K^T by wgmma from shared memory, the online softmax in registers (fp32, exp2 domain),
 // then O += P V by wgmma with P as the A operand straight from registers, so P never touches
 // shared memory. A consumer issues the next tile's S with this tile's P V and runs the next
@@ -23,8 +24,9 @@
 // Status: the default on sm_90 since 2026-12-02 (MEGATRAIN_ATTENTION=mma declines them, see
 // ops.h), after the forward and the backward's dk/dv and dq passes (HopperDkDvKernel and
 // HopperDqKernel below) passed gpu_test on H200s; Delta and dsinks stay on attention.cu's
-// kernels. Not yet run on a GPU: the mask's own loops and the dk/dv pass's statistics read
-// ahead (2026-12-03; built for sm_90a without spills or serialized wgmmas).
+// kernels. On an H200 on 2026-12-03 (machine_bench, bench/results/h200-2026-12-03b/), causal,
+// 8K / 32K: head_dim 128 forward 576 / 607 TFLOP/s, backward 425 / 441; head_dim 64 forward
+// 452 / 479.
 //
 // Numerics: each output is a fixed sequence of fp32 operations with no atomics, so the
 // same inputs give the same bits. They differ from attention.cu's kernels in the order of
@@ -54,11 +56,17 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kWarpgroup = 128;
 constexpr int kColumns = 64;  // bf16 columns of one 128-byte swizzled row
 
-// Forward tiles: kM queries per block (two consumer warpgroups of 64), kN keys per tile,
-// kStages K/V tiles in flight.
-template <int kD>
+// Forward tiles: kM queries per block (kConsumers warpgroups of 64), kN keys per tile,
+// kStages K/V tiles in flight. At head_dim 64 a tile's exponentials take the MUFU as long as
+// its GEMMs take the tensor cores, and three consumers hide more of the softmax's latency
+// than two (their registers fit in 160 each there, without a window: its bounds spill; at
+// 128 they need 240). A window's block sees few tiles anyway.
+template <int kD, bool kWindow>
 struct ForwardTiles {
-  static constexpr int kM = 128, kN = 128, kStages = 2;
+  static constexpr int kConsumers = kD == 64 && !kWindow ? 3 : 2;
+  static constexpr int kThreads = (1 + kConsumers) * kWarpgroup;
+  static constexpr int kConsumerRegisters = kConsumers == 3 ? 160 : 240;
+  static constexpr int kM = 64 * kConsumers, kN = 128, kStages = 2;
   static constexpr int kQElems = kM * kD, kKvElems = kN * kD;
   static constexpr int kBarriers = 1 + 4 * kStages;  // q full; k full, v full, k empty, v empty
   static constexpr int kSmemBytes = 1024 + 2 * (kQElems + 2 * kStages * kKvElems) + 8 * kBarriers;
@@ -68,7 +76,7 @@ struct ForwardTiles {
 // in shared memory, kN keys per K/V tile (64: S, dP and dq are all in registers at once).
 template <int kD>
 struct DqTiles {
-  static constexpr int kM = 128, kN = 64, kStages = 2;
+  static constexpr int kM = 128, kN = 64, kStages = 3;
   static constexpr int kQElems = kM * kD, kKvElems = kN * kD;
   static constexpr int kBarriers = 1 + 3 * kStages;  // q/dO full; k full, v full, k/v empty
   static constexpr int kSmemBytes =
@@ -79,11 +87,12 @@ struct DqTiles {
 // in shared memory, kM queries per Q/dO tile of the ring.
 template <int kD>
 struct DkDvTiles {
-  static constexpr int kN = 128, kM = 64, kStages = 2;
+  static constexpr int kN = 128, kM = 64, kStages = 3;
   static constexpr int kKvElems = kN * kD, kQElems = kM * kD;
   static constexpr int kBarriers = 1 + 2 * kStages;  // k/v full; q/dO full, q/dO empty
-  // Per consumer, two buffers of a tile's queries' lse (log2), Delta and first key.
-  static constexpr int kStatWords = 2 * 2 * 3 * kM;
+  // Per stage, its tile's queries' lse (log2), Delta and first key (the producer's second
+  // warp writes them beside the TMA loads of Q and dO).
+  static constexpr int kStatWords = kStages * 3 * kM;
   static constexpr int kSmemBytes =
       1024 + 2 * (2 * kKvElems + 2 * kStages * kQElems) + 8 * kBarriers + 4 * kStatWords;
   // The fused dq (kFusedDq): per consumer, a tile's dS (kM queries x 64 keys) for dq = dS K.
@@ -156,9 +165,9 @@ __device__ __forceinline__ void FenceFragments(uint32_t (&a)[kN / 16][4]) {
 }
 
 // The barriers of a block that loads one tile once (`once`) and streams K and V tiles
-// through kStages stages, each released by both consumer warpgroups: k_empty[s] and
-// v_empty[s] may be the same barriers (K and V released together) or not.
-template <int kStages>
+// through kStages stages, each released by all kConsumers consumer warpgroups: k_empty[s]
+// and v_empty[s] may be the same barriers (K and V released together) or not.
+template <int kStages, int kConsumers = 2>
 __device__ __forceinline__ void InitKvRing(uint64_t* once, uint64_t* k_full, uint64_t* v_full,
                                            uint64_t* k_empty, uint64_t* v_empty) {
   if (threadIdx.x == 0) {
@@ -166,8 +175,8 @@ __device__ __forceinline__ void InitKvRing(uint64_t* once, uint64_t* k_full, uin
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(&k_full[s], 1);
       BarrierInit(&v_full[s], 1);
-      BarrierInit(&k_empty[s], 2 * kWarpgroup);
-      if (v_empty != k_empty) BarrierInit(&v_empty[s], 2 * kWarpgroup);
+      BarrierInit(&k_empty[s], kConsumers * kWarpgroup);
+      if (v_empty != k_empty) BarrierInit(&v_empty[s], kConsumers * kWarpgroup);
     }
     BarrierInitFence();
   }
@@ -175,7 +184,7 @@ __device__ __forceinline__ void InitKvRing(uint64_t* once, uint64_t* k_full, uin
 }
 
 // The producer's K/V ring (one thread): tile t, keys j_first + t kN, into stage t % kStages:
-// its K once both consumers have released the stage's previous K, its V likewise.
+// its K once every consumer has released the stage's previous K, its V likewise.
 template <int kD, int kN, int kStages>
 __device__ __forceinline__ void LoadKvRing(bf16* s_k, bf16* s_v, uint64_t* k_full,
                                            uint64_t* v_full, uint64_t* k_empty,
@@ -203,12 +212,12 @@ __device__ __forceinline__ void LoadKvRing(bf16* s_k, bf16* s_v, uint64_t* k_ful
 }
 
 // Calls f(std::true_type) when `masked`, else f(std::false_type): a tile's per-element code
-// compiled twice, the mask's tests only in the copy for the tiles that need them (the
-// backward's; the forward runs its masked and unmasked tiles in loops of their own). Tested
-// at run time in every tile, they cost ~4.6 instructions a score (the forward's code size
-// with and without them), mostly on the ALU pipe, which ran 48% busy at head_dim 128 and 55%
-// at 64 in the forward by Nsight Compute on an H200 (2026-12-03), beside 51% and 31% for the
-// tensor cores.
+// compiled twice, the mask's tests only in the copy for the tiles that need them (the dk/dv
+// pass's; the forward and dq run their masked and unmasked tiles in loops of their own).
+// Tested at run time in every tile, they cost ~4.6 instructions a score (the forward's code
+// size with and without them), mostly on the ALU pipe: by Nsight Compute on an H200 at 8K,
+// head_dim 128, the forward's ALU pipe went from 48% to 31% busy without them, its tensor
+// cores from 51% to 67% (2026-12-03).
 template <typename F>
 __device__ __forceinline__ void WithMask(bool masked, F&& f) {
   if (masked) {
@@ -282,7 +291,7 @@ __device__ __forceinline__ void OnlineSoftmax(float (&sc)[kN / 2], uint32_t (&p)
 // tile t together, runs tile t + 1's softmax once its S is done while P V still runs, then
 // rescales O. K and V stages are released apart (K as soon as its S is done).
 template <int kD, bool kWindow, bool kSink>
-__global__ void __launch_bounds__(3 * kWarpgroup, 1)
+__global__ void __launch_bounds__(ForwardTiles<kD, kWindow>::kThreads, 1)
     HopperForwardKernel(const __grid_constant__ CUtensorMap q_map,
                         const __grid_constant__ CUtensorMap k_map,
                         const __grid_constant__ CUtensorMap v_map, bf16* __restrict__ o,
@@ -290,7 +299,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
                         const bf16* __restrict__ sinks, int window, int n, int H, int KV,
                         float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = ForwardTiles<kD>;
+  using T = ForwardTiles<kD, kWindow>;
   constexpr int kM = T::kM, kN = T::kN, kStages = T::kStages, kBlocks = kD / kColumns;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = AlignedSmem(smem_raw);
@@ -311,7 +320,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
   const int tiles = (q_last - j_first + kN) / kN;
   const int wg = static_cast<int>(threadIdx.x) / kWarpgroup;
 
-  InitKvRing<kStages>(q_full, k_full, v_full, k_empty, v_empty);
+  InitKvRing<kStages, T::kConsumers>(q_full, k_full, v_full, k_empty, v_empty);
 
   if (wg == 0) {  // producer
     RegistersDown<24>();
@@ -328,7 +337,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
                                   kvh, j_first, tiles);
     }
   } else {  // consumer: 64 queries
-    RegistersUp<240>();
+    RegistersUp<T::kConsumerRegisters>();
     const int cw = wg - 1, t = static_cast<int>(threadIdx.x) % kWarpgroup;
     const int lane = t % 32, r0 = 16 * (t / 32) + lane / 4, c0 = 2 * (lane % 4);
     const int qa = q0 + 64 * cw, qb = min(qa + 63, n - 1);
@@ -468,15 +477,41 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
 #endif
 }
 
+// dS = P (dP - Delta), P = exp(S - lse), of a dq tile (64 queries x kN keys from j0) of this
+// thread's two rows, as bf16 A fragments; kMasked: the tile crosses the diagonal, a
+// document's start or the window's edge (ForwardTileMasked).
+template <int kN, bool kMasked>
+__device__ __forceinline__ void DqTileDs(float (&sc)[kN / 2], const float (&dp)[kN / 2], int j0,
+                                         const int (&lo)[2], const int (&qi)[2],
+                                         const float (&lse2)[2], const float (&delta)[2], int c0,
+                                         float scale_log2, uint32_t (&ds)[kN / 16][4]) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+    for (int c = 0; c < kN / 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int idx = 4 * c + 2 * hr + e, j = j0 + 8 * c + c0 + e;
+        float p = exp2f(sc[idx] * scale_log2 - lse2[hr]);
+        if (kMasked && (j < lo[hr] || j > qi[hr])) p = 0.0f;
+        sc[idx] = p * (dp[idx] - delta[hr]);  // dS
+      }
+    }
+  }
+  PackFragments<kN>(sc, ds);
+}
+
 // dq of the backward, per block of 128 queries of one head (the layout of the forward: a
 // producer warpgroup and two consumers of 64 queries). The producer loads the block's Q and
-// dO once, then its K and V tiles (64 keys) into a two-stage ring. A consumer, per tile:
+// dO once, then its K and V tiles (64 keys) into a three-stage ring. A consumer, per tile:
 // S = Q K^T and dP = dO V^T by wgmma from shared memory, P = exp(S - lse) (lse saved by the
 // forward, so no online softmax), dS = P (dP - Delta) in registers, then dq += dS K by
-// wgmma with dS as the A operand from registers and K transposed, the forward's P V. dq is
-// scaled by 1/sqrt(D) and written at the end; each thread reads its rows' Delta (parked in
-// dq's storage by AttentionDeltaKernel) before its warp writes those rows. The key tiles are
-// visited in order, so the sums' order is fixed.
+// wgmma with dS as the A operand from registers and K transposed, the forward's P V. As the
+// forward's P V, a tile's dq += dS K runs beside the next tile's S, dP and dS (three stages:
+// a consumer holds two tiles while the third loads). dq is scaled by 1/sqrt(D) and written at
+// the end; each thread reads its rows' Delta (parked in dq's storage by AttentionDeltaKernel)
+// before its warp writes those rows. The key tiles are visited in order, so the sums' order
+// is fixed.
 template <int kD, bool kWindow>
 __global__ void __launch_bounds__(3 * kWarpgroup, 1)
     HopperDqKernel(const __grid_constant__ CUtensorMap q_map,
@@ -550,53 +585,101 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
     const bf16* q_rows = s_q + cw * 64 * kColumns;
     const bf16* do_rows = s_do + cw * 64 * kColumns;
 
-    BarrierWait(q_full, 0);
-    for (int it = 0; it < tiles; ++it) {
-      const int s = it % kStages, j0 = j_first + it * kN;
-      const uint32_t parity = (it / kStages) & 1;
-      const bool active = has_rows && j0 <= qb && j0 + kN - 1 >= wg_lo;
-      const bf16* k_tile = s_k + s * T::kKvElems;
-      const bf16* v_tile = s_v + s * T::kKvElems;
-      BarrierWait(&k_full[s], parity);
-      BarrierWait(&v_full[s], parity);
-      if (active) {
-        float sc[kN / 2], dp[kN / 2];
-        FenceRegisters(sc);
-        FenceRegisters(dp);
-        WgmmaFence();
-        RowsTimesRowsT<kD, kN>(sc, q_rows, kM, k_tile, kN);   // S = Q K^T
-        RowsTimesRowsT<kD, kN>(dp, do_rows, kM, v_tile, kN);  // dP = dO V^T
-        WgmmaCommit();
-        WgmmaWait<0>();
-        FenceRegisters(sc);
-        FenceRegisters(dp);
-        WithMask(j0 + kN - 1 > qa || j0 < wg_last_lo, [&](auto mask) {
-          constexpr bool kMasked = decltype(mask)::value;
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-#pragma unroll
-            for (int c = 0; c < kN / 8; ++c) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int idx = 4 * c + 2 * hr + e, j = j0 + 8 * c + c0 + e;
-                float p = exp2f(sc[idx] * scale_log2 - lse2[hr]);
-                if (kMasked && (j < lo[hr] || j > qi[hr])) p = 0.0f;
-                sc[idx] = p * (dp[idx] - delta[hr]);  // dS
-              }
-            }
-          }
-        });
-        uint32_t ds[kN / 16][4];
-        PackFragments<kN>(sc, ds);
-        FenceRegisters(acc);
-        WgmmaFence();
-        AccumulateFragmentsTimesRows<kD, kN>(acc, ds, k_tile);  // dq += dS K
-        WgmmaCommit();
-        WgmmaWait<0>();
-        FenceRegisters(acc);
-      }
-      BarrierArrive(&kv_empty[s]);
+    // The tiles this warpgroup's queries see, [a0, a1) (as the forward's), and the stage,
+    // parity and keys of tile it.
+    int a0 = 0, a1 = 0;
+    if (has_rows) {
+      const int before = wg_lo - j_first - kN + 1;
+      a0 = before > 0 ? (before + kN - 1) / kN : 0;
+      a1 = min(tiles, (qb - j_first) / kN + 1);
     }
+    auto stage = [](int it) { return it % kStages; };
+    auto parity = [](int it) { return static_cast<uint32_t>((it / kStages) & 1); };
+    auto k_tile = [&](int it) { return s_k + stage(it) * T::kKvElems; };
+    auto v_tile = [&](int it) { return s_v + stage(it) * T::kKvElems; };
+    auto wait_tile = [&](int it) {
+      BarrierWait(&k_full[stage(it)], parity(it));
+      BarrierWait(&v_full[stage(it)], parity(it));
+    };
+    auto masked = [&](int it) { return ForwardTileMasked(j_first, it, wg_last_lo, qa, kN); };
+    auto skip = [&](int it) {  // a tile none of this warpgroup's queries sees
+      wait_tile(it);
+      BarrierArrive(&kv_empty[stage(it)]);
+    };
+
+    for (int it = 0; it < a0; ++it) skip(it);
+    BarrierWait(q_full, 0);
+    if (a0 < a1) {
+      uint32_t ds[kN / 16][4];
+      {  // the first tile's S, dP and dS
+        float sc[kN / 2], dp[kN / 2];
+        wait_tile(a0);
+        FenceRegisters(sc);
+        FenceRegisters(dp);
+        WgmmaFence();
+        RowsTimesRowsT<kD, kN>(sc, q_rows, kM, k_tile(a0), kN);   // S = Q K^T
+        RowsTimesRowsT<kD, kN>(dp, do_rows, kM, v_tile(a0), kN);  // dP = dO V^T
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceRegisters(sc);
+        FenceRegisters(dp);
+        const int j0 = j_first + a0 * kN;
+        if (masked(a0)) {
+          DqTileDs<kN, true>(sc, dp, j0, lo, qi, lse2, delta, c0, scale_log2, ds);
+        } else {
+          DqTileDs<kN, false>(sc, dp, j0, lo, qi, lse2, delta, c0, scale_log2, ds);
+        }
+      }
+      // One tile's dq += dS K beside the next tile's S, dP and dS (as the forward's P V
+      // beside the next S and softmax: a straight run of code from the wgmmas' issue to their
+      // wait, the masked and unmasked tiles in loops of their own). The sums' order is the
+      // tiles' as before.
+      auto step = [&](int it, auto mask) {
+        float sc[kN / 2], dp[kN / 2];
+        wait_tile(it + 1);
+        FenceRegisters(sc);
+        FenceRegisters(dp);
+        FenceRegisters(acc);
+        WgmmaFence();
+        RowsTimesRowsT<kD, kN>(sc, q_rows, kM, k_tile(it + 1), kN);
+        RowsTimesRowsT<kD, kN>(dp, do_rows, kM, v_tile(it + 1), kN);
+        WgmmaCommit();
+        AccumulateFragmentsTimesRows<kD, kN>(acc, ds, k_tile(it));  // dq += dS K
+        WgmmaCommit();
+        WgmmaWait<1>();
+        FenceRegisters(sc);
+        FenceRegisters(dp);
+        uint32_t ds_next[kN / 16][4];
+        DqTileDs<kN, decltype(mask)::value>(sc, dp, j_first + (it + 1) * kN, lo, qi, lse2, delta,
+                                            c0, scale_log2, ds_next);
+        WgmmaWait<0>();
+        FenceRegisters(acc);
+        FenceFragments<kN>(ds);
+        BarrierArrive(&kv_empty[stage(it)]);
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) ds[kk][i] = ds_next[kk][i];
+        }
+      };
+      int u_lo, u_hi;
+      ForwardUnmaskedTiles(j_first, wg_last_lo, qa, kN, &u_lo, &u_hi);
+      int it = a0;  // the tile whose dq += dS K runs beside the next one's S, dP and dS
+      for (; it + 1 < min(a1, u_lo); ++it) step(it, std::true_type{});
+      for (; it + 1 < min(a1, u_hi); ++it) step(it, std::false_type{});
+      for (; it + 1 < a1; ++it) step(it, std::true_type{});
+      {  // the last tile's dq += dS K
+        FenceRegisters(acc);
+        WgmmaFence();
+        AccumulateFragmentsTimesRows<kD, kN>(acc, ds, k_tile(a1 - 1));
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceRegisters(acc);
+        FenceFragments<kN>(ds);
+        BarrierArrive(&kv_empty[stage(a1 - 1)]);
+      }
+    }
+    for (int it = max(a1, a0); it < tiles; ++it) skip(it);
 
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -617,12 +700,12 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
 // dk and dv of the backward, per block of 128 keys of one kv head: a producer warpgroup and
 // two consumers of 64 keys. The producer loads the block's K and V once, then the Q and dO
 // tiles (64 queries) of every query head of the group that sees these keys, head by head,
-// into a two-stage ring. A consumer, per tile: S^T = K Q^T and dP^T = V dO^T by wgmma from
-// shared memory, P^T = exp(S^T - lse) and dS^T = P^T (dP^T - Delta) in registers (lse,
-// Delta and the queries' first keys staged in shared memory by the consumer, read from
-// global memory during the item before, so that their latency hides behind its GEMMs), then
-// dv += P^T dO and dk += dS^T Q by wgmma with P^T and dS^T as A operands from registers,
-// dO and Q transposed. dk is scaled by 1/sqrt(D) at the end. The tiles are visited in order,
+// into a three-stage ring; the producer's second warp stages each tile's queries' lse, Delta
+// and first keys beside them, on the same full barrier, so a consumer's loop makes no global
+// load. A consumer, per tile: S^T = K Q^T and dP^T = V dO^T by wgmma from shared memory,
+// P^T = exp(S^T - lse) in registers, then dv += P^T dO by wgmma with P^T as the A operand
+// from registers while dS^T = P^T (dP^T - Delta) is computed, then dk += dS^T Q; dO and Q
+// transposed. dk is scaled by 1/sqrt(D) at the end. The tiles are visited in order,
 // so the sums' order is fixed (order::DkDvItem: the tiles from the last down, the group's
 // heads in turn at each). Delta is parked in dq's storage (AttentionDeltaKernel); dq's own
 // pass runs after this one.
@@ -672,7 +755,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
     if constexpr (kFusedDq) s_ticket = atomicAdd(ticket, 1);
     BarrierInit(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      BarrierInit(&q_full[s], 1);
+      BarrierInit(&q_full[s], 1 + 32);  // the TMA thread's and the statistics warp's
       BarrierInit(&q_empty[s], 2 * kWarpgroup);
     }
     BarrierInitFence();
@@ -719,6 +802,35 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
           TmaLoad3d(do_tile + b * kM * kColumns, &do_map, &q_full[s], b * kColumns, h, i0);
         }
       }
+    } else if (threadIdx.x / 32 == 1) {
+      // The statistics warp: each tile's queries' lse (log2; +inf past n: P is 0 there),
+      // Delta and first key into its stage, then an arrival on the stage's full barrier (a
+      // release of these stores), so the consumers wait for them with Q and dO.
+      // Two queries a lane, the addresses kept simple: this warpgroup has 24 registers.
+      static_assert(kM == 64, "the statistics warp takes a tile's queries two a lane");
+      const int lane = static_cast<int>(threadIdx.x) % 32;
+      const float* lse_kv = lse + kvh * group;
+      const float* delta_kv =  // Delta, parked in dq's storage: a float every kD / 2
+          reinterpret_cast<const float*>(dq + static_cast<int64_t>(kvh) * group * kD);
+      for (int t = 0; t < items; ++t) {
+        const int s = t % kStages, use = t / kStages;
+        int hg, i0;
+        order::DkDvItem(t, group, q_tiles, j0, kM, &hg, &i0);
+        if (use > 0) BarrierWait(&q_empty[s], (use - 1) & 1);
+        float* stats = s_stats + s * 3 * kM + lane;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = i0 + lane + 32 * half;
+          const bool in = i < n;
+          const int64_t at = static_cast<int64_t>(in ? i : 0) * H + hg;
+          const float lse_i = __ldg(lse_kv + at), delta = delta_kv[at * (kD / 2)];
+          stats[32 * half] = in ? lse_i * kLog2e : INFINITY;
+          stats[kM + 32 * half] = in ? delta : 0.0f;
+          reinterpret_cast<int*>(stats)[2 * kM + 32 * half] =
+              in ? FirstKey<kWindow>(doc_start, i, window) : INT_MAX;
+        }
+        BarrierArrive(&q_full[s]);
+      }
     }
   } else {  // consumer: 64 keys
     RegistersUp<240>();
@@ -749,26 +861,6 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         }
       }
     };
-    // Item `item`'s query t's lse (log2; +inf past n: P is 0 there), Delta and first key,
-    // read from global memory (thread t < kM): for the next item, while this one computes.
-    struct QueryStats {
-      float lse2 = INFINITY, delta = 0.0f;
-      int first_key = INT_MAX;
-    };
-    auto read_stats = [&](int item) {
-      QueryStats q;
-      int hg, i0;
-      order::DkDvItem(item, group, q_tiles, j0, kM, &hg, &i0);
-      const int i = i0 + t;
-      if (t < kM && i < n) {
-        const int64_t at = static_cast<int64_t>(i) * H + kvh * group + hg;
-        q.lse2 = __ldg(lse + at) * kLog2e;
-        q.delta = *reinterpret_cast<const float*>(dq + at * kD);
-        q.first_key = FirstKey<kWindow>(doc_start, i, window);
-      }
-      return q;
-    };
-    QueryStats next_stats = items > 0 ? read_stats(0) : QueryStats{};
     BarrierWait(kv_full, 0);
     for (int it = 0; it < items; ++it) {
       const int s = it % kStages;
@@ -777,24 +869,15 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
       order::DkDvItem(it, group, q_tiles, j0, kM, &hg, &i0);
       [[maybe_unused]] const int h = kvh * group + hg;  // kFusedDq
       const int i_last = min(i0 + kM, n) - 1;
-      // Some query of the tile may see some key of ours.
-      const bool active =
-          has_keys && order::TileMeetsKeys<kWindow>(doc_start, i0, i_last, ka, kb, window);
       const bf16* q_tile = s_q + s * T::kQElems;
       const bf16* do_tile = s_do + s * T::kQElems;
-      // The tile's queries' statistics (read_stats, during the item before), in this
-      // consumer's buffer of this item's parity (one barrier an item: a buffer is written
-      // again only after every thread has passed the next item's barrier).
-      float* stats = s_stats + (2 * cw + (it & 1)) * 3 * kM;
-      int* first_key = reinterpret_cast<int*>(stats + 2 * kM);
-      if (t < kM) {
-        stats[t] = next_stats.lse2;
-        stats[kM + t] = next_stats.delta;
-        first_key[t] = next_stats.first_key;
-      }
-      NamedBarrierSync(1 + cw, kWarpgroup);
-      if (it + 1 < items) next_stats = read_stats(it + 1);
+      // The tile's queries' statistics, staged with Q and dO by the statistics warp; from
+      // them, whether some query of the tile may see some key of ours, and whether the tile
+      // needs the mask, without a global load on the way to the GEMMs.
+      const float* stats = s_stats + s * 3 * kM;
+      const int* first_key = reinterpret_cast<const int*>(stats + 2 * kM);
       BarrierWait(&q_full[s], parity);
+      const bool active = has_keys && order::TileMeetsKeys(first_key[0], i_last, ka, kb);
       if (active) {
         float st[kM / 2], dpt[kM / 2];  // S^T, dP^T: (64 keys, kM queries)
         FenceRegisters(st);
@@ -807,8 +890,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         WgmmaWait<0>();
         FenceRegisters(st);
         FenceRegisters(dpt);
-        const bool masked = i0 < kb || FirstKey<kWindow>(doc_start, i_last, window) > ka ||
-                            i0 + kM > n;
+        const bool masked = i0 < kb || first_key[i_last - i0] > ka || i0 + kM > n;
         WithMask(masked, [&](auto mask) {
           constexpr bool kMasked = decltype(mask)::value;
 #pragma unroll
@@ -816,19 +898,37 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int col = 8 * c + c0 + e, i = i0 + col;  // this column's query
-              const float lse2 = stats[col], delta = stats[kM + col];
+              const float lse2 = stats[col];
               const int lo = kMasked ? first_key[col] : 0;
 #pragma unroll
               for (int hr = 0; hr < 2; ++hr) {
                 const int idx = 4 * c + 2 * hr + e, j = kj[hr];
                 float p = exp2f(st[idx] * scale_log2 - lse2);
                 if (kMasked && (j < lo || j > i)) p = 0.0f;
-                st[idx] = p;                        // P^T
-                dpt[idx] = p * (dpt[idx] - delta);  // dS^T
+                st[idx] = p;  // P^T
               }
             }
           }
         });
+        // dv += P^T dO runs while dS^T = P^T (dP^T - Delta) is computed and packed.
+        uint32_t pt[kM / 16][4], dst[kM / 16][4];
+        PackFragments<kM>(st, pt);
+        FenceRegisters(dv_acc);
+        WgmmaFence();
+        AccumulateFragmentsTimesRows<kD, kM>(dv_acc, pt, do_tile);  // dv += P^T dO
+        WgmmaCommit();
+#pragma unroll
+        for (int c = 0; c < kM / 8; ++c) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float delta = stats[kM + 8 * c + c0 + e];
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              const int idx = 4 * c + 2 * hr + e;
+              dpt[idx] = st[idx] * (dpt[idx] - delta);  // dS^T
+            }
+          }
+        }
         [[maybe_unused]] const bf16* ds_tile = s_ds + cw * T::kDsElems;
         if constexpr (kFusedDq) {
           // dS (queries x keys) into this consumer's tile as a TMA load would write it (query
@@ -850,20 +950,16 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
           FenceProxyAsyncShared();
           NamedBarrierSync(1 + cw, kWarpgroup);  // the whole tile is written
         }
-        uint32_t pt[kM / 16][4], dst[kM / 16][4];
-        PackFragments<kM>(st, pt);
         PackFragments<kM>(dpt, dst);
         // This tile's dS K (64 queries x kD); its first wgmma overwrites it.
         [[maybe_unused]] float dq_part[kFusedDq ? kD / 2 : 1];
         if constexpr (kFusedDq) FenceRegisters(dq_part);
-        FenceRegisters(dv_acc);
         FenceRegisters(dk_acc);
         WgmmaFence();
-        AccumulateFragmentsTimesRows<kD, kM>(dv_acc, pt, do_tile);  // dv += P^T dO
         AccumulateFragmentsTimesRows<kD, kM>(dk_acc, dst, q_tile);  // dk += dS^T Q
-        // dq = dS K over our 64 keys: with dv and dk at head_dim 64; after them at 128, where
-        // dq's 64 accumulators beside P^T's and dS^T's fragments would make ptxas serialize
-        // the wgmmas (C7512).
+        // dq = dS K over our 64 keys: with dk at head_dim 64; after it at 128, where dq's 64
+        // accumulators beside P^T's and dS^T's fragments would make ptxas serialize the
+        // wgmmas (C7512).
         auto issue_dq = [&] {  // after a wgmma fence
           if constexpr (kFusedDq) {
 #pragma unroll
@@ -879,6 +975,8 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
         WgmmaWait<0>();
         FenceRegisters(dv_acc);
         FenceRegisters(dk_acc);
+        FenceFragments<kM>(pt);
+        FenceFragments<kM>(dst);
         if constexpr (kFusedDq && !kDqBeside) {
           FenceRegisters(dq_part);
           WgmmaFence();
@@ -892,6 +990,7 @@ __global__ void __launch_bounds__(3 * kWarpgroup, 1)
           const int heads = static_cast<int>(gridDim.y) * group;  // the launch's query heads
           const int lh = (kvh - kv_first) * group + (h - kvh * group);
           int* count = tile_counts + static_cast<int64_t>(lh) * ((n + 63) / 64) + i0 / 64;
+          // (first_key[0] from shared memory here makes ptxas spill at head_dim 128.)
           const int before = order::DqAddsBefore(FirstKey<kWindow>(doc_start, i0, window), ka);
           if (t == 0) {
             while (LoadAcquire(count) != before) __nanosleep(32);
@@ -1009,14 +1108,14 @@ template <int kD, bool kWindow, bool kSink>
 void LaunchForward(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
                    const int32_t* doc_start, const bf16* sinks, int window, int n, int H, int KV,
                    cudaStream_t stream) {
-  using T = ForwardTiles<kD>;
+  using T = ForwardTiles<kD, kWindow>;
   const CUtensorMap q_map = HeadMap(q, n, H, kD, T::kM);
   const CUtensorMap k_map = HeadMap(k, n, KV, kD, T::kN);
   const CUtensorMap v_map = HeadMap(v, n, KV, kD, T::kN);
   auto kernel = HopperForwardKernel<kD, kWindow, kSink>;
   SetSmem(kernel, T::kSmemBytes);
   const dim3 grid((n + T::kM - 1) / T::kM, H);
-  kernel<<<grid, 3 * kWarpgroup, T::kSmemBytes, stream>>>(
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(
       q_map, k_map, v_map, o, lse, doc_start, sinks, window, n, H, KV,
       kLog2e / sqrtf(static_cast<float>(kD)));
   MT_CUDA_LAUNCH_CHECK();

@@ -91,10 +91,15 @@ MT_ORDER_FN int KeyBlockQueryEnd(const int32_t* doc_start, int j_last, int windo
 // Whether some query of the tile [i0, i_last] may see some key of [ka, kb]: the last query is
 // at or after the first key, and the first query's first key (the smallest) at or before
 // the last.
+// first_key: the first query's first key.
+MT_ORDER_FN bool TileMeetsKeys(int first_key, int i_last, int ka, int kb) {
+  return i_last >= ka && first_key <= kb;
+}
+
 template <bool kWindow>
 MT_ORDER_FN bool TileMeetsKeys(const int32_t* doc_start, int i0, int i_last, int ka, int kb,
                                int window) {
-  return i_last >= ka && FirstKey<kWindow>(doc_start, i0, window) <= kb;
+  return TileMeetsKeys(FirstKey<kWindow>(doc_start, i0, window), i_last, ka, kb);
 }
 
 // The dk/dv pass's item `it` of a block whose queries span q_tiles tiles of tile_rows from j0,

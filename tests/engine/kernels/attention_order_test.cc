@@ -226,32 +226,35 @@ TEST(AttentionOrder, EveryPairIsVisitedAndTheDqOrderIsTotalAndAlwaysFinishes) {
 // The forward's tiles without the mask (ForwardUnmaskedTiles): exactly those that
 // ForwardTileMasked says need none, and in them every query of the consumer sees every key,
 // so skipping the mask's tests changes nothing.
+// Blocks of 128 queries (two consumers) and of 192 (three, head_dim 64): ForwardTiles.
 TEST(AttentionOrder, ForwardTilesWithoutTheMaskNeedNone) {
-  constexpr int kQueryBlock = 128, kConsumerRows = 64, kKeyTile = 128;  // ForwardTiles
+  constexpr int kConsumerRows = 64, kKeyTile = 128;
   std::mt19937 rng(11);
   int unmasked_tiles = 0;
-  for (int n : {1, 64, 127, 129, 300, 1000, 1531}) {
-    for (int window : {0, 37, 128, 200}) {
-      for (int docs : {1, 2, 5}) {
-        const Batch b = RandomBatch(&rng, n, window, 1, docs);
-        auto first_key = [&](int i) { return First(b, i); };
-        for (int q0 = 0; q0 < n; q0 += kQueryBlock) {
-          const int q_last = std::min(q0 + kQueryBlock, n) - 1, j_first = first_key(q0);
-          const int tiles = (q_last - j_first + kKeyTile) / kKeyTile;
-          for (int qa = q0; qa < std::min(q0 + kQueryBlock, n); qa += kConsumerRows) {
-            const int qb = std::min(qa + kConsumerRows - 1, n - 1), last_lo = first_key(qb);
-            int lo = 0, hi = 0;
-            ForwardUnmaskedTiles(j_first, last_lo, qa, kKeyTile, &lo, &hi);
-            for (int t = 0; t < tiles; ++t) {
-              const bool unmasked = t >= lo && t < hi;
-              ASSERT_EQ(unmasked, !ForwardTileMasked(j_first, t, last_lo, qa, kKeyTile))
-                  << "n " << n << " window " << window << " block " << q0 << " tile " << t;
-              if (!unmasked) continue;
-              ++unmasked_tiles;
-              for (int i = qa; i <= qb; ++i) {
-                for (int j = j_first + t * kKeyTile; j < j_first + (t + 1) * kKeyTile; ++j) {
-                  ASSERT_TRUE(j >= first_key(i) && j <= i)
-                      << "query " << i << " key " << j << " in an unmasked tile, n " << n;
+  for (int query_block : {128, 192}) {
+    for (int n : {1, 64, 127, 129, 300, 1000, 1531}) {
+      for (int window : {0, 37, 128, 200}) {
+        for (int docs : {1, 2, 5}) {
+          const Batch b = RandomBatch(&rng, n, window, 1, docs);
+          auto first_key = [&](int i) { return First(b, i); };
+          for (int q0 = 0; q0 < n; q0 += query_block) {
+            const int q_last = std::min(q0 + query_block, n) - 1, j_first = first_key(q0);
+            const int tiles = (q_last - j_first + kKeyTile) / kKeyTile;
+            for (int qa = q0; qa < std::min(q0 + query_block, n); qa += kConsumerRows) {
+              const int qb = std::min(qa + kConsumerRows - 1, n - 1), last_lo = first_key(qb);
+              int lo = 0, hi = 0;
+              ForwardUnmaskedTiles(j_first, last_lo, qa, kKeyTile, &lo, &hi);
+              for (int t = 0; t < tiles; ++t) {
+                const bool unmasked = t >= lo && t < hi;
+                ASSERT_EQ(unmasked, !ForwardTileMasked(j_first, t, last_lo, qa, kKeyTile))
+                    << "n " << n << " window " << window << " block " << q0 << " tile " << t;
+                if (!unmasked) continue;
+                ++unmasked_tiles;
+                for (int i = qa; i <= qb; ++i) {
+                  for (int j = j_first + t * kKeyTile; j < j_first + (t + 1) * kKeyTile; ++j) {
+                    ASSERT_TRUE(j >= first_key(i) && j <= i)
+                        << "query " << i << " key " << j << " in an unmasked tile, n " << n;
+                  }
                 }
               }
             }
