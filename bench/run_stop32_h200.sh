@@ -39,6 +39,9 @@
 #            attention) and the attention rates of both kernels; then the ncu part again
 #            (against bench/results/h200-2026-12-03/box1_ncu_*.csv)
 #   ncubwd   stop 36: Nsight Compute on the backward's dq and dk/dv passes at 8K, head_dim 128
+#   layerops stop 36: every kernel's time (ncu_kernel_times.py) in 2-layer cuts of Llama-3.1-8B
+#            at seq 8K and Qwen2.5-7B at 4K, one micro-batch a step: what beside attention
+#            and the GEMMs the 8K steps spend
 #   spans    the CPU optimizer's pieces (train_bench's optimizer_pieces and timeline stream
 #            3): GPT-OSS-120B 2 layers at 256K (AdamW at 0.75 of its rate alone in its steps)
 #            and Qwen3-30B-A3B 4 layers at 64K (0.90) on one box, with timelines
@@ -164,6 +167,18 @@ PY
     suite)
       timeout 300 gpu_test --gtest_brief=1 > "$OUT/gpu_test.txt" 2>&1
       echo "gpu_test rc=$?"; grep -E "FAILED|SKIPPED|PASSED" "$OUT/gpu_test.txt" | head -20 ;;
+    layerops)  # stop 36: every kernel's time in two steps of one micro-batch of 2-layer cuts
+      # (the 8K and 4K steps' shapes), by Nsight Compute, to find what beside attention and the
+      # GEMMs takes ~21 ms of each Llama-3.1-8B layer's 110 ms forward at 128K tokens
+      for cut in "llama-3.1-8b 8192" "qwen2.5-7b 4096"; do
+        read -r shape seq <<< "$cut"
+        timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+          train_bench --shape "$shape" --layers 2 --seq "$seq" --tokens-per-step "$seq" \
+          --steps 2 --warmup 1 > "$OUT/ncu_kernels_$shape.csv" 2> "$OUT/ncu_kernels_$shape.log"
+        echo "ncu kernels $shape rc=$?"
+        python3 bench/ncu_kernel_times.py "$OUT/ncu_kernels_$shape.csv" \
+          --json "$OUT/kernels_$shape.json" --top 25
+      done ;;
     ncubwd)  # stop 36: the backward's dq and dk/dv passes at 8K, head_dim 128, by Nsight Compute
       for k in Dq DkDv; do
         timeout 150 ncu --clock-control none -k regex:Hopper$k --launch-skip 1 --launch-count 1 \
