@@ -57,6 +57,8 @@ def summarise(path):
     if _DURATION not in names:
         raise SystemExit(f"{path}: no {_DURATION} column (ncu --metrics {_DURATION})")
     unit = units[names.index(_DURATION)]
+    if nanoseconds("1", unit) is None:
+        raise SystemExit(f"{path}: {_DURATION} in an unknown unit {unit!r}")
     by_kernel, classes, total = {}, {}, 0.0
     for k in kernels:
         ns = nanoseconds(k[_DURATION], unit)

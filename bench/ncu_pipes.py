@@ -18,8 +18,9 @@ for n in names:
     v = vals[n]
     if n.startswith("smsp__average_warp_latency_issue_stalled") or \
             n.startswith("smsp__average_warps_issue_stalled"):
-        if number(v) is not None:
-            stalls.append((number(v), n))
+        x = number(v)
+        if x is not None:
+            stalls.append((x, n))
     elif (n.startswith("gpu__time_duration.sum") or n == "launch__registers_per_thread" or
           ("pct_of_peak_sustained_active" in n and
            any(w in n for w in ("pipe", "issue_active", "inst_executed", "sm__throughput")))):

@@ -168,8 +168,9 @@ PY
       timeout 300 gpu_test --gtest_brief=1 > "$OUT/gpu_test.txt" 2>&1
       echo "gpu_test rc=$?"; grep -E "FAILED|SKIPPED|PASSED" "$OUT/gpu_test.txt" | head -20 ;;
     layerops)  # stop 36: every kernel's time in two steps of one micro-batch of 2-layer cuts
-      # (the 8K and 4K steps' shapes), by Nsight Compute, to find what beside attention and the
-      # GEMMs takes ~21 ms of each Llama-3.1-8B layer's 110 ms forward at 128K tokens
+      # (the 8K and 4K steps' shapes), by Nsight Compute: what the ~11 ms of each Llama-3.1-8B
+      # layer's 110 ms forward (and ~33 ms of its 254 ms backward) beside attention and the
+      # GEMMs at machine_bench's rates are, and the GEMMs' own rates in the step
       for cut in "llama-3.1-8b 8192" "qwen2.5-7b 4096"; do
         read -r shape seq <<< "$cut"
         timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \

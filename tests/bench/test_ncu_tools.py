@@ -74,6 +74,14 @@ class KernelTimesTest(unittest.TestCase):
                 ncu_kernel_times.summarise(path)
         self.assertIn("gpu__time_duration.sum", str(e.exception))
 
+    def test_unknown_unit_says_so(self):  # rather than summing nothing
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.csv")
+            write_csv(path, "cycle", [("void k()", "5")])
+            with self.assertRaises(SystemExit) as e:
+                ncu_kernel_times.summarise(path)
+        self.assertIn("unknown unit 'cycle'", str(e.exception))
+
     def test_real_csv(self):
         s = ncu_kernel_times.summarise(_REAL)
         self.assertEqual([k["kernel"] for k in s["kernels"]], ["HopperDqKernel"])
