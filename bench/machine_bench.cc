@@ -67,6 +67,7 @@ nlohmann::json NormRates(Backend* be, int64_t rows, int64_t C) {
 // Timed with the offsets on the host (as the pipeline calls it), and reading them back in
 // every call (a wait for the device: `read_back_*`). Inputs are random (FillRandom: matmuls
 // run faster on zeros). in_major: the weights are input-major (GPT-OSS's experts).
+constexpr double kGroupedHoldSeconds = 0.5;
 nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, int64_t OC,
                             bool in_major) {
   const int64_t R = E * rows, a = DTypeSize(be->act_dtype()), w = DTypeSize(be->weight_dtype());
@@ -88,7 +89,13 @@ nlohmann::json GroupedRates(Backend* be, int64_t E, int64_t rows, int64_t IC, in
   be->CopyToDevice(offsets->get(), off.data(), off.size() * 4, s);
   be->SyncAll();
   const int32_t* o = static_cast<const int32_t*>(offsets->get());
-  auto time = [&](auto&& f) { return TimeOnStream(be, s, 5, f); };
+  // Held, as the profile's dense grid is (measure.h): after the dense forward back to back.
+  HoldBusy(be, s, kGroupedHoldSeconds, [&] {
+    be->Linear(out->get(), in->get(), wt->get(), nullptr, R, IC, OC, false, s);
+  });
+  auto time = [&](auto&& f) {
+    return TimeOnStreamFor(be, s, 5, MachineProfile::kHeldSampleSeconds, f);
+  };
   auto rates = [&](const ExpertOffsets& eo) {
     const double fwd = time([&] {
       be->GroupedLinear(out->get(), in->get(), wt->get(), nullptr, eo, E, IC, OC, in_major, s);
@@ -211,7 +218,11 @@ nlohmann::json RoutingKernelTimes(Backend* be, int64_t n, int64_t E, int64_t k, 
 // Causal attention over documents of `len` tokens, n tokens in all (H query heads, KV kv
 // heads, head_dim D), forward and backward, on whichever kernels the backend picks (the
 // caller sets MEGATRAIN_ATTENTION to choose: hopper or mma). FLOPs as the issue counts them:
-// 2 * 2 * len^2 * D * H / 2 per document forward, 2.5x that backward.
+// 2 * 2 * len^2 * D * H / 2 per document forward, 2.5x that backward. Twice: a few calls
+// as they come (forward_tflops, as kernels' rates are published), then held (held_*: after
+// kHoldSeconds of the same calls back to back, over at least kHeldSampleSeconds, at the
+// clock a training step holds the device at; the profile's samples).
+constexpr double kHoldSeconds = 1.0;
 nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, int64_t KV,
                               int64_t D) {
   const int64_t a = DTypeSize(be->act_dtype()), st = DTypeSize(be->stat_dtype());
@@ -238,17 +249,32 @@ nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, in
   be->CopyToDevice(doc, starts.data(), n * 4, s);
   be->SyncAll();
   const int reps = len >= 65536 ? 3 : 10;
-  const double fwd = TimeOnStream(be, s, reps, [&] {
-    be->Attention(o, lse, q, k, v, doc, nullptr, 0, n, H, KV, D, s);
-  });
-  const double bwd = TimeOnStream(be, s, reps, [&] {
+  auto forward = [&] { be->Attention(o, lse, q, k, v, doc, nullptr, 0, n, H, KV, D, s); };
+  auto backward = [&] {
     be->AttentionBackward(dq, dk, dv, nullptr, dout, q, k, v, o, lse, doc, nullptr, 0, n, H, KV,
                           D, s);
-  });
+  };
+  const double fwd = TimeOnStream(be, s, reps, forward);
+  const double bwd = TimeOnStream(be, s, reps, backward);
+  HoldBusy(be, s, kHoldSeconds, forward);
+  const double held_fwd =
+      TimeOnStreamFor(be, s, 3, MachineProfile::kHeldSampleSeconds, forward);
+  HoldBusy(be, s, kHoldSeconds, backward);
+  const double held_bwd =
+      TimeOnStreamFor(be, s, 3, MachineProfile::kHeldSampleSeconds, backward);
   const double flops = 2.0 * n * len * H * D;
-  return {{"tokens", n}, {"seq_len", len}, {"heads", H}, {"kv_heads", KV}, {"head_dim", D},
-          {"forward_ms", fwd * 1e3}, {"backward_ms", bwd * 1e3},
-          {"forward_tflops", flops / fwd / 1e12}, {"backward_tflops", 2.5 * flops / bwd / 1e12}};
+  return {{"tokens", n},
+          {"seq_len", len},
+          {"heads", H},
+          {"kv_heads", KV},
+          {"head_dim", D},
+          {"forward_ms", fwd * 1e3},
+          {"backward_ms", bwd * 1e3},
+          {"forward_tflops", flops / fwd / 1e12},
+          {"backward_tflops", 2.5 * flops / bwd / 1e12},
+          {"held_seconds", kHoldSeconds},
+          {"held_forward_tflops", flops / held_fwd / 1e12},
+          {"held_backward_tflops", 2.5 * flops / held_bwd / 1e12}};
 }
 
 // Attention kernels at 4K, 8K, 32K and 128K, head_dim 128 (Llama/Qwen: 32 heads, 8 kv) and 64
@@ -296,8 +322,9 @@ nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
         r["kernels"] = kernels;
         attention.push_back(r);
         if (profile_samples != nullptr && !fused && (kernels == "hopper") == trains_on_hopper) {
-          profile_samples->push_back(AttentionSample{len, r["forward_tflops"].get<double>(),
-                                                     r["backward_tflops"].get<double>(), D});
+          profile_samples->push_back(AttentionSample{len, r["held_forward_tflops"].get<double>(),
+                                                     r["held_backward_tflops"].get<double>(),
+                                                     D});
         }
       }
     }

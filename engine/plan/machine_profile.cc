@@ -284,6 +284,7 @@ std::string ProfileToJson(const MachineProfile& p) {
                       {"duplex_gbps", p.duplex_gbps},
                       {"device_gbps", p.device_gbps},
                       {"gemm_peak_tflops", p.gemm_peak_tflops},
+                      {"held_seconds", p.held_seconds},
                       {"gemm", gemm},
                       {"grouped_gemm", grouped},
                       {"attention", attention},
@@ -321,6 +322,7 @@ absl::StatusOr<MachineProfile> ProfileFromJson(const std::string& text) {
     p.duplex_gbps = j.at("duplex_gbps").get<double>();
     p.device_gbps = j.at("device_gbps").get<double>();
     p.gemm_peak_tflops = j.at("gemm_peak_tflops").get<double>();
+    p.held_seconds = j.value("held_seconds", 0.0);  // earlier profiles: bursts
     for (const nlohmann::json& g : j.at("gemm")) {
       p.gemm.push_back(GemmSample{g.at("rows").get<int64_t>(), g.at("in_features").get<int64_t>(),
                                   g.at("out_features").get<int64_t>(),
@@ -381,6 +383,13 @@ std::string ProfileKey(Backend* backend) {
                       HostMemoryBytes(), " B host | ", host);
 }
 
+double HoldSeconds(const Backend* backend, const ProfileOptions& options) {
+  if (options.hold_seconds >= 0) return options.hold_seconds;
+  return options.quick || backend->kind() == BackendKind::kCpu
+             ? 0
+             : ProfileOptions::kDefaultHoldSeconds;
+}
+
 absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   const bool cpu = be->kind() == BackendKind::kCpu;
@@ -394,6 +403,7 @@ absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileO
   p.cpu_threads = CpuThreads();
   const DType act = be->act_dtype(), wt = be->weight_dtype();
   const int reps = quick ? 2 : 4;
+  const double hold = HoldSeconds(be, options);
 
   // PCIe (or memcpy on the CPU): pinned host <-> device, each way and both at once.
   {
@@ -464,13 +474,24 @@ absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileO
     FillRandom(be, w.get(), max_w, wt, 3);
     be->Zero(dw.get(), max_w * gsize, StreamId::kCompute);
     const StreamId s = StreamId::kCompute;
+    // Held: the largest shape's forward back to back first, then each rate over at least
+    // kHeldSampleSeconds, the grid keeping the device at the clock a step holds it at.
+    const auto [big_ic, big_oc] =
+        *std::max_element(shapes.begin(), shapes.end(), [](const auto& x, const auto& y) {
+          return x.first * x.second < y.first * y.second;
+        });
+    HoldBusy(be, s, hold, [&] {
+      be->Linear(out.get(), in.get(), w.get(), nullptr, max_rows, big_ic, big_oc, false, s);
+    });
+    p.held_seconds = hold;
+    const double sample_seconds = hold > 0 ? MachineProfile::kHeldSampleSeconds : 0;
     for (const auto& [ic, oc] : shapes) {
       for (int64_t n : rows) {
         const double flops = 2.0 * n * ic * oc;
-        const double fwd = TimeOnStream(be, s, reps, [&] {
+        const double fwd = TimeOnStreamFor(be, s, reps, sample_seconds, [&] {
           be->Linear(out.get(), in.get(), w.get(), nullptr, n, ic, oc, false, s);
         });
-        const double bwd = TimeOnStream(be, s, reps, [&] {
+        const double bwd = TimeOnStreamFor(be, s, reps, sample_seconds, [&] {
           be->LinearBackward(din.get(), false, dw.get(), nullptr, out.get(), in.get(), w.get(),
                              n, ic, oc, s);
         });
@@ -510,11 +531,13 @@ absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileO
       be->SyncAll();
       const int32_t* ds = static_cast<const int32_t*>(doc.get());
       const double flops = 2.0 * n * len * H * D;
-      const double fwd = TimeOnStream(be, s, reps, [&] {
+      // Right after the matmul grid: the device is still held (when asked).
+      const double sample_seconds = hold > 0 ? MachineProfile::kHeldSampleSeconds : 0;
+      const double fwd = TimeOnStreamFor(be, s, reps, sample_seconds, [&] {
         be->Attention(o.get(), lse.get(), q.get(), k.get(), v.get(), ds, nullptr, 0, n, H, KV, D,
                       s);
       });
-      const double bwd = TimeOnStream(be, s, reps, [&] {
+      const double bwd = TimeOnStreamFor(be, s, reps, sample_seconds, [&] {
         be->AttentionBackward(dq.get(), dk.get(), dv.get(), nullptr, dout.get(), q.get(), k.get(),
                               v.get(), o.get(), lse.get(), ds, nullptr, 0, n, H, KV, D, s);
       });
@@ -604,7 +627,7 @@ absl::Status WriteProfile(const MachineProfile& profile, const std::string& path
 namespace {
 
 std::optional<MachineProfile> ReadCachedProfile(Backend* backend, const std::string& path,
-                                                std::string* why) {
+                                                double hold_seconds, std::string* why) {
   absl::StatusOr<MachineProfile> cached = ReadProfile(path);
   if (!cached.ok()) {
     *why = absl::IsNotFound(cached.status()) ? "none cached"
@@ -613,6 +636,13 @@ std::optional<MachineProfile> ReadCachedProfile(Backend* backend, const std::str
   }
   if (cached->key != ProfileKey(backend)) {
     *why = "measured on another machine or device";
+    return std::nullopt;
+  }
+  if (cached->held_seconds < hold_seconds) {
+    *why = cached->held_seconds > 0
+               ? absl::StrFormat("its rates were held %g s, not %g", cached->held_seconds,
+                                 hold_seconds)
+               : "its rates were measured in bursts, not held at the device's power limit";
     return std::nullopt;
   }
   cached->source = path;
@@ -625,7 +655,8 @@ absl::StatusOr<MachineProfile> LoadOrMeasureProfile(Backend* backend, const std:
                                                     std::string* note,
                                                     const ProfileOptions& options) {
   std::string why;
-  if (std::optional<MachineProfile> cached = ReadCachedProfile(backend, path, &why)) {
+  if (std::optional<MachineProfile> cached =
+          ReadCachedProfile(backend, path, HoldSeconds(backend, options), &why)) {
     if (note != nullptr) *note = absl::StrCat("machine profile from ", path);
     return *cached;
   }
@@ -657,7 +688,8 @@ absl::StatusOr<MachineProfile> LoadMachineProfile(Backend* backend, std::string*
   if (given == nullptr || *given == '\0') {
     for (const std::string& path : DaemonProfilePaths()) {
       std::string why;
-      std::optional<MachineProfile> shared = ReadCachedProfile(backend, path, &why);
+      std::optional<MachineProfile> shared =
+          ReadCachedProfile(backend, path, HoldSeconds(backend, {}), &why);
       if (!shared.has_value()) continue;
       if (note != nullptr) *note = absl::StrCat("machine profile from ", path, " (megatraind's)");
       return *shared;

@@ -7,10 +7,14 @@
 // of our optimizer, and host memory bandwidth. Inputs are random (zeros run faster on a
 // GPU and would flatter every rate).
 //
+// The matmul and attention rates are measured with the device held at its power limit
+// (measure.h: HoldBusy), as a training step holds it: the H200's bf16 GEMMs run about 15%
+// slower held than in the short bursts measured before (profiles without held_seconds).
+//
 // Measuring takes a few seconds on an H200 (about ten on a 2-core CPU) and is done once
 // per machine: LoadOrMeasureProfile() keeps the result as JSON keyed by what was measured
 // (backend, device name and memory, CPU count, host memory), and measures again when the
-// key or the format changes.
+// key or the format changes, or when the cached rates were held for less time than asked.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +72,11 @@ struct MachineProfile {
   double duplex_gbps = 0;   // both directions at once, total
   double device_gbps = 0;   // device memory, read + write of a copy
   double gemm_peak_tflops = 0;  // best forward rate of the grid
+  // How long the device was held busy before the matmul grid (0: measured in bursts, as
+  // profiles saved before 2026-12-03 were); each rate is then timed over at least
+  // kHeldSampleSeconds.
+  double held_seconds = 0;
+  static constexpr double kHeldSampleSeconds = 0.05;
   std::vector<GemmSample> gemm;
   // Grouped matmuls at MoE shapes (empty: not measured; GroupedGemmTflops then uses gemm).
   std::vector<GroupedGemmSample> grouped_gemm;
@@ -143,7 +152,14 @@ std::string ProfileKey(Backend* backend);
 
 struct ProfileOptions {
   bool quick = false;  // fewer shapes and repetitions (tests)
+  // Seconds the device is held busy before the matmul grid (measure.h: HoldBusy); < 0: the
+  // default, kDefaultHoldSeconds on a GPU when not quick, else 0.
+  double hold_seconds = -1;
+  static constexpr double kDefaultHoldSeconds = 2.0;
 };
+
+// The hold `options` asks of `backend` (ProfileOptions::hold_seconds resolved).
+double HoldSeconds(const Backend* backend, const ProfileOptions& options);
 
 // Measures the profile with `backend`'s own ops and copies, on its streams. Allocates
 // device buffers of up to about 3 GiB on a GPU (100 MiB on the CPU) and frees them.

@@ -1,7 +1,17 @@
 // Helpers of the rate measurements (machine_profile.cc, bench/machine_bench.cc): device
-// buffers filled with random values (matmuls run faster on zeros) and event timing.
+// buffers filled with random values (matmuls run faster on zeros), event timing, and a
+// device held at its power limit.
+//
+// A GPU that draws its power limit under a long load settles at a lower clock within about
+// a second, and a training step is such a load: on the H200 (700 W) the SM clock sits at
+// 1,515-1,560 MHz through a dense step against 1,980 in short bursts, and a bf16 GEMM that
+// runs 800 TFLOP/s for a few milliseconds runs 700 held (bench/results/h200-2026-12-03c).
+// Rates the planner predicts steps with are measured held.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 
 #include "engine/common/backend.h"
@@ -24,6 +34,40 @@ double TimeOnStream(Backend* be, StreamId stream, int reps, F&& work) {
   be->Record(end.get(), stream);
   be->EventSync(end.get());
   return be->ElapsedSeconds(start.get(), end.get()) / reps;
+}
+
+// Seconds per call of `work`, timed over at least `reps` calls and `min_seconds` of device
+// time (after a first timing of `reps` calls sizes the second); `calls`, unless null, gets
+// how many calls were made in all.
+template <typename F>
+double TimeOnStreamFor(Backend* be, StreamId stream, int reps, double min_seconds, F&& work,
+                       int64_t* calls = nullptr) {
+  double per_call = TimeOnStream(be, stream, reps, work);
+  int64_t made = 1 + reps;
+  if (per_call * reps < min_seconds && per_call > 0) {
+    const int more = static_cast<int>(std::min(1e6, std::ceil(min_seconds / per_call)));
+    per_call = TimeOnStream(be, stream, more, work);
+    made += 1 + more;
+  }
+  if (calls != nullptr) *calls = made;
+  return per_call;
+}
+
+// Runs `work` back to back on `stream` for `seconds` of wall time (none for 0), waiting for
+// each batch of calls before the next, so that the device settles at the clock it holds
+// under load; returns the calls made.
+template <typename F>
+int64_t HoldBusy(Backend* be, StreamId stream, double seconds, F&& work) {
+  if (!(seconds > 0)) return 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int64_t calls = 0;
+  Event done(be);
+  do {
+    for (int i = 0; i < 4; ++i, ++calls) work();
+    be->Record(done.get(), stream);
+    be->EventSync(done.get());
+  } while (std::chrono::steady_clock::now() < until);
+  return calls;
 }
 
 }  // namespace megatrain

@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "engine/backend/cpu_backend.h"
+#include "engine/plan/measure.h"
 
 namespace megatrain {
 namespace {
@@ -193,6 +194,80 @@ TEST(MachineProfile, CachedProfileIsReusedAndAStaleOrBrokenOneIsReplaced) {
   ASSERT_TRUE(fourth.ok());
   EXPECT_NE(note.find("measured"), std::string::npos) << note;
   EXPECT_TRUE(ProfileFromJson("[1, 2]").status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+// The rates the planner predicts steps with are held (measure.h): a cached profile whose rates
+// were held for less time than asked, or measured in bursts (profiles saved before
+// held_seconds, read as 0), is measured again; one held as long is reused.
+TEST(MachineProfile, RatesMeasuredInBurstsAreMeasuredAgainHeld) {
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  const fs::path dir = fs::path(::testing::TempDir()) / "megatrain_profile_held";
+  fs::remove_all(dir);
+  const std::string path = (dir / "machine-profile.json").string();
+  EXPECT_EQ(HoldSeconds(be.get(), ProfileOptions{}), 0);  // the CPU is not held by default
+  ProfileOptions held{true};
+  held.hold_seconds = 0.05;
+  EXPECT_EQ(HoldSeconds(be.get(), held), 0.05);
+  std::string note;
+  absl::StatusOr<MachineProfile> bursts = LoadOrMeasureProfile(be.get(), path, &note, {true});
+  ASSERT_TRUE(bursts.ok()) << bursts.status();
+  EXPECT_EQ(bursts->held_seconds, 0);
+  absl::StatusOr<MachineProfile> again = LoadOrMeasureProfile(be.get(), path, &note, held);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(note.find("measured in bursts"), std::string::npos) << note;
+  EXPECT_NE(again->measured_at + std::to_string(again->measure_seconds),
+            bursts->measured_at + std::to_string(bursts->measure_seconds));
+  EXPECT_DOUBLE_EQ(again->held_seconds, 0.05);
+  absl::StatusOr<MachineProfile> reused = LoadOrMeasureProfile(be.get(), path, &note, held);
+  ASSERT_TRUE(reused.ok());
+  EXPECT_NE(note.find("from"), std::string::npos) << note;
+  EXPECT_DOUBLE_EQ(reused->held_seconds, 0.05);
+  held.hold_seconds = 0.1;  // asked to hold longer than the cache was
+  absl::StatusOr<MachineProfile> longer = LoadOrMeasureProfile(be.get(), path, &note, held);
+  ASSERT_TRUE(longer.ok());
+  EXPECT_NE(note.find("held 0.05 s, not 0.1"), std::string::npos) << note;
+  EXPECT_DOUBLE_EQ(longer->held_seconds, 0.1);
+
+  // A profile saved without the field (before 2026-12-03) reads as bursts.
+  std::string json = ProfileToJson(*longer);
+  const size_t at = json.find("\"held_seconds\"");
+  ASSERT_NE(at, std::string::npos) << json;
+  json.erase(at, json.find('\n', at) - at + 1);
+  absl::StatusOr<MachineProfile> old = ProfileFromJson(json);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->held_seconds, 0);
+}
+
+// HoldBusy keeps the stream busy for the wall time asked (none for 0); TimeOnStreamFor times
+// at least the calls and the device time asked.
+TEST(Measure, HoldBusyAndTimeOnStreamForRunLongEnough) {
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  const int64_t bytes = 1 << 20;
+  absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(be.get(), bytes);
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(be.get(), bytes);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const StreamId s = StreamId::kCompute;
+  int64_t calls = 0;
+  auto copy = [&] {
+    ++calls;
+    be->CopyOnDevice(b->get(), a->get(), bytes, s);
+  };
+  EXPECT_EQ(HoldBusy(be.get(), s, 0, copy), 0);
+  EXPECT_EQ(calls, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t held = HoldBusy(be.get(), s, 0.05, copy);
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.05);
+  EXPECT_EQ(held, calls);
+  EXPECT_GE(held, 4);
+  calls = 0;
+  int64_t timed = 0;
+  const double per_call = TimeOnStreamFor(be.get(), s, 2, 0.02, copy, &timed);
+  EXPECT_EQ(timed, calls);
+  EXPECT_GT(per_call, 0);
+  EXPECT_GE(per_call * (timed - 2), 0.02 * 0.9);  // the second timing covered 0.02 s
+  calls = 0;
+  TimeOnStreamFor(be.get(), s, 3, 0, copy, &timed);
+  EXPECT_EQ(timed, 4);  // a warm-up and the reps, nothing more
 }
 
 }  // namespace
