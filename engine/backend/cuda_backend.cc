@@ -37,9 +37,14 @@ class CudaBackend final : public Backend {
     if (partials_ != nullptr) cudaFree(partials_);
     if (dq_sums_ != nullptr) cudaFree(dq_sums_);
     if (host_offsets_ != nullptr) cudaFreeHost(host_offsets_);
-    for (float* staging : staging_) {
-      if (staging != nullptr) cudaFree(staging);
+    for (F32Staging& st : staging_) {
+      for (int b = 0; b < 2; ++b) {
+        if (st.half[b] != nullptr) cudaFree(st.half[b]);
+        if (st.copied[b] != nullptr) cudaEventDestroy(st.copied[b]);
+        if (st.rounded[b] != nullptr) cudaEventDestroy(st.rounded[b]);
+      }
     }
+    if (round_stream_ != nullptr) cudaStreamDestroy(round_stream_);
     for (cudaStream_t s : streams_) {
       if (s != nullptr) cudaStreamDestroy(s);
     }
@@ -60,6 +65,10 @@ class CudaBackend final : public Backend {
     cap_ = o.device_memory_cap_bytes > 0 ? o.device_memory_cap_bytes
                                          : static_cast<int64_t>(free_bytes);
     for (cudaStream_t& s : streams_) MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int least_priority = 0, greatest_priority = 0;
+    MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
+    MT_CUDA_CHECK(cudaStreamCreateWithPriority(&round_stream_, cudaStreamNonBlocking,
+                                               greatest_priority));
     MT_CUBLAS_CHECK(cublasCreate(&cublas_));
     MT_CUBLAS_CHECK(cublasSetStream(cublas_, Stream(StreamId::kCompute)));
     constexpr size_t kWorkspace = 32ull << 20;
@@ -172,25 +181,44 @@ class CudaBackend final : public Backend {
   void UploadWeights(void* slot, const uint16_t* host_bf16, int64_t n, StreamId s) override {
     MT_CUDA_CHECK(cudaMemcpyAsync(slot, host_bf16, n * 2, cudaMemcpyHostToDevice, Stream(s)));
   }
-  // Through a staging buffer of the stream's, chunk by chunk: copy, then round, in stream
-  // order (the rounding of a chunk reads 32 MiB and writes 16 MiB of device memory: ~15 us
-  // against the chunk's ~0.6 ms over PCIe).
+  // Through the two halves of a staging buffer of the stream's, chunk by chunk: the copies
+  // on `s`, each chunk's rounding (reads 512 MiB, writes 256: ~0.2 ms against the chunk's
+  // ~10 ms over PCIe) on a stream of the greatest priority, so that the next chunk's copy
+  // goes on while a rounding waits for SMs, which it does only until the compute kernel
+  // running ends. (With one 32 MiB buffer and both on `s`, every 0.6 ms chunk waited for a
+  // gap between the compute stream's kernels, up to 26 ms apart in a micro-batch of 64K
+  // tokens: a Qwen2.5-7B layer's fp32 came up at 16 GB/s beside compute, against 55 alone;
+  // bench/results/h200-2026-12-03c.) `s` waits for the last rounding, so what follows the
+  // upload on it sees the bf16 weights.
   void UploadWeightsFromF32(void* slot, const float* host_f32, int64_t n, StreamId s) override {
-    float*& staging = staging_[static_cast<int>(s)];
-    if (staging == nullptr) {
-      MT_CUDA_CHECK(cudaMalloc(&staging, kStagingElements * sizeof(float)));
+    F32Staging& st = staging_[static_cast<int>(s)];
+    if (st.half[0] == nullptr) {
+      for (int b = 0; b < 2; ++b) {
+        MT_CUDA_CHECK(cudaMalloc(&st.half[b], kStagingHalfElements * sizeof(float)));
+        MT_CUDA_CHECK(cudaEventCreateWithFlags(&st.copied[b], cudaEventDisableTiming));
+        MT_CUDA_CHECK(cudaEventCreateWithFlags(&st.rounded[b], cudaEventDisableTiming));
+      }
       std::lock_guard<std::mutex> lock(mu_);
-      in_use_ += kStagingElements * sizeof(float);
+      in_use_ += kCudaF32UploadStagingBytes;
       peak_ = std::max(peak_, in_use_);
     }
-    for (int64_t off = 0; off < n; off += kStagingElements) {
-      const int64_t count = std::min(kStagingElements, n - off);
-      MT_CUDA_CHECK(cudaMemcpyAsync(staging, host_f32 + off, count * sizeof(float),
+    int b = st.next;
+    for (int64_t off = 0; off < n; off += kStagingHalfElements, b ^= 1) {
+      const int64_t count = std::min(kStagingHalfElements, n - off);
+      if (st.used[b]) MT_CUDA_CHECK(cudaStreamWaitEvent(Stream(s), st.rounded[b], 0));
+      MT_CUDA_CHECK(cudaMemcpyAsync(st.half[b], host_f32 + off, count * sizeof(float),
                                     cudaMemcpyHostToDevice, Stream(s)));
-      cuda::RoundToBf16(Bf16(slot) + off, staging, count, Stream(s));
+      MT_CUDA_CHECK(cudaEventRecord(st.copied[b], Stream(s)));
+      MT_CUDA_CHECK(cudaStreamWaitEvent(round_stream_, st.copied[b], 0));
+      cuda::RoundToBf16(Bf16(slot) + off, st.half[b], count, round_stream_);
+      MT_CUDA_CHECK(cudaEventRecord(st.rounded[b], round_stream_));
+      st.used[b] = true;
+      st.last = b;
     }
+    st.next = b;
+    if (n > 0) MT_CUDA_CHECK(cudaStreamWaitEvent(Stream(s), st.rounded[st.last], 0));
   }
-  int64_t f32_upload_staging_bytes() const override { return kStagingElements * sizeof(float); }
+  int64_t f32_upload_staging_bytes() const override { return kCudaF32UploadStagingBytes; }
   void DownloadGrads(float* host, const void* grad, int64_t n, StreamId s) override {
     MT_CUDA_CHECK(cudaMemcpyAsync(host, grad, n * 4, cudaMemcpyDeviceToHost, Stream(s)));
   }
@@ -459,8 +487,8 @@ class CudaBackend final : public Backend {
     return host_offsets_;
   }
   static constexpr int64_t kMaxExperts = 1024;
-  static constexpr int64_t kStagingElements =
-      kCudaF32UploadStagingBytes / static_cast<int64_t>(sizeof(float));
+  static constexpr int64_t kStagingHalfElements =
+      kCudaF32UploadStagingBytes / 2 / static_cast<int64_t>(sizeof(float));
 
   cudaStream_t Stream(StreamId s) const { return streams_[static_cast<int>(s)]; }
   static bf16* Bf16(void* p) { return static_cast<bf16*>(p); }
@@ -501,7 +529,16 @@ class CudaBackend final : public Backend {
   bool dq_sums_tried_ = false;
 
   float* partials_ = nullptr;  // kPartialFloats: the deterministic weight gradients' scratch
-  float* staging_[kNumStreams] = {};  // UploadWeightsFromF32's, per stream, made at first use
+  // UploadWeightsFromF32's, per stream that calls it, made at first use: two halves, the
+  // events of each half's last copy and rounding, which half is next and which was last.
+  struct F32Staging {
+    float* half[2] = {};
+    cudaEvent_t copied[2] = {}, rounded[2] = {};
+    bool used[2] = {};
+    int next = 0, last = 0;
+  };
+  F32Staging staging_[kNumStreams];
+  cudaStream_t round_stream_ = nullptr;  // the roundings', of the device's greatest priority
   mutable std::mutex mu_;
   std::unordered_map<void*, size_t> sizes_;
   int64_t cap_ = 0;

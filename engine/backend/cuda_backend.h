@@ -18,8 +18,8 @@
 namespace megatrain {
 
 // UploadWeightsFromF32 stages fp32 through this many device bytes per stream that calls it
-// (Backend::f32_upload_staging_bytes).
-inline constexpr int64_t kCudaF32UploadStagingBytes = (int64_t{8} << 20) * 4;  // 32 MiB
+// (Backend::f32_upload_staging_bytes), in two halves.
+inline constexpr int64_t kCudaF32UploadStagingBytes = int64_t{1} << 30;  // 1 GiB
 
 struct CudaBackendOptions {
   int device = 0;

@@ -77,21 +77,42 @@ static std::vector<int32_t> DocStarts(int64_t n, std::vector<int64_t> starts) {
 // sums, bit for bit. Long runs of one token cross the 32-position end search and the
 // 4-row loads.
 // The fp32 master's upload (a store without a bf16 copy): rounded on the device to the bits
-// FloatToBf16 gives on the host, through the staging buffer's chunks (n spans three of
-// them, the last partial and not a multiple of 8).
+// FloatToBf16 gives on the host, through the staging buffer's two halves (the first upload
+// spans three chunks, the third reusing the first half once its rounding is done, the last
+// partial and not a multiple of 8; the second starts in the other half), with the compute
+// stream busy beside them (the roundings run on a stream of their own).
 TEST_F(Kernels, UploadWeightsFromF32RoundsAsTheHostDoes) {
-  const int64_t n = (int64_t{8} << 20) * 2 + 12345;
-  std::vector<float> master = RandomBf16(n, 50, 0.02f);
-  for (int64_t i = 0; i < n; ++i) master[i] += 1e-6f * static_cast<float>(i % 997);  // not bf16
-  std::vector<uint16_t> bits(n);
-  for (int64_t i = 0; i < n; ++i) bits[i] = FloatToBf16(master[i]);
-  absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(gpu_.get(), n * 2);
-  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(gpu_.get(), n * 2);
-  ASSERT_TRUE(a.ok() && b.ok());
-  gpu_->UploadWeightsFromF32(a->get(), master.data(), n, StreamId::kH2D);
-  gpu_->UploadWeights(b->get(), bits.data(), n, StreamId::kH2D);
-  gpu_->SyncAll();
-  EXPECT_TRUE(Download(gpu_.get(), DType::kBF16, *a, n) == Download(gpu_.get(), DType::kBF16, *b, n));
+  const int64_t half = gpu_->f32_upload_staging_bytes() / 2 / 4;
+  ASSERT_GT(half, 0);
+  for (const int64_t n : {2 * half + 12345, half / 2 + 7}) {
+    std::vector<float> master(n);
+    for (int64_t i = 0; i < n; ++i) {  // values of every size, most of them not bf16
+      const uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
+      master[i] = (static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * 0.04f *
+                  static_cast<float>(1 + (h & 7));
+    }
+    std::vector<uint16_t> bits(n);
+    for (int64_t i = 0; i < n; ++i) bits[i] = FloatToBf16(master[i]);
+    absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(gpu_.get(), n * 2);
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(gpu_.get(), n * 2);
+    absl::StatusOr<DeviceBuffer> c = DeviceBuffer::Allocate(gpu_.get(), n * 2);
+    absl::StatusOr<DeviceBuffer> busy = DeviceBuffer::Allocate(gpu_.get(), 256 << 20);
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok() && busy.ok());
+    ASSERT_TRUE(gpu_->PinHostRange(master.data(), n * 4).ok());
+    for (int i = 0; i < 8; ++i) {  // the compute stream's copies, beside the upload
+      gpu_->CopyOnDevice(busy->get(), static_cast<char*>(busy->get()) + (128 << 20), 128 << 20,
+                         StreamId::kCompute);
+    }
+    gpu_->UploadWeightsFromF32(a->get(), master.data(), n, StreamId::kH2D);
+    // What follows on the stream sees the rounded weights: a copy of them, in stream order.
+    gpu_->CopyOnDevice(c->get(), a->get(), n * 2, StreamId::kH2D);
+    gpu_->UploadWeights(b->get(), bits.data(), n, StreamId::kH2D);
+    gpu_->SyncAll();
+    gpu_->UnpinHostRange(master.data());
+    const auto expected = Download(gpu_.get(), DType::kBF16, *b, n);
+    EXPECT_TRUE(Download(gpu_.get(), DType::kBF16, *a, n) == expected) << n << " elements";
+    EXPECT_TRUE(Download(gpu_.get(), DType::kBF16, *c, n) == expected) << n << " elements";
+  }
 }
 
 TEST_F(Kernels, EmbeddingForwardAndBackward) {
