@@ -22,7 +22,7 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // The fp32 master's upload (no bf16 copy) per byte against the copy's, beside compute.
-constexpr double kF32UploadCost = 52.0 / 22.0;
+constexpr double kF32UploadCost = 52.0 / 40.0;
 
 // The per-layer kernels' times for a micro-batch of n tokens.
 struct LayerTimes {
@@ -220,9 +220,11 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const double d2h_rate = 1e9 * std::max(1e-6, p.d2h_gbps);
   const double duplex_rate = 1e9 * std::max(1e-6, std::max(p.duplex_gbps, std::max(p.h2d_gbps, p.d2h_gbps)));
   // Without the copy the master goes up through a staging buffer, each piece rounded by a
-  // kernel on the H2D stream that waits for SMs beside the compute stream's: measured at 22
-  // GB/s against the copy's 52 beside compute (H200, 2026-12-02), so its weight bytes cost
-  // kF32UploadCost times theirs. (Counted in time, not in the bytes reported.)
+  // kernel on a stream of its own that waits for SMs beside the compute stream's: measured
+  // at 40 GB/s (median of a step's layers; 49 in the forward, down to 32 in the backward)
+  // against the copy's 52 beside compute (H200, 2026-12-02 and -03c; 22 when copy and
+  // rounding took turns on one stream), so its weight bytes cost kF32UploadCost times
+  // theirs. (Counted in time, not in the bytes reported.)
   const double weight_extra = plan->bf16_copy ? 0.0 : kF32UploadCost - 1.0;
   const double h2d_fwd_time = h2d_fwd + weight_extra * weights_fwd;
   const double h2d_bwd_time = h2d_bwd + weight_extra * weights_bwd;
