@@ -10,6 +10,10 @@
 #   upload  the fp32 master's upload with its roundings on their own stream: gpu_test, then
 #           Qwen2.5-7B seq 4K 64K tokens on the held profile's plan (call 3: one micro-batch,
 #           2 weight slots, each layer's upload 58 ms beside its 45 ms forward), its timeline
+#   final   issue 22's 8K-and-under steps on a fresh box's held profile, the planner's
+#           plans: Qwen2.5-7B seq 4K 64K tokens, Llama-3.1-8B seq 8K 128K tokens (fewer steps
+#           than steps22: the session's device time); final128k: Qwen2.5-7B, one 128K
+#           sequence
 # Everything under OUT ends up in OUT/results.tgz (the device tool returns few files).
 # Usage: bench/run_stop37_h200.sh OUT PART...   (PATH must hold the bundle's bin/)
 set -uo pipefail
@@ -27,10 +31,12 @@ train() {  # name, train_bench arguments...
     2> "$OUT/$name.log"
   echo "$name rc=$?"
   mark "end $name"
+  tar czf /tmp/results.tgz -C "$OUT" --exclude results.tgz . && mv /tmp/results.tgz "$OUT/results.tgz"
   python3 - "$OUT/$name.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print("  ", {k: r.get(k) for k in ('step_seconds', 'model_tflops', 'hardware_tflops', 'prediction_error')})
+print("  ", {k: r.get(k) for k in ('step_seconds', 'model_tflops', 'tokens_per_second', 'prediction_error', 'step_over_largest_floor')})
+print("   plan", {k: r["plan"].get(k) for k in ("micro_batch_rows", "kept_layers", "weight_slots", "bf16_copy")})
 PY
 }
 for part in "$@"; do
@@ -89,7 +95,15 @@ med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None
 print("   layer uploads: %d, median %.1f ms; forwards median %.1f ms" % (len(up), med(up), med(fwd)))
 PY
       ;;
+    final)
+      train step_qwen7b_4k_64k --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536 \
+        --steps 3 --warmup 1
+      train step_llama8b_8k_128k --shape llama-3.1-8b --seq 8192 --tokens-per-step 131072 \
+        --steps 2 --warmup 1 ;;
+    final128k)
+      train step_qwen7b_128k_seq --shape qwen2.5-7b --seq 131072 --tokens-per-step 131072 \
+        --steps 1 --warmup 1 ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
-tar czf /tmp/results.tgz -C "$OUT" . && mv /tmp/results.tgz "$OUT/results.tgz"
+tar czf /tmp/results.tgz -C "$OUT" --exclude results.tgz . && mv /tmp/results.tgz "$OUT/results.tgz"
