@@ -89,7 +89,9 @@ class Backend {
   // slot (n) weight  <-  host f32 (n) rounded to bf16 (nearest even) on the device: the
   // bits UploadWeights gives from FloatToBf16 of the same values, with twice the bytes
   // crossing. For a store that keeps no bf16 copy (12 bytes a parameter). The host range
-  // stays in use as with UploadWeights. REQUIRES: host_f32 16-byte aligned.
+  // stays in use as with UploadWeights. A backend may round on a stream of its own (the
+  // CUDA one does): work enqueued on `s` after this call, an event recorded there, sees
+  // the rounded slot. REQUIRES: host_f32 16-byte aligned.
   virtual void UploadWeightsFromF32(void* slot, const float* host_f32, int64_t n,
                                     StreamId s) = 0;
   // Device bytes UploadWeightsFromF32 stages through (per stream that calls it).
