@@ -173,6 +173,10 @@ PY
       # GEMMs at machine_bench's rates are, and the GEMMs' own rates in the step
       for cut in "llama-3.1-8b 8192" "qwen2.5-7b 4096"; do
         read -r shape seq <<< "$cut"
+        # The box's profile first, outside ncu: without one train_bench measures it under ncu,
+        # and its kernels join the list (stop 37's call 1).
+        timeout 120 train_bench --shape "$shape" --layers 2 --seq "$seq" --tokens-per-step "$seq" \
+          --plan-only > /dev/null 2> "$OUT/profile_$shape.log"
         timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
           train_bench --shape "$shape" --layers 2 --seq "$seq" --tokens-per-step "$seq" \
           --steps 2 --warmup 1 > "$OUT/ncu_kernels_$shape.csv" 2> "$OUT/ncu_kernels_$shape.log"

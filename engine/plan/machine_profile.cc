@@ -404,6 +404,8 @@ absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileO
   const DType act = be->act_dtype(), wt = be->weight_dtype();
   const int reps = quick ? 2 : 4;
   const double hold = HoldSeconds(be, options);
+  // Held: each matmul and attention rate timed over at least this long.
+  const double sample_seconds = hold > 0 ? MachineProfile::kHeldSampleSeconds : 0;
 
   // PCIe (or memcpy on the CPU): pinned host <-> device, each way and both at once.
   {
@@ -484,7 +486,6 @@ absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileO
       be->Linear(out.get(), in.get(), w.get(), nullptr, max_rows, big_ic, big_oc, false, s);
     });
     p.held_seconds = hold;
-    const double sample_seconds = hold > 0 ? MachineProfile::kHeldSampleSeconds : 0;
     for (const auto& [ic, oc] : shapes) {
       for (int64_t n : rows) {
         const double flops = 2.0 * n * ic * oc;
@@ -532,7 +533,6 @@ absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileO
       const int32_t* ds = static_cast<const int32_t*>(doc.get());
       const double flops = 2.0 * n * len * H * D;
       // Right after the matmul grid: the device is still held (when asked).
-      const double sample_seconds = hold > 0 ? MachineProfile::kHeldSampleSeconds : 0;
       const double fwd = TimeOnStreamFor(be, s, reps, sample_seconds, [&] {
         be->Attention(o.get(), lse.get(), q.get(), k.get(), v.get(), ds, nullptr, 0, n, H, KV, D,
                       s);

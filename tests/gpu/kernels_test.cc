@@ -79,8 +79,9 @@ static std::vector<int32_t> DocStarts(int64_t n, std::vector<int64_t> starts) {
 // The fp32 master's upload (a store without a bf16 copy): rounded on the device to the bits
 // FloatToBf16 gives on the host, through the staging buffer's two halves (the first upload
 // spans three chunks, the third reusing the first half once its rounding is done, the last
-// partial and not a multiple of 8; the second starts in the other half), with the compute
-// stream busy beside them (the roundings run on a stream of their own).
+// partial and not a multiple of 8; the second starts in the other half), with copies
+// queued on the compute stream beside them (the roundings run on a stream of their own; the
+// copies take about a millisecond, so they overlap the first chunks only).
 TEST_F(Kernels, UploadWeightsFromF32RoundsAsTheHostDoes) {
   const int64_t half = gpu_->f32_upload_staging_bytes() / 2 / 4;
   ASSERT_GT(half, 0);
