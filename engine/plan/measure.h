@@ -36,18 +36,28 @@ double TimeOnStream(Backend* be, StreamId stream, int reps, F&& work) {
   return be->ElapsedSeconds(start.get(), end.get()) / reps;
 }
 
+// Calls made by TimeOnStreamFor: in all, and in the timing whose rate it returned.
+struct TimedCalls {
+  int64_t made = 0;
+  int64_t timed = 0;
+};
+
 // Seconds per call of `work`, timed over at least `reps` calls and `min_seconds` of device
-// time (after a first timing of `reps` calls sizes the second); `calls`, unless null, gets
-// how many calls were made in all.
+// time: a first timing of `reps` calls sizes the next, and a timing that still fell short
+// (the first calls ran slower than the rest: a cold cache, a clock still rising) sizes
+// another, up to four.
 template <typename F>
 double TimeOnStreamFor(Backend* be, StreamId stream, int reps, double min_seconds, F&& work,
-                       int64_t* calls = nullptr) {
+                       TimedCalls* calls = nullptr) {
   double per_call = TimeOnStream(be, stream, reps, work);
-  int64_t made = 1 + reps;
-  if (per_call * reps < min_seconds && per_call > 0) {
-    const int more = static_cast<int>(std::min(1e6, std::ceil(min_seconds / per_call)));
+  TimedCalls made{1 + reps, reps};
+  for (int round = 0; round < 4 && per_call > 0 && per_call * made.timed < min_seconds;
+       ++round) {
+    // 5% over the estimate, so that a timing as fast as the last one covers min_seconds.
+    const int more = static_cast<int>(std::min(1e6, std::ceil(1.05 * min_seconds / per_call)));
     per_call = TimeOnStream(be, stream, more, work);
-    made += 1 + more;
+    made.made += 1 + more;
+    made.timed = more;
   }
   if (calls != nullptr) *calls = made;
   return per_call;
