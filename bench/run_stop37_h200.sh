@@ -14,6 +14,9 @@
 #           plans: Qwen2.5-7B seq 4K 64K tokens, Llama-3.1-8B seq 8K 128K tokens (fewer steps
 #           than steps22: the session's device time); final128k: Qwen2.5-7B, one 128K
 #           sequence
+#   recheck (stop 38) the steps the upload fix had not run: gpu_test, a fresh held profile,
+#           Qwen2.5-7B seq 4K 64K tokens on its plan and on call 3's (16 rows x 1, 2 weight
+#           slots: 6.15 s before the fix), Llama-3.1-8B seq 8K 128K tokens
 # Everything under OUT ends up in OUT/results.tgz (the device tool returns few files).
 # Usage: bench/run_stop37_h200.sh OUT PART...   (PATH must hold the bundle's bin/)
 set -uo pipefail
@@ -103,6 +106,19 @@ PY
     final128k)
       train step_qwen7b_128k_seq --shape qwen2.5-7b --seq 131072 --tokens-per-step 131072 \
         --steps 1 --warmup 1 ;;
+    recheck)
+      timeout 200 gpu_test --gtest_brief=1 > "$OUT/gpu_test.txt" 2>&1
+      echo "gpu_test rc=$?"; tail -3 "$OUT/gpu_test.txt"
+      mark "start machine_bench"
+      timeout 300 machine_bench --backend cuda --save "$OUT/machine-profile.json" \
+        > "$OUT/machine_bench.json" 2> "$OUT/machine_bench.log"
+      echo "machine_bench rc=$?"; mark "end machine_bench"
+      train step_qwen7b_4k_64k --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536 --steps 3 \
+        --warmup 1
+      train step_qwen7b_4k_64k_16x1 --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536 \
+        --steps 3 --warmup 1 --micro-batch-rows 16 --weight-slots 2
+      train step_llama8b_8k_128k --shape llama-3.1-8b --seq 8192 --tokens-per-step 131072 \
+        --steps 2 --warmup 1 ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
