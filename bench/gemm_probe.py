@@ -16,13 +16,14 @@ how far a run of many seconds, as a training step is, settles below the short bu
 Usage: python3 bench/gemm_probe.py [--rows 8192] [--sustained SECONDS] [--json OUT]
 """
 import argparse
-import datetime
 import json
 import subprocess
 import tempfile
 import time
 
 import torch
+
+import smi_spans  # bench/, beside this script
 
 SHAPES = {  # name: (in_features, out_features), the layers' GEMMs (gate and up apart)
     "llama_qkv": (4096, 6144), "llama_o": (4096, 4096), "llama_up": (4096, 14336),
@@ -35,28 +36,18 @@ SHAPES = {  # name: (in_features, out_features), the layers' GEMMs (gate and up 
 def sampler():
     f = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
     p = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
-                          "--format=csv,noheader,nounits", "-lms", "50"], stdout=f,
-                         stderr=subprocess.DEVNULL)
+                          "--format=csv", "-lms", "50"], stdout=f, stderr=subprocess.DEVNULL)
     return p, f.name
 
 
 def samples_between(path, t0, t1):
-    rows = []
-    for line in open(path):
-        parts = [x.strip() for x in line.split(",")]
-        if len(parts) < 4:
-            continue
-        try:
-            ts = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-            rows.append((ts, float(parts[1]), float(parts[2]), float(parts[3])))
-        except ValueError:
-            continue
-    inside = [r for r in rows if t0 <= r[0] <= t1]
+    """Median SM clock, power and temperature of the samples between two time.time() stamps."""
+    inside = [s for s in smi_spans.read_samples(path) if t0 <= s["timestamp"].timestamp() <= t1]
     if not inside:
         return None
-    med = lambda xs: sorted(xs)[len(xs) // 2]
-    return {"sm_mhz": med([r[1] for r in inside]), "watts": med([r[2] for r in inside]),
-            "celsius": med([r[3] for r in inside]), "samples": len(inside)}
+    med = lambda h: smi_spans.quantiles([smi_spans.number(s[h]) for s in inside])["median"]
+    return {"sm_mhz": med("clocks.current.sm [MHz]"), "watts": med("power.draw [W]"),
+            "celsius": med("temperature.gpu"), "samples": len(inside)}
 
 
 def time_gemm(fn, iters):

@@ -27,9 +27,13 @@ def quantiles(xs):
     return {"median": at(0.5), "p10": at(0.1), "p90": at(0.9)}
 
 
-def spans(smi_path, marks_path):
+def read_samples(smi_path):
+    """The rows of an nvidia-smi --format=csv log (with its header) as dicts, timestamps parsed;
+    rows cut short or unparseable (the log's last, when the sampler was stopped) left out."""
     with open(smi_path) as f:
         rows = [r for r in csv.reader(f) if r]
+    if not rows:
+        return []
     header = [h.strip() for h in rows[0]]
     samples = []
     for r in rows[1:]:
@@ -39,6 +43,12 @@ def spans(smi_path, marks_path):
             samples.append({h: (stamp(v) if h == "timestamp" else v.strip()) for h, v in zip(header, r)})
         except ValueError:
             continue
+    return samples
+
+
+def spans(smi_path, marks_path):
+    samples = read_samples(smi_path)
+    header = list(samples[0]) if samples else []
     opened, out = {}, []
     for line in open(marks_path):
         parts = line.split()
