@@ -74,10 +74,13 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   return r;
 }
 
-absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec) {
+absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec,
+                                                        std::string* newest) {
+  if (newest != nullptr) newest->clear();
   if (spec.checkpoint_dir.empty()) return std::nullopt;
   const std::vector<std::string> existing = ListCheckpoints(spec.checkpoint_dir);
   if (existing.empty()) return std::nullopt;
+  if (newest != nullptr) *newest = existing.back();
   absl::StatusOr<TrainerState> saved = ReadTrainerState(existing.back());
   if (!saved.ok()) return Annotate(saved.status(), absl::StrCat("resuming from ", existing.back()));
   // Another job's checkpoints are refused by the trainer (Restore), naming the folder.
@@ -133,11 +136,12 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     ASSIGN_OR_RETURN(profile, LoadMachineProfile(backend_.get()));
   }
   RETURN_IF_ERROR(InitReplicas(spec, &devices));
-  ASSIGN_OR_RETURN(const std::optional<TrainerState> resume, ResumeState(spec));
+  std::string newest;
+  ASSIGN_OR_RETURN(const std::optional<TrainerState> resume, ResumeState(spec, &newest));
   RETURN_IF_ERROR(InitPlan(spec, profile, devices, resume));
   RETURN_IF_ERROR(InitStore(spec, devices));
   RETURN_IF_ERROR(InitPipelines(spec, devices));
-  return Restore(spec);
+  return Restore(spec, newest);
 }
 
 absl::Status Trainer::InitData(const JobSpec& spec) {
@@ -323,18 +327,16 @@ absl::Status Trainer::InitPipelines(const JobSpec& spec, const DeviceSet& device
   return absl::OkStatus();
 }
 
-// The weights and the trainer state: from the newest checkpoint of this job in
-// checkpoint.dir, else the model folder's, else random (model.init_seed).
-absl::Status Trainer::Restore(const JobSpec& spec) {
+// The weights and the trainer state: from checkpoint.dir's newest checkpoint (`newest`),
+// which must be this job's, else the model folder's, else random (model.init_seed).
+absl::Status Trainer::Restore(const JobSpec& spec, const std::string& newest) {
   state_.data_seed = spec.data_seed;
   state_.init_seed = spec.init_seed;
   state_.spec_fingerprint = spec.Fingerprint();
-  std::vector<std::string> existing;
-  if (!spec.checkpoint_dir.empty()) existing = ListCheckpoints(spec.checkpoint_dir);
-  if (!existing.empty()) {
+  if (!newest.empty()) {
     TrainerState saved;
-    RETURN_IF_ERROR(Annotate(LoadCheckpoint(existing.back(), store_.get(), &saved),
-                             absl::StrCat("resuming from ", existing.back())));
+    RETURN_IF_ERROR(Annotate(LoadCheckpoint(newest, store_.get(), &saved),
+                             absl::StrCat("resuming from ", newest)));
     if (saved.spec_fingerprint != state_.spec_fingerprint) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint.dir ", spec.checkpoint_dir, " holds checkpoints of a different job (model, "

@@ -75,8 +75,11 @@ struct StepReport {
 
 // The trainer state of the checkpoint `spec` resumes from: its checkpoint.dir's newest, if
 // it is this job's (the same Fingerprint; another job's is refused when the job starts).
-// Reads files: call it as the job's user. DataLoss naming the file for a corrupt state.
-[[nodiscard]] absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec);
+// `newest`, unless null, gets that folder ("" for none), this job's or not: the trainer
+// loads the one read here. Reads files: call it as the job's user. DataLoss naming the file
+// for a corrupt state.
+[[nodiscard]] absl::StatusOr<std::optional<TrainerState>> ResumeState(
+    const JobSpec& spec, std::string* newest = nullptr);
 
 // The plan of `*request` for `spec`, keeping a resumed job's split of a step and MLP tile
 // (TrainerState::micro_batch_rows, mlp_tile_tokens: they decide a step's bits) when the spec
@@ -174,7 +177,8 @@ class Trainer {
                                       const std::optional<TrainerState>& resume);
   [[nodiscard]] absl::Status InitStore(const JobSpec& spec, const DeviceSet& devices);
   [[nodiscard]] absl::Status InitPipelines(const JobSpec& spec, const DeviceSet& devices);
-  [[nodiscard]] absl::Status Restore(const JobSpec& spec);
+  // newest: the checkpoint folder ResumeState read ("" for none).
+  [[nodiscard]] absl::Status Restore(const JobSpec& spec, const std::string& newest);
   // The gradient slabs of device `device` of `devices` (0: the optimizer's).
   [[nodiscard]] absl::StatusOr<std::unique_ptr<GradSlabPool>> MakeSlabs(const JobSpec& spec,
                                                           const DeviceSet& devices,

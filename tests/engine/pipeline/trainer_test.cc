@@ -242,10 +242,12 @@ TEST(Trainer, ResumeKeepsTheCheckpointsSplitWhereThePlannerWouldChooseAnother) {
       << (*resumed)->plan_text();
   // The daemon plans (admits, `megatrain plan`) a resumed job alike: with ResumeState, read
   // as its user.
-  absl::StatusOr<std::optional<TrainerState>> state = ResumeState(spec("split"));
+  std::string newest = "stale";
+  absl::StatusOr<std::optional<TrainerState>> state = ResumeState(spec("split"), &newest);
   ASSERT_TRUE(state.ok()) << state.status();
   ASSERT_TRUE(state->has_value());
   EXPECT_EQ((*state)->micro_batch_rows, rows);
+  EXPECT_EQ(fs::path(newest).filename(), "checkpoint-2");  // the folder the trainer loads
   const std::string other_path = dir + "/other-profile.json";
   ASSERT_TRUE(WriteProfile(other, other_path).ok());
   absl::StatusOr<std::unique_ptr<JobPlanner>> planner =
@@ -264,9 +266,14 @@ TEST(Trainer, ResumeKeepsTheCheckpointsSplitWhereThePlannerWouldChooseAnother) {
   JobSpec another = spec("split");
   another.data_seed += 1;
   ASSERT_NE(another.Fingerprint(), spec("split").Fingerprint());
-  state = ResumeState(another);
+  state = ResumeState(another, &newest);
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_FALSE(state->has_value());
+  EXPECT_EQ(fs::path(newest).filename(), "checkpoint-4");  // still named: Restore refuses it
+  const JobSpec unsaved = spec("unsaved");
+  state = ResumeState(unsaved, &newest);
+  ASSERT_TRUE(state.ok() && !state->has_value());
+  EXPECT_EQ(newest, "");
 }
 
 // bf16 and int8 moments resume as exactly as fp32 ones: their stochastic rounding draws
