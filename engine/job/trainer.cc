@@ -74,6 +74,14 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   return r;
 }
 
+namespace {
+absl::Status AnotherJobsCheckpoints(const JobSpec& spec) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint.dir ", spec.checkpoint_dir, " holds checkpoints of a different job (model, "
+      "data or batch shape differ); use a fresh checkpoint.dir"));
+}
+}  // namespace
+
 absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec,
                                                         std::string* newest) {
   if (newest != nullptr) newest->clear();
@@ -138,6 +146,8 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
   RETURN_IF_ERROR(InitReplicas(spec, &devices));
   std::string newest;
   ASSIGN_OR_RETURN(const std::optional<TrainerState> resume, ResumeState(spec, &newest));
+  // Another job's checkpoints: refused before the host store is made and weights are read.
+  if (!newest.empty() && !resume.has_value()) return AnotherJobsCheckpoints(spec);
   RETURN_IF_ERROR(InitPlan(spec, profile, devices, resume));
   RETURN_IF_ERROR(InitStore(spec, devices));
   RETURN_IF_ERROR(InitPipelines(spec, devices));
@@ -337,11 +347,7 @@ absl::Status Trainer::Restore(const JobSpec& spec, const std::string& newest) {
     TrainerState saved;
     RETURN_IF_ERROR(Annotate(LoadCheckpoint(newest, store_.get(), &saved),
                              absl::StrCat("resuming from ", newest)));
-    if (saved.spec_fingerprint != state_.spec_fingerprint) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint.dir ", spec.checkpoint_dir, " holds checkpoints of a different job (model, "
-          "data or batch shape differ); use a fresh checkpoint.dir"));
-    }
+    if (saved.spec_fingerprint != state_.spec_fingerprint) return AnotherJobsCheckpoints(spec);
     RETURN_IF_ERROR(Annotate(packer_->Seek(saved.data), "resuming the data position"));
     state_ = saved;
     resumed_from_ = saved.step;

@@ -547,6 +547,20 @@ TEST(Trainer, CheckpointFolderOfAnotherJobIsRefused) {
   absl::StatusOr<std::unique_ptr<Trainer>> t = Make(dir, other);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(t.status().message().find("different job"), std::string::npos) << t.status();
+  // Refused from its trainer state alone, before the store is made and weights are read:
+  // with the checkpoint's weights, master and moments cut short, the error is still that it
+  // is another job's.
+  int weights = 0;
+  for (const fs::directory_entry& e :
+       fs::recursive_directory_iterator(dir + "/ckpt/checkpoint-1")) {
+    if (e.path().extension() != ".safetensors") continue;
+    fs::resize_file(e.path(), 16);
+    ++weights;
+  }
+  ASSERT_EQ(weights, 4);  // the model's, master, exp_avg, exp_avg_sq
+  t = Make(dir, other);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(t.status().message().find("different job"), std::string::npos) << t.status();
 }
 
 }  // namespace
