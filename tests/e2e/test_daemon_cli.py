@@ -1287,6 +1287,10 @@ class PapercutsTest(DaemonTestCase):
         # The planner splits the step (no micro_batch_rows given) from the machine's
         # measured rates: megatrain-train plans with the daemon's profile, found in the
         # default state folder of a daemon of this user (HOME points here).
+        system = "/var/lib/megatrain/machine-profile.json"
+        if os.path.exists(system):  # e.g. deploy/demo.sh ran here as root before the tests
+            self.skipTest(f"{system} is here: megatrain-train plans with the system "
+                          "daemon's profile, as it should, not with this test's daemon's")
         home = os.path.join(self.tmp, "home")
         os.makedirs(os.path.join(home, ".local", "state"))
         os.symlink(self.daemon.state_dir, os.path.join(home, ".local", "state", "megatrain"))
@@ -1308,10 +1312,6 @@ class PapercutsTest(DaemonTestCase):
         self.assertIn(batch[0], local)  # the same split of the step
         self.assert_same_checkpoint(job["last_checkpoint"],
                                     os.path.join(self.tmp, "here", "checkpoint-8"))
-
-
-if __name__ == "__main__":
-    unittest.main()
 
 
 class MoeTest(DaemonTestCase):
@@ -1438,3 +1438,7 @@ class MoeTest(DaemonTestCase):
             for w in words:
                 self.assertIn(w, r.stderr, patch)
         self.assertEqual(self.cli_json("list").get("jobs", []), [])  # still serving
+
+
+if __name__ == "__main__":
+    unittest.main()
