@@ -36,28 +36,36 @@ double TimeOnStream(Backend* be, StreamId stream, int reps, F&& work) {
   return be->ElapsedSeconds(start.get(), end.get()) / reps;
 }
 
-// Calls made by TimeOnStreamFor: in all, and in the timing whose rate it returned.
+// Calls made by TimeOnStreamFor: in all, and in the timings whose rate it returned.
 struct TimedCalls {
   int64_t made = 0;
   int64_t timed = 0;
 };
 
 // Seconds per call of `work`, timed over at least `reps` calls and `min_seconds` of device
-// time: a first timing of `reps` calls sizes the next, and a timing that still fell short
-// (the first calls ran slower than the rest: a cold cache, a clock still rising) sizes
-// another, up to four.
+// time. A first timing of `reps` calls sizes the next; timings are then added until they
+// cover min_seconds, each sized by the rate so far for the time still missing (the first
+// calls may run slower than the rest, a cold cache or a clock still rising, and a CPU
+// backend's are as noisy as the machine is busy). The rate returned is theirs together.
 template <typename F>
 double TimeOnStreamFor(Backend* be, StreamId stream, int reps, double min_seconds, F&& work,
                        TimedCalls* calls = nullptr) {
   double per_call = TimeOnStream(be, stream, reps, work);
   TimedCalls made{1 + reps, reps};
-  for (int round = 0; round < 4 && per_call > 0 && per_call * made.timed < min_seconds;
-       ++round) {
-    // 5% over the estimate, so that a timing as fast as the last one covers min_seconds.
-    const int more = static_cast<int>(std::min(1e6, std::ceil(1.05 * min_seconds / per_call)));
-    per_call = TimeOnStream(be, stream, more, work);
-    made.made += 1 + more;
-    made.timed = more;
+  if (per_call > 0 && per_call * reps < min_seconds) {
+    double seconds = 0;
+    int64_t timed = 0;
+    // At most 64 timings: a device whose timer reads 0 adds nothing.
+    for (int round = 0; round < 64 && seconds < min_seconds; ++round) {
+      const double rate = timed > 0 && seconds > 0 ? seconds / timed : per_call;
+      const double left = std::ceil((min_seconds - seconds) / rate);
+      const int n = static_cast<int>(std::clamp(left, 1.0, 1e6));
+      seconds += TimeOnStream(be, stream, n, work) * n;
+      timed += n;
+      made.made += 1 + n;
+    }
+    per_call = seconds / timed;
+    made.timed = timed;
   }
   if (calls != nullptr) *calls = made;
   return per_call;

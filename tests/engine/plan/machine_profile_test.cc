@@ -240,7 +240,8 @@ TEST(MachineProfile, RatesMeasuredInBurstsAreMeasuredAgainHeld) {
 
 // HoldBusy keeps the stream busy for the wall time asked (none for 0); TimeOnStreamFor times
 // at least the calls and the device time asked, also when its first calls ran slower than the
-// rest (CI once saw the second timing cover 0.0155 of 0.02 s).
+// rest, and on a busy machine (CI saw one timing cover 0.0155 of 0.02 s; resized timings
+// that each fell short, 0.0145).
 TEST(Measure, HoldBusyAndTimeOnStreamForRunLongEnough) {
   std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
   const int64_t bytes = 1 << 20, slow_bytes = 32 << 20;
@@ -270,7 +271,7 @@ TEST(Measure, HoldBusyAndTimeOnStreamForRunLongEnough) {
     const double per_call = TimeOnStreamFor(be.get(), s, 2, 0.02, copy, &timed);
     EXPECT_EQ(timed.made, calls);
     EXPECT_GT(per_call, 0);
-    EXPECT_GE(per_call * timed.timed, 0.02);  // the timing returned covered 0.02 s
+    EXPECT_GE(per_call * timed.timed, 0.02 * (1 - 1e-9));  // its timings covered 0.02 s
   }
   calls = 0;
   slow_calls = 0;
