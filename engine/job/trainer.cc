@@ -91,8 +91,7 @@ absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec,
   if (newest != nullptr) *newest = existing.back();
   absl::StatusOr<TrainerState> saved = ReadTrainerState(existing.back());
   if (!saved.ok()) return Annotate(saved.status(), absl::StrCat("resuming from ", existing.back()));
-  // Another job's checkpoints are refused by the trainer (Restore), naming the folder.
-  if (saved->spec_fingerprint != spec.Fingerprint()) return std::nullopt;
+  if (saved->spec_fingerprint != spec.Fingerprint()) return AnotherJobsCheckpoints(spec);
   return std::optional<TrainerState>(*std::move(saved));
 }
 
@@ -144,10 +143,9 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
     ASSIGN_OR_RETURN(profile, LoadMachineProfile(backend_.get()));
   }
   RETURN_IF_ERROR(InitReplicas(spec, &devices));
+  // Another job's checkpoints are refused here, before the host store is made.
   std::string newest;
   ASSIGN_OR_RETURN(const std::optional<TrainerState> resume, ResumeState(spec, &newest));
-  // Another job's checkpoints: refused before the host store is made and weights are read.
-  if (!newest.empty() && !resume.has_value()) return AnotherJobsCheckpoints(spec);
   RETURN_IF_ERROR(InitPlan(spec, profile, devices, resume));
   RETURN_IF_ERROR(InitStore(spec, devices));
   RETURN_IF_ERROR(InitPipelines(spec, devices));

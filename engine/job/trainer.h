@@ -73,11 +73,11 @@ struct StepReport {
   std::vector<int64_t> failed_checkpoint_steps;  // the steps whose checkpoint failed
 };
 
-// The trainer state of the checkpoint `spec` resumes from: its checkpoint.dir's newest, if
-// it is this job's (the same Fingerprint; another job's is refused when the job starts).
-// `newest`, unless null, gets that folder ("" for none), this job's or not: the trainer
-// loads the one read here. Reads files: call it as the job's user. DataLoss naming the file
-// for a corrupt state.
+// The trainer state of the checkpoint `spec` resumes from: its checkpoint.dir's newest
+// (none without one). FailedPrecondition when that is another job's (another Fingerprint:
+// the daemon refuses the job at submit, the trainer at start); DataLoss naming the file for
+// a corrupt state. `newest`, unless null, gets the folder read, which the trainer then
+// loads. Reads files: call it as the job's user.
 [[nodiscard]] absl::StatusOr<std::optional<TrainerState>> ResumeState(
     const JobSpec& spec, std::string* newest = nullptr);
 

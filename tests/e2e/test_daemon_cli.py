@@ -1282,6 +1282,14 @@ class PapercutsTest(DaemonTestCase):
         texts = self.log_texts(job_id)
         self.assertIn("found the checkpoint of its final step 3: nothing left to do", texts)
         self.assertIn("succeeded: its final checkpoint was already written; no step ran", texts)
+        # Another job (another data seed) pointed at those checkpoints is refused at submit,
+        # naming the folder, and nothing is queued.
+        other = make_spec(steps=3, checkpoint={"dir": "done", "every_steps": 3}, data_seed=1)
+        r = self.cli("submit", self.spec_file(other, "other.yaml"))
+        self.assertEqual(r.returncode, EXIT_FAILED_PRECONDITION, r.stdout + r.stderr)
+        self.assertIn("holds checkpoints of a different job", r.stderr)
+        self.assertIn("done", r.stderr)
+        self.assertEqual([int(j["id"]) for j in self.cli_json("list")["jobs"]], [job_id])
 
     def test_the_same_spec_gives_the_same_bits_run_here_or_by_the_daemon(self):
         # The planner splits the step (no micro_batch_rows given) from the machine's

@@ -262,14 +262,13 @@ TEST(Trainer, ResumeKeepsTheCheckpointsSplitWhereThePlannerWouldChooseAnother) {
   EXPECT_NE(planned->plan.micro_batch_rows, rows);  // a new job there plans its own
   while (!(*resumed)->done()) ASSERT_TRUE((*resumed)->Step().ok());
   EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-4", dir + "/split/checkpoint-4"), 6);
-  // Another job's checkpoints give it nothing to keep (it is refused when it starts).
+  // Another job's checkpoints are refused (the daemon refuses it at submit, naming them).
   JobSpec another = spec("split");
   another.data_seed += 1;
   ASSERT_NE(another.Fingerprint(), spec("split").Fingerprint());
   state = ResumeState(another, &newest);
-  ASSERT_TRUE(state.ok()) << state.status();
-  EXPECT_FALSE(state->has_value());
-  EXPECT_EQ(fs::path(newest).filename(), "checkpoint-4");  // still named: Restore refuses it
+  EXPECT_EQ(state.status().code(), absl::StatusCode::kFailedPrecondition) << state.status();
+  EXPECT_NE(state.status().message().find("different job"), std::string::npos);
   const JobSpec unsaved = spec("unsaved");
   state = ResumeState(unsaved, &newest);
   ASSERT_TRUE(state.ok() && !state->has_value());
