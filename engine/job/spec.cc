@@ -388,6 +388,41 @@ std::string JobSpec::Fingerprint() const {
   return j.dump();
 }
 
+std::vector<std::string> FingerprintDifferences(const std::string& there,
+                                                const std::string& here) {
+  // Fingerprint()'s keys, named as the spec's fields (a key not here is shown as it is).
+  static const std::map<std::string, std::string> kFields = {
+      {"model_path", "model.path"},       {"model_config", "model.config"},
+      {"init_seed", "model.init_seed"},   {"data_path", "data.path"},
+      {"text_field", "data.text_field"},  {"tokenizer", "data.tokenizer"},
+      {"format", "data.format"},          {"chat_template", "data.chat_template"},
+      {"chat_date", "data.chat_date"},    {"packing", "data.packing"},
+      {"truncation", "data.truncation"},  {"on_bad_line", "data.on_bad_line"},
+      {"seq_len", "data.seq_len"},        {"data_seed", "data.seed"},
+      {"rows_per_step", "sequences per step"}};
+  const nlohmann::json a = nlohmann::json::parse(there, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json b = nlohmann::json::parse(here, nullptr, /*allow_exceptions=*/false);
+  std::vector<std::string> out;
+  if (!a.is_object() || !b.is_object()) return out;
+  std::set<std::string> keys;
+  for (const auto& [key, value] : a.items()) keys.insert(key);
+  for (const auto& [key, value] : b.items()) keys.insert(key);
+  auto shown = [](const nlohmann::json& v) {
+    return v.is_string() ? absl::StrCat("\"", Printable(v.get<std::string>()), "\"") : v.dump();
+  };
+  for (const std::string& key : keys) {
+    const nlohmann::json x = a.value(key, nlohmann::json()), y = b.value(key, nlohmann::json());
+    if (x == y) continue;
+    const auto named = kFields.find(key);
+    const std::string field = named != kFields.end() ? named->second : Printable(key);
+    const std::string sx = shown(x), sy = shown(y);
+    out.push_back(sx.size() + sy.size() <= 160
+                      ? absl::StrCat(field, " (", sx, " there, ", sy, " here)")
+                      : field);
+  }
+  return out;
+}
+
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::string& base_dir,
                                      const std::string& source) {
   if (!IsValidUtf8(yaml_text)) {

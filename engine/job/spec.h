@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/model/config.h"
@@ -128,6 +129,12 @@ struct JobSpec {
   // The settings a resume must agree with (model, data, batch shape), as a string.
   std::string Fingerprint() const;
 };
+
+// The spec fields in which two Fingerprint()s differ, as the spec names them, with both
+// values where they are short: "data.seed (0 there, 1 here)". Empty when they agree or
+// `there` cannot be read (a checkpoint written by another version).
+std::vector<std::string> FingerprintDifferences(const std::string& there,
+                                                const std::string& here);
 
 // Parses a YAML job spec. `source` names it in errors.
 [[nodiscard]] absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text,

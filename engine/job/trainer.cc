@@ -75,10 +75,14 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
 }
 
 namespace {
-absl::Status AnotherJobsCheckpoints(const JobSpec& spec) {
+// `saved`: the fingerprint of the checkpoint's job.
+absl::Status AnotherJobsCheckpoints(const JobSpec& spec, const std::string& saved) {
+  const std::vector<std::string> differ = FingerprintDifferences(saved, spec.Fingerprint());
   return absl::FailedPreconditionError(absl::StrCat(
-      "checkpoint.dir ", spec.checkpoint_dir, " holds checkpoints of a different job (model, "
-      "data or batch shape differ); use a fresh checkpoint.dir"));
+      "checkpoint.dir ", spec.checkpoint_dir, " holds checkpoints of a different job (",
+      differ.empty() ? "model, data or batch shape differ"
+                     : absl::StrCat("it differs in ", absl::StrJoin(differ, ", ")),
+      "); use a fresh checkpoint.dir"));
 }
 }  // namespace
 
@@ -91,7 +95,9 @@ absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec,
   if (newest != nullptr) *newest = existing.back();
   absl::StatusOr<TrainerState> saved = ReadTrainerState(existing.back());
   if (!saved.ok()) return Annotate(saved.status(), absl::StrCat("resuming from ", existing.back()));
-  if (saved->spec_fingerprint != spec.Fingerprint()) return AnotherJobsCheckpoints(spec);
+  if (saved->spec_fingerprint != spec.Fingerprint()) {
+    return AnotherJobsCheckpoints(spec, saved->spec_fingerprint);
+  }
   return std::optional<TrainerState>(*std::move(saved));
 }
 
@@ -345,7 +351,9 @@ absl::Status Trainer::Restore(const JobSpec& spec, const std::string& newest) {
     TrainerState saved;
     RETURN_IF_ERROR(Annotate(LoadCheckpoint(newest, store_.get(), &saved),
                              absl::StrCat("resuming from ", newest)));
-    if (saved.spec_fingerprint != state_.spec_fingerprint) return AnotherJobsCheckpoints(spec);
+    if (saved.spec_fingerprint != state_.spec_fingerprint) {
+      return AnotherJobsCheckpoints(spec, saved.spec_fingerprint);
+    }
     RETURN_IF_ERROR(Annotate(packer_->Seek(saved.data), "resuming the data position"));
     state_ = saved;
     resumed_from_ = saved.step;

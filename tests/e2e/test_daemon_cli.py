@@ -1287,7 +1287,8 @@ class PapercutsTest(DaemonTestCase):
         other = make_spec(steps=3, checkpoint={"dir": "done", "every_steps": 3}, data_seed=1)
         r = self.cli("submit", self.spec_file(other, "other.yaml"))
         self.assertEqual(r.returncode, EXIT_FAILED_PRECONDITION, r.stdout + r.stderr)
-        self.assertIn("holds checkpoints of a different job", r.stderr)
+        self.assertIn("holds checkpoints of a different job (it differs in data.seed "
+                      "(0 there, 1 here))", r.stderr)
         self.assertIn("done", r.stderr)
         self.assertEqual([int(j["id"]) for j in self.cli_json("list")["jobs"]], [job_id])
 

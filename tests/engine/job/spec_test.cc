@@ -18,7 +18,9 @@ namespace megatrain {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 using ::megatrain::testing::TempDir;
 
@@ -641,6 +643,38 @@ TEST(JobSpecFingerprintTest, ChangesWithSeqLenButNotWithSteps) {
   EXPECT_NE(base, parse("  seq_len: 128\n", "steps: 10"));
   EXPECT_NE(base, parse("  seq_len: 64\n", "micro_batches: 2"));
   EXPECT_NE(base, parse("  seq_len: 64\n  seed: 9\n", "steps: 10"));
+}
+
+// A resume refused for another job's checkpoints says which fields differ, as the spec
+// names them, with short values (in the order of Fingerprint()'s keys).
+TEST(JobSpecFingerprintTest, DifferencesNameTheSpecFields) {
+  TempDir dir;
+  auto parse = [&](const std::string& extra_data, const std::string& train) {
+    const std::string yaml = std::string("model:\n  config:") + kTinyConfigYaml +
+                             "data:\n  path: d.jsonl\n" + extra_data + "train:\n  " + train +
+                             "\n";
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, dir.path());
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return spec.ok() ? spec->Fingerprint() : std::string();
+  };
+  const std::string base = parse("  seq_len: 64\n", "micro_batch_rows: 2");
+  EXPECT_THAT(FingerprintDifferences(base, base), IsEmpty());
+  const std::string longer = parse("  seq_len: 64\n", "steps: 500\n  micro_batch_rows: 2");
+  EXPECT_THAT(FingerprintDifferences(base, longer), IsEmpty());
+  EXPECT_THAT(FingerprintDifferences(base, parse("  seq_len: 128\n  seed: 9\n  packing: pad\n",
+                                                 "micro_batch_rows: 2")),
+              ElementsAre("data.seed (0 there, 9 here)",
+                          "data.packing (\"pack\" there, \"pad\" here)",
+                          "data.seq_len (64 there, 128 here)"));
+  EXPECT_THAT(FingerprintDifferences(base, parse("  seq_len: 64\n", "micro_batch_rows: 4")),
+              ElementsAre("sequences per step (2 there, 4 here)"));
+  // A key this version does not know is shown as it is; a fingerprint that is not JSON (or
+  // none) gives nothing to name.
+  std::string extra = base;
+  extra.insert(1, "\"new_key\":1,");
+  EXPECT_THAT(FingerprintDifferences(extra, base), ElementsAre("new_key (1 there, null here)"));
+  EXPECT_THAT(FingerprintDifferences("not json", base), IsEmpty());
+  EXPECT_THAT(FingerprintDifferences("", base), IsEmpty());
 }
 
 }  // namespace

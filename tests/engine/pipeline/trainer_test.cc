@@ -268,7 +268,8 @@ TEST(Trainer, ResumeKeepsTheCheckpointsSplitWhereThePlannerWouldChooseAnother) {
   ASSERT_NE(another.Fingerprint(), spec("split").Fingerprint());
   state = ResumeState(another, &newest);
   EXPECT_EQ(state.status().code(), absl::StatusCode::kFailedPrecondition) << state.status();
-  EXPECT_NE(state.status().message().find("different job"), std::string::npos);
+  EXPECT_NE(state.status().message().find("different job (it differs in data.seed ("),
+            std::string::npos) << state.status();
   const JobSpec unsaved = spec("unsaved");
   state = ResumeState(unsaved, &newest);
   ASSERT_TRUE(state.ok() && !state->has_value());
