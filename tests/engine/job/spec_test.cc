@@ -626,15 +626,21 @@ TEST(LoadJobSpecTest, MissingFileIsNotFoundAndErrorsNameTheFile) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("train.steps"));
 }
 
+// The Fingerprint() of the tiny model's spec with `extra_data` lines under data: and `train`
+// under train: ("" when it does not parse, which fails the test).
+std::string TinyFingerprint(const std::string& dir, const std::string& extra_data,
+                            const std::string& train) {
+  const std::string yaml = std::string("model:\n  config:") + kTinyConfigYaml +
+                           "data:\n  path: d.jsonl\n" + extra_data + "train:\n  " + train + "\n";
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, dir);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? spec->Fingerprint() : std::string();
+}
+
 TEST(JobSpecFingerprintTest, ChangesWithSeqLenButNotWithSteps) {
   TempDir dir;
   auto parse = [&](const std::string& extra_data, const std::string& train) {
-    const std::string yaml = std::string("model:\n  config:") + kTinyConfigYaml +
-                             "data:\n  path: d.jsonl\n" + extra_data + "train:\n  " + train +
-                             "\n";
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, dir.path());
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    return spec.ok() ? spec->Fingerprint() : std::string();
+    return TinyFingerprint(dir.path(), extra_data, train);
   };
   const std::string base = parse("  seq_len: 64\n", "steps: 10");
   ASSERT_FALSE(base.empty());
@@ -650,12 +656,7 @@ TEST(JobSpecFingerprintTest, ChangesWithSeqLenButNotWithSteps) {
 TEST(JobSpecFingerprintTest, DifferencesNameTheSpecFields) {
   TempDir dir;
   auto parse = [&](const std::string& extra_data, const std::string& train) {
-    const std::string yaml = std::string("model:\n  config:") + kTinyConfigYaml +
-                             "data:\n  path: d.jsonl\n" + extra_data + "train:\n  " + train +
-                             "\n";
-    absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, dir.path());
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    return spec.ok() ? spec->Fingerprint() : std::string();
+    return TinyFingerprint(dir.path(), extra_data, train);
   };
   const std::string base = parse("  seq_len: 64\n", "micro_batch_rows: 2");
   EXPECT_THAT(FingerprintDifferences(base, base), IsEmpty());
