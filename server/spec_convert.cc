@@ -123,6 +123,7 @@ absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
     if (path.empty()) continue;
     RETURN_IF_ERROR(CheckPathAllowed(field, path, roots, own_dir));
   }
+  RETURN_IF_ERROR(CheckJobFolders(spec));  // a file named as a folder, before making them
   if (!spec.checkpoint_dir.empty()) {
     RETURN_IF_ERROR(CheckWritableFolder("checkpoint.dir", spec.checkpoint_dir));
   }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/data/byte_tokenizer.h"
 #include "engine/data/hf_tokenizer.h"
@@ -126,7 +127,22 @@ constexpr int64_t kLinesCheckedAtSubmit = 64;
 
 }  // namespace
 
+absl::Status CheckJobFolders(const JobSpec& spec) {
+  const std::pair<const char*, const std::string*> folders[] = {
+      {"checkpoint.dir", &spec.checkpoint_dir},
+      {"data.cache_dir", &spec.data_cache_dir},
+      {"optimizer.nvme_dir", &spec.nvme_dir}};
+  for (const auto& [field, path] : folders) {
+    std::error_code ec;
+    if (path->empty() || !fs::exists(*path, ec) || fs::is_directory(*path, ec)) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", Printable(*path), " is a file, not a folder (a missing one is created)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobInputs(const JobSpec& spec) {
+  RETURN_IF_ERROR(CheckJobFolders(spec));
   ASSIGN_OR_RETURN(const ModelConfig config, ResolveModelConfig(spec));
   if (!spec.model_path.empty()) {
     absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(spec.model_path);

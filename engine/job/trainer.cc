@@ -135,6 +135,7 @@ absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
 // and last the weights (a checkpoint resumed, the model folder's, or random).
 absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_profile) {
   spec_ = spec;
+  RETURN_IF_ERROR(CheckJobFolders(spec));
   ASSIGN_OR_RETURN(config_, ResolveModelConfig(spec));
   num_params_ = NumParameters(config_);
   RETURN_IF_ERROR(InitData(spec));

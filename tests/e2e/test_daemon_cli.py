@@ -1214,6 +1214,13 @@ class PapercutsTest(DaemonTestCase):
         return subprocess.run([MEGATRAIN, "submit", self.spec_file(spec, "raw.yaml")],
                               capture_output=True, env=env, timeout=120, cwd=self.tmp)
 
+    def test_a_file_named_as_checkpoint_dir_is_refused_at_submit(self):
+        r = self.cli("submit", self.spec_file(make_spec(steps=2, checkpoint={"dir": "data.jsonl"})))
+        self.assertEqual(r.returncode, EXIT_USAGE, r.stdout + r.stderr)
+        self.assertIn("checkpoint.dir: ", r.stderr)
+        self.assertIn("data.jsonl is a file, not a folder", r.stderr)
+        self.assertEqual(self.cli_json("list").get("jobs", []), [])
+
     def test_an_empty_dataset_is_refused_at_submit(self):
         # An empty dataset, or one of blank lines only: refused now, not when it starts.
         for name, text in (("empty.jsonl", ""), ("blank.jsonl", "\n  \n\t\n")):

@@ -78,6 +78,32 @@ TEST(JobInputs, TokenIdsNeedNoTokenizerEvenForAVocabularySmallerThanBytes) {
   ASSERT_TRUE(step.ok()) << step.status();
 }
 
+// A file named where a job writes a folder is refused naming the field, at submit and at
+// start (before, a checkpoint.dir that was a file read as "data.cache_dir: cannot create
+// <file>/data-cache", PERMISSION_DENIED).
+TEST(JobInputs, AFileNamedAsAFolderIsRefusedNamingTheField) {
+  TempDir dir;
+  WriteFile(dir.Join("data.jsonl"), "{\"text\": \"hello there\"}\n");
+  const JobSpec good = Parse(dir, Spec(258));
+  for (const char* field : {"checkpoint.dir", "data.cache_dir", "optimizer.nvme_dir"}) {
+    SCOPED_TRACE(field);
+    JobSpec spec = good;
+    std::string* path = std::string(field) == "checkpoint.dir" ? &spec.checkpoint_dir
+                        : std::string(field) == "data.cache_dir" ? &spec.data_cache_dir
+                                                                  : &spec.nvme_dir;
+    *path = dir.Join("data.jsonl");
+    const absl::Status s = ValidateJobInputs(spec);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(std::string(field) + ": "));
+    EXPECT_THAT(s.message(), HasSubstr("data.jsonl is a file, not a folder"));
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec);
+    ASSERT_FALSE(trainer.ok());
+    EXPECT_EQ(trainer.status().message(), s.message()) << "the same words at submit and start";
+    *path = dir.Join("new/folder");  // missing: made when needed
+    EXPECT_TRUE(CheckJobFolders(spec).ok());
+  }
+}
+
 TEST(JobInputs, AnEmptyOrBlankDatasetIsRefusedAsTheJobWouldBe) {
   TempDir dir;
   const JobSpec spec = Parse(dir, Spec(258));

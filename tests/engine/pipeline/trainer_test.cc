@@ -374,6 +374,13 @@ TEST(Trainer, MomentDiskFailuresFailTheJobNamingTheFile) {
   absl::StatusOr<std::unique_ptr<Trainer>> bad = Make(
       dir, Spec(dir, 3, "", "optimizer: {nvme_dir: not_a_dir, nvme_layers: 1}\n"));
   ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("optimizer.nvme_dir: "), std::string::npos)
+      << bad.status();
+  EXPECT_NE(bad.status().message().find("not_a_dir is a file, not a folder"), std::string::npos)
+      << bad.status();
+  // A folder that cannot be made (under a file): the scratch file's creation names it.
+  bad = Make(dir, Spec(dir, 3, "", "optimizer: {nvme_dir: not_a_dir/sub, nvme_layers: 1}\n"));
+  ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("optimizer.nvme_dir: cannot create"), std::string::npos)
       << bad.status();
 
