@@ -47,9 +47,10 @@ PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer,
 [[nodiscard]] absl::Status CheckJobFolders(const JobSpec& spec);
 
 // Checks, before a job is queued, what its spec refers to: its folders (CheckJobFolders),
-// the model (config and tensor files), the tokenizer, and the dataset (readable, its first lines valid in the job's
-// format, and not empty). NOT_FOUND / INVALID_ARGUMENT naming the field ("data.path:
-// cannot read ..."); an empty dataset gets the message the job would fail with.
+// the model (config and tensor files), the tokenizer, and the dataset (readable, its first
+// lines valid in the job's format, and not empty). NOT_FOUND / INVALID_ARGUMENT naming the
+// field ("data.path: cannot read ..."); an empty dataset gets the message the job would
+// fail with.
 [[nodiscard]] absl::Status ValidateJobInputs(const JobSpec& spec);
 
 }  // namespace megatrain
