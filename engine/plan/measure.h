@@ -57,7 +57,7 @@ double TimeOnStreamFor(Backend* be, StreamId stream, int reps, double min_second
     int64_t timed = 0;
     // At most 64 timings: a device whose timer reads 0 adds nothing.
     for (int round = 0; round < 64 && seconds < min_seconds; ++round) {
-      const double rate = timed > 0 && seconds > 0 ? seconds / timed : per_call;
+      const double rate = seconds > 0 ? seconds / timed : per_call;
       const double left = std::ceil((min_seconds - seconds) / rate);
       const int n = static_cast<int>(std::clamp(left, 1.0, 1e6));
       seconds += TimeOnStream(be, stream, n, work) * n;

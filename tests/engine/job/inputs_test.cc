@@ -4,6 +4,7 @@
 #include "engine/job/inputs.h"
 
 #include <string>
+#include <utility>
 
 #include "engine/job/trainer.h"
 #include "gmock/gmock.h"
@@ -85,16 +86,18 @@ TEST(JobInputs, AFileNamedAsAFolderIsRefusedNamingTheField) {
   TempDir dir;
   WriteFile(dir.Join("data.jsonl"), "{\"text\": \"hello there\"}\n");
   const JobSpec good = Parse(dir, Spec(258));
-  for (const char* field : {"checkpoint.dir", "data.cache_dir", "optimizer.nvme_dir"}) {
+  const std::pair<std::string, std::string JobSpec::*> fields[] = {
+      {"checkpoint.dir", &JobSpec::checkpoint_dir},
+      {"data.cache_dir", &JobSpec::data_cache_dir},
+      {"optimizer.nvme_dir", &JobSpec::nvme_dir}};
+  for (const auto& [field, member] : fields) {
     SCOPED_TRACE(field);
     JobSpec spec = good;
-    std::string* path = std::string(field) == "checkpoint.dir" ? &spec.checkpoint_dir
-                        : std::string(field) == "data.cache_dir" ? &spec.data_cache_dir
-                                                                  : &spec.nvme_dir;
+    std::string* path = &(spec.*member);
     *path = dir.Join("data.jsonl");
     const absl::Status s = ValidateJobInputs(spec);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(s.message(), HasSubstr(std::string(field) + ": "));
+    EXPECT_THAT(s.message(), HasSubstr(field + ": "));
     EXPECT_THAT(s.message(), HasSubstr("data.jsonl is a file, not a folder"));
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec);
     ASSERT_FALSE(trainer.ok());
