@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/job_service.h"
+#include "server/reply_limits.h"
 
 namespace megatrain::server {
 namespace {
@@ -151,15 +153,21 @@ grpc::Status AccessServiceImpl::ListAudit(grpc::ServerContext* ctx, const v1::Li
   absl::StatusOr<std::vector<AuditEntry>> entries =
       store_->AuditLog(limit, req->user(), req->job_id());
   if (!entries.ok()) return ToGrpc(entries.status());
+  // Each entry bounded; the reply stops short of the client's message limit (the oldest
+  // entries asked for are left out: --limit or --user narrow it).
+  ReplyBudget budget;
   for (const AuditEntry& entry : *entries) {
-    v1::AuditEntry* out = resp->add_entries();
-    out->set_id(entry.id);
-    out->set_unix_ms(entry.unix_ms);
-    out->set_user(entry.user);
-    out->set_action(entry.action);
-    out->set_job_id(entry.job_id);
-    out->set_detail(entry.detail);
-    out->set_outcome(entry.outcome);
+    v1::AuditEntry out;
+    out.set_id(entry.id);
+    out.set_unix_ms(entry.unix_ms);
+    out.set_user(entry.user);
+    out.set_action(entry.action);
+    out.set_job_id(entry.job_id);
+    out.set_detail(entry.detail);
+    out.set_outcome(entry.outcome);
+    BoundAuditEntryForReply(&out);
+    if (!budget.Take(out)) break;
+    *resp->add_entries() = std::move(out);
   }
   return grpc::Status::OK;
 }
