@@ -1,4 +1,5 @@
-// `megatrain whoami | token | audit | usage`.
+// `megatrain whoami | token | audit | usage`. Every name, detail and outcome the daemon
+// sends is printed through TerminalText(): a user name or an audit detail can hold ESC.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "absl/time/time.h"
 #include "client/commands.h"
 #include "client/exit_codes.h"
+#include "client/format.h"
 
 namespace megatrain::client {
 namespace {
@@ -33,9 +35,11 @@ int WhoAmI(const Context& ctx) {
   const grpc::Status status = ctx.access->WhoAmI(call.get(), v1::WhoAmIRequest(), &me);
   if (!status.ok()) return ReportRpcError(ctx, status);
   if (ctx.output == Output::kJson) return PrintJson(me) ? kExitOk : kExitInternal;
-  PrintLine(absl::StrCat(me.user(), " (uid ", me.uid(), ")", me.admin() ? ", admin" : "",
-                         "\ngroups: ", absl::StrJoin(me.groups(), " "),
-                         "\nauthenticated by ", me.authenticated_by()));
+  std::vector<std::string> groups;
+  for (const std::string& group : me.groups()) groups.push_back(TerminalText(group));
+  PrintLine(absl::StrCat(TerminalText(me.user()), " (uid ", me.uid(), ")",
+                         me.admin() ? ", admin" : "", "\ngroups: ", absl::StrJoin(groups, " "),
+                         "\nauthenticated by ", TerminalText(me.authenticated_by())));
   return kExitOk;
 }
 
@@ -49,11 +53,12 @@ int Token(const Context& ctx, const TokenArgs& args) {
     const grpc::Status status = ctx.access->CreateToken(call.get(), request, &created);
     if (!status.ok()) return ReportRpcError(ctx, status);
     if (ctx.output == Output::kJson) return PrintJson(created) ? kExitOk : kExitInternal;
-    PrintLine(created.secret());
+    PrintLine(TerminalText(created.secret()));
     std::fprintf(stderr,
                  "token %lld for %s: shown once, store it now (e.g. in ~/.config/megatrain/token, "
                  "mode 600)\n",
-                 static_cast<long long>(created.token().id()), created.token().user().c_str());
+                 static_cast<long long>(created.token().id()),
+                 TerminalText(created.token().user()).c_str());
     return kExitOk;
   }
   if (args.action == "list") {
@@ -66,8 +71,9 @@ int Token(const Context& ctx, const TokenArgs& args) {
     std::string out = absl::StrFormat("%-5s %-12s %-16s %-20s %s\n", "ID", "USER", "NAME",
                                       "CREATED", "LAST USED");
     for (const v1::Token& t : tokens.tokens()) {
-      absl::StrAppendFormat(&out, "%-5d %-12s %-16s %-20s %s\n", t.id(), t.user(), t.name(),
-                            When(t.created_unix_ms()), When(t.last_used_unix_ms()));
+      absl::StrAppendFormat(&out, "%-5d %-12s %-16s %-20s %s\n", t.id(), TerminalText(t.user()),
+                            TerminalText(t.name()), When(t.created_unix_ms()),
+                            When(t.last_used_unix_ms()));
     }
     std::fputs(out.c_str(), stdout);
     return kExitOk;
@@ -100,9 +106,10 @@ int Audit(const Context& ctx, const AuditArgs& args) {
   std::string out = absl::StrFormat("%-20s %-12s %-13s %-5s %-30s %s\n", "TIME", "USER", "ACTION",
                                     "JOB", "DETAIL", "OUTCOME");
   for (const v1::AuditEntry& e : log.entries()) {
-    absl::StrAppendFormat(&out, "%-20s %-12s %-13s %-5s %-30s %s\n", When(e.unix_ms()), e.user(),
-                          e.action(), e.job_id() == 0 ? "-" : std::to_string(e.job_id()),
-                          e.detail(), e.outcome());
+    absl::StrAppendFormat(&out, "%-20s %-12s %-13s %-5s %-30s %s\n", When(e.unix_ms()),
+                          TerminalText(e.user()), TerminalText(e.action()),
+                          e.job_id() == 0 ? "-" : std::to_string(e.job_id()),
+                          TerminalText(e.detail()), TerminalText(e.outcome()));
   }
   std::fputs(out.c_str(), stdout);
   return kExitOk;
@@ -120,10 +127,10 @@ int Usage(const Context& ctx) {
       usage.half_life_hours(), "USER", "GPU-HOURS", "RUNNING", "QUEUED", "HOST GiB",
       "LIMITS (running/queued/host GiB/priority)");
   for (const v1::UserUsage& u : usage.users()) {
-    absl::StrAppendFormat(&out, "%-12s %10.3f %8d %7d %9s  %s/%s/%s/%d\n", u.user(), u.gpu_hours(),
-                          u.running_jobs(), u.queued_jobs(), GiB(u.running_host_bytes()),
-                          Limit(u.max_running_jobs()), Limit(u.max_queued_jobs()),
-                          GiB(u.max_host_bytes()), u.max_priority());
+    absl::StrAppendFormat(&out, "%-12s %10.3f %8d %7d %9s  %s/%s/%s/%d\n", TerminalText(u.user()),
+                          u.gpu_hours(), u.running_jobs(), u.queued_jobs(),
+                          GiB(u.running_host_bytes()), Limit(u.max_running_jobs()),
+                          Limit(u.max_queued_jobs()), GiB(u.max_host_bytes()), u.max_priority());
   }
   std::fputs(out.c_str(), stdout);
   return kExitOk;

@@ -95,7 +95,7 @@ int Plan(const Context& ctx, const std::string& spec_path) {
   const grpc::Status status = ctx.jobs->PlanJob(call.get(), request, &plan);
   if (!status.ok()) return ReportRpcError(ctx, status);
   if (ctx.output == Output::kJson) return PrintJson(plan) ? kExitOk : kExitInternal;
-  std::fputs(plan.text().c_str(), stdout);
+  std::fputs(TerminalLines(plan.text()).c_str(), stdout);
   return kExitOk;
 }
 
@@ -110,7 +110,7 @@ int Submit(const Context& ctx, const SubmitArgs& args) {
   const grpc::Status status = ctx.jobs->SubmitJob(call.get(), request, &job);
   if (!status.ok()) return ReportRpcError(ctx, status);
   for (const std::string& w : job.plan().warnings()) {
-    std::fprintf(stderr, "warning: %s\n", w.c_str());
+    std::fprintf(stderr, "warning: %s\n", TerminalText(w).c_str());
   }
   const int rc = PrintJob(ctx, job, FormatSubmitted);
   std::fflush(stdout);
@@ -157,7 +157,8 @@ int List(const Context& ctx, const ListArgs& args) {
   }
   PrintLine(FormatJobTable(jobs, NowUnixMs()));
   if (!response.next_page_token().empty()) {
-    std::fprintf(stderr, "(the newest %d shown; --all-pages lists every job)\n", args.limit);
+    // The daemon may send fewer than asked: a page stops short of its size limit.
+    std::fprintf(stderr, "(the newest %zu shown; --all-pages lists every job)\n", jobs.size());
   }
   return kExitOk;
 }
@@ -209,7 +210,7 @@ int Checkpoint(const Context& ctx, int64_t job_id) {
   const grpc::Status status = ctx.jobs->CheckpointJob(call.get(), request, &response);
   if (!status.ok()) return ReportRpcError(ctx, status);
   if (ctx.output == Output::kJson) return PrintJson(response) ? kExitOk : kExitInternal;
-  PrintLine(response.path());  // the path alone, for $(megatrain checkpoint 12)
+  PrintLine(TerminalText(response.path()));  // the path alone, for $(megatrain checkpoint 12)
   return kExitOk;
 }
 

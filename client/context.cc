@@ -14,7 +14,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/exit_codes.h"
+#include "client/format.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace megatrain::client {
@@ -31,12 +33,36 @@ std::string CodeName(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
+// gRPC's own text for a reply over the client's limit (4 MiB): "Received message larger
+// than max (6291461 vs. 4194304)".
+constexpr char kReplyTooLarge[] = "Received message larger than max";
+
+// A reply over the limit can only come from a daemon that does not bound its replies:
+// one older than this CLI, with a job stored with an oversized field.
+int ReportReplyTooLarge(const Context& ctx, const std::string& detail) {
+  unsigned long long received_bytes = 0;
+  long long max_bytes = 0;
+  std::string size;
+  if (std::sscanf(detail.c_str(), "Received message larger than max (%llu vs. %lld)",
+                  &received_bytes, &max_bytes) == 2) {
+    size = absl::StrFormat(" (%.1f MiB; this CLI accepts %.1f MiB)", received_bytes / 1048576.0,
+                           max_bytes / 1048576.0);
+  }
+  std::fprintf(stderr,
+               "error: the reply of megatraind at %s is too large to receive%s: it holds a job "
+               "or log line stored with an oversized field (a name of megabytes?), and this "
+               "megatraind is older than the CLI: newer ones cut such fields in their replies; "
+               "upgrade megatraind, or ask for less (e.g. `megatrain list --limit 10`)\n",
+               ctx.address.c_str(), size.c_str());
+  return kExitInternal;
+}
+
 int ReportUnreachable(const Context& ctx, const std::string& detail) {
   std::fprintf(stderr,
                "error: cannot reach megatraind at %s: is it running? (set --addr or "
                "MEGATRAIN_ADDR)\n",
                ctx.address.c_str());
-  if (!detail.empty()) std::fprintf(stderr, "  (%s)\n", detail.c_str());
+  if (!detail.empty()) std::fprintf(stderr, "  (%s)\n", TerminalText(detail).c_str());
   if (detail.find("certificate verify failed") != std::string::npos) {
     std::fprintf(stderr, "  the daemon's TLS certificate is not signed by a CA this CLI trusts: "
                          "pass its CA with --tls-ca or MEGATRAIN_TLS_CA\n");
@@ -139,6 +165,9 @@ int ReportRpcError(const Context& ctx, const grpc::Status& status) {
                  ctx.address.c_str(), ctx.timeout_s);
     return kExitInternal;
   }
+  if (code == grpc::StatusCode::RESOURCE_EXHAUSTED && message.rfind(kReplyTooLarge, 0) == 0) {
+    return ReportReplyTooLarge(ctx, message);
+  }
   if (code == grpc::StatusCode::UNIMPLEMENTED && message.empty()) {
     std::fprintf(stderr,
                  "error: megatraind at %s does not implement this call; it may be older than "
@@ -150,7 +179,8 @@ int ReportRpcError(const Context& ctx, const grpc::Status& status) {
     std::fprintf(stderr, "error: megatraind failed with %s and no message; see its log\n",
                  CodeName(code).c_str());
   } else {
-    std::fprintf(stderr, "error: %s\n", message.c_str());
+    // The daemon's message can quote a job's name or a path: one line, escaped.
+    std::fprintf(stderr, "error: %s\n", TerminalText(message).c_str());
   }
   return ExitCodeFor(code);
 }

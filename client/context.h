@@ -74,7 +74,9 @@ std::unique_ptr<grpc::ClientContext> NewCall(const Context& ctx, CallKind kind);
 // a failed connect returns true and leaves the report to the call's UNAVAILABLE status.
 [[nodiscard]] bool WaitForConnection(const Context& ctx);
 
-// Prints "error: ..." for a failed call to stderr and returns the exit code for it.
+// Prints "error: ..." for a failed call to stderr (the daemon's message on one line,
+// escaped) and returns the exit code for it. A reply over gRPC's 4 MiB limit, which only a
+// daemon older than this CLI sends, is said as such and exits 1 (internal), not 6.
 int ReportRpcError(const Context& ctx, const grpc::Status& status);
 
 // Prints `message` as one line of protobuf JSON (proto field names, zero values included)

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/common/printable.h"
 
 namespace megatrain::client {
 namespace {
@@ -16,6 +18,37 @@ constexpr v1::JobState kStates[] = {
     v1::JOB_STATE_QUEUED,    v1::JOB_STATE_HELD,   v1::JOB_STATE_RUNNING,
     v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED,
 };
+
+// The code point of the valid UTF-8 sequence of `n` bytes at text[i].
+uint32_t CodePoint(absl::string_view text, size_t i, size_t n) {
+  static constexpr uint8_t kLeadMask[] = {0, 0x7F, 0x1F, 0x0F, 0x07};
+  uint32_t cp = static_cast<uint8_t>(text[i]) & kLeadMask[n];
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<uint8_t>(text[i + k]) & 0x3F);
+  return cp;
+}
+
+// Code points that Printable() lets through but a terminal obeys or that reorder a line.
+bool HiddenControl(uint32_t cp) {
+  return (cp >= 0x80 && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029 ||
+         (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
+// `printable` (Printable()'s output: valid UTF-8) with each HiddenControl() as \uNNNN.
+std::string EscapeHiddenControls(absl::string_view printable) {
+  std::string out;
+  out.reserve(printable.size());
+  for (size_t i = 0; i < printable.size();) {
+    const size_t n = std::max<size_t>(Utf8SequenceLength(printable, i), 1);
+    const uint32_t cp = CodePoint(printable, i, n);
+    if (n > 1 && HiddenControl(cp)) {
+      absl::StrAppendFormat(&out, "\\u%04x", cp);
+    } else {
+      out.append(printable.data() + i, n);
+    }
+    i += n;
+  }
+  return out;
+}
 
 size_t DisplayWidth(absl::string_view s) {
   size_t n = 0;
@@ -29,6 +62,20 @@ void AppendPadded(std::string* out, absl::string_view cell, size_t width, bool r
 }
 
 }  // namespace
+
+std::string TerminalText(absl::string_view text) { return EscapeHiddenControls(Printable(text)); }
+
+std::string TerminalLines(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t begin = 0; begin <= text.size();) {
+    const size_t end = std::min(text.find_first_of("\n\t", begin), text.size());
+    absl::StrAppend(&out, TerminalText(text.substr(begin, end - begin)));
+    if (end < text.size()) out += text[end];
+    begin = end + 1;
+  }
+  return out;
+}
 
 std::string StateName(v1::JobState state) {
   switch (state) {
@@ -162,9 +209,14 @@ std::string FormatProgressBar(const v1::Progress& p, int width) {
 
 std::string FormatTable(const std::vector<Column>& columns,
                         const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::vector<std::string>> cells;  // rows with each cell on one line
+  for (const auto& row : rows) {
+    std::vector<std::string>& line_cells = cells.emplace_back();
+    for (const std::string& cell : row) line_cells.push_back(TerminalText(cell));
+  }
   std::vector<size_t> widths;
   for (const Column& c : columns) widths.push_back(DisplayWidth(c.title));
-  for (const auto& row : rows) {
+  for (const auto& row : cells) {
     for (size_t i = 0; i < row.size() && i < widths.size(); ++i) {
       widths[i] = std::max(widths[i], DisplayWidth(row[i]));
     }
@@ -180,7 +232,7 @@ std::string FormatTable(const std::vector<Column>& columns,
     absl::StrAppend(&out, line, "\n");
   };
   append_line([&](size_t i) -> absl::string_view { return columns[i].title; });
-  for (const auto& row : rows) {
+  for (const auto& row : cells) {
     append_line([&](size_t i) -> absl::string_view {
       return i < row.size() ? absl::string_view(row[i]) : absl::string_view();
     });
@@ -195,7 +247,7 @@ std::string FormatKeyValues(const std::vector<std::pair<std::string, std::string
   for (const auto& [key, value] : items) {
     std::string line = absl::StrCat(key, ":");
     AppendPadded(&line, "", width - DisplayWidth(key) + 2, false);
-    absl::StrAppend(&line, value.empty() ? "-" : value, "\n");
+    absl::StrAppend(&line, value.empty() ? "-" : TerminalText(value), "\n");
     out += line;
   }
   return out;

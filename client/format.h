@@ -15,6 +15,21 @@
 
 namespace megatrain::client {
 
+// Text from the daemon made safe for a terminal. Any field that came from a user or the
+// store (a job name, an error, a path, a log line) can hold ESC, CR or LF: printed raw it
+// would drive the terminal or forge lines of `list`. Printable() (engine/common/printable.h)
+// shows C0 controls, DEL and invalid UTF-8 as \n, \r, \t, \xNN; these add the code points
+// a UTF-8 terminal also obeys or that reorder a line, shown as \uNNNN: C1 controls
+// (U+0080-U+009F: U+009B is CSI), the line and paragraph separators and the bidirectional
+// overrides and isolates (U+202A-U+202E, U+2066-U+2069). Text without them is unchanged.
+//
+// One line: "a\x1b[2Jb\nc" for "a<ESC>[2Jb<LF>c".
+std::string TerminalText(absl::string_view text);
+
+// Text that is legitimately several lines (a plan, a log line, a spec): as TerminalText(),
+// but LF and TAB are kept. CR is still shown as \r: it would overwrite the line.
+std::string TerminalLines(absl::string_view text);
+
 // "queued", "held", "running", "succeeded", "failed", "cancelled"; "unknown" otherwise.
 std::string StateName(v1::JobState state);
 
@@ -66,12 +81,13 @@ struct Column {
 };
 
 // A text table: a header row, then `rows` (each as long as `columns`), columns separated
-// by two spaces and padded to their widest cell (in UTF-8 code points). No trailing
-// spaces; every line ends in '\n'.
+// by two spaces and padded to their widest cell (in UTF-8 code points). Every cell is one
+// line: cells pass through TerminalText(). No trailing spaces; every line ends in '\n'.
 std::string FormatTable(const std::vector<Column>& columns,
                         const std::vector<std::vector<std::string>>& rows);
 
-// "key:  value" lines with the values aligned; an empty value prints as "-".
+// "key:  value" lines with the values aligned; an empty value prints as "-". Values pass
+// through TerminalText(): each stays on its line.
 std::string FormatKeyValues(const std::vector<std::pair<std::string, std::string>>& items);
 
 }  // namespace megatrain::client

@@ -30,7 +30,7 @@ std::string LastStepStats(const v1::Progress& p) {
 
 std::string Indented(const std::string& text) {
   std::string out;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(TerminalLines(text), '\n')) {
     if (!line.empty()) absl::StrAppend(&out, "  ", line, "\n");
   }
   return out;
@@ -91,14 +91,14 @@ std::string FormatJobStatus(const v1::Job& job, int64_t now_unix_ms, absl::TimeZ
 std::string FormatJobState(const v1::Job& job) {
   std::string line = absl::StrCat(JobLabel(job), ": ", StateName(job.state()));
   if (job.state() == v1::JOB_STATE_RUNNING && !job.device().empty()) {
-    absl::StrAppend(&line, " on ", job.device());
+    absl::StrAppend(&line, " on ", TerminalText(job.device()));
   }
   return line;
 }
 
 std::string JobLabel(const v1::Job& job) {
   if (job.name().empty()) return absl::StrCat("job ", job.id());
-  return absl::StrCat("job ", job.id(), " (", job.name(), ")");
+  return absl::StrCat("job ", job.id(), " (", TerminalText(job.name()), ")");
 }
 
 std::string FormatSubmitted(const v1::Job& job) {

@@ -1,6 +1,8 @@
 // Table-mode text for the API's messages: what `list`, `status`, `watch`, `submit` and
 // `node` print. Pure functions over the messages (plus "now" and a time zone), built on
-// format.h; --output json bypasses them.
+// format.h; --output json bypasses them (protobuf's JSON encoder escapes controls). Every
+// string from the daemon is shown through TerminalText(), or TerminalLines() for the spec:
+// a job's name or error cannot move the cursor or forge a line.
 #pragma once
 
 #include <cstdint>

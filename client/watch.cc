@@ -80,7 +80,7 @@ int Outcome(const std::optional<v1::Job>& last, int64_t job_id) {
     case v1::JOB_STATE_FAILED:
       std::fprintf(stderr, "error: %s failed: %s\n", JobLabel(*last).c_str(),
                    last->error().empty() ? "megatraind gave no reason; see `megatrain logs`"
-                                         : last->error().c_str());
+                                         : TerminalText(last->error()).c_str());
       return kExitJobFailed;
     case v1::JOB_STATE_CANCELLED:
       return kExitJobCancelled;
@@ -144,7 +144,7 @@ int Logs(const Context& ctx, int64_t job_id, bool follow) {
       }
       continue;
     }
-    PrintLine(line.text());
+    PrintLine(TerminalLines(line.text()));
     if (follow) std::fflush(stdout);
   }
   const grpc::Status status = reader->Finish();
