@@ -64,6 +64,48 @@ UserLimits DaemonConfig::LimitsFor(const std::string& user) const {
   return it == user_limits.end() ? limits : it->second;
 }
 
+namespace {
+
+absl::Status ParseWorkerLimits(const std::string& path, const YAML::Node& node,
+                               WorkerLimits* limits) {
+  if (!node.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": workers must be a mapping"));
+  const std::map<std::string, double*> seconds_or_sizes = {
+      {"memory_factor", &limits->memory_factor},
+      {"memory_headroom_gib", &limits->memory_headroom_gib},
+      {"silence_timeout_s", &limits->silence_timeout_s},
+      {"stop_grace_s", &limits->stop_grace_s},
+      {"check_timeout_s", &limits->check_timeout_s},
+      {"check_memory_gib", &limits->check_memory_gib}};
+  const std::map<std::string, int64_t*> counts = {{"open_files", &limits->open_files},
+                                                  {"processes", &limits->processes}};
+  for (const auto& kv : node) {
+    const std::string key = kv.first.Scalar();
+    if (auto it = seconds_or_sizes.find(key); it != seconds_or_sizes.end()) {
+      *it->second = kv.second.as<double>();
+      if (!(*it->second >= 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": workers.", key, " must be >= 0"));
+      }
+    } else if (auto count = counts.find(key); count != counts.end()) {
+      *count->second = kv.second.as<int64_t>();
+      if (*count->second < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": workers.", key, " must be >= 0"));
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": workers: unknown field '", key, "' (known: memory_factor, memory_headroom_gib, "
+          "silence_timeout_s, stop_grace_s, check_timeout_s, check_memory_gib, open_files, "
+          "processes)"));
+    }
+  }
+  if (limits->silence_timeout_s <= 0 || limits->check_timeout_s <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": workers.silence_timeout_s and check_timeout_s must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status LoadDaemonConfig(const std::string& path, DaemonConfig* config) {
   YAML::Node root;
   try {
@@ -79,7 +121,7 @@ absl::Status LoadDaemonConfig(const std::string& path, DaemonConfig* config) {
       "listen",       "state_dir",  "device",     "host_memory_fraction",
       "metrics_listen", "gpu_peak_tflops", "dcgm_job_mapping_dir", "admin_group",
       "file_roots",   "tcp_listen", "tls_cert",   "tls_key",
-      "fair_share_half_life_hours", "preemption", "limits", "user_limits"};
+      "fair_share_half_life_hours", "preemption", "limits", "user_limits", "workers"};
   try {
     for (const auto& kv : root) {
       const std::string key = kv.first.Scalar();
@@ -117,6 +159,7 @@ absl::Status LoadDaemonConfig(const std::string& path, DaemonConfig* config) {
     }
     if (root["preemption"]) config->preemption = root["preemption"].as<bool>();
     if (root["limits"]) RETURN_IF_ERROR(ParseLimits(path, "limits", root["limits"], &config->limits));
+    if (root["workers"]) RETURN_IF_ERROR(ParseWorkerLimits(path, root["workers"], &config->workers));
     if (root["user_limits"]) {
       if (!root["user_limits"].IsMap()) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": user_limits must be a mapping"));

@@ -16,6 +16,9 @@
 //   preemption: true                             # higher priority checkpoints and requeues lower
 //   limits: {max_running_jobs: 0, max_queued_jobs: 100, max_host_memory_gib: 0, max_priority: 10}
 //   user_limits: {alice: {max_queued_jobs: 200}} # per user, over `limits`
+//   workers: {memory_factor: 1.25, memory_headroom_gib: 8, silence_timeout_s: 120,
+//             stop_grace_s: 30, check_timeout_s: 30, check_memory_gib: 8,
+//             open_files: 65536, processes: 16384}  # server/worker_process.h
 // Limits of 0 mean none; admins are not limited.
 #pragma once
 
@@ -37,6 +40,20 @@ struct UserLimits {
   int max_priority = 10;       // the highest priority the user may ask for
 };
 
+// How jobs' worker processes are limited and watched (server/worker_process.h).
+struct WorkerLimits {
+  // A job's worker may hold its admitted plan's host bytes times memory_factor, plus
+  // memory_headroom_gib (the runtime, the tokenizer, the CUDA driver's own).
+  double memory_factor = 1.25;
+  double memory_headroom_gib = 8;
+  double silence_timeout_s = 120;  // no heartbeat for this long: hung, stopped
+  double stop_grace_s = 30;        // cancel: SIGTERM, then SIGKILL after this
+  double check_timeout_s = 30;     // a submission's check (files, tokenizer, plan)
+  double check_memory_gib = 8;
+  int64_t open_files = 65536;
+  int64_t processes = 16384;       // RLIMIT_NPROC of the user, counted over all their processes
+};
+
 struct DaemonConfig {
   std::string listen;     // default: DefaultAddress() (client/address.h)
   std::string state_dir;  // default: /var/lib/megatrain as root, else ~/.local/state/megatrain
@@ -54,6 +71,7 @@ struct DaemonConfig {
   bool preemption = true;
   UserLimits limits;
   std::map<std::string, UserLimits> user_limits;
+  WorkerLimits workers;
 
   // `limits`, overridden by user_limits[user].
   UserLimits LimitsFor(const std::string& user) const;

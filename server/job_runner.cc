@@ -22,6 +22,7 @@
 #include "server/node_service.h"
 #include "server/run_as.h"
 #include "server/spec_convert.h"
+#include "server/worker_process.h"
 
 namespace megatrain::server {
 namespace {
@@ -438,22 +439,19 @@ void JobRunner::Loop(Lane& lane) {
 }
 
 // One run of a job on a lane: what PrepareJob makes and the stages after it share.
-// as_owner is declared before trainer: the trainer is destroyed on it.
 struct JobRunner::RunningJob {
   RunningJob(Lane& lane, v1::Job job) : lane(lane), job(std::move(job)) {}
-  // A trainer still alive (no Finish) is freed as the owner too.
-  ~RunningJob() {
-    if (trainer != nullptr) as_owner->Do([this] { trainer.reset(); });
-  }
-  RunningJob(const RunningJob&) = delete;
-  RunningJob& operator=(const RunningJob&) = delete;
 
   Lane& lane;
   v1::Job job;  // as last stored, plus what the next record adds
   JobSpec spec;  // the stored spec, with the lane's backend and the job's checkpoints
-  // Everything that touches the job's files runs on it: it is the job's owner.
-  std::unique_ptr<UserWorker> as_owner;
-  std::unique_ptr<Trainer> trainer;  // created, stepped and destroyed on as_owner
+  // The job's own process, as its owner: the trainer lives there (server/worker.h).
+  std::unique_ptr<WorkerProcess> worker;
+  internal::StartReply started;  // what the worker's trainer is
+  int64_t step = 0;              // steps done
+  bool done = false;
+  double last_checkpoint_seconds = 0;
+  int64_t last_checkpoint_bytes = 0;
   bool began = false;  // BeginTraining ran: Finish stops the metrics and charges usage
   bool nothing_to_do = false;  // resumed from the checkpoint of its final step
   absl::Time charged_until;  // device time up to here is charged to the owner
@@ -475,26 +473,92 @@ v1::CheckpointJobResponse CheckpointResponse(const std::string& path, int64_t st
   return response;
 }
 
+StepReport ReportFromReply(const internal::StepReply& r) {
+  StepReport report;
+  report.step = r.step();
+  report.total_steps = r.total_steps();
+  report.loss = r.loss();
+  report.has_aux_loss = r.has_aux_loss();
+  report.aux_loss = r.aux_loss();
+  report.aux_loss_coef = r.aux_loss_coef();
+  report.lr = r.lr();
+  report.grad_norm = r.grad_norm();
+  report.tokens = r.tokens();
+  report.seconds = r.seconds();
+  report.tokens_per_second = r.tokens_per_second();
+  report.model_tflops = r.model_tflops();
+  report.device_bytes_peak = r.device_bytes_peak();
+  report.device_bytes_in_use = r.device_bytes_in_use();
+  for (int i = 0; i < r.stream_busy_seconds_size() && i < kNumStreams; ++i) {
+    report.stream_busy_seconds[i] = r.stream_busy_seconds(i);
+  }
+  report.optimizer_busy_seconds = r.optimizer_busy_seconds();
+  report.optimizer_params_per_second = r.optimizer_params_per_second();
+  report.optimizer_in_step_fraction = r.optimizer_in_step_fraction();
+  report.h2d_bytes = r.h2d_bytes();
+  report.d2h_bytes = r.d2h_bytes();
+  report.checkpoint_paths.assign(r.checkpoint_paths().begin(), r.checkpoint_paths().end());
+  report.checkpoint_wait_seconds = r.checkpoint_wait_seconds();
+  report.checkpoint_error = r.checkpoint_error();
+  report.failed_checkpoint_steps.assign(r.failed_checkpoint_steps().begin(),
+                                        r.failed_checkpoint_steps().end());
+  return report;
+}
+
 }  // namespace
+
+absl::StatusOr<internal::WorkerReply> JobRunner::CallWorker(RunningJob& run,
+                                                           const internal::WorkerRequest& request,
+                                                           bool cancellable) {
+  Lane& lane = run.lane;
+  auto cancelled = [&] {
+    MutexLock lock(&mu_);
+    return lane.request == Request::kCancel;
+  };
+  absl::StatusOr<internal::WorkerReply> reply =
+      run.worker->Call(request, cancellable ? std::function<bool()>(cancelled) : nullptr);
+  if (absl::IsCancelled(reply.status())) {
+    // Cancel does not wait for the step: the worker is stopped, its checkpoints stand.
+    run.worker->Stop(absl::Seconds(config().workers.stop_grace_s));
+  }
+  return reply;
+}
 
 void JobRunner::Run(Lane& lane, v1::Job job) {
   RunningJob run(lane, std::move(job));
-  if (absl::Status prepared = PrepareJob(run); !prepared.ok()) return Fail(run, prepared);
+  auto failed = [&](const absl::Status& status) {
+    if (!absl::IsCancelled(status)) return Fail(run, status);
+    std::string why;
+    {
+      MutexLock lock(&mu_);
+      why = lane.cancel_why;
+    }
+    Finish(run, v1::JOB_STATE_CANCELLED, why);
+  };
+  if (absl::Status prepared = PrepareJob(run); !prepared.ok()) return failed(prepared);
   BeginTraining(run);
-  while (!run.trainer->done()) {
-    // Requests first (they may end the run), then the step, as the owner.
+  while (!run.done) {
+    // Requests first (they may end the run), then the step, in the worker.
     if (std::optional<RunEnd> end = HandleRequests(run)) {
       return Finish(run, end->state, end->why);
     }
-    absl::StatusOr<StepReport> report = absl::UnknownError("no step");
-    run.as_owner->Do([&] { report = run.trainer->Step(); });
-    if (!report.ok()) return Fail(run, report.status());
-    RecordStep(run, *report);
+    internal::WorkerRequest request;
+    request.mutable_step();
+    absl::StatusOr<internal::WorkerReply> reply = CallWorker(run, request, true);
+    if (!reply.ok()) return failed(reply.status());
+    run.step = reply->step().step();
+    run.done = reply->step().done();
+    run.last_checkpoint_seconds = reply->step().last_checkpoint_seconds();
+    run.last_checkpoint_bytes = reply->step().last_checkpoint_bytes();
+    RecordStep(run, ReportFromReply(reply->step()));
   }
   if (!run.spec.checkpoint_dir.empty()) {
-    std::vector<std::string> all;
-    run.as_owner->Do([&] { all = ListCheckpoints(run.spec.checkpoint_dir); });
-    if (!all.empty()) run.job.set_last_checkpoint(all.back());
+    internal::WorkerRequest request;
+    request.mutable_list_checkpoints();
+    absl::StatusOr<internal::WorkerReply> all = CallWorker(run, request, false);
+    if (all.ok() && all->checkpoints().paths_size() > 0) {
+      run.job.set_last_checkpoint(all->checkpoints().paths(all->checkpoints().paths_size() - 1));
+    }
   }
   Finish(run, v1::JOB_STATE_SUCCEEDED,
          run.nothing_to_do ? "succeeded: its final checkpoint was already written; no step ran"
@@ -502,6 +566,7 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
 }
 
 absl::Status JobRunner::PrepareJob(RunningJob& run) {
+  const absl::Time dispatched = absl::Now();
   v1::Job& job = run.job;
   std::string devices = run.lane.device;
   {
@@ -529,29 +594,53 @@ absl::Status JobRunner::PrepareJob(RunningJob& run) {
                                      ? LookupUid(job.owner_uid())
                                      : LookupUser(job.owner());
   if (!owner.ok()) return owner.status();
-  ASSIGN_OR_RETURN(run.as_owner, UserWorker::Start(*owner));
   // The job's folder in the state folder (its default checkpoints) is its user's.
   const std::string own_dir =
       (std::filesystem::path(options_.state_dir) / "jobs" / std::to_string(job.id())).string();
   if (absl::StartsWith(spec.checkpoint_dir, own_dir + "/")) {
     RETURN_IF_ERROR(MakeJobFolder(options_.state_dir, job.id(), *owner).status());
   }
-  // Checked again: a folder may have been swapped for a link since submission.
-  absl::Status files;
-  run.as_owner->Do([&] {
-    files = CheckJobFiles(spec, FileRoots{config().file_roots, options_.state_dir}, own_dir);
-  });
-  RETURN_IF_ERROR(files);
-  absl::StatusOr<std::unique_ptr<Trainer>> created = absl::UnknownError("not created");
-  run.as_owner->Do([&] { created = Trainer::Create(spec, options_.profile); });
-  if (!created.ok()) return created.status();
-  run.trainer = *std::move(created);
+  const WorkerLimits& limits = config().workers;
+  WorkerOptions worker;
+  worker.exe_fd = options_.exe_fd;
+  worker.what = absl::StrCat("job ", job.id(), "'s worker");
+  worker.memory_bytes = static_cast<int64_t>(
+      static_cast<double>(job.host_bytes_estimate()) * limits.memory_factor +
+      limits.memory_headroom_gib * static_cast<double>(int64_t{1} << 30));
+  worker.open_files = limits.open_files;
+  worker.processes = limits.processes;
+  worker.silence_timeout = absl::Seconds(limits.silence_timeout_s);
+  ASSIGN_OR_RETURN(run.worker, WorkerProcess::Spawn(*owner, worker));
+  Log(job.id(), absl::StrFormat("worker process %d as %s, memory limit %.2f GiB",
+                                run.worker->pid(), owner->user, GiB(worker.memory_bytes)));
+  internal::WorkerRequest request;
+  internal::WorkerContext* context = request.mutable_context();
+  for (const std::string& root : config().file_roots) context->add_file_roots(root);
+  context->set_state_dir(options_.state_dir);
+  context->set_own_dir(own_dir);
+  context->set_profile_json(options_.profile_json);
+  context->set_heartbeat_ms(absl::ToInt64Milliseconds(worker.heartbeat));
+  internal::StartRequest* start = request.mutable_start();
+  start->set_spec_yaml(JobSpecToYaml(spec));
+  start->set_checkpoint_dir(spec.checkpoint_dir);
+  start->set_backend(spec.backend);
+  ASSIGN_OR_RETURN(internal::WorkerReply reply, CallWorker(run, request, true));
+  run.started = reply.start();
+  // What the process costs beyond the trainer's own setup (bench/daemon_vs_bench.py).
+  Log(job.id(), absl::StrFormat("worker ready in %.3f s: the trainer's setup %.3f s, the "
+                                "process %.3f s",
+                                absl::ToDoubleSeconds(absl::Now() - dispatched),
+                                run.started.create_seconds(),
+                                absl::ToDoubleSeconds(absl::Now() - dispatched) -
+                                    run.started.create_seconds()));
+  run.step = run.started.step();
+  run.done = run.started.done();
   return absl::OkStatus();
 }
 
 void JobRunner::BeginTraining(RunningJob& run) {
   v1::Job& job = run.job;
-  const Trainer& trainer = *run.trainer;
+  const internal::StartReply& trainer = run.started;
   // Fair share: the device time this job takes, charged to its owner as it goes.
   run.charged_until = absl::Now();
   run.next_preemption_check = absl::Now() + absl::Seconds(1);
@@ -580,11 +669,11 @@ void JobRunner::BeginTraining(RunningJob& run) {
     }
   }
   run.nothing_to_do = trainer.done();
-  Log(job.id(), trainer.dataset_stats().Summary());
+  Log(job.id(), trainer.dataset_summary());
   Log(job.id(), absl::StrFormat("%s, %.2fM parameters, %s backend, %d tokens/step, %d steps",
-                                ArchitectureClassName(trainer.config().architecture),
-                                trainer.num_parameters() / 1e6, trainer.backend_name(),
-                                run.spec.tokens_per_step_resolved(), run.spec.steps));
+                                trainer.architecture(), trainer.num_parameters() / 1e6,
+                                trainer.backend_name(), trainer.tokens_per_step(),
+                                run.spec.steps));
   for (absl::string_view line : absl::StrSplit(trainer.plan_text(), '\n', absl::SkipEmpty())) {
     Log(job.id(), absl::StrCat("plan: ", line));
   }
@@ -592,7 +681,6 @@ void JobRunner::BeginTraining(RunningJob& run) {
 
 std::optional<JobRunner::RunEnd> JobRunner::HandleRequests(RunningJob& run) {
   Lane& lane = run.lane;
-  Trainer& trainer = *run.trainer;
   Request request;
   int64_t checkpoint_requests;
   bool stop;
@@ -605,8 +693,12 @@ std::optional<JobRunner::RunEnd> JobRunner::HandleRequests(RunningJob& run) {
   if (checkpoint_requests > 0 && run.answering_step < 0) {
     // Of the next step, written while training goes on (Trainer::CheckpointNextStep);
     // answered when a step reports it committed (or the final checkpoint is it).
-    run.answering_step = trainer.step() + 1;
-    trainer.CheckpointNextStep();
+    run.answering_step = run.step + 1;
+    internal::WorkerRequest next;
+    next.mutable_checkpoint_next_step();
+    if (absl::Status asked = CallWorker(run, next, false).status(); !asked.ok()) {
+      AnswerCheckpoint(run, asked);
+    }
   }
   if (request == Request::kCancel) {
     MutexLock lock(&mu_);
@@ -621,7 +713,7 @@ std::optional<JobRunner::RunEnd> JobRunner::HandleRequests(RunningJob& run) {
     if (!path.ok()) {
       Log(run.job.id(), absl::StrCat("checkpoint failed: ", path.status().ToString()));
     }
-    if (path.ok() && run.answering_step == trainer.step()) {  // the one awaited
+    if (path.ok() && run.answering_step == run.step) {  // the one awaited
       AnswerCheckpoint(run, CheckpointResponse(*path, run.answering_step));
     }
     if (stop) return RunEnd{v1::JOB_STATE_QUEUED, "daemon stopping: checkpointed, will resume"};
@@ -648,8 +740,7 @@ std::optional<JobRunner::RunEnd> JobRunner::Preempt(RunningJob& run) {
   return RunEnd{v1::JOB_STATE_QUEUED,
                 absl::StrCat("preempted by job ", preemptor->id(), " of ", preemptor->owner(),
                              " (priority ", preemptor->priority(), " > ", run.job.priority(),
-                             "): checkpointed at step ", run.trainer->step(),
-                             ", will resume from it")};
+                             "): checkpointed at step ", run.step, ", will resume from it")};
 }
 
 void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
@@ -676,8 +767,8 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
   if (options_.metrics != nullptr) {
     options_.metrics->StepDone(job, report);
     if (!report.checkpoint_paths.empty()) {
-      options_.metrics->CheckpointWritten(job, run.trainer->last_checkpoint_seconds(),
-                                          run.trainer->last_checkpoint_bytes());
+      options_.metrics->CheckpointWritten(job, run.last_checkpoint_seconds,
+                                          run.last_checkpoint_bytes);
     }
   }
   if (report.step > 1) {  // the first step includes warm-up; leave it out of the ETA
@@ -722,10 +813,13 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
 }
 
 void JobRunner::Finish(RunningJob& run, v1::JobState state, const std::string& why) {
-  // The trainer is gone before the state changes: a job requeued (preempted, stopping)
-  // or held and released at once may be taken by another lane right away. It is
-  // destroyed as the owner: it may be finishing a checkpoint.
-  if (run.trainer != nullptr) run.as_owner->Do([&] { run.trainer.reset(); });
+  // The worker is gone before the state changes: a job requeued (preempted, stopping) or
+  // held and released at once may be taken by another lane right away. It exits when
+  // asked (it may be finishing a checkpoint), else is stopped.
+  if (run.worker != nullptr) {
+    run.worker->Exit(absl::Seconds(config().workers.stop_grace_s));
+    run.worker.reset();
+  }
   if (absl::Status changed = SetState(&run.job, state, why); !changed.ok()) {
     ReportWriteFailure(run.job.id(), "recording its state change", changed);
   }
@@ -745,16 +839,18 @@ void JobRunner::Fail(RunningJob& run, const absl::Status& status) {
 }
 
 absl::StatusOr<std::string> JobRunner::SaveCheckpoint(RunningJob& run) {
-  absl::StatusOr<std::string> path = absl::UnknownError("not saved");
-  run.as_owner->Do([&] { path = run.trainer->SaveCheckpoint(); });
-  if (!path.ok()) return path;
+  internal::WorkerRequest request;
+  request.mutable_save_checkpoint();
+  ASSIGN_OR_RETURN(internal::WorkerReply reply, CallWorker(run, request, false));
+  const internal::CheckpointReply& saved = reply.checkpoint();
+  run.last_checkpoint_seconds = saved.seconds();
+  run.last_checkpoint_bytes = saved.bytes();
   if (options_.metrics != nullptr) {
-    options_.metrics->CheckpointWritten(run.job, run.trainer->last_checkpoint_seconds(),
-                                        run.trainer->last_checkpoint_bytes());
+    options_.metrics->CheckpointWritten(run.job, saved.seconds(), saved.bytes());
   }
-  run.job.set_last_checkpoint(*path);
-  Log(run.job.id(), absl::StrCat("checkpoint ", *path));
-  return path;
+  run.job.set_last_checkpoint(saved.path());
+  Log(run.job.id(), absl::StrCat("checkpoint ", saved.path()));
+  return saved.path();
 }
 
 void JobRunner::AnswerCheckpoint(RunningJob& run,

@@ -19,10 +19,10 @@
 // lanes can hold, after a restart with fewer, waits aside and blocks nothing). It never
 // preempts. Its device time is charged N times.
 //
-// A job's files are touched only as its owner: the trainer is created, stepped,
-// checkpointed and destroyed on a UserWorker of the owner (server/run_as.h).
-//
-// A job runs on the engine's Trainer in this process. Between steps the runner honours
+// A job runs in a worker process of its own, as its owner (server/worker_process.h): the
+// engine's Trainer lives there, so its files are touched with the owner's credentials and
+// whatever it does (abort, crash, exceed its memory, hang) fails that job alone. Cancel
+// stops the worker at once (SIGTERM, SIGKILL after workers.stop_grace_s). Between steps the runner honours
 // requests: cancel, checkpoint now, hold (checkpoint and step aside), and shutdown
 // (checkpoint and requeue, so the next daemon resumes it). Every state change and step is
 // committed to the job store before watchers are woken. A write that fails is returned
@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "engine/common/mutex.h"
 #include "engine/engine.h"
+#include "megatrain/internal/worker.pb.h"
 #include "megatrain/v1/jobs.pb.h"
 #include "server/config.h"
 #include "server/daemon_metrics.h"
@@ -61,6 +62,8 @@ struct JobRunnerOptions {
   const MachineProfile* profile = nullptr;  // the planner's rates; null = measure
   const DaemonConfig* config = nullptr;  // limits, fair share, preemption, file roots;
                                          // null = the defaults
+  int exe_fd = -1;           // the daemon's executable, for workers (OpenOwnExecutable)
+  std::string profile_json;  // the planner's profile (ProfileToJson), for workers
 };
 
 class JobRunner {
@@ -141,11 +144,15 @@ class JobRunner {
     v1::JobState state;
     std::string why;
   };
+  // Sends `request` to the run's worker and waits for its reply; with `cancellable`, a
+  // cancel request stops the worker and returns Cancelled.
+  [[nodiscard]] absl::StatusOr<internal::WorkerReply> CallWorker(
+      RunningJob& run, const internal::WorkerRequest& request, bool cancellable);
   // Runs `job`, claimed by `lane`, to its end: PrepareJob, BeginTraining, then steps
   // with HandleRequests before and RecordStep after each, and Finish.
   void Run(Lane& lane, v1::Job job);
-  // Parses the stored spec, resolves the backend for the lane, starts the owner's
-  // UserWorker, makes the job's folder, checks its files and creates the Trainer.
+  // Parses the stored spec, resolves the backend for the lane, makes the job's folder,
+  // starts the owner's worker process and has it check the files and create the Trainer.
   [[nodiscard]] absl::Status PrepareJob(RunningJob& run);
   // Once the trainer exists: starts the usage clock and the metrics, logs what runs.
   void BeginTraining(RunningJob& run);

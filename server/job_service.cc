@@ -8,8 +8,10 @@
 #include "absl/time/clock.h"
 #include "engine/common/printable.h"
 #include "engine/common/units.h"
+#include "server/reply_limits.h"
 #include "server/run_as.h"
 #include "server/spec_convert.h"
+#include "server/worker_process.h"
 
 namespace megatrain::server {
 namespace {
@@ -43,35 +45,52 @@ JobServiceImpl::JobServiceImpl(JobStore* store, EventHub* hub, JobRunner* runner
                                const JobServiceOptions& options)
     : store_(store), hub_(hub), runner_(runner), options_(options) {}
 
-// The node's plan of `spec`; a job that cannot fit is RESOURCE_EXHAUSTED, with the numbers.
-grpc::Status JobServiceImpl::Plan(const JobSpec& spec, const std::optional<TrainerState>& resume,
-                                  v1::JobPlan* plan) {
-  absl::StatusOr<v1::JobPlan> planned = options_.planner->PlanJob(spec, resume);
-  if (!planned.ok()) {
-    if (planned.status().code() == absl::StatusCode::kFailedPrecondition) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          std::string(planned.status().message()));
-    }
-    return ToGrpc(planned.status());
+absl::StatusOr<internal::CheckReply> JobServiceImpl::Check(const Caller& who,
+                                                           const v1::SubmitJobRequest& req,
+                                                           bool check_files) {
+  const WorkerLimits& limits = options_.config->workers;
+  WorkerOptions options;
+  options.exe_fd = options_.exe_fd;
+  options.what = "the submission's check";
+  options.memory_bytes = static_cast<int64_t>(limits.check_memory_gib * (int64_t{1} << 30));
+  options.open_files = limits.open_files;
+  options.processes = limits.processes;
+  options.silence_timeout = absl::Seconds(limits.check_timeout_s);
+  ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, WorkerProcess::Spawn(who, options));
+  internal::WorkerRequest request;
+  internal::WorkerContext* context = request.mutable_context();
+  for (const std::string& root : options_.config->file_roots) context->add_file_roots(root);
+  context->set_state_dir(options_.state_dir);
+  context->set_profile_json(ProfileToJson(options_.planner->profile()));
+  internal::CheckRequest* check = request.mutable_check();
+  *check->mutable_request() = req;
+  check->set_check_files(check_files);
+  check->set_device(options_.planner->gpus() > 0 ? "cuda" : "cpu");
+  check->set_device_budget_bytes(options_.planner->device_budget_bytes());
+  check->set_host_budget_bytes(options_.host_memory_bytes);
+  check->set_gpus(options_.planner->gpus());
+  const absl::Time deadline = absl::Now() + absl::Seconds(limits.check_timeout_s);
+  absl::StatusOr<internal::WorkerReply> reply = worker->Call(request, nullptr, deadline);
+  if (absl::IsDeadlineExceeded(reply.status())) {
+    worker->Stop(absl::Seconds(1));
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "checking the job's spec, files and plan timed out after %.0f s (a model, tokenizer or "
+        "data path that blocks when read, or one too large to read in that time?)",
+        limits.check_timeout_s));
   }
-  *plan = *std::move(planned);
-  return grpc::Status::OK;
+  if (!reply.ok()) return reply.status();
+  worker->Exit(absl::Seconds(5));
+  return reply->check();
 }
 
 grpc::Status JobServiceImpl::PlanJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                      v1::JobPlan* resp) {
   MT_IDENTIFY(who, options_.auth, ctx);
   if (absl::Status can = CanActFor(who); !can.ok()) return ToGrpc(can);
-  absl::StatusOr<JobSpec> spec = absl::UnknownError("spec not read");
-  absl::StatusOr<std::optional<TrainerState>> resume = std::nullopt;
-  absl::Status ran = RunAs(who, [&] {
-    spec = SpecFromRequest(*req);
-    if (spec.ok()) resume = ResumeState(*spec);
-  });
-  if (!ran.ok()) return ToGrpc(ran);
-  if (!spec.ok()) return ToGrpc(spec.status());
-  if (!resume.ok()) return ToGrpc(resume.status());
-  return Plan(*spec, *resume, resp);
+  absl::StatusOr<internal::CheckReply> checked = Check(who, *req, /*check_files=*/false);
+  if (!checked.ok()) return ToGrpc(checked.status());
+  *resp = checked->plan();
+  return grpc::Status::OK;
 }
 
 grpc::Status JobServiceImpl::Audited(const Caller& who, const std::string& action,
@@ -113,30 +132,13 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const v1::Submi
   MT_IDENTIFY(who, options_.auth, ctx);
   std::string detail;
   grpc::Status result = Submit(who, *req, resp, &detail);
+  BoundJobForReply(resp);
   return Audited(who, "submit", result.ok() ? resp->id() : 0, detail, result);
 }
 
 grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobRequest& req,
                                     v1::Job* resp, std::string* detail) {
   if (absl::Status can = CanActFor(who); !can.ok()) return ToGrpc(can);
-  // The spec is read, and its files checked, as the user: a path they cannot read is
-  // refused exactly as if the daemon were them.
-  FileRoots roots{options_.config->file_roots, options_.state_dir};
-  absl::StatusOr<JobSpec> spec = absl::UnknownError("spec not read");
-  absl::Status files;
-  // The checkpoint it resumes from, if any, whose split of a step it will keep.
-  absl::StatusOr<std::optional<TrainerState>> resume = std::nullopt;
-  absl::Status ran = RunAs(who, [&] {
-    spec = SpecFromRequest(req);
-    if (spec.ok()) files = CheckJobFiles(*spec, roots, "");
-    if (files.ok() && spec.ok()) resume = ResumeState(*spec);
-  });
-  if (!ran.ok()) return ToGrpc(ran);
-  if (!spec.ok()) return ToGrpc(spec.status());
-  *detail = absl::StrCat(spec->name, ", priority ", req.priority());
-  if (spec->devices > 1) {
-    if (absl::Status can = runner_->CanRunDevices(spec->devices); !can.ok()) return ToGrpc(can);
-  }
   const UserLimits limits = options_.config->LimitsFor(who.user);
   if (!who.admin && req.priority() > limits.max_priority) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
@@ -144,11 +146,18 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
                                      "'s highest, ", limits.max_priority,
                                      " (higher priorities are for admins)"));
   }
-  if (!files.ok()) return ToGrpc(files);
-  if (!resume.ok()) return ToGrpc(resume.status());
-  // The plan admits the job: it names the memory that runs out when it cannot fit.
-  v1::JobPlan plan;
-  if (grpc::Status planned = Plan(*spec, *resume, &plan); !planned.ok()) return planned;
+  // The spec is read, its files checked and the job planned in a process of the user's:
+  // a path they cannot read is refused exactly as if the daemon were them, and a spec or
+  // file that would hang or crash its reader is refused, the daemon untouched.
+  absl::StatusOr<internal::CheckReply> checked = Check(who, req, /*check_files=*/true);
+  if (!checked.ok()) return ToGrpc(checked.status());
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(checked->spec_yaml(), "", "checked job spec");
+  if (!spec.ok()) return ToGrpc(spec.status());
+  *detail = absl::StrCat(spec->name, ", priority ", req.priority());
+  if (spec->devices > 1) {
+    if (absl::Status can = runner_->CanRunDevices(spec->devices); !can.ok()) return ToGrpc(can);
+  }
+  const v1::JobPlan& plan = checked->plan();
   const int64_t need = plan.host_bytes();
 
   MutexLock lock(&submit_mu_);  // admission sees every job admitted before it
@@ -222,6 +231,7 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRe
   absl::StatusOr<v1::Job> job = store_->Get(req->id());
   if (!job.ok()) return ToGrpc(job.status());
   *resp = *job;
+  BoundJobForReply(resp);
   return grpc::Status::OK;
 }
 
@@ -238,12 +248,8 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJo
   for (int state : req->states()) typed.push_back(static_cast<v1::JobState>(state));
   absl::StatusOr<std::vector<v1::Job>> jobs = store_->List(typed, req->owner(), before, limit + 1);
   if (!jobs.ok()) return ToGrpc(jobs.status());
-  for (int i = 0; i < static_cast<int>(jobs->size()) && i < limit; ++i) {
-    *resp->add_jobs() = (*jobs)[i];
-  }
-  if (static_cast<int>(jobs->size()) > limit) {
-    resp->set_next_page_token(std::to_string((*jobs)[limit - 1].id()));
-  }
+  // Each job bounded, and the page cut short of the client's message limit.
+  FillListJobsReply(*std::move(jobs), limit, resp);
   return grpc::Status::OK;
 }
 
@@ -262,13 +268,15 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const v1::WatchJ
   first.set_seq(seq);
   first.set_unix_ms(NowUnixMs());
   *first.mutable_state_change() = *job;
+  BoundJobEventForReply(&first);
   if (!writer->Write(first)) return grpc::Status::OK;
   if (Terminal(job->state())) return grpc::Status::OK;
   while (!ctx->IsCancelled()) {
     absl::StatusOr<std::vector<v1::JobEvent>> events = store_->EventsAfter(req->id(), seq, 1000);
     if (!events.ok()) return ToGrpc(events.status());
-    for (const v1::JobEvent& event : *events) {
+    for (v1::JobEvent& event : *events) {
       seq = event.seq();
+      BoundJobEventForReply(&event);
       if (!writer->Write(event)) return grpc::Status::OK;
       if (event.has_state_change() && Terminal(event.state_change().state())) {
         return grpc::Status::OK;
@@ -291,8 +299,9 @@ grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::Stre
   while (!ctx->IsCancelled()) {
     absl::StatusOr<std::vector<v1::LogLine>> lines = store_->LogsAfter(req->id(), seq, 1000);
     if (!lines.ok()) return ToGrpc(lines.status());
-    for (const v1::LogLine& line : *lines) {
+    for (v1::LogLine& line : *lines) {
       seq = line.seq();
+      BoundLogLineForReply(&line);
       if (!writer->Write(line)) return grpc::Status::OK;
     }
     if (!lines->empty()) continue;
@@ -301,7 +310,10 @@ grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* ctx, const v1::Stre
       // One more read: lines written just before the terminal state.
       absl::StatusOr<std::vector<v1::LogLine>> rest = store_->LogsAfter(req->id(), seq, 1000);
       if (rest.ok()) {
-        for (const v1::LogLine& line : *rest) writer->Write(line);
+        for (v1::LogLine& line : *rest) {
+          BoundLogLineForReply(&line);
+          writer->Write(line);
+        }
       }
       return grpc::Status::OK;
     }
@@ -344,7 +356,9 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const v1::Cance
     if (runner_->CancelRunning(req->id(), why).ok()) return AwaitNotRunning(req->id(), resp);
     return ToGrpc(job.status());
   };
-  return Audited(who, "cancel", req->id(), "", cancel());
+  grpc::Status result = cancel();
+  BoundJobForReply(resp);
+  return Audited(who, "cancel", req->id(), "", result);
 }
 
 grpc::Status JobServiceImpl::CheckpointJob(grpc::ServerContext* ctx,
@@ -384,7 +398,9 @@ grpc::Status JobServiceImpl::HoldJob(grpc::ServerContext* ctx, const v1::HoldJob
     if (runner_->HoldRunning(req->id()).ok()) return AwaitNotRunning(req->id(), resp);
     return ToGrpc(job.status());
   };
-  return Audited(who, "hold", req->id(), "", hold());
+  grpc::Status result = hold();
+  BoundJobForReply(resp);
+  return Audited(who, "hold", req->id(), "", result);
 }
 
 grpc::Status JobServiceImpl::ReleaseJob(grpc::ServerContext* ctx, const v1::ReleaseJobRequest* req,
@@ -400,7 +416,9 @@ grpc::Status JobServiceImpl::ReleaseJob(grpc::ServerContext* ctx, const v1::Rele
     *resp = *job;
     return grpc::Status::OK;
   };
-  return Audited(who, "release", req->id(), "", release());
+  grpc::Status result = release();
+  BoundJobForReply(resp);
+  return Audited(who, "release", req->id(), "", result);
 }
 
 }  // namespace megatrain::server

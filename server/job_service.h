@@ -6,16 +6,18 @@
 // written to the audit log with its outcome.
 //
 // Submission checks, in order, before anything is stored (so a refused job changes
-// nothing and the error names the problem): the spec (INVALID_ARGUMENT naming the
-// field); the daemon can act for the user (PERMISSION_DENIED); the priority and the
-// user's queued-job limit; the files, as the user: inputs readable, outputs writable,
-// all inside the configured roots (PERMISSION_DENIED / NOT_FOUND naming the field); the
-// plan against the node's and the user's memory (RESOURCE_EXHAUSTED with the numbers).
+// nothing and the error names the problem): the daemon can act for the user
+// (PERMISSION_DENIED); the priority; then, in a worker process of the user's (Check):
+// the spec (INVALID_ARGUMENT naming the field), the files as the user: inputs readable
+// and regular, outputs writable, all inside the configured roots (PERMISSION_DENIED /
+// NOT_FOUND naming the field), the plan (RESOURCE_EXHAUSTED with the numbers); then the
+// user's queued-job limit and the node's and the user's memory.
 #pragma once
 
 #include <optional>
 #include <string>
 
+#include "megatrain/internal/worker.pb.h"
 #include "megatrain/v1/jobs.grpc.pb.h"
 #include "server/config.h"
 #include "server/event_hub.h"
@@ -32,6 +34,7 @@ struct JobServiceOptions {
   NodePlanner* planner = nullptr; // plans jobs for admission and PlanJob (required)
   Authenticator* auth = nullptr;  // who calls (required)
   const DaemonConfig* config = nullptr;  // roots and limits (required)
+  int exe_fd = -1;  // the daemon's executable: submissions are checked in a worker of it
 };
 
 class JobServiceImpl final : public v1::JobService::Service {
@@ -62,9 +65,12 @@ class JobServiceImpl final : public v1::JobService::Service {
                                         v1::Job* resp) override;
 
  private:
-  // resume: ResumeState(spec), read as the job's user.
-  [[nodiscard]] grpc::Status Plan(const JobSpec& spec, const std::optional<TrainerState>& resume,
-                                  v1::JobPlan* plan);
+  // Reads, checks (with `check_files`: paths, folders, inputs) and plans the request's
+  // spec in a short-lived worker process of `who`'s, within workers.check_timeout_s and
+  // check_memory_gib: a spec or file that hangs or crashes the reader is refused.
+  [[nodiscard]] absl::StatusOr<internal::CheckReply> Check(const Caller& who,
+                                                           const v1::SubmitJobRequest& req,
+                                                           bool check_files);
   [[nodiscard]] grpc::Status AwaitNotRunning(int64_t id, v1::Job* resp);
   [[nodiscard]] grpc::Status Submit(const Caller& who, const v1::SubmitJobRequest& req,
                                     v1::Job* resp, std::string* detail);

@@ -41,6 +41,8 @@
 #include "server/job_store.h"
 #include "server/metrics_http.h"
 #include "server/node_service.h"
+#include "server/worker.h"
+#include "server/worker_process.h"
 
 namespace megatrain::server {
 namespace {
@@ -182,7 +184,15 @@ int Run(const DaemonConfig& config) {
     }
     metrics_server = std::move(*started);
   }
+  // Jobs and submission checks run in worker processes of this very executable.
+  absl::StatusOr<int> exe_fd = OpenOwnExecutable();
+  if (!exe_fd.ok()) {
+    std::fprintf(stderr, "megatraind: %s\n", std::string(exe_fd.status().message()).c_str());
+    return 1;
+  }
   JobRunnerOptions runner_options;
+  runner_options.exe_fd = *exe_fd;
+  runner_options.profile_json = ProfileToJson((*planner)->profile());
   runner_options.devices = *devices;
   runner_options.state_dir = config.state_dir;
   runner_options.host_memory_bytes = admissible;
@@ -205,6 +215,7 @@ int Run(const DaemonConfig& config) {
   JobServiceOptions job_options{config.state_dir, admissible, planner->get()};
   job_options.auth = &auth;
   job_options.config = &config;
+  job_options.exe_fd = *exe_fd;
   JobServiceImpl jobs(store->get(), &hub, &runner, job_options);
   NodeServiceImpl node(store->get(), device == "cpu" ? "cpu" : "cuda", admissible, &auth);
   AccessServiceImpl access(store->get(), &auth, &config);
@@ -282,6 +293,9 @@ int Run(const DaemonConfig& config) {
 
 int main(int argc, char** argv) {
   megatrain::SetCollectiveDefaults();  // before any thread
+  // A job's or a submission's worker process, started by a daemon (server/worker.h): its
+  // channel to the daemon is fd 3.
+  if (argc == 2 && std::string(argv[1]) == "worker") return megatrain::server::RunWorker(3);
   // Block the stop signals in every thread; main waits for them with sigwait.
   sigset_t signals;
   sigemptyset(&signals);

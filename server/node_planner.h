@@ -15,6 +15,9 @@
 
 namespace megatrain {
 
+// A plan as the API's JobPlan message.
+v1::JobPlan JobPlanMessage(const PlannedJob& planned);
+
 class NodePlanner {
  public:
   // device: "cpu" or "cuda:N". The profile is read from state_dir/machine-profile.json
@@ -29,6 +32,10 @@ class NodePlanner {
 
   const MachineProfile& profile() const { return planner_->profile(); }
   const std::string& note() const { return planner_->note(); }  // where the profile came from
+  // What a job finds on a lane (JobPlanner::device_budget_bytes) and the node's GPUs: what
+  // a plan made elsewhere needs (JobPlanner::CreateFromProfile).
+  int64_t device_budget_bytes() { return planner_->device_budget_bytes(); }
+  int64_t gpus() const { return planner_->gpus(); }
 
  private:
   explicit NodePlanner(std::unique_ptr<JobPlanner> planner) : planner_(std::move(planner)) {}

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/backend/devices.h"
 #include "engine/backend/factory.h"
+#include "engine/backend/planning_backend.h"
 #include "engine/common/status.h"
 #include "engine/job/trainer.h"
 
@@ -18,7 +19,30 @@ absl::StatusOr<std::unique_ptr<JobPlanner>> JobPlanner::Create(const std::string
   MutexLock lock(&p->mu_);
   ASSIGN_OR_RETURN(p->backend_, CreateBackend(BackendRequest{device == "cpu" ? "cpu" : "cuda"}));
   ASSIGN_OR_RETURN(p->profile_, LoadOrMeasureProfile(p->backend_.get(), profile_path, &p->note_));
+  p->gpus_ = device == "cpu" ? 0 : static_cast<int64_t>(ListGpus().size());
   return p;
+}
+
+absl::StatusOr<std::unique_ptr<JobPlanner>> JobPlanner::CreateFromProfile(
+    const std::string& device, const MachineProfile& profile, int64_t device_budget_bytes,
+    int64_t gpus, int64_t host_budget_bytes) {
+  std::unique_ptr<JobPlanner> p(new JobPlanner);
+  p->host_budget_bytes_ = host_budget_bytes;
+  p->profile_ = profile;
+  p->gpus_ = gpus;
+  p->note_ = "the node's profile";
+  MutexLock lock(&p->mu_);
+  if (device == "cpu") {
+    ASSIGN_OR_RETURN(p->backend_, CreateBackend(BackendRequest{"cpu"}));
+  } else {
+    p->backend_ = std::make_unique<PlanningBackend>("cuda:0", device_budget_bytes);
+  }
+  return p;
+}
+
+int64_t JobPlanner::device_budget_bytes() {
+  MutexLock lock(&mu_);
+  return backend_->device_memory_budget();
 }
 
 absl::StatusOr<PlannedJob> JobPlanner::PlanJob(const JobSpec& spec,
@@ -32,7 +56,7 @@ absl::StatusOr<PlannedJob> JobPlanner::PlanJob(const JobSpec& spec,
     device = std::min(device, PlannableDeviceBytes(spec.device_memory_cap_bytes));
   }
   if (spec.devices > 1 && backend_->kind() != BackendKind::kCpu) {
-    const int64_t gpus = static_cast<int64_t>(ListGpus().size());
+    const int64_t gpus = gpus_;
     if (spec.devices > gpus) {
       return absl::InvalidArgumentError(
           absl::StrCat("train.devices is ", spec.devices, "; this node has ", gpus, " GPU(s)"));

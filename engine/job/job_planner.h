@@ -42,6 +42,13 @@ class JobPlanner {
   // host_budget_bytes: the host memory a job may hold.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobPlanner>> Create(
       const std::string& device, const std::string& profile_path, int64_t host_budget_bytes);
+  // Plans with a given profile and no device: for "cpu" a CPU backend, for "cuda" a
+  // PlanningBackend of `device_budget_bytes` (what a job finds on a lane, the daemon's
+  // device_budget_bytes()) on a node of `gpus` GPUs. Touches no GPU: megatraind's
+  // submission checks plan this way in a process of the user's.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobPlanner>> CreateFromProfile(
+      const std::string& device, const MachineProfile& profile, int64_t device_budget_bytes,
+      int64_t gpus, int64_t host_budget_bytes);
 
   // The plan of `spec`: FailedPrecondition naming the memory that runs out,
   // InvalidArgument for more devices than the machine has. `resume`: the state of the
@@ -52,6 +59,9 @@ class JobPlanner {
 
   const MachineProfile& profile() const { return profile_; }
   const std::string& note() const { return note_; }  // where the profile came from
+  // The device memory its backend offers a job (before PlannableDeviceBytes).
+  int64_t device_budget_bytes();
+  int64_t gpus() const { return gpus_; }
 
  private:
   JobPlanner() = default;
@@ -61,6 +71,7 @@ class JobPlanner {
   MachineProfile profile_;
   std::string note_;
   int64_t host_budget_bytes_ = 0;
+  int64_t gpus_ = 0;  // GPUs on the node (ListGpus, or as given)
 };
 
 }  // namespace megatrain

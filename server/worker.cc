@@ -1,0 +1,246 @@
+#include "server/worker.h"
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/common/status.h"
+#include "engine/engine.h"
+#include "megatrain/internal/worker.pb.h"
+#include "server/node_planner.h"
+#include "server/run_as.h"
+#include "server/spec_convert.h"
+#include "server/worker_channel.h"
+
+namespace megatrain::server {
+namespace {
+
+using internal::WorkerReply;
+using internal::WorkerRequest;
+
+// Sends a heartbeat every `period` until stopped.
+class Heartbeat {
+ public:
+  Heartbeat(WorkerChannel* channel, absl::Duration period)
+      : thread_([this, channel, period] {
+          std::unique_lock<std::mutex> lock(mu_);
+          while (!cv_.wait_for(lock, absl::ToChronoMilliseconds(period), [&] { return stop_; })) {
+            WorkerReply beat;
+            beat.mutable_heartbeat();
+            if (!channel->Write(beat).ok()) return;  // the daemon has gone
+          }
+        }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+class Worker {
+ public:
+  explicit Worker(WorkerChannel* channel) : channel_(channel) {}
+
+  // Serves requests until an exit; the exit status.
+  int Serve() {
+    for (;;) {
+      WorkerRequest request;
+      absl::Status read = channel_->Read(&request);
+      if (!read.ok()) {
+        // The daemon closed the channel (it stopped): nothing to answer.
+        return absl::IsUnavailable(read) ? 0 : 3;
+      }
+      if (request.has_context()) SetContext(request.context());
+      WorkerReply reply;
+      const bool exit = request.what_case() == WorkerRequest::kExit;
+      if (exit) {
+        trainer_.reset();  // finishes a background checkpoint
+        reply.mutable_ack();
+      } else {
+        absl::Status done = Handle(request, &reply);
+        if (!done.ok()) {
+          reply.Clear();
+          reply.set_error_code(static_cast<int>(done.code()));
+          reply.set_error_message(std::string(done.message()));
+        }
+      }
+      if (!channel_->Write(reply).ok()) return 3;
+      if (exit) return 0;
+    }
+  }
+
+ private:
+  void SetContext(const internal::WorkerContext& context) {
+    context_ = context;
+    roots_ = FileRoots{{context.file_roots().begin(), context.file_roots().end()},
+                       context.state_dir()};
+    if (context.heartbeat_ms() > 0 && heartbeat_ == nullptr) {
+      heartbeat_ = std::make_unique<Heartbeat>(channel_, absl::Milliseconds(context.heartbeat_ms()));
+    }
+  }
+
+  [[nodiscard]] absl::Status Handle(const WorkerRequest& request, WorkerReply* reply) {
+    switch (request.what_case()) {
+      case WorkerRequest::kCheck:
+        return Check(request.check(), reply->mutable_check());
+      case WorkerRequest::kStart:
+        return Start(request.start(), reply->mutable_start());
+      case WorkerRequest::kStep:
+        return Step(reply->mutable_step());
+      case WorkerRequest::kSaveCheckpoint:
+        return Save(reply->mutable_checkpoint());
+      case WorkerRequest::kCheckpointNextStep:
+        RETURN_IF_ERROR(NeedTrainer());
+        trainer_->CheckpointNextStep();
+        reply->mutable_ack();
+        return absl::OkStatus();
+      case WorkerRequest::kListCheckpoints:
+        for (const std::string& path : ListCheckpoints(checkpoint_dir_)) {
+          reply->mutable_checkpoints()->add_paths(path);
+        }
+        return absl::OkStatus();
+      default:
+        return absl::InvalidArgumentError("a request the worker does not know");
+    }
+  }
+
+  [[nodiscard]] absl::Status NeedTrainer() const {
+    if (trainer_ == nullptr) return absl::FailedPreconditionError("no job started in this worker");
+    return absl::OkStatus();
+  }
+
+  [[nodiscard]] absl::StatusOr<MachineProfile> Profile() const {
+    return ProfileFromJson(context_.profile_json());
+  }
+
+  [[nodiscard]] absl::Status Check(const internal::CheckRequest& check,
+                                   internal::CheckReply* out) {
+    ASSIGN_OR_RETURN(JobSpec spec, SpecFromRequest(check.request()));
+    if (check.check_files()) RETURN_IF_ERROR(CheckJobFiles(spec, roots_, ""));
+    ASSIGN_OR_RETURN(std::optional<TrainerState> resume, ResumeState(spec));
+    ASSIGN_OR_RETURN(MachineProfile profile, Profile());
+    ASSIGN_OR_RETURN(std::unique_ptr<JobPlanner> planner,
+                     JobPlanner::CreateFromProfile(check.device(), profile,
+                                                   check.device_budget_bytes(), check.gpus(),
+                                                   check.host_budget_bytes()));
+    absl::StatusOr<PlannedJob> planned = planner->PlanJob(spec, resume);
+    if (absl::IsFailedPrecondition(planned.status())) {
+      // The memory that runs out, with the numbers: the job cannot fit.
+      return absl::ResourceExhaustedError(planned.status().message());
+    }
+    if (!planned.ok()) return planned.status();
+    *out->mutable_plan() = JobPlanMessage(*planned);
+    out->set_spec_yaml(JobSpecToYaml(spec));
+    out->set_name(spec.name);
+    out->set_devices(spec.devices);
+    out->set_steps(spec.steps);
+    return absl::OkStatus();
+  }
+
+  [[nodiscard]] absl::Status Start(const internal::StartRequest& start,
+                                   internal::StartReply* out) {
+    if (trainer_ != nullptr) return absl::FailedPreconditionError("a job runs in this worker");
+    ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(start.spec_yaml(), "", "stored job spec"));
+    spec.checkpoint_dir = start.checkpoint_dir();
+    spec.backend = start.backend();
+    checkpoint_dir_ = spec.checkpoint_dir;
+    // Checked again: a folder may have been swapped for a link since submission.
+    RETURN_IF_ERROR(CheckJobFiles(spec, roots_, context_.own_dir()));
+    ASSIGN_OR_RETURN(MachineProfile profile, Profile());
+    const absl::Time began = absl::Now();
+    ASSIGN_OR_RETURN(trainer_, Trainer::Create(spec, &profile));
+    out->set_create_seconds(absl::ToDoubleSeconds(absl::Now() - began));
+    const Trainer& t = *trainer_;
+    out->set_step(t.step());
+    out->set_resumed_from_step(t.resumed_from_step());
+    out->set_last_loss(t.last_loss());
+    out->set_done(t.done());
+    out->set_dataset_summary(t.dataset_stats().Summary());
+    out->set_architecture(ArchitectureClassName(t.config().architecture));
+    out->set_num_parameters(t.num_parameters());
+    out->set_backend_name(t.backend_name());
+    out->set_tokens_per_step(spec.tokens_per_step_resolved());
+    out->set_steps(spec.steps);
+    out->set_plan_text(t.plan_text());
+    out->set_pinned_host_bytes(t.pinned_host_bytes());
+    out->set_pageable_host_bytes(t.pageable_host_bytes());
+    return absl::OkStatus();
+  }
+
+  [[nodiscard]] absl::Status Step(internal::StepReply* out) {
+    RETURN_IF_ERROR(NeedTrainer());
+    ASSIGN_OR_RETURN(const StepReport r, trainer_->Step());
+    out->set_step(r.step);
+    out->set_total_steps(r.total_steps);
+    out->set_loss(r.loss);
+    out->set_has_aux_loss(r.has_aux_loss);
+    out->set_aux_loss(r.aux_loss);
+    out->set_aux_loss_coef(r.aux_loss_coef);
+    out->set_lr(r.lr);
+    out->set_grad_norm(r.grad_norm);
+    out->set_tokens(r.tokens);
+    out->set_seconds(r.seconds);
+    out->set_tokens_per_second(r.tokens_per_second);
+    out->set_model_tflops(r.model_tflops);
+    out->set_device_bytes_peak(r.device_bytes_peak);
+    out->set_device_bytes_in_use(r.device_bytes_in_use);
+    for (double busy : r.stream_busy_seconds) out->add_stream_busy_seconds(busy);
+    out->set_optimizer_busy_seconds(r.optimizer_busy_seconds);
+    out->set_optimizer_params_per_second(r.optimizer_params_per_second);
+    out->set_optimizer_in_step_fraction(r.optimizer_in_step_fraction);
+    out->set_h2d_bytes(r.h2d_bytes);
+    out->set_d2h_bytes(r.d2h_bytes);
+    for (const std::string& path : r.checkpoint_paths) out->add_checkpoint_paths(path);
+    out->set_checkpoint_wait_seconds(r.checkpoint_wait_seconds);
+    out->set_checkpoint_error(r.checkpoint_error);
+    for (int64_t failed : r.failed_checkpoint_steps) out->add_failed_checkpoint_steps(failed);
+    out->set_last_checkpoint_seconds(trainer_->last_checkpoint_seconds());
+    out->set_last_checkpoint_bytes(trainer_->last_checkpoint_bytes());
+    out->set_done(trainer_->done());
+    return absl::OkStatus();
+  }
+
+  [[nodiscard]] absl::Status Save(internal::CheckpointReply* out) {
+    RETURN_IF_ERROR(NeedTrainer());
+    ASSIGN_OR_RETURN(std::string path, trainer_->SaveCheckpoint());
+    out->set_path(path);
+    out->set_step(trainer_->step());
+    out->set_seconds(trainer_->last_checkpoint_seconds());
+    out->set_bytes(trainer_->last_checkpoint_bytes());
+    return absl::OkStatus();
+  }
+
+  WorkerChannel* channel_;
+  internal::WorkerContext context_;
+  FileRoots roots_;
+  std::string checkpoint_dir_;
+  // Last: its thread writes on the channel until it is gone.
+  std::unique_ptr<Heartbeat> heartbeat_;
+  std::unique_ptr<Trainer> trainer_;
+};
+
+}  // namespace
+
+int RunWorker(int fd) {
+  WorkerChannel channel(fd);
+  Worker worker(&channel);
+  return worker.Serve();
+}
+
+}  // namespace megatrain::server
