@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/status.h"
@@ -149,11 +150,52 @@ absl::Status WriteFileDurably(const std::string& path, absl::string_view content
   });
 }
 
+const char* FileKindName(unsigned int st_mode) {
+  if (S_ISREG(st_mode)) return "a regular file";
+  if (S_ISDIR(st_mode)) return "a directory";
+  if (S_ISFIFO(st_mode)) return "a FIFO";
+  if (S_ISCHR(st_mode)) return "a character device";
+  if (S_ISBLK(st_mode)) return "a block device";
+  if (S_ISSOCK(st_mode)) return "a socket";
+  return "not a file";
+}
+
+absl::StatusOr<ScopedFd> OpenRegularFile(const std::string& path, absl::string_view field) {
+  const std::string named = field.empty() ? path : absl::StrCat(field, " ", path);
+  const std::string context = field.empty() ? path : absl::StrCat(field, ": ", path);
+  auto not_regular = [&](const struct stat& st) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(named, " is not a regular file (", FileKindName(st.st_mode), ")"));
+  };
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ELOOP) {  // absl has no code for it; it is the user's to mend
+      return absl::InvalidArgumentError(
+          absl::StrCat(context, ": a loop of symbolic links (", std::strerror(ELOOP), ")"));
+    }
+    return ErrnoError(errno, context);
+  }
+  if (!S_ISREG(st.st_mode)) return not_regular(st);
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("opening ", context));
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, absl::StrCat("stat of ", context));
+  if (!S_ISREG(st.st_mode)) return not_regular(st);
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return ErrnoError(errno, absl::StrCat("opening ", context));
+  }
+  return fd;
+}
+
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return ErrnoError(errno, absl::StrCat("opening ", path));
+  ASSIGN_OR_RETURN(ScopedFd fd, OpenRegularFile(path, ""));
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, absl::StrCat("stat of ", path));
+  if (st.st_size > kMaxWholeFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is ", st.st_size, " bytes; a config or index file is at most ",
+        kMaxWholeFileBytes, " bytes (1 GiB)"));
+  }
   std::string contents(static_cast<size_t>(st.st_size), '\0');
   RETURN_IF_ERROR(PreadAll(fd.get(), 0, contents.size(), contents.data(),
                            absl::StrCat("reading ", path)));

@@ -75,7 +75,27 @@ class ScopedFd {
     const std::string& path,
     const std::function<absl::Status(int fd, const std::string& context)>& write);
 
-// The whole file (meant for small files: indexes, configs).
+// Opens `path` (symlinks followed) for reading when it is a regular file, and never
+// blocks: a FIFO without a writer would hang a plain open(), so the path is stat'ed first,
+// opened O_NONBLOCK, fstat'ed again (it may have been swapped) and only then made
+// blocking. `field` names the path in errors (the spec field, "data.path"; may be empty):
+//   InvalidArgument  "data.path /tmp/f is not a regular file (a FIFO)" (a directory, a
+//                    device, a socket are refused the same way)
+//   InvalidArgument  "data.path: /tmp/f: a loop of symbolic links (...)"
+//   NotFound, PermissionDenied, ...  from stat or open, with strerror ("data.path: /tmp/f:
+//                    No such file or directory")
+[[nodiscard]] absl::StatusOr<ScopedFd> OpenRegularFile(const std::string& path,
+                                                       absl::string_view field);
+
+// What a file of mode `st_mode` is, for messages: "a regular file", "a FIFO", "a
+// character device", "a directory", ...
+const char* FileKindName(unsigned int st_mode);
+
+// The most ReadWholeFile reads: it is meant for configs and indexes.
+inline constexpr int64_t kMaxWholeFileBytes = int64_t{1} << 30;
+
+// The whole file (meant for small files: indexes, configs), opened by OpenRegularFile.
+// InvalidArgument for a file over kMaxWholeFileBytes.
 [[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
 bool FileExists(const std::string& path);
