@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     const double cpu_start = ThreadCpuSeconds();
     while (run_bytes < min_bytes) {
       for (const std::string& doc : docs) {
-        run_tokens += static_cast<int64_t>((*tokenizer)->Encode(doc).size());
+        run_tokens += static_cast<int64_t>((*tokenizer)->Encode(doc).value().size());
         run_bytes += static_cast<int64_t>(doc.size());
       }
       if (run_bytes == 0) break;

@@ -4,12 +4,16 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/common/check.h"
+#include "engine/common/printable.h"
+#include "engine/common/status.h"
 
 namespace megatrain {
 namespace {
@@ -167,7 +171,7 @@ bool IsNfcByQuickCheck(absl::string_view text) {
   return true;
 }
 
-std::string NfcNormalize(absl::string_view text) {
+absl::StatusOr<std::string> NfcNormalize(absl::string_view text) {
   // Code points below U+0300 (lead bytes below 0xCC) have canonical combining class 0,
   // are NFC as they are, and are never the second half of a composition: normalization
   // never crosses the boundary before one. So only [the code point before a run of code
@@ -195,7 +199,12 @@ std::string NfcNormalize(absl::string_view text) {
         utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + begin),
                      static_cast<utf8proc_ssize_t>(end - begin), &result,
                      static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-    MT_CHECK_MSG(len >= 0, "utf8proc_map: %s (input must be valid UTF-8)", utf8proc_errmsg(len));
+    if (len < 0) {  // out of memory for a huge run of marks, or text that is not UTF-8
+      const std::string message =
+          absl::StrCat("NFC normalization failed at byte ", begin, ": ", utf8proc_errmsg(len));
+      return len == UTF8PROC_ERROR_NOMEM ? absl::ResourceExhaustedError(message)
+                                         : absl::InvalidArgumentError(message);
+    }
     out.append(reinterpret_cast<const char*>(result), static_cast<size_t>(len));
     std::free(result);
     done = end;
@@ -417,6 +426,25 @@ int RecordPiece(pcre2_callout_block* block, void* data) {
   return 0;
 }
 
+// Why a match at text[start] failed (rc < 0, not NOMATCH): PCRE2's match, depth or heap
+// limit, met by a pattern that backtracks catastrophically on this text. The message
+// quotes the text from `start`, a few dozen characters, printable.
+absl::Status MatchError(int rc, absl::string_view text, size_t start) {
+  PCRE2_UCHAR message[256];
+  if (pcre2_get_error_message(rc, message, sizeof(message)) < 0) {
+    absl::SNPrintF(reinterpret_cast<char*>(message), sizeof(message), "error %d", rc);
+  }
+  constexpr size_t kQuotedBytes = 48;
+  size_t end = std::min(text.size(), start + kQuotedBytes);
+  while (end > start && end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) {
+    --end;  // not inside a UTF-8 sequence
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the pre-tokenizer regex gave up at byte ", start, " (", reinterpret_cast<char*>(message),
+      "; the pattern backtracks too much on this text) on text starting '",
+      Printable(text.substr(start, end - start)), end < text.size() ? "...'" : "'"));
+}
+
 }  // namespace
 
 absl::StatusOr<RegexSplitter> RegexSplitter::Create(absl::string_view pattern) {
@@ -438,13 +466,14 @@ absl::StatusOr<RegexSplitter> RegexSplitter::Create(absl::string_view pattern) {
   return RegexSplitter(std::move(code));
 }
 
-std::vector<absl::string_view> RegexSplitter::Split(absl::string_view text) const {
+absl::StatusOr<std::vector<absl::string_view>> RegexSplitter::Split(absl::string_view text) const {
   std::vector<absl::string_view> pieces;
-  Split(text, &pieces);
+  RETURN_IF_ERROR(Split(text, &pieces));
   return pieces;
 }
 
-void RegexSplitter::Split(absl::string_view text, std::vector<absl::string_view>* pieces) const {
+absl::Status RegexSplitter::Split(absl::string_view text,
+                                  std::vector<absl::string_view>* pieces) const {
   pieces->clear();
   thread_local MatchState state;
   MT_CHECK(state.data != nullptr && state.context != nullptr);
@@ -464,7 +493,7 @@ void RegexSplitter::Split(absl::string_view text, std::vector<absl::string_view>
     }
     const int rc = Match(code_->single, code_->single_jit, text, start, &state);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    MT_CHECK_MSG(rc >= 0, "pcre2_match failed with %d", rc);
+    if (rc < 0) return MatchError(rc, text, start);
     const size_t begin = ovector[0], end = ovector[1];
     if (begin > prev) pieces->push_back(text.substr(prev, begin - prev));
     if (end > begin) {
@@ -478,6 +507,7 @@ void RegexSplitter::Split(absl::string_view text, std::vector<absl::string_view>
     }
   }
   if (prev < text.size()) pieces->push_back(text.substr(prev));
+  return absl::OkStatus();
 }
 
 }  // namespace megatrain

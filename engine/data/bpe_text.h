@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -36,8 +37,9 @@ bool IsNfcByQuickCheck(absl::string_view text);
 
 // Canonical composition (NFC) of valid UTF-8 `text`. Only the stretches around code
 // points from U+0300 up go through utf8proc; a code point below U+0300 is a boundary that
-// normalization never crosses.
-std::string NfcNormalize(absl::string_view text);
+// normalization never crosses. utf8proc's errors (out of memory for a giant run of
+// combining marks, invalid UTF-8) are ResourceExhausted / InvalidArgument.
+[[nodiscard]] absl::StatusOr<std::string> NfcNormalize(absl::string_view text);
 
 // The GPT-2 byte alphabet: every byte maps to one printable code point, so a byte string
 // can be a vocab string. ByteLevelEncode maps each byte of `text` (the second form appends
@@ -57,10 +59,14 @@ class RegexSplitter {
   [[nodiscard]] static absl::StatusOr<RegexSplitter> Create(absl::string_view pattern);
 
   // REQUIRES: `text` is valid UTF-8. Pieces are non-empty views into `text`.
-  std::vector<absl::string_view> Split(absl::string_view text) const;
+  // InvalidArgument when PCRE2 gives up on the text: a pattern that backtracks
+  // catastrophically runs into its match limit ("the pre-tokenizer regex gave up at byte
+  // 0 (match limit exceeded) on text starting 'aaaa...'").
+  [[nodiscard]] absl::StatusOr<std::vector<absl::string_view>> Split(absl::string_view text) const;
   // The same pieces, into `pieces` (cleared first), so that a caller can reuse its buffer.
   // Matching allocates nothing: the match data is per thread.
-  void Split(absl::string_view text, std::vector<absl::string_view>* pieces) const;
+  [[nodiscard]] absl::Status Split(absl::string_view text,
+                                   std::vector<absl::string_view>* pieces) const;
 
  private:
   struct Code;

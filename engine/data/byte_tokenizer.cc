@@ -2,7 +2,7 @@
 
 namespace megatrain {
 
-std::vector<int32_t> ByteTokenizer::Encode(absl::string_view text) const {
+absl::StatusOr<std::vector<int32_t>> ByteTokenizer::Encode(absl::string_view text) const {
   std::vector<int32_t> ids(text.size());
   for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
   return ids;

@@ -19,7 +19,7 @@ class ByteTokenizer : public Tokenizer {
   static constexpr int32_t kEos = 257;
   static constexpr int64_t kVocabSize = 258;
 
-  std::vector<int32_t> Encode(absl::string_view text) const override;
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const override;
   int64_t vocab_size() const override { return kVocabSize; }
   int32_t bos_id() const override { return kBos; }
   int32_t eos_id() const override { return kEos; }

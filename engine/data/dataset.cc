@@ -9,9 +9,9 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
+#include "engine/data/line_reader.h"
 
 namespace megatrain {
 namespace {
@@ -115,9 +116,17 @@ absl::StatusOr<std::vector<ChatMessage>> AlpacaMessages(const json& doc) {
   return std::vector<ChatMessage>{{"user", std::move(prompt)}, {"assistant", std::move(output)}};
 }
 
-void Append(std::vector<int32_t> ids, bool trained, Example* e) {
+void Append(const std::vector<int32_t>& ids, bool trained, Example* e) {
   e->trained.insert(e->trained.end(), ids.size(), trained ? 1 : 0);
   e->ids.insert(e->ids.end(), ids.begin(), ids.end());
+}
+
+// The ids of `text`, appended to *e.
+absl::Status AppendText(const Tokenizer& tokenizer, absl::string_view text, bool trained,
+                        Example* e) {
+  ASSIGN_OR_RETURN(const std::vector<int32_t> ids, tokenizer.Encode(text));
+  Append(ids, trained, e);
+  return absl::OkStatus();
 }
 
 // Without a model chat template: "<system>\n\n" "User: <u>\n\n" "Assistant: " <a> <eos>,
@@ -134,15 +143,15 @@ absl::StatusOr<Example> PlainChat(const std::vector<ChatMessage>& messages,
         return absl::InvalidArgumentError(
             absl::StrCat("message ", i, " is a system message; only the first may be"));
       }
-      Append(tokenizer.Encode(m.content + "\n\n"), false, &e);
+      RETURN_IF_ERROR(AppendText(tokenizer, m.content + "\n\n", false, &e));
     } else if (m.role == "user") {
-      Append(tokenizer.Encode("User: " + m.content + "\n\n"), false, &e);
+      RETURN_IF_ERROR(AppendText(tokenizer, "User: " + m.content + "\n\n", false, &e));
     } else {
       any_assistant = true;
-      Append(tokenizer.Encode("Assistant: "), false, &e);
-      Append(tokenizer.Encode(m.content), true, &e);
+      RETURN_IF_ERROR(AppendText(tokenizer, "Assistant: ", false, &e));
+      RETURN_IF_ERROR(AppendText(tokenizer, m.content, true, &e));
       if (tokenizer.eos_id() >= 0) Append({tokenizer.eos_id()}, true, &e);
-      Append(tokenizer.Encode("\n\n"), false, &e);
+      RETURN_IF_ERROR(AppendText(tokenizer, "\n\n", false, &e));
     }
   }
   if (!any_assistant) {
@@ -186,11 +195,12 @@ absl::StatusOr<Example> TokensExample(const json& doc, int64_t vocab_size,
 
 // The index of the first token of `ids` (the tokenization of `text`) that is not part of
 // the tokenization of text[0, byte): where a byte offset falls in token space.
-size_t TokenIndexAt(const std::string& text, size_t byte, const std::vector<int32_t>& ids,
-                    const Tokenizer& tokenizer) {
+absl::StatusOr<size_t> TokenIndexAt(const std::string& text, size_t byte,
+                                    const std::vector<int32_t>& ids, const Tokenizer& tokenizer) {
   if (byte == 0) return 0;
   if (byte >= text.size()) return ids.size();
-  const std::vector<int32_t> prefix = tokenizer.Encode(absl::string_view(text).substr(0, byte));
+  ASSIGN_OR_RETURN(const std::vector<int32_t> prefix,
+                   tokenizer.Encode(absl::string_view(text).substr(0, byte)));
   size_t k = 0;
   while (k < prefix.size() && k < ids.size() && prefix[k] == ids[k]) ++k;
   return k;
@@ -279,9 +289,9 @@ std::string DatasetStats::Summary() const {
   return out;
 }
 
-Example TextExample(absl::string_view text, const Tokenizer& tokenizer) {
+absl::StatusOr<Example> TextExample(absl::string_view text, const Tokenizer& tokenizer) {
   Example e;
-  std::vector<int32_t> ids = tokenizer.Encode(text);
+  ASSIGN_OR_RETURN(const std::vector<int32_t> ids, tokenizer.Encode(text));
   e.ids.reserve(ids.size() + 2);
   if (tokenizer.bos_id() >= 0) e.ids.push_back(tokenizer.bos_id());
   e.ids.insert(e.ids.end(), ids.begin(), ids.end());
@@ -289,15 +299,15 @@ Example TextExample(absl::string_view text, const Tokenizer& tokenizer) {
   return e;
 }
 
-Example EncodeWithTrainedSpans(const std::string& text,
-                               const std::vector<std::pair<size_t, size_t>>& trained,
-                               const Tokenizer& tokenizer) {
+absl::StatusOr<Example> EncodeWithTrainedSpans(
+    const std::string& text, const std::vector<std::pair<size_t, size_t>>& trained,
+    const Tokenizer& tokenizer) {
   Example e;
-  e.ids = tokenizer.Encode(text);
+  ASSIGN_OR_RETURN(e.ids, tokenizer.Encode(text));
   e.trained.assign(e.ids.size(), 0);
   for (const auto& [begin, end] : trained) {
-    const size_t first = TokenIndexAt(text, begin, e.ids, tokenizer);
-    const size_t last = TokenIndexAt(text, end, e.ids, tokenizer);
+    ASSIGN_OR_RETURN(const size_t first, TokenIndexAt(text, begin, e.ids, tokenizer));
+    ASSIGN_OR_RETURN(const size_t last, TokenIndexAt(text, end, e.ids, tokenizer));
     for (size_t i = first; i < last && i < e.ids.size(); ++i) e.trained[i] = 1;
   }
   return e;
@@ -405,10 +415,8 @@ absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
     return absl::NotFoundError(absl::StrCat(
         "data.path: ", options.path, " is a directory; expected a .jsonl file"));
   }
-  std::ifstream in(options.path, std::ios::binary);
-  if (!in.is_open()) {
-    return absl::NotFoundError(absl::StrCat("data.path: cannot open ", options.path));
-  }
+  ASSIGN_OR_RETURN(LineReader in,
+                   LineReader::Open(options.path, "data.path", options.max_line_bytes));
   ASSIGN_OR_RETURN(std::unique_ptr<TokenStoreWriter> writer, TokenStoreWriter::Create(dir));
 
   const int threads = options.threads > 0
@@ -422,8 +430,20 @@ absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
   bool closing = false;
 
   std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&] {
+  // The tokenizing threads; an exception never leaves: a thread the system will not make
+  // (a process or cgroup limit) ends the build with ResourceExhausted.
+  absl::Status started_threads;
+  auto start_thread = [&](auto body) {
+    try {
+      pool.emplace_back(std::move(body));
+    } catch (const std::system_error& e) {
+      started_threads = absl::ResourceExhaustedError(absl::StrCat(
+          "data.tokenize_threads: cannot start tokenizing thread ", pool.size() + 1, " of ",
+          threads, " (", e.what(), "); lower data.tokenize_threads"));
+    }
+  };
+  for (int t = 0; t < threads && started_threads.ok(); ++t) {
+    start_thread([&] {
       for (;;) {
         std::shared_ptr<Chunk> chunk;
         {
@@ -445,6 +465,15 @@ absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
         done_cv.notify_all();
       }
     });
+  }
+  if (!started_threads.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      closing = true;
+    }
+    work_cv.notify_all();
+    for (std::thread& t : pool) t.join();
+    return started_threads;
   }
 
   DatasetStats stats;
@@ -509,14 +538,17 @@ absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
     chunk_bytes = 0;
     drain(false);
   };
-  while (failure.ok() && std::getline(in, line)) {
+  absl::Status read_status;
+  while (failure.ok()) {
+    absl::StatusOr<bool> more = in.Next(&line);
+    if (!more.ok()) read_status = more.status();
+    if (!more.ok() || !*more) break;
     ++line_number;
     if (IsBlankLine(line)) continue;
     chunk_bytes += line.size();
     chunk->lines.emplace_back(line_number, std::move(line));
     if (chunk->lines.size() >= kChunkLines || chunk_bytes >= kChunkBytes) submit();
   }
-  const bool read_failed = in.bad();
   submit();
   drain(true);
   {
@@ -529,10 +561,7 @@ absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
   in_order.clear();
 
   RETURN_IF_ERROR(failure);
-  if (read_failed) {
-    return absl::DataLossError(absl::StrCat("data.path: reading ", options.path,
-                                            " failed after line ", line_number));
-  }
+  RETURN_IF_ERROR(read_status);  // a read that failed, or a line over the bound
   RETURN_IF_ERROR(CheckDatasetTrainable(options.path, stats));
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   json full_source = source;

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/data/chat_template.h"
+#include "engine/data/line_reader.h"
 #include "engine/data/token_docs.h"
 #include "engine/data/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -51,6 +52,8 @@ struct DatasetOptions {
   int threads = 0;                          // tokenizing threads; 0 = one per core
   // kTokens: ids must lie in [0, vocab_size), the model's vocabulary (0 = the tokenizer's).
   int64_t vocab_size = 0;
+  // A longer line is refused (line_reader.h): one example is held whole.
+  int64_t max_line_bytes = kMaxLineBytes;
 };
 
 struct DatasetStats {
@@ -85,7 +88,9 @@ bool IsBlankLine(absl::string_view line);
 // Tokenizes the file into a new token store at `dir` (replacing any there), streaming:
 // one reader, `threads` tokenizers, one writer, a bounded number of chunks in flight.
 // Errors: NotFound (no file), InvalidArgument "path:line: ..." (a bad line without
-// skip_bad_lines, or no example at all), DataLoss (a read failed part-way).
+// skip_bad_lines, a line over max_line_bytes, no example at all, or a path that is not a
+// regular file: a FIFO or a device is refused without blocking), DataLoss (a read failed
+// part-way).
 [[nodiscard]] absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
                                              const Tokenizer& tokenizer, const std::string& dir,
                                              const nlohmann::json& source);
@@ -101,12 +106,14 @@ nlohmann::json DatasetSource(const DatasetOptions& options, const Tokenizer& tok
     DatasetStats* stats = nullptr);
 
 // [bos] Encode(text) [eos] with bos / eos left out where the tokenizer has none.
-Example TextExample(absl::string_view text, const Tokenizer& tokenizer);
+// Errors: the tokenizer's (Tokenizer::Encode).
+[[nodiscard]] absl::StatusOr<Example> TextExample(absl::string_view text,
+                                                  const Tokenizer& tokenizer);
 // The ids of `text` and, per token, whether it lies in one of the byte ranges `trained`
 // (a token is trained when it begins at or after a range's start and ends by its end,
 // measured on the tokenization of the text's prefixes).
-Example EncodeWithTrainedSpans(const std::string& text,
-                               const std::vector<std::pair<size_t, size_t>>& trained,
-                               const Tokenizer& tokenizer);
+[[nodiscard]] absl::StatusOr<Example> EncodeWithTrainedSpans(
+    const std::string& text, const std::vector<std::pair<size_t, size_t>>& trained,
+    const Tokenizer& tokenizer);
 
 }  // namespace megatrain

@@ -15,6 +15,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "engine/common/printable.h"
+#include "engine/common/status.h"
 
 namespace megatrain {
 
@@ -158,7 +160,17 @@ const HfTokenizer::AddedToken* HfTokenizer::MatchAddedToken(absl::string_view te
   return nullptr;
 }
 
-std::vector<int32_t> HfTokenizer::Encode(absl::string_view input) const {
+absl::StatusOr<std::vector<int32_t>> HfTokenizer::Encode(absl::string_view input) const {
+  std::vector<int32_t> ids;
+  if (absl::Status s = EncodeTo(input, &ids); !s.ok()) {
+    // The tokenizer's file, for the one who has to mend it.
+    return absl::Status(s.code(), absl::StrCat("tokenizer ", Printable(json_path_), ": ",
+                                               s.message()));
+  }
+  return ids;
+}
+
+absl::Status HfTokenizer::EncodeTo(absl::string_view input, std::vector<int32_t>* out) const {
   std::string repaired;
   absl::string_view view = input;
   if (!IsValidUtf8(input)) {
@@ -166,7 +178,7 @@ std::vector<int32_t> HfTokenizer::Encode(absl::string_view input) const {
     view = repaired;
   }
   Scratch& scratch = ThreadScratch();
-  std::vector<int32_t> ids;
+  std::vector<int32_t>& ids = *out;
   ids.reserve(view.size() / 3 + 4);
   size_t start = 0;  // first byte not yet encoded
   size_t i = NextAddedTokenStart(view, 0);
@@ -176,24 +188,24 @@ std::vector<int32_t> HfTokenizer::Encode(absl::string_view input) const {
       i = NextAddedTokenStart(view, i + 1);
       continue;
     }
-    EncodeSection(view.substr(start, i - start), &scratch, &ids);
+    RETURN_IF_ERROR(EncodeSection(view.substr(start, i - start), &scratch, &ids));
     ids.push_back(added->id);
     i += added->content.size();
     start = i;
     i = NextAddedTokenStart(view, i);
   }
-  EncodeSection(view.substr(start), &scratch, &ids);
-  return ids;
+  return EncodeSection(view.substr(start), &scratch, &ids);
 }
 
-absl::string_view HfTokenizer::Normalize(absl::string_view section, Scratch* scratch) const {
+absl::StatusOr<absl::string_view> HfTokenizer::Normalize(absl::string_view section,
+                                                         Scratch* scratch) const {
   absl::string_view text = section;
   int next = 0;  // the buffer that the next step that changes the text writes
   for (const NormalizerStep& step : normalizers_) {
     std::string& out = scratch->normalized[next];
     if (step.kind == NormalizerStep::kNfc) {
       if (IsNfcByQuickCheck(text)) continue;
-      out = NfcNormalize(text);
+      ASSIGN_OR_RETURN(out, NfcNormalize(text));
     } else if (step.kind == NormalizerStep::kPrepend) {
       out.assign(step.to);
       out.append(text.data(), text.size());
@@ -229,14 +241,14 @@ absl::string_view HfTokenizer::Normalize(absl::string_view section, Scratch* scr
   return text;
 }
 
-void HfTokenizer::EncodeSection(absl::string_view section, Scratch* scratch,
-                                std::vector<int32_t>* ids) const {
-  if (section.empty()) return;
-  const absl::string_view text = Normalize(section, scratch);
-  if (text.empty()) return;
+absl::Status HfTokenizer::EncodeSection(absl::string_view section, Scratch* scratch,
+                                        std::vector<int32_t>* ids) const {
+  if (section.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const absl::string_view text, Normalize(section, scratch));
+  if (text.empty()) return absl::OkStatus();
   const size_t first = ids->size();
   if (split_.has_value()) {
-    split_->Split(text, &scratch->pieces);
+    RETURN_IF_ERROR(split_->Split(text, &scratch->pieces));
     for (absl::string_view piece : scratch->pieces) EncodePreToken(piece, scratch, ids);
   } else if (split_before_metaspace_) {
     // Pieces are a few bytes long: a byte loop, not a search call per piece.
@@ -268,6 +280,7 @@ void HfTokenizer::EncodeSection(absl::string_view section, Scratch* scratch,
     }
     ids->resize(out);
   }
+  return absl::OkStatus();
 }
 
 void HfTokenizer::EncodePreToken(absl::string_view pre_token, Scratch* scratch,

@@ -44,7 +44,10 @@ class HfTokenizer final : public Tokenizer {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HfTokenizer>> Load(
       const std::string& tokenizer_json_path, const std::string& tokenizer_config_json_path);
 
-  std::vector<int32_t> Encode(absl::string_view text) const override;
+  // InvalidArgument naming the tokenizer.json when its pre-tokenizer regex gives up on
+  // `text` (catastrophic backtracking; see RegexSplitter::Split).
+  [[nodiscard]] absl::StatusOr<std::vector<int32_t>> Encode(
+      absl::string_view text) const override;
   // max(id) + 1 over the vocab and the added tokens.
   int64_t vocab_size() const override { return vocab_size_; }
   int32_t bos_id() const override { return bos_id_; }
@@ -78,9 +81,12 @@ class HfTokenizer final : public Tokenizer {
 
   HfTokenizer() = default;
   Scratch& ThreadScratch() const;
-  void EncodeSection(absl::string_view section, Scratch* scratch, std::vector<int32_t>* ids) const;
+  // Encode's ids appended to *ids; errors do not name the tokenizer yet.
+  absl::Status EncodeTo(absl::string_view text, std::vector<int32_t>* ids) const;
+  absl::Status EncodeSection(absl::string_view section, Scratch* scratch,
+                             std::vector<int32_t>* ids) const;
   // The normalized `section`: `section` itself, or a view into scratch's buffers.
-  absl::string_view Normalize(absl::string_view section, Scratch* scratch) const;
+  absl::StatusOr<absl::string_view> Normalize(absl::string_view section, Scratch* scratch) const;
   void EncodePreToken(absl::string_view pre_token, Scratch* scratch,
                       std::vector<int32_t>* ids) const;
   // The first index from `i` on where an added token may start, or text.size().
@@ -117,6 +123,7 @@ class HfTokenizer final : public Tokenizer {
   int32_t bos_id_ = -1;
   int32_t eos_id_ = -1;
   std::string name_;
+  std::string json_path_;     // the tokenizer.json it was loaded from
   uint64_t scratch_key_ = 0;  // unique per tokenizer ever loaded: finds this one's Scratch
 };
 

@@ -4,13 +4,11 @@
 // caught in Load, at the boundary, and become InvalidArgument naming the file.
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/durable_file.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/data/hf_tokenizer.h"
@@ -22,13 +20,10 @@ namespace {
 using Json = nlohmann::json;
 
 absl::StatusOr<Json> ReadJson(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open (", std::strerror(errno), ")"));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  Json doc = Json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
+  // A FIFO or a device is refused without blocking, a missing file is NotFound.
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return text.status();
+  Json doc = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
   }
@@ -100,6 +95,7 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
   const Json& doc = *doc_or;
   std::unique_ptr<HfTokenizer> tok(new HfTokenizer());
   tok->name_ = absl::StrCat("hf-bpe:", json_path);
+  tok->json_path_ = json_path;
   static std::atomic<uint64_t> next_scratch_key{1};
   tok->scratch_key_ = next_scratch_key.fetch_add(1);
   std::string where = json_path;  // the file that a type error is reported against

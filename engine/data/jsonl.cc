@@ -3,14 +3,12 @@
 // boundary, and turn them into a Status naming the line.
 #include "engine/data/jsonl.h"
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/printable.h"
+#include "engine/data/line_reader.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain {
@@ -59,24 +57,20 @@ absl::StatusOr<std::vector<std::string>> ReadJsonlTexts(const std::string& path,
     return absl::NotFoundError(
         absl::StrCat(path, " is a directory; expected a .jsonl file (one JSON object a line)"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in.is_open()) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot open dataset ", path, ": ", std::strerror(errno)));
-  }
+  absl::StatusOr<LineReader> in = LineReader::Open(path, "dataset");
+  if (!in.ok()) return in.status();
   std::vector<std::string> texts;
   std::string line;
   int64_t line_number = 0;
-  while (std::getline(in, line)) {
+  for (;;) {
+    absl::StatusOr<bool> more = in->Next(&line);
+    if (!more.ok()) return more.status();  // a failed read, or a line over the bound
+    if (!*more) break;
     ++line_number;
     if (IsBlank(line)) continue;
     absl::StatusOr<std::string> text = ParseLine(line, field, absl::StrCat(path, ":", line_number));
     if (!text.ok()) return text.status();
     texts.push_back(*std::move(text));
-  }
-  if (in.bad()) {
-    return absl::DataLossError(absl::StrCat("reading ", path, " failed after line ", line_number,
-                                            ": ", std::strerror(errno)));
   }
   if (texts.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/durable_file.h"
 #include "engine/common/status.h"
 
 namespace megatrain {
@@ -27,8 +27,13 @@ absl::Status Errno(const std::string& what, const std::string& path) {
 
 // Maps the whole file read-only; an empty file maps to nothing.
 absl::StatusOr<std::pair<void*, size_t>> MapFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::DataLossError(absl::StrCat("token store: cannot open ", path));
+  // The cache folder is the user's: a FIFO there is refused without blocking.
+  absl::StatusOr<ScopedFd> opened = OpenRegularFile(path, "token store");
+  if (!opened.ok()) {
+    return absl::DataLossError(absl::StrCat("token store: cannot open ", path, ": ",
+                                            opened.status().message()));
+  }
+  const int fd = opened->Release();
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
@@ -83,11 +88,14 @@ std::shared_ptr<const TokenDocs> TokenDocs::FromExamples(const std::vector<Examp
 absl::StatusOr<std::shared_ptr<const TokenDocs>> TokenDocs::Open(const std::string& dir) {
   const fs::path root(dir);
   const std::string meta_path = (root / "meta.json").string();
-  std::ifstream meta_in(meta_path);
-  if (!meta_in) {
+  absl::StatusOr<std::string> meta_text = ReadWholeFile(meta_path);
+  if (absl::IsNotFound(meta_text.status())) {
     return absl::NotFoundError(absl::StrCat("token store ", dir, " has no meta.json"));
   }
-  nlohmann::json meta = nlohmann::json::parse(meta_in, nullptr, /*allow_exceptions=*/false);
+  if (!meta_text.ok()) {
+    return absl::DataLossError(absl::StrCat("token store ", dir, ": ", meta_text.status().message()));
+  }
+  nlohmann::json meta = nlohmann::json::parse(*meta_text, nullptr, /*allow_exceptions=*/false);
   if (meta.is_discarded() || !meta.is_object() || meta.value("format", "") != kFormat ||
       meta.value("version", 0) != kVersion || !meta.contains("num_docs") ||
       !meta["num_docs"].is_number_integer() || !meta.contains("num_tokens") ||
@@ -97,6 +105,12 @@ absl::StatusOr<std::shared_ptr<const TokenDocs>> TokenDocs::Open(const std::stri
   }
   const int64_t num_docs = meta["num_docs"].get<int64_t>();
   const int64_t num_tokens = meta["num_tokens"].get<int64_t>();
+  // A store is built only with something to train on (CheckDatasetTrainable); the packer
+  // requires it, so a header that says otherwise was edited: rebuilt, not trusted.
+  if (num_docs < 1 || num_tokens < 1) {
+    return absl::DataLossError(absl::StrCat(meta_path, " says ", num_docs, " documents of ",
+                                            num_tokens, " tokens; a store holds at least one"));
+  }
   std::shared_ptr<TokenDocs> d(new TokenDocs);
   d->num_docs_ = num_docs;
   d->source_ = meta.value("source", nlohmann::json::object());

@@ -16,8 +16,13 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> TokenizeDocuments(
   std::vector<std::vector<int32_t>> docs;
   docs.reserve(texts.size());
   int64_t num_tokens = 0;
-  for (const std::string& text : texts) {
-    std::vector<int32_t> ids = tokenizer.Encode(text);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    absl::StatusOr<std::vector<int32_t>> encoded = tokenizer.Encode(texts[i]);
+    if (!encoded.ok()) {
+      return absl::Status(encoded.status().code(),
+                          absl::StrCat("document ", i, ": ", encoded.status().message()));
+    }
+    const std::vector<int32_t>& ids = *encoded;
     std::vector<int32_t> doc;
     doc.reserve(ids.size() + 2);
     if (bos >= 0) doc.push_back(bos);

@@ -18,8 +18,11 @@ class Tokenizer {
  public:
   virtual ~Tokenizer();
 
-  // The ids of `text` (UTF-8), without bos / eos.
-  virtual std::vector<int32_t> Encode(absl::string_view text) const = 0;
+  // The ids of `text` (UTF-8), without bos / eos. An error (InvalidArgument) is the
+  // tokenizer's own failing on this text, named in the message: a user's tokenizer.json
+  // whose regex backtracks catastrophically on it, say.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<int32_t>> Encode(
+      absl::string_view text) const = 0;
   // Every id Encode returns, and bos / eos, is in [0, vocab_size()).
   virtual int64_t vocab_size() const = 0;
   // Beginning- and end-of-sequence ids, or -1 when the tokenizer has none.
@@ -31,7 +34,8 @@ class Tokenizer {
 
 // Tokenizes each text as [bos] + Encode(text) + [eos], leaving out bos / eos when the
 // tokenizer has none. Documents of any length are kept, in order.
-// InvalidArgument when `texts` is empty or every document tokenizes to no tokens.
+// InvalidArgument when `texts` is empty, every document tokenizes to no tokens, or the
+// tokenizer fails on one (naming the document's index).
 [[nodiscard]] absl::StatusOr<std::vector<std::vector<int32_t>>> TokenizeDocuments(
     const std::vector<std::string>& texts, const Tokenizer& tokenizer);
 

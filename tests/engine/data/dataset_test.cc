@@ -2,14 +2,18 @@
 // token store, bad-line policies, the cache, and packing of masked examples.
 #include "engine/data/dataset.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "engine/data/byte_tokenizer.h"
 #include "engine/data/hf_tokenizer.h"
 #include "engine/data/packer.h"
 #include "gtest/gtest.h"
+#include "tests/util/deadline.h"
 #include "tests/util/temp_dir.h"
 
 namespace megatrain {
@@ -146,7 +150,7 @@ TEST(TokenStore, ParallelBuildEqualsSerialAndKeepsFileOrder) {
   absl::StatusOr<std::shared_ptr<const TokenDocs>> docs = TokenDocs::Open(dir.path() + "/parallel");
   ASSERT_TRUE(docs.ok()) << docs.status();
   ASSERT_EQ((*docs)->num_docs(), 5000);
-  const Example want = TextExample("document 4321" + std::string(4321 % 50, 'x'), tok);
+  const Example want = *TextExample("document 4321" + std::string(4321 % 50, 'x'), tok);
   const absl::Span<const int32_t> got = (*docs)->ids(4321);
   EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), want.ids);
 }
@@ -179,6 +183,60 @@ TEST(TokenStore, MissingFileAndAllBadLinesAreClearErrors) {
             std::string::npos) << s.status();
 }
 
+TEST(TokenStore, FifoOrDeviceAsDataPathIsRefusedWithoutBlocking) {
+  TempDir dir;
+  ByteTokenizer tok;
+  const std::string fifo = dir.path() + "/fifo.jsonl";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::optional<absl::Status> s = testing::RunWithin(5, [&] {
+    return BuildTokenStore(Options(fifo, DataFormat::kText), tok, dir.path() + "/s", {}).status();
+  });
+  ASSERT_TRUE(s.has_value()) << "a FIFO as data.path blocked";
+  EXPECT_EQ(s->code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s->message().find("data.path " + fifo + " is not a regular file (a FIFO)"),
+            std::string::npos) << *s;
+  const absl::Status zero =
+      BuildTokenStore(Options("/dev/zero", DataFormat::kText), tok, dir.path() + "/s", {}).status();
+  EXPECT_NE(zero.message().find("/dev/zero is not a regular file (a character device)"),
+            std::string::npos) << zero;
+}
+
+TEST(TokenStore, ALineOverTheBoundIsRefusedNamingFileLineAndLimit) {
+  TempDir dir;
+  ByteTokenizer tok;
+  const std::string path = dir.path() + "/d.jsonl";
+  WriteFile(path, "{\"text\": \"ok\"}\n{\"text\": \"" + std::string(2 << 20, 'a') + "\"}\n");
+  DatasetOptions o = Options(path, DataFormat::kText);
+  o.max_line_bytes = 1 << 20;
+  o.skip_bad_lines = true;  // not a line that can be skipped: it is never read whole
+  absl::StatusOr<DatasetStats> s = BuildTokenStore(o, tok, dir.path() + "/s", {});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find(path + ":2: line 2 is longer than 1 MiB"), std::string::npos)
+      << s.status();
+}
+
+TEST(TokenStore, ATokenizerThatGivesUpOnALineFailsTheBuildNamingItAndTheLine) {
+  TempDir dir;
+  const std::string json = dir.path() + "/tokenizer.json";
+  WriteFile(json, R"({"normalizer": null,
+    "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(a+)+$"},
+                      "behavior": "Isolated", "invert": false},
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+    "decoder": null, "added_tokens": []})");
+  absl::StatusOr<std::unique_ptr<HfTokenizer>> tok = HfTokenizer::Load(json, "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::string path = dir.path() + "/d.jsonl";
+  WriteFile(path, "{\"text\": \"ab\"}\n{\"text\": \"" + std::string(4096, 'a') + "b\"}\n");
+  absl::StatusOr<DatasetStats> s =
+      BuildTokenStore(Options(path, DataFormat::kText), **tok, dir.path() + "/s", {});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find(path + ":2: tokenizer " + json +
+                                      ": the pre-tokenizer regex gave up"),
+            std::string::npos) << s.status();
+}
+
 TEST(TokenStore, CorruptStoresAreRefusedNamingTheFile) {
   TempDir dir;
   ByteTokenizer tok;
@@ -190,6 +248,11 @@ TEST(TokenStore, CorruptStoresAreRefusedNamingTheFile) {
   absl::StatusOr<std::shared_ptr<const TokenDocs>> d = TokenDocs::Open(dir.path() + "/s");
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("tokens.i32 has 8 bytes"), std::string::npos) << d.status();
+  // A header edited to hold nothing (the packer needs a token) is corrupt, not empty.
+  WriteFile(dir.path() + "/t/meta.json",
+            R"({"format": "megatrain-token-store", "version": 1, "num_docs": 0, "num_tokens": 0})");
+  d = TokenDocs::Open(dir.path() + "/t");
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss) << d.status();
   std::filesystem::remove(dir.path() + "/s/meta.json");
   EXPECT_TRUE(absl::IsNotFound(TokenDocs::Open(dir.path() + "/s").status()));
 }

@@ -1,8 +1,12 @@
 // HfTokenizer on small hand-written tokenizer.json files: the errors a user can cause,
 // bos / eos from tokenizer_config.json, BPE merge order, and ids that stay the same from
 // many threads. No node needed.
+#include <sys/stat.h>
+
 #include <atomic>
+#include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/deadline.h"
 
 namespace megatrain {
 namespace {
@@ -88,6 +93,32 @@ TEST(HfTokenizerLoadTest, MissingConfigIsNotFound) {
   EXPECT_THAT(tok.status().message(), HasSubstr("tokenizer_config.json"));
 }
 
+TEST(HfTokenizerLoadTest, BacktrackingRegexFailsEncodeNamingTheTokenizerFile) {
+  Json doc = TinyByteLevel();
+  doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a+)+$";
+  const std::string path = WriteFile("tokenizer.json", doc.dump());
+  auto tok = HfTokenizer::Load(path, "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const absl::StatusOr<std::vector<int32_t>> ids = (*tok)->Encode(std::string(4096, 'a') + "b");
+  ASSERT_FALSE(ids.ok());
+  EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ids.status().message(), HasSubstr("tokenizer " + path + ": the pre-tokenizer regex"));
+  EXPECT_THAT(ids.status().message(), HasSubstr("'aaaa"));
+  EXPECT_EQ(*(*tok)->Encode("ab"), (std::vector<int32_t>{4}));  // other text still encodes
+}
+
+TEST(HfTokenizerLoadTest, FifoAsTokenizerJsonIsRefusedWithoutBlocking) {
+  const std::string path = WriteFile("fifo-tokenizer.json", "");
+  ASSERT_EQ(std::remove(path.c_str()), 0);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  std::optional<absl::Status> s =
+      testing::RunWithin(5, [&] { return HfTokenizer::Load(path, "").status(); });
+  std::remove(path.c_str());
+  ASSERT_TRUE(s.has_value()) << "loading a FIFO blocked";
+  EXPECT_EQ(s->code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s->message(), HasSubstr(path + " is not a regular file (a FIFO)"));
+}
+
 TEST(HfTokenizerLoadTest, BadJsonIsInvalidArgumentNamingTheFile) {
   auto tok = HfTokenizer::Load(WriteFile("tokenizer.json", "{\"model\": "), "");
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
@@ -146,12 +177,12 @@ TEST(HfTokenizerLoadTest, MergesApplyByRankAndAddedTokensAreNeverSplit) {
   auto tok = LoadJson(TinyByteLevel());
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_EQ((*tok)->vocab_size(), 8);
-  EXPECT_EQ((*tok)->Encode("abc"), (std::vector<int32_t>{5}));
-  EXPECT_EQ((*tok)->Encode("cab"), (std::vector<int32_t>{2, 4}));
+  EXPECT_EQ(*(*tok)->Encode("abc"), (std::vector<int32_t>{5}));
+  EXPECT_EQ(*(*tok)->Encode("cab"), (std::vector<int32_t>{2, 4}));
   // "Ġa" ranks after "ab", so " ab" is Ġ + ab, not Ġa + b.
-  EXPECT_EQ((*tok)->Encode(" ab"), (std::vector<int32_t>{3, 4}));
-  EXPECT_EQ((*tok)->Encode("ab<eos>c"), (std::vector<int32_t>{4, 7, 2}));
-  EXPECT_EQ((*tok)->Encode(""), (std::vector<int32_t>{}));
+  EXPECT_EQ(*(*tok)->Encode(" ab"), (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(*(*tok)->Encode("ab<eos>c"), (std::vector<int32_t>{4, 7, 2}));
+  EXPECT_EQ(*(*tok)->Encode(""), (std::vector<int32_t>{}));
   EXPECT_EQ(*(*tok)->Decode({3, 4, 7, 2}), " ab<eos>c");
   EXPECT_EQ((*tok)->Decode({8}).status().code(), absl::StatusCode::kOutOfRange);
 }
@@ -164,7 +195,7 @@ TEST(HfTokenizerLoadTest, AddedTokensMayStartWithDifferentBytes) {
   doc["added_tokens"].push_back(hashes);
   auto tok = LoadJson(doc);
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_EQ((*tok)->Encode("a##b<eos><eos>#c<"), (std::vector<int32_t>{0, 8, 1, 7, 7, 2}));
+  EXPECT_EQ(*(*tok)->Encode("a##b<eos><eos>#c<"), (std::vector<int32_t>{0, 8, 1, 7, 7, 2}));
 }
 
 TEST(HfTokenizerLoadTest, EachTokenizerKeepsItsOwnIdsOnEveryThread) {
@@ -186,7 +217,7 @@ TEST(HfTokenizerLoadTest, EachTokenizerKeepsItsOwnIdsOnEveryThread) {
     threads.emplace_back([&] {
       for (int round = 0; round < 200; ++round) {
         for (size_t i = 0; i < tokenizers.size(); ++i) {
-          if (tokenizers[i]->Encode("abc cabab") != (i % 2 == 0 ? with_merge : without_merge)) {
+          if (*tokenizers[i]->Encode("abc cabab") != (i % 2 == 0 ? with_merge : without_merge)) {
             ++mismatches;
           }
         }
@@ -216,14 +247,14 @@ Json TinyMetaspace() {
 TEST(HfTokenizerLoadTest, MetaspaceWordsMergeAsOneWord) {
   auto tok = LoadJson(TinyMetaspace());
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_EQ((*tok)->Encode("a  b!?"), (std::vector<int32_t>{4, 1, 5, 6, 0}));
+  EXPECT_EQ(*(*tok)->Encode("a  b!?"), (std::vector<int32_t>{4, 1, 5, 6, 0}));
   // With a token that has "▁" after another code point, merges can cross the spaces.
   Json crossing = TinyMetaspace();
   crossing["model"]["vocab"]["a▁"] = 7;
   crossing["model"]["merges"].insert(crossing["model"]["merges"].begin(), "a ▁");
   tok = LoadJson(crossing);
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_EQ((*tok)->Encode("a  b!?"), (std::vector<int32_t>{1, 7, 5, 6, 0}));
+  EXPECT_EQ(*(*tok)->Encode("a  b!?"), (std::vector<int32_t>{1, 7, 5, 6, 0}));
 }
 
 TEST(HfTokenizerLoadTest, BosAndEosComeFromTheConfig) {
@@ -244,7 +275,7 @@ TEST(HfTokenizerLoadTest, LoadHfTokenizerReturnsTheInterface) {
   const std::string path = WriteFile("tokenizer.json", TinyByteLevel().dump());
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadHfTokenizer(path, "");
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_EQ((*tok)->Encode("abc"), (std::vector<int32_t>{5}));
+  EXPECT_EQ(*(*tok)->Encode("abc"), (std::vector<int32_t>{5}));
   EXPECT_EQ((*tok)->name(), absl::StrCat("hf-bpe:", path));
 }
 
