@@ -4,14 +4,15 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/durable_file.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/data/byte_tokenizer.h"
 #include "engine/data/hf_tokenizer.h"
+#include "engine/data/line_reader.h"
 #include "engine/model/layout.h"
 #include "engine/model/safetensors.h"
 #include "engine/store/model_io.h"
@@ -19,6 +20,16 @@
 
 namespace megatrain {
 namespace fs = std::filesystem;
+namespace {
+
+// Whether something is there by this name. A dangling or looping symlink counts: reading
+// it then says what is wrong with it, where fs::exists would throw or call it absent.
+bool IsPresent(const fs::path& path) {
+  std::error_code ec;
+  return fs::symlink_status(path, ec).type() != fs::file_type::not_found && !ec;
+}
+
+}  // namespace
 
 std::string ResolvedTokenizer(const JobSpec& spec) {
   if (spec.tokenizer != "auto") return spec.tokenizer;
@@ -41,7 +52,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(const JobSpec& spec,
   const fs::path config = json.parent_path() / "tokenizer_config.json";
   *dir = json.parent_path().string();
   absl::StatusOr<std::unique_ptr<Tokenizer>> t =
-      LoadHfTokenizer(json.string(), fs::exists(config) ? config.string() : "");
+      LoadHfTokenizer(json.string(), IsPresent(config) ? config.string() : "");
   if (!t.ok()) return Annotate(t.status(), "data.tokenizer");
   return t;
 }
@@ -61,9 +72,10 @@ absl::StatusOr<DatasetOptions> JobDatasetOptions(const JobSpec& spec,
   // tokenizer_config.json: the template's family and the bos / eos strings it prints.
   nlohmann::json config = nlohmann::json::object();
   const fs::path config_path = fs::path(tokenizer_dir) / "tokenizer_config.json";
-  if (ResolvedTokenizer(spec) != "byte" && fs::exists(config_path)) {
-    std::ifstream in(config_path);
-    config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (ResolvedTokenizer(spec) != "byte" && IsPresent(config_path)) {
+    absl::StatusOr<std::string> text = ReadWholeFile(config_path.string());
+    if (!text.ok()) return Annotate(text.status(), "data.tokenizer");
+    config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (config.is_discarded() || !config.is_object()) {
       return absl::InvalidArgumentError(
           absl::StrCat("data.tokenizer: ", config_path.string(), " is not a JSON object"));
@@ -159,8 +171,7 @@ absl::Status ValidateJobInputs(const JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("data.path: ", spec.data_path, " is a directory; expected a .jsonl file"));
   }
-  std::ifstream data(spec.data_path);
-  if (!data) return absl::NotFoundError(absl::StrCat("data.path: cannot read ", spec.data_path));
+  ASSIGN_OR_RETURN(LineReader data, LineReader::Open(spec.data_path, "data.path"));
   // The first lines, through the job's own format and tokenizer: a wrong format or field
   // name fails here, naming the line, instead of when the job starts. When they are the
   // whole file, it must hold something to train on, as the job would find.
@@ -169,7 +180,17 @@ absl::Status ValidateJobInputs(const JobSpec& spec) {
   DatasetStats stats;
   std::string line;
   int64_t line_number = 0;
-  while (stats.lines < kLinesCheckedAtSubmit && std::getline(data, line)) {
+  bool at_end = false;
+  // The next line into `line`, false at the end of the file; errors: a failed read, or a
+  // line over the bound.
+  auto next = [&]() -> absl::StatusOr<bool> {
+    ASSIGN_OR_RETURN(const bool more, data.Next(&line));
+    at_end = !more;
+    return more;
+  };
+  while (stats.lines < kLinesCheckedAtSubmit) {
+    ASSIGN_OR_RETURN(const bool more, next());
+    if (!more) break;
     ++line_number;
     if (IsBlankLine(line)) continue;
     ++stats.lines;
@@ -193,13 +214,11 @@ absl::Status ValidateJobInputs(const JobSpec& spec) {
                                  : std::count(example->trained.begin(), example->trained.end(), 1);
   }
   // Blank lines to the end, or more examples: only a file read to its end is judged.
-  while (stats.examples == 0 && std::getline(data, line)) {
-    if (!IsBlankLine(line)) return absl::OkStatus();
+  while (stats.examples == 0 && !at_end) {
+    ASSIGN_OR_RETURN(const bool more, next());
+    if (more && !IsBlankLine(line)) return absl::OkStatus();
   }
-  if (data.bad()) {
-    return absl::DataLossError(absl::StrCat("data.path: reading ", spec.data_path, " failed"));
-  }
-  if (!data.eof()) return absl::OkStatus();
+  if (!at_end) return absl::OkStatus();
   return CheckDatasetTrainable(spec.data_path, stats);
 }
 

@@ -1,15 +1,17 @@
 #include "engine/job/spec.h"
 
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/check.h"
+#include "engine/common/durable_file.h"
 #include "engine/common/device_name.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
@@ -118,6 +120,7 @@ class Section {
 };
 
 constexpr size_t kMaxConfigKeyBytes = 256;
+constexpr size_t kMaxJobNameBytes = 256;
 
 // YAML -> JSON for an inline config.json; scalars keep their natural JSON type.
 nlohmann::json ToJson(const YAML::Node& n) {
@@ -185,11 +188,10 @@ absl::Status ParseModel(Section& top, const std::string& base_dir, JobSpec* spec
   }
   spec->model_path = Resolve(base_dir, spec->model_path);
   if (!config_path.empty()) {
-    std::ifstream in(Resolve(base_dir, config_path));
-    if (!in) return absl::NotFoundError(absl::StrCat("model.config_path: cannot read ", Resolve(base_dir, config_path)));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    spec->model_config_json = ss.str();
+    // A FIFO or a device is refused without blocking; a missing file is NotFound.
+    absl::StatusOr<std::string> text = ReadWholeFile(Resolve(base_dir, config_path));
+    if (!text.ok()) return Annotate(text.status(), "model.config_path");
+    spec->model_config_json = *std::move(text);
   }
   return absl::OkStatus();
 }
@@ -219,6 +221,14 @@ absl::Status ParseData(Section& top, const std::string& base_dir, JobSpec* spec)
   RETURN_IF_ERROR(data.String("cache_dir", &spec->data_cache_dir));
   if (!spec->data_cache_dir.empty()) spec->data_cache_dir = Resolve(base_dir, spec->data_cache_dir);
   RETURN_IF_ERROR(data.Int("tokenize_threads", &spec->tokenize_threads, 0));
+  // Each is a thread; more than the cores only adds threads (and a million of them cannot
+  // be made at all).
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  if (spec->tokenize_threads > cores) {
+    return data.Error("tokenize_threads",
+                      absl::StrCat("is ", spec->tokenize_threads, "; this machine has ", cores,
+                                   " cores: use at most ", cores, ", or 0 for one per core"));
+  }
   RETURN_IF_ERROR(data.String("tokenizer", &spec->tokenizer));
   if (spec->tokenizer.empty()) {
     return data.Error("tokenizer", "must be 'auto', 'byte', 'model', or a tokenizer.json path");
@@ -349,10 +359,35 @@ absl::Status CheckBatchShape(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// A job's name is shown in listings, logs and file names: short, and one printable line.
+absl::Status CheckJobName(const std::string& name) {
+  if (name.size() > kMaxJobNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("name is ", name.size(),
+                                                   " bytes long; a job name is at most ",
+                                                   kMaxJobNameBytes));
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    // C0 controls, DEL, and the C1 controls U+0080..U+009F (UTF-8 0xC2 0x80..0x9F).
+    const bool c1 = c == 0xC2 && i + 1 < name.size() &&
+                    static_cast<unsigned char>(name[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(name[i + 1]) <= 0x9F;
+    if (c < 0x20 || c == 0x7F || c1) {
+      const int code = c1 ? static_cast<unsigned char>(name[i + 1]) : c;  // its code point
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "name has a control character (U+%04X) at byte %d; a job name is one line of "
+          "printable text",
+          code, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, JobSpec* spec) {
   if (!root.IsMap()) return absl::InvalidArgumentError("must be a YAML mapping of sections");
   Section top(root, "");
   RETURN_IF_ERROR(top.String("name", &spec->name));
+  RETURN_IF_ERROR(CheckJobName(spec->name));
   RETURN_IF_ERROR(top.String("backend", &spec->backend));
   RETURN_IF_ERROR(top.Int("device_memory_cap_bytes", &spec->device_memory_cap_bytes, 0));
   const bool cuda_n = spec->backend.rfind("cuda:", 0) == 0 && CudaDeviceIndexOf(spec->backend) >= 0;
@@ -469,11 +504,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
 }
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read job spec ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseJobSpec(ss.str(), fs::path(path).parent_path().string(), path);
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return Annotate(text.status(), "cannot read job spec");
+  return ParseJobSpec(*text, fs::path(path).parent_path().string(), path);
 }
 
 namespace {
@@ -579,11 +612,15 @@ absl::StatusOr<ModelConfig> ResolveModelConfig(const JobSpec& spec) {
   ModelConfig config;
   if (!spec.model_path.empty()) {
     const std::string path = (fs::path(spec.model_path) / "config.json").string();
-    if (!fs::exists(path)) {
+    std::error_code ec;  // the overload that cannot throw (a symlink loop would)
+    if (fs::symlink_status(path, ec).type() == fs::file_type::not_found) {
       return absl::NotFoundError(absl::StrCat("model.path: ", spec.model_path,
                                               " has no config.json (is it a Hugging Face model folder?)"));
     }
-    ASSIGN_OR_RETURN(config, LoadModelConfig(path));
+    // A symlink loop, an unreadable file, a FIFO: refused naming the field, never thrown.
+    absl::StatusOr<ModelConfig> loaded = LoadModelConfig(path);
+    if (!loaded.ok()) return Annotate(loaded.status(), "model.path");
+    config = *std::move(loaded);
   } else {
     ASSIGN_OR_RETURN(config, ParseModelConfig(spec.model_config_json, "model.config"));
   }

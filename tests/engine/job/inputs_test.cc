@@ -3,12 +3,16 @@
 // and datasets with nothing to train on.
 #include "engine/job/inputs.h"
 
+#include <sys/stat.h>
+
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "engine/job/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/deadline.h"
 #include "tests/util/temp_dir.h"
 
 namespace megatrain {
@@ -138,6 +142,37 @@ TEST(JobInputs, ALongDatasetIsJudgedOnItsFirstLinesOnly) {
   for (int i = 0; i < 100; ++i) text += "{\"text\": \"line\"}\n";
   WriteFile(dir.Join("data.jsonl"), text);
   EXPECT_TRUE(ValidateJobInputs(Parse(dir, Spec(258))).ok());
+}
+
+}  // namespace
+}  // namespace megatrain
+
+namespace megatrain {
+namespace {
+
+TEST(JobInputs, AFifoAsDataPathIsRefusedWithoutBlocking) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.Join("data.jsonl").c_str(), 0600), 0);
+  const JobSpec spec = Parse(dir, Spec(258));
+  std::optional<absl::Status> s = testing::RunWithin(5, [&] { return ValidateJobInputs(spec); });
+  ASSERT_TRUE(s.has_value()) << "a FIFO as data.path blocked";
+  EXPECT_EQ(s->code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s->message()),
+              HasSubstr("data.path " + dir.Join("data.jsonl") + " is not a regular file (a FIFO)"));
+}
+
+TEST(JobInputs, ATokenizerConfigSymlinkLoopIsRefusedNotThrown) {
+  TempDir dir;
+  WriteFile(dir.Join("data.jsonl"), "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"},"
+                                    " {\"role\": \"assistant\", \"content\": \"yo\"}]}\n");
+  WriteFile(dir.Join("tok/tokenizer.json"), R"({"normalizer": null, "pre_tokenizer": null,
+    "model": {"type": "BPE", "vocab": {"h": 0, "i": 1}, "merges": []},
+    "decoder": null, "added_tokens": []})");
+  ASSERT_EQ(::symlink("tokenizer_config.json", dir.Join("tok/tokenizer_config.json").c_str()), 0);
+  const JobSpec spec = Parse(dir, Spec(258, ", format: messages, tokenizer: tok"));
+  const absl::Status s = ValidateJobInputs(spec);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("tokenizer_config.json"));
 }
 
 }  // namespace

@@ -4,14 +4,21 @@
 #include "engine/job/spec.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
 
 #include "engine/job/job_planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/deadline.h"
 #include "tests/util/temp_dir.h"
 
 namespace megatrain {
@@ -249,7 +256,7 @@ TEST(JobSpecTest, DataChoicesRoundTripThroughYaml) {
   absl::StatusOr<JobSpec> spec = ParseJobSpec(
       std::string("model:\n  config:") + kTinyConfigYaml +
           "data: {path: d.jsonl, format: sharegpt, chat_template: qwen3, packing: pad,\n"
-          "       truncation: truncate, on_bad_line: skip, cache_dir: cache, tokenize_threads: 3,\n"
+          "       truncation: truncate, on_bad_line: skip, cache_dir: cache, tokenize_threads: 1,\n"
           "       chat_date: '2026-01-02'}\n",
       dir.path());
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -262,7 +269,7 @@ TEST(JobSpecTest, DataChoicesRoundTripThroughYaml) {
   EXPECT_EQ(again->truncation, "truncate");
   EXPECT_EQ(again->on_bad_line, "skip");
   EXPECT_EQ(again->data_cache_dir, spec->data_cache_dir);
-  EXPECT_EQ(again->tokenize_threads, 3);
+  EXPECT_EQ(again->tokenize_threads, 1);
   EXPECT_EQ(again->chat_date, "2026-01-02");
   EXPECT_EQ(again->Fingerprint(), spec->Fingerprint());
 }
@@ -485,6 +492,71 @@ TEST(JobSpecTest, TokensPerStepWhoseProductOverflowsInt64IsRefused) {
   ExpectInvalid(MinimalSpec() +
                     "train:\n  micro_batches: 4294967296\n  micro_batch_rows: 4294967296\n",
                 "2^31");
+}
+
+TEST(JobSpecTest, NameOver256BytesIsRefusedNamingTheLimit) {
+  ExpectInvalid("name: " + std::string(257, 'x') + "\n" + MinimalSpec(), "at most 256");
+  TempDir dir;
+  EXPECT_TRUE(ParseJobSpec("name: " + std::string(256, 'x') + "\n" + MinimalSpec(), dir.path())
+                  .ok());
+}
+
+TEST(JobSpecTest, NameWithAControlCharacterIsRefusedNamingItsPosition) {
+  ExpectInvalid("name: \"ab\\ncd\"\n" + MinimalSpec(), "name has a control character (U+000A) at byte 2");
+  ExpectInvalid("name: \"\\e[31mred\"\n" + MinimalSpec(), "(U+001B) at byte 0");
+  ExpectInvalid("name: \"x\\x7f\"\n" + MinimalSpec(), "(U+007F) at byte 1");
+  ExpectInvalid("name: \"x\\x85\"\n" + MinimalSpec(), "(U+0085) at byte 1");  // C1 NEL
+  TempDir dir;
+  EXPECT_TRUE(ParseJobSpec("name: \"caf\u00e9 run-1\"\n" + MinimalSpec(), dir.path()).ok());
+}
+
+TEST(JobSpecTest, TokenizeThreadsAboveTheCoresIsRefusedNamingThem) {
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  ExpectInvalid(MinimalSpec() + "  tokenize_threads: 1000000\n",
+                absl::StrCat("data.tokenize_threads is 1000000; this machine has ", cores));
+  TempDir dir;
+  EXPECT_TRUE(ParseJobSpec(MinimalSpec() + absl::StrCat("  tokenize_threads: ", cores, "\n"),
+                           dir.path()).ok());
+}
+
+TEST(JobSpecTest, ConfigPathThatIsAFifoIsRefusedWithoutBlocking) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.Join("config.json").c_str(), 0600), 0);
+  std::optional<absl::Status> s = testing::RunWithin(5, [&] {
+    return ParseJobSpec("model:\n  config_path: config.json\ndata:\n  path: d.jsonl\n",
+                        dir.path()).status();
+  });
+  ASSERT_TRUE(s.has_value()) << "reading a FIFO blocked";
+  EXPECT_EQ(s->code(), absl::StatusCode::kInvalidArgument) << *s;
+  EXPECT_THAT(std::string(s->message()),
+              HasSubstr("model.config_path: " + dir.Join("config.json") +
+                        " is not a regular file (a FIFO)"));
+}
+
+TEST(ResolveModelConfigTest, ConfigJsonSymlinkLoopIsRefusedNotThrown) {
+  TempDir dir;
+  fs::create_directories(dir.Join("model"));
+  ASSERT_EQ(::symlink("config.json", dir.Join("model/config.json").c_str()), 0);
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec("model: {path: model}\ndata: {path: d.jsonl}\n", dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<ModelConfig> config = ResolveModelConfig(*spec);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("model.path: "));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("a loop of symbolic links"));
+}
+
+TEST(ResolveModelConfigTest, UnreadableConfigJsonIsRefusedNotThrown) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root reads every file";
+  TempDir dir;
+  WriteFile(dir.Join("model/config.json"), kTinyConfigJson);
+  fs::permissions(dir.Join("model/config.json"), fs::perms::none);
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec("model: {path: model}\ndata: {path: d.jsonl}\n", dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<ModelConfig> config = ResolveModelConfig(*spec);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kPermissionDenied) << config.status();
 }
 
 // Dynamic-NTK RoPE takes the job's sequence length (data.seq_len) for its frequencies.
