@@ -8,8 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/check.h"
@@ -27,12 +25,11 @@ constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.j
                                            "special_tokens_map.json", "tokenizer.model",
                                            "generation_config.json", "chat_template.jinja"};
 
+// A FIFO or a device by that name is refused without blocking (ReadWholeFile).
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return Annotate(text.status(), "cannot read");
+  return text;
 }
 
 // A part's tensors within one unit: (name, shape, element offset in the unit's buffer).
@@ -148,7 +145,7 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
   if (!options.tokenizer_dir.empty()) {
     for (const char* file : kTokenizerFiles) {
       fs::path src = fs::path(options.tokenizer_dir) / file;
-      if (!fs::exists(src)) continue;
+      if (!fs::exists(src, ec)) continue;  // the overload that cannot throw (a symlink loop)
       fs::copy_file(src, fs::path(w->tmp_) / file, fs::copy_options::overwrite_existing, ec);
       if (ec) return absl::InternalError(absl::StrCat("copying ", src.string(), ": ", ec.message()));
       RETURN_IF_ERROR(FsyncPath((fs::path(w->tmp_) / file).string()));
@@ -433,10 +430,15 @@ absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerSt
 
 std::vector<std::string> ListCheckpoints(const std::string& root) {
   std::vector<std::pair<int64_t, std::string>> found;
+  // Overloads that cannot throw: checkpoint.dir is the user's, and may hold anything (a
+  // "checkpoint-5" that is a symlink loop, a folder that cannot be read).
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& e = *it;
     const int64_t step = StepOf(e.path().filename().string());
-    if (step >= 0 && e.is_directory() && fs::exists(e.path() / "trainer_state.json")) {
+    std::error_code entry_ec;
+    if (step >= 0 && e.is_directory(entry_ec) &&
+        fs::exists(e.path() / "trainer_state.json", entry_ec)) {
       found.emplace_back(step, e.path().string());
     }
   }
@@ -448,10 +450,14 @@ std::vector<std::string> ListCheckpoints(const std::string& root) {
 
 absl::Status PruneCheckpoints(const std::string& root, int64_t keep_last) {
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.size() > 4 && n[0] == '.' && n.substr(n.size() - 4) == ".tmp") fs::remove_all(e.path(), ec);
+  std::vector<fs::path> unfinished;  // collected first: removing while iterating is unspecified
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.size() > 4 && n[0] == '.' && n.substr(n.size() - 4) == ".tmp") {
+      unfinished.push_back(it->path());
+    }
   }
+  for (const fs::path& path : unfinished) fs::remove_all(path, ec);
   if (keep_last <= 0) return absl::OkStatus();
   std::vector<std::string> all = ListCheckpoints(root);
   for (size_t i = 0; i + keep_last < all.size(); ++i) {

@@ -4,6 +4,8 @@
 #include "engine/checkpoint/checkpoint.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +16,7 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,6 +30,7 @@
 #include "engine/store/model_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/deadline.h"
 #include "tests/util/temp_dir.h"
 #include "nlohmann/json.hpp"
 
@@ -570,6 +574,24 @@ TEST(ListCheckpointsTest, StepTooLargeForInt64IsIgnored) {
   MakeFakeCheckpoint(root.path(), "checkpoint-3", true);
   MakeFakeCheckpoint(root.path(), "checkpoint-99999999999999999999", true);
   EXPECT_THAT(ListCheckpoints(root.path()), ElementsAre(root.Join("checkpoint-3")));
+}
+
+TEST(ListCheckpointsTest, ASymlinkLoopNamedLikeACheckpointIsIgnoredNotThrown) {
+  TempDir root;
+  MakeFakeCheckpoint(root.path(), "checkpoint-3", true);
+  ASSERT_EQ(::symlink("checkpoint-7", root.Join("checkpoint-7").c_str()), 0);
+  EXPECT_THAT(ListCheckpoints(root.path()), ElementsAre(root.Join("checkpoint-3")));
+  EXPECT_TRUE(PruneCheckpoints(root.path(), 1).ok());
+}
+
+TEST(ReadTrainerStateTest, AFifoAsTrainerStateIsRefusedWithoutBlocking) {
+  TempDir root;
+  fs::create_directories(root.Join("checkpoint-3"));
+  ASSERT_EQ(::mkfifo(root.Join("checkpoint-3/trainer_state.json").c_str(), 0600), 0);
+  std::optional<absl::Status> s = megatrain::testing::RunWithin(
+      5, [&] { return ReadTrainerState(root.Join("checkpoint-3")).status(); });
+  ASSERT_TRUE(s.has_value()) << "reading a FIFO blocked";
+  EXPECT_THAT(std::string(s->message()), HasSubstr("is not a regular file (a FIFO)"));
 }
 
 TEST(PruneCheckpointsTest, KeepLastTwoLeavesTheNewestTwoAndRemovesTmpLeftovers) {
