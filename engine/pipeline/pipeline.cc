@@ -60,6 +60,15 @@ int64_t Pipeline::DeviceBytesFor(const ModelConfig& config, const ModelLayout& l
   return p.device_bytes_;
 }
 
+int64_t Pipeline::MinDeviceBytesPerToken(const ModelConfig& config, Backend* backend) {
+  // Allocate()'s buffers of M x n rows: the layer-input checkpoints (at least two: the
+  // first layer's and the last's) or, on the host, the two staging buffers; the residual
+  // gradient; the token arrays; the per-token losses.
+  const int64_t act_row = config.hidden_size * DTypeSize(backend->act_dtype());
+  return 3 * act_row + kBatchArrays * static_cast<int64_t>(sizeof(int32_t)) +
+         DTypeSize(backend->stat_dtype());
+}
+
 Pipeline::~Pipeline() {
   if (backend_ == nullptr) return;
   backend_->BindThread();  // its buffers are freed on its device
@@ -149,11 +158,8 @@ absl::Status Pipeline::Allocate(bool count_only) {
   RETURN_IF_ERROR(alloc.Allocate(&head_ws_, head_.WorkspaceBytes(n), "the loss workspace"));
   RETURN_IF_ERROR(
       alloc.Allocate(&batch_ints_, M * kBatchArrays * n * sizeof(int32_t), "token arrays"));
-  token_order_.resize(M * n);
-  batches_.resize(M);
   RETURN_IF_ERROR(
       alloc.Allocate(&losses_, M * n * DTypeSize(be->stat_dtype()), "per-token losses"));
-  host_losses_.resize(M * n * DTypeSize(be->stat_dtype()));
   const int64_t half = config_.head_dim / 2;
   RETURN_IF_ERROR(alloc.Allocate(&inv_freq_, half * sizeof(float), "RoPE frequencies"));
   const int64_t E = config_.moe.num_experts;
@@ -168,7 +174,11 @@ absl::Status Pipeline::Allocate(bool count_only) {
     aux_coef_ = config_.moe.TrainedAuxLossCoef(options_.router_aux_loss_coef);
   }
   device_bytes_ = alloc.bytes();
+  // Counting sizes nothing per token on the host: the planner counts plans of any size.
   if (count_only) return absl::OkStatus();
+  token_order_.resize(M * n);
+  batches_.resize(M);
+  host_losses_.resize(M * n * DTypeSize(be->stat_dtype()));
   if (E > 0) host_offsets_.resize(config_.num_layers * M * (E + 1));
 
   const std::vector<float> inv_freq = RopeInvFreqs(config_);

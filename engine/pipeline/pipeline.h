@@ -139,6 +139,10 @@ class Pipeline {
   // the planner's device-memory figure.
   static int64_t DeviceBytesFor(const ModelConfig& config, const ModelLayout& layout,
                                 Backend* backend, const PipelineOptions& options);
+  // A floor under DeviceBytesFor per token of a step (micro_batches x
+  // tokens_per_micro_batch), whatever the other options: the buffers every plan sizes by
+  // its tokens. Lets the planner refuse a step that can never fit before counting any plan.
+  static int64_t MinDeviceBytesPerToken(const ModelConfig& config, Backend* backend);
   // Weight slots a pipeline with `options` uses.
   static int64_t NumWeightSlots(const ModelConfig& config, const PipelineOptions& options);
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/common/check.h"
+#include "engine/common/status.h"
 #include "engine/layers/layer_kind.h"
 #include "engine/model/layout.h"
 #include "engine/pipeline/pipeline.h"
@@ -393,6 +394,31 @@ struct PlanSearch {
   }
 };
 
+// Refuses, before any plan is counted, a step whose tokens alone need more memory than
+// the job may take: every plan holds Pipeline::MinDeviceBytesPerToken per token of a
+// device's share on the device (on the CPU backend, in host memory, for each device).
+absl::Status CheckStepCanFit(const PlanRequest& r, Backend* backend, int64_t device_tokens) {
+  const bool cpu = backend->kind() == BackendKind::kCpu;
+  const int64_t devices = std::max<int64_t>(1, r.devices);
+  const int64_t per_token = Pipeline::MinDeviceBytesPerToken(r.config, backend);
+  const int64_t budget = cpu ? r.host_budget_bytes / devices : r.device_budget_bytes;
+  const double need = static_cast<double>(device_tokens) * per_token;
+  if (need <= static_cast<double>(budget)) return absl::OkStatus();
+  const int64_t tokens = r.rows_per_step * r.seq_len;
+  const int64_t most = std::max<int64_t>(0, budget / per_token) * devices;
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "train.tokens_per_step %d%s needs at least %s of %s for its activations alone (%d bytes a "
+      "token: layer inputs kept for backward and their gradient, %d wide, and the token ids "
+      "and losses), and the job may take %s%s; lower train.tokens_per_step (at most about %d "
+      "tokens could fit, before the model and the layers' work)%s",
+      tokens, devices > 1 ? absl::StrFormat(" (%d on each of %d devices)", device_tokens, devices)
+                          : std::string(),
+      GiB(need), cpu ? "host memory (the CPU backend's buffers)" : "device memory", per_token,
+      r.config.hidden_size, GiB(static_cast<double>(budget)),
+      devices > 1 ? (cpu ? " per device" : " on each") : "", most,
+      cpu ? "" : ", or raise device_memory_cap_bytes where the device has more"));
+}
+
 }  // namespace
 
 absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profile,
@@ -419,13 +445,18 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
   }
   const int64_t share = r.rows_per_step / devices;  // each device's sequences
   const bool cpu = backend->kind() == BackendKind::kCpu;
+  RETURN_IF_ERROR(CheckStepCanFit(r, backend, share * r.seq_len));
   std::vector<int64_t> rows;
   if (r.micro_batch_rows > 0) {
     rows = {r.micro_batch_rows};
-  } else {
-    for (int64_t d = 1; d <= share; ++d) {
-      if (share % d == 0) rows.push_back(d);
+  } else {  // the divisors of share, in order
+    std::vector<int64_t> large;
+    for (int64_t d = 1; d * d <= share; ++d) {
+      if (share % d != 0) continue;
+      rows.push_back(d);
+      if (d != share / d) large.push_back(share / d);
     }
+    rows.insert(rows.end(), large.rbegin(), large.rend());
   }
   std::vector<int64_t> ks;
   if (r.checkpoint_every > 0) {

@@ -2,8 +2,13 @@
 // Rates come from a fixed H200-like profile, so the choices are the planner's alone.
 #include "engine/plan/planner.h"
 
+#include <chrono>
+#include <memory>
+
 #include "gtest/gtest.h"
+#include "engine/backend/factory.h"
 #include "engine/common/collective.h"
+#include "engine/pipeline/pipeline.h"
 #include "engine/store/grad_slab_pool.h"
 #include "bench/shapes.h"
 #include "engine/model/layout.h"
@@ -336,6 +341,74 @@ TEST(Planner, MoreTokensTakeLongerAndRefusesNonsense) {
   PlanRequest bad = Request(Qwen1p5B(), 16384, 130);
   bad.micro_batch_rows = 3;  // does not divide 4 sequences
   EXPECT_EQ(MakePlan(bad, H200Like(), &be).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Planner, StepThatCanNeverFitIsRefusedAtOnceWithTheNumbers) {
+  // 2147483584 tokens passed the spec's < 2^31 check; counting its plans sized per-token
+  // host buffers until the OOM killer came.
+  PlanningBackend be;
+  PlanRequest r = Request(Qwen7B(), 4096, 130);
+  r.seq_len = 64;
+  r.rows_per_step = 33554431;  // 2147483584 tokens
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 1.0);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(plan.status().message());
+  EXPECT_NE(message.find("train.tokens_per_step 2147483584 needs at least"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("of device memory"), std::string::npos) << message;
+  EXPECT_NE(message.find("130.0 GiB"), std::string::npos) << message;
+
+  absl::StatusOr<std::unique_ptr<Backend>> cpu = CreateBackend(BackendRequest{"cpu"});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  plan = MakePlan(r, H200Like(), cpu->get());
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("of host memory"), std::string::npos) << plan.status();
+}
+
+TEST(Planner, LargeStepsAreCountedWithoutPerTokenHostBuffers) {
+  // 2^26 tokens of a small model fit the device; counting its ~1000 candidate plans used
+  // to take 20 s, sizing the pipeline's per-token host vectors for each.
+  ModelConfig c = Qwen1p5B(2);
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.vocab_size = 1024;
+  PlanningBackend be;
+  PlanRequest r = Request(c, 4096, 1000, 1000);
+  r.rows_per_step = (int64_t{1} << 26) / 4096;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_LT(seconds, 2.0);
+}
+
+TEST(Planner, MinDeviceBytesPerTokenIsAFloorUnderEveryPlan) {
+  PlanningBackend be;
+  const ModelConfig c = Qwen1p5B(4);
+  const ModelLayout layout = BuildLayout(c);
+  for (int64_t k : {1, 2, 4}) {
+    for (bool host : {false, true}) {
+      for (int64_t m : {1, 3}) {
+        PipelineOptions o;
+        o.micro_batches = m;
+        o.tokens_per_micro_batch = 4096;
+        o.checkpoint_every = k;
+        o.checkpoints_on_host = host;
+        const int64_t tokens = m * o.tokens_per_micro_batch;
+        EXPECT_LE(tokens * Pipeline::MinDeviceBytesPerToken(c, &be),
+                  Pipeline::DeviceBytesFor(c, layout, &be, o))
+            << "k " << k << " host " << host << " m " << m;
+      }
+    }
+  }
 }
 
 TEST(Planner, DescribesThePlanInWords) {
