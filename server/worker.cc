@@ -110,11 +110,11 @@ class Worker {
         trainer_->CheckpointNextStep();
         reply->mutable_ack();
         return absl::OkStatus();
-      case WorkerRequest::kListCheckpoints:
-        for (const std::string& path : ListCheckpoints(checkpoint_dir_)) {
-          reply->mutable_checkpoints()->add_paths(path);
-        }
+      case WorkerRequest::kListCheckpoints: {
+        internal::CheckpointsReply* list = reply->mutable_checkpoints();  // set, even empty
+        for (const std::string& path : ListCheckpoints(checkpoint_dir_)) list->add_paths(path);
         return absl::OkStatus();
+      }
       default:
         return absl::InvalidArgumentError("a request the worker does not know");
     }

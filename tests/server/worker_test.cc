@@ -2,12 +2,14 @@
 // is its own worker: run as `worker_test worker`, it serves the channel on fd 3 as
 // `megatraind worker` does (main below), so WorkerProcess::Spawn starts a real one.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "megatrain/internal/worker.pb.h"
@@ -22,22 +24,27 @@ namespace {
 
 using internal::WorkerReply;
 using internal::WorkerRequest;
+using megatrain::testing::TempDir;
 
 TEST(WorkerChannel, MessagesCrossWholeInOrder) {
   int fds[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
   WorkerChannel a(fds[0]), b(fds[1]);
-  for (int i = 0; i < 3; ++i) {
-    WorkerReply reply;
-    reply.set_error_message(std::string(100000 * (i + 1), static_cast<char>('a' + i)));
-    ASSERT_TRUE(a.Write(reply).ok());
-  }
+  // More than a socket buffer holds: the writer blocks until the reader takes frames.
+  std::thread writer([&] {
+    for (int i = 0; i < 3; ++i) {
+      WorkerReply reply;
+      reply.set_error_message(std::string(100000 * (i + 1), static_cast<char>('a' + i)));
+      EXPECT_TRUE(a.Write(reply).ok());
+    }
+  });
   for (int i = 0; i < 3; ++i) {
     WorkerReply got;
     ASSERT_TRUE(b.Read(&got, absl::Now() + absl::Seconds(10)).ok());
     EXPECT_EQ(got.error_message().size(), 100000u * (i + 1));
     EXPECT_EQ(got.error_message()[0], 'a' + i);
   }
+  writer.join();
 }
 
 TEST(WorkerChannel, ReadTimesOutWithoutAMessageAndEndsAtClose) {
@@ -148,7 +155,9 @@ TEST_F(WorkerProcessTest, AsAnotherUserItRunsWithTheirCredentials) {
   if (!nobody.ok()) GTEST_SKIP() << "no 'nobody' account";
   TempDir dir;
   chmod(dir.path().c_str(), 0755);
-  const std::string secret = dir.Write("secret.jsonl", "{\"text\": \"root's\"}\n", 0600);
+  const std::string secret = dir.path() + "/secret.jsonl";
+  std::ofstream(secret) << "{\"text\": \"root's\"}\n";
+  chmod(secret.c_str(), 0600);
   absl::StatusOr<std::unique_ptr<WorkerProcess>> worker = WorkerProcess::Spawn(*nobody, options_);
   ASSERT_TRUE(worker.ok()) << worker.status();
   WorkerRequest check = First();
