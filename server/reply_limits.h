@@ -23,10 +23,10 @@ namespace megatrain::server {
 inline constexpr size_t kListReplyBudgetBytes = 3 << 20;
 
 // Bounds on single fields, in bytes before the marker. Each Job stays under ~1 MiB.
-inline constexpr size_t kMaxNameBytes = 1 << 10;         // name, owner
-inline constexpr size_t kMaxShortTextBytes = 4 << 10;    // paths, waiting, device, a warning
-inline constexpr size_t kMaxErrorBytes = 64 << 10;       // error, plan text, a log line
-inline constexpr size_t kMaxSpecYamlBytes = 256 << 10;   // spec_yaml
+inline constexpr size_t kMaxNameBytes = 1 << 10;        // name, owner
+inline constexpr size_t kMaxShortTextBytes = 4 << 10;   // paths, waiting, device, a warning
+inline constexpr size_t kMaxErrorBytes = 64 << 10;      // error, plan text, a log line
+inline constexpr size_t kMaxSpecYamlBytes = 256 << 10;  // spec_yaml
 inline constexpr int kMaxPlanWarnings = 64;
 
 // Cuts `*text` to at most `max_bytes` bytes, never inside a UTF-8 sequence, and appends

@@ -71,7 +71,7 @@ TEST(TruncateForReply, LongTextIsCutAndSaysItsOriginalSize) {
 
 TEST(TruncateForReply, CutInsideAUtf8SequenceBacksOffToItsStart) {
   std::string text = "ab\xC3\xBC\xE2\x82\xAC";  // "abü€"
-  EXPECT_TRUE(TruncateForReply(&text, 3));        // byte 3 is inside 'ü'
+  EXPECT_TRUE(TruncateForReply(&text, 3));      // byte 3 is inside 'ü'
   EXPECT_EQ(text, "ab... (truncated, 7 bytes)");
   text = "ab\xC3\xBC\xE2\x82\xAC";
   EXPECT_TRUE(TruncateForReply(&text, 6));  // bytes 4..6 are '€'
