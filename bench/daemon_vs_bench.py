@@ -30,21 +30,25 @@ def steady(seconds):
 
 
 def run_daemon_job(a, tmp, cli, env, spec_path):
+    """Submits the job, reads a.steps steps' progress from `watch`, then cancels it (a 7B
+    checkpoint would not fit the box's disk). Its plan, step seconds and worker start."""
     out = subprocess.run([cli, "-o", "json", "submit", spec_path], env=env, capture_output=True,
                          text=True, cwd=tmp)
     if out.returncode != 0:
         sys.exit(f"submit failed: {out.stdout}{out.stderr}")
     job = json.loads(out.stdout)
-    watch = subprocess.run([cli, "-o", "json", "watch", str(job["id"])], env=env,
-                           capture_output=True, text=True, timeout=3600)
+    watch = subprocess.Popen([cli, "-o", "json", "watch", str(job["id"])], env=env,
+                             stdout=subprocess.PIPE, text=True)
     seconds = []
-    for line in watch.stdout.splitlines():
-        event = json.loads(line)
-        progress = event.get("progress")
-        if progress and "stepSeconds" in progress:
-            seconds.append(float(progress["stepSeconds"]))
-        elif progress and "step_seconds" in progress:
-            seconds.append(float(progress["step_seconds"]))
+    for line in watch.stdout:
+        progress = json.loads(line).get("progress")
+        if progress and ("stepSeconds" in progress or "step_seconds" in progress):
+            seconds.append(float(progress.get("stepSeconds", progress.get("step_seconds"))))
+            if len(seconds) >= a.steps:
+                break
+    subprocess.run([cli, "cancel", str(job["id"])], env=env, capture_output=True)
+    watch.kill()
+    watch.wait()
     logs = subprocess.run([cli, "-o", "json", "logs", str(job["id"])], env=env,
                           capture_output=True, text=True).stdout
     start = {}
@@ -55,8 +59,8 @@ def run_daemon_job(a, tmp, cli, env, spec_path):
         if m:
             start = {"ready_seconds": float(m.group(1)), "trainer_setup_seconds": float(m.group(2)),
                      "process_seconds": float(m.group(3))}
-    if watch.returncode != 0:
-        sys.exit(f"job failed: {watch.stdout[-2000:]}{watch.stderr}\n{logs[-3000:]}")
+    if len(seconds) < a.steps:
+        sys.exit(f"job ended after {len(seconds)} steps:\n{logs[-3000:]}")
     return job["plan"], seconds, start
 
 
@@ -86,8 +90,8 @@ def main():
     with open(spec_path, "w") as f:
         f.write(f"name: daemon-vs-bench\nmodel:\n  config: {json.dumps(config)}\n"
                 f"data: {{path: data.jsonl, tokenizer: byte, seq_len: {a.seq}}}\n"
-                f"train: {{steps: {a.steps}, tokens_per_step: {a.tokens_per_step}, "
-                f"lr: 1.0e-5}}\nbackend: cuda\n")
+                f"train: {{steps: 100000, tokens_per_step: {a.tokens_per_step}, "
+                f"lr: 1.0e-5, max_grad_norm: 0}}\nbackend: cuda\n")
     sock = os.path.join(tmp, "sock")
     log = open(os.path.join(tmp, "megatraind.log"), "wb")
     daemon = subprocess.Popen([os.path.join(a.bin_dir, "megatraind"), "--listen", "unix:" + sock,
@@ -104,9 +108,11 @@ def main():
     try:
         for _ in range(a.rounds):
             if plan is None:  # the daemon's plan, which train_bench then runs
-                plan = json.loads(subprocess.run(
-                    [cli, "-o", "json", "plan", spec_path], env=env, capture_output=True,
-                    text=True, cwd=tmp).stdout)
+                planned = subprocess.run([cli, "-o", "json", "plan", spec_path], env=env,
+                                         capture_output=True, text=True, cwd=tmp)
+                if planned.returncode != 0:
+                    sys.exit(f"plan failed: {planned.stdout}{planned.stderr}")
+                plan = json.loads(planned.stdout)
             bench = subprocess.run(
                 [os.path.join(a.bin_dir, "train_bench"), "--backend", "cuda", "--shape",
                  "qwen2.5-7b", "--layers", str(a.layers), "--seq", str(a.seq),
@@ -115,7 +121,8 @@ def main():
                  "--k", str(plan["checkpoint_every"]),
                  "--checkpoints", "host" if plan.get("checkpoints_on_host") else "device",
                  "--kept-layers", str(plan.get("kept_layers", 0)),
-                 "--weight-slots", str(plan["weight_slots"]), "--steps", str(a.steps)],
+                 "--weight-slots", str(plan["weight_slots"]), "--steps", str(a.steps),
+                 "--max-grad-norm", "0"],
                 capture_output=True, text=True)
             if bench.returncode != 0:
                 sys.exit(f"train_bench failed: {bench.stderr[-3000:]}")
