@@ -607,6 +607,10 @@ absl::Status JobRunner::PrepareJob(RunningJob& run) {
   worker.memory_bytes = static_cast<int64_t>(
       static_cast<double>(job.host_bytes_estimate()) * limits.memory_factor +
       limits.memory_headroom_gib * static_cast<double>(int64_t{1} << 30));
+  worker.memory_rule = absl::StrFormat(
+      "the plan's %.2f GiB of host memory times workers.memory_factor %g, plus "
+      "workers.memory_headroom_gib %g",
+      GiB(job.host_bytes_estimate()), limits.memory_factor, limits.memory_headroom_gib);
   worker.open_files = limits.open_files;
   worker.processes = limits.processes;
   worker.silence_timeout = absl::Seconds(limits.silence_timeout_s);

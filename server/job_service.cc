@@ -53,6 +53,7 @@ absl::StatusOr<internal::CheckReply> JobServiceImpl::Check(const Caller& who,
   options.exe_fd = options_.exe_fd;
   options.what = "the submission's check";
   options.memory_bytes = static_cast<int64_t>(limits.check_memory_gib * (int64_t{1} << 30));
+  options.memory_rule = "workers.check_memory_gib";
   options.open_files = limits.open_files;
   options.processes = limits.processes;
   options.silence_timeout = absl::Seconds(limits.check_timeout_s);

@@ -366,9 +366,10 @@ absl::StatusOr<internal::WorkerReply> WorkerProcess::Call(
       const int64_t resident = ResidentBytes();
       if (resident > options_.memory_bytes) {
         ended_ = absl::StrFormat(
-            "exceeded its memory limit (%.2f GiB resident, the limit %.2f GiB: the job's "
-            "admitted plan and the daemon's worker_memory_headroom_gib) and was stopped",
-            GiB(resident), GiB(options_.memory_bytes));
+            "exceeded its memory limit (%.2f GiB resident, the limit %.2f GiB%s) and was "
+            "stopped",
+            GiB(resident), GiB(options_.memory_bytes),
+            options_.memory_rule.empty() ? "" : absl::StrCat(": ", options_.memory_rule));
         Signal(SIGKILL);
         Reap(absl::InfiniteDuration());
         return Ended("");

@@ -37,6 +37,7 @@ struct WorkerOptions {
   int exe_fd = -1;             // the daemon's executable (OpenOwnExecutable)
   std::string what;            // for messages: "job 12's worker"
   int64_t memory_bytes = 0;    // resident memory it may reach; 0: no limit
+  std::string memory_rule;     // where that limit comes from, for the message
   int64_t open_files = 65536;  // RLIMIT_NOFILE (at most the daemon's own hard limit)
   int64_t processes = 0;       // RLIMIT_NPROC for a user other than root; 0: unchanged
   absl::Duration silence_timeout = absl::Seconds(60);  // no heartbeat for this long: hung
