@@ -1,7 +1,6 @@
 #include "server/run_as.h"
 
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,24 +13,6 @@
 
 namespace megatrain::server {
 namespace {
-
-// Gives the calling thread (only) `who`'s file-system identity.
-absl::Status SwitchThread(const Caller& who) {
-  if (syscall(SYS_setgroups, who.groups.size(), who.groups.data()) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot take the groups of ", who.user, ": ", std::strerror(errno)));
-  }
-  syscall(SYS_setfsgid, who.gid);
-  syscall(SYS_setfsuid, who.uid);
-  // Both calls return the previous value; an invalid id (-1) changes nothing, so it
-  // reads the current one back.
-  if (static_cast<gid_t>(syscall(SYS_setfsgid, -1)) != who.gid ||
-      static_cast<uid_t>(syscall(SYS_setfsuid, -1)) != who.uid) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot act as ", who.user, " (uid ", who.uid, ") on files"));
-  }
-  return absl::OkStatus();
-}
 
 bool Within(const std::filesystem::path& path, const std::filesystem::path& root) {
   auto p = path.begin();
@@ -53,74 +34,11 @@ absl::Status CanActFor(const Caller& who) {
       "daemon as root (deploy/megatraind.service) to share it"));
 }
 
-absl::StatusOr<std::unique_ptr<UserWorker>> UserWorker::Start(const Caller& who) {
-  if (absl::Status can = CanActFor(who); !can.ok()) return can;
-  std::unique_ptr<UserWorker> w(new UserWorker());
-  w->thread_ = std::thread([p = w.get(), who] { p->Loop(who); });
-  std::unique_lock<std::mutex> lock(w->mu_);
-  w->cv_.wait(lock, [&] { return w->started_; });
-  absl::Status status = w->start_status_;
-  lock.unlock();
-  if (!status.ok()) return status;  // the destructor joins the thread
-  return w;
-}
-
-UserWorker::~UserWorker() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
-
-void UserWorker::Loop(const Caller& who) {
-  absl::Status status;
-  if (geteuid() == 0 && who.uid != 0) status = SwitchThread(who);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    started_ = true;
-    start_status_ = status;
-  }
-  cv_.notify_all();
-  if (!status.ok()) return;
-  std::unique_lock<std::mutex> lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [&] { return stop_ || (task_ != nullptr && !done_); });
-    if (task_ != nullptr && !done_) {
-      const std::function<void()>* task = task_;
-      lock.unlock();
-      (*task)();
-      lock.lock();
-      done_ = true;
-      cv_.notify_all();
-      continue;
-    }
-    if (stop_) return;
-  }
-}
-
-void UserWorker::Do(const std::function<void()>& task) {
-  std::unique_lock<std::mutex> lock(mu_);
-  task_ = &task;
-  done_ = false;
-  cv_.notify_all();
-  cv_.wait(lock, [&] { return done_; });
-  task_ = nullptr;
-}
-
-absl::Status RunAs(const Caller& who, const std::function<void()>& fn) {
-  absl::StatusOr<std::unique_ptr<UserWorker>> worker = UserWorker::Start(who);
-  if (!worker.ok()) return worker.status();
-  (*worker)->Do(fn);
-  return absl::OkStatus();
-}
-
 absl::Status CheckPathAllowed(const std::string& field, const std::string& path,
                               const FileRoots& roots, const std::string& own_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path real = fs::weakly_canonical(fs::absolute(path), ec);
+  const fs::path real = fs::weakly_canonical(fs::absolute(path, ec), ec);
   if (ec) {
     return absl::PermissionDeniedError(
         absl::StrCat(field, ": cannot resolve ", path, ": ", ec.message()));

@@ -1,26 +1,18 @@
-// Files on behalf of users: the daemon touches a job's files only as the job's owner.
+// Files on behalf of users: a job's files are touched only by processes running as the job's
+// owner (server/worker_process.h), so the kernel checks each open, mkdir and rename
+// against that user's permissions, and what they create belongs to the user. This file
+// holds what those processes and the daemon check on top.
 //
-// A UserWorker is a thread whose file-system identity is a user's: its fsuid, fsgid and
-// supplementary groups are set with the raw per-thread system calls (glibc's setgroups
-// would change every thread of the daemon), so the kernel checks each open, mkdir and
-// rename it makes against that user's permissions, and what it creates belongs to the
-// user. Threads it starts (the trainer's optimizer and checkpoint writers, OpenMP teams)
-// inherit that identity. The daemon's other threads keep theirs.
+// Starting work as another user needs root (CAP_SETUID/CAP_SETGID). A daemon not run as
+// root acts only for its own uid, and refuses other users' jobs rather than run them as
+// itself (CanActFor).
 //
-// Switching needs root (CAP_SETUID/CAP_SETGID). A daemon not run as root acts only for
-// its own uid, and refuses other users' jobs rather than run them as itself.
-//
-// On top of the kernel's check, paths must lie inside configured roots (after symlinks
-// are resolved, as the user), and never inside the daemon's state folder except a job's
-// own folder there.
+// Paths must lie inside configured roots (after symlinks are resolved, as the user), and
+// never inside the daemon's state folder except a job's own folder there.
 #pragma once
 
-#include <condition_variable>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,34 +23,6 @@ namespace megatrain::server {
 // OK when this daemon can act for `who`; PERMISSION_DENIED saying why otherwise.
 absl::Status CanActFor(const Caller& who);
 
-class UserWorker {
- public:
-  // Starts the thread and switches its identity to `who`'s.
-  static absl::StatusOr<std::unique_ptr<UserWorker>> Start(const Caller& who);
-  ~UserWorker();  // finishes the task running, then stops the thread
-  UserWorker(const UserWorker&) = delete;
-  UserWorker& operator=(const UserWorker&) = delete;
-
-  // Runs `task` on the worker thread and waits for it. Not reentrant.
-  void Do(const std::function<void()>& task);
-
- private:
-  UserWorker() = default;
-  void Loop(const Caller& who);
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const std::function<void()>* task_ = nullptr;  // guarded by mu_
-  bool done_ = false;                            // guarded by mu_: task_ finished
-  bool stop_ = false;                            // guarded by mu_
-  bool started_ = false;                         // guarded by mu_
-  absl::Status start_status_;                    // guarded by mu_
-  std::thread thread_;
-};
-
-// Runs `fn` once on a fresh UserWorker of `who`.
-absl::Status RunAs(const Caller& who, const std::function<void()>& fn);
-
 // Where job files may be. Paths are checked after resolving symlinks.
 struct FileRoots {
   std::vector<std::string> roots;  // absolute folders; {"/"} allows every path
@@ -66,7 +30,8 @@ struct FileRoots {
 };
 
 // Checks `path` (named `field` in the error) is inside `own_dir` (the job's folder in the
-// state folder: always allowed), or inside one of the roots and not in the state folder. Call on the user's worker: resolving the path
+// state folder: always allowed), or inside one of the roots and not in the state folder.
+// Call as the user (in their worker process): resolving the path
 // walks folders as the user. `path` need not exist yet (a checkpoint folder).
 absl::Status CheckPathAllowed(const std::string& field, const std::string& path,
                               const FileRoots& roots, const std::string& own_dir);
@@ -78,7 +43,7 @@ absl::StatusOr<std::string> MakeJobFolder(const std::string& state_dir, int64_t 
                                           const Caller& who);
 
 // Creates `dir` (and its parents) if needed and checks a file can be created in it.
-// Call on the user's worker.
+// Call as the user (in their worker process).
 absl::Status CheckWritableFolder(const std::string& field, const std::string& dir);
 
 }  // namespace megatrain::server

@@ -614,8 +614,15 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   last_checkpoint_bytes_ = 0;
   std::error_code ec;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(path, ec)) {
-    if (e.is_regular_file(ec)) last_checkpoint_bytes_ += static_cast<int64_t>(e.file_size(ec));
+  // increment(ec), not a range-for: a folder that fails to read mid-walk is an error
+  // code, never an exception.
+  for (auto it = std::filesystem::recursive_directory_iterator(path, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) {
+      const uintmax_t size = it->file_size(size_ec);
+      if (!size_ec) last_checkpoint_bytes_ += static_cast<int64_t>(size);
+    }
   }
   return path;
 }
