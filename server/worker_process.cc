@@ -317,6 +317,17 @@ int64_t WorkerProcess::ResidentBytes() const {
 absl::Status WorkerProcess::Ended(const std::string& how) {
   if (ended_.empty()) ended_ = how;
   const std::string tail = OutputTail();
+  // Between two looks at its resident memory, a worker can run into its data-segment cap
+  // (twice the limit) and die of a failed allocation: say so, with the rule.
+  if (options_.memory_bytes > 0 && ended_.find("memory limit") == std::string::npos &&
+      (tail.find("std::bad_alloc") != std::string::npos ||
+       tail.find("Cannot allocate memory") != std::string::npos)) {
+    absl::StrAppend(&ended_, absl::StrFormat(
+        " after an allocation failed: out of memory under its memory limit (%.2f GiB "
+        "resident, its data segment capped at twice that%s)",
+        GiB(options_.memory_bytes),
+        options_.memory_rule.empty() ? "" : absl::StrCat("; ", options_.memory_rule)));
+  }
   return absl::AbortedError(absl::StrCat(options_.what, " ", ended_,
                                          tail.empty() ? "" : "; its last output:\n", tail));
 }
@@ -335,7 +346,7 @@ absl::StatusOr<internal::WorkerReply> WorkerProcess::Call(
   for (;;) {
     internal::WorkerReply reply;
     const absl::Time now = absl::Now();
-    absl::Status read = channel_.Read(&reply, std::min(deadline, now + absl::Milliseconds(100)));
+    absl::Status read = channel_.Read(&reply, std::min(deadline, now + absl::Milliseconds(50)));
     DrainOutput();
     if (read.ok()) {
       heard = absl::Now();
@@ -362,7 +373,7 @@ absl::StatusOr<internal::WorkerReply> WorkerProcess::Call(
       return Ended("");
     }
     if (options_.memory_bytes > 0 && absl::Now() >= next_memory_check) {
-      next_memory_check = absl::Now() + absl::Milliseconds(250);
+      next_memory_check = absl::Now() + absl::Milliseconds(50);
       const int64_t resident = ResidentBytes();
       if (resident > options_.memory_bytes) {
         ended_ = absl::StrFormat(

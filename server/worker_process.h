@@ -61,7 +61,7 @@ class WorkerProcess {
   // Sends `request` and waits for its reply. The reply's own error (the request failed in
   // the worker) is returned as that status. Otherwise Aborted when the worker exited,
   // was killed, exceeded its memory or went silent (it is stopped then, and stays so);
-  // Cancelled when `interrupted` (polled every 100 ms) returned true; DeadlineExceeded
+  // Cancelled when `interrupted` (polled every 50 ms) returned true; DeadlineExceeded
   // past `deadline`.
   [[nodiscard]] absl::StatusOr<internal::WorkerReply> Call(
       const internal::WorkerRequest& request,

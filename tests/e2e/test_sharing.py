@@ -349,6 +349,21 @@ class FilesTest(SharingTestCase):
         job = self.wait_state(b, "failed")
         self.assertIn("data.path", job["error"])
 
+    def test_a_checkpoint_dir_swapped_for_a_link_while_held_writes_nothing_there(self):
+        # Bob's checkpoint folder becomes, while his job is held, a link into Alice's home:
+        # his worker, running as him, is refused by the kernel when the job starts.
+        theirs = home(ALICE, "ckpts")
+        os.makedirs(theirs, exist_ok=True)
+        chown(theirs, ALICE, 0o700)
+        ck = home(BOB, "ck")
+        b = self.submit_as(BOB, make_spec(steps=2, checkpoint={"dir": ck}), "--hold")
+        shutil.rmtree(ck, ignore_errors=True)
+        os.symlink(theirs, ck)
+        self.expect(EXIT_OK, BOB, "release", b)
+        job = self.wait_state(b, "failed")
+        self.assertIn("checkpoint.dir", job["error"])
+        self.assertEqual(os.listdir(theirs), [])
+
 
 class SchedulingTest(SharingTestCase):
     LIMITS = {"max_queued_jobs": 2, "max_priority": 10}
