@@ -268,15 +268,12 @@ void WorkerProcess::Stop(absl::Duration grace) {
 
 void WorkerProcess::Exit(absl::Duration grace) {
   if (reaped_) return;
+  // Its answer may take a while (a checkpoint being written finishes first): it is
+  // awaited as any other, while the worker keeps reporting.
   internal::WorkerRequest request;
   request.mutable_exit();
-  const absl::Time until = absl::Now() + grace;
-  if (channel_.Write(request).ok()) {
-    internal::WorkerReply reply;
-    while (channel_.Read(&reply, until).ok() && reply.has_heartbeat()) {
-    }
-  }
-  if (!Reap(std::max(absl::ZeroDuration(), until - absl::Now()))) Stop(absl::Seconds(5));
+  if (Call(request).ok() && Reap(grace)) return;
+  Stop(grace);
 }
 
 void WorkerProcess::DrainOutput() {

@@ -72,7 +72,8 @@ class WorkerProcess {
   void Signal(int signal);
   // SIGTERM, then SIGKILL after `grace` if it has not exited; reaps it.
   void Stop(absl::Duration grace);
-  // Asks it to exit (ExitRequest) and waits up to `grace` for that, then as Stop.
+  // Asks it to exit (ExitRequest) and waits for its answer as Call() does (a checkpoint
+  // being written finishes first), then up to `grace` for its exit; else as Stop.
   void Exit(absl::Duration grace);
 
   // How it ended ("" while it runs): "exited with status 1", "was killed by signal 9
