@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Why the Llama-3.1-8B GEMM shapes run slower than Qwen2.5-7B's on the H200 (stop 37).
+"""Why the Llama-3.1-8B GEMM shapes run slower than Qwen2.5-7B's on the H200.
 
 machine_bench (cuBLAS, cublasGemmEx's default algorithm) measured 659-695 TFLOP/s for the
 4096-wide shapes at 8192 rows and 766-814 for the 3584-wide ones, in that order. This

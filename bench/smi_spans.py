@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The card's clock and power over marked spans of a run (bench/run_stop37_h200.sh).
+"""The card's clock and power over marked spans of a run (bench/run.sh power).
 
 smi.csv: `nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw,... --format=csv
 -lms 100`; marks.txt: lines "YYYY/MM/DD HH:MM:SS.mmm start|end NAME" (UTC, as nvidia-smi's
