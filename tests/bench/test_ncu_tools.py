@@ -12,8 +12,8 @@ _BENCH = os.path.join(_HERE, "..", "..", "bench")
 sys.path.insert(0, _BENCH)
 import ncu_kernel_times  # noqa: E402
 
-# A real ncu --set full --page raw --csv of one kernel (an H200, 2026-12-03).
-_REAL = os.path.join(_BENCH, "results", "h200-2026-12-03b", "call3_ncu_dq_d128.csv")
+# A real ncu --set full --page raw --csv of one kernel (the Hopper dq pass on an H200).
+_REAL = os.path.join(_HERE, "data", "ncu_dq_d128.csv")
 
 _PREAMBLE = ("==PROF== Connected to process 1 (train_bench)\n"
              "==WARNING== Note: Running with unmodified GPU clocks.\n\n")

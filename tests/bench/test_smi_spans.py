@@ -1,5 +1,5 @@
 """bench/smi_spans.py: the card's clock and power over marked spans, on a real nvidia-smi log of
-an H200 (stop 37, call 3) and on a synthetic one with clock-event reasons."""
+an H200 (machine_bench and two steps) and on a synthetic one with clock-event reasons."""
 
 import gzip
 import os
@@ -13,7 +13,7 @@ _BENCH = os.path.join(_HERE, "..", "..", "bench")
 sys.path.insert(0, _BENCH)
 import smi_spans  # noqa: E402
 
-_RESULTS = os.path.join(_BENCH, "results", "h200-2026-12-03c")
+_DATA = os.path.join(_HERE, "data")
 
 
 class SmiSpansTest(unittest.TestCase):
@@ -25,11 +25,11 @@ class SmiSpansTest(unittest.TestCase):
 
     def test_a_real_run(self):
         smi = os.path.join(self.tmp, "smi.csv")
-        with gzip.open(os.path.join(_RESULTS, "call3_smi_held.csv.gz"), "rb") as f, \
+        with gzip.open(os.path.join(_DATA, "smi_held.csv.gz"), "rb") as f, \
                 open(smi, "wb") as out:
             shutil.copyfileobj(f, out)
-        spans = {s["span"]: s for s in smi_spans.spans(smi, os.path.join(_RESULTS, "call3_marks.txt"))}
-        # What run_stop37_h200.sh printed on the box.
+        spans = {s["span"]: s for s in smi_spans.spans(smi, os.path.join(_DATA, "smi_marks.txt"))}
+        # What smi_spans.py printed on the box.
         llama = spans["step_llama8b_8k_128k_held"]
         self.assertEqual(llama["busy_samples"], 426)
         self.assertEqual(llama["sm_mhz"]["median"], 1560.0)

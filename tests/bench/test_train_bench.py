@@ -15,9 +15,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 BIN_DIR = os.path.abspath(
     os.environ.get("MEGATRAIN_BIN_DIR") or os.path.join(_HERE, "..", "..", "build"))
 TRAIN_BENCH = os.path.join(BIN_DIR, "bench", "train_bench")
-# An H200 box's saved machine profile (machine_bench --save, 2026-12-02).
-H200_PROFILE = os.path.join(_HERE, "..", "..", "bench", "results", "h200-2026-12-02-schedule",
-                            "box3_machine-profile.json")
+# An H200 box's saved machine profile (machine_bench --save).
+H200_PROFILE = os.path.join(_HERE, "data", "h200_machine_profile.json")
 
 
 class TrainBenchTest(unittest.TestCase):
