@@ -187,8 +187,8 @@ class CudaBackend final : public Backend {
   // goes on while a rounding waits for SMs, which it does only until the compute kernel
   // running ends. (With one 32 MiB buffer and both on `s`, every 0.6 ms chunk waited for a
   // gap between the compute stream's kernels, up to 26 ms apart in a micro-batch of 64K
-  // tokens: a Qwen2.5-7B layer's fp32 came up at 16 GB/s beside compute, against 55 alone;
-  // bench/results/h200-2026-12-03c.) `s` waits for the last rounding, so what follows the
+  // tokens: a Qwen2.5-7B layer's fp32 came up at 16 GB/s beside compute, against 55 alone
+  // on an H200.) `s` waits for the last rounding, so what follows the
   // upload on it sees the bf16 weights.
   void UploadWeightsFromF32(void* slot, const float* host_f32, int64_t n, StreamId s) override {
     F32Staging& st = staging_[static_cast<int>(s)];

@@ -5,7 +5,7 @@
 // A GPU that draws its power limit under a long load settles at a lower clock within about
 // a second, and a training step is such a load: on the H200 (700 W) the SM clock sits at
 // 1,515-1,560 MHz through a dense step against 1,980 in short bursts, and a bf16 GEMM that
-// runs 800 TFLOP/s for a few milliseconds runs 700 held (bench/results/h200-2026-12-03c).
+// runs 800 TFLOP/s for a few milliseconds runs 700 held.
 // Rates the planner predicts steps with are measured held.
 #pragma once
 

@@ -13,7 +13,7 @@
 // shared memory. A consumer issues the next tile's S with this tile's P V and runs the next
 // softmax while P V runs: the tensor cores run one consumer's GEMMs while the other computes.
 // (Making the two consumers take turns to issue, FlashAttention-3's ping-pong, measured 13-15%
-// slower at head_dim 128 and 10% at 64 on an H200 on 2026-12-02, so they issue freely.)
+// slower at head_dim 128 and 10% at 64 on an H200, so they issue freely.)
 // Setmaxnreg gives the consumers the registers the producer does not need. Key tiles start at
 // the first key the block's first query sees (not at a tile boundary: TMA takes any start row
 // and fills rows past n with zeros), and a consumer skips the tiles its own queries cannot
@@ -21,10 +21,10 @@
 // that cross the diagonal, a document's start or the window's edge (order::ForwardTileMasked),
 // in loops of their own.
 //
-// Status: the default on sm_90 since 2026-12-02 (MEGATRAIN_ATTENTION=mma declines them, see
+// Status: the default on sm_90 (MEGATRAIN_ATTENTION=mma declines them, see
 // ops.h), after the forward and the backward's dk/dv and dq passes (HopperDkDvKernel and
 // HopperDqKernel below) passed gpu_test on H200s; Delta and dsinks stay on attention.cu's
-// kernels. On an H200 on 2026-12-03 (machine_bench, bench/results/h200-2026-12-03b/), causal,
+// kernels. On an H200 (machine_bench; bench/run.sh attention), causal,
 // 8K / 32K: head_dim 128 forward 576 / 607 TFLOP/s, backward 425 / 441; head_dim 64 forward
 // 452 / 479.
 //
@@ -217,7 +217,7 @@ __device__ __forceinline__ void LoadKvRing(bf16* s_k, bf16* s_v, uint64_t* k_ful
 // Tested at run time in every tile, they cost ~4.6 instructions a score (the forward's code
 // size with and without them), mostly on the ALU pipe: by Nsight Compute on an H200 at 8K,
 // head_dim 128, the forward's ALU pipe went from 48% to 31% busy without them, its tensor
-// cores from 51% to 67% (2026-12-03).
+// cores from 51% to 67%.
 template <typename F>
 __device__ __forceinline__ void WithMask(bool masked, F&& f) {
   if (masked) {

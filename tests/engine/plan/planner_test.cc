@@ -177,7 +177,7 @@ TEST(Planner, SmallBatchOnASmallModelIsBoundByTheHost) {
   absl::StatusOr<Plan> plan = MakePlan(Request(Qwen1p5B(), 4096, 130), H200Like(), &be);
   ASSERT_TRUE(plan.ok()) << plan.status();
   // 1.5B parameters of AdamW against 4K tokens of compute: the H200 measured this one
-  // 1.14x its optimizer floor (bench/results/h200-2026-11-29).
+  // 1.14x its optimizer floor.
   EXPECT_EQ(plan->step.bound, "CPU optimizer");
   EXPECT_GE(plan->step.seconds, plan->step.optimizer_seconds);
   EXPECT_LE(plan->step.seconds, 1.3 * plan->step.optimizer_seconds);
