@@ -10,7 +10,7 @@ tokenizer, generated text.
   bench/data_parallel.py --bin BUNDLE/bin --shape qwen2.5-1.5b --steps 50 [--devices 2]
       [--reduce device,host]
 
-Not a test: figures for the issue notes (issue: several GPUs per job).
+Not a test: `bench/run.sh data-parallel` keeps its latest result.
 """
 import argparse
 import json

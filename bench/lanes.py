@@ -13,7 +13,8 @@ cores, memory bandwidth and PCIe root).
 
   bench/lanes.py --bin BUNDLE/bin [--layers 16] [--hidden 2048] [--steps 30]
 
-Needs root and at least one GPU. Not a test: numbers for the issue notes.
+Needs root and at least one GPU. Not a test: `bench/run.sh lanes` keeps
+its latest result.
 """
 
 import argparse
