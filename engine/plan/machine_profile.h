@@ -73,7 +73,7 @@ struct MachineProfile {
   double device_gbps = 0;   // device memory, read + write of a copy
   double gemm_peak_tflops = 0;  // best forward rate of the grid
   // How long the device was held busy before the matmul grid (0: measured in bursts, as
-  // profiles saved before 2026-12-03 were); each rate is then timed over at least
+  // older profiles were); each rate is then timed over at least
   // kHeldSampleSeconds.
   double held_seconds = 0;
   static constexpr double kHeldSampleSeconds = 0.05;
@@ -87,7 +87,7 @@ struct MachineProfile {
   double adamw_int8_params_per_second = 0;
   // AdamW's rate inside a step over its rate alone (the rates above). Measured by train_bench
   // (optimizer_in_step_fraction), not by machine_bench, which runs AdamW alone: 0.65-0.77 on
-  // H200 boxes over 14 MoE steps on 2026-12-02 (one device's DMA under way, bf16 copy or not,
+  // H200 boxes over 14 MoE steps (one device's DMA under way, bf16 copy or not,
   // OpenMP threads one or two short of the cores, passive waits, huge pages: none explains
   // it). Profiles without it take that default; `train_bench --calibrate` measures this
   // box's into its cached profile (or set it in the JSON). In (0, 2]. Against the rates as

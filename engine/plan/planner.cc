@@ -223,7 +223,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // Without the copy the master goes up through a staging buffer, each piece rounded by a
   // kernel on a stream of its own that waits for SMs beside the compute stream's: measured
   // at 40 GB/s (median of a step's layers; 49 in the forward, down to 32 in the backward)
-  // against the copy's 52 beside compute (H200, 2026-12-02 and -03c; 22 when copy and
+  // against the copy's 52 beside compute (H200; 22 when copy and
   // rounding took turns on one stream), so its weight bytes cost kF32UploadCost times
   // theirs. (Counted in time, not in the bytes reported.)
   const double weight_extra = plan->bf16_copy ? 0.0 : kF32UploadCost - 1.0;
