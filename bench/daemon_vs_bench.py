@@ -15,14 +15,14 @@ Prints one JSON object. Standard library only; run on the GPU box (deploy/bundle
 import argparse
 import json
 import os
-import random
 import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from daemon_jobs import qwen25_7b_config, start_daemon, write_word_dataset
 
 
 def steady(seconds):
@@ -75,34 +75,16 @@ def main():
     a = ap.parse_args()
     a.bin_dir = os.path.abspath(a.bin_dir)
     tmp = tempfile.mkdtemp(prefix="daemon-vs-bench-")
-    rng = random.Random(0)
-    words = "the of and to in is was for on that with as by at from his an were are".split()
-    with open(os.path.join(tmp, "data.jsonl"), "w") as f:
-        for _ in range(64 + a.steps * a.tokens_per_step // a.seq):
-            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(2 * a.seq))})
-                    + "\n")
-    config = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584,
-              "intermediate_size": 18944, "num_hidden_layers": a.layers,
-              "num_attention_heads": 28, "num_key_value_heads": 4,
-              "vocab_size": 152064, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
-              "tie_word_embeddings": False}
+    write_word_dataset(os.path.join(tmp, "data.jsonl"), 64 + a.steps * a.tokens_per_step // a.seq,
+                       2 * a.seq)
+    config = qwen25_7b_config(a.layers)
     spec_path = os.path.join(tmp, "job.yaml")
     with open(spec_path, "w") as f:
         f.write(f"name: daemon-vs-bench\nmodel:\n  config: {json.dumps(config)}\n"
                 f"data: {{path: data.jsonl, tokenizer: byte, seq_len: {a.seq}}}\n"
                 f"train: {{steps: 100000, tokens_per_step: {a.tokens_per_step}, "
                 f"lr: 1.0e-5, max_grad_norm: 0}}\nbackend: cuda\n")
-    sock = os.path.join(tmp, "sock")
-    log = open(os.path.join(tmp, "megatraind.log"), "wb")
-    daemon = subprocess.Popen([os.path.join(a.bin_dir, "megatraind"), "--listen", "unix:" + sock,
-                               "--state-dir", os.path.join(tmp, "state"), "--metrics-listen", ""],
-                              stdout=log, stderr=subprocess.STDOUT)
-    env = dict(os.environ, MEGATRAIN_ADDR="unix:" + sock)
-    cli = os.path.join(a.bin_dir, "megatrain")
-    for _ in range(1200):
-        if subprocess.run([cli, "node"], env=env, capture_output=True).returncode == 0:
-            break
-        time.sleep(0.1)
+    daemon, env, cli = start_daemon(a.bin_dir, tmp)
     rounds = []
     plan = None
     try:

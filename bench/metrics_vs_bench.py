@@ -19,7 +19,6 @@ Standard library only; run on the GPU box (deploy/bundle.sh output's bin/).
 import argparse
 import json
 import os
-import random
 import re
 import signal
 import socket
@@ -28,6 +27,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+
+from daemon_jobs import qwen25_7b_config, start_daemon, write_word_dataset
 
 
 def free_port():
@@ -74,19 +75,8 @@ def main():
     a.bin_dir = os.path.abspath(a.bin_dir)
     tmp = tempfile.mkdtemp(prefix="metrics-vs-bench-")
 
-    # A dataset of random words (byte tokenizer: every id < 258 fits any vocab).
-    rng = random.Random(0)
-    words = "the of and to in is was for on that with as by at from his an were are".split()
-    with open(os.path.join(tmp, "data.jsonl"), "w") as f:
-        for _ in range(300):
-            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(4 * a.seq))})
-                    + "\n")
-    # Qwen2.5-7B's shape (train_bench --shape qwen2.5-7b), a.layers deep.
-    config = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584,
-              "intermediate_size": 18944, "num_hidden_layers": a.layers,
-              "num_attention_heads": 28, "num_key_value_heads": 4,
-              "vocab_size": 152064, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
-              "tie_word_embeddings": False}
+    write_word_dataset(os.path.join(tmp, "data.jsonl"), 300, 4 * a.seq)
+    config = qwen25_7b_config(a.layers)
     spec = (f"name: metrics-vs-bench\nmodel:\n  config: {json.dumps(config)}\n"
             f"data: {{path: data.jsonl, tokenizer: byte, seq_len: {a.seq}}}\n"
             f"train: {{steps: 100000, micro_batch_rows: {a.rows}, micro_batches: "
@@ -96,18 +86,7 @@ def main():
         f.write(spec)
 
     port = free_port()
-    sock = os.path.join(tmp, "sock")
-    log = open(os.path.join(tmp, "megatraind.log"), "wb")
-    daemon = subprocess.Popen([os.path.join(a.bin_dir, "megatraind"), "--listen", "unix:" + sock,
-                               "--state-dir", os.path.join(tmp, "state"),
-                               "--metrics-listen", f"127.0.0.1:{port}"],
-                              stdout=log, stderr=subprocess.STDOUT)
-    env = dict(os.environ, MEGATRAIN_ADDR="unix:" + sock)
-    cli = os.path.join(a.bin_dir, "megatrain")
-    for _ in range(600):
-        if subprocess.run([cli, "node"], env=env, capture_output=True).returncode == 0:
-            break
-        time.sleep(0.1)
+    daemon, env, cli = start_daemon(a.bin_dir, tmp, f"127.0.0.1:{port}")
     out = subprocess.run([cli, "-o", "json", "submit", os.path.join(tmp, "job.yaml")], env=env,
                          capture_output=True, text=True, cwd=tmp)
     if out.returncode != 0:

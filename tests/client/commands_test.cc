@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "client/exit_codes.h"
+#include "tests/client/fake_daemon.h"
 #include "gtest/gtest.h"
 
 namespace megatrain::client {
@@ -156,38 +157,11 @@ class FakeJobs final : public v1::JobService::Service {
   std::vector<v1::ListJobsRequest> lists_;
 };
 
-class CommandsTest : public ::testing::Test {
+class CommandsTest : public FakeDaemonTest {
  protected:
-  void SetUp() override {
-    socket_ = "/tmp/megatrain-client-test-" + std::to_string(::getpid()) + ".sock";
-    ::unlink(socket_.c_str());
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
-    builder.RegisterService(&jobs_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    ctx_ = MakeContext("unix:" + socket_, Output::kTable, "alice", 10, false);
-  }
-  void TearDown() override {
-    server_->Shutdown();
-    ::unlink(socket_.c_str());
-  }
+  void SetUp() override { Serve("megatrain-client-test", {&jobs_}); }
 
-  // Runs a command with stdout and stderr captured; returns its exit code.
-  int Capture(const std::function<int()>& command) {
-    testing::internal::CaptureStdout();
-    testing::internal::CaptureStderr();
-    const int rc = command();
-    out_ = testing::internal::GetCapturedStdout();
-    err_ = testing::internal::GetCapturedStderr();
-    return rc;
-  }
-
-  std::string socket_;
   FakeJobs jobs_;
-  std::unique_ptr<grpc::Server> server_;
-  Context ctx_;
-  std::string out_, err_;
 };
 
 TEST_F(CommandsTest, SubmitSendsTheSpecAndItsFolderAndNoCredentialOverUnix) {

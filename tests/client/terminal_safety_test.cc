@@ -14,6 +14,7 @@
 #include "client/exit_codes.h"
 #include "client/format.h"
 #include "client/views.h"
+#include "tests/client/fake_daemon.h"
 #include "gtest/gtest.h"
 
 namespace megatrain::client {
@@ -207,44 +208,18 @@ class HostileAccess final : public v1::AccessService::Service {
   }
 };
 
-class HostileDaemonTest : public ::testing::Test {
+class HostileDaemonTest : public FakeDaemonTest {
  protected:
-  void SetUp() override {
-    socket_ = "/tmp/megatrain-hostile-test-" + std::to_string(::getpid()) + ".sock";
-    ::unlink(socket_.c_str());
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
-    builder.RegisterService(&jobs_);
-    builder.RegisterService(&access_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    ctx_ = MakeContext("unix:" + socket_, Output::kTable, "alice", 10, false);
-  }
-  void TearDown() override {
-    server_->Shutdown();
-    ::unlink(socket_.c_str());
-  }
+  void SetUp() override { Serve("megatrain-hostile-test", {&jobs_, &access_}); }
 
-  int Capture(const std::function<int()>& command) {
-    testing::internal::CaptureStdout();
-    testing::internal::CaptureStderr();
-    const int rc = command();
-    out_ = testing::internal::GetCapturedStdout();
-    err_ = testing::internal::GetCapturedStderr();
-    return rc;
-  }
   void ExpectNoRawControls() {
     EXPECT_FALSE(HasRawControls(out_)) << out_;
     EXPECT_FALSE(HasRawControls(err_)) << err_;
     EXPECT_EQ(out_.find("\n 99"), std::string::npos) << out_;
   }
 
-  std::string socket_;
   HostileJobs jobs_;
   HostileAccess access_;
-  std::unique_ptr<grpc::Server> server_;
-  Context ctx_;
-  std::string out_, err_;
 };
 
 TEST_F(HostileDaemonTest, ListPrintsOneRowPerJobWithControlsEscaped) {

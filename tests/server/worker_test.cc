@@ -84,6 +84,16 @@ class WorkerProcessTest : public ::testing::Test {
   }
   void TearDown() override { close(options_.exe_fd); }
 
+  // A worker of this user's that has answered its first call.
+  std::unique_ptr<WorkerProcess> Answering() {
+    absl::StatusOr<std::unique_ptr<WorkerProcess>> worker = WorkerProcess::Spawn(me_, options_);
+    EXPECT_TRUE(worker.ok()) << worker.status();
+    if (!worker.ok()) return nullptr;
+    absl::StatusOr<WorkerReply> reply = (*worker)->Call(First());
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    return *std::move(worker);
+  }
+
   // A list request with the context: the first call to a worker.
   WorkerRequest First() const {
     WorkerRequest request;
@@ -117,36 +127,33 @@ TEST_F(WorkerProcessTest, ARequestThatFailsInTheWorkerIsItsError) {
 }
 
 TEST_F(WorkerProcessTest, AKilledWorkerIsReportedWithTheSignal) {
-  absl::StatusOr<std::unique_ptr<WorkerProcess>> worker = WorkerProcess::Spawn(me_, options_);
-  ASSERT_TRUE(worker.ok()) << worker.status();
-  ASSERT_TRUE((*worker)->Call(First()).ok());
-  (*worker)->Signal(SIGKILL);
-  absl::StatusOr<WorkerReply> reply = (*worker)->Call(First());
+  std::unique_ptr<WorkerProcess> worker = Answering();
+  ASSERT_NE(worker, nullptr);
+  worker->Signal(SIGKILL);
+  absl::StatusOr<WorkerReply> reply = worker->Call(First());
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kAborted);
   EXPECT_NE(reply.status().message().find("was killed by SIGKILL"), absl::string_view::npos)
       << reply.status();
 }
 
 TEST_F(WorkerProcessTest, ASilentWorkerIsStoppedAsHung) {
-  absl::StatusOr<std::unique_ptr<WorkerProcess>> worker = WorkerProcess::Spawn(me_, options_);
-  ASSERT_TRUE(worker.ok()) << worker.status();
-  ASSERT_TRUE((*worker)->Call(First()).ok());
-  (*worker)->Signal(SIGSTOP);
-  absl::StatusOr<WorkerReply> reply = (*worker)->Call(First());
+  std::unique_ptr<WorkerProcess> worker = Answering();
+  ASSERT_NE(worker, nullptr);
+  worker->Signal(SIGSTOP);
+  absl::StatusOr<WorkerReply> reply = worker->Call(First());
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kAborted);
   EXPECT_NE(reply.status().message().find("stopped reporting for 2 s"), absl::string_view::npos)
       << reply.status();
 }
 
 TEST_F(WorkerProcessTest, AnInterruptedCallReturnsCancelled) {
-  absl::StatusOr<std::unique_ptr<WorkerProcess>> worker = WorkerProcess::Spawn(me_, options_);
-  ASSERT_TRUE(worker.ok()) << worker.status();
-  ASSERT_TRUE((*worker)->Call(First()).ok());
-  (*worker)->Signal(SIGSTOP);  // the reply never comes
-  absl::StatusOr<WorkerReply> reply = (*worker)->Call(First(), [] { return true; });
+  std::unique_ptr<WorkerProcess> worker = Answering();
+  ASSERT_NE(worker, nullptr);
+  worker->Signal(SIGSTOP);  // the reply never comes
+  absl::StatusOr<WorkerReply> reply = worker->Call(First(), [] { return true; });
   EXPECT_TRUE(absl::IsCancelled(reply.status())) << reply.status();
-  (*worker)->Stop(absl::Milliseconds(200));
-  EXPECT_NE((*worker)->ended().find("SIGKILL"), std::string::npos) << (*worker)->ended();
+  worker->Stop(absl::Milliseconds(200));
+  EXPECT_NE(worker->ended().find("SIGKILL"), std::string::npos) << worker->ended();
 }
 
 TEST_F(WorkerProcessTest, AsAnotherUserItRunsWithTheirCredentials) {
