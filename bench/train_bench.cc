@@ -30,7 +30,7 @@
 #include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/plan/planner.h"
-#include "engine/plan/step_schedule.h"
+#include "bench/step_schedule.h"
 #include "engine/store/model_io.h"
 #include "bench/shapes.h"
 #include "nlohmann/json.hpp"
@@ -454,7 +454,7 @@ int main(int argc, char** argv) {
                                                       : "CPU optimizer";
   // The floor of the step's dependencies (exact AdamW on the CPU: one step's gradient of a
   // unit before the next step's forward of it): the ideal schedule of the stages measured
-  // (step_schedule.h). With few, large layers it exceeds the three floors: the next
+  // (bench/step_schedule.h). With few, large layers it exceeds the three floors: the next
   // forward waits for the bottom layers' updates, and the top layers' wait for the head.
   std::vector<int64_t> unit_elements;
   int64_t total_elements = 0;
@@ -546,7 +546,7 @@ int main(int argc, char** argv) {
       {"step_over_largest_floor", step / floor},
       {"schedule_floor_seconds", floor_schedule},
       {"schedule_floor_formula",
-       "the ideal schedule of the measured stages (engine/plan/step_schedule.h): GPU "
+       "the ideal schedule of the measured stages (bench/step_schedule.h): GPU "
        "forward, head, backward (a layer's once the gradient two layers above it has crossed: "
        "two device buffers); each gradient over D2H in slab-sized pieces, each into a free "
        "slab of the step's pool; CPU AdamW lowest unit first at the step's measured rate, "

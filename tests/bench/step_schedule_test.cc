@@ -1,5 +1,5 @@
 // The ideal schedule's step, on cases small enough to work out by hand.
-#include "engine/plan/step_schedule.h"
+#include "bench/step_schedule.h"
 
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-#include "engine/plan/step_schedule.h"
+#include "bench/step_schedule.h"
 
 #include <algorithm>
 #include <numeric>
