@@ -31,7 +31,7 @@
 #include "engine/common/backend.h"
 #include "engine/common/mutex.h"
 #include "engine/optim/adamw.h"
-#include "engine/pipeline/grad_sink.h"
+#include "engine/transfer/grad_sink.h"
 #include "engine/store/grad_slab_pool.h"
 #include "engine/store/host_store.h"
 

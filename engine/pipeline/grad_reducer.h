@@ -34,7 +34,7 @@
 
 #include "engine/common/backend.h"
 #include "engine/common/mutex.h"
-#include "engine/pipeline/grad_sink.h"
+#include "engine/transfer/grad_sink.h"
 #include "engine/store/grad_slab_pool.h"
 
 namespace megatrain {

@@ -39,7 +39,7 @@
 #include "engine/layers/head.h"
 #include "engine/layers/layer_kind.h"
 #include "engine/model/config.h"
-#include "engine/pipeline/grad_sink.h"
+#include "engine/transfer/grad_sink.h"
 #include "engine/store/grad_slab_pool.h"
 #include "engine/store/host_store.h"
 #include "engine/transfer/gradient_drain.h"

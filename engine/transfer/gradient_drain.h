@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "engine/common/backend.h"
 #include "engine/common/collective.h"
-#include "engine/pipeline/grad_sink.h"
+#include "engine/transfer/grad_sink.h"
 #include "engine/store/grad_slab_pool.h"
 #include "engine/store/host_store.h"
 #include "engine/transfer/timeline.h"

@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "engine/common/backend.h"
 #include "engine/model/layout.h"
-#include "engine/pipeline/grad_sink.h"
+#include "engine/transfer/grad_sink.h"
 #include "engine/store/host_store.h"
 #include "engine/transfer/timeline.h"
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/common/backend.h"
-#include "engine/pipeline/grad_sink.h"
+#include "engine/transfer/grad_sink.h"
 #include "engine/store/grad_slab_pool.h"
 
 namespace megatrain::testing {

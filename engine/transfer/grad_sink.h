@@ -1,5 +1,6 @@
-// Where the pipeline hands each unit's finished gradient: the host optimizer in
-// training, a recorder in tests.
+// Where the gradient drain (transfer/) hands each unit's finished gradient: the host
+// optimizer in training, a recorder in tests. It sits in transfer/, which calls it, so the
+// includes point down the diagram: pipeline/ and optim/ include transfer/, never back.
 #pragma once
 
 #include <cstdint>
