@@ -59,7 +59,6 @@ struct JobRunnerOptions {
   int64_t host_memory_bytes = 0;  // what jobs may be admitted with in all; 0 = no limit
   std::string state_dir;       // default checkpoints: state_dir/jobs/<id>/checkpoints
   DaemonMetrics* metrics = nullptr;  // optional: what jobs report to Prometheus
-  const MachineProfile* profile = nullptr;  // the planner's rates; null = measure
   const DaemonConfig* config = nullptr;  // limits, fair share, preemption, file roots;
                                          // null = the defaults
   int exe_fd = -1;           // the daemon's executable, for workers (OpenOwnExecutable)

@@ -198,7 +198,6 @@ int Run(const DaemonConfig& config) {
   runner_options.host_memory_bytes = admissible;
   runner_options.config = &config;
   runner_options.metrics = &metrics;
-  runner_options.profile = &(*planner)->profile();
   JobRunner runner(store->get(), &hub, runner_options);
 
   // Jobs that were running when the last daemon died resume from their checkpoints.
