@@ -625,7 +625,7 @@ absl::Status JobRunner::PrepareJob(RunningJob& run) {
   context->set_profile_json(options_.profile_json);
   context->set_heartbeat_ms(absl::ToInt64Milliseconds(worker.heartbeat));
   internal::StartRequest* start = request.mutable_start();
-  start->set_spec_yaml(JobSpecToYaml(spec));
+  start->set_spec_yaml(job.spec_yaml());
   start->set_checkpoint_dir(spec.checkpoint_dir);
   start->set_backend(spec.backend);
   ASSIGN_OR_RETURN(internal::WorkerReply reply, CallWorker(run, request, true));

@@ -62,7 +62,8 @@ absl::StatusOr<internal::CheckReply> JobServiceImpl::Check(const Caller& who,
   internal::WorkerContext* context = request.mutable_context();
   for (const std::string& root : options_.config->file_roots) context->add_file_roots(root);
   context->set_state_dir(options_.state_dir);
-  context->set_profile_json(ProfileToJson(options_.planner->profile()));
+  context->set_profile_json(options_.profile_json);
+  context->set_heartbeat_ms(absl::ToInt64Milliseconds(options.heartbeat));
   internal::CheckRequest* check = request.mutable_check();
   *check->mutable_request() = req;
   check->set_check_files(check_files);

@@ -35,6 +35,7 @@ struct JobServiceOptions {
   Authenticator* auth = nullptr;  // who calls (required)
   const DaemonConfig* config = nullptr;  // roots and limits (required)
   int exe_fd = -1;  // the daemon's executable: submissions are checked in a worker of it
+  std::string profile_json;  // the planner's profile (ProfileToJson), for those workers
 };
 
 class JobServiceImpl final : public v1::JobService::Service {

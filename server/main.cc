@@ -192,7 +192,8 @@ int Run(const DaemonConfig& config) {
   }
   JobRunnerOptions runner_options;
   runner_options.exe_fd = *exe_fd;
-  runner_options.profile_json = ProfileToJson((*planner)->profile());
+  const std::string profile_json = ProfileToJson((*planner)->profile());
+  runner_options.profile_json = profile_json;
   runner_options.devices = *devices;
   runner_options.state_dir = config.state_dir;
   runner_options.host_memory_bytes = admissible;
@@ -211,10 +212,14 @@ int Run(const DaemonConfig& config) {
   }
 
   Authenticator auth(store->get(), config.admin_group);
-  JobServiceOptions job_options{config.state_dir, admissible, planner->get()};
+  JobServiceOptions job_options;
+  job_options.state_dir = config.state_dir;
+  job_options.host_memory_bytes = admissible;
+  job_options.planner = planner->get();
   job_options.auth = &auth;
   job_options.config = &config;
   job_options.exe_fd = *exe_fd;
+  job_options.profile_json = profile_json;
   JobServiceImpl jobs(store->get(), &hub, &runner, job_options);
   NodeServiceImpl node(store->get(), device == "cpu" ? "cpu" : "cuda", admissible, &auth);
   AccessServiceImpl access(store->get(), &auth, &config);

@@ -15,12 +15,6 @@ absl::StatusOr<std::unique_ptr<NodePlanner>> NodePlanner::Create(const std::stri
   return std::unique_ptr<NodePlanner>(new NodePlanner(std::move(planner)));
 }
 
-absl::StatusOr<v1::JobPlan> NodePlanner::PlanJob(const JobSpec& spec,
-                                                 const std::optional<TrainerState>& resume) {
-  ASSIGN_OR_RETURN(const PlannedJob planned, planner_->PlanJob(spec, resume));
-  return JobPlanMessage(planned);
-}
-
 v1::JobPlan JobPlanMessage(const PlannedJob& planned) {
   const Plan& plan = planned.plan;
   const PlanRequest& request = planned.request;

@@ -1,12 +1,12 @@
-// The node's planner: the engine's JobPlanner for this node's device, its profile kept in
-// the state folder, and its plans as the API's JobPlan message. Admission, `megatrain
-// plan` and the runner all plan with it, so what was admitted is what runs.
+// The node's planner: the engine's JobPlanner for this node's device and its profile, kept
+// in the state folder. Submissions are planned in a worker process of the user's
+// (JobPlanner::CreateFromProfile with this profile, device budget and GPU count), and jobs
+// run with the same profile, so what was admitted is what runs.
 //
 // Thread-safe.
 #pragma once
 
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -24,11 +24,6 @@ class NodePlanner {
   // when it matches this machine, else measured (seconds) and written there.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<NodePlanner>> Create(
       const std::string& device, const std::string& state_dir, int64_t host_budget_bytes);
-
-  // The plan of `spec` on this node: FailedPrecondition naming the memory that runs out.
-  // `resume`: JobPlanner::PlanJob's.
-  [[nodiscard]] absl::StatusOr<v1::JobPlan> PlanJob(
-      const JobSpec& spec, const std::optional<TrainerState>& resume = std::nullopt);
 
   const MachineProfile& profile() const { return planner_->profile(); }
   const std::string& note() const { return planner_->note(); }  // where the profile came from

@@ -147,9 +147,6 @@ class Worker {
     if (!planned.ok()) return planned.status();
     *out->mutable_plan() = JobPlanMessage(*planned);
     out->set_spec_yaml(JobSpecToYaml(spec));
-    out->set_name(spec.name);
-    out->set_devices(spec.devices);
-    out->set_steps(spec.steps);
     return absl::OkStatus();
   }
 
@@ -176,7 +173,6 @@ class Worker {
     out->set_num_parameters(t.num_parameters());
     out->set_backend_name(t.backend_name());
     out->set_tokens_per_step(spec.tokens_per_step_resolved());
-    out->set_steps(spec.steps);
     out->set_plan_text(t.plan_text());
     out->set_pinned_host_bytes(t.pinned_host_bytes());
     out->set_pageable_host_bytes(t.pageable_host_bytes());
