@@ -12,9 +12,6 @@
 namespace megatrain::ref {
 namespace {
 
-using testutil::Vec;
-using testutil::VecF;
-
 struct Problem {
   int64_t n, H, KV, D;
   std::vector<int32_t> doc_start;  // (n)
@@ -86,6 +83,8 @@ Vec NaiveAttention(const Problem& p, Vec* lse = nullptr) {
 template <typename T>
 struct Outputs {
   std::vector<T> o, lse, dq, dk, dv, dsinks;  // dsinks empty without sinks
+
+  std::vector<T> All() const { return testutil::Concat({o, lse, dq, dk, dv, dsinks}); }
 };
 
 // Forward and backward of the kernel on p cast to T, upstream gradient g (n,H,D); dsinks
@@ -113,6 +112,27 @@ void ExpectForwardMatchesNaive(const Problem& p) {
   const auto r = RunKernel<double>(p, Vec(p.n * p.H * p.D, 0.0));
   testutil::ExpectAllNear(r.o, o, 1e-13, 1e-14, "o");
   testutil::ExpectAllNear(r.lse, lse, 1e-13, 1e-14, "lse");
+}
+
+// The float kernel against the double one, with upstream gradient from seed.
+void ExpectFloatMatchesDouble(const Problem& p, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Vec g = testutil::RandomVec(rng, p.n * p.H * p.D);
+  const auto want = RunKernel<double>(p, g);
+  const auto got = RunKernel<float>(p, g);
+  testutil::ExpectAllNear(got.o, want.o, 1e-5, 1e-5, "o");
+  testutil::ExpectAllNear(got.lse, want.lse, 1e-6, 1e-6, "lse");
+  testutil::ExpectAllNear(got.dq, want.dq, 1e-4, 1e-5, "dq");
+  testutil::ExpectAllNear(got.dk, want.dk, 1e-4, 1e-5, "dk");
+  testutil::ExpectAllNear(got.dv, want.dv, 1e-4, 1e-5, "dv");
+  if (!p.sinks.empty()) testutil::ExpectAllNear(got.dsinks, want.dsinks, 1e-5, 1e-6, "dsinks");
+}
+
+// Every output of the float kernel, with upstream gradient from seed, at 1, 2 and 3 threads.
+void ExpectBitIdenticalAcrossThreadCounts(const Problem& p, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Vec g = testutil::RandomVec(rng, p.n * p.H * p.D);
+  testutil::ExpectBitIdenticalAcrossThreadCounts([&] { return RunKernel<float>(p, g).All(); });
 }
 
 void ExpectBackwardMatchesFiniteDifferences(Problem p, uint64_t seed) {
@@ -190,30 +210,11 @@ TEST(AttentionTest, PackedDocumentsDoNotLeakIntoEachOther) {
 }
 
 TEST(AttentionTest, FloatMatchesDouble) {
-  const Problem p = RandomProblem({20, 7, 13}, 4, 2, 32, 50);
-  std::mt19937_64 rng(51);
-  const Vec g = testutil::RandomVec(rng, p.n * p.H * p.D);
-  const auto want = RunKernel<double>(p, g);
-  const auto got = RunKernel<float>(p, g);
-  testutil::ExpectAllNear(got.o, want.o, 1e-5, 1e-5, "o");
-  testutil::ExpectAllNear(got.lse, want.lse, 1e-6, 1e-6, "lse");
-  testutil::ExpectAllNear(got.dq, want.dq, 1e-4, 1e-5, "dq");
-  testutil::ExpectAllNear(got.dk, want.dk, 1e-4, 1e-5, "dk");
-  testutil::ExpectAllNear(got.dv, want.dv, 1e-4, 1e-5, "dv");
+  ExpectFloatMatchesDouble(RandomProblem({20, 7, 13}, 4, 2, 32, 50), 51);
 }
 
 TEST(AttentionTest, ForwardAndBackwardAreBitIdenticalAcrossThreadCounts) {
-  const Problem p = RandomProblem({30, 1, 25, 14}, 4, 2, 16, 52);
-  std::mt19937_64 rng(53);
-  const Vec g = testutil::RandomVec(rng, p.n * p.H * p.D);
-  std::vector<VecF> results;
-  for (int threads : {1, 2, 3}) {
-    Outputs<float> r;
-    testutil::WithThreads(threads, [&] { r = RunKernel<float>(p, g); });
-    results.push_back(testutil::Concat({r.o, r.lse, r.dq, r.dk, r.dv}));
-  }
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[1]));
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[2]));
+  ExpectBitIdenticalAcrossThreadCounts(RandomProblem({30, 1, 25, 14}, 4, 2, 16, 52), 53);
 }
 
 // ---- sliding window and sinks ----
@@ -312,50 +313,26 @@ TEST(AttentionTest, NoWindowAndNoSinkAreTheSameBitsAsWideWindowAndMinusInfinityS
   const Problem base = RandomProblem({30, 1, 25, 14}, 4, 2, 16, 77);
   std::mt19937_64 rng(78);
   const Vec g = testutil::RandomVec(rng, base.n * base.H * base.D);
-  const auto want = RunKernel<float>(base, g);
-  const VecF all = testutil::Concat({want.o, want.lse, want.dq, want.dk, want.dv});
+  const VecF all = RunKernel<float>(base, g).All();
   for (int64_t window : {base.n, base.n + 100}) {
     Problem p = base;
     p.window = window;
-    const auto got = RunKernel<float>(p, g);
-    EXPECT_TRUE(
-        testutil::BitIdentical(all, testutil::Concat({got.o, got.lse, got.dq, got.dk, got.dv})))
-        << window;
+    EXPECT_TRUE(testutil::BitIdentical(all, RunKernel<float>(p, g).All())) << window;
   }
   Problem p = base;
   p.sinks = Vec(p.H, -INFINITY);
-  const auto got = RunKernel<float>(p, g);
+  const auto got = RunKernel<float>(p, g);  // base has no dsinks: those must be zero
   EXPECT_TRUE(
       testutil::BitIdentical(all, testutil::Concat({got.o, got.lse, got.dq, got.dk, got.dv})));
   for (float d : got.dsinks) EXPECT_EQ(d, 0.0f);
 }
 
 TEST(AttentionTest, FloatMatchesDoubleWindowAndSinks) {
-  const Problem p = RandomProblem({40, 7, 13}, 4, 2, 32, 79, 9, true);
-  std::mt19937_64 rng(80);
-  const Vec g = testutil::RandomVec(rng, p.n * p.H * p.D);
-  const auto want = RunKernel<double>(p, g);
-  const auto got = RunKernel<float>(p, g);
-  testutil::ExpectAllNear(got.o, want.o, 1e-5, 1e-5, "o");
-  testutil::ExpectAllNear(got.lse, want.lse, 1e-6, 1e-6, "lse");
-  testutil::ExpectAllNear(got.dq, want.dq, 1e-4, 1e-5, "dq");
-  testutil::ExpectAllNear(got.dk, want.dk, 1e-4, 1e-5, "dk");
-  testutil::ExpectAllNear(got.dv, want.dv, 1e-4, 1e-5, "dv");
-  testutil::ExpectAllNear(got.dsinks, want.dsinks, 1e-5, 1e-6, "dsinks");
+  ExpectFloatMatchesDouble(RandomProblem({40, 7, 13}, 4, 2, 32, 79, 9, true), 80);
 }
 
 TEST(AttentionTest, WindowAndSinksAreBitIdenticalAcrossThreadCounts) {
-  const Problem p = RandomProblem({30, 1, 25, 14}, 4, 2, 16, 81, 6, true);
-  std::mt19937_64 rng(82);
-  const Vec g = testutil::RandomVec(rng, p.n * p.H * p.D);
-  std::vector<VecF> results;
-  for (int threads : {1, 2, 3}) {
-    Outputs<float> r;
-    testutil::WithThreads(threads, [&] { r = RunKernel<float>(p, g); });
-    results.push_back(testutil::Concat({r.o, r.lse, r.dq, r.dk, r.dv, r.dsinks}));
-  }
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[1]));
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[2]));
+  ExpectBitIdenticalAcrossThreadCounts(RandomProblem({30, 1, 25, 14}, 4, 2, 16, 81, 6, true), 82);
 }
 
 }  // namespace

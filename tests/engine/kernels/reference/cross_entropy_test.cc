@@ -11,9 +11,6 @@
 namespace megatrain::ref {
 namespace {
 
-using testutil::Vec;
-using testutil::VecF;
-
 constexpr int64_t kN = 5;
 constexpr int64_t kV = 7;
 
@@ -22,6 +19,15 @@ constexpr double kScale = 1.0 / 3.0;
 
 // Row 2 is ignored.
 std::vector<int32_t> Targets() { return {3, 0, kIgnoreIndex, 6, 3}; }
+
+// N targets drawn from [0, V), row ignored_row set to kIgnoreIndex.
+std::vector<int32_t> RandomTargets(std::mt19937_64& rng, int64_t N, int64_t V,
+                                   int64_t ignored_row) {
+  std::vector<int32_t> targets(N);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
+  targets[ignored_row] = kIgnoreIndex;
+  return targets;
+}
 
 // loss (N) and, when dlogits is given, scale * (softmax - onehot) (N, V); textbook formulas.
 Vec NaiveCrossEntropy(const Vec& logits, const std::vector<int32_t>& targets, int64_t N, int64_t V,
@@ -42,16 +48,29 @@ Vec NaiveCrossEntropy(const Vec& logits, const std::vector<int32_t>& targets, in
   return loss;
 }
 
+template <typename T>
+struct Result {
+  std::vector<T> dlogits, loss;  // (N, V), (N)
+};
+
+// CrossEntropy over logits (N, V) into fresh outputs, with the loss layer's kScale.
+template <typename T>
+Result<T> RunCrossEntropy(const std::vector<T>& logits, const std::vector<int32_t>& targets,
+                          int64_t N, int64_t V) {
+  Result<T> r{std::vector<T>(N * V), std::vector<T>(N)};
+  CrossEntropy(r.dlogits.data(), r.loss.data(), logits.data(), targets.data(), N, V, kScale);
+  return r;
+}
+
 TEST(CrossEntropyTest, LossAndGradientMatchNaive) {
   std::mt19937_64 rng(70);
   const auto targets = Targets();
   const Vec logits = testutil::RandomVec(rng, kN * kV, -3.0, 3.0);
   Vec want_dlogits;
   const Vec want_loss = NaiveCrossEntropy(logits, targets, kN, kV, &want_dlogits);
-  Vec dlogits(kN * kV), loss(kN);
-  CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), kN, kV, kScale);
-  testutil::ExpectAllNear(loss, want_loss, 1e-13, 1e-14, "loss");
-  testutil::ExpectAllNear(dlogits, want_dlogits, 1e-13, 1e-14, "dlogits");
+  const auto got = RunCrossEntropy(logits, targets, kN, kV);
+  testutil::ExpectAllNear(got.loss, want_loss, 1e-13, 1e-14, "loss");
+  testutil::ExpectAllNear(got.dlogits, want_dlogits, 1e-13, 1e-14, "dlogits");
 }
 
 // dlogits is the gradient of scale * sum(loss).
@@ -59,8 +78,7 @@ TEST(CrossEntropyTest, GradientMatchesFiniteDifferencesOfScaledLoss) {
   std::mt19937_64 rng(71);
   const auto targets = Targets();
   Vec logits = testutil::RandomVec(rng, kN * kV, -3.0, 3.0);
-  Vec dlogits(kN * kV), loss(kN);
-  CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), kN, kV, kScale);
+  const Vec dlogits = RunCrossEntropy(logits, targets, kN, kV).dlogits;
   const Vec scale(kN, kScale);
   testutil::ExpectGradientMatches(
       &logits, dlogits,
@@ -87,12 +105,11 @@ TEST(CrossEntropyTest, InPlaceOverLogitsMatchesSeparateOutput) {
   std::mt19937_64 rng(73);
   const auto targets = Targets();
   const VecF logits = testutil::ToFloat(testutil::RandomVec(rng, kN * kV, -3.0, 3.0));
-  VecF dlogits(kN * kV), loss(kN), loss_in_place(kN);
-  CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), kN, kV, kScale);
-  VecF buffer = logits;
+  const auto separate = RunCrossEntropy(logits, targets, kN, kV);
+  VecF buffer = logits, loss_in_place(kN);
   CrossEntropy(buffer.data(), loss_in_place.data(), buffer.data(), targets.data(), kN, kV, kScale);
-  EXPECT_TRUE(testutil::BitIdentical(buffer, dlogits));
-  EXPECT_TRUE(testutil::BitIdentical(loss_in_place, loss));
+  EXPECT_TRUE(testutil::BitIdentical(buffer, separate.dlogits));
+  EXPECT_TRUE(testutil::BitIdentical(loss_in_place, separate.loss));
 }
 
 TEST(CrossEntropyTest, NullDlogitsComputesLossOnly) {
@@ -120,36 +137,23 @@ TEST(CrossEntropyTest, HugeLogitsStayFinite) {
 TEST(CrossEntropyTest, FloatMatchesDouble) {
   std::mt19937_64 rng(75);
   const int64_t N = 6, V = 1000;
-  std::vector<int32_t> targets(N);
-  for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
-  targets[4] = kIgnoreIndex;
+  const auto targets = RandomTargets(rng, N, V, /*ignored_row=*/4);
   const Vec logits = testutil::RandomVec(rng, N * V, -8.0, 8.0);
-  Vec dlogits(N * V), loss(N);
-  CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), N, V, kScale);
-  const VecF logits_f = testutil::ToFloat(logits);
-  VecF dlogits_f(N * V), loss_f(N);
-  CrossEntropy(dlogits_f.data(), loss_f.data(), logits_f.data(), targets.data(), N, V, kScale);
-  testutil::ExpectAllNear(loss_f, loss, 1e-6, 1e-6, "loss");
-  testutil::ExpectAllNear(dlogits_f, dlogits, 1e-5, 1e-9, "dlogits");
+  const auto want = RunCrossEntropy(logits, targets, N, V);
+  const auto got = RunCrossEntropy(testutil::ToFloat(logits), targets, N, V);
+  testutil::ExpectAllNear(got.loss, want.loss, 1e-6, 1e-6, "loss");
+  testutil::ExpectAllNear(got.dlogits, want.dlogits, 1e-5, 1e-9, "dlogits");
 }
 
 TEST(CrossEntropyTest, BitIdenticalAcrossThreadCounts) {
   std::mt19937_64 rng(76);
   const int64_t N = 37, V = 300;
-  std::vector<int32_t> targets(N);
-  for (auto& t : targets) t = static_cast<int32_t>(rng() % V);
-  targets[5] = kIgnoreIndex;
+  const auto targets = RandomTargets(rng, N, V, /*ignored_row=*/5);
   const VecF logits = testutil::ToFloat(testutil::RandomVec(rng, N * V, -8.0, 8.0));
-  std::vector<VecF> results;
-  for (int threads : {1, 2, 3}) {
-    VecF dlogits(N * V), loss(N);
-    testutil::WithThreads(threads, [&] {
-      CrossEntropy(dlogits.data(), loss.data(), logits.data(), targets.data(), N, V, kScale);
-    });
-    results.push_back(testutil::Concat({dlogits, loss}));
-  }
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[1]));
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[2]));
+  testutil::ExpectBitIdenticalAcrossThreadCounts([&] {
+    const auto r = RunCrossEntropy(logits, targets, N, V);
+    return testutil::Concat({r.dlogits, r.loss});
+  });
 }
 
 }  // namespace

@@ -11,8 +11,6 @@
 namespace megatrain::ref {
 namespace {
 
-using testutil::Vec;
-
 constexpr int64_t kVocab = 7;
 constexpr int64_t kC = 5;
 
@@ -73,7 +71,7 @@ TEST(EmbeddingTest, FloatMatchesDouble) {
   Vec dtable(kVocab * kC, 0.0);
   EmbeddingBackward(dtable.data(), g.data(), tokens.data(), n, kC);
   const auto table_f = testutil::ToFloat(table), g_f = testutil::ToFloat(g);
-  testutil::VecF out_f(n * kC), dtable_f(kVocab * kC, 0.0f);
+  VecF out_f(n * kC), dtable_f(kVocab * kC, 0.0f);
   Embedding(out_f.data(), tokens.data(), table_f.data(), n, kC);
   EmbeddingBackward(dtable_f.data(), g_f.data(), tokens.data(), n, kC);
   testutil::ExpectAllNear(out_f, NaiveEmbedding(tokens, table), 1e-7, 0, "out");
@@ -86,15 +84,11 @@ TEST(EmbeddingTest, BackwardIsBitIdenticalAcrossThreadCounts) {
   std::vector<int32_t> tokens(n);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % vocab);
   const auto g = testutil::ToFloat(testutil::RandomVec(rng, n * C));
-  std::vector<testutil::VecF> results;
-  for (int threads : {1, 2, 3}) {
-    testutil::VecF dtable(vocab * C, 0.5f);
-    testutil::WithThreads(threads,
-                          [&] { EmbeddingBackward(dtable.data(), g.data(), tokens.data(), n, C); });
-    results.push_back(dtable);
-  }
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[1]));
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[2]));
+  testutil::ExpectBitIdenticalAcrossThreadCounts([&] {
+    VecF dtable(vocab * C, 0.5f);
+    EmbeddingBackward(dtable.data(), g.data(), tokens.data(), n, C);
+    return dtable;
+  });
 }
 
 // TokenOrder (layers/batch.h) is what the CUDA backward walks: every position once, sorted
@@ -116,7 +110,7 @@ TEST(EmbeddingTest, TokenOrderRunsGiveTheReferencesBits) {
     }
   }
   const auto g = testutil::ToFloat(testutil::RandomVec(rng, n * C));
-  testutil::VecF expected(vocab * C, 0.25f), runs(vocab * C, 0.25f);
+  VecF expected(vocab * C, 0.25f), runs(vocab * C, 0.25f);
   EmbeddingBackward(expected.data(), g.data(), tokens.data(), n, C);
   for (int64_t i = 0; i < n; ++i) {  // the CUDA kernel's loop, one token's run at a time
     const int64_t p = order[i];

@@ -12,9 +12,6 @@
 namespace megatrain::ref {
 namespace {
 
-using testutil::Vec;
-using testutil::VecF;
-
 constexpr double kEps = 1e-6;
 
 struct Shape {
@@ -299,22 +296,17 @@ TEST(QkvPrepareTest, ForwardAndBackwardAreBitIdenticalAcrossThreadCounts) {
   const VecF gv = testutil::ToFloat(testutil::RandomVec(rng, s.n * s.KV * s.D));
   const auto pos = Positions(s.n);
   const auto inv_freq = InvFreq(s.D);
-  std::vector<VecF> results;
-  for (int threads : {1, 2, 3}) {
+  testutil::ExpectBitIdenticalAcrossThreadCounts([&] {
     VecF q(s.n * s.H * s.D), k(s.n * s.KV * s.D), v(s.n * s.KV * s.D);
     VecF rstd_q(s.n * s.H), rstd_k(s.n * s.KV);
     VecF dqkv(s.n * s.Width()), dqw(s.D, 0.5f), dkw(s.D, 0.5f);
-    testutil::WithThreads(threads, [&] {
-      QkvPrepare(q.data(), k.data(), v.data(), rstd_q.data(), rstd_k.data(), qkv.data(), qw.data(),
-                 kw.data(), pos.data(), inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
-      QkvPrepareBackward(dqkv.data(), dqw.data(), dkw.data(), gq.data(), gk.data(), gv.data(),
-                         qkv.data(), qw.data(), kw.data(), rstd_q.data(), rstd_k.data(), pos.data(),
-                         inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
-    });
-    results.push_back(testutil::Concat({q, k, v, rstd_q, rstd_k, dqkv, dqw, dkw}));
-  }
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[1]));
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[2]));
+    QkvPrepare(q.data(), k.data(), v.data(), rstd_q.data(), rstd_k.data(), qkv.data(), qw.data(),
+               kw.data(), pos.data(), inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
+    QkvPrepareBackward(dqkv.data(), dqw.data(), dkw.data(), gq.data(), gk.data(), gv.data(),
+                       qkv.data(), qw.data(), kw.data(), rstd_q.data(), rstd_k.data(), pos.data(),
+                       inv_freq.data(), 1.0f, s.n, s.H, s.KV, s.D, kEps);
+    return testutil::Concat({q, k, v, rstd_q, rstd_k, dqkv, dqw, dkw});
+  });
 }
 
 }  // namespace

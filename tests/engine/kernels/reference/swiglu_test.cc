@@ -10,9 +10,6 @@
 namespace megatrain::ref {
 namespace {
 
-using testutil::Vec;
-using testutil::VecF;
-
 constexpr int64_t kN = 4;
 constexpr int64_t kI = 6;
 
@@ -81,17 +78,12 @@ TEST(SwiGluTest, ForwardAndBackwardAreBitIdenticalAcrossThreadCounts) {
   const int64_t N = 67, I = 50;
   const VecF gu = testutil::ToFloat(testutil::RandomVec(rng, N * 2 * I, -6.0, 6.0));
   const VecF g = testutil::ToFloat(testutil::RandomVec(rng, N * I));
-  std::vector<VecF> results;
-  for (int threads : {1, 2, 3}) {
+  testutil::ExpectBitIdenticalAcrossThreadCounts([&] {
     VecF out(N * I), dgu(N * 2 * I);
-    testutil::WithThreads(threads, [&] {
-      SwiGlu(out.data(), gu.data(), N, I);
-      SwiGluBackward(dgu.data(), g.data(), gu.data(), N, I);
-    });
-    results.push_back(testutil::Concat({out, dgu}));
-  }
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[1]));
-  EXPECT_TRUE(testutil::BitIdentical(results[0], results[2]));
+    SwiGlu(out.data(), gu.data(), N, I);
+    SwiGluBackward(dgu.data(), g.data(), gu.data(), N, I);
+    return testutil::Concat({out, dgu});
+  });
 }
 
 }  // namespace

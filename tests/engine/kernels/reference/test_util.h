@@ -1,5 +1,6 @@
 // Helpers shared by the reference-kernel tests: seeded random tensors, tolerance checks,
-// a central finite-difference gradient check and a thread-count switch.
+// a central finite-difference gradient check, a thread-count switch and the check that
+// results do not depend on the thread count.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,10 +15,14 @@
 #include <string>
 #include <vector>
 
-namespace megatrain::ref::testutil {
+namespace megatrain::ref {
 
+// The tests' tensors: double for the checks against naive loops, float for what the GPU
+// backend runs. Every reference test lives in megatrain::ref and uses both.
 using Vec = std::vector<double>;
 using VecF = std::vector<float>;
+
+namespace testutil {
 
 inline Vec RandomVec(std::mt19937_64& rng, int64_t size, double lo = -1.0, double hi = 1.0) {
   std::uniform_real_distribution<double> dist(lo, hi);
@@ -95,4 +100,17 @@ bool BitIdentical(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-}  // namespace megatrain::ref::testutil
+// Runs run() with 1, 2 and 3 OpenMP threads and expects the same bits from each: how the
+// rows are split among threads must not change any sum. run() allocates its outputs and
+// returns them back to back (Concat).
+inline void ExpectBitIdenticalAcrossThreadCounts(const std::function<VecF()>& run) {
+  std::vector<VecF> results;
+  for (int threads : {1, 2, 3}) {
+    WithThreads(threads, [&] { results.push_back(run()); });
+  }
+  EXPECT_TRUE(BitIdentical(results[0], results[1])) << "1 thread vs 2";
+  EXPECT_TRUE(BitIdentical(results[0], results[2])) << "1 thread vs 3";
+}
+
+}  // namespace testutil
+}  // namespace megatrain::ref
