@@ -418,86 +418,81 @@ TEST(CheckpointWriterTest, AbandonedBeforeCommitLeavesNothing) {
   EXPECT_TRUE(fs::is_empty(root.path()));
 }
 
-TEST(CheckpointLoadTest, StoreOfAnotherShapeIsRefusedNamingTheTensor) {
-  TempDir root;
-  const ModelConfig tied = TinyConfig(/*tied=*/true);
-  std::unique_ptr<HostStore> store = FilledStore(tied, /*seed=*/5);
-  ASSERT_NE(store, nullptr);
-  absl::StatusOr<std::string> path =
-      SaveCheckpoint(root.path(), tied, *store, SampleState(), CheckpointOptions{});
-  ASSERT_TRUE(path.ok()) << path.status();
+// Each case saves a checkpoint of a FilledStore with default options and loads it back.
+class CheckpointLoadTest : public ::testing::Test {
+ protected:
+  // Saves `state` with a FilledStore (seed 5) of TinyConfig(tied) under root_, into path_.
+  void Save(bool tied, const TrainerState& state = SampleState()) {
+    config_ = TinyConfig(tied);
+    store_ = FilledStore(config_, /*seed=*/5);
+    ASSERT_NE(store_, nullptr);
+    absl::StatusOr<std::string> path =
+        SaveCheckpoint(root_.path(), config_, *store_, state, CheckpointOptions{});
+    ASSERT_TRUE(path.ok()) << path.status();
+    path_ = *path;
+  }
 
+  TempDir root_;
+  ModelConfig config_;
+  std::unique_ptr<HostStore> store_;
+  std::string path_;
+};
+
+TEST_F(CheckpointLoadTest, StoreOfAnotherShapeIsRefusedNamingTheTensor) {
+  ASSERT_NO_FATAL_FAILURE(Save(/*tied=*/true));
   std::unique_ptr<HostStore> untied = EmptyStore(TinyConfig(/*tied=*/false));
   ASSERT_NE(untied, nullptr);
   TrainerState state;
-  absl::Status s = LoadCheckpoint(*path, untied.get(), &state);
+  absl::Status s = LoadCheckpoint(path_, untied.get(), &state);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("lm_head.weight"));
 
   std::unique_ptr<HostStore> wider = EmptyStore(TinyConfig(/*tied=*/true, /*scale=*/2));
   ASSERT_NE(wider, nullptr);
-  s = LoadCheckpoint(*path, wider.get(), &state);
+  s = LoadCheckpoint(path_, wider.get(), &state);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("model.embed_tokens.weight"));
 }
 
-TEST(CheckpointLoadTest, CorruptTrainerStateIsAnErrorNamingTheFile) {
-  TempDir root;
-  const ModelConfig config = TinyConfig(/*tied=*/true);
-  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
-  ASSERT_NE(store, nullptr);
-  absl::StatusOr<std::string> path =
-      SaveCheckpoint(root.path(), config, *store, SampleState(), CheckpointOptions{});
-  ASSERT_TRUE(path.ok()) << path.status();
+TEST_F(CheckpointLoadTest, CorruptTrainerStateIsAnErrorNamingTheFile) {
+  ASSERT_NO_FATAL_FAILURE(Save(/*tied=*/true));
   TrainerState state;
 
-  WriteFile(*path + "/trainer_state.json", "{\"step\": 7, \"data_pos");
-  absl::Status s = LoadCheckpoint(*path, store.get(), &state);
+  WriteFile(path_ + "/trainer_state.json", "{\"step\": 7, \"data_pos");
+  absl::Status s = LoadCheckpoint(path_, store_.get(), &state);
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("trainer_state.json"));
 
-  WriteFile(*path + "/trainer_state.json", "{\"step\": 7}");  // valid JSON, fields missing
-  s = LoadCheckpoint(*path, store.get(), &state);
+  WriteFile(path_ + "/trainer_state.json", "{\"step\": 7}");  // valid JSON, fields missing
+  s = LoadCheckpoint(path_, store_.get(), &state);
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("trainer_state.json"));
 
-  fs::remove(*path + "/trainer_state.json");
-  s = LoadCheckpoint(*path, store.get(), &state);
+  fs::remove(path_ + "/trainer_state.json");
+  s = LoadCheckpoint(path_, store_.get(), &state);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("trainer_state.json"));
 }
 
-TEST(CheckpointLoadTest, TruncatedOptimizerMasterFileIsAnErrorNamingTheFile) {
-  TempDir root;
-  const ModelConfig config = TinyConfig(/*tied=*/false);
-  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
-  ASSERT_NE(store, nullptr);
-  absl::StatusOr<std::string> path =
-      SaveCheckpoint(root.path(), config, *store, SampleState(), CheckpointOptions{});
-  ASSERT_TRUE(path.ok()) << path.status();
-  const std::string master = *path + "/optimizer/master/model.safetensors";
+TEST_F(CheckpointLoadTest, TruncatedOptimizerMasterFileIsAnErrorNamingTheFile) {
+  ASSERT_NO_FATAL_FAILURE(Save(/*tied=*/false));
+  const std::string master = path_ + "/optimizer/master/model.safetensors";
   fs::resize_file(master, fs::file_size(master) / 2);
 
-  std::unique_ptr<HostStore> fresh = EmptyStore(config);
+  std::unique_ptr<HostStore> fresh = EmptyStore(config_);
   ASSERT_NE(fresh, nullptr);
   TrainerState state;
-  absl::Status s = LoadCheckpoint(*path, fresh.get(), &state);
+  absl::Status s = LoadCheckpoint(path_, fresh.get(), &state);
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("optimizer/master/model.safetensors"));
 }
 
-TEST(CheckpointLoadTest, NanLastLossSurvivesTheRoundTrip) {
-  TempDir root;
-  const ModelConfig config = TinyConfig(/*tied=*/true);
-  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
-  ASSERT_NE(store, nullptr);
+TEST_F(CheckpointLoadTest, NanLastLossSurvivesTheRoundTrip) {
   TrainerState saved = SampleState();
   saved.last_loss = std::numeric_limits<double>::quiet_NaN();
-  absl::StatusOr<std::string> path =
-      SaveCheckpoint(root.path(), config, *store, saved, CheckpointOptions{});
-  ASSERT_TRUE(path.ok()) << path.status();
+  ASSERT_NO_FATAL_FAILURE(Save(/*tied=*/true, saved));
   TrainerState state;
-  absl::Status s = LoadCheckpoint(*path, store.get(), &state);
+  absl::Status s = LoadCheckpoint(path_, store_.get(), &state);
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(state.step, 7);
   EXPECT_TRUE(std::isnan(state.last_loss));
@@ -505,38 +500,32 @@ TEST(CheckpointLoadTest, NanLastLossSurvivesTheRoundTrip) {
 
 // The plan's split survives the round trip (ReadTrainerState reads it alone); a checkpoint
 // written before it was recorded reads as "not recorded"; a malformed one names the field.
-TEST(CheckpointLoadTest, ThePlansSplitSurvivesTheRoundTripAndABadOneIsNamed) {
-  TempDir root;
-  const ModelConfig config = TinyConfig(/*tied=*/true);
-  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
-  ASSERT_NE(store, nullptr);
+TEST_F(CheckpointLoadTest, ThePlansSplitSurvivesTheRoundTripAndABadOneIsNamed) {
   TrainerState saved = SampleState();
   saved.micro_batch_rows = 4;
   saved.mlp_tile_tokens = 2048;
-  absl::StatusOr<std::string> path =
-      SaveCheckpoint(root.path(), config, *store, saved, CheckpointOptions{});
-  ASSERT_TRUE(path.ok()) << path.status();
+  ASSERT_NO_FATAL_FAILURE(Save(/*tied=*/true, saved));
   TrainerState loaded;
-  ASSERT_TRUE(LoadCheckpoint(*path, store.get(), &loaded).ok());
+  ASSERT_TRUE(LoadCheckpoint(path_, store_.get(), &loaded).ok());
   EXPECT_EQ(loaded.micro_batch_rows, 4);
   EXPECT_EQ(loaded.mlp_tile_tokens, 2048);
-  absl::StatusOr<TrainerState> alone = ReadTrainerState(*path);
+  absl::StatusOr<TrainerState> alone = ReadTrainerState(path_);
   ASSERT_TRUE(alone.ok()) << alone.status();
   EXPECT_EQ(alone->micro_batch_rows, 4);
   EXPECT_EQ(alone->step, saved.step);
 
-  const std::string file = *path + "/trainer_state.json";
+  const std::string file = path_ + "/trainer_state.json";
   nlohmann::json js = nlohmann::json::parse(ReadFile(file));
   js.erase("plan");  // as written before the split was recorded
   WriteFile(file, js.dump());
-  alone = ReadTrainerState(*path);
+  alone = ReadTrainerState(path_);
   ASSERT_TRUE(alone.ok()) << alone.status();
   EXPECT_EQ(alone->micro_batch_rows, 0);
   EXPECT_EQ(alone->mlp_tile_tokens, -1);
 
   js["plan"] = {{"micro_batch_rows", 0}, {"mlp_tile_tokens", 0}};
   WriteFile(file, js.dump());
-  alone = ReadTrainerState(*path);
+  alone = ReadTrainerState(path_);
   EXPECT_EQ(alone.status().code(), absl::StatusCode::kDataLoss) << alone.status();
   EXPECT_THAT(std::string(alone.status().message()), HasSubstr("plan.micro_batch_rows"));
 }
