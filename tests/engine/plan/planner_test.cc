@@ -40,34 +40,17 @@ MachineProfile H200Like() {
   return p;
 }
 
-ModelConfig Qwen7B(int64_t layers = 28) {
+// A bench shape (bench/shapes.h) cut to `layers`.
+ModelConfig ShapeWithLayers(const char* shape, int64_t layers) {
   ModelConfig c;
-  c.architecture = Architecture::kQwen2;
-  c.hidden_size = 3584;
-  c.intermediate_size = 18944;
-  c.num_layers = layers;
-  c.num_heads = 28;
-  c.num_kv_heads = 4;
-  c.head_dim = 128;
-  c.vocab_size = 152064;
-  c.qkv_bias = true;
+  EXPECT_TRUE(NamedShape(shape, &c)) << shape;
+  SetNumLayers(layers, &c);
   return c;
 }
 
-ModelConfig Qwen1p5B(int64_t layers = 28) {
-  ModelConfig c;
-  c.architecture = Architecture::kQwen2;
-  c.hidden_size = 1536;
-  c.intermediate_size = 8960;
-  c.num_layers = layers;
-  c.num_heads = 12;
-  c.num_kv_heads = 2;
-  c.head_dim = 128;
-  c.vocab_size = 151936;
-  c.tie_word_embeddings = true;
-  c.qkv_bias = true;
-  return c;
-}
+ModelConfig Qwen7B(int64_t layers = 28) { return ShapeWithLayers("qwen2.5-7b", layers); }
+
+ModelConfig Qwen1p5B(int64_t layers = 28) { return ShapeWithLayers("qwen2.5-1.5b", layers); }
 
 PlanRequest Request(const ModelConfig& c, int64_t tokens, int64_t device_gib,
                     int64_t host_gib = 120) {
@@ -427,9 +410,7 @@ TEST(Planner, DescribesThePlanInWords) {
 // A bench shape cut to 2 layers and a 32000-token vocabulary, planned at 64K tokens a step
 // in 16 rows of 4096 on a 130 GiB device.
 PlanRequest TwoLayersOf(const char* shape) {
-  ModelConfig c;
-  EXPECT_TRUE(NamedShape(shape, &c)) << shape;
-  SetNumLayers(2, &c);
+  ModelConfig c = ShapeWithLayers(shape, 2);
   c.vocab_size = 32000;
   PlanRequest r = Request(c, 65536, 130);
   r.seq_len = 4096;
