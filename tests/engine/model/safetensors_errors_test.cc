@@ -173,41 +173,37 @@ TEST(SafetensorsErrorsTest, FileTruncatedAfterOpenFailsTheReadNotTheProcess) {
   EXPECT_THAT(s.message(), HasSubstr("'w'"));
 }
 
-// A folder holding one shard with tensor "w" (fp32 [2, 3]); returns the folder.
-std::string FolderWithOneTensor() {
+// A folder holding `file` with one tensor "w" (fp32 [2, 3]); returns the folder.
+std::string FolderWithOneTensor(const std::string& file = "model-00001-of-00002.safetensors") {
   const std::string dir = MakeTempDir();
   std::vector<float> w(6, 0.5f);
-  EXPECT_TRUE(WriteSafetensors(dir + "/model-00001-of-00002.safetensors",
-                               {{"w", DType::kF32, {2, 3}, w.data()}}, kPt)
-                  .ok());
+  EXPECT_TRUE(WriteSafetensors(dir + "/" + file, {{"w", DType::kF32, {2, 3}, w.data()}}, kPt).ok());
   return dir;
 }
 
-TEST(ModelTensorReaderErrorsTest, MissingTensorIsNotFoundNamingTensorAndFolder) {
-  const std::string dir = MakeTempDir();
-  std::vector<float> w(6, 0.5f);
-  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", {{"w", DType::kF32, {2, 3}, w.data()}},
-                               kPt)
-                  .ok());
-  absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(dir);
-  ASSERT_TRUE(reader.ok()) << reader.status();
+// Reads `name` as `shape` through a ModelTensorReader of a folder whose model.safetensors
+// holds only "w" (fp32 [2, 3]); *dir is the folder.
+absl::Status ReadFromOneTensorFolder(const std::string& name, const std::vector<int64_t>& shape,
+                                     std::string* dir) {
+  *dir = FolderWithOneTensor("model.safetensors");
+  absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(*dir);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return reader.status();
   std::vector<float> out(6);
-  absl::Status s = reader->ReadAsFloat("model.layers.3.mlp.up_proj.weight", {2, 3}, out.data());
+  return reader->ReadAsFloat(name, shape, out.data());
+}
+
+TEST(ModelTensorReaderErrorsTest, MissingTensorIsNotFoundNamingTensorAndFolder) {
+  std::string dir;
+  absl::Status s = ReadFromOneTensorFolder("model.layers.3.mlp.up_proj.weight", {2, 3}, &dir);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(),
               HasSubstr("tensor 'model.layers.3.mlp.up_proj.weight' not found in " + dir));
 }
 
 TEST(ModelTensorReaderErrorsTest, ShapeDisagreeingWithConfigNamesTensorFileAndBothShapes) {
-  const std::string dir = MakeTempDir();
-  std::vector<float> w(6, 0.5f);
-  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", {{"w", DType::kF32, {2, 3}, w.data()}},
-                               kPt)
-                  .ok());
-  absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(dir);
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  std::vector<float> out(6);
-  absl::Status s = reader->ReadAsFloat("w", {3, 2}, out.data());
+  std::string dir;
+  absl::Status s = ReadFromOneTensorFolder("w", {3, 2}, &dir);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("'w'"));
   EXPECT_THAT(s.message(), HasSubstr(dir + "/model.safetensors"));

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -207,29 +208,41 @@ TEST(SafetensorsTest, TensorLargerThanMaxShardGetsAShardOfItsOwn) {
   ASSERT_TRUE(ModelTensorReader::OpenFolder(dir).ok());
 }
 
-TEST(SafetensorsTest, FolderWithoutIndexOrModelSafetensorsReadsEveryFile) {
+// One file of a folder without an index: a single fp32 scalar `tensor` = `value`.
+struct ScalarFile {
+  std::string file, tensor;
+  float value;
+};
+
+// Writes `files` into a fresh folder and reads `tensor` ([1]) through its ModelTensorReader.
+absl::StatusOr<float> ReadScalarFromFolder(const std::vector<ScalarFile>& files,
+                                           const std::string& tensor) {
   const std::string dir = MakeTempDir();
-  const float a = 1.0f, b = 2.0f;
-  ASSERT_TRUE(WriteSafetensors(dir + "/part-a.safetensors", {{"a", DType::kF32, {1}, &a}}, kPt).ok());
-  ASSERT_TRUE(WriteSafetensors(dir + "/part-b.safetensors", {{"b", DType::kF32, {1}, &b}}, kPt).ok());
+  for (const ScalarFile& f : files) {
+    const absl::Status written =
+        WriteSafetensors(dir + "/" + f.file, {{f.tensor, DType::kF32, {1}, &f.value}}, kPt);
+    if (!written.ok()) return written;
+  }
   absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(dir);
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return reader.status();
   float out = 0;
-  ASSERT_TRUE(reader->ReadAsFloat("b", {1}, &out).ok());
-  EXPECT_EQ(out, 2.0f);
+  const absl::Status read = reader->ReadAsFloat(tensor, {1}, &out);
+  if (!read.ok()) return read;
+  return out;
+}
+
+TEST(SafetensorsTest, FolderWithoutIndexOrModelSafetensorsReadsEveryFile) {
+  absl::StatusOr<float> b = ReadScalarFromFolder(
+      {{"part-a.safetensors", "a", 1.0f}, {"part-b.safetensors", "b", 2.0f}}, "b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*b, 2.0f);
 }
 
 TEST(SafetensorsTest, ModelSafetensorsWinsOverOtherFilesWithoutIndex) {
-  const std::string dir = MakeTempDir();
-  const float a = 1.0f, b = 2.0f;
-  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", {{"w", DType::kF32, {1}, &a}}, kPt).ok());
-  ASSERT_TRUE(
-      WriteSafetensors(dir + "/consolidated.safetensors", {{"w", DType::kF32, {1}, &b}}, kPt).ok());
-  absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(dir);
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  float out = 0;
-  ASSERT_TRUE(reader->ReadAsFloat("w", {1}, &out).ok());
-  EXPECT_EQ(out, 1.0f);
+  absl::StatusOr<float> w = ReadScalarFromFolder(
+      {{"model.safetensors", "w", 1.0f}, {"consolidated.safetensors", "w", 2.0f}}, "w");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, 1.0f);
 }
 
 TEST(SafetensorsTest, ConcurrentReadsOfDifferentTensorsAgree) {
