@@ -4,6 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "tests/util/temp_dir.h"
@@ -11,23 +14,39 @@
 namespace megatrain::server {
 namespace {
 
-TEST(DaemonMetrics, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
-  testing::TempDir dir;
-  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir.path() + "/db");
-  ASSERT_TRUE(store.ok()) << store.status();
-  v1::Job job;
-  job.set_owner("ada");
-  job.set_state(v1::JOB_STATE_RUNNING);
-  ASSERT_TRUE((*store)->Insert(&job).ok());
+// A job store in a fresh folder, and the registry the metrics export to.
+class DaemonMetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir_.path() + "/db");
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
 
-  MetricsRegistry registry;
+  // Inserts into the store, as *job, a job of `owner` in `state` (`waiting` when not empty).
+  void Insert(const std::string& owner, v1::JobState state, v1::Job* job,
+              const std::string& waiting = "") {
+    job->set_owner(owner);
+    job->set_state(state);
+    if (!waiting.empty()) job->set_waiting(waiting);
+    ASSERT_TRUE(store_->Insert(job).ok());
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<JobStore> store_;
+  MetricsRegistry registry_;
+};
+
+TEST_F(DaemonMetricsTest, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
+  v1::Job job;
+  ASSERT_NO_FATAL_FAILURE(Insert("ada", v1::JOB_STATE_RUNNING, &job));
   DaemonMetricsOptions options;
   options.gpu = "0";
   options.peak_tflops = 100;
-  options.dcgm_job_mapping_dir = dir.path() + "/dcgm";
-  DaemonMetrics metrics(&registry, store->get(), options);
+  options.dcgm_job_mapping_dir = dir_.path() + "/dcgm";
+  DaemonMetrics metrics(&registry_, store_.get(), options);
   metrics.JobStarted(job, 1000, 5000, 0, 10);
-  const std::string mapping = dir.path() + "/dcgm/0";
+  const std::string mapping = dir_.path() + "/dcgm/0";
   std::ifstream in(mapping);
   int64_t mapped = 0;
   in >> mapped;
@@ -50,7 +69,7 @@ TEST(DaemonMetrics, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
   metrics.CheckpointWritten(job, 0.5, 123);
   const std::string id = std::to_string(job.id());
   const std::string l = "gpu=\"0\",job=\"" + id + "\"";
-  const std::string text = registry.Serialize();
+  const std::string text = registry_.Serialize();
   for (const std::string& want : std::vector<std::string>{
        "megatrain_mfu_ratio{" + l + ",user=\"ada\"} 0.25",
         "megatrain_pcie_bytes_total{direction=\"d2h\"," + l + ",user=\"ada\"} 6000",
@@ -69,31 +88,22 @@ TEST(DaemonMetrics, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
   }
 
   metrics.JobStopped(job);
-  EXPECT_EQ(registry.Serialize().find("job=\"" + id + "\""), std::string::npos);
+  EXPECT_EQ(registry_.Serialize().find("job=\"" + id + "\""), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(mapping));
 }
 
-TEST(DaemonMetrics, SharingSeriesFollowTheStore) {
-  testing::TempDir dir;
-  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir.path() + "/db");
-  ASSERT_TRUE(store.ok()) << store.status();
-  v1::Job waiting;
-  waiting.set_owner("bob");
-  waiting.set_state(v1::JOB_STATE_QUEUED);
-  waiting.set_waiting("bob has 1 running jobs, the most allowed");
-  ASSERT_TRUE((*store)->Insert(&waiting).ok());
-  v1::Job queued;
-  queued.set_owner("ada");
-  queued.set_state(v1::JOB_STATE_QUEUED);
-  ASSERT_TRUE((*store)->Insert(&queued).ok());
-  ASSERT_TRUE((*store)->AddUsage("ada", 7200, 0).ok());  // two hours, no decay
+TEST_F(DaemonMetricsTest, SharingSeriesFollowTheStore) {
+  v1::Job waiting, queued;
+  ASSERT_NO_FATAL_FAILURE(
+      Insert("bob", v1::JOB_STATE_QUEUED, &waiting, "bob has 1 running jobs, the most allowed"));
+  ASSERT_NO_FATAL_FAILURE(Insert("ada", v1::JOB_STATE_QUEUED, &queued));
+  ASSERT_TRUE(store_->AddUsage("ada", 7200, 0).ok());  // two hours, no decay
 
-  MetricsRegistry registry;
   DaemonMetricsOptions options;
   options.fair_share_half_life_hours = 0;  // no decay (the store's rule for <= 0)
-  DaemonMetrics metrics(&registry, store->get(), options);
+  DaemonMetrics metrics(&registry_, store_.get(), options);
   metrics.Preempted(queued);
-  const std::string text = registry.Serialize();
+  const std::string text = registry_.Serialize();
   for (const std::string want :
        {"megatrain_user_device_seconds{user=\"ada\"} 7200", "megatrain_jobs_waiting 1",
         "megatrain_preemptions_total{user=\"ada\"} 1", "megatrain_queue_depth 2"}) {
