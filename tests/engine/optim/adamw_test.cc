@@ -11,6 +11,7 @@
 #include "engine/optim/clip.h"
 #include "engine/optim/schedule.h"
 #include "gtest/gtest.h"
+#include "tests/engine/optim/normal_values.h"
 
 namespace megatrain {
 namespace {
@@ -21,23 +22,12 @@ struct State {
 };
 
 State MakeState(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
   State s;
-  s.p.resize(n);
-  for (float& x : s.p) x = dist(rng);
+  s.p = Normal(n, seed);
   s.m.assign(n, 0.0f);
   s.v.assign(n, 0.0f);
   s.bf16.assign(n, 0);
   return s;
-}
-
-std::vector<float> RandomGrad(int64_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> g(n);
-  for (float& x : g) x = dist(rng);
-  return g;
 }
 
 // The closed form in double, no rounding to fp32 anywhere.
@@ -93,7 +83,7 @@ TEST(AdamWTest, SixStepsWithClippingWarmupAndDecayMatchDoubleReference) {
   DoubleAdamW ref{{s.p.begin(), s.p.end()}, std::vector<double>(kN), std::vector<double>(kN)};
   bool clipped = false;
   for (int64_t step = 1; step <= 6; ++step) {
-    const std::vector<float> grad = RandomGrad(kN, 100 + step, 0.05f);
+    const std::vector<float> grad = Normal(kN, 100 + step, 0.05f);
     const float scale = ClipCoefficient(std::sqrt(SumOfSquares(grad.data(), kN)), max_norm);
     clipped |= scale < 1.0f;
     // Indices 0..5: three warmup steps (the first at lr 0, as Hugging Face), then decay.
@@ -115,7 +105,7 @@ TEST(AdamWTest, MatchesFloatReferenceBitwise) {
   State s = MakeState(kN, 2);
   State ref = s;
   for (int64_t step = 1; step <= 5; ++step) {
-    const std::vector<float> grad = RandomGrad(kN, 200 + step, 1.0f);
+    const std::vector<float> grad = Normal(kN, 200 + step, 1.0f);
     Update(&s, grad, step, 3e-4 * step, 0.01, 0.5f, hyper);
     FloatReferenceStep(&ref, grad, step, 3e-4 * step, 0.01, 0.5f, hyper);
   }
@@ -127,7 +117,7 @@ TEST(AdamWTest, MatchesFloatReferenceBitwise) {
 TEST(AdamWTest, Bf16OutputIsRoundedMaster) {
   constexpr int64_t kN = 50000;
   State s = MakeState(kN, 3);
-  const std::vector<float> grad = RandomGrad(kN, 3, 1.0f);
+  const std::vector<float> grad = Normal(kN, 3, 1.0f);
   Update(&s, grad, 1, 1e-3, 0.1, 1.0f, AdamWHyper());
   for (int64_t i = 0; i < kN; ++i) ASSERT_EQ(s.bf16[i], FloatToBf16(s.p[i])) << i;
 }
@@ -154,7 +144,7 @@ TEST(AdamWTest, Bf16OutputRoundsTiesToEvenAndKeepsNanAndInf) {
 TEST(AdamWTest, NullBf16OutputSkipsTheCopy) {
   State a = MakeState(1000, 4);
   State b = a;
-  const std::vector<float> grad = RandomGrad(1000, 4, 1.0f);
+  const std::vector<float> grad = Normal(1000, 4, 1.0f);
   Update(&a, grad, 1, 1e-3, 0.1, 1.0f, AdamWHyper());
   AdamWUpdate(b.p.data(), b.m.data(), b.v.data(), nullptr, grad.data(), 1000, 1, 1e-3, 0.1, 1.0f,
               AdamWHyper());
@@ -167,7 +157,7 @@ TEST(AdamWTest, ResultsAreBitIdenticalWithOneAndTwoThreads) {
   State two = one;
   const int saved = omp_get_max_threads();
   for (int64_t step = 1; step <= 3; ++step) {
-    const std::vector<float> grad = RandomGrad(kN, 500 + step, 1.0f);
+    const std::vector<float> grad = Normal(kN, 500 + step, 1.0f);
     omp_set_num_threads(1);
     Update(&one, grad, step, 1e-3, 0.1, 0.7f, AdamWHyper());
     omp_set_num_threads(2);
@@ -220,7 +210,7 @@ TEST(AdamWTest, RangesInOnePassGiveTheBitsOfACallPerRange) {
   State one = MakeState(kN, 9);
   State all = one;
   for (int64_t step = 1; step <= 2; ++step) {
-    const std::vector<float> grad = RandomGrad(kN - kFrom, 900 + step, 1.0f);
+    const std::vector<float> grad = Normal(kN - kFrom, 900 + step, 1.0f);
     double expected = 0;
     for (const ElementRange& r : ranges) {
       double ss = 0;

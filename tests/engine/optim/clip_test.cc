@@ -8,17 +8,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/engine/optim/normal_values.h"
 
 namespace megatrain {
 namespace {
-
-std::vector<float> RandomValues(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> g(n);
-  for (float& x : g) x = dist(rng);
-  return g;
-}
 
 TEST(SumOfSquaresTest, EmptyIsZero) { EXPECT_EQ(SumOfSquares(nullptr, 0), 0.0); }
 
@@ -29,7 +22,7 @@ TEST(SumOfSquaresTest, SmallExactValues) {
 
 TEST(SumOfSquaresTest, LargeInputMatchesLongDoubleReference) {
   const int64_t n = 3'000'001;
-  const std::vector<float> g = RandomValues(n, 1);
+  const std::vector<float> g = Normal(n, 1);
   long double ref = 0;
   for (float x : g) ref += static_cast<long double>(x) * x;
   EXPECT_NEAR(SumOfSquares(g.data(), n), static_cast<double>(ref), 1e-12 * ref);
@@ -37,7 +30,7 @@ TEST(SumOfSquaresTest, LargeInputMatchesLongDoubleReference) {
 
 TEST(SumOfSquaresTest, BitIdenticalForOneAndTwoThreads) {
   const int64_t n = 5'000'017;
-  const std::vector<float> g = RandomValues(n, 2);
+  const std::vector<float> g = Normal(n, 2);
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
   const double one = SumOfSquares(g.data(), n);

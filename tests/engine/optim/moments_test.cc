@@ -11,6 +11,7 @@
 #include "engine/common/dtype.h"
 #include "engine/optim/adamw.h"
 #include "gtest/gtest.h"
+#include "tests/engine/optim/normal_values.h"
 
 namespace megatrain {
 namespace {
@@ -37,14 +38,6 @@ struct Moments {
     return u;
   }
 };
-
-std::vector<float> Normal(int64_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> x(n);
-  for (float& e : x) e = dist(rng);
-  return x;
-}
 
 const AdamWHyper kHyper{};
 const std::vector<ElementRange> Whole(int64_t n) { return {ElementRange{0, n, true}}; }
