@@ -10,11 +10,11 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "client/address.h"
 #include "client/commands.h"
 #include "client/context.h"
 #include "client/exit_codes.h"
 #include "client/format.h"
+#include "rpc/address.h"
 
 namespace megatrain::client {
 namespace {

@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/address.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
+#include "rpc/address.h"
 #include "yaml-cpp/yaml.h"
 
 namespace megatrain::server {

@@ -55,7 +55,7 @@ struct WorkerLimits {
 };
 
 struct DaemonConfig {
-  std::string listen;     // default: DefaultAddress() (client/address.h)
+  std::string listen;     // default: DefaultAddress() (rpc/address.h)
   std::string state_dir;  // default: /var/lib/megatrain as root, else ~/.local/state/megatrain
   std::string device = "auto";
   double host_memory_fraction = 0.9;

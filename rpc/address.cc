@@ -1,6 +1,6 @@
 // The address rule of address.h. Only ResolveAddress() reads the environment and only
 // DefaultAddress() looks at the file system; DefaultAddressFor() is the pure rule.
-#include "client/address.h"
+#include "rpc/address.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // ResolveAddress(): flag over $MEGATRAIN_ADDR over the default; and the default's rule.
-#include "client/address.h"
+#include "rpc/address.h"
 
 #include <stdlib.h>
 
