@@ -105,7 +105,8 @@ std::string CurrentUser() {
   return std::to_string(uid);
 }
 
-absl::StatusOr<std::string> ResolveToken(const std::string& file) {
+absl::StatusOr<std::string> ResolveToken(const std::string& file, const std::string& env_token,
+                                         const std::string& home) {
   auto first_line = [](std::istream& in) {
     std::string line;
     std::getline(in, line);
@@ -117,8 +118,8 @@ absl::StatusOr<std::string> ResolveToken(const std::string& file) {
     if (!in) return absl::NotFoundError(absl::StrCat("cannot read the token file ", file));
     return first_line(in);
   }
-  if (const char* env = std::getenv(kTokenEnvVar); env != nullptr && env[0] != '\0') return env;
-  if (const char* home = std::getenv("HOME"); home != nullptr) {
+  if (!env_token.empty()) return env_token;
+  if (!home.empty()) {
     std::ifstream in(absl::StrCat(home, "/.config/megatrain/token"));
     if (in) return first_line(in);
   }

@@ -21,8 +21,8 @@
 
 namespace megatrain::client {
 
-// Environment variables: a token for TCP addresses, and the CA that signed the daemon's
-// TLS certificate (else the system's roots).
+// Environment variables (main reads them): a token for TCP addresses, and the CA that
+// signed the daemon's TLS certificate (else the system's roots).
 inline constexpr char kTokenEnvVar[] = "MEGATRAIN_TOKEN";
 inline constexpr char kTlsCaEnvVar[] = "MEGATRAIN_TLS_CA";
 
@@ -53,9 +53,11 @@ struct Security {
 Context MakeContext(const std::string& address, Output output, std::string user, double timeout_s,
                     bool timeout_given, const Security& security = {});
 
-// The token for TCP calls: `file`'s first line if given, else $MEGATRAIN_TOKEN, else
-// ~/.config/megatrain/token if it exists, else "". An unreadable `file` is an error.
-absl::StatusOr<std::string> ResolveToken(const std::string& file);
+// The token for TCP calls: `file`'s first line if given, else `env_token` (the value of
+// $MEGATRAIN_TOKEN, as main read it), else <home>/.config/megatrain/token's first line if
+// it exists (`home`: $HOME; "" when unset), else "". An unreadable `file` is an error.
+absl::StatusOr<std::string> ResolveToken(const std::string& file, const std::string& env_token,
+                                         const std::string& home);
 
 // The login name of the effective uid (getpwuid), or the uid in digits if it has none.
 std::string CurrentUser();

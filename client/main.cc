@@ -37,6 +37,14 @@ struct CommandLine {
   AuditArgs audit;
 };
 
+// What the environment says, read once in main(): "" for a variable unset.
+struct Environment {
+  std::string addr;    // $MEGATRAIN_ADDR
+  std::string token;   // $MEGATRAIN_TOKEN
+  std::string tls_ca;  // $MEGATRAIN_TLS_CA
+  std::string home;    // $HOME
+};
+
 std::string Footer() {
   return std::string(kExitCodesHelp) +
          "\nThe daemon's address: --addr, else $MEGATRAIN_ADDR, else " + DefaultAddress() +
@@ -168,7 +176,7 @@ int Dispatch(const Context& ctx, const CommandLine& cl) {
   return kExitInternal;
 }
 
-int Run(int argc, char** argv) {
+int Run(int argc, char** argv, const Environment& env) {
   CLI::App app{"megatrain: submit, watch and manage training jobs on megatraind"};
   CommandLine cl;
   try {
@@ -190,18 +198,15 @@ int Run(int argc, char** argv) {
     return kExitInternal;
   }
   Security security;
-  const std::string address = ResolveAddress(cl.addr);
+  const std::string address = ResolveAddress(cl.addr, env.addr);
   if (address.rfind("unix:", 0) != 0) {
-    absl::StatusOr<std::string> token = ResolveToken(cl.token_file);
+    absl::StatusOr<std::string> token = ResolveToken(cl.token_file, env.token, env.home);
     if (!token.ok()) {
       std::fprintf(stderr, "error: %s\n", std::string(token.status().message()).c_str());
       return kExitUsage;
     }
     security.token = *token;
-    std::string ca = cl.tls_ca;
-    if (ca.empty()) {
-      if (const char* env = std::getenv(kTlsCaEnvVar); env != nullptr) ca = env;
-    }
+    const std::string ca = cl.tls_ca.empty() ? env.tls_ca : cl.tls_ca;
     if (!ca.empty()) {
       std::ifstream in(ca);
       if (!in) {
@@ -222,4 +227,15 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace megatrain::client
 
-int main(int argc, char** argv) { return megatrain::client::Run(argc, argv); }
+int main(int argc, char** argv) {
+  auto value = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v != nullptr ? v : "");
+  };
+  megatrain::client::Environment env;
+  env.addr = value(megatrain::kAddressEnvVar);
+  env.token = value(megatrain::client::kTokenEnvVar);
+  env.tls_ca = value(megatrain::client::kTlsCaEnvVar);
+  env.home = value("HOME");
+  return megatrain::client::Run(argc, argv, env);
+}

@@ -1,11 +1,9 @@
-// The address rule of address.h. Only ResolveAddress() reads the environment and only
-// DefaultAddress() looks at the file system; DefaultAddressFor() is the pure rule.
+// The address rule of address.h. Only DefaultAddress() looks at the file system;
+// DefaultAddressFor() is the pure rule.
 #include "rpc/address.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <cstdlib>
 
 namespace megatrain {
 
@@ -20,10 +18,9 @@ std::string DefaultAddress() {
   return DefaultAddressFor(::geteuid(), system_socket_exists);
 }
 
-std::string ResolveAddress(const std::string& flag) {
+std::string ResolveAddress(const std::string& flag, const std::string& env) {
   if (!flag.empty()) return flag;
-  const char* env = std::getenv(kAddressEnvVar);
-  if (env != nullptr && env[0] != '\0') return env;
+  if (!env.empty()) return env;
   return DefaultAddress();
 }
 

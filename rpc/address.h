@@ -18,7 +18,7 @@ namespace megatrain {
 // The system daemon's socket path.
 inline constexpr char kSystemSocketPath[] = "/run/megatrain/megatrain.sock";
 
-// The environment variable that overrides the default address.
+// The environment variable that overrides the default address (main() reads it).
 inline constexpr char kAddressEnvVar[] = "MEGATRAIN_ADDR";
 
 // The address to use with no configuration, for this process's effective uid:
@@ -30,9 +30,9 @@ std::string DefaultAddress();
 // The rule behind DefaultAddress(), with its inputs made explicit (for tests).
 std::string DefaultAddressFor(uid_t euid, bool system_socket_exists);
 
-// `flag` if non-empty, else $MEGATRAIN_ADDR if set and non-empty, else DefaultAddress().
-// Call it once, at the edge of the program (it reads the environment).
-std::string ResolveAddress(const std::string& flag);
+// `flag` if non-empty, else `env` (the value of $MEGATRAIN_ADDR, "" when unset) if
+// non-empty, else DefaultAddress(). Call it once, in main.
+std::string ResolveAddress(const std::string& flag, const std::string& env);
 
 // The socket path of a "unix:/path" or "unix:///path" address; nullopt for other schemes.
 // The daemon uses it to create the socket's folder and remove a stale socket.

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -14,14 +13,13 @@
 
 namespace megatrain::server {
 
-DaemonConfig DefaultDaemonConfig() {
+DaemonConfig DefaultDaemonConfig(const std::string& home) {
   DaemonConfig c;
   c.listen = DefaultAddress();
   if (geteuid() == 0) {
     c.state_dir = "/var/lib/megatrain";
   } else {
-    const char* home = std::getenv("HOME");
-    c.state_dir = absl::StrCat(home != nullptr ? home : "/tmp", "/.local/state/megatrain");
+    c.state_dir = absl::StrCat(home.empty() ? "/tmp" : home, "/.local/state/megatrain");
   }
   return c;
 }

@@ -77,7 +77,9 @@ struct DaemonConfig {
   UserLimits LimitsFor(const std::string& user) const;
 };
 
-DaemonConfig DefaultDaemonConfig();
+// The defaults, for this process's effective uid; `home` is $HOME as main read it ("" when
+// unset: a user's state then goes under /tmp).
+DaemonConfig DefaultDaemonConfig(const std::string& home);
 // Applies the fields of a YAML config file onto `config`. Unknown fields are errors.
 [[nodiscard]] absl::Status LoadDaemonConfig(const std::string& path, DaemonConfig* config);
 

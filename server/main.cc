@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -28,6 +29,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "engine/common/engine_settings.h"
 #include "engine/engine.h"
 #include "rpc/address.h"
 #include "server/access_service.h"
@@ -296,6 +298,10 @@ int Run(const DaemonConfig& config) {
 }  // namespace megatrain::server
 
 int main(int argc, char** argv) {
+  // The engine's settings from the environment (engine/common/engine_settings.h); a
+  // worker inherits the daemon's environment, so both read the same.
+  megatrain::SetEngineSettings(megatrain::EngineSettingsFromEnvironment(
+      [](const char* name) { return std::getenv(name); }));
   megatrain::SetCollectiveDefaults();  // before any thread
   // A job's or a submission's worker process, started by a daemon (server/worker.h): its
   // channel to the daemon is fd 3.
@@ -308,7 +314,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  megatrain::server::DaemonConfig config = megatrain::server::DefaultDaemonConfig();
+  const char* home = std::getenv("HOME");
+  megatrain::server::DaemonConfig config =
+      megatrain::server::DefaultDaemonConfig(home != nullptr ? home : "");
   CLI::App app{"megatraind: the megatrain training daemon"};
   std::string config_path, listen, state_dir, device, metrics_listen = "unset";
   std::string tcp_listen, tls_cert, tls_key;

@@ -43,8 +43,17 @@ class TempDir {
   std::string path_;
 };
 
+TEST(DaemonConfig, DefaultStateDirIsUnderTheHomeMainRead) {
+  if (geteuid() == 0) {  // root's daemon is the system's, whatever $HOME says
+    EXPECT_EQ(DefaultDaemonConfig("/home/alice").state_dir, "/var/lib/megatrain");
+    return;
+  }
+  EXPECT_EQ(DefaultDaemonConfig("/home/alice").state_dir, "/home/alice/.local/state/megatrain");
+  EXPECT_EQ(DefaultDaemonConfig("").state_dir, "/tmp/.local/state/megatrain");
+}
+
 TEST(DaemonConfig, ShippedExampleLoads) {
-  DaemonConfig c = DefaultDaemonConfig();
+  DaemonConfig c = DefaultDaemonConfig("");
   ASSERT_TRUE(LoadDaemonConfig(MT_SOURCE_DIR "/deploy/megatraind.yaml", &c).ok());
   EXPECT_EQ(c.admin_group, "megatrain-admin");
   EXPECT_EQ(c.file_roots.front(), "/home");
@@ -58,7 +67,7 @@ TEST(DaemonConfig, LimitsPerUserOverrideTheDefaults) {
                                      "limits: {max_queued_jobs: 5, max_host_memory_gib: 2}\n"
                                      "user_limits:\n  alice: {max_priority: 20}\n",
                                      0644);
-  DaemonConfig c = DefaultDaemonConfig();
+  DaemonConfig c = DefaultDaemonConfig("");
   ASSERT_TRUE(LoadDaemonConfig(path, &c).ok());
   EXPECT_EQ(c.LimitsFor("bob").max_queued_jobs, 5);
   EXPECT_EQ(c.LimitsFor("bob").max_host_bytes, 2ll << 30);
@@ -83,7 +92,7 @@ TEST(DaemonConfig, BadSharingFieldsAreRefusedNamingThem) {
   };
   for (const Case& c : cases) {
     const std::string path = dir.Write("bad.yaml", c.yaml, 0644);
-    DaemonConfig config = DefaultDaemonConfig();
+    DaemonConfig config = DefaultDaemonConfig("");
     absl::Status s = LoadDaemonConfig(path, &config);
     EXPECT_FALSE(s.ok()) << c.yaml;
     EXPECT_NE(s.message().find(c.needle), absl::string_view::npos) << s << " for " << c.yaml;
