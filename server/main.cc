@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -108,93 +109,193 @@ std::string StoppingMessage(std::vector<int64_t> running) {
                       running.size() > 1 ? "them" : "it", "; stopping");
 }
 
+// Prints a stage's failure and returns the daemon's exit status for it.
+int Fail(int exit_status, absl::string_view message) {
+  std::fprintf(stderr, "megatraind: %.*s\n", static_cast<int>(message.size()), message.data());
+  return exit_status;
+}
+
+// The Unix socket megatraind listens on: `listen` must be one (the kernel names local
+// callers there); remote callers come over tcp_listen. InvalidArgument otherwise.
+absl::StatusOr<std::string> ListenSocket(const DaemonConfig& config) {
+  std::optional<std::string> socket = UnixSocketPath(config.listen);
+  if (!socket.has_value() || socket->empty()) {
+    return absl::InvalidArgumentError(
+        "listen must be a unix: address (the kernel names local callers there); for remote "
+        "callers set tcp_listen with tls_cert and tls_key");
+  }
+  return *socket;
+}
+
+// The job database in the state folder (made if missing), readable by the daemon alone:
+// it holds every user's specs and the token hashes.
+absl::StatusOr<std::unique_ptr<JobStore>> OpenJobStore(const std::string& state_dir) {
+  namespace fs = std::filesystem;
+  const mode_t old_umask = umask(077);
+  const std::string db_path = (fs::path(state_dir) / "megatrain.db").string();
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(db_path);
+  umask(old_umask);
+  if (!store.ok()) return absl::UnknownError(store.status().ToString());
+  chmod(db_path.c_str(), 0600);
+  return store;
+}
+
+// What the daemon's metrics say of `device` (the first lane, standing for all: the GPUs of
+// one box are alike), before the GEMM peak is known.
+DaemonMetricsOptions MetricsOptionsFor(const DaemonConfig& config, const std::string& device) {
+  DaemonMetricsOptions options;
+  options.gpu = device == "cpu" ? "cpu" : device.substr(device.find(':') + 1);
+  options.dcgm_job_mapping_dir = config.dcgm_job_mapping_dir;
+  options.fair_share_half_life_hours = config.fair_share_half_life_hours;
+  if (device != "cpu") {
+    for (const GpuInfo& g : ListGpus()) {
+      if (std::to_string(g.index) == options.gpu) options.device_name = g.name;
+    }
+  } else {
+    options.device_name = "cpu";
+  }
+  return options;
+}
+
+// MFU's denominator: the configured peak, else the machine profile's measured GEMM peak,
+// else the device's datasheet figure.
+double PeakTflops(const DaemonConfig& config, const NodePlanner& planner,
+                  const std::string& device_name) {
+  if (config.gpu_peak_tflops > 0) return config.gpu_peak_tflops;
+  if (planner.profile().gemm_peak_tflops > 0) return planner.profile().gemm_peak_tflops;
+  return KnownBf16PeakTflops(device_name);
+}
+
+// The Prometheus endpoint on metrics_listen; null when that is "" (off).
+absl::StatusOr<std::unique_ptr<MetricsHttpServer>> StartMetricsServer(
+    const DaemonConfig& config, MetricsRegistry* registry) {
+  if (config.metrics_listen.empty()) return std::unique_ptr<MetricsHttpServer>();
+  return MetricsHttpServer::Start(config.metrics_listen, registry);
+}
+
+// Jobs that were running when the last daemon died go back to the queue: they resume
+// from their checkpoints.
+void RequeueInterruptedJobs(JobStore* store, JobRunner* runner) {
+  absl::StatusOr<std::vector<v1::Job>> running = store->ListInState(v1::JOB_STATE_RUNNING);
+  if (!running.ok()) return;
+  for (v1::Job job : *running) {
+    const absl::Status requeued = runner->SetState(
+        &job, v1::JOB_STATE_QUEUED, "daemon restarted: requeued, resumes from its last checkpoint");
+    if (!requeued.ok()) ReportWriteFailure(job.id(), "requeueing it at startup", requeued);
+  }
+}
+
+// The gRPC server with `services`, started: on tcp_listen with TLS when configured (the
+// Unix socket is UnixListener's: peer credentials). *tcp_port: the port bound (tcp_listen
+// may ask for port 0, any free one). InvalidArgument "tls: ..." when the key or
+// certificate cannot be read; Unavailable when it cannot listen.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const DaemonConfig& config, const std::vector<grpc::Service*>& services, int* tcp_port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  *tcp_port = 0;
+  if (!config.tcp_listen.empty()) {
+    grpc::SslServerCredentialsOptions tls;
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    absl::StatusOr<std::string> key = ReadSmallFile(config.tls_key);
+    absl::StatusOr<std::string> cert = ReadSmallFile(config.tls_cert);
+    if (!key.ok() || !cert.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tls: ", (key.ok() ? cert.status() : key.status()).message()));
+    }
+    pair.private_key = *key;
+    pair.cert_chain = *cert;
+    tls.pem_key_cert_pairs.push_back(pair);
+    builder.AddListeningPort(config.tcp_listen, grpc::SslServerCredentials(tls), tcp_port);
+  }
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || (!config.tcp_listen.empty() && *tcp_port == 0)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config.tcp_listen));
+  }
+  return server;
+}
+
+// The line that says the daemon is up: where it listens (the bound port, not the asked
+// one: with port 0 this line is how callers find it), its state, lanes and metrics.
+void PrintListening(const DaemonConfig& config, int tcp_port,
+                    const std::vector<std::string>& devices, double peak_tflops,
+                    const MetricsHttpServer* metrics_server) {
+  auto host = [](const std::string& host_port) {
+    return host_port.substr(0, host_port.rfind(':'));
+  };
+  const std::string tcp_shown =
+      config.tcp_listen.empty()
+          ? ""
+          : absl::StrCat(" and ", host(config.tcp_listen), ":", tcp_port, " (TLS)");
+  const std::string metrics_shown =
+      metrics_server != nullptr
+          ? absl::StrCat("http://", host(config.metrics_listen), ":", metrics_server->port(),
+                         "/metrics")
+          : "off";
+  std::printf("megatraind: listening on %s%s, state in %s, %s %s (GEMM peak %.3g TFLOP/s), "
+              "metrics %s\n",
+              config.listen.c_str(), tcp_shown.c_str(), config.state_dir.c_str(),
+              devices.size() > 1 ? "lanes" : "device", absl::StrJoin(devices, ", ").c_str(),
+              peak_tflops, metrics_shown.c_str());
+  std::fflush(stdout);
+}
+
+// Blocks until SIGTERM or SIGINT (main blocked both in every thread), then says what
+// stopping does.
+void WaitForStopSignal(const JobRunner& runner) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::printf("megatraind: %s: %s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+              StoppingMessage(runner.running_jobs()).c_str());
+  std::fflush(stdout);
+}
+
+// The daemon, stage by stage: its state and database, its lanes, the machine's profile and
+// the planner, metrics, the job runner and the services, then serving until a stop signal.
 int Run(const DaemonConfig& config) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(config.state_dir, ec);
   if (ec) {
-    std::fprintf(stderr, "megatraind: cannot create state_dir %s: %s\n", config.state_dir.c_str(),
-                 ec.message().c_str());
-    return 1;
+    return Fail(1, absl::StrCat("cannot create state_dir ", config.state_dir, ": ", ec.message()));
   }
-  const std::string socket = UnixSocketPath(config.listen).value_or("");
-  if (socket.empty()) {
-    std::fprintf(stderr,
-                 "megatraind: listen must be a unix: address (the kernel names local callers "
-                 "there); for remote callers set tcp_listen with tls_cert and tls_key\n");
-    return 2;
-  }
-  // The job database holds every user's specs and the token hashes: the daemon's alone.
-  const mode_t old_umask = umask(077);
-  const std::string db_path = (fs::path(config.state_dir) / "megatrain.db").string();
-  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(db_path);
-  umask(old_umask);
-  if (!store.ok()) {
-    std::fprintf(stderr, "megatraind: %s\n", store.status().ToString().c_str());
-    return 1;
-  }
-  chmod(db_path.c_str(), 0600);
+  absl::StatusOr<std::string> socket = ListenSocket(config);
+  if (!socket.ok()) return Fail(2, socket.status().message());
+  absl::StatusOr<std::unique_ptr<JobStore>> store = OpenJobStore(config.state_dir);
+  if (!store.ok()) return Fail(1, store.status().message());
   EventHub hub;
   absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(config.device);
-  if (!devices.ok()) {
-    std::fprintf(stderr, "megatraind: %s\n", std::string(devices.status().message()).c_str());
-    return 2;
-  }
-  // The first device stands for all in the planner and the node's labels: the GPUs of one
-  // box are alike.
+  if (!devices.ok()) return Fail(2, devices.status().message());
   const std::string device = devices->front();
   MetricsRegistry registry;
-  DaemonMetricsOptions metrics_options;
-  metrics_options.gpu = device == "cpu" ? "cpu" : device.substr(device.find(':') + 1);
-  metrics_options.dcgm_job_mapping_dir = config.dcgm_job_mapping_dir;
-  metrics_options.fair_share_half_life_hours = config.fair_share_half_life_hours;
-  if (device != "cpu") {
-    for (const GpuInfo& g : ListGpus()) {
-      if (std::to_string(g.index) == metrics_options.gpu) metrics_options.device_name = g.name;
-    }
-  } else {
-    metrics_options.device_name = "cpu";
-  }
+  DaemonMetricsOptions metrics_options = MetricsOptionsFor(config, device);
   // The machine profile (the planner's rates: PCIe, matmuls, attention, CPU AdamW), read
-  // from the state folder or measured now; MFU's denominator is its measured GEMM peak
-  // unless configured.
-  const HostMemory mem = ReadHostMemory();
-  const int64_t admissible = static_cast<int64_t>(mem.total_bytes * config.host_memory_fraction);
+  // from the state folder or measured now.
+  const int64_t admissible =
+      static_cast<int64_t>(ReadHostMemory().total_bytes * config.host_memory_fraction);
   absl::StatusOr<std::unique_ptr<NodePlanner>> planner =
       NodePlanner::Create(device, config.state_dir, admissible);
   if (!planner.ok()) {
-    std::fprintf(stderr, "megatraind: measuring the machine: %s\n",
-                 std::string(planner.status().message()).c_str());
-    return 1;
+    return Fail(1, absl::StrCat("measuring the machine: ", planner.status().message()));
   }
   std::printf("megatraind: %s\n", (*planner)->note().c_str());
-  metrics_options.peak_tflops = config.gpu_peak_tflops;
-  if (metrics_options.peak_tflops <= 0) {
-    metrics_options.peak_tflops = (*planner)->profile().gemm_peak_tflops;
-    if (metrics_options.peak_tflops <= 0) {
-      metrics_options.peak_tflops = KnownBf16PeakTflops(metrics_options.device_name);
-    }
-  }
+  metrics_options.peak_tflops = PeakTflops(config, **planner, metrics_options.device_name);
   DaemonMetrics metrics(&registry, store->get(), metrics_options);
-  std::unique_ptr<MetricsHttpServer> metrics_server;
-  if (!config.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(config.metrics_listen, &registry);
-    if (!started.ok()) {
-      std::fprintf(stderr, "megatraind: %s\n", std::string(started.status().message()).c_str());
-      return 1;
-    }
-    metrics_server = std::move(*started);
-  }
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> metrics_server =
+      StartMetricsServer(config, &registry);
+  if (!metrics_server.ok()) return Fail(1, metrics_server.status().message());
   // Jobs and submission checks run in worker processes of this very executable.
   absl::StatusOr<int> exe_fd = OpenOwnExecutable();
-  if (!exe_fd.ok()) {
-    std::fprintf(stderr, "megatraind: %s\n", std::string(exe_fd.status().message()).c_str());
-    return 1;
-  }
+  if (!exe_fd.ok()) return Fail(1, exe_fd.status().message());
+  const std::string profile_json = ProfileToJson((*planner)->profile());
   JobRunnerOptions runner_options;
   runner_options.exe_fd = *exe_fd;
-  const std::string profile_json = ProfileToJson((*planner)->profile());
   runner_options.profile_json = profile_json;
   runner_options.devices = *devices;
   runner_options.state_dir = config.state_dir;
@@ -202,16 +303,7 @@ int Run(const DaemonConfig& config) {
   runner_options.config = &config;
   runner_options.metrics = &metrics;
   JobRunner runner(store->get(), &hub, runner_options);
-
-  // Jobs that were running when the last daemon died resume from their checkpoints.
-  absl::StatusOr<std::vector<v1::Job>> running = (*store)->ListInState(v1::JOB_STATE_RUNNING);
-  if (running.ok()) {
-    for (v1::Job job : *running) {
-      const absl::Status requeued = runner.SetState(
-          &job, v1::JOB_STATE_QUEUED, "daemon restarted: requeued, resumes from its last checkpoint");
-      if (!requeued.ok()) ReportWriteFailure(job.id(), "requeueing it at startup", requeued);
-    }
-  }
+  RequeueInterruptedJobs(store->get(), &runner);
 
   Authenticator auth(store->get(), config.admin_group);
   JobServiceOptions job_options;
@@ -226,71 +318,23 @@ int Run(const DaemonConfig& config) {
   NodeServiceImpl node(store->get(), device == "cpu" ? "cpu" : "cuda", admissible, &auth);
   AccessServiceImpl access(store->get(), &auth, &config);
 
-  fs::create_directories(fs::path(socket).parent_path(), ec);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int tcp_port = 0;  // the port bound: `tcp_listen` may ask for port 0 (any free one)
-  // The Unix socket is accepted by UnixListener (peer credentials); TCP, if configured,
-  // only with TLS.
-  if (!config.tcp_listen.empty()) {
-    grpc::SslServerCredentialsOptions tls;
-    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    absl::StatusOr<std::string> key = ReadSmallFile(config.tls_key);
-    absl::StatusOr<std::string> cert = ReadSmallFile(config.tls_cert);
-    if (!key.ok() || !cert.ok()) {
-      std::fprintf(stderr, "megatraind: tls: %s\n",
-                   std::string((key.ok() ? cert.status() : key.status()).message()).c_str());
-      return 2;
-    }
-    pair.private_key = *key;
-    pair.cert_chain = *cert;
-    tls.pem_key_cert_pairs.push_back(pair);
-    builder.AddListeningPort(config.tcp_listen, grpc::SslServerCredentials(tls), &tcp_port);
-  }
-  builder.RegisterService(&jobs);
-  builder.RegisterService(&node);
-  builder.RegisterService(&access);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || (!config.tcp_listen.empty() && tcp_port == 0)) {
-    std::fprintf(stderr, "megatraind: cannot listen on %s\n", config.tcp_listen.c_str());
-    return 1;
+  fs::create_directories(fs::path(*socket).parent_path(), ec);
+  int tcp_port = 0;
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
+      StartGrpcServer(config, {&jobs, &node, &access}, &tcp_port);
+  if (!server.ok()) {
+    return Fail(absl::IsInvalidArgument(server.status()) ? 2 : 1, server.status().message());
   }
   absl::StatusOr<std::unique_ptr<UnixListener>> unix_listener =
-      UnixListener::Start(socket, server.get(), &auth);
-  if (!unix_listener.ok()) {
-    std::fprintf(stderr, "megatraind: %s\n", std::string(unix_listener.status().message()).c_str());
-    return 1;
-  }
+      UnixListener::Start(*socket, server->get(), &auth);
+  if (!unix_listener.ok()) return Fail(1, unix_listener.status().message());
   runner.Start();
-  // The bound port, not the asked one: with port 0 this line is how callers find it.
-  const std::string tcp_shown =
-      config.tcp_listen.empty()
-          ? ""
-          : absl::StrCat(" and ", config.tcp_listen.substr(0, config.tcp_listen.rfind(':')), ":",
-                         tcp_port, " (TLS)");
-  std::printf("megatraind: listening on %s%s, state in %s, %s %s (GEMM peak %.3g TFLOP/s), "
-              "metrics %s\n",
-              config.listen.c_str(),
-              tcp_shown.c_str(),
-              config.state_dir.c_str(), devices->size() > 1 ? "lanes" : "device",
-              absl::StrJoin(*devices, ", ").c_str(),
-              metrics_options.peak_tflops,
-              metrics_server ? absl::StrCat("http://", config.metrics_listen.substr(0, config.metrics_listen.rfind(':')), ":", metrics_server->port(), "/metrics").c_str() : "off");
-  std::fflush(stdout);
+  PrintListening(config, tcp_port, *devices, metrics_options.peak_tflops, metrics_server->get());
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  int sig = 0;
-  sigwait(&signals, &sig);
-  std::printf("megatraind: %s: %s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-              StoppingMessage(runner.running_jobs()).c_str());
-  std::fflush(stdout);
+  WaitForStopSignal(runner);
   runner.Shutdown();
   unix_listener->reset();  // no new connections
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   return 0;
 }
 
