@@ -1,17 +1,19 @@
 #include "engine/layers/head.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace megatrain {
 
 LossHead::LossHead(const ModelConfig& config, const ModelLayout& layout, Backend* backend,
-                   int64_t chunk_tokens)
+                   int64_t chunk_tokens, std::unique_ptr<const Objective> objective)
     : config_(config),
       final_norm_offset_(layout.units[layout.HeadUnit()].OffsetOf(TensorRole::kFinalNorm)),
       lm_head_offset_(layout.units[layout.HeadUnit()].OffsetOf(TensorRole::kLmHead)),
       embedding_offset_(layout.units[ModelLayout::EmbeddingUnit()].OffsetOf(TensorRole::kEmbedding)),
       backend_(backend),
-      chunk_tokens_(chunk_tokens) {}
+      chunk_tokens_(chunk_tokens),
+      objective_(std::move(objective)) {}
 
 HeadTensors LossHead::Bind(void* head, void* embedding, DType dtype) const {
   HeadTensors t;
@@ -56,13 +58,36 @@ void LossHead::ForwardBackward(const HeadTensors& w, const HeadTensors& g, const
     const int64_t rows = std::min(chunk_tokens_, n - r);
     const void* hf_r = Offset(hf, r * C, act);
     be.Linear(logits, hf_r, w.lm_head, nullptr, rows, C, V, false, s);  // logits = hf Wlm^T
-    be.CrossEntropy(logits, Offset(loss, r, be.stat_dtype()), logits, b.targets + r, rows, V,
-                    scale, s);                                          // loss, dlogits in place
+    objective_->Chunk(LogitsChunk{logits, Offset(loss, r, be.stat_dtype()), &b, r, rows, V,
+                                  scale, s},
+                      HeadPass::kTrain);                                // loss, dlogits in place
     be.LinearBackward(Offset(dhf, r * C, act), false, g.lm_head, nullptr, logits, hf_r,
                       w.lm_head, rows, C, V, s);                        // dhf, dWlm
   }
   be.Zero(dx, n * C * DTypeSize(act), s);
   be.RmsNormBackward(dx, g.final_norm, dhf, x, w.final_norm, rstd, n, C, s);
+}
+
+void LossHead::Forward(const HeadTensors& w, const void* x, void* values, void* workspace,
+                       const DeviceBatch& b, StreamId s) const {
+  Backend& be = *backend_;
+  const int64_t n = b.num_tokens, C = config_.hidden_size, V = config_.vocab_size;
+  const DType act = be.act_dtype();
+  Carver c(workspace);  // ForwardBackward's carving, dhf left unused
+  void* hf = c.Take(n * C * DTypeSize(act));
+  c.Take(n * C * DTypeSize(act));
+  void* rstd = c.Take(n * DTypeSize(be.stat_dtype()));
+  void* logits = c.Take(std::min(n, chunk_tokens_) * V * DTypeSize(act));
+
+  be.RmsNorm(hf, rstd, x, w.final_norm, n, C, config_.rms_norm_eps, s);  // hf = norm(x)
+  for (int64_t r = 0; r < n; r += chunk_tokens_) {
+    const int64_t rows = std::min(chunk_tokens_, n - r);
+    be.Linear(logits, Offset(hf, r * C, act), w.lm_head, nullptr, rows, C, V, false,
+              s);                                                       // logits = hf Wlm^T
+    objective_->Chunk(LogitsChunk{logits, Offset(values, r, be.stat_dtype()), &b, r, rows, V,
+                                  0.0, s},
+                      HeadPass::kForwardOnly);                          // values
+  }
 }
 
 }  // namespace megatrain

@@ -33,7 +33,9 @@ Pipeline::Pipeline(const ModelConfig& config, const ModelLayout& layout, HostSto
       backend_(backend),
       options_(options),
       kinds_(MakeLayerKinds(config, layout, backend, options.mlp_tile_tokens)),
-      head_(config, layout, backend, options.loss_chunk_tokens),
+      // Every training job's objective, for now (layers/objective.h).
+      head_(config, layout, backend, options.loss_chunk_tokens,
+            MakeObjective(ObjectiveKind::kNextTokenCrossEntropy, backend)),
       act_row_bytes_(config.hidden_size * DTypeSize(backend->act_dtype())),
       spans_(backend, options.record_timeline),
       slots_(backend, store, layout, NumWeightSlots(config, options), &spans_),

@@ -23,7 +23,8 @@ class DirectModel {
         layout_(BuildLayout(c)),
         be_(be),
         kinds_(MakeLayerKinds(c, layout_, be)),
-        head_(c, layout_, be, /*chunk_tokens=*/5),
+        head_(c, layout_, be, /*chunk_tokens=*/5,
+              MakeObjective(ObjectiveKind::kNextTokenCrossEntropy, be)),
         max_tokens_(max_tokens) {
     for (const UnitLayout& u : layout_.units) {
       weights_.push_back(Alloc(u.num_elements * DTypeSize(be->weight_dtype())));
