@@ -268,11 +268,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   request.moments = moments;
-  if (bf16_copy != "auto" && bf16_copy != "yes" && bf16_copy != "no") {
-    std::fprintf(stderr, "--bf16-copy must be auto, yes or no, got '%s'\n", bf16_copy.c_str());
-    return 2;
+  const absl::StatusOr<Bf16Copy> copy = ParseSpecName<Bf16Copy>("--bf16-copy", bf16_copy);
+  const absl::StatusOr<ActivationPlacement> placement =
+      ParseSpecName<ActivationPlacement>("--checkpoints", checkpoints);
+  for (const absl::Status& s : {copy.status(), placement.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 2;
+    }
   }
-  request.bf16_copy = bf16_copy;
+  request.bf16_copy = *copy;
   request.nvme_dir = nvme_dir;
   request.nvme_layers = nvme_dir.empty() ? 0 : nvme_layers;
   request.config = c;
@@ -281,7 +286,7 @@ int main(int argc, char** argv) {
   request.clipping = max_grad_norm > 0;
   request.micro_batch_rows = micro_rows;
   request.checkpoint_every = k;
-  request.checkpoints = checkpoints;
+  request.checkpoints = *placement;
   request.kept_layers = kept;
   request.mlp_tile_tokens = mlp_tile;
   request.weight_slots = slots;

@@ -1,22 +1,371 @@
-// The engine's public header: all that server/, client/ and the tools include (with
-// engine/common/*.h). What it offers, and where each lives:
-//
-//   a job spec       LoadJobSpec / ParseJobSpec, JobSpec             job/spec.h
-//   its inputs       ValidateJobInputs (before a job is queued)     job/inputs.h
-//   planning         JobPlanner: profile + PlanJob -> PlannedJob    job/job_planner.h
-//   running          Trainer::Create, Step() until done(), SaveCheckpoint   job/trainer.h
-//   the machine      ListGpus, CudaAvailable                         backend/devices.h,
-//                    SetCollectiveDefaults (first thing in main)     backend/factory.h,
-//                    MachineProfile, LoadMachineProfile              plan/machine_profile.h
+// The engine's public API: all that server/ includes of the engine, with engine/common/*.h.
+// Value types (the job spec, a plan's summary, a step's report, the machine's GPUs) and
+// two abstract classes made by factories: a Planner, which sizes jobs for one kind of
+// device, and a TrainingJob, which runs one. Their implementations (engine/job/) and
+// everything they are built of stay behind this header; a build test compiles server/
+// with an include path that reaches nothing else (tests/structure/isolation).
 //
 //   absl::StatusOr<JobSpec> spec = LoadJobSpec("job.yaml");
-//   absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*spec);
-//   while (!(*t)->done()) { absl::StatusOr<StepReport> r = (*t)->Step(); ... }
+//   absl::StatusOr<std::unique_ptr<TrainingJob>> job = TrainingJob::Create(*spec, {});
+//   while (!(*job)->done()) { absl::StatusOr<StepReport> r = (*job)->Step(); ... }
+//
+// The spec is parsed once, at the edge, into types: every choice is an enum here, and a
+// name that is none of its values is InvalidArgument naming the field and the values it
+// allows (ParseSpecName). Every spec, however it was made (YAML, the API's message, a
+// test), passes the one validation stage, ValidateJobSpec, before anything uses it.
 #pragma once
 
-#include "engine/backend/devices.h"      // IWYU pragma: export
-#include "engine/job/inputs.h"           // IWYU pragma: export
-#include "engine/job/job_planner.h"      // IWYU pragma: export
-#include "engine/job/spec.h"             // IWYU pragma: export
-#include "engine/job/trainer.h"          // IWYU pragma: export
-#include "engine/plan/machine_profile.h" // IWYU pragma: export
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/common/backend.h"  // kNumStreams
+
+namespace megatrain {
+
+// ---- The job spec ------------------------------------------------------------------
+
+// data.format
+enum class DataFormat { kText, kAlpaca, kShareGpt, kMessages, kTokens };
+// data.tokenizer: auto (the model folder's tokenizer.json when it has one, else byte),
+// byte (UTF-8 bytes, bos 256, eos 257), model (the model folder's), or a file: a
+// tokenizer.json or the folder holding it (JobSpec::tokenizer_path).
+enum class TokenizerSource { kAuto, kByte, kModel, kFile };
+// data.chat_template: auto (the family of tokenizer_config.json's chat_template, else
+// plain), plain ("User: ..\n\nAssistant: ..<eos>"), or a family.
+enum class ChatTemplate {
+  kAuto, kPlain, kLlama2, kLlama3, kQwen3, kGptOss, kQwen25, kMistralV1, kMistralV3,
+  kMistralV3Tekken,
+};
+enum class Packing { kPack, kPad };  // data.packing
+// data.truncation: split (a long document continues in the next row), truncate (each
+// document whole in one row, cut at seq_len); auto: truncate for chat formats, else split.
+enum class Truncation { kAuto, kSplit, kTruncate };
+enum class OnBadLine { kFail, kSkip };  // data.on_bad_line
+// train.gradient_reduce, with devices > 1: device reduce-scatters each gradient on the
+// devices (NCCL; CPU backends: their threads); host drains whole gradients and adds them
+// on the host; auto is device when it can be set up, else host.
+enum class GradientReduce { kAuto, kDevice, kHost };
+// train.activation_checkpoints: where the checkpointed layer inputs are kept.
+enum class ActivationPlacement { kAuto, kDevice, kHost };
+// train.schedule: Hugging Face's get_{constant,linear,cosine}_schedule_with_warmup.
+enum class ScheduleType { kConstant, kLinear, kCosine };
+// optimizer.state_dtype: AdamW's moments in fp32 (PyTorch's AdamW, bit for bit), bf16 or
+// int8 (block-scaled), rounded stochastically; the master is fp32 always.
+enum class MomentDType { kF32, kBF16, kInt8 };
+// optimizer.bf16_copy: keep the bf16 weights that cross PCIe (2 B/param more), or stream
+// the master; auto: the planner's choice. The same bf16 values reach the kernels either way.
+enum class Bf16Copy { kAuto, kYes, kNo };
+
+// The learning-rate schedule (optim/schedule.h computes it).
+struct ScheduleOptions {
+  ScheduleType type = ScheduleType::kConstant;
+  double lr = 0.0;            // peak learning rate
+  int64_t warmup_steps = 0;   // steps of linear warmup from 0 to lr
+  int64_t total_steps = 0;    // linear / cosine reach their floor here (= steps)
+  double min_lr_ratio = 0.0;  // floor of the decay, as a fraction of lr, in [0, 1]
+};
+
+// One training job: what docs/job-spec.md documents, field by field. Relative paths are
+// resolved against the spec's folder when it is parsed: every path here is absolute or "".
+struct JobSpec {
+  std::string name = "job";
+  // model: exactly one of model_path / an inline config.json.
+  std::string model_path;         // Hugging Face folder
+  std::string model_config_json;  // config.json text for random init
+  uint64_t init_seed = 0;
+
+  std::string data_path;
+  DataFormat data_format = DataFormat::kText;
+  std::string text_field = "text";
+  TokenizerSource tokenizer = TokenizerSource::kAuto;
+  std::string tokenizer_path;     // TokenizerSource::kFile only
+  ChatTemplate chat_template = ChatTemplate::kAuto;
+  std::string chat_date;          // gpt-oss "Current date"; "" = the day it tokenizes
+  Packing packing = Packing::kPack;
+  Truncation truncation = Truncation::kAuto;
+  OnBadLine on_bad_line = OnBadLine::kFail;
+  // Where the tokenized dataset is kept and reused; "" = <checkpoint.dir>/data-cache,
+  // or the temporary folder when the job has no checkpoint.dir.
+  std::string data_cache_dir;
+  int64_t tokenize_threads = 0;   // 0 = one per core
+  int64_t seq_len = 256;
+  uint64_t data_seed = 0;
+
+  int64_t steps = 100;
+  // The batch: tokens per optimizer step, a multiple of seq_len. 0: micro_batch_rows *
+  // micro_batches * seq_len (each 1 when not given).
+  int64_t tokens_per_step = 0;
+  int64_t micro_batch_rows = 0;  // sequences per micro-batch; 0 = the planner's choice
+  int64_t micro_batches = 0;     // micro-batches per step; 0 = rows per step / rows
+  // Data parallelism: devices (cuda:i .. cuda:i+N-1 from the backend's, or N CPU backends)
+  // each run an equal share of the step's micro-batches over the one host copy of the
+  // state. The global batch, and so the checkpoints, do not depend on it.
+  int64_t devices = 1;
+  GradientReduce gradient_reduce = GradientReduce::kAuto;
+  ScheduleOptions schedule;      // lr, type, warmup, total (= steps), min ratio
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double max_grad_norm = 1.0;    // <= 0 disables clipping
+  int64_t activation_checkpoint_every = 0;  // K; 0 = the planner's choice
+  ActivationPlacement activation_checkpoints = ActivationPlacement::kAuto;
+  int64_t loss_chunk_tokens = 4096;
+  // MoE: the load-balancing loss's weight; < 0: the model config's (0 unless
+  // output_router_logits).
+  double router_aux_loss_coef = -1;
+  MomentDType state_dtype = MomentDType::kF32;
+  Bf16Copy bf16_copy = Bf16Copy::kAuto;
+  // optimizer.nvme_dir / nvme_layers: a local disk for the moments of layers that do not
+  // fit in RAM, and how many (-1: as many as the host budget needs). "" = none.
+  std::string nvme_dir;
+  int64_t nvme_layers = -1;
+
+  std::string checkpoint_dir;          // "" = no checkpoints
+  int64_t checkpoint_every_steps = 0;  // 0 = only at the end
+  int64_t keep_last = 3;
+  int64_t max_shard_bytes = 5ll << 30;
+  // Periodic checkpoints are written while training goes on; false: training waits while
+  // each is written.
+  bool checkpoint_background = true;
+
+  // The device: auto, cpu, cuda or cuda:N (a device's name, checked by ValidateJobSpec).
+  std::string backend = "auto";
+  int64_t device_memory_cap_bytes = 0;  // 0: the device's free memory
+
+  // Sequences per optimizer step, and tokens.
+  int64_t rows_per_step() const;
+  int64_t tokens_per_step_resolved() const { return rows_per_step() * seq_len; }
+  // The settings a resume must agree with (model, data, batch shape), as a string.
+  std::string Fingerprint() const;
+};
+
+// Each choice's name in a spec ("alpaca", "pad", "host", ...).
+const char* SpecName(DataFormat value);
+const char* SpecName(TokenizerSource value);  // "auto" | "byte" | "model" | "file"
+const char* SpecName(ChatTemplate value);
+const char* SpecName(Packing value);
+const char* SpecName(Truncation value);
+const char* SpecName(OnBadLine value);
+const char* SpecName(GradientReduce value);
+const char* SpecName(ActivationPlacement value);
+const char* SpecName(ScheduleType value);
+const char* SpecName(MomentDType value);
+const char* SpecName(Bf16Copy value);
+// The value of E named `name`: InvalidArgument "<field> must be one of a, b, c; got 'x'"
+// otherwise. Defined for every E that SpecName takes.
+template <typename E>
+[[nodiscard]] absl::StatusOr<E> ParseSpecName(absl::string_view field, absl::string_view name);
+
+// The one validation stage: ranges, the batch's shape, the name, the device, the model
+// source, UTF-8 of every string. InvalidArgument naming the field and what it allows
+// ("train.steps must be >= 1, got -3"). ParseJobSpec runs it; a spec built otherwise
+// (the API's structured message, a test) must pass it before use.
+[[nodiscard]] absl::Status ValidateJobSpec(const JobSpec& spec);
+
+// Parses and validates a YAML job spec; relative paths resolve against `base_dir` (the
+// spec file's folder). `source` names it in errors. Unknown fields are errors.
+[[nodiscard]] absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text,
+                                                   const std::string& base_dir,
+                                                   const std::string& source = "job spec");
+[[nodiscard]] absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+// The spec as a complete YAML document (every field, absolute paths): the canonical form
+// the daemon stores and runs. ParseJobSpec(JobSpecToYaml(s), "") == s.
+std::string JobSpecToYaml(const JobSpec& spec);
+
+// The folders a job writes in (checkpoint.dir, data.cache_dir, optimizer.nvme_dir), where
+// given: INVALID_ARGUMENT naming the field when one is there but is not a folder.
+[[nodiscard]] absl::Status CheckJobFolders(const JobSpec& spec);
+// Checks, before a job is queued, what its spec refers to: its folders, the model, the
+// tokenizer and the dataset (readable, its first lines valid in the job's format, not
+// empty). NOT_FOUND / INVALID_ARGUMENT naming the field. Reads files: call it as the
+// job's user.
+[[nodiscard]] absl::Status ValidateJobInputs(const JobSpec& spec);
+
+// ---- Plans ------------------------------------------------------------------------
+
+// How a job will run on a device, as the planner chose and predicts it.
+struct PlanSummary {
+  int64_t micro_batch_rows = 0;
+  int64_t micro_batches = 0;
+  int64_t checkpoint_every = 0;     // activation checkpoints: every K layers
+  bool checkpoints_on_host = false;
+  int64_t weight_slots = 0;
+  int64_t kept_layers = 0;          // layers whose intermediates stay on the device
+  int64_t mlp_tile_tokens = 0;
+  int64_t nvme_layers = 0;
+  int64_t nvme_bytes = 0;
+  int64_t devices = 1;
+  int64_t tokens_per_step = 0;
+  // The predicted step: seconds, what bounds it, and its parts.
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  double model_tflops = 0;
+  std::string bound;                // "GPU compute" | "PCIe" | "CPU optimizer" | ...
+  double compute_seconds = 0;
+  double pcie_seconds = 0;
+  double optimizer_seconds = 0;
+  double reduce_seconds = 0;
+  int64_t h2d_bytes = 0;
+  int64_t d2h_bytes = 0;
+  int64_t device_bytes = 0;         // on each device
+  int64_t host_bytes = 0;
+  std::string text;                 // the plan in words, then the warnings
+  // What a valid job will do that its owner may not mean, each naming the field and a fix.
+  std::vector<std::string> warnings;
+};
+
+// Plans jobs for one kind of device of this machine, without running them, from the
+// machine's profile (its PCIe, matmul, attention and CPU AdamW rates). Thread-safe.
+class Planner {
+ public:
+  // device: "cpu" or "cuda:N". The profile is read from `profile_path` when it matches
+  // this machine, else measured (seconds) and written there. host_budget_bytes: the host
+  // memory a job may hold.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Planner>> Create(
+      const std::string& device, const std::string& profile_path, int64_t host_budget_bytes);
+  // Plans with a given profile (profile_json(), as another Planner wrote it) and no
+  // device: for "cpu" a CPU backend, for "cuda" a device of `device_budget_bytes` on a
+  // node of `gpus` GPUs. Touches no GPU: submission checks plan this way.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Planner>> CreateFromProfile(
+      const std::string& device, const std::string& profile_json, int64_t device_budget_bytes,
+      int64_t gpus, int64_t host_budget_bytes);
+  virtual ~Planner() = default;
+
+  // The plan of `spec`, keeping the split of a step of the checkpoint it resumes from (its
+  // checkpoint.dir's newest, read here: call it as the job's user). FailedPrecondition
+  // naming the memory that runs out; InvalidArgument for more devices than the node has.
+  [[nodiscard]] virtual absl::StatusOr<PlanSummary> Plan(const JobSpec& spec) = 0;
+
+  virtual std::string profile_json() const = 0;  // the profile, for CreateFromProfile
+  virtual double gemm_peak_tflops() const = 0;   // the profile's bf16 matmul peak
+  virtual std::string note() const = 0;          // where the profile came from
+  // The device memory a job finds on one device (before the planner's margins).
+  virtual int64_t device_budget_bytes() = 0;
+  virtual int64_t gpus() const = 0;              // GPUs on the node
+};
+
+// ---- Running a job ----------------------------------------------------------------
+
+struct StepReport {
+  int64_t step = 0;          // steps completed, this one included
+  int64_t total_steps = 0;
+  double loss = 0;           // the LM loss
+  // MoE models: the load-balancing loss (unweighted) and its weight in the trained loss.
+  bool has_aux_loss = false;
+  double aux_loss = 0;
+  double aux_loss_coef = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  int64_t tokens = 0;        // tokens in this step
+  double seconds = 0;
+  double tokens_per_second = 0;
+  double model_tflops = 0;   // 6 * params * tokens (+ attention), per second, / 1e12
+  int64_t device_bytes_peak = 0;  // device memory high-water mark (0 on the CPU backend)
+  int64_t device_bytes_in_use = 0;
+  // Busy seconds of this step per stream (CUDA event or thread timings), by StreamId, and
+  // of the optimizer thread (AdamW of this step's gradients may finish in the next one).
+  std::array<double, kNumStreams> stream_busy_seconds{};
+  double optimizer_busy_seconds = 0;
+  // AdamW's rate in the step: the parameters it updates each step over optimizer_busy_seconds
+  // (0 when the optimizer was not busy), and that over the machine profile's rate alone (the
+  // planner's adamw_in_step_fraction, as this step measured it: when it differs from the
+  // profile's, `train_bench --calibrate` measures the box's).
+  double optimizer_params_per_second = 0;
+  double optimizer_in_step_fraction = 0;
+  int64_t h2d_bytes = 0;     // PCIe traffic of the step
+  int64_t d2h_bytes = 0;
+  // The checkpoints completed during Step(), oldest first: the one of this step
+  // (checkpoint.background: false, or the final one), or ones written while training went
+  // on, of earlier steps (a background one may finish in the step that writes the next).
+  std::vector<std::string> checkpoint_paths;
+  // Seconds this step waited for checkpoints being written in the background: its
+  // optimizer updates for a unit not yet written, and the step for the previous
+  // checkpoint's fsync when the next one is due (ideally 0).
+  double checkpoint_wait_seconds = 0;
+  // A periodic checkpoint that could not be written (a full disk, say): training goes
+  // on, the earlier checkpoints stand, and the next interval tries again. The final
+  // checkpoint failing fails Step() instead.
+  std::string checkpoint_error;
+  std::vector<int64_t> failed_checkpoint_steps;  // the steps whose checkpoint failed
+};
+
+// Where a job runs, as the daemon places it, beside what its owner's spec says.
+struct RunOptions {
+  std::string device;          // "cpu" or "cuda:N" in place of spec.backend; "" = the spec's
+  std::string checkpoint_dir;  // in place of spec.checkpoint_dir; "" = the spec's
+  // The machine profile (Planner::profile_json) the job plans with; "" = the one the
+  // engine finds for its device (so a spec plans alike run locally or by the daemon).
+  std::string profile_json;
+};
+
+// A started job, as its owner sees it in logs and status.
+struct JobDescription {
+  int64_t step = 0;               // steps done (of the checkpoint it resumed from)
+  int64_t resumed_from_step = 0;  // 0: a fresh start
+  double last_loss = 0;           // the resumed checkpoint's (NaN where it recorded none)
+  bool done = false;              // it resumed from its final step
+  std::string dataset_summary;    // what building (or reusing) the tokenized data found
+  std::string architecture;       // config.json's class name
+  int64_t num_parameters = 0;
+  std::string backend_name;
+  int64_t tokens_per_step = 0;
+  std::string plan_text;          // how it runs, in words
+  // Host bytes page-locked for transfers, and pageable (fp32 master weights and moments).
+  int64_t pinned_host_bytes = 0;
+  int64_t pageable_host_bytes = 0;
+};
+
+// One job, end to end: the model in host memory, its data, the streamed steps, the
+// optimizer and the checkpoints. Create() loads or initialises the model and tokenizes the
+// data; when the checkpoint folder already holds a checkpoint of this job, it resumes from
+// the newest. Then Step() until done(). Thread-compatible: one thread drives it.
+class TrainingJob {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<TrainingJob>> Create(
+      const JobSpec& spec, const RunOptions& options);
+  // Finishes a checkpoint being written in the background.
+  virtual ~TrainingJob() = default;
+
+  virtual JobDescription Describe() const = 0;
+  // Runs one optimizer step; saves a checkpoint when the spec says so.
+  [[nodiscard]] virtual absl::StatusOr<StepReport> Step() = 0;
+  virtual bool done() const = 0;
+  virtual int64_t step() const = 0;  // steps completed
+  // Writes a checkpoint of the state after the last completed step and prunes old ones;
+  // training waits (a background checkpoint being written is finished first).
+  [[nodiscard]] virtual absl::StatusOr<std::string> SaveCheckpoint() = 0;
+  // The next Step() writes a checkpoint of its state in the background.
+  virtual void CheckpointNextStep() = 0;
+  // The last checkpoint written: seconds it took and bytes.
+  virtual double last_checkpoint_seconds() const = 0;
+  virtual int64_t last_checkpoint_bytes() const = 0;
+};
+
+// Complete checkpoints under `root`, oldest first (by step).
+std::vector<std::string> ListCheckpoints(const std::string& root);
+
+// ---- The machine ------------------------------------------------------------------
+
+// True when this build has the CUDA backend and a CUDA device is visible.
+bool CudaAvailable();
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  int64_t memory_bytes = 0;
+  int numa_node = -1;
+  std::string pci_bus_id;
+};
+// The CUDA devices this build can use (empty without CUDA).
+std::vector<GpuInfo> ListGpus();
+
+// NCCL's environment defaults (NCCL_NVLS_ENABLE=0 unless set). setenv races with any
+// other thread's getenv: call it first thing in main(), before threads start.
+void SetCollectiveDefaults();
+
+}  // namespace megatrain

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "engine/common/printable.h"
+#include "engine/common/status.h"
 #include "engine/common/units.h"
 #include "server/reply_limits.h"
 #include "server/run_as.h"

@@ -20,10 +20,10 @@
 #include "megatrain/internal/worker.pb.h"
 #include "megatrain/v1/jobs.grpc.pb.h"
 #include "server/config.h"
+#include "engine/engine.h"
 #include "server/event_hub.h"
 #include "server/identity.h"
 #include "server/job_runner.h"
-#include "server/node_planner.h"
 #include "server/job_store.h"
 
 namespace megatrain::server {
@@ -31,7 +31,9 @@ namespace megatrain::server {
 struct JobServiceOptions {
   std::string state_dir;
   int64_t host_memory_bytes = 0;  // admission limit: total usable host memory
-  NodePlanner* planner = nullptr; // plans jobs for admission and PlanJob (required)
+  // The node's planner (required): what its checks in workers plan against, the device
+  // budget and GPU count with its profile.
+  Planner* planner = nullptr;
   Authenticator* auth = nullptr;  // who calls (required)
   const DaemonConfig* config = nullptr;  // roots and limits (required)
   int exe_fd = -1;  // the daemon's executable: submissions are checked in a worker of it

@@ -40,7 +40,6 @@
 #include "server/event_hub.h"
 #include "server/job_runner.h"
 #include "server/job_service.h"
-#include "server/node_planner.h"
 #include "server/job_store.h"
 #include "server/metrics_http.h"
 #include "server/node_service.h"
@@ -159,10 +158,10 @@ DaemonMetricsOptions MetricsOptionsFor(const DaemonConfig& config, const std::st
 
 // MFU's denominator: the configured peak, else the machine profile's measured GEMM peak,
 // else the device's datasheet figure.
-double PeakTflops(const DaemonConfig& config, const NodePlanner& planner,
+double PeakTflops(const DaemonConfig& config, const Planner& planner,
                   const std::string& device_name) {
   if (config.gpu_peak_tflops > 0) return config.gpu_peak_tflops;
-  if (planner.profile().gemm_peak_tflops > 0) return planner.profile().gemm_peak_tflops;
+  if (planner.gemm_peak_tflops() > 0) return planner.gemm_peak_tflops();
   return KnownBf16PeakTflops(device_name);
 }
 
@@ -279,8 +278,8 @@ int Run(const DaemonConfig& config) {
   // from the state folder or measured now.
   const int64_t admissible =
       static_cast<int64_t>(ReadHostMemory().total_bytes * config.host_memory_fraction);
-  absl::StatusOr<std::unique_ptr<NodePlanner>> planner =
-      NodePlanner::Create(device, config.state_dir, admissible);
+  absl::StatusOr<std::unique_ptr<Planner>> planner = Planner::Create(
+      device, (fs::path(config.state_dir) / "machine-profile.json").string(), admissible);
   if (!planner.ok()) {
     return Fail(1, absl::StrCat("measuring the machine: ", planner.status().message()));
   }
@@ -293,7 +292,7 @@ int Run(const DaemonConfig& config) {
   // Jobs and submission checks run in worker processes of this very executable.
   absl::StatusOr<int> exe_fd = OpenOwnExecutable();
   if (!exe_fd.ok()) return Fail(1, exe_fd.status().message());
-  const std::string profile_json = ProfileToJson((*planner)->profile());
+  const std::string profile_json = (*planner)->profile_json();
   JobRunnerOptions runner_options;
   runner_options.exe_fd = *exe_fd;
   runner_options.profile_json = profile_json;

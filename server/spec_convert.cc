@@ -1,90 +1,114 @@
 #include "server/spec_convert.h"
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
-#include "engine/common/printable.h"
 #include "engine/common/status.h"
-#include "yaml-cpp/yaml.h"
+#include "nlohmann/json.hpp"
 
 namespace megatrain::server {
 
-std::string SpecMessageToYaml(const v1::JobSpec& s) {
-  YAML::Emitter out;
-  out.SetDoublePrecision(15);
-  out << YAML::BeginMap;
-  auto str = [&](const char* key, const std::string& v) {
-    if (!v.empty()) out << YAML::Key << key << YAML::Value << YAML::DoubleQuoted << v;
-  };
-  auto num = [&](const char* key, int64_t v) {
-    if (v != 0) out << YAML::Key << key << YAML::Value << v;
-  };
-  str("name", s.name());
-  str("backend", s.backend());
-  num("device_memory_cap_bytes", s.device_memory_cap_bytes());
-  if (s.has_model()) {
-    out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-    str("path", s.model().path());
-    if (!s.model().config_json().empty()) {
-      out << YAML::Key << "config" << YAML::Value << YAML::Load(s.model().config_json());
+namespace {
+
+std::string Resolve(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
+  return (std::filesystem::path(base_dir) / path).lexically_normal().string();
+}
+
+// Each choice of the message, where set, parsed into the spec's type.
+template <typename E>
+absl::Status SetEnum(const char* field, const std::string& name, E* out) {
+  if (name.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(*out, ParseSpecName<E>(field, name));
+  return absl::OkStatus();
+}
+
+absl::Status FromModel(const v1::JobSpec::Model& m, const std::string& base_dir, JobSpec* spec) {
+  spec->model_path = Resolve(base_dir, m.path());
+  if (!m.config_json().empty()) {
+    // Kept as the YAML parser keeps an inline config: compact JSON, keys sorted.
+    const nlohmann::json j = nlohmann::json::parse(m.config_json(), nullptr, false);
+    if (!j.is_object()) {
+      return absl::InvalidArgumentError("spec.model.config_json must be a JSON object");
     }
-    num("init_seed", static_cast<int64_t>(s.model().init_seed()));
-    out << YAML::EndMap;
+    spec->model_config_json = j.dump();
   }
-  if (s.has_data()) {
-    const v1::JobSpec::Data& d = s.data();
-    out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-    str("path", d.path());
-    str("format", d.format());
-    str("text_field", d.text_field());
-    str("tokenizer", d.tokenizer());
-    str("chat_template", d.chat_template());
-    str("chat_date", d.chat_date());
-    str("packing", d.packing());
-    str("truncation", d.truncation());
-    str("on_bad_line", d.on_bad_line());
-    str("cache_dir", d.cache_dir());
-    num("tokenize_threads", d.tokenize_threads());
-    num("seq_len", d.seq_len());
-    num("seed", static_cast<int64_t>(d.seed()));
-    out << YAML::EndMap;
-  }
-  if (s.has_train()) {
-    const v1::JobSpec::Train& t = s.train();
-    out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
-    num("steps", t.steps());
-    num("tokens_per_step", t.tokens_per_step());
-    num("micro_batch_rows", t.micro_batch_rows());
-    num("micro_batches", t.micro_batches());
-    if (t.has_lr()) out << YAML::Key << "lr" << YAML::Value << t.lr();
-    str("schedule", t.schedule());
-    num("warmup_steps", t.warmup_steps());
-    if (t.has_min_lr_ratio()) out << YAML::Key << "min_lr_ratio" << YAML::Value << t.min_lr_ratio();
-    if (t.has_weight_decay()) out << YAML::Key << "weight_decay" << YAML::Value << t.weight_decay();
-    if (t.has_beta1()) out << YAML::Key << "beta1" << YAML::Value << t.beta1();
-    if (t.has_beta2()) out << YAML::Key << "beta2" << YAML::Value << t.beta2();
-    if (t.has_eps()) out << YAML::Key << "eps" << YAML::Value << t.eps();
-    if (t.has_max_grad_norm()) out << YAML::Key << "max_grad_norm" << YAML::Value << t.max_grad_norm();
-    num("activation_checkpoint_every", t.activation_checkpoint_every());
-    num("loss_chunk_tokens", t.loss_chunk_tokens());
-    if (t.has_router_aux_loss_coef()) {
-      out << YAML::Key << "router_aux_loss_coef" << YAML::Value << t.router_aux_loss_coef();
+  spec->init_seed = m.init_seed();
+  return absl::OkStatus();
+}
+
+absl::Status FromData(const v1::JobSpec::Data& d, const std::string& base_dir, JobSpec* spec) {
+  spec->data_path = Resolve(base_dir, d.path());
+  RETURN_IF_ERROR(SetEnum("data.format", d.format(), &spec->data_format));
+  if (!d.text_field().empty()) spec->text_field = d.text_field();
+  if (!d.tokenizer().empty()) {
+    absl::StatusOr<TokenizerSource> named = ParseSpecName<TokenizerSource>("", d.tokenizer());
+    if (named.ok() && *named != TokenizerSource::kFile) {
+      spec->tokenizer = *named;
+    } else {
+      spec->tokenizer = TokenizerSource::kFile;
+      spec->tokenizer_path = Resolve(base_dir, d.tokenizer());
     }
-    str("activation_checkpoints", t.activation_checkpoints());
-    num("devices", t.devices());
-    str("gradient_reduce", t.gradient_reduce());
-    out << YAML::EndMap;
   }
-  if (s.has_checkpoint()) {
-    const v1::JobSpec::Checkpoint& c = s.checkpoint();
-    out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
-    str("dir", c.dir());
-    num("every_steps", c.every_steps());
-    if (c.has_keep_last()) out << YAML::Key << "keep_last" << YAML::Value << c.keep_last();
-    num("max_shard_bytes", c.max_shard_bytes());
-    if (c.has_background()) out << YAML::Key << "background" << YAML::Value << c.background();
-    out << YAML::EndMap;
-  }
-  out << YAML::EndMap;
-  return out.c_str();
+  RETURN_IF_ERROR(SetEnum("data.chat_template", d.chat_template(), &spec->chat_template));
+  spec->chat_date = d.chat_date();
+  RETURN_IF_ERROR(SetEnum("data.packing", d.packing(), &spec->packing));
+  RETURN_IF_ERROR(SetEnum("data.truncation", d.truncation(), &spec->truncation));
+  RETURN_IF_ERROR(SetEnum("data.on_bad_line", d.on_bad_line(), &spec->on_bad_line));
+  spec->data_cache_dir = Resolve(base_dir, d.cache_dir());
+  spec->tokenize_threads = d.tokenize_threads();
+  if (d.seq_len() != 0) spec->seq_len = d.seq_len();
+  spec->data_seed = d.seed();
+  return absl::OkStatus();
+}
+
+absl::Status FromTrain(const v1::JobSpec::Train& t, JobSpec* spec) {
+  if (t.steps() != 0) spec->steps = t.steps();
+  spec->tokens_per_step = t.tokens_per_step();
+  spec->micro_batch_rows = t.micro_batch_rows();
+  spec->micro_batches = t.micro_batches();
+  if (t.devices() != 0) spec->devices = t.devices();
+  RETURN_IF_ERROR(SetEnum("train.gradient_reduce", t.gradient_reduce(), &spec->gradient_reduce));
+  if (t.has_lr()) spec->schedule.lr = t.lr();
+  RETURN_IF_ERROR(SetEnum("train.schedule", t.schedule(), &spec->schedule.type));
+  spec->schedule.warmup_steps = t.warmup_steps();
+  if (t.has_min_lr_ratio()) spec->schedule.min_lr_ratio = t.min_lr_ratio();
+  if (t.has_weight_decay()) spec->weight_decay = t.weight_decay();
+  if (t.has_beta1()) spec->beta1 = t.beta1();
+  if (t.has_beta2()) spec->beta2 = t.beta2();
+  if (t.has_eps()) spec->eps = t.eps();
+  if (t.has_max_grad_norm()) spec->max_grad_norm = t.max_grad_norm();
+  spec->activation_checkpoint_every = t.activation_checkpoint_every();
+  if (t.loss_chunk_tokens() != 0) spec->loss_chunk_tokens = t.loss_chunk_tokens();
+  if (t.has_router_aux_loss_coef()) spec->router_aux_loss_coef = t.router_aux_loss_coef();
+  RETURN_IF_ERROR(SetEnum("train.activation_checkpoints", t.activation_checkpoints(),
+                          &spec->activation_checkpoints));
+  spec->schedule.total_steps = spec->steps;
+  return absl::OkStatus();
+}
+
+void FromCheckpoint(const v1::JobSpec::Checkpoint& c, const std::string& base_dir,
+                    JobSpec* spec) {
+  spec->checkpoint_dir = Resolve(base_dir, c.dir());
+  spec->checkpoint_every_steps = c.every_steps();
+  if (c.has_keep_last()) spec->keep_last = c.keep_last();
+  if (c.max_shard_bytes() != 0) spec->max_shard_bytes = c.max_shard_bytes();
+  if (c.has_background()) spec->checkpoint_background = c.background();
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> SpecFromMessage(const v1::JobSpec& message, const std::string& base_dir) {
+  JobSpec spec;
+  if (!message.name().empty()) spec.name = message.name();
+  if (!message.backend().empty()) spec.backend = message.backend();
+  spec.device_memory_cap_bytes = message.device_memory_cap_bytes();
+  RETURN_IF_ERROR(FromModel(message.model(), base_dir, &spec));
+  RETURN_IF_ERROR(FromData(message.data(), base_dir, &spec));
+  RETURN_IF_ERROR(FromTrain(message.train(), &spec));
+  FromCheckpoint(message.checkpoint(), base_dir, &spec);
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  return spec;
 }
 
 absl::StatusOr<JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request) {
@@ -92,22 +116,47 @@ absl::StatusOr<JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request) {
     return absl::InvalidArgumentError(
         absl::StrCat("base_dir must be an absolute path, got '", request.base_dir(), "'"));
   }
-  std::string yaml;
   switch (request.source_case()) {
     case v1::SubmitJobRequest::kSpecYaml:
-      yaml = request.spec_yaml();
-      break;
-    case v1::SubmitJobRequest::kSpec:
-      try {
-        yaml = SpecMessageToYaml(request.spec());
-      } catch (const YAML::Exception& e) {
-        return absl::InvalidArgumentError(absl::StrCat("spec.model.config_json: ", Printable(e.what())));
-      }
-      break;
+      return ParseJobSpec(request.spec_yaml(), request.base_dir(), "job spec");
+    case v1::SubmitJobRequest::kSpec: {
+      absl::StatusOr<JobSpec> spec = SpecFromMessage(request.spec(), request.base_dir());
+      if (!spec.ok()) return Annotate(spec.status(), "job spec");
+      return spec;
+    }
     default:
       return absl::InvalidArgumentError("the request has no spec (set spec_yaml or spec)");
   }
-  return ParseJobSpec(yaml, request.base_dir(), "job spec");
+}
+
+v1::JobPlan JobPlanMessage(const PlanSummary& plan) {
+  v1::JobPlan out;
+  out.set_micro_batch_rows(plan.micro_batch_rows);
+  out.set_micro_batches(plan.micro_batches);
+  out.set_checkpoint_every(plan.checkpoint_every);
+  out.set_checkpoints_on_host(plan.checkpoints_on_host);
+  out.set_weight_slots(plan.weight_slots);
+  out.set_kept_layers(plan.kept_layers);
+  out.set_mlp_tile_tokens(plan.mlp_tile_tokens);
+  out.set_nvme_layers(plan.nvme_layers);
+  out.set_nvme_bytes(plan.nvme_bytes);
+  out.set_devices(plan.devices);
+  out.set_reduce_seconds(plan.reduce_seconds);
+  out.set_tokens_per_step(plan.tokens_per_step);
+  out.set_step_seconds(plan.step_seconds);
+  out.set_tokens_per_second(plan.tokens_per_second);
+  out.set_model_tflops(plan.model_tflops);
+  out.set_bound(plan.bound);
+  out.set_compute_seconds(plan.compute_seconds);
+  out.set_pcie_seconds(plan.pcie_seconds);
+  out.set_optimizer_seconds(plan.optimizer_seconds);
+  out.set_h2d_bytes(plan.h2d_bytes);
+  out.set_d2h_bytes(plan.d2h_bytes);
+  out.set_device_bytes(plan.device_bytes);
+  out.set_host_bytes(plan.host_bytes);
+  out.set_text(plan.text);
+  for (const std::string& w : plan.warnings) out.add_warnings(w);
+  return out;
 }
 
 absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
@@ -116,21 +165,20 @@ absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
                                                             {"data.path", spec.data_path},
                                                             {"data.cache_dir", spec.data_cache_dir},
                                                             {"checkpoint.dir", spec.checkpoint_dir}};
-  if (spec.tokenizer != "auto" && spec.tokenizer != "byte" && spec.tokenizer != "model") {
-    paths.push_back({"data.tokenizer", spec.tokenizer});
-  }
+  if (spec.tokenizer == TokenizerSource::kFile) paths.push_back({"data.tokenizer", spec.tokenizer_path});
   for (const auto& [field, path] : paths) {
     if (path.empty()) continue;
     RETURN_IF_ERROR(CheckPathAllowed(field, path, roots, own_dir));
   }
-  RETURN_IF_ERROR(CheckJobFolders(spec));  // a file named as a folder, before making them
+  // Its inputs, and its folders (a file named as a folder is refused before any is made).
+  RETURN_IF_ERROR(ValidateJobInputs(spec));
   if (!spec.checkpoint_dir.empty()) {
     RETURN_IF_ERROR(CheckWritableFolder("checkpoint.dir", spec.checkpoint_dir));
   }
   if (!spec.data_cache_dir.empty()) {
     RETURN_IF_ERROR(CheckWritableFolder("data.cache_dir", spec.data_cache_dir));
   }
-  return ValidateJobInputs(spec);
+  return absl::OkStatus();
 }
 
 }  // namespace megatrain::server

@@ -14,7 +14,6 @@
 #include "engine/common/status.h"
 #include "engine/engine.h"
 #include "megatrain/internal/worker.pb.h"
-#include "server/node_planner.h"
 #include "server/run_as.h"
 #include "server/spec_convert.h"
 #include "server/worker_channel.h"
@@ -70,7 +69,7 @@ class Worker {
       WorkerReply reply;
       const bool exit = request.what_case() == WorkerRequest::kExit;
       if (exit) {
-        trainer_.reset();  // finishes a background checkpoint
+        job_.reset();  // finishes a background checkpoint
         reply.mutable_ack();
       } else {
         absl::Status done = Handle(request, &reply);
@@ -106,8 +105,8 @@ class Worker {
       case WorkerRequest::kSaveCheckpoint:
         return Save(reply->mutable_checkpoint());
       case WorkerRequest::kCheckpointNextStep:
-        RETURN_IF_ERROR(NeedTrainer());
-        trainer_->CheckpointNextStep();
+        RETURN_IF_ERROR(NeedJob());
+        job_->CheckpointNextStep();
         reply->mutable_ack();
         return absl::OkStatus();
       case WorkerRequest::kListCheckpoints: {
@@ -120,26 +119,20 @@ class Worker {
     }
   }
 
-  [[nodiscard]] absl::Status NeedTrainer() const {
-    if (trainer_ == nullptr) return absl::FailedPreconditionError("no job started in this worker");
+  [[nodiscard]] absl::Status NeedJob() const {
+    if (job_ == nullptr) return absl::FailedPreconditionError("no job started in this worker");
     return absl::OkStatus();
-  }
-
-  [[nodiscard]] absl::StatusOr<MachineProfile> Profile() const {
-    return ProfileFromJson(context_.profile_json());
   }
 
   [[nodiscard]] absl::Status Check(const internal::CheckRequest& check,
                                    internal::CheckReply* out) {
     ASSIGN_OR_RETURN(JobSpec spec, SpecFromRequest(check.request()));
     if (check.check_files()) RETURN_IF_ERROR(CheckJobFiles(spec, roots_, ""));
-    ASSIGN_OR_RETURN(std::optional<TrainerState> resume, ResumeState(spec));
-    ASSIGN_OR_RETURN(MachineProfile profile, Profile());
-    ASSIGN_OR_RETURN(std::unique_ptr<JobPlanner> planner,
-                     JobPlanner::CreateFromProfile(check.device(), profile,
-                                                   check.device_budget_bytes(), check.gpus(),
-                                                   check.host_budget_bytes()));
-    absl::StatusOr<PlannedJob> planned = planner->PlanJob(spec, resume);
+    ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner,
+                     Planner::CreateFromProfile(check.device(), context_.profile_json(),
+                                                check.device_budget_bytes(), check.gpus(),
+                                                check.host_budget_bytes()));
+    absl::StatusOr<PlanSummary> planned = planner->Plan(spec);
     if (absl::IsFailedPrecondition(planned.status())) {
       // The memory that runs out, with the numbers: the job cannot fit.
       return absl::ResourceExhaustedError(planned.status().message());
@@ -152,36 +145,37 @@ class Worker {
 
   [[nodiscard]] absl::Status Start(const internal::StartRequest& start,
                                    internal::StartReply* out) {
-    if (trainer_ != nullptr) return absl::FailedPreconditionError("a job runs in this worker");
+    if (job_ != nullptr) return absl::FailedPreconditionError("a job runs in this worker");
     ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(start.spec_yaml(), "", "stored job spec"));
-    spec.checkpoint_dir = start.checkpoint_dir();
-    spec.backend = start.backend();
-    checkpoint_dir_ = spec.checkpoint_dir;
-    // Checked again: a folder may have been swapped for a link since submission.
-    RETURN_IF_ERROR(CheckJobFiles(spec, roots_, context_.own_dir()));
-    ASSIGN_OR_RETURN(MachineProfile profile, Profile());
+    const RunOptions placed{start.backend(), start.checkpoint_dir(), context_.profile_json()};
+    checkpoint_dir_ = placed.checkpoint_dir.empty() ? spec.checkpoint_dir : placed.checkpoint_dir;
+    // Checked again, where the job runs: a folder may have been swapped for a link since
+    // submission.
+    JobSpec checked = spec;
+    checked.checkpoint_dir = checkpoint_dir_;
+    RETURN_IF_ERROR(CheckJobFiles(checked, roots_, context_.own_dir()));
     const absl::Time began = absl::Now();
-    ASSIGN_OR_RETURN(trainer_, Trainer::Create(spec, &profile));
+    ASSIGN_OR_RETURN(job_, TrainingJob::Create(spec, placed));
     out->set_create_seconds(absl::ToDoubleSeconds(absl::Now() - began));
-    const Trainer& t = *trainer_;
-    out->set_step(t.step());
-    out->set_resumed_from_step(t.resumed_from_step());
-    out->set_last_loss(t.last_loss());
-    out->set_done(t.done());
-    out->set_dataset_summary(t.dataset_stats().Summary());
-    out->set_architecture(ArchitectureClassName(t.config().architecture));
-    out->set_num_parameters(t.num_parameters());
-    out->set_backend_name(t.backend_name());
-    out->set_tokens_per_step(spec.tokens_per_step_resolved());
-    out->set_plan_text(t.plan_text());
-    out->set_pinned_host_bytes(t.pinned_host_bytes());
-    out->set_pageable_host_bytes(t.pageable_host_bytes());
+    const JobDescription d = job_->Describe();
+    out->set_step(d.step);
+    out->set_resumed_from_step(d.resumed_from_step);
+    out->set_last_loss(d.last_loss);
+    out->set_done(d.done);
+    out->set_dataset_summary(d.dataset_summary);
+    out->set_architecture(d.architecture);
+    out->set_num_parameters(d.num_parameters);
+    out->set_backend_name(d.backend_name);
+    out->set_tokens_per_step(d.tokens_per_step);
+    out->set_plan_text(d.plan_text);
+    out->set_pinned_host_bytes(d.pinned_host_bytes);
+    out->set_pageable_host_bytes(d.pageable_host_bytes);
     return absl::OkStatus();
   }
 
   [[nodiscard]] absl::Status Step(internal::StepReply* out) {
-    RETURN_IF_ERROR(NeedTrainer());
-    ASSIGN_OR_RETURN(const StepReport r, trainer_->Step());
+    RETURN_IF_ERROR(NeedJob());
+    ASSIGN_OR_RETURN(const StepReport r, job_->Step());
     out->set_step(r.step);
     out->set_total_steps(r.total_steps);
     out->set_loss(r.loss);
@@ -206,19 +200,19 @@ class Worker {
     out->set_checkpoint_wait_seconds(r.checkpoint_wait_seconds);
     out->set_checkpoint_error(r.checkpoint_error);
     for (int64_t failed : r.failed_checkpoint_steps) out->add_failed_checkpoint_steps(failed);
-    out->set_last_checkpoint_seconds(trainer_->last_checkpoint_seconds());
-    out->set_last_checkpoint_bytes(trainer_->last_checkpoint_bytes());
-    out->set_done(trainer_->done());
+    out->set_last_checkpoint_seconds(job_->last_checkpoint_seconds());
+    out->set_last_checkpoint_bytes(job_->last_checkpoint_bytes());
+    out->set_done(job_->done());
     return absl::OkStatus();
   }
 
   [[nodiscard]] absl::Status Save(internal::CheckpointReply* out) {
-    RETURN_IF_ERROR(NeedTrainer());
-    ASSIGN_OR_RETURN(std::string path, trainer_->SaveCheckpoint());
+    RETURN_IF_ERROR(NeedJob());
+    ASSIGN_OR_RETURN(std::string path, job_->SaveCheckpoint());
     out->set_path(path);
-    out->set_step(trainer_->step());
-    out->set_seconds(trainer_->last_checkpoint_seconds());
-    out->set_bytes(trainer_->last_checkpoint_bytes());
+    out->set_step(job_->step());
+    out->set_seconds(job_->last_checkpoint_seconds());
+    out->set_bytes(job_->last_checkpoint_bytes());
     return absl::OkStatus();
   }
 
@@ -228,7 +222,7 @@ class Worker {
   std::string checkpoint_dir_;
   // Last: its thread writes on the channel until it is gone.
   std::unique_ptr<Heartbeat> heartbeat_;
-  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<TrainingJob> job_;
 };
 
 }  // namespace

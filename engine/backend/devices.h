@@ -8,21 +8,9 @@
 #include <vector>
 
 #include "engine/backend/factory.h"  // BackendRequest
+#include "engine/engine.h"           // CudaAvailable, GpuInfo, ListGpus
 
 namespace megatrain {
-
-// True when this build has the CUDA backend and a CUDA device is visible.
-bool CudaAvailable();
-
-struct GpuInfo {
-  int index = 0;
-  std::string name;
-  int64_t memory_bytes = 0;
-  int numa_node = -1;
-  std::string pci_bus_id;
-};
-// The CUDA devices this build can use (empty without CUDA).
-std::vector<GpuInfo> ListGpus();
 
 // The NUMA node nearest the device the backend uses, or -1 (CPU backend, unknown).
 int BackendNumaNode(const BackendRequest& request);

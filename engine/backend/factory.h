@@ -12,6 +12,7 @@
 #include "engine/common/backend.h"
 #include "engine/common/collective.h"
 #include "engine/common/device_name.h"  // CudaDeviceIndexOf
+#include "engine/engine.h"              // SetCollectiveDefaults
 
 namespace megatrain {
 
@@ -22,9 +23,7 @@ struct BackendRequest {
 
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendRequest& request);
 
-// NCCL's environment defaults (NCCL_NVLS_ENABLE=0 unless set). setenv races with any
-// other thread's getenv: call it first thing in main(), before threads start.
-void SetCollectiveDefaults();
+// SetCollectiveDefaults (NCCL's environment defaults, first thing in main): engine.h.
 
 // A reduce-scatter group over the devices of a data-parallel job (common/collective.h),
 // rank r = backends[r]: NCCL over CUDA devices, the streams' threads over CPU backends.

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/data/packer.h"
+#include "engine/engine.h"  // ListCheckpoints
 #include "engine/model/config.h"
 #include "engine/store/host_store.h"
 
@@ -122,8 +123,7 @@ class CheckpointWriter {
 // The checkpoint's trainer state alone (trainer_state.json): DataLoss when it is not one.
 [[nodiscard]] absl::StatusOr<TrainerState> ReadTrainerState(const std::string& path);
 
-// Complete checkpoints under `root`, oldest first (by step).
-std::vector<std::string> ListCheckpoints(const std::string& root);
+// ListCheckpoints (complete checkpoints under a root, oldest first): engine.h.
 
 // Removes all but the newest `keep_last` checkpoints (keep_last <= 0 keeps all), and any
 // leftover temporary folders of interrupted saves.

@@ -30,14 +30,13 @@
 #include "engine/data/chat_template.h"
 #include "engine/data/line_reader.h"
 #include "engine/data/token_docs.h"
+#include "engine/engine.h"  // DataFormat
 #include "engine/data/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace megatrain {
 
-enum class DataFormat { kText, kAlpaca, kShareGpt, kMessages, kTokens };
-
-// "text" | "alpaca" | "sharegpt" | "messages" | "tokens"; InvalidArgument listing them.
+// DataFormat: engine.h. "text" | "alpaca" | "sharegpt" | "messages" | "tokens"; InvalidArgument listing them.
 [[nodiscard]] absl::StatusOr<DataFormat> DataFormatFromName(absl::string_view name);
 const char* DataFormatName(DataFormat format);
 bool IsChatFormat(DataFormat format);

@@ -31,23 +31,24 @@ bool IsPresent(const fs::path& path) {
 
 }  // namespace
 
-std::string ResolvedTokenizer(const JobSpec& spec) {
-  if (spec.tokenizer != "auto") return spec.tokenizer;
+TokenizerSource ResolvedTokenizer(const JobSpec& spec) {
+  if (spec.tokenizer != TokenizerSource::kAuto) return spec.tokenizer;
   std::error_code ec;
   if (!spec.model_path.empty() &&
       fs::is_regular_file(fs::path(spec.model_path) / "tokenizer.json", ec)) {
-    return "model";
+    return TokenizerSource::kModel;
   }
-  return "byte";
+  return TokenizerSource::kByte;
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadJobTokenizer(const JobSpec& spec, std::string* dir) {
-  const std::string tokenizer = ResolvedTokenizer(spec);
-  if (tokenizer == "byte") {
+  const TokenizerSource tokenizer = ResolvedTokenizer(spec);
+  if (tokenizer == TokenizerSource::kByte) {
     *dir = spec.model_path;  // a model folder's own tokenizer files still travel along
     return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>());
   }
-  fs::path json = tokenizer == "model" ? fs::path(spec.model_path) : fs::path(tokenizer);
+  fs::path json = tokenizer == TokenizerSource::kModel ? fs::path(spec.model_path)
+                                                      : fs::path(spec.tokenizer_path);
   if (json.extension() != ".json") json /= "tokenizer.json";
   const fs::path config = json.parent_path() / "tokenizer_config.json";
   *dir = json.parent_path().string();
@@ -62,17 +63,17 @@ absl::StatusOr<DatasetOptions> JobDatasetOptions(const JobSpec& spec,
                                                  int64_t model_vocab_size) {
   DatasetOptions o;
   o.path = spec.data_path;
-  ASSIGN_OR_RETURN(o.format, DataFormatFromName(spec.data_format));
+  o.format = spec.data_format;
   o.text_field = spec.text_field;
-  o.skip_bad_lines = spec.on_bad_line == "skip";
+  o.skip_bad_lines = spec.on_bad_line == OnBadLine::kSkip;
   o.threads = static_cast<int>(spec.tokenize_threads);
   if (o.format == DataFormat::kTokens) o.vocab_size = model_vocab_size;
-  if (!IsChatFormat(o.format) || spec.chat_template == "plain") return o;
+  if (!IsChatFormat(o.format) || spec.chat_template == ChatTemplate::kPlain) return o;
 
   // tokenizer_config.json: the template's family and the bos / eos strings it prints.
   nlohmann::json config = nlohmann::json::object();
   const fs::path config_path = fs::path(tokenizer_dir) / "tokenizer_config.json";
-  if (ResolvedTokenizer(spec) != "byte" && IsPresent(config_path)) {
+  if (ResolvedTokenizer(spec) != TokenizerSource::kByte && IsPresent(config_path)) {
     absl::StatusOr<std::string> text = ReadWholeFile(config_path.string());
     if (!text.ok()) return Annotate(text.status(), "data.tokenizer");
     config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -93,8 +94,8 @@ absl::StatusOr<DatasetOptions> JobDatasetOptions(const JobSpec& spec,
   o.chat_options.bos_token = token_string("bos_token");
   o.chat_options.eos_token = token_string("eos_token");
   o.chat_options.date_string = spec.chat_date;
-  if (spec.chat_template != "auto") {
-    ASSIGN_OR_RETURN(ChatFormat f, ChatFormatFromName(spec.chat_template));
+  if (spec.chat_template != ChatTemplate::kAuto) {
+    ASSIGN_OR_RETURN(ChatFormat f, ChatFormatFromName(SpecName(spec.chat_template)));
     o.chat = f;
     return o;
   }
@@ -122,10 +123,10 @@ std::string JobDataCacheDir(const JobSpec& spec) {
 PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer,
                            int64_t model_vocab_size) {
   PackOptions p;
-  p.mode = spec.packing == "pad" ? PackOptions::Mode::kPad : PackOptions::Mode::kPack;
-  const bool chat = spec.data_format == "alpaca" || spec.data_format == "sharegpt" ||
-                    spec.data_format == "messages";
-  const bool truncate = spec.truncation == "truncate" || (spec.truncation == "auto" && chat);
+  p.mode = spec.packing == Packing::kPad ? PackOptions::Mode::kPad : PackOptions::Mode::kPack;
+  const bool truncate =
+      spec.truncation == Truncation::kTruncate ||
+      (spec.truncation == Truncation::kAuto && IsChatFormat(spec.data_format));
   p.truncation = truncate ? PackOptions::Truncation::kTruncate : PackOptions::Truncation::kSplit;
   p.pad_id = tokenizer.eos_id() >= 0 && tokenizer.eos_id() < model_vocab_size ? tokenizer.eos_id()
                                                                               : 0;
@@ -200,7 +201,7 @@ absl::Status ValidateJobInputs(const JobSpec& spec) {
                                              example.status().message());
       if (!options.skip_bad_lines) {
         return absl::InvalidArgumentError(
-            absl::StrCat("data.path: ", where, " (data.format is '", spec.data_format,
+            absl::StrCat("data.path: ", where, " (data.format is '", SpecName(spec.data_format),
                          "'; set data.on_bad_line: skip to leave such lines out)"));
       }
       ++stats.bad_lines;

@@ -18,10 +18,9 @@
 
 namespace megatrain {
 
-// What data.tokenizer means for this spec: "byte", "model" or a tokenizer.json path.
-// "auto" (the default) is "model" when the model folder holds a tokenizer.json, else
-// "byte".
-std::string ResolvedTokenizer(const JobSpec& spec);
+// What data.tokenizer means for this spec: byte, model or a file. auto (the default) is
+// model when the model folder holds a tokenizer.json, else byte.
+TokenizerSource ResolvedTokenizer(const JobSpec& spec);
 
 // The tokenizer data.tokenizer names; *dir is the folder whose tokenizer files
 // checkpoints copy. Errors name data.tokenizer and the file.
@@ -41,16 +40,6 @@ std::string JobDataCacheDir(const JobSpec& spec);
 PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer,
                            int64_t model_vocab_size);
 
-// The folders a job writes in (checkpoint.dir, data.cache_dir, optimizer.nvme_dir), where
-// given: INVALID_ARGUMENT naming the field when one is there but is not a folder (a file
-// named by mistake). Missing ones are made when the job needs them.
-[[nodiscard]] absl::Status CheckJobFolders(const JobSpec& spec);
-
-// Checks, before a job is queued, what its spec refers to: its folders (CheckJobFolders),
-// the model (config and tensor files), the tokenizer, and the dataset (readable, its first
-// lines valid in the job's format, and not empty). NOT_FOUND / INVALID_ARGUMENT naming the
-// field ("data.path: cannot read ..."); an empty dataset gets the message the job would
-// fail with.
-[[nodiscard]] absl::Status ValidateJobInputs(const JobSpec& spec);
+// CheckJobFolders and ValidateJobInputs, the checks before a job is queued: engine.h.
 
 }  // namespace megatrain

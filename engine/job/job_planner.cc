@@ -11,6 +11,20 @@
 
 namespace megatrain {
 
+absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(const std::string& device,
+                                                         const std::string& profile_path,
+                                                         int64_t host_budget_bytes) {
+  return JobPlanner::Create(device, profile_path, host_budget_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<Planner>> Planner::CreateFromProfile(
+    const std::string& device, const std::string& profile_json, int64_t device_budget_bytes,
+    int64_t gpus, int64_t host_budget_bytes) {
+  ASSIGN_OR_RETURN(const MachineProfile profile, ProfileFromJson(profile_json));
+  return JobPlanner::CreateFromProfile(device, profile, device_budget_bytes, gpus,
+                                       host_budget_bytes);
+}
+
 absl::StatusOr<std::unique_ptr<JobPlanner>> JobPlanner::Create(const std::string& device,
                                                                const std::string& profile_path,
                                                                int64_t host_budget_bytes) {
@@ -38,6 +52,46 @@ absl::StatusOr<std::unique_ptr<JobPlanner>> JobPlanner::CreateFromProfile(
     p->backend_ = std::make_unique<PlanningBackend>("cuda:0", device_budget_bytes);
   }
   return p;
+}
+
+std::string JobPlanner::profile_json() const { return ProfileToJson(profile_); }
+
+absl::StatusOr<PlanSummary> JobPlanner::Plan(const JobSpec& spec) {
+  ASSIGN_OR_RETURN(const std::optional<TrainerState> resume, ResumeState(spec));
+  ASSIGN_OR_RETURN(const PlannedJob planned, PlanJob(spec, resume));
+  return SummarizePlan(planned);
+}
+
+PlanSummary SummarizePlan(const PlannedJob& planned) {
+  const Plan& plan = planned.plan;
+  const StepPrediction& s = plan.step;
+  PlanSummary out;
+  out.micro_batch_rows = plan.micro_batch_rows;
+  out.micro_batches = plan.micro_batches;
+  out.checkpoint_every = plan.checkpoint_every;
+  out.checkpoints_on_host = plan.checkpoints_on_host;
+  out.weight_slots = plan.weight_slots;
+  out.kept_layers = plan.kept_layers;
+  out.mlp_tile_tokens = plan.mlp_tile_tokens;
+  out.nvme_layers = plan.nvme_layers;
+  out.nvme_bytes = plan.disk_bytes;
+  out.devices = plan.devices;
+  out.tokens_per_step = planned.request.rows_per_step * planned.request.seq_len;
+  out.step_seconds = s.seconds;
+  out.tokens_per_second = s.seconds > 0 ? out.tokens_per_step / s.seconds : 0;
+  out.model_tflops = s.seconds > 0 ? s.model_flops / s.seconds / 1e12 : 0;
+  out.bound = s.bound;
+  out.compute_seconds = s.compute_seconds;
+  out.pcie_seconds = s.pcie_seconds;
+  out.optimizer_seconds = s.optimizer_seconds;
+  out.reduce_seconds = s.reduce_seconds;
+  out.h2d_bytes = s.h2d_bytes;
+  out.d2h_bytes = s.d2h_bytes;
+  out.device_bytes = plan.device_bytes;
+  out.host_bytes = plan.host_bytes;
+  out.text = planned.text;
+  out.warnings = planned.warnings;
+  return out;
 }
 
 int64_t JobPlanner::device_budget_bytes() {

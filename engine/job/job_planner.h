@@ -1,8 +1,9 @@
-// Plans jobs for one kind of device of this machine without running them: the machine
-// profile (read from a file when it matches this machine, else measured, seconds, and
-// cached there) and a backend of that kind to size plans against. The daemon admits,
-// answers `megatrain plan` and runs jobs with one of these, so what was admitted is what
-// runs.
+// The engine's one planner (engine.h's Planner): plans jobs for one kind of device of this
+// machine without running them, from the machine profile (read from a file when it
+// matches this machine, else measured, seconds, and cached there) and a backend of that
+// kind to size plans against. The daemon admits, answers `megatrain plan` and runs jobs
+// with one of these, so what was admitted is what runs. The plan itself is plan/'s
+// MakePlan; this binds it to a job's spec, its resume and the node.
 //
 // Thread-safe.
 #pragma once
@@ -17,6 +18,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/common/backend.h"
 #include "engine/common/mutex.h"
+#include "engine/engine.h"
 #include "engine/job/spec.h"
 #include "engine/plan/machine_profile.h"
 #include "engine/plan/planner.h"
@@ -36,7 +38,10 @@ struct PlannedJob {
 // positions past that length were never trained).
 std::vector<std::string> JobWarnings(const JobSpec& spec, const ModelConfig& config);
 
-class JobPlanner {
+// The summary of a plan the API carries (engine.h).
+PlanSummary SummarizePlan(const PlannedJob& planned);
+
+class JobPlanner final : public Planner {
  public:
   // device: "cpu" or "cuda:N"; the profile is read from / cached at `profile_path`.
   // host_budget_bytes: the host memory a job may hold.
@@ -57,11 +62,16 @@ class JobPlanner {
   [[nodiscard]] absl::StatusOr<PlannedJob> PlanJob(
       const JobSpec& spec, const std::optional<TrainerState>& resume = std::nullopt);
 
-  const MachineProfile& profile() const { return profile_; }
-  const std::string& note() const { return note_; }  // where the profile came from
+  // Planner: PlanJob with the resume of the spec's checkpoint folder, summarised.
+  [[nodiscard]] absl::StatusOr<PlanSummary> Plan(const JobSpec& spec) override;
+  std::string profile_json() const override;
+  double gemm_peak_tflops() const override { return profile_.gemm_peak_tflops; }
+  std::string note() const override { return note_; }  // where the profile came from
   // The device memory its backend offers a job (before PlannableDeviceBytes).
-  int64_t device_budget_bytes();
-  int64_t gpus() const { return gpus_; }
+  int64_t device_budget_bytes() override;
+  int64_t gpus() const override { return gpus_; }
+
+  const MachineProfile& profile() const { return profile_; }
 
  private:
   JobPlanner() = default;

@@ -16,6 +16,7 @@
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/data/bpe_text.h"
+#include "engine/data/dataset.h"
 #include "nlohmann/json.hpp"
 #include "yaml-cpp/yaml.h"
 
@@ -44,24 +45,24 @@ class Section {
     *out = n.Scalar();
     return absl::OkStatus();
   }
-  absl::Status Int(const std::string& key, int64_t* out, int64_t min) {
+  // Types only: the ranges are ValidateJobSpec's.
+  absl::Status Int(const std::string& key, int64_t* out) {
     if (!Has(key)) return absl::OkStatus();
     const YAML::Node& n = node_[key];
     int64_t v = 0;
     if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) {
       return Error(key, absl::StrCat("must be an integer, got '", Text(n), "'"));
     }
-    if (v < min) return Error(key, absl::StrCat("must be >= ", min, ", got ", v));
     *out = v;
     return absl::OkStatus();
   }
-  absl::Status OneOf(const std::string& key, const std::string& value,
-                     std::initializer_list<const char*> allowed) {
-    for (const char* a : allowed) {
-      if (value == a) return absl::OkStatus();
-    }
-    return Error(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", "), "; got '",
-                                   value, "'"));
+  template <typename E>
+  absl::Status Enum(const std::string& key, E* out) {
+    std::string name;
+    RETURN_IF_ERROR(String(key, &name));
+    if (name.empty() && !Has(key)) return absl::OkStatus();
+    ASSIGN_OR_RETURN(*out, ParseSpecName<E>(Name(key), name));
+    return absl::OkStatus();
   }
   absl::Status Bool(const std::string& key, bool* out) {
     if (!Has(key)) return absl::OkStatus();
@@ -75,19 +76,17 @@ class Section {
   }
   absl::Status Uint(const std::string& key, uint64_t* out) {
     int64_t v = static_cast<int64_t>(*out);
-    RETURN_IF_ERROR(Int(key, &v, 0));
+    RETURN_IF_ERROR(Int(key, &v));
+    if (v < 0) return Error(key, absl::StrCat("must be >= 0, got ", v));
     *out = static_cast<uint64_t>(v);
     return absl::OkStatus();
   }
-  absl::Status Double(const std::string& key, double* out, double min, double max) {
+  absl::Status Double(const std::string& key, double* out) {
     if (!Has(key)) return absl::OkStatus();
     const YAML::Node& n = node_[key];
     double v = 0;
     if (!n.IsScalar() || !YAML::convert<double>::decode(n, v)) {
       return Error(key, absl::StrCat("must be a number, got '", Text(n), "'"));
-    }
-    if (!(v >= min && v <= max)) {
-      return Error(key, absl::StrCat("must be in [", min, ", ", max, "], got ", v));
     }
     *out = v;
     return absl::OkStatus();
@@ -120,6 +119,9 @@ class Section {
 };
 
 constexpr size_t kMaxConfigKeyBytes = 256;
+constexpr char kModelSources[] =
+    "model needs exactly one of model.path (a Hugging Face folder), model.config (inline "
+    "config.json fields) or model.config_path (a config.json for random init)";
 constexpr size_t kMaxJobNameBytes = 256;
 
 // YAML -> JSON for an inline config.json; scalars keep their natural JSON type.
@@ -167,6 +169,25 @@ std::string Resolve(const std::string& base_dir, const std::string& path) {
   return (fs::path(base_dir) / path).lexically_normal().string();
 }
 
+// data.tokenizer's text: auto, byte, model, or a path (resolved against base_dir).
+absl::Status SetTokenizer(const std::string& text, const std::string& base_dir, JobSpec* spec) {
+  for (TokenizerSource named :
+       {TokenizerSource::kAuto, TokenizerSource::kByte, TokenizerSource::kModel}) {
+    if (text == SpecName(named)) {
+      spec->tokenizer = named;
+      spec->tokenizer_path.clear();
+      return absl::OkStatus();
+    }
+  }
+  if (text.empty()) {
+    return absl::InvalidArgumentError(
+        "data.tokenizer must be 'auto', 'byte', 'model', or a tokenizer.json path");
+  }
+  spec->tokenizer = TokenizerSource::kFile;
+  spec->tokenizer_path = Resolve(base_dir, text);
+  return absl::OkStatus();
+}
+
 absl::Status ParseModel(Section& top, const std::string& base_dir, JobSpec* spec) {
   if (!top.Has("model")) return absl::InvalidArgumentError("field 'model' is required");
   Section model(top.Get("model"), "model");
@@ -181,11 +202,7 @@ absl::Status ParseModel(Section& top, const std::string& base_dir, JobSpec* spec
   RETURN_IF_ERROR(model.Uint("init_seed", &spec->init_seed));
   RETURN_IF_ERROR(model.CheckNoUnknown());
   const int sources = !spec->model_path.empty() + !config_path.empty() + !spec->model_config_json.empty();
-  if (sources != 1) {
-    return absl::InvalidArgumentError(
-        "model needs exactly one of model.path (a Hugging Face folder), model.config (inline "
-        "config.json fields) or model.config_path (a config.json for random init)");
-  }
+  if (sources != 1) return absl::InvalidArgumentError(kModelSources);
   spec->model_path = Resolve(base_dir, spec->model_path);
   if (!config_path.empty()) {
     // A FIFO or a device is refused without blocking; a missing file is NotFound.
@@ -201,80 +218,50 @@ absl::Status ParseData(Section& top, const std::string& base_dir, JobSpec* spec)
   if (!top.Get("data").IsMap()) return top.Error("data", "must be a mapping");
   Section data(top.Get("data"), "data");
   RETURN_IF_ERROR(data.String("path", &spec->data_path));
-  if (spec->data_path.empty()) return data.Error("path", "is required (a JSONL file)");
   spec->data_path = Resolve(base_dir, spec->data_path);
-  RETURN_IF_ERROR(data.String("format", &spec->data_format));
-  RETURN_IF_ERROR(data.OneOf("format", spec->data_format,
-                             {"text", "alpaca", "sharegpt", "messages", "tokens"}));
+  RETURN_IF_ERROR(data.Enum("format", &spec->data_format));
   RETURN_IF_ERROR(data.String("text_field", &spec->text_field));
-  RETURN_IF_ERROR(data.String("chat_template", &spec->chat_template));
-  RETURN_IF_ERROR(data.OneOf("chat_template", spec->chat_template,
-                             {"auto", "plain", "llama2", "llama3", "qwen3", "gptoss", "qwen2.5",
-                              "mistral-v1", "mistral-v3", "mistral-v3-tekken"}));
+  RETURN_IF_ERROR(data.Enum("chat_template", &spec->chat_template));
   RETURN_IF_ERROR(data.String("chat_date", &spec->chat_date));
-  RETURN_IF_ERROR(data.String("packing", &spec->packing));
-  RETURN_IF_ERROR(data.OneOf("packing", spec->packing, {"pack", "pad"}));
-  RETURN_IF_ERROR(data.String("truncation", &spec->truncation));
-  RETURN_IF_ERROR(data.OneOf("truncation", spec->truncation, {"auto", "split", "truncate"}));
-  RETURN_IF_ERROR(data.String("on_bad_line", &spec->on_bad_line));
-  RETURN_IF_ERROR(data.OneOf("on_bad_line", spec->on_bad_line, {"fail", "skip"}));
+  RETURN_IF_ERROR(data.Enum("packing", &spec->packing));
+  RETURN_IF_ERROR(data.Enum("truncation", &spec->truncation));
+  RETURN_IF_ERROR(data.Enum("on_bad_line", &spec->on_bad_line));
   RETURN_IF_ERROR(data.String("cache_dir", &spec->data_cache_dir));
-  if (!spec->data_cache_dir.empty()) spec->data_cache_dir = Resolve(base_dir, spec->data_cache_dir);
-  RETURN_IF_ERROR(data.Int("tokenize_threads", &spec->tokenize_threads, 0));
-  // Each is a thread; more than the cores only adds threads (and a million of them cannot
-  // be made at all).
-  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  if (spec->tokenize_threads > cores) {
-    return data.Error("tokenize_threads",
-                      absl::StrCat("is ", spec->tokenize_threads, "; this machine has ", cores,
-                                   " cores: use at most ", cores, ", or 0 for one per core"));
+  spec->data_cache_dir = Resolve(base_dir, spec->data_cache_dir);
+  RETURN_IF_ERROR(data.Int("tokenize_threads", &spec->tokenize_threads));
+  if (data.Has("tokenizer")) {
+    std::string tokenizer;
+    RETURN_IF_ERROR(data.String("tokenizer", &tokenizer));
+    RETURN_IF_ERROR(SetTokenizer(tokenizer, base_dir, spec));
   }
-  RETURN_IF_ERROR(data.String("tokenizer", &spec->tokenizer));
-  if (spec->tokenizer.empty()) {
-    return data.Error("tokenizer", "must be 'auto', 'byte', 'model', or a tokenizer.json path");
-  }
-  if (spec->tokenizer == "model" && spec->model_path.empty()) {
-    return data.Error("tokenizer", "is 'model', but model.path names no model folder");
-  }
-  if (spec->tokenizer != "auto" && spec->tokenizer != "byte" && spec->tokenizer != "model") {
-    spec->tokenizer = Resolve(base_dir, spec->tokenizer);
-  }
-  RETURN_IF_ERROR(data.Int("seq_len", &spec->seq_len, 2));
+  RETURN_IF_ERROR(data.Int("seq_len", &spec->seq_len));
   RETURN_IF_ERROR(data.Uint("seed", &spec->data_seed));
-  RETURN_IF_ERROR(data.CheckNoUnknown());
-  return absl::OkStatus();
+  return data.CheckNoUnknown();
 }
 
 absl::Status ParseTrain(Section& top, JobSpec* spec) {
   if (top.Has("train")) {
     if (!top.Get("train").IsMap()) return top.Error("train", "must be a mapping");
     Section t(top.Get("train"), "train");
-    RETURN_IF_ERROR(t.Int("steps", &spec->steps, 1));
-    RETURN_IF_ERROR(t.Int("tokens_per_step", &spec->tokens_per_step, 0));
-    RETURN_IF_ERROR(t.Int("micro_batch_rows", &spec->micro_batch_rows, 0));
-    RETURN_IF_ERROR(t.Int("micro_batches", &spec->micro_batches, 0));
-    RETURN_IF_ERROR(t.Int("devices", &spec->devices, 1));
-    RETURN_IF_ERROR(t.String("gradient_reduce", &spec->gradient_reduce));
-    RETURN_IF_ERROR(t.OneOf("gradient_reduce", spec->gradient_reduce, {"auto", "device", "host"}));
-    RETURN_IF_ERROR(t.Double("lr", &spec->schedule.lr, 0, 1e3));
-    std::string schedule = ScheduleTypeName(spec->schedule.type);
-    RETURN_IF_ERROR(t.String("schedule", &schedule));
-    absl::StatusOr<ScheduleType> type = ParseScheduleType(schedule);
-    if (!type.ok()) return Annotate(type.status(), "train.schedule");
-    spec->schedule.type = *type;
-    RETURN_IF_ERROR(t.Int("warmup_steps", &spec->schedule.warmup_steps, 0));
-    RETURN_IF_ERROR(t.Double("min_lr_ratio", &spec->schedule.min_lr_ratio, 0, 1));
-    RETURN_IF_ERROR(t.Double("weight_decay", &spec->weight_decay, 0, 1e3));
-    RETURN_IF_ERROR(t.Double("beta1", &spec->beta1, 0, 0.999999));
-    RETURN_IF_ERROR(t.Double("beta2", &spec->beta2, 0, 0.999999999));
-    RETURN_IF_ERROR(t.Double("eps", &spec->eps, 0, 1));
-    RETURN_IF_ERROR(t.Double("max_grad_norm", &spec->max_grad_norm, 0, 1e30));
-    RETURN_IF_ERROR(t.Int("activation_checkpoint_every", &spec->activation_checkpoint_every, 0));
-    RETURN_IF_ERROR(t.String("activation_checkpoints", &spec->activation_checkpoints));
-    RETURN_IF_ERROR(t.OneOf("activation_checkpoints", spec->activation_checkpoints,
-                            {"auto", "device", "host"}));
-    RETURN_IF_ERROR(t.Int("loss_chunk_tokens", &spec->loss_chunk_tokens, 1));
-    RETURN_IF_ERROR(t.Double("router_aux_loss_coef", &spec->router_aux_loss_coef, 0, 1e3));
+    RETURN_IF_ERROR(t.Int("steps", &spec->steps));
+    RETURN_IF_ERROR(t.Int("tokens_per_step", &spec->tokens_per_step));
+    RETURN_IF_ERROR(t.Int("micro_batch_rows", &spec->micro_batch_rows));
+    RETURN_IF_ERROR(t.Int("micro_batches", &spec->micro_batches));
+    RETURN_IF_ERROR(t.Int("devices", &spec->devices));
+    RETURN_IF_ERROR(t.Enum("gradient_reduce", &spec->gradient_reduce));
+    RETURN_IF_ERROR(t.Double("lr", &spec->schedule.lr));
+    RETURN_IF_ERROR(t.Enum("schedule", &spec->schedule.type));
+    RETURN_IF_ERROR(t.Int("warmup_steps", &spec->schedule.warmup_steps));
+    RETURN_IF_ERROR(t.Double("min_lr_ratio", &spec->schedule.min_lr_ratio));
+    RETURN_IF_ERROR(t.Double("weight_decay", &spec->weight_decay));
+    RETURN_IF_ERROR(t.Double("beta1", &spec->beta1));
+    RETURN_IF_ERROR(t.Double("beta2", &spec->beta2));
+    RETURN_IF_ERROR(t.Double("eps", &spec->eps));
+    RETURN_IF_ERROR(t.Double("max_grad_norm", &spec->max_grad_norm));
+    RETURN_IF_ERROR(t.Int("activation_checkpoint_every", &spec->activation_checkpoint_every));
+    RETURN_IF_ERROR(t.Enum("activation_checkpoints", &spec->activation_checkpoints));
+    RETURN_IF_ERROR(t.Int("loss_chunk_tokens", &spec->loss_chunk_tokens));
+    RETURN_IF_ERROR(t.Double("router_aux_loss_coef", &spec->router_aux_loss_coef));
     RETURN_IF_ERROR(t.CheckNoUnknown());
   }
   spec->schedule.total_steps = spec->steps;
@@ -285,15 +272,11 @@ absl::Status ParseOptimizer(Section& top, const std::string& base_dir, JobSpec* 
   if (!top.Has("optimizer")) return absl::OkStatus();
   if (!top.Get("optimizer").IsMap()) return top.Error("optimizer", "must be a mapping");
   Section o(top.Get("optimizer"), "optimizer");
-  std::string dtype = MomentDTypeName(spec->state_dtype);
-  RETURN_IF_ERROR(o.String("state_dtype", &dtype));
-  RETURN_IF_ERROR(o.OneOf("state_dtype", dtype, {"fp32", "bf16", "int8"}));
-  MT_CHECK(ParseMomentDType(dtype, &spec->state_dtype));
-  RETURN_IF_ERROR(o.String("bf16_copy", &spec->bf16_copy));
-  RETURN_IF_ERROR(o.OneOf("bf16_copy", spec->bf16_copy, {"auto", "yes", "no"}));
+  RETURN_IF_ERROR(o.Enum("state_dtype", &spec->state_dtype));
+  RETURN_IF_ERROR(o.Enum("bf16_copy", &spec->bf16_copy));
   RETURN_IF_ERROR(o.String("nvme_dir", &spec->nvme_dir));
   spec->nvme_dir = Resolve(base_dir, spec->nvme_dir);
-  RETURN_IF_ERROR(o.Int("nvme_layers", &spec->nvme_layers, -1));
+  RETURN_IF_ERROR(o.Int("nvme_layers", &spec->nvme_layers));
   return o.CheckNoUnknown();
 }
 
@@ -303,9 +286,9 @@ absl::Status ParseCheckpoint(Section& top, const std::string& base_dir, JobSpec*
     Section c(top.Get("checkpoint"), "checkpoint");
     RETURN_IF_ERROR(c.String("dir", &spec->checkpoint_dir));
     spec->checkpoint_dir = Resolve(base_dir, spec->checkpoint_dir);
-    RETURN_IF_ERROR(c.Int("every_steps", &spec->checkpoint_every_steps, 0));
-    RETURN_IF_ERROR(c.Int("keep_last", &spec->keep_last, 0));
-    RETURN_IF_ERROR(c.Int("max_shard_bytes", &spec->max_shard_bytes, 1 << 20));
+    RETURN_IF_ERROR(c.Int("every_steps", &spec->checkpoint_every_steps));
+    RETURN_IF_ERROR(c.Int("keep_last", &spec->keep_last));
+    RETURN_IF_ERROR(c.Int("max_shard_bytes", &spec->max_shard_bytes));
     RETURN_IF_ERROR(c.Bool("background", &spec->checkpoint_background));
     RETURN_IF_ERROR(c.CheckNoUnknown());
   }
@@ -387,24 +370,214 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   if (!root.IsMap()) return absl::InvalidArgumentError("must be a YAML mapping of sections");
   Section top(root, "");
   RETURN_IF_ERROR(top.String("name", &spec->name));
-  RETURN_IF_ERROR(CheckJobName(spec->name));
   RETURN_IF_ERROR(top.String("backend", &spec->backend));
-  RETURN_IF_ERROR(top.Int("device_memory_cap_bytes", &spec->device_memory_cap_bytes, 0));
-  const bool cuda_n = spec->backend.rfind("cuda:", 0) == 0 && CudaDeviceIndexOf(spec->backend) >= 0;
-  if (spec->backend != "auto" && spec->backend != "cpu" && spec->backend != "cuda" && !cuda_n) {
-    return top.Error("backend",
-                     absl::StrCat("must be auto, cpu, cuda or cuda:N, got '", spec->backend, "'"));
-  }
+  RETURN_IF_ERROR(top.Int("device_memory_cap_bytes", &spec->device_memory_cap_bytes));
   RETURN_IF_ERROR(ParseModel(top, base_dir, spec));
   RETURN_IF_ERROR(ParseData(top, base_dir, spec));
   RETURN_IF_ERROR(ParseTrain(top, spec));
   RETURN_IF_ERROR(ParseOptimizer(top, base_dir, spec));
   RETURN_IF_ERROR(ParseCheckpoint(top, base_dir, spec));
-  RETURN_IF_ERROR(top.CheckNoUnknown());
-  return CheckBatchShape(*spec);
+  return top.CheckNoUnknown();
+}
+
+// Each integer field's floor, and each number's range, as ValidateJobSpec checks them.
+absl::Status AtLeast(const char* field, int64_t value, int64_t min) {
+  if (value >= min) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, " must be >= ", min, ", got ", value));
+}
+absl::Status InRange(const char* field, double value, double min, double max) {
+  if (value >= min && value <= max) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s must be in [%.10g, %.10g], got %.10g", field, min, max, value));
+}
+
+absl::Status CheckRanges(const JobSpec& s) {
+  const std::pair<const char*, std::pair<int64_t, int64_t>> ints[] = {
+      {"device_memory_cap_bytes", {s.device_memory_cap_bytes, 0}},
+      {"data.tokenize_threads", {s.tokenize_threads, 0}},
+      {"data.seq_len", {s.seq_len, 2}},
+      {"train.steps", {s.steps, 1}},
+      {"train.tokens_per_step", {s.tokens_per_step, 0}},
+      {"train.micro_batch_rows", {s.micro_batch_rows, 0}},
+      {"train.micro_batches", {s.micro_batches, 0}},
+      {"train.devices", {s.devices, 1}},
+      {"train.warmup_steps", {s.schedule.warmup_steps, 0}},
+      {"train.activation_checkpoint_every", {s.activation_checkpoint_every, 0}},
+      {"train.loss_chunk_tokens", {s.loss_chunk_tokens, 1}},
+      {"optimizer.nvme_layers", {s.nvme_layers, -1}},
+      {"checkpoint.every_steps", {s.checkpoint_every_steps, 0}},
+      {"checkpoint.keep_last", {s.keep_last, 0}},
+      {"checkpoint.max_shard_bytes", {s.max_shard_bytes, int64_t{1} << 20}}};
+  for (const auto& [field, value_min] : ints) {
+    RETURN_IF_ERROR(AtLeast(field, value_min.first, value_min.second));
+  }
+  RETURN_IF_ERROR(InRange("train.lr", s.schedule.lr, 0, 1e3));
+  RETURN_IF_ERROR(InRange("train.min_lr_ratio", s.schedule.min_lr_ratio, 0, 1));
+  RETURN_IF_ERROR(InRange("train.weight_decay", s.weight_decay, 0, 1e3));
+  RETURN_IF_ERROR(InRange("train.beta1", s.beta1, 0, 0.999999));
+  RETURN_IF_ERROR(InRange("train.beta2", s.beta2, 0, 0.999999999));
+  RETURN_IF_ERROR(InRange("train.eps", s.eps, 0, 1));
+  RETURN_IF_ERROR(InRange("train.max_grad_norm", s.max_grad_norm, 0, 1e30));
+  if (s.router_aux_loss_coef != -1) {  // -1: the model config's
+    RETURN_IF_ERROR(InRange("train.router_aux_loss_coef", s.router_aux_loss_coef, 0, 1e3));
+  }
+  // Each is a thread; more than the cores only adds threads (and a million of them cannot
+  // be made at all).
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  if (s.tokenize_threads > cores) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.tokenize_threads is ", s.tokenize_threads, "; this machine has ",
+                     cores, " cores: use at most ", cores, ", or 0 for one per core"));
+  }
+  return absl::OkStatus();
+}
+
+// The model, data and device the spec names: each given once, and consistent.
+absl::Status CheckSources(const JobSpec& s) {
+  if (s.model_path.empty() == s.model_config_json.empty()) {
+    return absl::InvalidArgumentError(kModelSources);
+  }
+  if (!s.model_config_json.empty()) {
+    const nlohmann::json j =
+        nlohmann::json::parse(s.model_config_json, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) {
+      return absl::InvalidArgumentError("model.config must be a mapping of config.json fields");
+    }
+  }
+  if (s.data_path.empty()) {
+    return absl::InvalidArgumentError("data.path is required (a JSONL file)");
+  }
+  if (s.tokenizer == TokenizerSource::kModel && s.model_path.empty()) {
+    return absl::InvalidArgumentError(
+        "data.tokenizer is 'model', but model.path names no model folder");
+  }
+  if ((s.tokenizer == TokenizerSource::kFile) == s.tokenizer_path.empty()) {
+    return absl::InvalidArgumentError(
+        "data.tokenizer must be 'auto', 'byte', 'model', or a tokenizer.json path");
+  }
+  const bool cuda_n = s.backend.rfind("cuda:", 0) == 0 && CudaDeviceIndexOf(s.backend) >= 0;
+  if (s.backend != "auto" && s.backend != "cpu" && s.backend != "cuda" && !cuda_n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend must be auto, cpu, cuda or cuda:N, got '", s.backend, "'"));
+  }
+  return absl::OkStatus();
+}
+
+// Every string is stored, logged and written to JSON, so each must be UTF-8 (YAML escapes
+// such as "\xA0" unescape to bytes that are not).
+absl::Status CheckUtf8(const JobSpec& s) {
+  const std::pair<const char*, const std::string*> strings[] = {
+      {"name", &s.name},
+      {"model.path", &s.model_path},
+      {"model.config", &s.model_config_json},
+      {"data.path", &s.data_path},
+      {"data.text_field", &s.text_field},
+      {"data.tokenizer", &s.tokenizer_path},
+      {"data.chat_date", &s.chat_date},
+      {"data.cache_dir", &s.data_cache_dir},
+      {"optimizer.nvme_dir", &s.nvme_dir},
+      {"checkpoint.dir", &s.checkpoint_dir},
+      {"backend", &s.backend}};
+  for (const auto& [field, value] : strings) {
+    if (!IsValidUtf8(*value)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " is not valid UTF-8"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
+
+// ---- The spec's names of its choices ----
+
+namespace {
+
+template <typename E>
+struct Values;
+#define MT_SPEC_VALUES(E, ...)                    \
+  template <>                                     \
+  struct Values<E> {                              \
+    static constexpr E kAll[] = {__VA_ARGS__};    \
+  };
+MT_SPEC_VALUES(DataFormat, DataFormat::kText, DataFormat::kAlpaca, DataFormat::kShareGpt,
+               DataFormat::kMessages, DataFormat::kTokens)
+MT_SPEC_VALUES(TokenizerSource, TokenizerSource::kAuto, TokenizerSource::kByte,
+               TokenizerSource::kModel, TokenizerSource::kFile)
+MT_SPEC_VALUES(ChatTemplate, ChatTemplate::kAuto, ChatTemplate::kPlain, ChatTemplate::kLlama2,
+               ChatTemplate::kLlama3, ChatTemplate::kQwen3, ChatTemplate::kGptOss,
+               ChatTemplate::kQwen25, ChatTemplate::kMistralV1, ChatTemplate::kMistralV3,
+               ChatTemplate::kMistralV3Tekken)
+MT_SPEC_VALUES(Packing, Packing::kPack, Packing::kPad)
+MT_SPEC_VALUES(Truncation, Truncation::kAuto, Truncation::kSplit, Truncation::kTruncate)
+MT_SPEC_VALUES(OnBadLine, OnBadLine::kFail, OnBadLine::kSkip)
+MT_SPEC_VALUES(GradientReduce, GradientReduce::kAuto, GradientReduce::kDevice,
+               GradientReduce::kHost)
+MT_SPEC_VALUES(ActivationPlacement, ActivationPlacement::kAuto, ActivationPlacement::kDevice,
+               ActivationPlacement::kHost)
+MT_SPEC_VALUES(ScheduleType, ScheduleType::kConstant, ScheduleType::kLinear, ScheduleType::kCosine)
+MT_SPEC_VALUES(MomentDType, MomentDType::kF32, MomentDType::kBF16, MomentDType::kInt8)
+MT_SPEC_VALUES(Bf16Copy, Bf16Copy::kAuto, Bf16Copy::kYes, Bf16Copy::kNo)
+#undef MT_SPEC_VALUES
+
+// auto | device | host, for the enums that offer those three.
+template <typename E>
+const char* AutoDeviceHost(E value) {
+  return value == E::kDevice ? "device" : value == E::kHost ? "host" : "auto";
+}
+
+}  // namespace
+
+const char* SpecName(DataFormat value) { return DataFormatName(value); }
+const char* SpecName(TokenizerSource value) {
+  constexpr const char* kNames[] = {"auto", "byte", "model", "file"};
+  return kNames[static_cast<int>(value)];
+}
+const char* SpecName(ChatTemplate value) {
+  constexpr const char* kNames[] = {"auto",    "plain",      "llama2",     "llama3",
+                                    "qwen3",   "gptoss",     "qwen2.5",    "mistral-v1",
+                                    "mistral-v3", "mistral-v3-tekken"};
+  return kNames[static_cast<int>(value)];
+}
+const char* SpecName(Packing value) { return value == Packing::kPad ? "pad" : "pack"; }
+const char* SpecName(Truncation value) {
+  constexpr const char* kNames[] = {"auto", "split", "truncate"};
+  return kNames[static_cast<int>(value)];
+}
+const char* SpecName(OnBadLine value) { return value == OnBadLine::kSkip ? "skip" : "fail"; }
+const char* SpecName(GradientReduce value) { return AutoDeviceHost(value); }
+const char* SpecName(ActivationPlacement value) { return AutoDeviceHost(value); }
+const char* SpecName(ScheduleType value) { return ScheduleTypeName(value); }
+const char* SpecName(MomentDType value) { return MomentDTypeName(value); }
+const char* SpecName(Bf16Copy value) {
+  return value == Bf16Copy::kYes ? "yes" : value == Bf16Copy::kNo ? "no" : "auto";
+}
+
+template <typename E>
+absl::StatusOr<E> ParseSpecName(absl::string_view field, absl::string_view name) {
+  std::vector<std::string> names;
+  for (E value : Values<E>::kAll) {
+    if (name == SpecName(value)) return value;
+    names.push_back(SpecName(value));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(field, " must be one of ",
+                                                 absl::StrJoin(names, ", "), "; got '",
+                                                 Printable(name), "'"));
+}
+template absl::StatusOr<DataFormat> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<TokenizerSource> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<ChatTemplate> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<Packing> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<Truncation> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<OnBadLine> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<GradientReduce> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<ActivationPlacement> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<ScheduleType> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<MomentDType> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<Bf16Copy> ParseSpecName(absl::string_view, absl::string_view);
+
+std::string TokenizerText(const JobSpec& spec) {
+  return spec.tokenizer == TokenizerSource::kFile ? spec.tokenizer_path : SpecName(spec.tokenizer);
+}
 
 int64_t JobSpec::rows_per_step() const {
   if (tokens_per_step > 0 && seq_len > 0) return tokens_per_step / seq_len;
@@ -414,10 +587,12 @@ int64_t JobSpec::rows_per_step() const {
 std::string JobSpec::Fingerprint() const {
   nlohmann::json j = {{"model_path", model_path},   {"model_config", model_config_json},
                       {"init_seed", init_seed},     {"data_path", data_path},
-                      {"text_field", text_field},   {"tokenizer", tokenizer},
-                      {"format", data_format},      {"chat_template", chat_template},
-                      {"chat_date", chat_date},     {"packing", packing},
-                      {"truncation", truncation},   {"on_bad_line", on_bad_line},
+                      {"text_field", text_field},   {"tokenizer", TokenizerText(*this)},
+                      {"format", SpecName(data_format)},
+                      {"chat_template", SpecName(chat_template)},
+                      {"chat_date", chat_date},     {"packing", SpecName(packing)},
+                      {"truncation", SpecName(truncation)},
+                      {"on_bad_line", SpecName(on_bad_line)},
                       {"seq_len", seq_len},         {"data_seed", data_seed},
                       {"rows_per_step", rows_per_step()}};
   return j.dump();
@@ -479,28 +654,17 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text, const std::st
   } catch (const nlohmann::json::exception& e) {
     s = absl::InvalidArgumentError(absl::StrCat("model.config: ", Printable(e.what())));
   }
+  if (s.ok()) s = ValidateJobSpec(spec);
   if (!s.ok()) return Annotate(s, source);
-  // YAML escapes ("\_", "\xA0") can unescape to bytes that are not UTF-8; every string
-  // is stored, logged and written to JSON, so each must be UTF-8.
-  const std::pair<const char*, const std::string*> strings[] = {
-      {"name", &spec.name},
-      {"model.path", &spec.model_path},
-      {"model.config", &spec.model_config_json},
-      {"data.path", &spec.data_path},
-      {"data.format", &spec.data_format},
-      {"data.text_field", &spec.text_field},
-      {"data.tokenizer", &spec.tokenizer},
-      {"data.chat_date", &spec.chat_date},
-      {"data.cache_dir", &spec.data_cache_dir},
-      {"checkpoint.dir", &spec.checkpoint_dir},
-      {"backend", &spec.backend}};
-  for (const auto& [field, value] : strings) {
-    if (!IsValidUtf8(*value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": ", field, " is not valid UTF-8 (after YAML unescaping)"));
-    }
-  }
   return spec;
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  RETURN_IF_ERROR(CheckUtf8(spec));
+  RETURN_IF_ERROR(CheckJobName(spec.name));
+  RETURN_IF_ERROR(CheckSources(spec));
+  RETURN_IF_ERROR(CheckRanges(spec));
+  return CheckBatchShape(spec);
 }
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
@@ -557,14 +721,14 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "init_seed" << YAML::Value << s.init_seed << YAML::EndMap;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.data_path;
-  out << YAML::Key << "format" << YAML::Value << s.data_format;
+  out << YAML::Key << "format" << YAML::Value << SpecName(s.data_format);
   out << YAML::Key << "text_field" << YAML::Value << YAML::DoubleQuoted << s.text_field;
-  out << YAML::Key << "tokenizer" << YAML::Value << s.tokenizer;
-  out << YAML::Key << "chat_template" << YAML::Value << s.chat_template;
+  out << YAML::Key << "tokenizer" << YAML::Value << YAML::DoubleQuoted << TokenizerText(s);
+  out << YAML::Key << "chat_template" << YAML::Value << SpecName(s.chat_template);
   out << YAML::Key << "chat_date" << YAML::Value << YAML::DoubleQuoted << s.chat_date;
-  out << YAML::Key << "packing" << YAML::Value << s.packing;
-  out << YAML::Key << "truncation" << YAML::Value << s.truncation;
-  out << YAML::Key << "on_bad_line" << YAML::Value << s.on_bad_line;
+  out << YAML::Key << "packing" << YAML::Value << SpecName(s.packing);
+  out << YAML::Key << "truncation" << YAML::Value << SpecName(s.truncation);
+  out << YAML::Key << "on_bad_line" << YAML::Value << SpecName(s.on_bad_line);
   out << YAML::Key << "cache_dir" << YAML::Value << YAML::DoubleQuoted << s.data_cache_dir;
   out << YAML::Key << "tokenize_threads" << YAML::Value << s.tokenize_threads;
   out << YAML::Key << "seq_len" << YAML::Value << s.seq_len;
@@ -575,9 +739,9 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "micro_batch_rows" << YAML::Value << s.micro_batch_rows;
   out << YAML::Key << "micro_batches" << YAML::Value << s.micro_batches;
   out << YAML::Key << "devices" << YAML::Value << s.devices;
-  out << YAML::Key << "gradient_reduce" << YAML::Value << s.gradient_reduce;
+  out << YAML::Key << "gradient_reduce" << YAML::Value << SpecName(s.gradient_reduce);
   out << YAML::Key << "lr" << YAML::Value << s.schedule.lr;
-  out << YAML::Key << "schedule" << YAML::Value << ScheduleTypeName(s.schedule.type);
+  out << YAML::Key << "schedule" << YAML::Value << SpecName(s.schedule.type);
   out << YAML::Key << "warmup_steps" << YAML::Value << s.schedule.warmup_steps;
   out << YAML::Key << "min_lr_ratio" << YAML::Value << s.schedule.min_lr_ratio;
   out << YAML::Key << "weight_decay" << YAML::Value << s.weight_decay;
@@ -586,15 +750,15 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "eps" << YAML::Value << s.eps;
   out << YAML::Key << "max_grad_norm" << YAML::Value << s.max_grad_norm;
   out << YAML::Key << "activation_checkpoint_every" << YAML::Value << s.activation_checkpoint_every;
-  out << YAML::Key << "activation_checkpoints" << YAML::Value << s.activation_checkpoints;
+  out << YAML::Key << "activation_checkpoints" << YAML::Value << SpecName(s.activation_checkpoints);
   out << YAML::Key << "loss_chunk_tokens" << YAML::Value << s.loss_chunk_tokens;
   if (s.router_aux_loss_coef >= 0) {
     out << YAML::Key << "router_aux_loss_coef" << YAML::Value << s.router_aux_loss_coef;
   }
   out << YAML::EndMap;
   out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "state_dtype" << YAML::Value << MomentDTypeName(s.state_dtype);
-  out << YAML::Key << "bf16_copy" << YAML::Value << YAML::DoubleQuoted << s.bf16_copy;
+  out << YAML::Key << "state_dtype" << YAML::Value << SpecName(s.state_dtype);
+  out << YAML::Key << "bf16_copy" << YAML::Value << YAML::DoubleQuoted << SpecName(s.bf16_copy);
   out << YAML::Key << "nvme_dir" << YAML::Value << YAML::DoubleQuoted << s.nvme_dir;
   out << YAML::Key << "nvme_layers" << YAML::Value << s.nvme_layers;
   out << YAML::EndMap;

@@ -66,7 +66,7 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.device_budget_bytes = device_budget_bytes;
   r.host_budget_bytes = host_budget_bytes;
   r.devices = std::max<int64_t>(1, spec.devices);
-  r.reduce_on_devices = spec.gradient_reduce != "host";
+  r.reduce_on_devices = spec.gradient_reduce != GradientReduce::kHost;
   r.moments = spec.state_dtype;
   r.bf16_copy = spec.bf16_copy;
   r.nvme_dir = spec.nvme_dir;
@@ -162,7 +162,7 @@ absl::Status Trainer::Init(const JobSpec& spec, const MachineProfile* given_prof
 absl::Status Trainer::InitData(const JobSpec& spec) {
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir_));
   // Pre-tokenized ids are checked against the model's vocabulary, not the tokenizer's.
-  if (spec.data_format != "tokens" && config_.vocab_size < tokenizer->vocab_size()) {
+  if (spec.data_format != DataFormat::kTokens && config_.vocab_size < tokenizer->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.tokenizer: the ", tokenizer->name(), " tokenizer has ", tokenizer->vocab_size(),
         " ids; the model's vocab_size is ", config_.vocab_size));
@@ -199,12 +199,12 @@ absl::Status Trainer::InitReplicas(const JobSpec& spec, DeviceSet* devices) {
     replicas_.push_back(std::move(replica));
   }
   backend_->BindThread();  // creating the others made theirs current here
-  if (spec.gradient_reduce != "host") {
+  if (spec.gradient_reduce != GradientReduce::kHost) {
     absl::StatusOr<std::vector<std::unique_ptr<GradCollective>>> group =
         CreateGradCollectives(devices->backends);
     if (group.ok()) {
       collectives_ = *std::move(group);
-    } else if (spec.gradient_reduce == "device") {
+    } else if (spec.gradient_reduce == GradientReduce::kDevice) {
       return Annotate(group.status(), "train.gradient_reduce: device");
     } else {
       reduce_note_ = absl::StrCat(" (", group.status().message(), ")");

@@ -29,49 +29,7 @@
 
 namespace megatrain {
 
-struct StepReport {
-  int64_t step = 0;          // steps completed, this one included
-  int64_t total_steps = 0;
-  double loss = 0;           // the LM loss
-  // MoE models: the load-balancing loss (unweighted) and its weight in the trained loss.
-  bool has_aux_loss = false;
-  double aux_loss = 0;
-  double aux_loss_coef = 0;
-  double lr = 0;
-  double grad_norm = 0;
-  int64_t tokens = 0;        // tokens in this step
-  double seconds = 0;
-  double tokens_per_second = 0;
-  double model_tflops = 0;   // 6 * params * tokens (+ attention), per second, / 1e12
-  int64_t device_bytes_peak = 0;  // device memory high-water mark (0 on the CPU backend)
-  int64_t device_bytes_in_use = 0;
-  // Busy seconds of this step per stream (CUDA event or thread timings), by StreamId, and
-  // of the optimizer thread (AdamW of this step's gradients may finish in the next one).
-  std::array<double, kNumStreams> stream_busy_seconds{};
-  double optimizer_busy_seconds = 0;
-  // AdamW's rate in the step: the parameters it updates each step over optimizer_busy_seconds
-  // (0 when the optimizer was not busy), and that over the machine profile's rate alone (the
-  // planner's adamw_in_step_fraction, as this step measured it: when it differs from the
-  // profile's, `train_bench --calibrate` measures the box's, README "The daemon").
-  double optimizer_params_per_second = 0;
-  double optimizer_in_step_fraction = 0;
-  int64_t h2d_bytes = 0;     // PCIe traffic of the step
-  int64_t d2h_bytes = 0;
-  // The checkpoints completed during Step(), oldest first (Trainer::last_checkpoint_*()
-  // describe the newest): the one of this step (checkpoint.background: false, or the
-  // final one), or ones written while training went on, of earlier steps (a background
-  // one may finish in the step that writes the next).
-  std::vector<std::string> checkpoint_paths;
-  // Seconds this step waited for checkpoints being written in the background: its
-  // optimizer updates for a unit not yet written, and the step for the previous
-  // checkpoint's fsync when the next one is due (ideally 0).
-  double checkpoint_wait_seconds = 0;
-  // A periodic checkpoint that could not be written (a full disk, say): training goes
-  // on, the earlier checkpoints stand, and the next interval tries again. The final
-  // checkpoint failing fails Step() instead.
-  std::string checkpoint_error;
-  std::vector<int64_t> failed_checkpoint_steps;  // the steps whose checkpoint failed
-};
+// StepReport, what Step() returns: engine.h.
 
 // The trainer state of the checkpoint `spec` resumes from: its checkpoint.dir's newest
 // (none without one). FailedPrecondition when that is another job's (another Fingerprint:

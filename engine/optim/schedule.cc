@@ -63,15 +63,6 @@ absl::Status ValidateScheduleOptions(const ScheduleOptions& options) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ScheduleType> ParseScheduleType(absl::string_view name) {
-  for (ScheduleType type :
-       {ScheduleType::kConstant, ScheduleType::kLinear, ScheduleType::kCosine}) {
-    if (name == ScheduleTypeName(type)) return type;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown lr schedule '", name, "'; valid schedules: constant, linear, cosine"));
-}
-
 const char* ScheduleTypeName(ScheduleType type) {
   switch (type) {
     case ScheduleType::kConstant:

@@ -10,18 +10,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/engine.h"  // ScheduleType, ScheduleOptions
 
 namespace megatrain {
-
-enum class ScheduleType { kConstant, kLinear, kCosine };
-
-struct ScheduleOptions {
-  ScheduleType type = ScheduleType::kConstant;
-  double lr = 0.0;            // peak learning rate
-  int64_t warmup_steps = 0;   // steps of linear warmup from 0 to lr
-  int64_t total_steps = 0;    // linear / cosine reach their floor here
-  double min_lr_ratio = 0.0;  // floor of the decay, as a fraction of lr, in [0, 1]
-};
 
 // The learning rate of the step about to run; step is its 0-based index.
 //   warmup (step < warmup_steps): lr * step / max(1, warmup_steps)
@@ -38,10 +29,7 @@ double LearningRate(const ScheduleOptions& options, int64_t step);
 // min_lr_ratio is outside [0, 1].
 [[nodiscard]] absl::Status ValidateScheduleOptions(const ScheduleOptions& options);
 
-// "constant", "linear" or "cosine"; anything else is InvalidArgument listing those.
-[[nodiscard]] absl::StatusOr<ScheduleType> ParseScheduleType(absl::string_view name);
-
-// The name ParseScheduleType accepts for `type`.
+// "constant", "linear" or "cosine" (SpecName; ParseSpecName reads them back).
 const char* ScheduleTypeName(ScheduleType type);
 
 }  // namespace megatrain

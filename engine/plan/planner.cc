@@ -10,7 +10,7 @@
 #include "engine/common/status.h"
 #include "engine/layers/layer_kind.h"
 #include "engine/model/layout.h"
-#include "engine/pipeline/pipeline.h"
+#include "engine/plan/step_memory.h"
 #include "engine/store/grad_slab_pool.h"
 
 namespace megatrain {
@@ -128,9 +128,9 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   po.weight_slots = plan->weight_slots;
   po.kept_layers = plan->kept_layers;
   po.mlp_tile_tokens = plan->mlp_tile_tokens;
-  const int64_t slots = Pipeline::NumWeightSlots(c, po);
+  const int64_t slots = NumWeightSlots(c, po);
   plan->weight_slots = slots;
-  plan->device_bytes = Pipeline::DeviceBytesFor(c, layout, backend, po) +
+  plan->device_bytes = StepDeviceBytes(c, layout, backend, po) +
                        (plan->bf16_copy ? 0 : backend->f32_upload_staging_bytes());
 
   // Host memory: the store (bf16 weights + fp32 master, m, v), the gradient slabs (every
@@ -210,7 +210,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const bool early = slots >= L && plan->devices <= 1;
   const int64_t weights_fwd = (early ? 0 : L * w_layer) + up * (embed_n + head_n);
   const int64_t weights_bwd = early ? L * w_layer : reuploads * w_layer;
-  const int64_t h2d_fwd = weights_fwd + Pipeline::kBatchArrays * 4 * n * M;
+  const int64_t h2d_fwd = weights_fwd + StepMemory::kBatchArrays * 4 * n * M;
   const int64_t h2d_bwd = weights_bwd + ckpt_total;
   const int64_t d2h_fwd = ckpt_total;
   // Gradients land as fp32; reduce-scattered first, each device drains its shard.
@@ -395,12 +395,12 @@ struct PlanSearch {
 };
 
 // Refuses, before any plan is counted, a step whose tokens alone need more memory than
-// the job may take: every plan holds Pipeline::MinDeviceBytesPerToken per token of a
+// the job may take: every plan holds MinDeviceBytesPerToken (step_memory.h) per token of a
 // device's share on the device (on the CPU backend, in host memory, for each device).
 absl::Status CheckStepCanFit(const PlanRequest& r, Backend* backend, int64_t device_tokens) {
   const bool cpu = backend->kind() == BackendKind::kCpu;
   const int64_t devices = std::max<int64_t>(1, r.devices);
-  const int64_t per_token = Pipeline::MinDeviceBytesPerToken(r.config, backend);
+  const int64_t per_token = MinDeviceBytesPerToken(r.config, *backend);
   const int64_t budget = cpu ? r.host_budget_bytes / devices : r.device_budget_bytes;
   const double need = static_cast<double>(device_tokens) * per_token;
   if (need <= static_cast<double>(budget)) return absl::OkStatus();
@@ -467,9 +467,9 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
     }
   }
   std::vector<bool> places;
-  if (cpu || r.checkpoints == "device") {
+  if (cpu || r.checkpoints == ActivationPlacement::kDevice) {
     places = {false};
-  } else if (r.checkpoints == "host") {
+  } else if (r.checkpoints == ActivationPlacement::kHost) {
     places = {true};
   } else {
     places = {false, true};
@@ -482,12 +482,11 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
   }
 
   std::vector<bool> copies;
-  if (r.bf16_copy == "yes") {
+  if (r.bf16_copy == Bf16Copy::kYes) {
     copies = {true};
-  } else if (r.bf16_copy == "no") {
+  } else if (r.bf16_copy == Bf16Copy::kNo) {
     copies = {false};
   } else {
-    MT_CHECK_MSG(r.bf16_copy == "auto", "plan: bf16_copy '%s' (auto, yes or no)", r.bf16_copy.c_str());
     copies = {true, false};
   }
 

@@ -17,8 +17,8 @@
 // work at device bandwidth), its transfers each way, and the CPU AdamW of all parameters,
 // overlapped the way the pipeline overlaps them. The plan names the binding resource.
 //
-// Every candidate is sized with Pipeline::DeviceBytesFor, the same arithmetic Create()
-// allocates by, so a plan that fits is a pipeline that allocates.
+// Every candidate is sized with StepDeviceBytes (step_memory.h), the same arithmetic the
+// pipeline allocates by, so a plan that fits is a pipeline that allocates.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
+#include "engine/engine.h"
 #include "engine/model/config.h"
 #include "engine/plan/machine_profile.h"
 
@@ -47,7 +48,7 @@ struct PlanRequest {
   // Fixed by the user; 0 = the planner chooses.
   int64_t micro_batch_rows = 0;
   int64_t checkpoint_every = 0;
-  std::string checkpoints = "auto";  // auto | device | host
+  ActivationPlacement checkpoints = ActivationPlacement::kAuto;
   int64_t kept_layers = -1;          // -1 = the planner chooses
   int64_t weight_slots = -1;         // -1 = the planner chooses
   // Dense layers' MLP tile (PipelineOptions::mlp_tile_tokens): -1 = the planner chooses
@@ -66,10 +67,10 @@ struct PlanRequest {
   // How AdamW's moments are kept (optimizer.state_dtype): the store's bytes per parameter
   // and the optimizer's rate follow.
   MomentDType moments = MomentDType::kF32;
-  // optimizer.bf16_copy: "yes" keeps the bf16 copy that crosses PCIe (2 bytes a parameter
-  // of host memory), "no" streams the fp32 master and rounds it on the device (twice the
-  // upload bytes), "auto" drops the copy unless the step is then 5% slower (PCIe-bound).
-  std::string bf16_copy = "auto";
+  // optimizer.bf16_copy: yes keeps the bf16 copy that crosses PCIe (2 bytes a parameter
+  // of host memory), no streams the fp32 master and rounds it on the device (twice the
+  // upload bytes), auto drops the copy unless the step is then 5% slower (PCIe-bound).
+  Bf16Copy bf16_copy = Bf16Copy::kAuto;
   // The NVMe tier: with a folder, the moments of the top decoder layers go to disk when
   // the host budget needs it (nvme_layers -1: as many as it needs; N: exactly N).
   std::string nvme_dir;

@@ -25,13 +25,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/engine.h"  // MomentDType
 #include "engine/model/layout.h"
 #include "engine/store/moment_disk.h"
 
 namespace megatrain {
 
-// How AdamW's moments are stored (adamw.h says how they are rounded).
-enum class MomentDType { kF32, kBF16, kInt8 };
+// How AdamW's moments are stored (MomentDType, engine.h; adamw.h says how they are rounded).
 const char* MomentDTypeName(MomentDType t);  // "fp32", "bf16", "int8"
 // Parses a name MomentDTypeName gives; false for anything else.
 [[nodiscard]] bool ParseMomentDType(const std::string& name, MomentDType* out);

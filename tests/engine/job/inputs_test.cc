@@ -41,15 +41,15 @@ JobSpec Parse(const TempDir& dir, const std::string& yaml) {
 TEST(JobInputs, TheDefaultTokenizerIsTheModelFoldersElseByte) {
   TempDir dir;
   JobSpec spec = Parse(dir, Spec(258));
-  EXPECT_EQ(spec.tokenizer, "auto");
-  EXPECT_EQ(ResolvedTokenizer(spec), "byte");  // random init: no model folder
+  EXPECT_EQ(spec.tokenizer, TokenizerSource::kAuto);
+  EXPECT_EQ(ResolvedTokenizer(spec), TokenizerSource::kByte);  // random init: no model folder
   spec.model_path = dir.Join("model");
   WriteFile(dir.Join("model/config.json"), "{}");
-  EXPECT_EQ(ResolvedTokenizer(spec), "byte");  // a model folder without a tokenizer
+  EXPECT_EQ(ResolvedTokenizer(spec), TokenizerSource::kByte);  // a model folder without a tokenizer
   WriteFile(dir.Join("model/tokenizer.json"), "{}");
-  EXPECT_EQ(ResolvedTokenizer(spec), "model");
-  spec.tokenizer = "byte";
-  EXPECT_EQ(ResolvedTokenizer(spec), "byte");  // named: as named
+  EXPECT_EQ(ResolvedTokenizer(spec), TokenizerSource::kModel);
+  spec.tokenizer = TokenizerSource::kByte;
+  EXPECT_EQ(ResolvedTokenizer(spec), TokenizerSource::kByte);  // named: as named
 }
 
 TEST(JobInputs, TokenIdsAreCheckedAgainstTheModelsVocabulary) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -115,9 +116,9 @@ checkpoint:
   EXPECT_TRUE(spec->model_config_json.empty());
   EXPECT_EQ(spec->init_seed, 11u);
   EXPECT_EQ(spec->data_path, dir.Join("data/train.jsonl"));
-  EXPECT_EQ(spec->data_format, "text");
+  EXPECT_EQ(spec->data_format, DataFormat::kText);
   EXPECT_EQ(spec->text_field, "body");
-  EXPECT_EQ(spec->tokenizer, "byte");
+  EXPECT_EQ(spec->tokenizer, TokenizerSource::kByte);
   EXPECT_EQ(spec->seq_len, 128);
   EXPECT_EQ(spec->data_seed, 5u);
   EXPECT_EQ(spec->steps, 40);
@@ -166,9 +167,9 @@ TEST(JobSpecTest, OmittedSectionsAndFieldsTakeTheDocumentedDefaults) {
   EXPECT_FALSE(spec->model_config_json.empty());
   EXPECT_EQ(spec->init_seed, 0u);
   EXPECT_EQ(spec->data_path, dir.Join("train.jsonl"));
-  EXPECT_EQ(spec->data_format, "text");
+  EXPECT_EQ(spec->data_format, DataFormat::kText);
   EXPECT_EQ(spec->text_field, "text");
-  EXPECT_EQ(spec->tokenizer, "auto");
+  EXPECT_EQ(spec->tokenizer, TokenizerSource::kAuto);
   EXPECT_EQ(spec->seq_len, 256);
   EXPECT_EQ(spec->data_seed, 0u);
   EXPECT_EQ(spec->steps, 100);
@@ -177,7 +178,7 @@ TEST(JobSpecTest, OmittedSectionsAndFieldsTakeTheDocumentedDefaults) {
   EXPECT_EQ(spec->rows_per_step(), 1);
   EXPECT_EQ(spec->micro_batch_rows, 0);
   EXPECT_EQ(spec->micro_batches, 0);
-  EXPECT_EQ(spec->activation_checkpoints, "auto");
+  EXPECT_EQ(spec->activation_checkpoints, ActivationPlacement::kAuto);
   EXPECT_EQ(spec->schedule.type, defaults.schedule.type);
   EXPECT_EQ(spec->schedule.lr, defaults.schedule.lr);
   EXPECT_EQ(spec->schedule.warmup_steps, 0);
@@ -263,11 +264,11 @@ TEST(JobSpecTest, DataChoicesRoundTripThroughYaml) {
   EXPECT_EQ(spec->data_cache_dir, (fs::path(dir.path()) / "cache").string());
   absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec), "");
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->data_format, "sharegpt");
-  EXPECT_EQ(again->chat_template, "qwen3");
-  EXPECT_EQ(again->packing, "pad");
-  EXPECT_EQ(again->truncation, "truncate");
-  EXPECT_EQ(again->on_bad_line, "skip");
+  EXPECT_EQ(again->data_format, DataFormat::kShareGpt);
+  EXPECT_EQ(again->chat_template, ChatTemplate::kQwen3);
+  EXPECT_EQ(again->packing, Packing::kPad);
+  EXPECT_EQ(again->truncation, Truncation::kTruncate);
+  EXPECT_EQ(again->on_bad_line, OnBadLine::kSkip);
   EXPECT_EQ(again->data_cache_dir, spec->data_cache_dir);
   EXPECT_EQ(again->tokenize_threads, 1);
   EXPECT_EQ(again->chat_date, "2026-01-02");
@@ -346,7 +347,7 @@ TEST(JobSpecTest, TokensPerStepIsWholeSequencesAndAgreesWithAGivenSplit) {
   absl::StatusOr<JobSpec> back = ParseJobSpec(JobSpecToYaml(*spec), "");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->tokens_per_step, 2048);
-  EXPECT_EQ(back->activation_checkpoints, "host");
+  EXPECT_EQ(back->activation_checkpoints, ActivationPlacement::kHost);
   EXPECT_EQ(back->Fingerprint(), spec->Fingerprint());
   // The split is not part of the job's identity: a resume may split it differently.
   absl::StatusOr<JobSpec> split = ParseJobSpec(
@@ -366,6 +367,85 @@ TEST(JobSpecTest, LearningRateOutsideItsRangeIsRefused) {
 TEST(JobSpecTest, UnknownScheduleNameIsRefused) {
   ExpectInvalid(WithTrain("schedule: cosin"), "train.schedule");
   ExpectInvalid(WithTrain("schedule: cosin"), "cosin");
+}
+
+// Each choice's names read back as the values that print them; any other name is refused
+// naming the field and listing what it allows.
+template <typename E>
+void ExpectNamesRoundTrip(std::initializer_list<E> values, const std::string& allowed) {
+  for (E v : values) {
+    absl::StatusOr<E> back = ParseSpecName<E>("f", SpecName(v));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, v) << SpecName(v);
+  }
+  absl::StatusOr<E> unknown = ParseSpecName<E>("section.field", "maybe");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.status().message(),
+            "section.field must be one of " + allowed + "; got 'maybe'");
+}
+
+TEST(JobSpecTest, EveryChoiceParsesFromItsNameAndAnUnknownNameListsTheAllowedOnes) {
+  ExpectNamesRoundTrip({DataFormat::kText, DataFormat::kAlpaca, DataFormat::kShareGpt,
+                        DataFormat::kMessages, DataFormat::kTokens},
+                       "text, alpaca, sharegpt, messages, tokens");
+  ExpectNamesRoundTrip({ChatTemplate::kAuto, ChatTemplate::kPlain, ChatTemplate::kQwen25,
+                        ChatTemplate::kMistralV3Tekken},
+                       "auto, plain, llama2, llama3, qwen3, gptoss, qwen2.5, mistral-v1, "
+                       "mistral-v3, mistral-v3-tekken");
+  ExpectNamesRoundTrip({Packing::kPack, Packing::kPad}, "pack, pad");
+  ExpectNamesRoundTrip({Truncation::kAuto, Truncation::kSplit, Truncation::kTruncate},
+                       "auto, split, truncate");
+  ExpectNamesRoundTrip({OnBadLine::kFail, OnBadLine::kSkip}, "fail, skip");
+  ExpectNamesRoundTrip({GradientReduce::kAuto, GradientReduce::kDevice, GradientReduce::kHost},
+                       "auto, device, host");
+  ExpectNamesRoundTrip({ActivationPlacement::kAuto, ActivationPlacement::kDevice,
+                        ActivationPlacement::kHost},
+                       "auto, device, host");
+  ExpectNamesRoundTrip({ScheduleType::kConstant, ScheduleType::kLinear, ScheduleType::kCosine},
+                       "constant, linear, cosine");
+  ExpectNamesRoundTrip({MomentDType::kF32, MomentDType::kBF16, MomentDType::kInt8},
+                       "fp32, bf16, int8");
+  ExpectNamesRoundTrip({Bf16Copy::kAuto, Bf16Copy::kYes, Bf16Copy::kNo}, "auto, yes, no");
+}
+
+TEST(JobSpecTest, AnUnknownBf16CopyOrPlacementIsAnErrorNamingTheFieldNotAnAbort) {
+  ExpectInvalid(MinimalSpec() + "optimizer: {bf16_copy: maybe}\n",
+                "optimizer.bf16_copy must be one of auto, yes, no; got 'maybe'");
+  ExpectInvalid(WithTrain("activation_checkpoints: nvme"),
+                "train.activation_checkpoints must be one of auto, device, host; got 'nvme'");
+}
+
+// A spec made in code (the API's structured message, a test) meets the same checks as a
+// parsed one.
+TEST(JobSpecTest, ValidateJobSpecChecksASpecBuiltInCode) {
+  JobSpec spec;
+  spec.model_config_json = kTinyConfigJson;
+  spec.data_path = "/data/d.jsonl";
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  const std::pair<std::function<void(JobSpec*)>, std::string> broken[] = {
+      {[](JobSpec* s) { s->steps = 0; }, "train.steps must be >= 1, got 0"},
+      {[](JobSpec* s) { s->seq_len = 1; }, "data.seq_len must be >= 2, got 1"},
+      {[](JobSpec* s) { s->beta2 = 2; }, "train.beta2 must be in [0, 0.999999999], got 2"},
+      {[](JobSpec* s) { s->data_path.clear(); }, "data.path is required"},
+      {[](JobSpec* s) { s->model_path = "/m"; }, "model needs exactly one of"},
+      {[](JobSpec* s) { s->model_config_json = "[1]"; }, "model.config must be a mapping"},
+      {[](JobSpec* s) { s->tokenizer = TokenizerSource::kFile; }, "data.tokenizer must be"},
+      {[](JobSpec* s) { s->backend = "tpu"; }, "backend must be auto, cpu, cuda or cuda:N"},
+      {[](JobSpec* s) { s->name = "a\nb"; }, "name has a control character"},
+      {[](JobSpec* s) { s->checkpoint_dir = "/c\xff"; }, "checkpoint.dir is not valid UTF-8"},
+      {[](JobSpec* s) {
+         s->tokens_per_step = 1024;
+         s->micro_batch_rows = 3;
+       },
+       "train.micro_batch_rows (3) must divide"}};
+  for (const auto& [breaks, message] : broken) {
+    JobSpec bad = spec;
+    breaks(&bad);
+    const absl::Status status = ValidateJobSpec(bad);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(message));
+  }
 }
 
 TEST(JobSpecTest, MinLrRatioAboveOneIsRefused) {
@@ -433,7 +513,8 @@ TEST(JobSpecTest, TokenizerPathResolvesAgainstTheSpecFolder) {
           "data:\n  path: d.jsonl\n  tokenizer: tok/tokenizer.json\n",
       dir.path());
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->tokenizer, dir.Join("tok/tokenizer.json"));
+  EXPECT_EQ(spec->tokenizer, TokenizerSource::kFile);
+  EXPECT_EQ(spec->tokenizer_path, dir.Join("tok/tokenizer.json"));
 }
 
 TEST(JobSpecTest, BadBackendIsRefused) {

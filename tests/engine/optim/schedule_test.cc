@@ -75,20 +75,6 @@ TEST(ScheduleTest, WarmupAsLongAsTrainingDoesNotDivideByZero) {
   EXPECT_EQ(LearningRate(c, 11), 0.0);
 }
 
-TEST(ScheduleTest, ParseAcceptsTheThreeNames) {
-  EXPECT_EQ(*ParseScheduleType("constant"), ScheduleType::kConstant);
-  EXPECT_EQ(*ParseScheduleType("linear"), ScheduleType::kLinear);
-  EXPECT_EQ(*ParseScheduleType("cosine"), ScheduleType::kCosine);
-}
-
-TEST(ScheduleTest, ParseRejectsUnknownNameListingValidOnes) {
-  const absl::StatusOr<ScheduleType> t = ParseScheduleType("Cosine");
-  ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(t.status().message().find("'Cosine'"), absl::string_view::npos);
-  EXPECT_NE(t.status().message().find("constant, linear, cosine"), absl::string_view::npos);
-}
-
 TEST(ScheduleTest, ValidateNamesTheBadField) {
   EXPECT_TRUE(ValidateScheduleOptions(Options(ScheduleType::kCosine, 0.1)).ok());
   ScheduleOptions o = Options(ScheduleType::kLinear);

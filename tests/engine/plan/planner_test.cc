@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "engine/backend/factory.h"
 #include "engine/common/collective.h"
-#include "engine/pipeline/pipeline.h"
+#include "engine/plan/step_memory.h"
 #include "engine/store/grad_slab_pool.h"
 #include "bench/shapes.h"
 #include "engine/model/layout.h"
@@ -185,7 +185,7 @@ TEST(Planner, AdamWPlansAtItsInStepFractionOfTheMeasuredRate) {
               1e-9 * alone->step.optimizer_seconds);
   EXPECT_GT(half->step.seconds, alone->step.seconds);
   PlanRequest no_copy = Request(Qwen1p5B(), 4096, 130);
-  no_copy.bf16_copy = "no";
+  no_copy.bf16_copy = Bf16Copy::kNo;
   absl::StatusOr<Plan> without = MakePlan(no_copy, p, &be);
   ASSERT_TRUE(without.ok()) << without.status();
   EXPECT_FALSE(without->bf16_copy);
@@ -225,7 +225,7 @@ TEST(Planner, FixedChoicesAreKept) {
   PlanRequest r = Request(Qwen1p5B(), 65536, 130);
   r.micro_batch_rows = 2;
   r.checkpoint_every = 4;
-  r.checkpoints = "host";
+  r.checkpoints = ActivationPlacement::kHost;
   absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->micro_batch_rows, 2);
@@ -269,7 +269,7 @@ TEST(Planner, TheNvmeTierBoundsTheStepAtTheDisksRate) {
   MachineProfile profile = H200Like();
   profile.nvme_gbps = 1.0;  // each way, reads and writes together (machine_bench)
   PlanRequest r = Request(Qwen7B(), 65536, 130, 82);
-  r.bf16_copy = "no";
+  r.bf16_copy = Bf16Copy::kNo;
   r.nvme_dir = "/scratch";
   r.nvme_layers = -1;  // as many as the 82 GiB need
   absl::StatusOr<Plan> plan = MakePlan(r, profile, &be);
@@ -386,8 +386,7 @@ TEST(Planner, MinDeviceBytesPerTokenIsAFloorUnderEveryPlan) {
         o.checkpoint_every = k;
         o.checkpoints_on_host = host;
         const int64_t tokens = m * o.tokens_per_micro_batch;
-        EXPECT_LE(tokens * Pipeline::MinDeviceBytesPerToken(c, &be),
-                  Pipeline::DeviceBytesFor(c, layout, &be, o))
+        EXPECT_LE(tokens * MinDeviceBytesPerToken(c, be), StepDeviceBytes(c, layout, &be, o))
             << "k " << k << " host " << host << " m " << m;
       }
     }

@@ -1,0 +1,122 @@
+// The API's structured spec becomes the same JobSpec as the YAML that says the same, with
+// no YAML in between; its choices are checked by name, as the YAML parser checks them.
+#include "server/spec_convert.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace megatrain::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kConfig[] =
+    R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,)"
+    R"( "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,)"
+    R"( "vocab_size": 300, "rms_norm_eps": 1e-05, "rope_theta": 10000.0})";
+
+v1::JobSpec Structured() {
+  v1::JobSpec m;
+  m.set_name("structured");
+  m.set_backend("cpu");
+  m.mutable_model()->set_config_json(kConfig);
+  m.mutable_model()->set_init_seed(7);
+  v1::JobSpec::Data* d = m.mutable_data();
+  d->set_path("data/d.jsonl");
+  d->set_format("sharegpt");
+  d->set_tokenizer("tok/tokenizer.json");
+  d->set_chat_template("qwen2.5");
+  d->set_packing("pad");
+  d->set_truncation("split");
+  d->set_on_bad_line("skip");
+  d->set_seq_len(128);
+  v1::JobSpec::Train* t = m.mutable_train();
+  t->set_steps(12);
+  t->set_tokens_per_step(512);
+  t->set_lr(3e-4);
+  t->set_schedule("cosine");
+  t->set_warmup_steps(2);
+  t->set_max_grad_norm(0);
+  t->set_activation_checkpoints("host");
+  t->set_gradient_reduce("host");
+  m.mutable_checkpoint()->set_dir("ckpt");
+  m.mutable_checkpoint()->set_keep_last(0);
+  m.mutable_checkpoint()->set_background(false);
+  return m;
+}
+
+constexpr char kSameAsYaml[] = R"(name: structured
+backend: cpu
+model:
+  config: {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 300, "rms_norm_eps": 1e-05, "rope_theta": 10000.0}
+  init_seed: 7
+data: {path: data/d.jsonl, format: sharegpt, tokenizer: tok/tokenizer.json,
+       chat_template: qwen2.5, packing: pad, truncation: split, on_bad_line: skip, seq_len: 128}
+train: {steps: 12, tokens_per_step: 512, lr: 0.0003, schedule: cosine, warmup_steps: 2,
+        max_grad_norm: 0, activation_checkpoints: host, gradient_reduce: host}
+checkpoint: {dir: ckpt, keep_last: 0, background: false}
+)";
+
+TEST(SpecFromMessage, IsTheJobSpecOfTheSameYaml) {
+  absl::StatusOr<JobSpec> structured = SpecFromMessage(Structured(), "/base");
+  ASSERT_TRUE(structured.ok()) << structured.status();
+  absl::StatusOr<JobSpec> parsed = ParseJobSpec(kSameAsYaml, "/base");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(JobSpecToYaml(*structured), JobSpecToYaml(*parsed));
+  EXPECT_EQ(structured->Fingerprint(), parsed->Fingerprint());
+  EXPECT_EQ(structured->data_path, "/base/data/d.jsonl");
+  EXPECT_EQ(structured->tokenizer, TokenizerSource::kFile);
+  EXPECT_EQ(structured->tokenizer_path, "/base/tok/tokenizer.json");
+  EXPECT_EQ(structured->chat_template, ChatTemplate::kQwen25);
+  EXPECT_EQ(structured->schedule.total_steps, 12);
+}
+
+TEST(SpecFromMessage, UnsetFieldsKeepTheSpecsDefaults) {
+  v1::JobSpec m;
+  m.mutable_model()->set_path("/models/tiny");
+  m.mutable_data()->set_path("/data/d.jsonl");
+  absl::StatusOr<JobSpec> spec = SpecFromMessage(m, "");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const JobSpec defaults;
+  EXPECT_EQ(spec->steps, defaults.steps);
+  EXPECT_EQ(spec->seq_len, defaults.seq_len);
+  EXPECT_EQ(spec->max_grad_norm, defaults.max_grad_norm);
+  EXPECT_EQ(spec->keep_last, defaults.keep_last);
+  EXPECT_EQ(spec->tokenizer, TokenizerSource::kAuto);
+  EXPECT_EQ(spec->packing, Packing::kPack);
+}
+
+TEST(SpecFromMessage, AnUnknownChoiceIsRefusedNamingTheFieldAndWhatItAllows) {
+  v1::JobSpec m = Structured();
+  m.mutable_data()->set_packing("diagonal");
+  absl::StatusOr<JobSpec> spec = SpecFromMessage(m, "/base");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("data.packing must be one of pack, pad; got 'diagonal'"));
+}
+
+TEST(SpecFromMessage, PassesTheOneValidationStage) {
+  v1::JobSpec m = Structured();
+  m.mutable_train()->set_beta1(1.5);
+  EXPECT_THAT(std::string(SpecFromMessage(m, "/base").status().message()),
+              HasSubstr("train.beta1 must be in [0, 0.999999], got 1.5"));
+  m = Structured();
+  m.mutable_model()->set_config_json("not json");
+  EXPECT_THAT(std::string(SpecFromMessage(m, "/base").status().message()),
+              HasSubstr("spec.model.config_json must be a JSON object"));
+}
+
+TEST(SpecFromRequest, TheStructuredSpecNeedsAnAbsoluteBaseDir) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Structured();
+  request.set_base_dir("relative");
+  EXPECT_THAT(std::string(SpecFromRequest(request).status().message()),
+              HasSubstr("base_dir must be an absolute path"));
+  request.set_base_dir("/base");
+  EXPECT_TRUE(SpecFromRequest(request).ok());
+}
+
+}  // namespace
+}  // namespace megatrain::server
