@@ -101,9 +101,10 @@ void HostOptimizer::Submit(int64_t unit, float* slab, void* ready, int64_t offse
   }
 }
 
-// Each stretch under the lock is a MutexLock scope of its own, also the last one of an
-// iteration: Await releases the mutex without waking anyone, so it is that scope's
-// Unlock() that wakes Drain(), Finish() and AwaitUnit() once an item is consumed.
+// The worker: takes the next work under the lock, then does it without. Each stretch
+// under the lock is a MutexLock scope of its own, also the last one of an iteration: Await
+// releases the mutex without waking anyone, so it is that scope's Unlock() that wakes
+// Drain(), Finish() and AwaitUnit() once an item is consumed.
 void HostOptimizer::Loop() {
   // Near the GPU: the slabs and the store are bound to this node. Threads this one
   // creates (the OpenMP team) inherit the affinity.
@@ -112,126 +113,159 @@ void HostOptimizer::Loop() {
   // Without clipping the norm (reported only) comes from the update's own pass.
   const bool clipping = options_.max_grad_norm > 0;
   for (;;) {
-    Item item;
-    std::vector<Item> held, to_square;
-    {
-      MutexLock lock(&mu_);
-      mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      if (squares_asked_) {  // Finish() waits for the norm: the queued pieces' squares first
-        squares_asked_ = false;
-        for (Item& q : queue_) {
-          if (q.slab == nullptr || q.norm_counted) continue;
-          q.norm_counted = true;
-          to_square.push_back(q);
-        }
-      }
-      if (to_square.empty()) {
-        // One device without clipping: the lowest unit first (a unit's pieces by offset),
-        // the one the next forward needs first: a backlog (the optimizer slower than the
-        // backward) leaves the top of the stack, needed last, for the next forward to
-        // overlap, and the bottom layers the next forward waits for go first.
-        // Otherwise leftovers of a finished step first, in forward order; then backward order
-        // (unit ids descending, a unit's pieces by offset), which is one pipeline's arrival
-        // order. With several devices (sharded data parallelism) a fast device's shard of a
-        // unit may arrive before a slow device's shard of an earlier unit: its copy waits on
-        // a reduce-scatter the slow device enqueues only once it has a slab, which it gets
-        // back only when its earlier shard is consumed. Taking the earlier unit first means
-        // the worker only ever waits on work that every device has enqueued. (Clipping holds
-        // the updates anyway; its norms are summed as they land.)
-        const bool lowest_first = !clipping && other_pools_.empty();
-        auto before = [lowest_first](const Item& a, const Item& b) {
-          if (!lowest_first && a.forward_order != b.forward_order) return a.forward_order;
-          if (lowest_first || a.forward_order) {
-            return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
-          }
-          return a.unit != b.unit ? a.unit > b.unit : a.offset < b.offset;
-        };
-        auto pick = queue_.begin();
-        for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-          if (before(*it, *pick)) pick = it;
-        }
-        item = *pick;
-        queue_.erase(pick);
-        if (item.slab == nullptr) {
-          held.swap(held_);
-        } else if (!clipping && !AwaitCapture(item, /*or_squares=*/true)) {
-          // Finish() asked for the squares while this piece waited for a checkpoint's
-          // capture: back in the queue, a leftover like the others, for the squares first.
-          item.forward_order = true;
-          queue_.push_back(item);
-          continue;
-        }
-      }
+    Work work = TakeWork(clipping);
+    switch (work.kind) {
+      case Work::kStop:
+        return;
+      case Work::kSquares:
+        SumSquares(work.items);
+        break;
+      case Work::kApplyHeld:
+        ApplyHeld(&work.items, work.item.coef);
+        break;
+      case Work::kPiece:
+        Consume(work.item, clipping);
+        break;
+      case Work::kRequeued:
+        break;
     }
-    if (!to_square.empty()) {
-      // On this thread's OpenMP team, not beside it on the caller's: two teams on the same
-      // cores slow each other far more than one pass over the gradients costs.
-      const auto t0 = std::chrono::steady_clock::now();
-      std::vector<double> ss(to_square.size());
-      for (size_t i = 0; i < to_square.size(); ++i) {
-        const auto taken = std::chrono::steady_clock::now();
-        backend_->EventSync(to_square[i].ready);
-        const auto ready = std::chrono::steady_clock::now();
-        ss[i] = SumOfSquares(to_square[i].slab, to_square[i].count);
-        AddSpan(to_square[i], /*update=*/false, taken, ready);
-      }
-      busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now() - t0).count();
-      MutexLock lock(&mu_);
-      for (size_t i = 0; i < to_square.size(); ++i) {
-        piece_squares_[{to_square[i].unit, to_square[i].offset}] += ss[i];
-      }
-      norms_pending_ -= static_cast<int64_t>(to_square.size());
-      continue;
+  }
+}
+
+HostOptimizer::Work HostOptimizer::TakeWork(bool clipping) {
+  Work work;
+  MutexLock lock(&mu_);
+  mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); });
+  if (queue_.empty()) {
+    work.kind = Work::kStop;
+    return work;
+  }
+  if (squares_asked_) {  // Finish() waits for the norm: the queued pieces' squares first
+    squares_asked_ = false;
+    for (Item& q : queue_) {
+      if (q.slab == nullptr || q.norm_counted) continue;
+      q.norm_counted = true;
+      work.items.push_back(q);
     }
-    if (item.slab == nullptr) {  // clipping: apply the held updates in forward order
-      std::sort(held.begin(), held.end(), [](const Item& a, const Item& b) {
-        return a.unit != b.unit ? a.unit < b.unit : a.offset < b.offset;
-      });
-      for (const Item& h : held) {
-        {
-          MutexLock gate(&mu_);
-          AwaitCapture(h);
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        Update(h, h.slab, item.coef);
-        busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now() - t0).count();
-        AddSpan(h, /*update=*/true, t0, t0);
-        ReleaseSlab(h.slab);
-        MutexLock done(&mu_);
-        PieceDone(h);
-      }
-      MutexLock lock(&mu_);
-      --in_flight_;
-      continue;
+    if (!work.items.empty()) {
+      work.kind = Work::kSquares;
+      return work;
     }
+  }
+  work.item = TakeNextLocked(clipping);
+  if (work.item.slab == nullptr) {
+    work.kind = Work::kApplyHeld;
+    work.items.swap(held_);
+  } else if (!clipping && !AwaitCapture(work.item, /*or_squares=*/true)) {
+    // Finish() asked for the squares while this piece waited for a checkpoint's capture:
+    // back in the queue, a leftover like the others, for the squares first.
+    work.item.forward_order = true;
+    queue_.push_back(work.item);
+    work.kind = Work::kRequeued;
+  } else {
+    work.kind = Work::kPiece;
+  }
+  return work;
+}
+
+HostOptimizer::Item HostOptimizer::TakeNextLocked(bool clipping) {
+  // One device without clipping: the lowest unit first (a unit's pieces by offset), the one
+  // the next forward needs first: a backlog (the optimizer slower than the backward) leaves
+  // the top of the stack, needed last, for the next forward to overlap, and the bottom
+  // layers the next forward waits for go first.
+  // Otherwise leftovers of a finished step first, in forward order; then backward order
+  // (unit ids descending, a unit's pieces by offset), which is one pipeline's arrival
+  // order. With several devices (sharded data parallelism) a fast device's shard of a unit
+  // may arrive before a slow device's shard of an earlier unit: its copy waits on a
+  // reduce-scatter the slow device enqueues only once it has a slab, which it gets back
+  // only when its earlier shard is consumed. Taking the earlier unit first means the worker
+  // only ever waits on work that every device has enqueued. (Clipping holds the updates
+  // anyway; its norms are summed as they land.)
+  const bool lowest_first = !clipping && other_pools_.empty();
+  auto before = [lowest_first](const Item& a, const Item& b) {
+    if (!lowest_first && a.forward_order != b.forward_order) return a.forward_order;
+    if (lowest_first || a.forward_order) {
+      return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
+    }
+    return a.unit != b.unit ? a.unit > b.unit : a.offset < b.offset;
+  };
+  auto pick = queue_.begin();
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    if (before(*it, *pick)) pick = it;
+  }
+  const Item item = *pick;
+  queue_.erase(pick);
+  return item;
+}
+
+void HostOptimizer::SumSquares(const std::vector<Item>& pieces) {
+  // On this thread's OpenMP team, not beside it on the caller's: two teams on the same
+  // cores slow each other far more than one pass over the gradients costs.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<double> ss(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
     const auto taken = std::chrono::steady_clock::now();
-    backend_->EventSync(item.ready);
-    const auto t0 = std::chrono::steady_clock::now();
-    double ss = 0;
-    if (clipping) {
-      ss = SumOfSquares(item.slab, item.count);
-    } else {
-      ss = Update(item, item.slab, 1.0f);
-      ReleaseSlab(item.slab);
+    backend_->EventSync(pieces[i].ready);
+    const auto ready = std::chrono::steady_clock::now();
+    ss[i] = SumOfSquares(pieces[i].slab, pieces[i].count);
+    AddSpan(pieces[i], /*update=*/false, taken, ready);
+  }
+  busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - t0).count();
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    piece_squares_[{pieces[i].unit, pieces[i].offset}] += ss[i];
+  }
+  norms_pending_ -= static_cast<int64_t>(pieces.size());
+}
+
+void HostOptimizer::ApplyHeld(std::vector<Item>* held, float coef) {
+  std::sort(held->begin(), held->end(), [](const Item& a, const Item& b) {
+    return a.unit != b.unit ? a.unit < b.unit : a.offset < b.offset;
+  });
+  for (const Item& h : *held) {
+    {
+      MutexLock gate(&mu_);
+      AwaitCapture(h);
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    Update(h, h.slab, coef);
     busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - t0).count();
-    AddSpan(item, /*update=*/!clipping, taken, t0);
-    MutexLock lock(&mu_);
-    if (!item.norm_counted) {
-      piece_squares_[{item.unit, item.offset}] += ss;
-      --norms_pending_;
-    }
-    if (clipping) {
-      held_.push_back(item);
-    } else {
-      PieceDone(item);
-    }
-    --in_flight_;
+    AddSpan(h, /*update=*/true, t0, t0);
+    ReleaseSlab(h.slab);
+    MutexLock done(&mu_);
+    PieceDone(h);
   }
+  MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+void HostOptimizer::Consume(const Item& item, bool clipping) {
+  const auto taken = std::chrono::steady_clock::now();
+  backend_->EventSync(item.ready);
+  const auto t0 = std::chrono::steady_clock::now();
+  double ss = 0;
+  if (clipping) {
+    ss = SumOfSquares(item.slab, item.count);
+  } else {
+    ss = Update(item, item.slab, 1.0f);
+    ReleaseSlab(item.slab);
+  }
+  busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - t0).count();
+  AddSpan(item, /*update=*/!clipping, taken, t0);
+  MutexLock lock(&mu_);
+  if (!item.norm_counted) {
+    piece_squares_[{item.unit, item.offset}] += ss;
+    --norms_pending_;
+  }
+  if (clipping) {
+    held_.push_back(item);
+  } else {
+    PieceDone(item);
+  }
+  --in_flight_;
 }
 
 double HostOptimizer::Finish() {

@@ -6,9 +6,9 @@
 // of the backward pass; Finish() returns the norm without waiting for the updates, and
 // the updates still queued then run in forward order, so the next step's forward starts
 // as soon as the embedding and its first layers are updated. With one device the worker
-// always takes the lowest unit queued (forward order throughout: see Loop()). (The norm
-// adds the pieces' sums of squares in (unit, offset) order, whichever thread summed each:
-// the same bits whatever the order they were read in.)
+// always takes the lowest unit queued (forward order throughout: see TakeNextLocked()).
+// (The norm adds the pieces' sums of squares in (unit, offset) order, whichever thread
+// summed each: the same bits whatever the order they were read in.)
 // With global-norm clipping every gradient must be seen first: the norm accumulates as
 // they land, they wait in their slabs, and after Finish() the worker applies the updates
 // in forward order while the next step's forward runs: the pipeline waits (AwaitUnit)
@@ -119,7 +119,31 @@ class HostOptimizer final : public GradSink {
     int64_t step = 0;
     float coef = 1.0f;
   };
+  // What the worker does next (TakeWork).
+  struct Work {
+    enum Kind {
+      kStop,       // stop_ and nothing queued
+      kSquares,    // items: queued pieces whose squares Finish() waits for
+      kApplyHeld,  // clipping: items (the held pieces) updated, scaled by item.coef
+      kPiece,      // item: a landed piece, updated (or, clipping, its squares summed)
+      kRequeued,   // a piece put back (Finish() asked for squares while it waited)
+    };
+    Kind kind = kStop;
+    Item item;
+    std::vector<Item> items;
+  };
+  // The worker thread: TakeWork(), then the work, until kStop.
   void Loop();
+  // Blocks until there is work (or stop_); takes it off the queue.
+  Work TakeWork(bool clipping) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes and returns the queued item due first (the order: see the .cc).
+  Item TakeNextLocked(bool clipping) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pieces' sums of squares, into piece_squares_ (Finish() waits for them).
+  void SumSquares(const std::vector<Item>& pieces) ABSL_LOCKS_EXCLUDED(mu_);
+  // Clipping: AdamW of the held pieces in forward order, gradients scaled by coef.
+  void ApplyHeld(std::vector<Item>* held, float coef) ABSL_LOCKS_EXCLUDED(mu_);
+  // A landed piece: updated, or with clipping its squares summed and the piece held.
+  void Consume(const Item& item, bool clipping) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies AdamW to the item's piece of its unit; returns the sum of squares of the
   // piece's gradient.
   double Update(const Item& item, const float* grad, float grad_scale);
