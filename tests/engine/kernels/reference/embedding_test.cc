@@ -14,7 +14,9 @@ namespace {
 constexpr int64_t kVocab = 7;
 constexpr int64_t kC = 5;
 
-std::vector<int32_t> Tokens() { return {3, 0, 3, 6, 1, 3}; }  // repeats token 3
+constexpr int64_t kN = 6;  // tokens
+
+std::vector<int32_t> Tokens() { return {3, 0, 3, 6, 1, 3}; }  // (kN), repeats token 3
 
 Vec NaiveEmbedding(const std::vector<int32_t>& tokens, const Vec& table) {
   Vec out(tokens.size() * kC);
@@ -24,58 +26,59 @@ Vec NaiveEmbedding(const std::vector<int32_t>& tokens, const Vec& table) {
   return out;
 }
 
+// The op's rows of table (kVocab, kC) for Tokens(): out (kN, kC).
+template <typename T>
+std::vector<T> Forward(const std::vector<T>& table) {
+  const auto tokens = Tokens();
+  std::vector<T> out(kN * kC);
+  Embedding(out.data(), tokens.data(), table.data(), kN, kC);
+  return out;
+}
+
+// dtable (kVocab, kC) after the op's backward of g (kN, kC) over Tokens() adds to it.
+template <typename T>
+std::vector<T> AddBackward(std::vector<T> dtable, const std::vector<T>& g) {
+  const auto tokens = Tokens();
+  EmbeddingBackward(dtable.data(), g.data(), tokens.data(), kN, kC);
+  return dtable;
+}
+
 TEST(EmbeddingTest, ForwardCopiesTheTokensTableRows) {
   std::mt19937_64 rng(1);
-  const auto tokens = Tokens();
-  const int64_t n = tokens.size();
-  Vec table = testutil::RandomVec(rng, kVocab * kC);
-  Vec out(n * kC);
-  Embedding(out.data(), tokens.data(), table.data(), n, kC);
-  EXPECT_EQ(out, NaiveEmbedding(tokens, table));
+  const Vec table = testutil::RandomVec(rng, kVocab * kC);
+  EXPECT_EQ(Forward(table), NaiveEmbedding(Tokens(), table));
 }
 
 TEST(EmbeddingTest, BackwardMatchesFiniteDifferencesWithRepeatedTokens) {
   std::mt19937_64 rng(2);
-  const auto tokens = Tokens();
-  const int64_t n = tokens.size();
   Vec table = testutil::RandomVec(rng, kVocab * kC);
-  const Vec g = testutil::RandomVec(rng, n * kC);
-  Vec dtable(kVocab * kC, 0.0);
-  EmbeddingBackward(dtable.data(), g.data(), tokens.data(), n, kC);
+  const Vec g = testutil::RandomVec(rng, kN * kC);
+  const Vec dtable = AddBackward(Vec(kVocab * kC, 0.0), g);
   testutil::ExpectGradientMatches(
-      &table, dtable, [&] { return testutil::WeightedSum(NaiveEmbedding(tokens, table), g); },
+      &table, dtable, [&] { return testutil::WeightedSum(NaiveEmbedding(Tokens(), table), g); },
       "dtable");
 }
 
 TEST(EmbeddingTest, BackwardAccumulatesIntoExistingGradient) {
   std::mt19937_64 rng(3);
   const auto tokens = Tokens();
-  const int64_t n = tokens.size();
-  const Vec g = testutil::RandomVec(rng, n * kC);
+  const Vec g = testutil::RandomVec(rng, kN * kC);
   const Vec initial = testutil::RandomVec(rng, kVocab * kC);
   Vec expected = initial;
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < kN; ++i) {
     for (int64_t c = 0; c < kC; ++c) expected[tokens[i] * kC + c] += g[i * kC + c];
   }
-  Vec dtable = initial;
-  EmbeddingBackward(dtable.data(), g.data(), tokens.data(), n, kC);
-  testutil::ExpectAllNear(dtable, expected, 1e-15, 1e-15, "dtable");
+  testutil::ExpectAllNear(AddBackward(initial, g), expected, 1e-15, 1e-15, "dtable");
 }
 
 TEST(EmbeddingTest, FloatMatchesDouble) {
   std::mt19937_64 rng(4);
-  const auto tokens = Tokens();
-  const int64_t n = tokens.size();
   const Vec table = testutil::RandomVec(rng, kVocab * kC);
-  const Vec g = testutil::RandomVec(rng, n * kC);
-  Vec dtable(kVocab * kC, 0.0);
-  EmbeddingBackward(dtable.data(), g.data(), tokens.data(), n, kC);
-  const auto table_f = testutil::ToFloat(table), g_f = testutil::ToFloat(g);
-  VecF out_f(n * kC), dtable_f(kVocab * kC, 0.0f);
-  Embedding(out_f.data(), tokens.data(), table_f.data(), n, kC);
-  EmbeddingBackward(dtable_f.data(), g_f.data(), tokens.data(), n, kC);
-  testutil::ExpectAllNear(out_f, NaiveEmbedding(tokens, table), 1e-7, 0, "out");
-  testutil::ExpectAllNear(dtable_f, dtable, 1e-6, 1e-6, "dtable");
+  const Vec g = testutil::RandomVec(rng, kN * kC);
+  const Vec dtable = AddBackward(Vec(kVocab * kC, 0.0), g);
+  const VecF table_f = testutil::ToFloat(table), g_f = testutil::ToFloat(g);
+  testutil::ExpectAllNear(Forward(table_f), NaiveEmbedding(Tokens(), table), 1e-7, 0, "out");
+  testutil::ExpectAllNear(AddBackward(VecF(kVocab * kC, 0.0f), g_f), dtable, 1e-6, 1e-6, "dtable");
 }
 
 TEST(EmbeddingTest, BackwardIsBitIdenticalAcrossThreadCounts) {
