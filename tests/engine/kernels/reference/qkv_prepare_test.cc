@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/kernels/reference/rope.h"
@@ -105,18 +106,6 @@ void ExpectForwardMatchesNaive(const Shape& s, bool qk_norm, uint64_t seed) {
   }
 }
 
-TEST(QkvPrepareTest, ForwardMatchesNaiveGqaWithQkNorm) {
-  ExpectForwardMatchesNaive({5, 4, 2, 8}, /*qk_norm=*/true, 30);
-}
-
-TEST(QkvPrepareTest, ForwardMatchesNaiveGqaWithoutQkNorm) {
-  ExpectForwardMatchesNaive({5, 4, 2, 8}, /*qk_norm=*/false, 31);
-}
-
-TEST(QkvPrepareTest, ForwardMatchesNaiveEqualHeadsWithQkNorm) {
-  ExpectForwardMatchesNaive({4, 2, 2, 6}, /*qk_norm=*/true, 32);
-}
-
 TEST(QkvPrepareTest, PositionZeroWithoutQkNormIsAPlainSplit) {
   const Shape s{1, 2, 1, 4};
   std::mt19937_64 rng(33);
@@ -207,17 +196,31 @@ void ExpectBackwardMatchesFiniteDifferences(const Shape& s, bool qk_norm, uint64
   }
 }
 
-TEST(QkvPrepareTest, BackwardMatchesFiniteDifferencesGqaWithQkNorm) {
-  ExpectBackwardMatchesFiniteDifferences({5, 4, 2, 8}, /*qk_norm=*/true, 34);
+// Each case's forward against the naive one and backward against finite differences.
+struct Case {
+  const char* name;
+  Shape shape;
+  bool qk_norm;
+  uint64_t forward_seed, backward_seed;
+};
+
+class QkvPrepareCaseTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(QkvPrepareCaseTest, ForwardMatchesNaive) {
+  ExpectForwardMatchesNaive(GetParam().shape, GetParam().qk_norm, GetParam().forward_seed);
 }
 
-TEST(QkvPrepareTest, BackwardMatchesFiniteDifferencesGqaWithoutQkNorm) {
-  ExpectBackwardMatchesFiniteDifferences({5, 4, 2, 8}, /*qk_norm=*/false, 35);
+TEST_P(QkvPrepareCaseTest, BackwardMatchesFiniteDifferences) {
+  ExpectBackwardMatchesFiniteDifferences(GetParam().shape, GetParam().qk_norm,
+                                         GetParam().backward_seed);
 }
 
-TEST(QkvPrepareTest, BackwardMatchesFiniteDifferencesEqualHeadsWithQkNorm) {
-  ExpectBackwardMatchesFiniteDifferences({4, 2, 2, 6}, /*qk_norm=*/true, 36);
-}
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, QkvPrepareCaseTest,
+    ::testing::Values(Case{"GqaWithQkNorm", {5, 4, 2, 8}, true, 30, 34},
+                      Case{"GqaWithoutQkNorm", {5, 4, 2, 8}, false, 31, 35},
+                      Case{"EqualHeadsWithQkNorm", {4, 2, 2, 6}, true, 32, 36}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(QkvPrepareTest, BackwardAccumulatesIntoNormWeightGradients) {
   const Shape s{3, 2, 1, 4};
