@@ -48,29 +48,6 @@ Pipeline::Pipeline(const ModelConfig& config, const ModelLayout& layout, HostSto
   }
 }
 
-int64_t Pipeline::NumWeightSlots(const ModelConfig& config, const PipelineOptions& options) {
-  const int64_t least = std::max<int64_t>(2, options.checkpoint_every + 1);
-  return std::max(least, std::min(options.weight_slots, config.num_layers));
-}
-
-int64_t Pipeline::DeviceBytesFor(const ModelConfig& config, const ModelLayout& layout,
-                                 Backend* backend, const PipelineOptions& options) {
-  Pipeline p(config, layout, nullptr, nullptr, backend, options);
-  const absl::Status counted = p.Allocate(/*count_only=*/true);
-  MT_CHECK(counted.ok());  // counting allocates nothing, so it cannot fail
-  p.backend_ = nullptr;  // nothing to drain
-  return p.device_bytes_;
-}
-
-int64_t Pipeline::MinDeviceBytesPerToken(const ModelConfig& config, Backend* backend) {
-  // Allocate()'s buffers of M x n rows: the layer-input checkpoints (at least two: the
-  // first layer's and the last's) or, on the host, the two staging buffers; the residual
-  // gradient; the token arrays; the per-token losses.
-  const int64_t act_row = config.hidden_size * DTypeSize(backend->act_dtype());
-  return 3 * act_row + kBatchArrays * static_cast<int64_t>(sizeof(int32_t)) +
-         DTypeSize(backend->stat_dtype());
-}
-
 Pipeline::~Pipeline() {
   if (backend_ == nullptr) return;
   backend_->BindThread();  // its buffers are freed on its device
@@ -106,85 +83,64 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const ModelConfig& co
   return p;
 }
 
-absl::Status Pipeline::Allocate(bool count_only) {
+absl::Status Pipeline::Allocate() {
   Backend* be = backend_;
-  const ModelLayout& layout = *layout_;
+  const StepMemory mem = SizeStepMemory(config_, *layout_, be, options_, kinds_, head_);
   const int64_t M = options_.micro_batches, n = options_.tokens_per_micro_batch;
-  const int64_t L = config_.num_layers, K = options_.checkpoint_every;
-  const int64_t wsize = DTypeSize(be->weight_dtype()), gsize = DTypeSize(be->grad_dtype());
-  DeviceAllocator alloc(be, count_only);
+  DeviceAllocator alloc(be, /*count_only=*/false);
   RETURN_IF_ERROR(slots_.Allocate(&alloc));
-  const int64_t max_layer = layout.MaxDecoderElements();
-  const int64_t embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
-  const int64_t head_n = layout.units[layout.HeadUnit()].num_elements;
-  RETURN_IF_ERROR(alloc.Allocate(&embed_slot_, embed_n * wsize, "the embedding"));
-  RETURN_IF_ERROR(alloc.Allocate(&head_slot_, head_n * wsize, "the head"));
-  RETURN_IF_ERROR(alloc.Allocate(&embed_grad_, drain_.PaddedElements(embed_n) * gsize,
-                                 "the embedding gradient"));
-  RETURN_IF_ERROR(alloc.Allocate(&head_grad_, drain_.PaddedElements(head_n) * gsize,
-                                 "the head gradient"));
+  RETURN_IF_ERROR(alloc.Allocate(&embed_slot_, mem.embedding_slot, "the embedding"));
+  RETURN_IF_ERROR(alloc.Allocate(&head_slot_, mem.head_slot, "the head"));
+  RETURN_IF_ERROR(alloc.Allocate(&embed_grad_, mem.embedding_grad, "the embedding gradient"));
+  RETURN_IF_ERROR(alloc.Allocate(&head_grad_, mem.head_grad, "the head gradient"));
   for (int i = 0; i < kLayerGradBuffers; ++i) {
-    RETURN_IF_ERROR(alloc.Allocate(&layer_grad_[i], drain_.PaddedElements(max_layer) * gsize,
-                                   "a layer gradient buffer"));
-    if (count_only) continue;
+    RETURN_IF_ERROR(alloc.Allocate(&layer_grad_[i], mem.layer_grad, "a layer gradient buffer"));
     grad_ready_[i] = Event(be);
     grad_free_[i] = Event(be);
   }
-  const int64_t mb_bytes = M * n * act_row_bytes_;
-  if (host_checkpoints_ != nullptr) {
-    RETURN_IF_ERROR(host_checkpoints_->Allocate(&alloc));
-  } else {
-    ckpt_.resize((L + K - 1) / K + 1);
-    for (DeviceBuffer& b : ckpt_) {
-      RETURN_IF_ERROR(alloc.Allocate(&b, mb_bytes, "layer-input checkpoints"));
-    }
+  if (host_checkpoints_ != nullptr) RETURN_IF_ERROR(host_checkpoints_->Allocate(&alloc));
+  ckpt_.resize(mem.device_checkpoints);
+  for (DeviceBuffer& b : ckpt_) {
+    RETURN_IF_ERROR(alloc.Allocate(&b, mem.activations, "layer-input checkpoints"));
   }
-  seg_.resize(K - 1);
+  seg_.resize(mem.recomputed_inputs);
   for (DeviceBuffer& b : seg_) {
-    RETURN_IF_ERROR(alloc.Allocate(&b, mb_bytes, "recomputed layer inputs"));
+    RETURN_IF_ERROR(alloc.Allocate(&b, mem.activations, "recomputed layer inputs"));
   }
-  if (K > 1 || options_.checkpoints_on_host) {
-    for (DeviceBuffer& b : cur_) {
-      RETURN_IF_ERROR(alloc.Allocate(&b, mb_bytes, "forward activations"));
-    }
+  for (int64_t i = 0; i < mem.forward_buffers; ++i) {
+    RETURN_IF_ERROR(alloc.Allocate(&cur_[i], mem.activations, "forward activations"));
   }
-  RETURN_IF_ERROR(alloc.Allocate(&dres_, mb_bytes, "residual gradients"));
-  RETURN_IF_ERROR(alloc.Allocate(&scratch_out_, n * act_row_bytes_, "a scratch activation"));
-  RETURN_IF_ERROR(
-      alloc.Allocate(&layer_ws_, kinds_.MaxWorkspaceBytes(n), "the layer workspace"));
-  kept_bytes_ = kinds_.MaxSavedBytes(n);
-  kept_ws_.resize(options_.kept_layers);
-  for (int64_t i = 0; i < options_.kept_layers; ++i) {
-    RETURN_IF_ERROR(alloc.Allocate(&kept_ws_[i], M * kept_bytes_, "kept layer activations"));
+  RETURN_IF_ERROR(alloc.Allocate(&dres_, mem.activations, "residual gradients"));
+  RETURN_IF_ERROR(alloc.Allocate(&scratch_out_, mem.scratch_output, "a scratch activation"));
+  RETURN_IF_ERROR(alloc.Allocate(&layer_ws_, mem.layer_workspace, "the layer workspace"));
+  kept_bytes_ = mem.kept_layer / M;  // a micro-batch's share
+  kept_ws_.resize(mem.kept_layers);
+  for (DeviceBuffer& b : kept_ws_) {
+    RETURN_IF_ERROR(alloc.Allocate(&b, mem.kept_layer, "kept layer activations"));
   }
-  RETURN_IF_ERROR(alloc.Allocate(&head_ws_, head_.WorkspaceBytes(n), "the loss workspace"));
-  RETURN_IF_ERROR(
-      alloc.Allocate(&batch_ints_, M * kBatchArrays * n * sizeof(int32_t), "token arrays"));
-  RETURN_IF_ERROR(
-      alloc.Allocate(&losses_, M * n * DTypeSize(be->stat_dtype()), "per-token losses"));
-  const int64_t half = config_.head_dim / 2;
-  RETURN_IF_ERROR(alloc.Allocate(&inv_freq_, half * sizeof(float), "RoPE frequencies"));
+  RETURN_IF_ERROR(alloc.Allocate(&head_ws_, mem.head_workspace, "the loss workspace"));
+  RETURN_IF_ERROR(alloc.Allocate(&batch_ints_, mem.token_arrays, "token arrays"));
+  RETURN_IF_ERROR(alloc.Allocate(&losses_, mem.losses, "per-token losses"));
+  RETURN_IF_ERROR(alloc.Allocate(&inv_freq_, mem.rope_frequencies, "RoPE frequencies"));
   const int64_t E = config_.moe.num_experts;
-  const int64_t counts_bytes = (E * 4 + 63) / 64 * 64;  // prob_sum starts aligned
-  const int64_t stats_bytes = counts_bytes + E * DTypeSize(be->stat_dtype());
   if (E > 0) {
-    RETURN_IF_ERROR(alloc.Allocate(&router_stats_buf_, stats_bytes, "router statistics"));
-    host_router_stats_.resize(stats_bytes);
-    char* stats = static_cast<char*>(router_stats_buf_.get());  // null when only counting
+    RETURN_IF_ERROR(alloc.Allocate(&router_stats_buf_, mem.router_stats, "router statistics"));
+    host_router_stats_.resize(mem.router_stats);
+    char* stats = static_cast<char*>(router_stats_buf_.get());
     router_stats_.counts = reinterpret_cast<int32_t*>(stats);
-    router_stats_.prob_sum = stats == nullptr ? nullptr : stats + counts_bytes;
+    router_stats_.prob_sum = stats + mem.router_counts;  // aligned
     aux_coef_ = config_.moe.TrainedAuxLossCoef(options_.router_aux_loss_coef);
   }
+  // What the planner counted is what was allocated: one arithmetic, StepMemory's.
+  MT_CHECK(alloc.bytes() == mem.TotalBytes());
   device_bytes_ = alloc.bytes();
-  // Counting sizes nothing per token on the host: the planner counts plans of any size.
-  if (count_only) return absl::OkStatus();
   token_order_.resize(M * n);
   batches_.resize(M);
   host_losses_.resize(M * n * DTypeSize(be->stat_dtype()));
   if (E > 0) host_offsets_.resize(config_.num_layers * M * (E + 1));
 
   const std::vector<float> inv_freq = RopeInvFreqs(config_);
-  be->CopyToDevice(inv_freq_.get(), inv_freq.data(), half * sizeof(float), StreamId::kH2D);
+  be->CopyToDevice(inv_freq_.get(), inv_freq.data(), mem.rope_frequencies, StreamId::kH2D);
   be->SyncAll();
 
   embed_loaded_ = Event(be);
@@ -194,7 +150,7 @@ absl::Status Pipeline::Allocate(bool count_only) {
   step_start_ = Event(be);
   step_end_ = Event(be);
   uploads_done_ = Event(be);
-  drain_.CreateEvents(static_cast<int64_t>(layout.units.size()));
+  drain_.CreateEvents(static_cast<int64_t>(layout_->units.size()));
   return absl::OkStatus();
 }
 

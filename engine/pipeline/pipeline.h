@@ -22,8 +22,8 @@
 // transfer/'s: weight slots (weight_slots.h), the gradient drain (gradient_drain.h) and
 // host checkpoints (host_checkpoints.h); this file orders them.
 //
-// All device memory is sized by the options and allocated in Create(); Step() allocates
-// nothing on the device. Thread-compatible.
+// All device memory is sized by StepMemory (plan/step_memory.h: what the planner counts)
+// and allocated in Create(); Step() allocates nothing on the device. Thread-compatible.
 #pragma once
 
 #include <chrono>
@@ -39,6 +39,7 @@
 #include "engine/layers/head.h"
 #include "engine/layers/layer_kind.h"
 #include "engine/model/config.h"
+#include "engine/plan/step_memory.h"
 #include "engine/transfer/grad_sink.h"
 #include "engine/store/grad_slab_pool.h"
 #include "engine/store/host_store.h"
@@ -48,42 +49,6 @@
 #include "engine/transfer/weight_slots.h"
 
 namespace megatrain {
-
-struct PipelineOptions {
-  int64_t micro_batches = 1;          // M per step
-  int64_t tokens_per_micro_batch = 0; // n = rows * seq_len
-  int64_t checkpoint_every = 1;       // K: keep the input of every K-th layer
-  int64_t loss_chunk_tokens = 4096;   // rows of logits materialised at once
-  // Keep layer-input checkpoints in pinned host memory instead of on the device: the
-  // device working set no longer grows with depth (each checkpoint crosses PCIe once
-  // each way per step). Meaningless on the CPU backend.
-  bool checkpoints_on_host = false;
-  // Device weight slots. At least max(2, K+1); with at least num_layers every layer keeps
-  // its own slot, so backward finds each layer still resident from the forward and only
-  // the forward upload crosses PCIe (the optimizer changes the weights every step).
-  int64_t weight_slots = 0;
-  // Keep the intermediates of the top `kept_layers` layers (every micro-batch's) from the
-  // forward to the backward instead of recomputing them: a forward pass fewer per kept
-  // layer (two norms and a SwiGLU rebuild the rest), DecoderLayer::SavedBytes(n) of device
-  // memory per layer and micro-batch.
-  // REQUIRES checkpoint_every == 1 when > 0.
-  int64_t kept_layers = 0;
-  // Sequence tiling: dense layers run their MLP half over tiles of this many tokens (0: the
-  // whole micro-batch), so long sequences fit (DecoderLayer); the MLP is recomputed in the
-  // backward, a kept layer keeps only its attention half.
-  int64_t mlp_tile_tokens = 0;
-  // Record a span (two events) around every transfer and every layer's compute, and
-  // return the step's timeline. Costs a little; for benchmarks and diagnosis.
-  bool record_timeline = false;
-  // Data parallelism with the reduction on the devices: each unit's gradient is
-  // reduce-scattered across the group on the D2H stream before it drains, and this
-  // pipeline drains (and hands the sink) only its rank's shard. Gradient buffers are
-  // padded to size() shards. Null: the whole gradient drains.
-  GradCollective* collective = nullptr;
-  // MoE models: the load-balancing loss's weight in the loss; < 0: what config.json says
-  // (router_aux_loss_coef when output_router_logits is true, else 0, as transformers).
-  double router_aux_loss_coef = -1;
-};
 
 struct StepResult {
   double loss = 0;            // the LM loss: mean over the step's unmasked tokens
@@ -111,12 +76,8 @@ std::array<double, kNumStreams> StreamBusySeconds(const std::vector<TimelineSpan
 
 class Pipeline {
  public:
-  // The layers' gradient buffers on the device, in turn: a layer's backward waits until
-  // the gradient of the layer this many above it has drained.
-  static constexpr int kLayerGradBuffers = 2;
-
-  // Per micro-batch: tokens, targets, doc_start, positions and TokenOrder, (n) int32 each.
-  static constexpr int64_t kBatchArrays = 5;
+  static constexpr int kLayerGradBuffers = StepMemory::kLayerGradBuffers;
+  static constexpr int64_t kBatchArrays = StepMemory::kBatchArrays;
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Pipeline>> Create(
       const ModelConfig& config, HostStore* store, GradSlabPool* slabs, Backend* backend,
@@ -133,24 +94,14 @@ class Pipeline {
   [[nodiscard]] absl::StatusOr<StepResult> Step(const std::vector<MicroBatch>& batches,
                                                 GradSink* sink, int64_t step_targets = 0);
 
-  // Device bytes allocated by Create().
+  // Device bytes allocated by Create(): StepMemory's TotalBytes() for its options.
   int64_t device_bytes() const { return device_bytes_; }
-  // What Create() would allocate on `backend` for a model of `layout` (no allocation):
-  // the planner's device-memory figure.
-  static int64_t DeviceBytesFor(const ModelConfig& config, const ModelLayout& layout,
-                                Backend* backend, const PipelineOptions& options);
-  // A floor under DeviceBytesFor per token of a step (micro_batches x
-  // tokens_per_micro_batch), whatever the other options: the buffers every plan sizes by
-  // its tokens. Lets the planner refuse a step that can never fit before counting any plan.
-  static int64_t MinDeviceBytesPerToken(const ModelConfig& config, Backend* backend);
-  // Weight slots a pipeline with `options` uses.
-  static int64_t NumWeightSlots(const ModelConfig& config, const PipelineOptions& options);
 
  private:
   Pipeline(const ModelConfig& config, const ModelLayout& layout, HostStore* store,
            GradSlabPool* slabs, Backend* backend, const PipelineOptions& options);
-  // Allocates every device buffer; with count_only, only adds up device_bytes_.
-  [[nodiscard]] absl::Status Allocate(bool count_only = false);
+  // Allocates every device buffer, each of StepMemory's size.
+  [[nodiscard]] absl::Status Allocate();
 
   // The step, stage by stage (Step runs them in this order).
   [[nodiscard]] absl::StatusOr<int64_t> CheckBatches(const std::vector<MicroBatch>& batches) const;
@@ -186,7 +137,7 @@ class Pipeline {
   double AuxLoss() const;
 
   ModelConfig config_;
-  const ModelLayout* layout_;  // the store's (or the caller's, for DeviceBytesFor)
+  const ModelLayout* layout_;  // the store's
   HostStore* store_;
   GradSlabPool* slabs_;
   Backend* backend_;

@@ -205,9 +205,9 @@ TEST(Pipeline, SequenceTiledMlpMatchesTheUntiledStep) {
     o.tokens_per_micro_batch = 24;
     const ModelLayout layout = BuildLayout(c);
     std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
-    const int64_t untiled = Pipeline::DeviceBytesFor(c, layout, be.get(), o);
+    const int64_t untiled = StepDeviceBytes(c, layout, be.get(), o);
     o.mlp_tile_tokens = 7;
-    EXPECT_LT(Pipeline::DeviceBytesFor(c, layout, be.get(), o), untiled);
+    EXPECT_LT(StepDeviceBytes(c, layout, be.get(), o), untiled);
   }
 }
 
@@ -225,7 +225,7 @@ TEST(Pipeline, ResidentLayersSkipTheBackwardUploadAndChangeNoBit) {
   // Two slots: backward finds the top two layers still loaded and re-uploads the rest.
   const int64_t layer_bytes = 2 * streamed.store->layout().MaxDecoderElements();  // bf16
   EXPECT_EQ(ra.h2d_bytes - rb.h2d_bytes, (c.num_layers - 2) * layer_bytes);
-  EXPECT_EQ(Pipeline::NumWeightSlots(c, resident.options), c.num_layers);
+  EXPECT_EQ(NumWeightSlots(c, resident.options), c.num_layers);
 }
 
 TEST(Pipeline, LayersUpdatedDuringBackwardAreUploadedEarlyAndChangeNoBit) {
@@ -336,14 +336,15 @@ TEST(Pipeline, GradientsInSlabSizedPiecesAreTheSame) {
   EXPECT_EQ(a.order, b.order);
 }
 
-TEST(Pipeline, DeviceBytesForIsWhatCreateAllocates) {
+// The planner's count (plan/step_memory.h) is what a pipeline allocates.
+TEST(Pipeline, StepDeviceBytesIsWhatCreateAllocates) {
   const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
   for (int64_t k : {1, 2, 3}) {
     for (bool host : {false, true}) {
       for (int64_t slots : {int64_t{0}, c.num_layers}) {
         for (int64_t mb : {1, 3}) {
           Harness h(c, mb, 10, k, host, slots, k == 1 ? 2 : 0);
-          EXPECT_EQ(Pipeline::DeviceBytesFor(c, h.store->layout(), h.be.get(), h.options),
+          EXPECT_EQ(StepDeviceBytes(c, h.store->layout(), h.be.get(), h.options),
                     h.pipeline->device_bytes())
               << "K=" << k << " host=" << host << " slots=" << slots << " M=" << mb;
         }

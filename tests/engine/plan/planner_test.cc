@@ -199,7 +199,7 @@ TEST(Planner, DeviceMemoryFlatInDepthWithHostCheckpoints) {
   PlanRequest shallow = Request(Qwen1p5B(28), 65536, 130);
   PlanRequest deep = Request(Qwen1p5B(84), 65536, 130);
   for (PlanRequest* r : {&shallow, &deep}) {
-    r->checkpoints = "host";
+    r->checkpoints = ActivationPlacement::kHost;
     r->checkpoint_every = 1;
     r->micro_batch_rows = 4;
   }
@@ -294,7 +294,7 @@ TEST(Planner, TheNvmeTierBoundsTheStepAtTheDisksRate) {
 TEST(Planner, AutoDropsTheBf16CopyWherePcieHasRoom) {
   PlanningBackend be;
   PlanRequest r = Request(Qwen7B(), 65536, 130);
-  ASSERT_EQ(r.bf16_copy, "auto");
+  ASSERT_EQ(r.bf16_copy, Bf16Copy::kAuto);
   absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
   ASSERT_TRUE(plan.ok()) << plan.status();
   // 64K tokens: compute-bound (the H200: 6.499 s without the copy, 6.478 s with it).
