@@ -1,6 +1,9 @@
 // A whole training step on the GPU against the CPU backend: loss, every unit's gradient,
 // the AdamW-updated weights; and the device working set does not grow with depth.
 #include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
@@ -68,6 +71,44 @@ Trained Make(const ModelConfig& c, Backend* be, int64_t micro_batches, int64_t t
   return r;
 }
 
+// Undoes Make's pinning of t's store and slab pool on `be`.
+void Unpin(Backend* be, const Trained& t) {
+  be->UnpinHostRange(t.store->transfer_base());
+  be->UnpinHostRange(t.pool->base());
+}
+
+// The GPU step's loss within 0.5% of the CPU's, and every unit's gradient within 3% (each
+// unit's error recorded as a test property).
+void ExpectMatchesCpu(const StepResult& gpu, const RecordingSink& gpu_sink, const StepResult& cpu,
+                      const RecordingSink& cpu_sink) {
+  EXPECT_NEAR(gpu.loss, cpu.loss, 5e-3 * cpu.loss);
+  for (size_t u = 0; u < cpu_sink.grads.size(); ++u) {
+    const double e = RelErr(gpu_sink.grads[u], cpu_sink.grads[u]);
+    EXPECT_LT(e, 3e-2) << "unit " << u;
+    ::testing::Test::RecordProperty("grad_rel_err_unit_" + std::to_string(u), std::to_string(e));
+  }
+}
+
+// Qwen2 (q/k/v biases, untied) of 4 layers, two micro-batches of 2 x 64 tokens, and the
+// CPU's step over them with a checkpoint every layer: what the GPU's memory choices must
+// give.
+struct CpuReference {
+  ModelConfig config = StepConfig(Variant::kQwen2UntiedBias, 4);
+  std::vector<MicroBatch> batches = {RandomBatch(2, 64, config.vocab_size, 3),
+                                     RandomBatch(2, 64, config.vocab_size, 4)};
+  Trained trained;
+  std::unique_ptr<RecordingSink> sink;
+  absl::StatusOr<StepResult> step;
+};
+
+CpuReference RunCpuReference(Backend* cpu) {
+  CpuReference r;
+  r.trained = Make(r.config, cpu, 2, 128, 1);
+  r.sink = std::make_unique<RecordingSink>(cpu, r.trained.pool.get(), r.trained.store->num_units());
+  r.step = r.trained.pipeline->Step(r.batches, r.sink.get());
+  return r;
+}
+
 class Step : public GpuTest, public ::testing::WithParamInterface<Variant> {};
 
 TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
@@ -81,12 +122,7 @@ TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
   absl::StatusOr<StepResult> cl = cr.pipeline->Step(batches, &cs);
   absl::StatusOr<StepResult> gl = gr.pipeline->Step(batches, &gs);
   ASSERT_TRUE(cl.ok() && gl.ok());
-  EXPECT_NEAR(gl->loss, cl->loss, 5e-3 * cl->loss);
-  for (int64_t u = 0; u < cr.store->num_units(); ++u) {
-    const double e = RelErr(gs.grads[u], cs.grads[u]);
-    EXPECT_LT(e, 3e-2) << "unit " << u;
-    RecordProperty("grad_rel_err_unit_" + std::to_string(u), std::to_string(e));
-  }
+  ExpectMatchesCpu(*gl, gs, *cl, cs);
   // One AdamW step from the same weights with each backend's gradients.
   HostOptimizerOptions oo;
   oo.weight_decay = 0.1;
@@ -118,62 +154,44 @@ TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
   EXPECT_LT(RelErr(du_g, du_c), 0.2);
   RecordProperty("update_rel_err_unit_1", std::to_string(RelErr(du_g, du_c)));
   cpu_->UnpinHostRange(cr.store->transfer_base());
-  gpu_->UnpinHostRange(gr.store->transfer_base());
-  gpu_->UnpinHostRange(gr.pool->base());
+  Unpin(gpu_.get(), gr);
 }
 
 // The planner's memory choices on a roomy GPU: kept activations (no re-forward) and a slot
 // per layer (no backward upload) give the CPU's gradients.
 TEST_F(GpuTest, KeptActivationsAndResidentWeightsMatchTheCpu) {
-  const ModelConfig c = StepConfig(Variant::kQwen2UntiedBias, 4);
-  std::vector<MicroBatch> batches = {RandomBatch(2, 64, c.vocab_size, 3),
-                                     RandomBatch(2, 64, c.vocab_size, 4)};
-  Trained cr = Make(c, cpu_.get(), 2, 128, 1);
-  Trained gr = Make(c, gpu_.get(), 2, 128, 1, /*kept_layers=*/3, /*weight_slots=*/4);
-  RecordingSink cs(cpu_.get(), cr.pool.get(), cr.store->num_units());
+  const CpuReference cpu = RunCpuReference(cpu_.get());
+  ASSERT_TRUE(cpu.step.ok()) << cpu.step.status();
+  Trained gr = Make(cpu.config, gpu_.get(), 2, 128, 1, /*kept_layers=*/3, /*weight_slots=*/4);
   RecordingSink gs(gpu_.get(), gr.pool.get(), gr.store->num_units());
-  absl::StatusOr<StepResult> cl = cr.pipeline->Step(batches, &cs);
-  absl::StatusOr<StepResult> gl = gr.pipeline->Step(batches, &gs);
-  ASSERT_TRUE(cl.ok() && gl.ok());
-  EXPECT_NEAR(gl->loss, cl->loss, 5e-3 * cl->loss);
-  for (int64_t u = 0; u < cr.store->num_units(); ++u) {
-    EXPECT_LT(RelErr(gs.grads[u], cs.grads[u]), 3e-2) << "unit " << u;
-  }
+  absl::StatusOr<StepResult> gl = gr.pipeline->Step(cpu.batches, &gs);
+  ASSERT_TRUE(gl.ok()) << gl.status();
+  ExpectMatchesCpu(*gl, gs, *cpu.step, *cpu.sink);
   // Only the forward uploads each layer: less than the CPU pipeline's two slots do.
-  EXPECT_LT(gl->h2d_bytes, cl->h2d_bytes);
-  gpu_->UnpinHostRange(gr.store->transfer_base());
-  gpu_->UnpinHostRange(gr.pool->base());
+  EXPECT_LT(gl->h2d_bytes, cpu.step->h2d_bytes);
+  Unpin(gpu_.get(), gr);
 }
 
 // Sequence tiling on the GPU: the MLP half over tiles of 48 of a micro-batch's 128 tokens
 // (the last tile 32), recomputed in the backward, two layers keeping their attention half:
 // the CPU's untiled loss and gradients, and the same bits on a second run.
 TEST_F(GpuTest, SequenceTiledMlpMatchesTheCpuAndRepeatsBitForBit) {
-  const ModelConfig c = StepConfig(Variant::kQwen2UntiedBias, 4);
-  std::vector<MicroBatch> batches = {RandomBatch(2, 64, c.vocab_size, 3),
-                                     RandomBatch(2, 64, c.vocab_size, 4)};
-  Trained cr = Make(c, cpu_.get(), 2, 128, 1);
-  RecordingSink cs(cpu_.get(), cr.pool.get(), cr.store->num_units());
-  absl::StatusOr<StepResult> cl = cr.pipeline->Step(batches, &cs);
-  ASSERT_TRUE(cl.ok());
+  const CpuReference cpu = RunCpuReference(cpu_.get());
+  ASSERT_TRUE(cpu.step.ok()) << cpu.step.status();
   std::vector<std::vector<float>> first;
   for (int run = 0; run < 2; ++run) {
-    Trained gr = Make(c, gpu_.get(), 2, 128, 1, /*kept_layers=*/2, /*weight_slots=*/0,
+    Trained gr = Make(cpu.config, gpu_.get(), 2, 128, 1, /*kept_layers=*/2, /*weight_slots=*/0,
                       /*mlp_tile=*/48);
     RecordingSink gs(gpu_.get(), gr.pool.get(), gr.store->num_units());
-    absl::StatusOr<StepResult> gl = gr.pipeline->Step(batches, &gs);
-    ASSERT_TRUE(gl.ok());
-    EXPECT_NEAR(gl->loss, cl->loss, 5e-3 * cl->loss);
-    for (int64_t u = 0; u < cr.store->num_units(); ++u) {
-      EXPECT_LT(RelErr(gs.grads[u], cs.grads[u]), 3e-2) << "unit " << u;
-    }
+    absl::StatusOr<StepResult> gl = gr.pipeline->Step(cpu.batches, &gs);
+    ASSERT_TRUE(gl.ok()) << gl.status();
+    ExpectMatchesCpu(*gl, gs, *cpu.step, *cpu.sink);
     if (run == 0) {
       first = gs.grads;
     } else {
       for (size_t u = 0; u < first.size(); ++u) EXPECT_EQ(gs.grads[u], first[u]) << "unit " << u;
     }
-    gpu_->UnpinHostRange(gr.store->transfer_base());
-    gpu_->UnpinHostRange(gr.pool->base());
+    Unpin(gpu_.get(), gr);
   }
 }
 
@@ -193,8 +211,7 @@ TEST_F(GpuTest, EarlyUploadsChangeNoBitOfThreeSteps) {
       ASSERT_TRUE(r.ok()) << r.status();
       runs.back().push_back(*r);
     }
-    gpu_->UnpinHostRange(t.store->transfer_base());
-    gpu_->UnpinHostRange(t.pool->base());
+    Unpin(gpu_.get(), t);
   }
   for (int step = 0; step < 3; ++step) {
     EXPECT_EQ(runs[1][step].loss, runs[0][step].loss) << "step " << step;
@@ -223,8 +240,7 @@ TEST_P(Step, GradientsAreTheSameBitsOnEveryRun) {
       EXPECT_TRUE(grads[run][u] == grads[0][u]) << "run " << run << ", unit " << u;
     }
   }
-  gpu_->UnpinHostRange(t.store->transfer_base());
-  gpu_->UnpinHostRange(t.pool->base());
+  Unpin(gpu_.get(), t);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, Step,
@@ -257,8 +273,7 @@ TEST_F(DeviceMemory, PeakDoesNotGrowWithDepth) {
     RecordProperty("peak_bytes_" + std::to_string(layers), std::to_string(peaks.back()));
     std::printf("layers %lld: peak device memory %.1f MiB\n", static_cast<long long>(layers),
                 peaks.back() / 1048576.0);
-    (*be)->UnpinHostRange(r.store->transfer_base());
-    (*be)->UnpinHostRange(r.pool->base());
+    Unpin(be->get(), r);
   }
   const int64_t lo = *std::min_element(peaks.begin(), peaks.end());
   const int64_t hi = *std::max_element(peaks.begin(), peaks.end());
