@@ -71,6 +71,34 @@ class JobStoreTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
+  // Runs `sql` on the store's file directly, as another program or an older megatraind would.
+  void ExecRaw(const std::string& sql) const {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+    ASSERT_EQ(rc, SQLITE_OK) << sql;
+  }
+
+  // PRAGMA `name` as read from the store's file directly, as text; a failure and "" when it
+  // cannot be read.
+  std::string ReadPragma(const std::string& name) const {
+    const std::string sql = "PRAGMA " + name;
+    sqlite3* db = nullptr;
+    sqlite3_stmt* stmt = nullptr;
+    std::string value;
+    if (sqlite3_open(path_.c_str(), &db) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+      value = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+    } else {
+      ADD_FAILURE() << "reading " << sql << " from " << path_;
+    }
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return value;
+  }
+
   std::string dir_;
   std::string path_;
 };
@@ -471,12 +499,8 @@ TEST_F(JobStoreTest, OpeningNonDatabaseFileIsDataLossNamingPath) {
 
 TEST_F(JobStoreTest, OpeningNewerSchemaVersionIsFailedPreconditionNamingPath) {
   { ASSERT_OK(JobStore::Open(path_).status()); }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
-  const std::string newer =
-      "PRAGMA user_version = " + std::to_string(JobStore::kSchemaVersion + 1);
-  ASSERT_EQ(sqlite3_exec(db, newer.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
-  sqlite3_close(db);
+  ASSERT_NO_FATAL_FAILURE(
+      ExecRaw("PRAGMA user_version = " + std::to_string(JobStore::kSchemaVersion + 1)));
 
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path_);
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
@@ -485,18 +509,8 @@ TEST_F(JobStoreTest, OpeningNewerSchemaVersionIsFailedPreconditionNamingPath) {
 
 TEST_F(JobStoreTest, FileStoreIsInWalModeAtCurrentSchemaVersion) {
   ASSERT_OK_AND_ASSIGN(auto store, JobStore::Open(path_));
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
-  sqlite3_stmt* stmt = nullptr;
-  ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &stmt, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
-  EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0)), "wal");
-  sqlite3_finalize(stmt);
-  ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &stmt, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
-  EXPECT_EQ(sqlite3_column_int(stmt, 0), JobStore::kSchemaVersion);
-  sqlite3_finalize(stmt);
-  sqlite3_close(db);
+  EXPECT_EQ(ReadPragma("journal_mode"), "wal");
+  EXPECT_EQ(ReadPragma("user_version"), std::to_string(JobStore::kSchemaVersion));
 }
 
 TEST_F(JobStoreTest, OpeningEmptyPathIsInvalidArgument) {
@@ -562,26 +576,21 @@ TEST_F(JobStoreTest, AuditRecordsOutcomesAndFiltersByUserAndJob) {
 
 TEST_F(JobStoreTest, VersionOneFileIsUpgradedKeepingItsJobsAndAudit) {
   // A version-1 file as the previous megatraind wrote it.
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
-    const char* v1_schema = R"sql(
-      CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL,
-        state INTEGER NOT NULL, priority INTEGER NOT NULL, created_ms INTEGER NOT NULL,
-        job BLOB NOT NULL);
-      CREATE TABLE events (job_id INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
-        seq INTEGER NOT NULL, unix_ms INTEGER NOT NULL, payload BLOB NOT NULL,
-        PRIMARY KEY (job_id, seq)) WITHOUT ROWID;
-      CREATE TABLE logs (job_id INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
-        seq INTEGER NOT NULL, unix_ms INTEGER NOT NULL, text TEXT NOT NULL,
-        PRIMARY KEY (job_id, seq)) WITHOUT ROWID;
-      CREATE TABLE audit (id INTEGER PRIMARY KEY, unix_ms INTEGER NOT NULL, user TEXT NOT NULL,
-        action TEXT NOT NULL, job_id INTEGER NOT NULL, detail TEXT NOT NULL);
-      INSERT INTO audit (unix_ms, user, action, job_id, detail) VALUES (1, 'old', 'submit', 1, 'x');
-      PRAGMA user_version = 1;)sql";
-    ASSERT_EQ(sqlite3_exec(db, v1_schema, nullptr, nullptr, nullptr), SQLITE_OK);
-    sqlite3_close(db);
-  }
+  const char* v1_schema = R"sql(
+    CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL,
+      state INTEGER NOT NULL, priority INTEGER NOT NULL, created_ms INTEGER NOT NULL,
+      job BLOB NOT NULL);
+    CREATE TABLE events (job_id INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+      seq INTEGER NOT NULL, unix_ms INTEGER NOT NULL, payload BLOB NOT NULL,
+      PRIMARY KEY (job_id, seq)) WITHOUT ROWID;
+    CREATE TABLE logs (job_id INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+      seq INTEGER NOT NULL, unix_ms INTEGER NOT NULL, text TEXT NOT NULL,
+      PRIMARY KEY (job_id, seq)) WITHOUT ROWID;
+    CREATE TABLE audit (id INTEGER PRIMARY KEY, unix_ms INTEGER NOT NULL, user TEXT NOT NULL,
+      action TEXT NOT NULL, job_id INTEGER NOT NULL, detail TEXT NOT NULL);
+    INSERT INTO audit (unix_ms, user, action, job_id, detail) VALUES (1, 'old', 'submit', 1, 'x');
+    PRAGMA user_version = 1;)sql";
+  ASSERT_NO_FATAL_FAILURE(ExecRaw(v1_schema));
   ASSERT_OK_AND_ASSIGN(auto store, JobStore::Open(path_));
   ASSERT_OK_AND_ASSIGN(auto entries, store->AuditLog(10));
   ASSERT_EQ(entries.size(), 1u);
@@ -590,14 +599,7 @@ TEST_F(JobStoreTest, VersionOneFileIsUpgradedKeepingItsJobsAndAudit) {
   ASSERT_OK(store->InsertToken("abc", "alice", "laptop").status());
   ASSERT_OK(store->AddUsage("alice", 10, 3600));
   store.reset();
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
-  sqlite3_stmt* stmt = nullptr;
-  ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &stmt, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
-  EXPECT_EQ(sqlite3_column_int(stmt, 0), JobStore::kSchemaVersion);
-  sqlite3_finalize(stmt);
-  sqlite3_close(db);
+  EXPECT_EQ(ReadPragma("user_version"), std::to_string(JobStore::kSchemaVersion));
 }
 
 TEST_F(JobStoreTest, TokensAreFoundByHashListedAndRevoked) {
