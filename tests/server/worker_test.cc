@@ -94,6 +94,14 @@ class WorkerProcessTest : public ::testing::Test {
     return *std::move(worker);
   }
 
+  // What the next call to an answering worker gets once it was sent `signal`.
+  absl::Status CallAfterSignal(int signal) {
+    std::unique_ptr<WorkerProcess> worker = Answering();
+    if (worker == nullptr) return absl::InternalError("no answering worker");
+    worker->Signal(signal);
+    return worker->Call(First()).status();
+  }
+
   // A list request with the context: the first call to a worker.
   WorkerRequest First() const {
     WorkerRequest request;
@@ -127,23 +135,15 @@ TEST_F(WorkerProcessTest, ARequestThatFailsInTheWorkerIsItsError) {
 }
 
 TEST_F(WorkerProcessTest, AKilledWorkerIsReportedWithTheSignal) {
-  std::unique_ptr<WorkerProcess> worker = Answering();
-  ASSERT_NE(worker, nullptr);
-  worker->Signal(SIGKILL);
-  absl::StatusOr<WorkerReply> reply = worker->Call(First());
-  EXPECT_EQ(reply.status().code(), absl::StatusCode::kAborted);
-  EXPECT_NE(reply.status().message().find("was killed by SIGKILL"), absl::string_view::npos)
-      << reply.status();
+  const absl::Status s = CallAfterSignal(SIGKILL);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_NE(s.message().find("was killed by SIGKILL"), absl::string_view::npos) << s;
 }
 
 TEST_F(WorkerProcessTest, ASilentWorkerIsStoppedAsHung) {
-  std::unique_ptr<WorkerProcess> worker = Answering();
-  ASSERT_NE(worker, nullptr);
-  worker->Signal(SIGSTOP);
-  absl::StatusOr<WorkerReply> reply = worker->Call(First());
-  EXPECT_EQ(reply.status().code(), absl::StatusCode::kAborted);
-  EXPECT_NE(reply.status().message().find("stopped reporting for 2 s"), absl::string_view::npos)
-      << reply.status();
+  const absl::Status s = CallAfterSignal(SIGSTOP);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_NE(s.message().find("stopped reporting for 2 s"), absl::string_view::npos) << s;
 }
 
 TEST_F(WorkerProcessTest, AnInterruptedCallReturnsCancelled) {
