@@ -23,6 +23,19 @@ bool Contains(const absl::Status& status, const std::string& text) {
   return std::string(status.message()).find(text) != std::string::npos;
 }
 
+// Reads the "text" field of `contents`, written as `name`: expects InvalidArgument naming
+// the file's path followed by `at` (":<line>: <what>") and, when given, `also`.
+void ExpectInvalidAt(const std::string& name, const std::string& contents, const std::string& at,
+                     const std::string& also = "") {
+  const std::string path = WriteFile(name, contents);
+  const absl::Status status = ReadJsonlTexts(path, "text").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(Contains(status, path + at)) << status;
+  if (!also.empty()) {
+    EXPECT_TRUE(Contains(status, also)) << status;
+  }
+}
+
 TEST(ReadJsonlTextsTest, ReadsTextsInOrderSkippingBlankLines) {
   const std::string path =
       WriteFile("ok.jsonl",
@@ -41,11 +54,8 @@ TEST(ReadJsonlTextsTest, UsesTheNamedField) {
 }
 
 TEST(ReadJsonlTextsTest, InvalidJsonNamesPathAndLine) {
-  const std::string path =
-      WriteFile("bad.jsonl", "{\"text\": \"a\"}\n\n{\"text\": \"b\"\n{\"text\": \"c\"}\n");
-  const absl::Status status = ReadJsonlTexts(path, "text").status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(status, path + ":3: not valid JSON: ")) << status;
+  ExpectInvalidAt("bad.jsonl", "{\"text\": \"a\"}\n\n{\"text\": \"b\"\n{\"text\": \"c\"}\n",
+                  ":3: not valid JSON: ");
 }
 
 TEST(ReadJsonlTextsTest, TrailingGarbageIsInvalidJson) {
@@ -59,26 +69,18 @@ TEST(ReadJsonlTextsTest, NumberOverflowIsInvalidJsonNotACrash) {
 }
 
 TEST(ReadJsonlTextsTest, NonObjectLineNamesItsType) {
-  const std::string path = WriteFile("array.jsonl", "{\"text\": \"a\"}\n[\"text\"]\n");
-  const absl::Status status = ReadJsonlTexts(path, "text").status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(status, path + ":2: expected a JSON object")) << status;
-  EXPECT_TRUE(Contains(status, "got a array")) << status;
+  ExpectInvalidAt("array.jsonl", "{\"text\": \"a\"}\n[\"text\"]\n", ":2: expected a JSON object",
+                  "got a array");
 }
 
 TEST(ReadJsonlTextsTest, MissingFieldNamesPathLineAndField) {
-  const std::string path =
-      WriteFile("missing.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"body\": \"c\"}\n");
-  const absl::Status status = ReadJsonlTexts(path, "text").status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(status, path + ":3: field 'text' missing")) << status;
+  ExpectInvalidAt("missing.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"body\": \"c\"}\n",
+                  ":3: field 'text' missing");
 }
 
 TEST(ReadJsonlTextsTest, WrongFieldTypeNamesTheType) {
-  const std::string path = WriteFile("number.jsonl", "{\"text\": 17}\n");
-  const absl::Status status = ReadJsonlTexts(path, "text").status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(status, path + ":1: field 'text' is a number, expected a string")) << status;
+  ExpectInvalidAt("number.jsonl", "{\"text\": 17}\n",
+                  ":1: field 'text' is a number, expected a string");
   const std::string null_path = WriteFile("null.jsonl", "{\"text\": null}\n");
   EXPECT_TRUE(Contains(ReadJsonlTexts(null_path, "text").status(),
                        null_path + ":1: field 'text' is a null, expected a string"));
@@ -99,10 +101,7 @@ TEST(ReadJsonlTextsTest, DirectoryIsNotFound) {
 
 TEST(ReadJsonlTextsTest, EmptyOrBlankFileIsInvalidArgument) {
   for (const char* contents : {"", "\n  \n\t\n"}) {
-    const std::string path = WriteFile("empty.jsonl", contents);
-    const absl::Status status = ReadJsonlTexts(path, "text").status();
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(Contains(status, path + ": no documents")) << status;
+    ExpectInvalidAt("empty.jsonl", contents, ": no documents");
   }
 }
 
