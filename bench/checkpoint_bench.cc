@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -22,6 +23,7 @@
 
 #include "CLI/CLI.hpp"
 #include "bench/shapes.h"
+#include "engine/common/engine_settings.h"
 #include "engine/job/trainer.h"
 #include "engine/model/config.h"
 #include "nlohmann/json.hpp"
@@ -68,6 +70,8 @@ bool SameFiles(const fs::path& a, const fs::path& b, int64_t* files, int64_t* by
 
 int main(int argc, char** argv) {
   using namespace megatrain;
+  SetEngineSettings(
+      EngineSettingsFromEnvironment([](const char* name) { return std::getenv(name); }));
   std::string dir, shape = "qwen2.5-1.5b", backend = "auto";
   int64_t seq = 4096, tokens = 65536, before = 4, after = 3;
   double max_grad_norm = 0.0;

@@ -19,6 +19,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/algorithm/container.h"
 #include "engine/backend/factory.h"
+#include "engine/common/engine_settings.h"
 #include "engine/kernels/moe_scratch.h"
 #include "engine/plan/machine_profile.h"
 #include "engine/store/moment_disk.h"
@@ -217,7 +218,7 @@ nlohmann::json RoutingKernelTimes(Backend* be, int64_t n, int64_t E, int64_t k, 
 
 // Causal attention over documents of `len` tokens, n tokens in all (H query heads, KV kv
 // heads, head_dim D), forward and backward, on whichever kernels the backend picks (the
-// caller sets MEGATRAIN_ATTENTION to choose: hopper or mma). FLOPs as the issue counts them:
+// caller sets EngineSettings::attention to choose: hopper or mma). FLOPs as the issue counts them:
 // 2 * 2 * len^2 * D * H / 2 per document forward, 2.5x that backward. Twice: a few calls
 // as they come (forward_tflops, as kernels' rates are published), then held (held_*: after
 // kHoldSeconds of the same calls back to back, over at least kHeldSampleSeconds, at the
@@ -279,40 +280,38 @@ nlohmann::json AttentionRates(Backend* be, int64_t n, int64_t len, int64_t H, in
 
 // Attention kernels at 4K, 8K, 32K and 128K, head_dim 128 (Llama/Qwen: 32 heads, 8 kv) and 64
 // (GPT-OSS: 64 heads, 8 kv), 128K tokens each: the Hopper kernels where the device has them,
-// and attention.cu's mma kernels (MEGATRAIN_ATTENTION picks: Hopper's by default on sm_90,
-// mma declines them). `profile_samples`, unless null, gets the rates of the kernels this
-// environment trains with, so that long sequences and head_dim 64 (GPT-OSS) plan at theirs.
+// and attention.cu's mma kernels (the engine's settings pick: Hopper's by default on sm_90,
+// MEGATRAIN_ATTENTION=mma declines them). `profile_samples`, unless null, gets the rates of
+// the kernels this environment trains with, so that long sequences and head_dim 64
+// (GPT-OSS) plan at theirs.
 struct AttentionChoice {  // which of the rates to measure (all by default)
   std::vector<std::string> kernels = {"hopper", "mma"};
   std::vector<int64_t> lengths = {4096, 8192, 32768, 131072};
   std::vector<int64_t> head_dims = {128, 64};
 };
 
+// Each kernel choice is set in the engine's settings while it is measured (one thread
+// launches every kernel here), and main's settings are put back after.
 nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
                                     std::vector<AttentionSample>* profile_samples) {
   nlohmann::json attention = nlohmann::json::array();
-  const char* env = std::getenv("MEGATRAIN_ATTENTION");
-  const std::string saved = env != nullptr ? env : "";
-  // Whether the Hopper kernels run here: HopperAttentionApplies reads the variable.
-  setenv("MEGATRAIN_ATTENTION", "hopper", 1);
+  const EngineSettings saved = GetEngineSettings();
+  EngineSettings trying = saved;
+  trying.attention = AttentionKernels{};  // the Hopper kernels where they apply
+  SetEngineSettings(trying);
 #if MEGATRAIN_BENCH_CUDA_OPS
   const bool hopper = cuda::HopperAttentionApplies(128);
 #else
   const bool hopper = false;
 #endif
-  const bool trains_on_hopper = saved != "mma" && hopper;
-  const char* backward_env = std::getenv("MEGATRAIN_ATTENTION_BACKWARD");
-  const std::string saved_backward = backward_env != nullptr ? backward_env : "";
+  const bool trains_on_hopper = saved.attention.hopper && hopper;
   for (const std::string& kernels : choice.kernels) {
     // hopper-fused: the Hopper kernels with the one-pass backward (opt-in, ops.h).
     const bool fused = kernels == "hopper-fused";
     if ((kernels == "hopper" || fused) && !hopper) continue;
-    setenv("MEGATRAIN_ATTENTION", fused ? "hopper" : kernels.c_str(), 1);
-    if (fused) {
-      setenv("MEGATRAIN_ATTENTION_BACKWARD", "fused", 1);
-    } else {
-      unsetenv("MEGATRAIN_ATTENTION_BACKWARD");
-    }
+    trying.attention.hopper = kernels != "mma";
+    trying.attention.fused_backward_kv_heads = fused ? 0 : -1;
+    SetEngineSettings(trying);
     for (const auto& [H, KV, D] :
          {std::array<int64_t, 3>{32, 8, 128}, std::array<int64_t, 3>{64, 8, 64}}) {
       if (absl::c_find(choice.head_dims, D) == choice.head_dims.end()) continue;
@@ -329,15 +328,7 @@ nlohmann::json AttentionKernelRates(Backend* be, const AttentionChoice& choice,
       }
     }
   }
-  auto restore = [](const char* name, bool had, const std::string& value) {
-    if (had) {
-      setenv(name, value.c_str(), 1);
-    } else {
-      unsetenv(name);
-    }
-  };
-  restore("MEGATRAIN_ATTENTION", env != nullptr, saved);
-  restore("MEGATRAIN_ATTENTION_BACKWARD", backward_env != nullptr, saved_backward);
+  SetEngineSettings(saved);
   return attention;
 }
 
@@ -379,6 +370,8 @@ nlohmann::json DiskRates(const std::string& dir, int units) {
 
 int main(int argc, char** argv) {
   using namespace megatrain;
+  SetEngineSettings(
+      EngineSettingsFromEnvironment([](const char* name) { return std::getenv(name); }));
   CLI::App app{"machine_bench: the rates the planner plans with, measured now"};
   std::string backend = "auto", save, nvme_dir;
   app.add_option("--backend", backend);

@@ -17,6 +17,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <fstream>
 #include <map>
@@ -27,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/backend/factory.h"
 #include "engine/backend/planning_backend.h"
+#include "engine/common/engine_settings.h"
 #include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/plan/planner.h"
@@ -160,6 +162,8 @@ void AddOptimizerSpans(const std::vector<OptimizerSpan>& spans,
 
 int main(int argc, char** argv) {
   using namespace megatrain;
+  SetEngineSettings(
+      EngineSettingsFromEnvironment([](const char* name) { return std::getenv(name); }));
   CLI::App app{"train_bench: planned training steps against their floors"};
   std::string backend = "cuda", shape = "qwen2.5-1.5b", checkpoints = "auto", profile_path;
   int64_t layers = 0, vocab = 0, seq = 4096, tokens = 65536, steps = 8, warmup = 3;
@@ -229,7 +233,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int64_t cap = static_cast<int64_t>(device_gib * (1ll << 30));
-  const std::string profile_file = profile_path.empty() ? DefaultProfilePath() : profile_path;
+  const std::string profile_file =
+      profile_path.empty() ? DefaultProfilePath(GetEngineSettings().profiles) : profile_path;
   absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{backend, cap});
   absl::StatusOr<MachineProfile> profile = absl::UnknownError("not loaded");
   std::string note;

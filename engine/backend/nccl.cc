@@ -5,7 +5,6 @@
 #include <nccl.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -13,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/cuda_check.h"
+#include "engine/common/engine_settings.h"
 
 namespace megatrain {
 namespace {
@@ -32,10 +32,10 @@ absl::StatusOr<const NcclApi*> LoadNccl() {
   static std::once_flag once;
   static absl::StatusOr<const NcclApi*> loaded = absl::UnknownError("not loaded");
   std::call_once(once, [] {
-    const char* env = std::getenv("MEGATRAIN_NCCL_LIBRARY");
+    const std::string& given = GetEngineSettings().nccl_library;
     const std::vector<std::string> names =
-        env != nullptr && *env != '\0' ? std::vector<std::string>{env}
-                                       : std::vector<std::string>{"libnccl.so.2", "libnccl.so"};
+        !given.empty() ? std::vector<std::string>{given}
+                       : std::vector<std::string>{"libnccl.so.2", "libnccl.so"};
     void* lib = nullptr;
     std::string tried, name;
     for (const std::string& n : names) {

@@ -1,7 +1,8 @@
 // NCCL, loaded when first needed (dlopen), so that the daemon and the trainer run on
 // machines without it and a deployment need not ship its 200 MB: the library is the
-// one named by $MEGATRAIN_NCCL_LIBRARY, else libnccl.so.2 on the loader's path (CUDA's
-// lib64, or the copy PyTorch ships under site-packages/nvidia/nccl/lib).
+// one named by EngineSettings::nccl_library (main reads $MEGATRAIN_NCCL_LIBRARY), else
+// libnccl.so.2 on the loader's path (CUDA's lib64, or the copy PyTorch ships under
+// site-packages/nvidia/nccl/lib). It is loaded once per process, when first needed.
 //
 // NcclCollectives builds a single-process group over CUDA devices (ncclCommInitAll), one
 // communicator per device, for GradCollective's reduce-scatter in fp32.

@@ -585,13 +585,13 @@ double AdamWBytesPerParameter(MomentDType moments, bool bf16_copy) {
   return 4.0 + 8.0 + 2.0 * MomentBytesPerParameter(moments) + (bf16_copy ? 2.0 : 0.0);
 }
 
-std::string DefaultProfilePath() {
-  if (const char* e = std::getenv("MEGATRAIN_PROFILE"); e != nullptr && *e != '\0') return e;
+std::string DefaultProfilePath(const ProfileLocations& where) {
+  if (!where.profile.empty()) return where.profile;
   std::string base;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-    base = x;
-  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
-    base = absl::StrCat(h, "/.cache");
+  if (!where.cache_home.empty()) {
+    base = where.cache_home;
+  } else if (!where.home.empty()) {
+    base = absl::StrCat(where.home, "/.cache");
   } else {
     base = "/tmp";
   }
@@ -675,18 +675,23 @@ absl::StatusOr<MachineProfile> LoadOrMeasureProfile(Backend* backend, const std:
   return p;
 }
 
-std::vector<std::string> DaemonProfilePaths() {
+std::vector<std::string> DaemonProfilePaths(const ProfileLocations& where) {
   std::vector<std::string> paths = {"/var/lib/megatrain/machine-profile.json"};
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
-    paths.push_back(absl::StrCat(h, "/.local/state/megatrain/machine-profile.json"));
+  if (!where.home.empty()) {
+    paths.push_back(absl::StrCat(where.home, "/.local/state/megatrain/machine-profile.json"));
   }
   return paths;
 }
 
 absl::StatusOr<MachineProfile> LoadMachineProfile(Backend* backend, std::string* note) {
-  const char* given = std::getenv("MEGATRAIN_PROFILE");
-  if (given == nullptr || *given == '\0') {
-    for (const std::string& path : DaemonProfilePaths()) {
+  return LoadMachineProfile(backend, GetEngineSettings().profiles, note);
+}
+
+absl::StatusOr<MachineProfile> LoadMachineProfile(Backend* backend,
+                                                  const ProfileLocations& where,
+                                                  std::string* note) {
+  if (where.profile.empty()) {
+    for (const std::string& path : DaemonProfilePaths(where)) {
       std::string why;
       std::optional<MachineProfile> shared =
           ReadCachedProfile(backend, path, HoldSeconds(backend, {}), &why);
@@ -695,7 +700,7 @@ absl::StatusOr<MachineProfile> LoadMachineProfile(Backend* backend, std::string*
       return *shared;
     }
   }
-  return LoadOrMeasureProfile(backend, DefaultProfilePath(), note);
+  return LoadOrMeasureProfile(backend, DefaultProfilePath(where), note);
 }
 
 }  // namespace megatrain

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
+#include "engine/common/engine_settings.h"
 #include "engine/store/host_store.h"
 
 namespace megatrain {
@@ -173,18 +174,26 @@ double HoldSeconds(const Backend* backend, const ProfileOptions& options);
     Backend* backend, const std::string& path, std::string* note = nullptr,
     const ProfileOptions& options = {});
 
-// Where a profile is cached by default: $MEGATRAIN_PROFILE, else
-// $XDG_CACHE_HOME/megatrain/machine-profile.json, else ~/.cache/megatrain/...
-std::string DefaultProfilePath();
+// The locations below are what main() read from the environment (ProfileLocations in
+// engine/common/engine_settings.h: $MEGATRAIN_PROFILE, $XDG_CACHE_HOME, $HOME).
+
+// Where a profile is cached by default: where.profile, else
+// <where.cache_home>/megatrain/machine-profile.json, else <where.home>/.cache/megatrain/...,
+// else /tmp/megatrain/...
+std::string DefaultProfilePath(const ProfileLocations& where);
 
 // The profiles megatraind keeps on this machine, in its default state folders: the
-// system daemon's (/var/lib/megatrain) and this user's ($HOME/.local/state/megatrain).
-std::vector<std::string> DaemonProfilePaths();
+// system daemon's (/var/lib/megatrain) and this user's (<where.home>/.local/state/megatrain).
+std::vector<std::string> DaemonProfilePaths(const ProfileLocations& where);
 
 // The profile a job run outside the daemon plans with, so that one spec plans (and so
-// computes) alike on one machine however it runs: $MEGATRAIN_PROFILE when set; else the
+// computes) alike on one machine however it runs: where.profile when given; else the
 // first daemon profile (DaemonProfilePaths) measured for `backend`; else the one cached
-// at DefaultProfilePath(), measured there on first use.
+// at DefaultProfilePath(where), measured there on first use.
+[[nodiscard]] absl::StatusOr<MachineProfile> LoadMachineProfile(Backend* backend,
+                                                                const ProfileLocations& where,
+                                                                std::string* note = nullptr);
+// The same at the process's locations (GetEngineSettings().profiles, as main set them).
 [[nodiscard]] absl::StatusOr<MachineProfile> LoadMachineProfile(Backend* backend,
                                                                 std::string* note = nullptr);
 

@@ -6,15 +6,20 @@
 //
 // Exit codes: 0 done, 1 training failed, 2 bad command line or job spec.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "engine/common/engine_settings.h"
 #include "engine/common/printable.h"
 #include "engine/engine.h"
 #include "engine/tools/demo.h"
 
 int main(int argc, char** argv) {
+  // The engine's settings from the environment (engine/common/engine_settings.h).
+  megatrain::SetEngineSettings(megatrain::EngineSettingsFromEnvironment(
+      [](const char* name) { return std::getenv(name); }));
   megatrain::SetCollectiveDefaults();  // before any thread
   CLI::App app{"megatrain-train: run one megatrain job locally"};
   std::string spec_path;

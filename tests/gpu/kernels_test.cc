@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "engine/common/engine_settings.h"
 #include "engine/layers/batch.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_util.h"
@@ -442,15 +443,21 @@ using HopperShape = SinkWindowShape;
 
 class HopperAttention : public Kernels, public ::testing::WithParamInterface<HopperShape> {
  protected:
-  void TearDown() override {
-    unsetenv("MEGATRAIN_ATTENTION");
-    unsetenv("MEGATRAIN_ATTENTION_BACKWARD");
+  // Each kernel choice in turn, as main would set it; the process's settings after.
+  void Choose(bool hopper, int fused_backward_kv_heads) {
+    EngineSettings s = saved_;
+    s.attention.hopper = hopper;
+    s.attention.fused_backward_kv_heads = fused_backward_kv_heads;
+    SetEngineSettings(s);
   }
+  void TearDown() override { SetEngineSettings(saved_); }
+
+  const EngineSettings saved_ = GetEngineSettings();
 };
 
 TEST_P(HopperAttention, MatchesTheCpuAndTheMmaKernelsAndRepeatsBitForBit) {
   const HopperShape a = GetParam();
-  setenv("MEGATRAIN_ATTENTION", "hopper", 1);
+  Choose(/*hopper=*/true, /*fused_backward_kv_heads=*/-1);
   if (!cuda::HopperAttentionApplies(a.D)) GTEST_SKIP() << "not an sm_90 device";
   const std::vector<int32_t> docs =
       DocStarts(a.n, {0, a.n / 7, a.n / 3 + 1, a.n / 3 + 2, (2 * a.n) / 3 - 5});
@@ -474,14 +481,13 @@ TEST_P(HopperAttention, MatchesTheCpuAndTheMmaKernelsAndRepeatsBitForBit) {
   // one in launches of a kv head each.
   AttentionOutputs fused = outputs(), fused_again = outputs(), fused_third = outputs(),
                    fused_by_head = outputs();
-  setenv("MEGATRAIN_ATTENTION_BACKWARD", "fused", 1);
+  Choose(true, 0);
   Both([&](Backend* b, bool c) { run(fused, b, c); });
   run(fused_again, gpu_.get(), false);
   run(fused_third, gpu_.get(), false);
-  setenv("MEGATRAIN_ATTENTION_BACKWARD", "fused:1", 1);
+  Choose(true, 1);  // a kv head a launch
   run(fused_by_head, gpu_.get(), false);
-  unsetenv("MEGATRAIN_ATTENTION_BACKWARD");
-  setenv("MEGATRAIN_ATTENTION", "mma", 1);
+  Choose(/*hopper=*/false, -1);
   run(mma, gpu_.get(), false);
   gpu_->SyncAll();
   const char* names[] = {"o", "lse", "dq", "dk", "dv", "dsinks"};

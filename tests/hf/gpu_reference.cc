@@ -8,12 +8,14 @@
 // BATCHES.json: {"rows": [[[ids of row 0], [ids of row 1]], ...], "lr": .., "warmup": ..,
 //                "weight_decay": .., "max_grad_norm": ..}
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "engine/backend/factory.h"
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/common/engine_settings.h"
 #include "engine/kernels/reference/rope.h"
 #include "engine/model/safetensors.h"
 #include "engine/optim/schedule.h"
@@ -126,4 +128,8 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace megatrain::testing
 
-int main(int argc, char** argv) { return megatrain::testing::Main(argc, argv); }
+int main(int argc, char** argv) {
+  megatrain::SetEngineSettings(megatrain::EngineSettingsFromEnvironment(
+      [](const char* name) { return std::getenv(name); }));
+  return megatrain::testing::Main(argc, argv);
+}

@@ -21,7 +21,7 @@
 // that cross the diagonal, a document's start or the window's edge (order::ForwardTileMasked),
 // in loops of their own.
 //
-// Status: the default on sm_90 (MEGATRAIN_ATTENTION=mma declines them, see
+// Status: the default on sm_90 (MEGATRAIN_ATTENTION=mma, read by main, declines them, see
 // ops.h), after the forward and the backward's dk/dv and dq passes (HopperDkDvKernel and
 // HopperDqKernel below) passed gpu_test on H200s; Delta and dsinks stay on attention.cu's
 // kernels. On an H200 (machine_bench; bench/run.sh attention), causal,
@@ -36,11 +36,11 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
 #include "engine/common/check.h"
+#include "engine/common/engine_settings.h"
 #include "engine/kernels/cuda/attention_order.h"
 #include "engine/kernels/cuda/common.cuh"
 #include "engine/kernels/cuda/hopper.cuh"
@@ -1253,9 +1253,7 @@ bool DeviceIsHopper() {
 }  // namespace
 
 bool HopperAttentionApplies(int64_t D) {
-  const char* env = std::getenv("MEGATRAIN_ATTENTION");
-  const bool declined = env != nullptr && std::strcmp(env, "mma") == 0;
-  return (D == 64 || D == 128) && !declined && DeviceIsHopper();
+  return (D == 64 || D == 128) && GetEngineSettings().attention.hopper && DeviceIsHopper();
 }
 
 void HopperAttention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
@@ -1282,13 +1280,9 @@ void HopperAttentionDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k,
 
 namespace {
 
-// MEGATRAIN_ATTENTION_BACKWARD: -1 unless "fused" or "fused:K"; else K (0: no cap).
-int FusedBackwardMaxKvHeads() {
-  const char* env = std::getenv("MEGATRAIN_ATTENTION_BACKWARD");
-  if (env == nullptr || std::strncmp(env, "fused", 5) != 0) return -1;
-  if (env[5] == '\0') return 0;
-  return env[5] == ':' ? std::max(0, std::atoi(env + 6)) : -1;
-}
+// -1 unless the fused backward was asked for; else at most this many kv heads a launch
+// (0: no cap).
+int FusedBackwardMaxKvHeads() { return GetEngineSettings().attention.fused_backward_kv_heads; }
 
 }  // namespace
 

@@ -76,8 +76,9 @@ void AttentionBackward(bf16* dq, bf16* dk, bf16* dv, float* dsinks, const bf16* 
 
 // attention_hopper.cu: the two above on sm_90 (H100/H200) for head_dim 64 and 128, with
 // wgmma, TMA and warp specialisation. Attention calls them where HopperAttentionApplies:
-// on an sm_90 device, for head_dim 64 or 128, unless MEGATRAIN_ATTENTION=mma is in the
-// environment (read at each call), which keeps every call on attention.cu's kernels.
+// on an sm_90 device, for head_dim 64 or 128, unless the process's settings decline them
+// (EngineSettings::attention.hopper false: main read MEGATRAIN_ATTENTION=mma), which keeps
+// every call on attention.cu's kernels.
 // window: as the kernels take it (0, or < n).
 bool HopperAttentionApplies(int64_t D);  // on the current device
 void HopperAttention(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
@@ -94,11 +95,12 @@ void HopperAttentionDq(bf16* dq, const bf16* dout, const bf16* q, const bf16* k,
                        int KV, int D, cudaStream_t stream);
 // Both passes in one (HopperDkDvKernel's kFusedDq: 5 GEMMs a tile, not 7), its dq summed in
 // fp32 in `dq_sums` in a fixed order, in launches of as many kv heads as it holds (n x
-// H / KV x D floats and n / 64 counts each), then rounded into dq. Only with
-// MEGATRAIN_ATTENTION_BACKWARD=fused in the environment (read at each call; "fused:K" caps a
-// launch at K kv heads), and only if dq_sums holds one kv head's: false, and nothing run,
-// otherwise (the two passes above then run).
-bool HopperFusedBackwardRequested();  // MEGATRAIN_ATTENTION_BACKWARD=fused[:K]
+// H / KV x D floats and n / 64 counts each), then rounded into dq. Only when the process's
+// settings ask for it (EngineSettings::attention.fused_backward_kv_heads >= 0: main read
+// MEGATRAIN_ATTENTION_BACKWARD=fused, or fused:K, which caps a launch at K kv heads), and
+// only if dq_sums holds one kv head's: false, and nothing run, otherwise (the two passes
+// above then run).
+bool HopperFusedBackwardRequested();  // EngineSettings: MEGATRAIN_ATTENTION_BACKWARD=fused[:K]
 bool HopperAttentionBackwardFused(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
                                   const bf16* k, const bf16* v, const float* lse,
                                   const int32_t* doc_start, int window, int n, int H, int KV, int D,

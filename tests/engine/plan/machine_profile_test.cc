@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "engine/backend/cpu_backend.h"
@@ -279,6 +280,50 @@ TEST(Measure, HoldBusyAndTimeOnStreamForRunLongEnough) {
   TimeOnStreamFor(be.get(), s, 3, 0, copy, &timed);
   EXPECT_EQ(timed.made, 4);  // a warm-up and the reps, nothing more
   EXPECT_EQ(timed.timed, 3);
+}
+
+// Where profiles are kept, from what main read of the environment: $MEGATRAIN_PROFILE's
+// file, else the XDG cache, else ~/.cache, else /tmp; the daemon's under /var/lib and, for
+// a user, ~/.local/state.
+TEST(ProfileLocations, DefaultPathPrefersTheGivenFileThenTheCacheHomeThenHome) {
+  ProfileLocations where;
+  EXPECT_EQ(DefaultProfilePath(where), "/tmp/megatrain/machine-profile.json");
+  where.home = "/home/alice";
+  EXPECT_EQ(DefaultProfilePath(where), "/home/alice/.cache/megatrain/machine-profile.json");
+  where.cache_home = "/scratch/cache";
+  EXPECT_EQ(DefaultProfilePath(where), "/scratch/cache/megatrain/machine-profile.json");
+  where.profile = "/srv/box.json";
+  EXPECT_EQ(DefaultProfilePath(where), "/srv/box.json");
+}
+
+TEST(ProfileLocations, DaemonPathsAreTheSystemsThenTheUsers) {
+  ProfileLocations where;
+  EXPECT_EQ(DaemonProfilePaths(where),
+            std::vector<std::string>{"/var/lib/megatrain/machine-profile.json"});
+  where.home = "/home/alice";
+  EXPECT_EQ(DaemonProfilePaths(where),
+            (std::vector<std::string>{"/var/lib/megatrain/machine-profile.json",
+                                      "/home/alice/.local/state/megatrain/machine-profile.json"}));
+}
+
+// A job run outside the daemon plans with the profile main was pointed at, without measuring.
+TEST(ProfileLocations, LoadMachineProfileReadsTheGivenFile) {
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  absl::StatusOr<MachineProfile> measured = MeasureMachineProfile(be.get(), ProfileOptions{true});
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  measured->adamw_params_per_second = 12345;  // a value no measurement gives
+  const fs::path dir = fs::path(::testing::TempDir()) / "megatrain_profile_given";
+  fs::remove_all(dir);
+  ProfileLocations where;
+  where.profile = (dir / "given.json").string();
+  where.home = (dir / "home").string();  // holds no daemon profile
+  ASSERT_TRUE(WriteProfile(*measured, where.profile).ok());
+  std::string note;
+  absl::StatusOr<MachineProfile> loaded = LoadMachineProfile(be.get(), where, &note);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->adamw_params_per_second, 12345);
+  EXPECT_EQ(loaded->source, where.profile);
+  EXPECT_NE(note.find(where.profile), std::string::npos) << note;
 }
 
 }  // namespace
