@@ -32,9 +32,7 @@ namespace megatrain {
 namespace {
 
 using testing::HaveNode;
-using testing::LenmlModelDir;
 using testing::RunShell;
-using testing::SetUpNodeHarness;
 
 using Conversation = std::vector<ChatMessage>;
 
@@ -800,9 +798,9 @@ TEST_P(ChatTemplateReferenceTest, TextEqualsTheJinjaRendering) {
   const std::string name = GetParam().format;
   const std::string package = GetParam().package;
   bool ok = false;
-  const std::string npm_dir = SetUpNodeHarness(kHarnessDir, &ok);
+  const std::string npm_dir = testing::SetUpNodeHarness(kHarnessDir, &ok);
   ASSERT_TRUE(ok) << "tests/tokenizer/setup.sh failed";
-  const std::string model_dir = LenmlModelDir(npm_dir, package);
+  const std::string model_dir = testing::LenmlModelDir(npm_dir, package);
   const nlohmann::json config =
       nlohmann::json::parse(ReadFile(model_dir + "/tokenizer_config.json"));
 

@@ -24,9 +24,7 @@ namespace megatrain {
 namespace {
 
 using testing::HaveNode;
-using testing::LenmlModelDir;
 using testing::RunShell;
-using testing::SetUpNodeHarness;
 
 const std::string kHarnessDir = std::string(MT_SOURCE_DIR) + "/tests/tokenizer";
 
@@ -41,9 +39,9 @@ TEST_P(HfTokenizerReferenceTest, IdsAndRoundTripMatchTheJavaScriptReference) {
   if (!HaveNode()) GTEST_SKIP() << "node and npm are needed for the reference tokenizer";
   const std::string name = GetParam();
   bool ok = false;
-  const std::string npm_dir = SetUpNodeHarness(kHarnessDir, &ok);
+  const std::string npm_dir = testing::SetUpNodeHarness(kHarnessDir, &ok);
   ASSERT_TRUE(ok) << "tests/tokenizer/setup.sh failed";
-  const std::string model_dir = LenmlModelDir(npm_dir, name);
+  const std::string model_dir = testing::LenmlModelDir(npm_dir, name);
   const std::string strings_path =
       absl::StrCat(::testing::TempDir(), "/hf_tokenizer_strings_", name, ".json");
   const std::string reference_path =
