@@ -1,0 +1,265 @@
+#include "engine/job/job_setup.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/backend/devices.h"
+#include "engine/backend/factory.h"
+#include "engine/common/status.h"
+#include "engine/data/tokenizer.h"
+#include "engine/job/inputs.h"
+#include "engine/model/layout.h"
+#include "engine/store/model_io.h"
+
+namespace megatrain {
+
+JobParts::~JobParts() {
+  pipeline.reset();  // drains the streams
+  if (replicas != nullptr) replicas->ReleasePipelines();
+  optimizer.reset();
+  replicas.reset();
+  for (void* p : pinned) backend->UnpinHostRange(p);
+}
+
+PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
+                           int64_t device_budget_bytes, int64_t host_budget_bytes) {
+  PlanRequest r;
+  r.config = config;
+  r.seq_len = spec.seq_len;
+  r.rows_per_step = spec.rows_per_step();
+  r.clipping = spec.max_grad_norm > 0;
+  r.router_aux_loss_coef = spec.router_aux_loss_coef;
+  r.loss_chunk_tokens = spec.loss_chunk_tokens;
+  r.micro_batch_rows = spec.micro_batch_rows > 0
+                           ? spec.micro_batch_rows
+                           : (spec.micro_batches > 0 ? r.rows_per_step / spec.micro_batches : 0);
+  r.checkpoint_every = spec.activation_checkpoint_every;
+  r.checkpoints = spec.activation_checkpoints;
+  r.device_budget_bytes = device_budget_bytes;
+  r.host_budget_bytes = host_budget_bytes;
+  r.devices = std::max<int64_t>(1, spec.devices);
+  r.reduce_on_devices = spec.gradient_reduce != GradientReduce::kHost;
+  r.moments = spec.state_dtype;
+  r.bf16_copy = spec.bf16_copy;
+  r.nvme_dir = spec.nvme_dir;
+  r.nvme_layers = spec.nvme_dir.empty() ? 0 : spec.nvme_layers;
+  return r;
+}
+
+namespace {
+// `saved`: the fingerprint of the checkpoint's job.
+absl::Status AnotherJobsCheckpoints(const JobSpec& spec, const std::string& saved) {
+  const std::vector<std::string> differ = FingerprintDifferences(saved, spec.Fingerprint());
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint.dir ", spec.checkpoint_dir, " holds checkpoints of a different job (",
+      differ.empty() ? "model, data or batch shape differ"
+                     : absl::StrCat("it differs in ", absl::StrJoin(differ, ", ")),
+      "); use a fresh checkpoint.dir"));
+}
+}  // namespace
+
+absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec,
+                                                        std::string* newest) {
+  if (newest != nullptr) newest->clear();
+  if (spec.checkpoint_dir.empty()) return std::nullopt;
+  const std::vector<std::string> existing = ListCheckpoints(spec.checkpoint_dir);
+  if (existing.empty()) return std::nullopt;
+  if (newest != nullptr) *newest = existing.back();
+  absl::StatusOr<TrainerState> saved = ReadTrainerState(existing.back());
+  if (!saved.ok()) return Annotate(saved.status(), absl::StrCat("resuming from ", existing.back()));
+  if (saved->spec_fingerprint != spec.Fingerprint()) {
+    return AnotherJobsCheckpoints(spec, saved->spec_fingerprint);
+  }
+  return std::optional<TrainerState>(*std::move(saved));
+}
+
+absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
+                                      const std::optional<TrainerState>& resume,
+                                      const MachineProfile& profile, Backend* backend,
+                                      PlanRequest* request, std::string* note) {
+  note->clear();
+  if (resume.has_value() && resume->micro_batch_rows > 0 && spec.micro_batch_rows == 0 &&
+      spec.micro_batches == 0) {
+    PlanRequest as_saved = *request;
+    as_saved.micro_batch_rows = resume->micro_batch_rows;
+    as_saved.mlp_tile_tokens = resume->mlp_tile_tokens;
+    const std::string split = absl::StrCat(
+        "micro-batches of ", resume->micro_batch_rows, " sequences",
+        resume->mlp_tile_tokens > 0
+            ? absl::StrCat(", MLP tiles of ", resume->mlp_tile_tokens, " tokens")
+            : "");
+    absl::StatusOr<Plan> kept = MakePlan(as_saved, profile, backend);
+    if (kept.ok()) {
+      *request = as_saved;
+      *note = absl::StrCat("resume     ", split, ", as the checkpoint's steps ran: the steps "
+                           "repeat an uninterrupted run's bits\n");
+      return kept;
+    }
+    *note = absl::StrCat("resume     the checkpoint's ", split, " do not fit here (",
+                         kept.status().message(), "): planned anew, so the steps from here "
+                         "differ in their last bits from an uninterrupted run's\n");
+  }
+  return MakePlan(*request, profile, backend);
+}
+
+namespace {
+
+absl::Status SetUpData(const JobSpec& spec, JobParts* p) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &p->tokenizer_dir));
+  const int64_t vocab = p->config.vocab_size;
+  // Pre-tokenized ids are checked against the model's vocabulary, not the tokenizer's.
+  if (spec.data_format != DataFormat::kTokens && vocab < tokenizer->vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.tokenizer: the ", tokenizer->name(), " tokenizer has ", tokenizer->vocab_size(),
+        " ids; the model's vocab_size is ", vocab));
+  }
+  ASSIGN_OR_RETURN(DatasetOptions data, JobDatasetOptions(spec, p->tokenizer_dir, vocab));
+  ASSIGN_OR_RETURN(std::shared_ptr<const TokenDocs> docs,
+                   OpenOrBuildTokenStore(data, *tokenizer, JobDataCacheDir(spec),
+                                         &p->dataset_stats));
+  p->packer = std::make_unique<Packer>(std::move(docs), spec.seq_len, spec.data_seed,
+                                       JobPackOptions(spec, *tokenizer, vocab));
+  return absl::OkStatus();
+}
+
+// The plan: micro-batch, checkpoints, weight slots (engine/plan/planner.h), for this
+// device's share of the step when there are several. resume: the trainer state of the
+// checkpoint the job resumes from (ResumeState), whose split of a step the plan keeps when
+// it still fits.
+absl::Status SetUpPlan(const JobSpec& spec, const std::optional<TrainerState>& resume,
+                       JobParts* p) {
+  const int64_t device = PlannableDeviceBytes(p->backend->device_memory_budget());
+  PlanRequest request = JobPlanRequest(spec, p->config, device, p->profile.host_memory_bytes);
+  p->replicas->PlanReduction(&request);
+  std::string resume_note;
+  ASSIGN_OR_RETURN(p->plan, PlanKeepingSplit(spec, resume, p->profile, p->backend.get(),
+                                             &request, &resume_note));
+  p->plan_text = DescribePlan(p->plan, request, p->profile) + resume_note +
+                 p->replicas->DescribeReduction();
+  return absl::OkStatus();
+}
+
+// The host store, and the gradient slabs of the first device; what crosses PCIe (the
+// bf16 weights and the slabs) is page-locked once, here.
+absl::Status SetUpStore(const JobSpec& spec, JobParts* p) {
+  // One GPU: the store on its node. GPUs on several nodes: interleaved across theirs, and
+  // the optimizer's threads on all of them.
+  const std::vector<BackendRequest>& requests = p->replicas->requests();
+  std::vector<int> device_nodes;
+  for (const BackendRequest& request : requests) device_nodes.push_back(BackendNumaNode(request));
+  const std::vector<int> store_nodes = StoreNodes(device_nodes);
+  // The optimizer's threads on the store's node; with the store over several, on all.
+  p->optimizer_numa_node = store_nodes.size() > 1 ? -1 : BackendNumaNode(requests[0]);
+  if (store_nodes.size() > 1) {
+    absl::StrAppend(&p->plan_text, "numa       host store interleaved over NUMA nodes ",
+                    absl::StrJoin(store_nodes, ", "), " (the GPUs' own)\n");
+  }
+  StoreOptions store_options;
+  store_options.moments = spec.state_dtype;
+  store_options.bf16_copy = p->plan.bf16_copy;
+  store_options.nvme_dir = spec.nvme_dir;
+  const ModelLayout layout = BuildLayout(p->config);
+  for (int64_t l = p->config.num_layers - p->plan.nvme_layers; l < p->config.num_layers; ++l) {
+    store_options.disk_units.push_back(layout.DecoderUnit(l));
+  }
+  ASSIGN_OR_RETURN(p->store, HostStore::Create(layout, store_nodes, store_options));
+  ASSIGN_OR_RETURN(p->slabs,
+                   p->replicas->MakeSlabs(p->store->layout(), spec.max_grad_norm > 0, 0));
+  RETURN_IF_ERROR(p->backend->PinHostRange(p->store->transfer_base(), p->store->transfer_bytes()));
+  p->pinned.push_back(p->store->transfer_base());
+  RETURN_IF_ERROR(p->backend->PinHostRange(p->slabs->base(), p->slabs->bytes()));
+  p->pinned.push_back(p->slabs->base());
+  return absl::OkStatus();
+}
+
+// A pipeline per device as the plan says, the host optimizer, and with several devices
+// the reducer through which their gradients reach it.
+absl::Status SetUpPipelines(const JobSpec& spec, JobParts* p) {
+  const Plan& plan = p->plan;
+  PipelineOptions pipeline_options;
+  pipeline_options.micro_batches = plan.micro_batches;
+  pipeline_options.tokens_per_micro_batch = plan.micro_batch_rows * spec.seq_len;
+  pipeline_options.checkpoint_every = plan.checkpoint_every;
+  pipeline_options.loss_chunk_tokens = plan.loss_chunk_tokens;
+  pipeline_options.checkpoints_on_host = plan.checkpoints_on_host;
+  pipeline_options.weight_slots = plan.weight_slots;
+  pipeline_options.kept_layers = plan.kept_layers;
+  pipeline_options.mlp_tile_tokens = plan.mlp_tile_tokens;
+  pipeline_options.record_timeline = true;  // per-stream busy time for the metrics
+  pipeline_options.router_aux_loss_coef = spec.router_aux_loss_coef;
+  pipeline_options.collective = p->replicas->collective(0);
+  ASSIGN_OR_RETURN(p->pipeline, Pipeline::Create(p->config, p->store.get(), p->slabs.get(),
+                                                 p->backend.get(), pipeline_options));
+  HostOptimizerOptions optimizer_options;
+  optimizer_options.hyper.beta1 = spec.beta1;
+  optimizer_options.hyper.beta2 = spec.beta2;
+  optimizer_options.hyper.eps = spec.eps;
+  optimizer_options.weight_decay = spec.weight_decay;
+  optimizer_options.max_grad_norm = spec.max_grad_norm;
+  optimizer_options.numa_node = p->optimizer_numa_node;
+  p->optimizer = std::make_unique<HostOptimizer>(p->store.get(), p->slabs.get(),
+                                                 p->backend.get(), optimizer_options);
+  return p->replicas->Build(p->config, p->store.get(), p->optimizer.get(), p->slabs.get(),
+                            pipeline_options, spec.max_grad_norm > 0);
+}
+
+// The weights and the trainer state: from checkpoint.dir's newest checkpoint (`newest`),
+// which must be this job's, else the model folder's, else random (model.init_seed).
+absl::Status Restore(const JobSpec& spec, const std::string& newest, JobParts* p) {
+  TrainerState& state = p->state;
+  state.data_seed = spec.data_seed;
+  state.init_seed = spec.init_seed;
+  state.spec_fingerprint = spec.Fingerprint();
+  if (!newest.empty()) {
+    TrainerState saved;
+    RETURN_IF_ERROR(Annotate(LoadCheckpoint(newest, p->store.get(), &saved),
+                             absl::StrCat("resuming from ", newest)));
+    if (saved.spec_fingerprint != state.spec_fingerprint) {
+      return AnotherJobsCheckpoints(spec, saved.spec_fingerprint);
+    }
+    RETURN_IF_ERROR(Annotate(p->packer->Seek(saved.data), "resuming the data position"));
+    state = saved;
+    p->resumed_from_step = saved.step;
+    p->last_saved_step = saved.step;
+  } else if (!spec.model_path.empty()) {
+    ASSIGN_OR_RETURN(ModelTensorReader reader, ModelTensorReader::OpenFolder(spec.model_path));
+    RETURN_IF_ERROR(LoadWeights(reader, p->store.get()));
+  } else {
+    RandomInitWeights(p->config, spec.init_seed, p->store.get());
+  }
+  state.micro_batch_rows = p->plan.micro_batch_rows;  // what this run's checkpoints record
+  state.mlp_tile_tokens = p->plan.mlp_tile_tokens;
+  p->optimizer->Restored(state.step);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobParts>> SetUpJob(const JobSpec& spec,
+                                                   const MachineProfile* profile) {
+  auto p = std::make_unique<JobParts>();
+  RETURN_IF_ERROR(CheckJobFolders(spec));
+  ASSIGN_OR_RETURN(p->config, ResolveModelConfig(spec));
+  p->num_parameters = NumParameters(p->config);
+  RETURN_IF_ERROR(SetUpData(spec, p.get()));
+  const BackendRequest first{spec.backend, spec.device_memory_cap_bytes};
+  ASSIGN_OR_RETURN(p->backend, CreateBackend(first));
+  if (profile != nullptr) {
+    p->profile = *profile;
+  } else {
+    ASSIGN_OR_RETURN(p->profile, LoadMachineProfile(p->backend.get()));
+  }
+  ASSIGN_OR_RETURN(p->replicas, Replicas::Create(spec, p->backend.get(), first));
+  // Another job's checkpoints are refused here, before the host store is made.
+  std::string newest;
+  ASSIGN_OR_RETURN(const std::optional<TrainerState> resume, ResumeState(spec, &newest));
+  RETURN_IF_ERROR(SetUpPlan(spec, resume, p.get()));
+  RETURN_IF_ERROR(SetUpStore(spec, p.get()));
+  RETURN_IF_ERROR(SetUpPipelines(spec, p.get()));
+  RETURN_IF_ERROR(Restore(spec, newest, p.get()));
+  return p;
+}
+
+}  // namespace megatrain
