@@ -6,11 +6,11 @@
 // order whatever the thread count: bit-identical across runs and machines.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "engine/common/check.h"
+#include "engine/kernels/reference/column_blocks.h"
 
 namespace megatrain::ref {
 
@@ -27,19 +27,14 @@ void Embedding(T* out, const int32_t* tokens, const T* table, int64_t n, int64_t
 // dtable (V, C) += dout (n, C) rows scattered to rows tokens (n); accumulates.
 template <typename T>
 void EmbeddingBackward(T* dtable, const T* dout, const int32_t* tokens, int64_t n, int64_t C) {
-  constexpr int64_t kBlock = 64;  // columns per thread task
-  const int64_t num_blocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t c0 = b * kBlock;
-    const int64_t c1 = std::min(C, c0 + kBlock);
+  ForEachColumnBlock(C, [&](int64_t c0, int64_t c1) {
     for (int64_t i = 0; i < n; ++i) {
       MT_CHECK(tokens[i] >= 0);
       T* row = dtable + static_cast<int64_t>(tokens[i]) * C;
       const T* g = dout + i * C;
       for (int64_t c = c0; c < c1; ++c) row[c] += g[c];
     }
-  }
+  });
 }
 
 }  // namespace megatrain::ref

@@ -9,12 +9,12 @@
 
 #include <cblas.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 
 #include "engine/common/check.h"
+#include "engine/kernels/reference/column_blocks.h"
 
 namespace megatrain::ref {
 namespace linear_internal {
@@ -60,18 +60,13 @@ T PreloadBias(T* out, const T* bias, int64_t N, int64_t OC, bool accumulate) {
 // order: deterministic.
 template <typename T>
 void AddColumnSums(T* dbias, const T* dout, int64_t N, int64_t OC) {
-  constexpr int64_t kBlock = 64;
-  const int64_t num_blocks = (OC + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t o0 = b * kBlock;
-    const int64_t o1 = std::min(OC, o0 + kBlock);
-    double acc[kBlock] = {};
+  ForEachColumnBlock(OC, [&](int64_t o0, int64_t o1) {
+    double acc[kColumnBlock] = {};
     for (int64_t i = 0; i < N; ++i) {
       for (int64_t o = o0; o < o1; ++o) acc[o - o0] += dout[i * OC + o];
     }
     for (int64_t o = o0; o < o1; ++o) dbias[o] += static_cast<T>(acc[o - o0]);
-  }
+  });
 }
 
 }  // namespace linear_internal

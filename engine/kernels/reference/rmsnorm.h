@@ -6,11 +6,11 @@
 // keeps float results close to Hugging Face's float32-upcast RMSNorm for wide rows.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "engine/common/check.h"
+#include "engine/kernels/reference/column_blocks.h"
 
 namespace megatrain::ref {
 
@@ -52,13 +52,8 @@ void RmsNormBackward(T* din, T* dw, const T* dout, const T* in, const T* w, cons
     }
   }
 
-  constexpr int64_t kBlock = 64;  // columns per thread task
-  const int64_t num_blocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t c0 = b * kBlock;
-    const int64_t c1 = std::min(C, c0 + kBlock);
-    double acc[kBlock] = {};
+  ForEachColumnBlock(C, [&](int64_t c0, int64_t c1) {
+    double acc[kColumnBlock] = {};
     for (int64_t r = 0; r < rows; ++r) {
       const T* x = in + r * C;
       const T* g = dout + r * C;
@@ -66,7 +61,7 @@ void RmsNormBackward(T* din, T* dw, const T* dout, const T* in, const T* w, cons
       for (int64_t c = c0; c < c1; ++c) acc[c - c0] += static_cast<double>(g[c]) * x[c] * s;
     }
     for (int64_t c = c0; c < c1; ++c) dw[c] += static_cast<T>(acc[c - c0]);
-  }
+  });
 }
 
 }  // namespace megatrain::ref
