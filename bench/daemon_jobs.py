@@ -1,6 +1,6 @@
 """What the benchmarks that drive megatraind share: a random-word dataset, Qwen2.5-7B's
-shape as an inline config, and a daemon started on a Unix socket in a scratch folder.
-Standard library only."""
+shape as an inline config, a job spec of that shape on the dataset, and a daemon started on
+a Unix socket in a scratch folder. Standard library only."""
 import json
 import os
 import random
@@ -26,6 +26,18 @@ def qwen25_7b_config(layers):
             "num_attention_heads": 28, "num_key_value_heads": 4,
             "vocab_size": 152064, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
             "tie_word_embeddings": False}
+
+
+def write_qwen25_7b_job(tmp, name, layers, seq, train):
+    """Writes tmp/job.yaml, a CUDA job `name` training Qwen2.5-7B's shape `layers` deep on
+    tmp/data.jsonl (byte tokenizer, `seq` tokens a row) with `train`, the train section's
+    entries as YAML flow text; returns its path."""
+    path = os.path.join(tmp, "job.yaml")
+    with open(path, "w") as f:
+        f.write(f"name: {name}\nmodel:\n  config: {json.dumps(qwen25_7b_config(layers))}\n"
+                f"data: {{path: data.jsonl, tokenizer: byte, seq_len: {seq}}}\n"
+                f"train: {{{train}}}\nbackend: cuda\n")
+    return path
 
 
 def start_daemon(bin_dir, tmp, metrics_listen=""):

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from daemon_jobs import qwen25_7b_config, start_daemon, write_word_dataset
+from daemon_jobs import start_daemon, write_qwen25_7b_job, write_word_dataset
 
 
 def steady(seconds):
@@ -77,13 +77,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="daemon-vs-bench-")
     write_word_dataset(os.path.join(tmp, "data.jsonl"), 64 + a.steps * a.tokens_per_step // a.seq,
                        2 * a.seq)
-    config = qwen25_7b_config(a.layers)
-    spec_path = os.path.join(tmp, "job.yaml")
-    with open(spec_path, "w") as f:
-        f.write(f"name: daemon-vs-bench\nmodel:\n  config: {json.dumps(config)}\n"
-                f"data: {{path: data.jsonl, tokenizer: byte, seq_len: {a.seq}}}\n"
-                f"train: {{steps: 100000, tokens_per_step: {a.tokens_per_step}, "
-                f"lr: 1.0e-5, max_grad_norm: 0}}\nbackend: cuda\n")
+    spec_path = write_qwen25_7b_job(
+        tmp, "daemon-vs-bench", a.layers, a.seq,
+        f"steps: 100000, tokens_per_step: {a.tokens_per_step}, lr: 1.0e-5, max_grad_norm: 0")
     daemon, env, cli = start_daemon(a.bin_dir, tmp)
     rounds = []
     plan = None

@@ -28,7 +28,7 @@ import tempfile
 import time
 import urllib.request
 
-from daemon_jobs import qwen25_7b_config, start_daemon, write_word_dataset
+from daemon_jobs import start_daemon, write_qwen25_7b_job, write_word_dataset
 
 
 def free_port():
@@ -76,18 +76,14 @@ def main():
     tmp = tempfile.mkdtemp(prefix="metrics-vs-bench-")
 
     write_word_dataset(os.path.join(tmp, "data.jsonl"), 300, 4 * a.seq)
-    config = qwen25_7b_config(a.layers)
-    spec = (f"name: metrics-vs-bench\nmodel:\n  config: {json.dumps(config)}\n"
-            f"data: {{path: data.jsonl, tokenizer: byte, seq_len: {a.seq}}}\n"
-            f"train: {{steps: 100000, micro_batch_rows: {a.rows}, micro_batches: "
-            f"{a.micro_batches}, lr: 1.0e-5, max_grad_norm: 1.0, "
-            f"activation_checkpoint_every: {a.k}}}\nbackend: cuda\n")
-    with open(os.path.join(tmp, "job.yaml"), "w") as f:
-        f.write(spec)
+    spec_path = write_qwen25_7b_job(
+        tmp, "metrics-vs-bench", a.layers, a.seq,
+        f"steps: 100000, micro_batch_rows: {a.rows}, micro_batches: {a.micro_batches}, "
+        f"lr: 1.0e-5, max_grad_norm: 1.0, activation_checkpoint_every: {a.k}")
 
     port = free_port()
     daemon, env, cli = start_daemon(a.bin_dir, tmp, f"127.0.0.1:{port}")
-    out = subprocess.run([cli, "-o", "json", "submit", os.path.join(tmp, "job.yaml")], env=env,
+    out = subprocess.run([cli, "-o", "json", "submit", spec_path], env=env,
                          capture_output=True, text=True, cwd=tmp)
     if out.returncode != 0:
         sys.exit(f"submit failed: {out.stdout}{out.stderr}")
