@@ -103,155 +103,226 @@ std::string Params(double n) {
 
 }  // namespace
 
-void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend, Plan* plan) {
-  const ModelConfig& c = r.config;
-  const ModelLayout layout = BuildLayout(c);
-  const bool cpu = backend->kind() == BackendKind::kCpu;
-  const int64_t L = c.num_layers, C = c.hidden_size, V = c.vocab_size;
-  const int64_t M = plan->micro_batches, n = plan->micro_batch_rows * r.seq_len;
-  const int64_t K = plan->checkpoint_every;
-  const int64_t act = DTypeSize(backend->act_dtype());
-  const int64_t gsize = DTypeSize(backend->grad_dtype());
-  int64_t total = 0;
-  for (const UnitLayout& u : layout.units) total += u.num_elements;
-  const int64_t layer_n = layout.MaxDecoderElements();
-  const int64_t embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
-  const int64_t head_n = layout.units[layout.HeadUnit()].num_elements;
-  plan->num_parameters = NumParameters(c);
+namespace {
 
+// What every stage of a prediction reads: the model's and the plan's sizes.
+struct PlanShape {
+  bool cpu = false;
+  int64_t L = 0, C = 0, V = 0;  // layers, hidden size, vocabulary
+  int64_t M = 0, n = 0, K = 0;  // micro-batches, tokens in one, checkpoint interval
+  int64_t N = 1;                // devices
+  bool sharded = false;         // gradients reduce-scattered on the devices
+  int64_t act = 0, gsize = 0;   // bytes of an activation, of a gradient element
+  int64_t total = 0;            // parameters: every unit's elements
+  int64_t layer_n = 0, embed_n = 0, head_n = 0;  // the largest layer's, the embedding's, the head's
+  int64_t num_ckpt = 0;         // layer-input checkpoints
+  int64_t ckpt_bytes = 0;       // one checkpoint, all micro-batches
+};
+
+PlanShape ShapeOf(const PlanRequest& r, Backend* backend, const ModelLayout& layout,
+                  const Plan& plan) {
+  const ModelConfig& c = r.config;
+  PlanShape x;
+  x.cpu = backend->kind() == BackendKind::kCpu;
+  x.L = c.num_layers;
+  x.C = c.hidden_size;
+  x.V = c.vocab_size;
+  x.M = plan.micro_batches;
+  x.n = plan.micro_batch_rows * r.seq_len;
+  x.K = plan.checkpoint_every;
+  x.N = std::max<int64_t>(1, plan.devices);
+  x.sharded = x.N > 1 && r.reduce_on_devices;
+  x.act = DTypeSize(backend->act_dtype());
+  x.gsize = DTypeSize(backend->grad_dtype());
+  for (const UnitLayout& u : layout.units) x.total += u.num_elements;
+  x.layer_n = layout.MaxDecoderElements();
+  x.embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
+  x.head_n = layout.units[layout.HeadUnit()].num_elements;
+  x.num_ckpt = (x.L + x.K - 1) / x.K;
+  x.ckpt_bytes = x.M * x.n * x.C * x.act;
+  return x;
+}
+
+// The plan's device memory, as the pipeline will allocate it (StepMemory), and its weight
+// slots as the pipeline resolves them; without the bf16 copy, the fp32 upload's staging.
+void SizeDeviceMemory(const PlanRequest& r, Backend* backend, const ModelLayout& layout,
+                      Plan* plan) {
+  const ModelConfig& c = r.config;
   PipelineOptions po;
-  po.micro_batches = M;
-  po.tokens_per_micro_batch = n;
-  po.checkpoint_every = K;
+  po.micro_batches = plan->micro_batches;
+  po.tokens_per_micro_batch = plan->micro_batch_rows * r.seq_len;
+  po.checkpoint_every = plan->checkpoint_every;
   po.loss_chunk_tokens = plan->loss_chunk_tokens;
   po.checkpoints_on_host = plan->checkpoints_on_host;
   po.weight_slots = plan->weight_slots;
   po.kept_layers = plan->kept_layers;
   po.mlp_tile_tokens = plan->mlp_tile_tokens;
-  const int64_t slots = NumWeightSlots(c, po);
-  plan->weight_slots = slots;
+  plan->weight_slots = NumWeightSlots(c, po);
   plan->device_bytes = StepDeviceBytes(c, layout, backend, po) +
                        (plan->bf16_copy ? 0 : backend->f32_upload_staging_bytes());
+}
 
-  // Host memory: the store (bf16 weights + fp32 master, m, v), the gradient slabs (every
-  // unit's with clipping), pinned checkpoints; the CPU backend's buffers are host memory.
-  const int64_t num_ckpt = (L + K - 1) / K;
-  const int64_t ckpt_bytes = M * n * C * act;  // one checkpoint, all micro-batches
+// Host memory: the store (bf16 weights + fp32 master, m, v), the gradient slabs (every
+// unit's with clipping), pinned checkpoints; the CPU backend's buffers are host memory.
+void SizeHostMemory(const PlanRequest& r, const ModelLayout& layout, const PlanShape& x,
+                    Plan* plan) {
   plan->host_store_bytes =
-      static_cast<int64_t>(StoreBytesPerParameter(r.moments, plan->bf16_copy) * total);
-  const int64_t N = std::max<int64_t>(1, plan->devices);
-  const bool sharded = N > 1 && r.reduce_on_devices;
-  if (sharded) {  // every device its shard: together as much as one device's
-    const int ranks = static_cast<int>(N);
-    plan->host_slab_bytes = 4 * N * GradShardSlabElements(layout, ranks) *
+      static_cast<int64_t>(StoreBytesPerParameter(r.moments, plan->bf16_copy) * x.total);
+  if (x.sharded) {  // every device its shard: together as much as one device's
+    const int ranks = static_cast<int>(x.N);
+    plan->host_slab_bytes = 4 * x.N * GradShardSlabElements(layout, ranks) *
                             GradShardSlabsNeeded(layout, r.clipping, ranks);
   } else {  // added on the host: the others cycle two layers' worth each
-    plan->host_slab_bytes = 4 * GradSlabElements(layout) *
-                            (GradSlabsNeeded(layout, r.clipping) + (N - 1) * GradSlabsNeeded(layout, false));
+    plan->host_slab_bytes =
+        4 * GradSlabElements(layout) *
+        (GradSlabsNeeded(layout, r.clipping) + (x.N - 1) * GradSlabsNeeded(layout, false));
   }
-  plan->host_checkpoint_bytes = plan->checkpoints_on_host ? (num_ckpt + 1) * ckpt_bytes : 0;
+  plan->host_checkpoint_bytes = plan->checkpoints_on_host ? (x.num_ckpt + 1) * x.ckpt_bytes : 0;
   plan->host_bytes = plan->host_store_bytes + plan->host_slab_bytes +
-                     N * plan->host_checkpoint_bytes + (cpu ? N * plan->device_bytes : 0);
-  // The NVMe tier: the top layers' moments on disk, as many as the host budget needs (each
-  // saves its moments; the kDiskBuffers buffers they cycle through are paid once).
+                     x.N * plan->host_checkpoint_bytes + (x.cpu ? x.N * plan->device_bytes : 0);
+}
+
+// The NVMe tier: the top layers' moments on disk, as many as the host budget needs (each
+// saves its moments; the kDiskBuffers buffers they cycle through are paid once).
+void PlaceMomentsOnDisk(const PlanRequest& r, const PlanShape& x, Plan* plan) {
   plan->nvme_layers = 0;
   plan->disk_bytes = plan->host_disk_buffer_bytes = 0;
-  if (!r.nvme_dir.empty()) {
-    constexpr int64_t kDiskBuffers = 3;  // StoreOptions::disk_buffers
-    const int64_t layer_moments =
-        static_cast<int64_t>(MomentBytesPerParameter(r.moments) * static_cast<double>(layer_n));
-    int64_t k = r.nvme_layers;
-    if (k < 0) {
-      const int64_t over = plan->host_bytes - r.host_budget_bytes;
-      k = over > 0 ? (over + kDiskBuffers * layer_moments + layer_moments - 1) / layer_moments : 0;
-    }
-    k = std::min(k, L);
-    if (k > 0) {
-      plan->nvme_layers = k;
-      plan->disk_bytes = k * layer_moments;
-      plan->host_disk_buffer_bytes = std::min(k, kDiskBuffers) * layer_moments;
-      plan->host_store_bytes -= plan->disk_bytes;
-      plan->host_bytes += plan->host_disk_buffer_bytes - plan->disk_bytes;
-    }
+  if (r.nvme_dir.empty()) return;
+  constexpr int64_t kDiskBuffers = 3;  // StoreOptions::disk_buffers
+  const int64_t layer_moments =
+      static_cast<int64_t>(MomentBytesPerParameter(r.moments) * static_cast<double>(x.layer_n));
+  int64_t k = r.nvme_layers;
+  if (k < 0) {
+    const int64_t over = plan->host_bytes - r.host_budget_bytes;
+    k = over > 0 ? (over + kDiskBuffers * layer_moments + layer_moments - 1) / layer_moments : 0;
   }
+  k = std::min(k, x.L);
+  if (k > 0) {
+    plan->nvme_layers = k;
+    plan->disk_bytes = k * layer_moments;
+    plan->host_disk_buffer_bytes = std::min(k, kDiskBuffers) * layer_moments;
+    plan->host_store_bytes -= plan->disk_bytes;
+    plan->host_bytes += plan->host_disk_buffer_bytes - plan->disk_bytes;
+  }
+}
 
-  // Kernels.
+// The kernels on the compute stream: every layer's, the embedding's and the head's.
+struct ComputeTimes {
+  ModelLayerTimes layers;
+  double forward = 0;   // forward: embedding and layers, every micro-batch
+  double backward = 0;  // backward with its recomputation, and zeroing the gradients
+};
+
+// Sets the step's forward, head and compute seconds.
+ComputeTimes PredictCompute(const PlanRequest& r, const MachineProfile& p, Backend* backend,
+                            const ModelLayout& layout, const PlanShape& x, Plan* plan) {
   StepPrediction& s = plan->step;
-  s = StepPrediction{};
-  const double recompute = static_cast<double>(K - 1) / K;
-  const ModelLayerTimes lt =
-      AllLayerSeconds(MakeLayerKinds(c, layout, backend, plan->mlp_tile_tokens), p, n, r.seq_len,
-                      act, recompute);
+  const double recompute = static_cast<double>(x.K - 1) / x.K;
+  ComputeTimes t;
+  t.layers = AllLayerSeconds(MakeLayerKinds(r.config, layout, backend, plan->mlp_tile_tokens), p,
+                             x.n, r.seq_len, x.act, recompute);
   const double bw = 1e9 * std::max(1e-6, p.device_gbps);
-  const int64_t chunk = std::min(n, plan->loss_chunk_tokens);
-  const double head_flops = 2.0 * n * C * V;
-  const double head = head_flops / (1e12 * std::max(1e-6, p.GemmTflops(chunk, C, V, false))) +
-                      2 * head_flops / (1e12 * std::max(1e-6, p.GemmTflops(chunk, C, V, true))) +
-                      4.0 * n * V * act / bw;
-  const double embed = 3.0 * n * C * act / bw;
-  const double zero_grads = (gsize * (layer_n * L + embed_n + head_n)) / bw;
-  const double fwd_compute = M * (lt.forward_all + embed);
-  const double bwd_compute =
-      M * (lt.backward_all - plan->kept_layers * (lt.top.forward - lt.top.rebuild) + embed) +
-      zero_grads;
-  s.forward_seconds = fwd_compute;
-  s.head_seconds = M * head;
-  s.compute_seconds = fwd_compute + s.head_seconds + bwd_compute;
+  const int64_t chunk = std::min(x.n, plan->loss_chunk_tokens);
+  const double head_flops = 2.0 * x.n * x.C * x.V;
+  const double head =
+      head_flops / (1e12 * std::max(1e-6, p.GemmTflops(chunk, x.C, x.V, false))) +
+      2 * head_flops / (1e12 * std::max(1e-6, p.GemmTflops(chunk, x.C, x.V, true))) +
+      4.0 * x.n * x.V * x.act / bw;
+  const double embed = 3.0 * x.n * x.C * x.act / bw;
+  const double zero_grads = (x.gsize * (x.layer_n * x.L + x.embed_n + x.head_n)) / bw;
+  t.forward = x.M * (t.layers.forward_all + embed);
+  t.backward = x.M * (t.layers.backward_all -
+                      plan->kept_layers * (t.layers.top.forward - t.layers.top.rebuild) + embed) +
+               zero_grads;
+  s.forward_seconds = t.forward;
+  s.head_seconds = x.M * head;
+  s.compute_seconds = t.forward + s.head_seconds + t.backward;
+  return t;
+}
 
-  // Transfers.
+// What crosses PCIe each way, forward and backward, and at what rates.
+struct Transfers {
+  int64_t up = 0;       // bytes a parameter crossing: bf16, or the fp32 master (no copy)
+  int64_t w_layer = 0;  // a layer's weights crossing
+  int64_t weights_fwd = 0, weights_bwd = 0;
+  int64_t h2d_fwd = 0, h2d_bwd = 0, d2h_fwd = 0, d2h_bwd = 0;
+  double h2d_rate = 0, d2h_rate = 0, duplex_rate = 0;  // bytes per second
+  double weight_extra = 0;  // the fp32 master's extra cost per weight byte, in time
+  double h2d_fwd_time = 0, h2d_bwd_time = 0;  // H2D bytes, weighted by that cost
+};
+
+// Sets the step's PCIe bytes and seconds and the data-parallel reduce-scatter's.
+Transfers PredictTransfers(const PlanRequest& r, const MachineProfile& p, const PlanShape& x,
+                           Plan* plan) {
+  StepPrediction& s = plan->step;
+  Transfers t;
   // bf16 from the host store whatever the slot type, or the fp32 master without the copy.
-  const int64_t up = plan->bf16_copy ? 2 : 4;  // bytes a parameter crossing
-  const int64_t w_layer = up * layer_n;
-  const int64_t reuploads = std::max<int64_t>(0, L - slots);  // backward finds the top S
-  const int64_t ckpt_total = plan->checkpoints_on_host ? num_ckpt * ckpt_bytes : 0;
+  t.up = plan->bf16_copy ? 2 : 4;
+  t.w_layer = t.up * x.layer_n;
+  const int64_t slots = plan->weight_slots;
+  const int64_t reuploads = std::max<int64_t>(0, x.L - slots);  // backward finds the top S
+  const int64_t ckpt_total = plan->checkpoints_on_host ? x.num_ckpt * x.ckpt_bytes : 0;
   // With a slot per layer (and one device), a layer's next weights go up in the backward,
   // once the optimizer has applied its update (Pipeline::UploadUpdated), not in the next
   // forward.
-  const bool early = slots >= L && plan->devices <= 1;
-  const int64_t weights_fwd = (early ? 0 : L * w_layer) + up * (embed_n + head_n);
-  const int64_t weights_bwd = early ? L * w_layer : reuploads * w_layer;
-  const int64_t h2d_fwd = weights_fwd + StepMemory::kBatchArrays * 4 * n * M;
-  const int64_t h2d_bwd = weights_bwd + ckpt_total;
-  const int64_t d2h_fwd = ckpt_total;
+  const bool early = slots >= x.L && plan->devices <= 1;
+  t.weights_fwd = (early ? 0 : x.L * t.w_layer) + t.up * (x.embed_n + x.head_n);
+  t.weights_bwd = early ? x.L * t.w_layer : reuploads * t.w_layer;
+  t.h2d_fwd = t.weights_fwd + StepMemory::kBatchArrays * 4 * x.n * x.M;
+  t.h2d_bwd = t.weights_bwd + ckpt_total;
+  t.d2h_fwd = ckpt_total;
   // Gradients land as fp32; reduce-scattered first, each device drains its shard.
-  const int64_t d2h_bwd = 4 * total / (sharded ? N : 1);
-  s.h2d_bytes = h2d_fwd + h2d_bwd;
-  s.d2h_bytes = d2h_fwd + d2h_bwd + 4 * n * M;
-  const double h2d_rate = 1e9 * std::max(1e-6, p.h2d_gbps);
-  const double d2h_rate = 1e9 * std::max(1e-6, p.d2h_gbps);
-  const double duplex_rate = 1e9 * std::max(1e-6, std::max(p.duplex_gbps, std::max(p.h2d_gbps, p.d2h_gbps)));
+  t.d2h_bwd = 4 * x.total / (x.sharded ? x.N : 1);
+  s.h2d_bytes = t.h2d_fwd + t.h2d_bwd;
+  s.d2h_bytes = t.d2h_fwd + t.d2h_bwd + 4 * x.n * x.M;
+  t.h2d_rate = 1e9 * std::max(1e-6, p.h2d_gbps);
+  t.d2h_rate = 1e9 * std::max(1e-6, p.d2h_gbps);
+  t.duplex_rate = 1e9 * std::max(1e-6, std::max(p.duplex_gbps, std::max(p.h2d_gbps, p.d2h_gbps)));
   // Without the copy the master goes up through a staging buffer, each piece rounded by a
   // kernel on a stream of its own that waits for SMs beside the compute stream's: measured
   // at 40 GB/s (median of a step's layers; 49 in the forward, down to 32 in the backward)
   // against the copy's 52 beside compute (H200; 22 when copy and
   // rounding took turns on one stream), so its weight bytes cost kF32UploadCost times
   // theirs. (Counted in time, not in the bytes reported.)
-  const double weight_extra = plan->bf16_copy ? 0.0 : kF32UploadCost - 1.0;
-  const double h2d_fwd_time = h2d_fwd + weight_extra * weights_fwd;
-  const double h2d_bwd_time = h2d_bwd + weight_extra * weights_bwd;
-  s.h2d_seconds = (h2d_fwd_time + h2d_bwd_time) / h2d_rate;
-  s.d2h_seconds = s.d2h_bytes / d2h_rate;
+  t.weight_extra = plan->bf16_copy ? 0.0 : kF32UploadCost - 1.0;
+  t.h2d_fwd_time = t.h2d_fwd + t.weight_extra * t.weights_fwd;
+  t.h2d_bwd_time = t.h2d_bwd + t.weight_extra * t.weights_bwd;
+  s.h2d_seconds = (t.h2d_fwd_time + t.h2d_bwd_time) / t.h2d_rate;
+  s.d2h_seconds = s.d2h_bytes / t.d2h_rate;
   s.pcie_seconds = std::max({s.h2d_seconds, s.d2h_seconds,
-                             (h2d_fwd_time + h2d_bwd_time + s.d2h_bytes) / duplex_rate});
-  if (cpu) s.pcie_seconds = 0;  // copies on the CPU are memcpy, counted as compute
+                             (t.h2d_fwd_time + t.h2d_bwd_time + s.d2h_bytes) / t.duplex_rate});
+  if (x.cpu) s.pcie_seconds = 0;  // copies on the CPU are memcpy, counted as compute
   // The reduce-scatter moves (N-1)/N of the gradient in and out of each device, on the
   // D2H stream ahead of the copies.
   s.peer_gbps = r.peer_gbps > 0 ? r.peer_gbps : std::max(1e-6, p.d2h_gbps);
-  s.reduce_seconds = sharded ? 4.0 * total * (N - 1) / N / (1e9 * s.peer_gbps) : 0;
+  s.reduce_seconds = x.sharded ? 4.0 * x.total * (x.N - 1) / x.N / (1e9 * s.peer_gbps) : 0;
+  return t;
+}
 
+// The CPU optimizer's work in the step.
+struct OptimizerTimes {
+  double adamw = 0;    // parameters a second, in the step
+  double norm = 0;     // the clipping norm over every gradient (0 without clipping)
+  double updates = 0;  // every unit's update, or the disk if it is slower
+};
+
+// Sets the step's optimizer and disk seconds.
+OptimizerTimes PredictOptimizer(const PlanRequest& r, const MachineProfile& p, const PlanShape& x,
+                                Plan* plan) {
+  StepPrediction& s = plan->step;
+  OptimizerTimes t;
   // The optimizer: AdamW of every parameter (+ the clipping norm over every gradient), at
   // the profile's in-step fraction of its rate alone (one device's DMA under way included:
   // measured so, it did not follow the DMA's bytes). AdamW moves its bytes (30 a parameter
   // with fp32 moments and the bf16 copy, which machine_bench writes; 28 without the copy) at
   // memory bandwidth; each further device's DMA (weights in, gradients out) shares that
   // bandwidth while it runs.
-  const double adamw =
-      std::max(1.0, p.AdamWParamsPerSecond(r.moments, plan->bf16_copy)) *
-      p.adamw_in_step_fraction /
-      (1.0 + (N - 1) * (s.h2d_bytes + s.d2h_bytes) /
-                 (AdamWBytesPerParameter(r.moments, plan->bf16_copy) * total));
-  const double norm = r.clipping ? 4.0 * total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
-  s.optimizer_seconds = total / adamw + norm;
+  t.adamw = std::max(1.0, p.AdamWParamsPerSecond(r.moments, plan->bf16_copy)) *
+            p.adamw_in_step_fraction /
+            (1.0 + (x.N - 1) * (s.h2d_bytes + s.d2h_bytes) /
+                       (AdamWBytesPerParameter(r.moments, plan->bf16_copy) * x.total));
+  t.norm = r.clipping ? 4.0 * x.total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
+  s.optimizer_seconds = x.total / t.adamw + t.norm;
   // Its layers' moments are read and written once a step, in the optimizer's order, ahead
   // of it: the optimizer goes no faster than the disk (profile rate, else 2 GB/s each way).
   // Reads and writes run together (machine_bench measures the rate so), and the first
@@ -261,42 +332,58 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
       plan->nvme_layers > 0 ? static_cast<double>(plan->disk_bytes) / plan->nvme_layers : 0;
   s.disk_seconds = (plan->disk_bytes + disk_layer) / (1e9 * disk_gbps);
   s.optimizer_seconds = std::max(s.optimizer_seconds, s.disk_seconds);
-  const double updates = std::max(total / adamw, s.disk_seconds);  // every unit's
+  t.updates = std::max(x.total / t.adamw, s.disk_seconds);  // every unit's
+  return t;
+}
 
-  // Overlap, phase by phase (pipeline.h): forward streams weights in under compute; the
-  // head; backward streams gradients out (and re-uploads evicted layers) under compute.
-  const double fill = w_layer * (1.0 + weight_extra) / h2d_rate;
-  const double t_fwd = cpu ? fwd_compute
-                           : std::max({fwd_compute, h2d_fwd_time / h2d_rate, d2h_fwd / d2h_rate}) +
-                                 fill;
+// The step's seconds: overlap, phase by phase (pipeline.h). Forward streams weights in
+// under compute; the head; backward streams gradients out (and re-uploads evicted layers)
+// under compute; the optimizer's updates overlap as clipping allows.
+double OverlapStep(const PlanRequest& r, const PlanShape& x, const Plan& plan,
+                   const ComputeTimes& compute, const Transfers& io,
+                   const OptimizerTimes& optimizer) {
+  const StepPrediction& s = plan.step;
+  const ModelLayerTimes& lt = compute.layers;
+  const double fill = io.w_layer * (1.0 + io.weight_extra) / io.h2d_rate;
+  const double t_fwd =
+      x.cpu ? compute.forward
+            : std::max({compute.forward, io.h2d_fwd_time / io.h2d_rate, io.d2h_fwd / io.d2h_rate}) +
+                  fill;
   const double t_bwd =
-      cpu ? bwd_compute
-          : std::max({bwd_compute, h2d_bwd_time / h2d_rate, d2h_bwd / d2h_rate + s.reduce_seconds,
-                      (h2d_bwd_time + d2h_bwd) / duplex_rate});
-  const double head_d2h = cpu ? 0 : 4.0 * head_n / d2h_rate;
+      x.cpu ? compute.backward
+            : std::max({compute.backward, io.h2d_bwd_time / io.h2d_rate,
+                        io.d2h_bwd / io.d2h_rate + s.reduce_seconds,
+                        (io.h2d_bwd_time + io.d2h_bwd) / io.duplex_rate});
+  const double head_d2h = x.cpu ? 0 : 4.0 * x.head_n / io.d2h_rate;
   if (r.clipping) {
     // Updates wait for the norm, then run in forward order under the next forward.
-    s.seconds = std::max(t_fwd, updates + lt.bottom.forward * M) + s.head_seconds +
-                std::max(t_bwd, norm);
-  } else {
-    // Each unit is updated as its gradient lands; the next step needs the embedding and
-    // layer 0, which land last, and uploads the embedding once it is updated.
-    const double embed_up = cpu ? 0 : static_cast<double>(up) * embed_n / h2d_rate;
-    const double tail =
-        (cpu ? 0 : 4.0 * embed_n / d2h_rate) + (embed_n + layer_n) / adamw + embed_up;
-    // The optimizer's first piece: the lm_head's gradient, or (tied, the head holding only
-    // its norm) the top layer's after its backward.
-    const double first = head_n >= layer_n
-                             ? head_d2h
-                             : M * lt.top.backward + (cpu ? 0 : 4.0 * layer_n / d2h_rate);
-    s.seconds = t_fwd + s.head_seconds + std::max(t_bwd + tail, first + updates + embed_up);
+    return std::max(t_fwd, optimizer.updates + lt.bottom.forward * x.M) + s.head_seconds +
+           std::max(t_bwd, optimizer.norm);
   }
+  // Each unit is updated as its gradient lands; the next step needs the embedding and
+  // layer 0, which land last, and uploads the embedding once it is updated.
+  const double embed_up = x.cpu ? 0 : static_cast<double>(io.up) * x.embed_n / io.h2d_rate;
+  const double tail = (x.cpu ? 0 : 4.0 * x.embed_n / io.d2h_rate) +
+                      (x.embed_n + x.layer_n) / optimizer.adamw + embed_up;
+  // The optimizer's first piece: the lm_head's gradient, or (tied, the head holding only
+  // its norm) the top layer's after its backward.
+  const double first = x.head_n >= x.layer_n
+                           ? head_d2h
+                           : x.M * lt.top.backward + (x.cpu ? 0 : 4.0 * x.layer_n / io.d2h_rate);
+  return t_fwd + s.head_seconds + std::max(t_bwd + tail, first + optimizer.updates + embed_up);
+}
 
-  const double tokens = static_cast<double>(M) * n * N;  // the whole step's
+// The step's model FLOPs (6 N T + attention) and what the kernels execute, recomputation
+// included.
+void CountFlops(const PlanRequest& r, const PlanShape& x, Plan* plan) {
+  const ModelConfig& c = r.config;
+  StepPrediction& s = plan->step;
+  const double recompute = static_cast<double>(x.K - 1) / x.K;
+  const double tokens = static_cast<double>(x.M) * x.n * x.N;  // the whole step's
   // Attention's span over the layers: seq per causal layer (its queries see seq/2 keys on
   // average), 2 (W - W^2 / (2 seq)) under a sliding window of W < seq tokens (GPT-OSS).
   double span = 0;
-  for (int64_t l = 0; l < L; ++l) {
+  for (int64_t l = 0; l < x.L; ++l) {
     const double seq = static_cast<double>(r.seq_len);
     const double W = static_cast<double>(c.AttentionWindow(l));
     span += W > 0 && W < seq ? 2 * (W - W * W / (2 * seq)) : seq;
@@ -306,26 +393,48 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   // Hardware: the forward runs (2 + (K-1)/K) times per layer, the head once.
   // A layer's matmul parameters one token passes through (MoE: the active ones).
   const double active_layer_n =
-      static_cast<double>(MatmulParameters(c) - c.vocab_size * c.hidden_size) / L;
+      static_cast<double>(MatmulParameters(c) - c.vocab_size * c.hidden_size) / x.L;
   const double layer_fwd =
-      2.0 * tokens * active_layer_n + 2.0 * tokens * (span / L) * c.num_heads * c.head_dim;
+      2.0 * tokens * active_layer_n + 2.0 * tokens * (span / x.L) * c.num_heads * c.head_dim;
   // forward, re-forward, segment recompute, backward (twice a forward)
-  s.hardware_flops = L * layer_fwd * (1 + 1 + recompute + 2) -
-                     plan->kept_layers * layer_fwd + 6.0 * tokens * C * V;
+  s.hardware_flops = x.L * layer_fwd * (1 + 1 + recompute + 2) -
+                     plan->kept_layers * layer_fwd + 6.0 * tokens * x.C * x.V;
+}
 
+// What bounds the step: the largest of its compute, PCIe and optimizer floors.
+std::string NameBound(const MachineProfile& p, const PlanShape& x,
+                      const OptimizerTimes& optimizer, const StepPrediction& s) {
   const double floors[] = {s.compute_seconds, s.pcie_seconds, s.optimizer_seconds};
   const int which = static_cast<int>(std::max_element(floors, floors + 3) - floors);
-  if (which == 0) {
-    s.bound = cpu ? "CPU compute" : "GPU compute";
-  } else if (which == 1) {
-    s.bound = "PCIe";
-  } else {
-    // AdamW moves 30 bytes per parameter; near the memory bandwidth, that is the limit.
-    const bool memory = 30.0 * adamw >= 0.8 * 1e9 * p.host_gbps;
-    s.bound = s.disk_seconds >= s.optimizer_seconds && s.disk_seconds > 0
-                  ? "NVMe (the optimizer state on disk)"
-                  : memory ? "host memory bandwidth (CPU AdamW)" : "CPU optimizer";
-  }
+  if (which == 0) return x.cpu ? "CPU compute" : "GPU compute";
+  if (which == 1) return "PCIe";
+  // AdamW moves 30 bytes per parameter; near the memory bandwidth, that is the limit.
+  const bool memory = 30.0 * optimizer.adamw >= 0.8 * 1e9 * p.host_gbps;
+  return s.disk_seconds >= s.optimizer_seconds && s.disk_seconds > 0
+             ? "NVMe (the optimizer state on disk)"
+         : memory ? "host memory bandwidth (CPU AdamW)"
+                  : "CPU optimizer";
+}
+
+}  // namespace
+
+// The prediction, stage by stage: memory on the device and the host (and the NVMe tier's
+// share), then the step's kernels, transfers and optimizer, how they overlap, its FLOPs and
+// what bounds it.
+void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend, Plan* plan) {
+  const ModelLayout layout = BuildLayout(r.config);
+  const PlanShape x = ShapeOf(r, backend, layout, *plan);
+  plan->num_parameters = NumParameters(r.config);
+  SizeDeviceMemory(r, backend, layout, plan);
+  SizeHostMemory(r, layout, x, plan);
+  PlaceMomentsOnDisk(r, x, plan);
+  plan->step = StepPrediction{};
+  const ComputeTimes compute = PredictCompute(r, p, backend, layout, x, plan);
+  const Transfers transfers = PredictTransfers(r, p, x, plan);
+  const OptimizerTimes optimizer = PredictOptimizer(r, p, x, plan);
+  plan->step.seconds = OverlapStep(r, x, *plan, compute, transfers, optimizer);
+  CountFlops(r, x, plan);
+  plan->step.bound = NameBound(p, x, optimizer, plan->step);
 }
 
 namespace {
@@ -419,10 +528,9 @@ absl::Status CheckStepCanFit(const PlanRequest& r, Backend* backend, int64_t dev
       cpu ? "" : ", or raise device_memory_cap_bytes where the device has more"));
 }
 
-}  // namespace
-
-absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profile,
-                              Backend* backend) {
+// A request the planner can plan for: a model with layers, a batch of positive size, and
+// micro-batches and devices that divide it. InvalidArgument naming the field otherwise.
+absl::Status CheckRequest(const PlanRequest& r) {
   const ModelConfig& c = r.config;
   if (c.num_layers < 1 || r.seq_len < 1 || r.rows_per_step < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -443,123 +551,154 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
         r.micro_batch_rows > 0 ? " micro-batches" : " sequences",
         ": each device takes an equal share"));
   }
-  const int64_t share = r.rows_per_step / devices;  // each device's sequences
-  const bool cpu = backend->kind() == BackendKind::kCpu;
-  RETURN_IF_ERROR(CheckStepCanFit(r, backend, share * r.seq_len));
-  std::vector<int64_t> rows;
+  return absl::OkStatus();
+}
+
+// The values each choice of a plan may take: the request's where it fixes one, else every
+// one worth counting on this backend.
+struct PlanChoices {
+  std::vector<int64_t> rows;          // sequences per micro-batch: the divisors of a share
+  std::vector<int64_t> ks;            // checkpoint intervals
+  std::vector<bool> places;           // checkpoints in host memory?
+  std::vector<int64_t> slot_choices;  // weight slots (0: the fewest)
+  std::vector<bool> copies;           // the bf16 copy kept?
+};
+
+PlanChoices ChoicesFor(const PlanRequest& r, int64_t share, bool cpu) {
+  const ModelConfig& c = r.config;
+  PlanChoices choices;
   if (r.micro_batch_rows > 0) {
-    rows = {r.micro_batch_rows};
+    choices.rows = {r.micro_batch_rows};
   } else {  // the divisors of share, in order
     std::vector<int64_t> large;
     for (int64_t d = 1; d * d <= share; ++d) {
       if (share % d != 0) continue;
-      rows.push_back(d);
+      choices.rows.push_back(d);
       if (d != share / d) large.push_back(share / d);
     }
-    rows.insert(rows.end(), large.rbegin(), large.rend());
+    choices.rows.insert(choices.rows.end(), large.rbegin(), large.rend());
   }
-  std::vector<int64_t> ks;
   if (r.checkpoint_every > 0) {
-    ks = {std::min(r.checkpoint_every, c.num_layers)};
+    choices.ks = {std::min(r.checkpoint_every, c.num_layers)};
   } else {
     for (int64_t k : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}) {
-      if (k <= c.num_layers) ks.push_back(k);
+      if (k <= c.num_layers) choices.ks.push_back(k);
     }
   }
-  std::vector<bool> places;
   if (cpu || r.checkpoints == ActivationPlacement::kDevice) {
-    places = {false};
+    choices.places = {false};
   } else if (r.checkpoints == ActivationPlacement::kHost) {
-    places = {true};
+    choices.places = {true};
   } else {
-    places = {false, true};
+    choices.places = {false, true};
   }
-  std::vector<int64_t> slot_choices = {0};
+  choices.slot_choices = {0};
   if (r.weight_slots >= 0) {
-    slot_choices = {r.weight_slots};
+    choices.slot_choices = {r.weight_slots};
   } else if (!cpu) {
-    slot_choices.push_back(c.num_layers);
+    choices.slot_choices.push_back(c.num_layers);
   }
-
-  std::vector<bool> copies;
   if (r.bf16_copy == Bf16Copy::kYes) {
-    copies = {true};
+    choices.copies = {true};
   } else if (r.bf16_copy == Bf16Copy::kNo) {
-    copies = {false};
+    choices.copies = {false};
   } else {
-    copies = {true, false};
+    choices.copies = {true, false};
   }
+  return choices;
+}
 
+// Every combination of `choices` for a device's `share` of sequences, predicted and
+// considered; MLP tiles only when no plan over whole micro-batches fits (long sequences)
+// and the request leaves the tile to the planner.
+PlanSearch SearchPlans(const PlanRequest& r, const MachineProfile& profile, Backend* backend,
+                       const PlanChoices& choices, int64_t share, int64_t devices, bool cpu) {
   PlanSearch search;
   std::vector<int64_t> tiles = {r.mlp_tile_tokens > 0 ? r.mlp_tile_tokens : 0};
   for (size_t pass = 0; pass < tiles.size(); ++pass) {
-    for (int64_t mb : rows) {
-      for (int64_t k : ks) {
-        for (bool host : places) {
-          for (int64_t slots : slot_choices) {
-           for (bool copy : copies) {
-            Plan plan;
-            plan.bf16_copy = copy;
-            plan.micro_batch_rows = mb;
-            plan.micro_batches = share / mb;
-            plan.devices = devices;
-            plan.checkpoint_every = k;
-            plan.checkpoints_on_host = host;
-            plan.weight_slots = slots;
-            plan.loss_chunk_tokens = r.loss_chunk_tokens;
-            plan.mlp_tile_tokens = tiles[pass] < mb * r.seq_len ? tiles[pass] : 0;
-            PredictPlan(r, profile, backend, &plan);
-            ChooseKeptLayers(r, profile, backend, &plan);
-            search.Consider(plan, r, cpu);
-           }
+    for (int64_t mb : choices.rows) {
+      for (int64_t k : choices.ks) {
+        for (bool host : choices.places) {
+          for (int64_t slots : choices.slot_choices) {
+            for (bool copy : choices.copies) {
+              Plan plan;
+              plan.bf16_copy = copy;
+              plan.micro_batch_rows = mb;
+              plan.micro_batches = share / mb;
+              plan.devices = devices;
+              plan.checkpoint_every = k;
+              plan.checkpoints_on_host = host;
+              plan.weight_slots = slots;
+              plan.loss_chunk_tokens = r.loss_chunk_tokens;
+              plan.mlp_tile_tokens = tiles[pass] < mb * r.seq_len ? tiles[pass] : 0;
+              PredictPlan(r, profile, backend, &plan);
+              ChooseKeptLayers(r, profile, backend, &plan);
+              search.Consider(plan, r, cpu);
+            }
           }
         }
       }
     }
-    // Nothing fits over whole micro-batches: their MLP half in tiles (long sequences).
     if (pass == 0 && !search.have_best && r.mlp_tile_tokens < 0) {
       for (int64_t tile : {32768, 16384, 8192, 4096}) {
-        if (tile < rows.front() * r.seq_len) tiles.push_back(tile);
+        if (tile < choices.rows.front() * r.seq_len) tiles.push_back(tile);
       }
     }
   }
-  Plan& best = search.best;
-  const Plan& smallest = search.smallest;
-  const bool have_best = search.have_best;
-  if (!have_best) {
-    const bool device_short = !cpu && smallest.device_bytes > r.device_budget_bytes;
-    if (device_short) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "the job does not fit in device memory: its smallest plan (%d sequence(s) of %d tokens "
-          "per micro-batch, checkpoints every %d layer(s) %s) needs %s on the device, and it "
-          "may take %s; lower data.seq_len, or raise device_memory_cap_bytes",
-          smallest.micro_batch_rows, r.seq_len, smallest.checkpoint_every,
-          smallest.checkpoints_on_host ? "in host memory" : "on the device",
-          GiB(smallest.device_bytes), GiB(r.device_budget_bytes)));
-    }
+  return search;
+}
+
+// Why no plan fits, with the smallest plan's figures: the device memory it needs, or the
+// host memory, and what to change.
+absl::Status NoPlanFits(const PlanRequest& r, const Plan& smallest, bool cpu) {
+  if (!cpu && smallest.device_bytes > r.device_budget_bytes) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "the job does not fit in host memory: it needs %s (training state %s for %s parameters "
-        "at %.4g bytes each, gradient slabs %s%s), and %s is available; use a smaller model%s%s%s",
-        GiB(smallest.host_bytes), GiB(smallest.host_store_bytes), Params(smallest.num_parameters),
-        StoreBytesPerParameter(r.moments, smallest.bf16_copy),
-        GiB(smallest.host_slab_bytes),
-        smallest.host_checkpoint_bytes > 0
-            ? absl::StrCat(", checkpoints ", GiB(smallest.host_checkpoint_bytes))
-            : std::string(cpu ? absl::StrCat(", CPU buffers ", GiB(smallest.device_bytes)) : ""),
-        GiB(r.host_budget_bytes),
-        r.moments != MomentDType::kInt8
-            ? absl::StrFormat(", or keep AdamW's moments in int8 (optimizer.state_dtype: int8, "
-                              "%.4g bytes a parameter)",
-                              StoreBytesPerParameter(MomentDType::kInt8, smallest.bf16_copy))
-            : std::string(),
-        r.nvme_dir.empty() ? ", or keep the top layers' moments on a local disk "
-                             "(optimizer.nvme_dir)"
-                           : "",
-        r.clipping ? ", or turn clipping off (train.max_grad_norm: 0 holds two layers' "
-                     "gradients instead of every layer's)"
-                   : ""));
+        "the job does not fit in device memory: its smallest plan (%d sequence(s) of %d tokens "
+        "per micro-batch, checkpoints every %d layer(s) %s) needs %s on the device, and it "
+        "may take %s; lower data.seq_len, or raise device_memory_cap_bytes",
+        smallest.micro_batch_rows, r.seq_len, smallest.checkpoint_every,
+        smallest.checkpoints_on_host ? "in host memory" : "on the device",
+        GiB(smallest.device_bytes), GiB(r.device_budget_bytes)));
   }
-  if (copies.size() == 2) {  // what the other choice would cost, for the plan's reason
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "the job does not fit in host memory: it needs %s (training state %s for %s parameters "
+      "at %.4g bytes each, gradient slabs %s%s), and %s is available; use a smaller model%s%s%s",
+      GiB(smallest.host_bytes), GiB(smallest.host_store_bytes), Params(smallest.num_parameters),
+      StoreBytesPerParameter(r.moments, smallest.bf16_copy),
+      GiB(smallest.host_slab_bytes),
+      smallest.host_checkpoint_bytes > 0
+          ? absl::StrCat(", checkpoints ", GiB(smallest.host_checkpoint_bytes))
+          : std::string(cpu ? absl::StrCat(", CPU buffers ", GiB(smallest.device_bytes)) : ""),
+      GiB(r.host_budget_bytes),
+      r.moments != MomentDType::kInt8
+          ? absl::StrFormat(", or keep AdamW's moments in int8 (optimizer.state_dtype: int8, "
+                            "%.4g bytes a parameter)",
+                            StoreBytesPerParameter(MomentDType::kInt8, smallest.bf16_copy))
+          : std::string(),
+      r.nvme_dir.empty() ? ", or keep the top layers' moments on a local disk "
+                           "(optimizer.nvme_dir)"
+                         : "",
+      r.clipping ? ", or turn clipping off (train.max_grad_norm: 0 holds two layers' "
+                   "gradients instead of every layer's)"
+                 : ""));
+}
+
+}  // namespace
+
+// The search, stage by stage: the request checked, the choices each knob may take, every
+// combination predicted, then the best that fits (or why none does).
+absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profile,
+                              Backend* backend) {
+  RETURN_IF_ERROR(CheckRequest(r));
+  const int64_t devices = std::max<int64_t>(1, r.devices);
+  const int64_t share = r.rows_per_step / devices;  // each device's sequences
+  const bool cpu = backend->kind() == BackendKind::kCpu;
+  RETURN_IF_ERROR(CheckStepCanFit(r, backend, share * r.seq_len));
+  const PlanChoices choices = ChoicesFor(r, share, cpu);
+  PlanSearch search = SearchPlans(r, profile, backend, choices, share, devices, cpu);
+  if (!search.have_best) return NoPlanFits(r, search.smallest, cpu);
+  Plan& best = search.best;
+  if (choices.copies.size() == 2) {  // what the other choice would cost, for the plan's reason
     Plan other = best;
     other.bf16_copy = !best.bf16_copy;
     PredictPlan(r, profile, backend, &other);
@@ -570,16 +709,16 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
   return best;
 }
 
-std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachineProfile& profile) {
-  const StepPrediction& s = plan.step;
+namespace {
+
+// The model: its size, its experts, its attention windows.
+void DescribeModel(const Plan& plan, const PlanRequest& r, std::string* out) {
   const ModelConfig& c = r.config;
-  const int64_t tokens = r.rows_per_step * r.seq_len;
-  std::string out;
-  absl::StrAppendFormat(&out, "model      %s parameters, %d layers, hidden %d, vocab %d\n",
+  absl::StrAppendFormat(out, "model      %s parameters, %d layers, hidden %d, vocab %d\n",
                         Params(plan.num_parameters), c.num_layers, c.hidden_size, c.vocab_size);
   if (c.is_moe()) {
     absl::StrAppendFormat(
-        &out, "experts    %d MoE layer(s) of %d experts (I %d), top-%d%s: %s active parameters "
+        out, "experts    %d MoE layer(s) of %d experts (I %d), top-%d%s: %s active parameters "
               "per token (model FLOPs count these); load-balancing loss x%g\n",
         c.NumMoeLayers(), c.moe.num_experts, c.moe.intermediate_size, c.moe.experts_per_token,
         c.moe.norm_topk_prob ? " renormalised" : "",
@@ -589,27 +728,34 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
   int64_t sliding = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) sliding += c.AttentionWindow(l) > 0 ? 1 : 0;
   if (sliding > 0) {
-    absl::StrAppendFormat(&out,
+    absl::StrAppendFormat(out,
                           "attention  %d sliding layer(s) (window %d tokens), %d full; %s\n",
                           sliding, c.sliding_window, c.num_layers - sliding,
                           c.attention_sinks ? "a learned sink per head" : "no sinks");
   }
-  absl::StrAppendFormat(&out, "machine    %s; PCIe %.0f GB/s in, %.0f GB/s out; matmul %.0f TFLOP/s; "
-                              "CPU AdamW %.2f G params/s (x %.2f in a step)\n",
+}
+
+// The machine's rates the plan is made with, and the batch and devices it splits.
+void DescribeMachineAndBatch(const Plan& plan, const PlanRequest& r,
+                             const MachineProfile& profile, std::string* out) {
+  const StepPrediction& s = plan.step;
+  const int64_t tokens = r.rows_per_step * r.seq_len;
+  absl::StrAppendFormat(out, "machine    %s; PCIe %.0f GB/s in, %.0f GB/s out; matmul %.0f TFLOP/s; "
+                             "CPU AdamW %.2f G params/s (x %.2f in a step)\n",
                         profile.backend, profile.h2d_gbps, profile.d2h_gbps,
                         profile.gemm_peak_tflops, profile.adamw_params_per_second / 1e9,
                         profile.adamw_in_step_fraction);
   // The rates behind every choice below: a spec plans alike wherever this profile is used.
-  absl::StrAppendFormat(&out, "profile    %s, measured %s\n",
+  absl::StrAppendFormat(out, "profile    %s, measured %s\n",
                         profile.source.empty() ? "not cached" : profile.source,
                         profile.measured_at.empty() ? "-" : profile.measured_at);
-  absl::StrAppendFormat(&out, "batch      %d tokens per step = %d sequence(s) of %d; %d micro-batch(es) "
-                              "of %d sequence(s)%s\n",
+  absl::StrAppendFormat(out, "batch      %d tokens per step = %d sequence(s) of %d; %d micro-batch(es) "
+                             "of %d sequence(s)%s\n",
                         tokens, r.rows_per_step, r.seq_len, plan.micro_batches,
                         plan.micro_batch_rows, plan.devices > 1 ? " on each device" : "");
   if (plan.devices > 1) {
     absl::StrAppendFormat(
-        &out, "devices    %d, data parallel over one host copy of the state; gradients %s\n",
+        out, "devices    %d, data parallel over one host copy of the state; gradients %s\n",
         plan.devices,
         r.reduce_on_devices
             ? absl::StrFormat("reduce-scattered device to device (%.3f s at %.0f GB/s), each "
@@ -617,38 +763,46 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
                               s.reduce_seconds, s.peer_gbps, plan.devices)
             : std::string("drained whole by every device and added on the host"));
   }
+}
+
+// Where the memory goes: checkpoints, slots, kept layers, tiles, the device's and the
+// host's totals, the training state, the NVMe tier and what crosses PCIe.
+void DescribeMemory(const Plan& plan, const PlanRequest& r, const MachineProfile& profile,
+                    std::string* out) {
+  const StepPrediction& s = plan.step;
+  const ModelConfig& c = r.config;
   absl::StrAppendFormat(
-      &out, "memory     layer inputs kept every %d layer(s) %s%s; %d weight slot(s)%s\n",
+      out, "memory     layer inputs kept every %d layer(s) %s%s; %d weight slot(s)%s\n",
       plan.checkpoint_every, plan.checkpoints_on_host ? "in pinned host memory" : "on the device",
       plan.checkpoint_every > 1 ? " (the layers between are recomputed in backward)" : "",
       plan.weight_slots,
       plan.weight_slots >= c.num_layers ? " (every layer stays on the device from forward to backward)"
                                         : "");
   if (plan.kept_layers > 0) {
-    absl::StrAppendFormat(&out, "           the top %d layer(s) keep their %s for backward "
-                                "(not recomputed)\n",
+    absl::StrAppendFormat(out, "           the top %d layer(s) keep their %s for backward "
+                               "(not recomputed)\n",
                           plan.kept_layers,
                           plan.mlp_tile_tokens > 0 ? "attention" : "activations");
   }
   if (plan.mlp_tile_tokens > 0) {
-    absl::StrAppendFormat(&out, "           sequence tiles: each layer's MLP runs over %d tokens at "
-                                "a time (recomputed in backward); attention over the whole "
-                                "sequence\n",
+    absl::StrAppendFormat(out, "           sequence tiles: each layer's MLP runs over %d tokens at "
+                               "a time (recomputed in backward); attention over the whole "
+                               "sequence\n",
                           plan.mlp_tile_tokens);
   }
-  absl::StrAppendFormat(&out, "           device %s of %s%s; host %s of %s (training state %s, "
-                              "gradient slabs %s, checkpoints %s)\n",
+  absl::StrAppendFormat(out, "           device %s of %s%s; host %s of %s (training state %s, "
+                             "gradient slabs %s, checkpoints %s)\n",
                         GiB(plan.device_bytes), GiB(r.device_budget_bytes),
                         plan.devices > 1 ? " on each" : "", GiB(plan.host_bytes),
                         GiB(r.host_budget_bytes), GiB(plan.host_store_bytes),
                         GiB(plan.host_slab_bytes), GiB(plan.host_checkpoint_bytes));
-  absl::StrAppendFormat(&out, "state      %sfp32 master, %s AdamW moments: %.4g bytes a parameter\n",
+  absl::StrAppendFormat(out, "state      %sfp32 master, %s AdamW moments: %.4g bytes a parameter\n",
                         plan.bf16_copy ? "bf16 weights, " : "", MomentDTypeName(r.moments),
                         StoreBytesPerParameter(r.moments, plan.bf16_copy));
   if (plan.nvme_layers > 0) {
-    absl::StrAppendFormat(&out, "nvme       the moments of the top %d layer(s) on disk in %s: %s "
-                                "(%s of RAM buffers), read and written every step: %.2f s "
-                                "at %.3g GB/s each way\n",
+    absl::StrAppendFormat(out, "nvme       the moments of the top %d layer(s) on disk in %s: %s "
+                               "(%s of RAM buffers), read and written every step: %.2f s "
+                               "at %.3g GB/s each way\n",
                           plan.nvme_layers, r.nvme_dir, GiB(plan.disk_bytes),
                           GiB(plan.host_disk_buffer_bytes), s.disk_seconds,
                           profile.nvme_gbps > 0 ? profile.nvme_gbps : 2.0);
@@ -656,35 +810,52 @@ std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachinePr
   const double other = plan.other_copy_step_seconds;
   const double change = other > 0 ? 100.0 * (other / std::max(1e-12, s.seconds) - 1.0) : 0.0;
   if (plan.bf16_copy) {
-    absl::StrAppendFormat(&out, "           the bf16 copy crosses PCIe%s\n",
+    absl::StrAppendFormat(out, "           the bf16 copy crosses PCIe%s\n",
                           other > 0 ? absl::StrFormat(" (kept by optimizer.bf16_copy auto: "
                                                       "without it, streaming the fp32 master, "
                                                       "the step is %+.1f%%)", change)
                                     : std::string(" (optimizer.bf16_copy: yes)"));
   } else {
-    absl::StrAppendFormat(&out, "           the fp32 master crosses PCIe, rounded to bf16 on the "
-                                "device (no bf16 copy: %s)\n",
+    absl::StrAppendFormat(out, "           the fp32 master crosses PCIe, rounded to bf16 on the "
+                               "device (no bf16 copy: %s)\n",
                           other > 0 ? absl::StrFormat("optimizer.bf16_copy auto; with one the "
                                                       "step is %+.1f%%", change)
                                     : std::string("optimizer.bf16_copy: no"));
   }
+}
+
+// The predicted step, what bounds it and its parts.
+void DescribeStep(const Plan& plan, const PlanRequest& r, const MachineProfile& profile,
+                  std::string* out) {
+  const StepPrediction& s = plan.step;
+  const int64_t tokens = r.rows_per_step * r.seq_len;
   const double tps = tokens / std::max(1e-12, s.seconds);
-  absl::StrAppendFormat(&out, "step       %.3f s predicted: %.0f tokens/s, %.0f model TFLOP/s (MFU %.2f)\n",
+  absl::StrAppendFormat(out, "step       %.3f s predicted: %.0f tokens/s, %.0f model TFLOP/s (MFU %.2f)\n",
                         s.seconds, tps, s.model_flops / s.seconds / 1e12,
                         profile.gemm_peak_tflops > 0
                             ? s.model_flops / s.seconds / 1e12 / profile.gemm_peak_tflops
                             : 0.0);
-  absl::StrAppendFormat(&out, "bound      %s\n", s.bound);
-  absl::StrAppendFormat(&out, "           kernels %.3f s (forward %.3f, loss %.3f); PCIe %.3f s (%s in, "
-                              "%s out%s); CPU AdamW %.3f s\n",
+  absl::StrAppendFormat(out, "bound      %s\n", s.bound);
+  absl::StrAppendFormat(out, "           kernels %.3f s (forward %.3f, loss %.3f); PCIe %.3f s (%s in, "
+                             "%s out%s); CPU AdamW %.3f s\n",
                         s.compute_seconds, s.forward_seconds, s.head_seconds, s.pcie_seconds,
                         Bytes(s.h2d_bytes), Bytes(s.d2h_bytes),
                         plan.devices > 1 ? ", each device" : "", s.optimizer_seconds);
   if (r.clipping) {
-    absl::StrAppendFormat(&out, "clipping   on: updates wait for the global norm and run during "
-                                "the next forward (train.max_grad_norm: 0 overlaps them with "
-                                "backward)\n");
+    absl::StrAppendFormat(out, "clipping   on: updates wait for the global norm and run during "
+                               "the next forward (train.max_grad_norm: 0 overlaps them with "
+                               "backward)\n");
   }
+}
+
+}  // namespace
+
+std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachineProfile& profile) {
+  std::string out;
+  DescribeModel(plan, r, &out);
+  DescribeMachineAndBatch(plan, r, profile, &out);
+  DescribeMemory(plan, r, profile, &out);
+  DescribeStep(plan, r, profile, &out);
   return out;
 }
 
