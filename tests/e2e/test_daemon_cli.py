@@ -414,6 +414,13 @@ class DaemonTestCase(unittest.TestCase):
     def status(self, job_id):
         return self.cli_json("status", job_id)
 
+    def act(self, verb, job_id, says):
+        """Runs `megatrain VERB JOB_ID`, expects exit 0 with `says` in its output, and returns
+        the job's status after it."""
+        r = self.cli_ok(verb, job_id)
+        self.assertIn(says, r.stdout)
+        return self.status(job_id)
+
     def wait_for(self, job_id, predicate, what, timeout=WAIT_S, interval=0.03):
         """Polls `status -o json` until predicate(job) holds; returns the job."""
         deadline = time.monotonic() + timeout
@@ -576,10 +583,7 @@ class CancelTest(DaemonTestCase):
     def test_cancel_running_job_then_cancel_finished_job_exits_7(self):
         job_id = self.submit(make_spec(steps=100000, name="long"))
         self.wait_running_at(job_id, 2)
-        r = self.cli("cancel", job_id)
-        self.assertEqual(r.returncode, EXIT_OK, r.stderr)
-        self.assertIn("cancelled", r.stdout)
-        job = self.status(job_id)
+        job = self.act("cancel", job_id, "cancelled")
         self.assertEqual(job["state"], "JOB_STATE_CANCELLED")
         self.assertLess(step_of(job), 100000)
         self.assertNotEqual(int(job["finished_unix_ms"]), 0)
@@ -638,10 +642,7 @@ class HoldReleaseTest(DaemonTestCase):
         steps = 200
         job_id = self.submit(make_spec(steps=steps, name="holdme"))
         self.wait_running_at(job_id, 5)
-        r = self.cli("hold", job_id)
-        self.assertEqual(r.returncode, EXIT_OK, r.stderr)
-        self.assertIn("held", r.stdout)
-        job = self.status(job_id)
+        job = self.act("hold", job_id, "held")
         self.assertEqual(job["state"], "JOB_STATE_HELD")
         held_at = step_of(job)
         self.assertGreaterEqual(held_at, 5)
