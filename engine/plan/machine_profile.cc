@@ -390,10 +390,184 @@ double HoldSeconds(const Backend* backend, const ProfileOptions& options) {
              : ProfileOptions::kDefaultHoldSeconds;
 }
 
+namespace {
+
+// How a measurement is taken: on the CPU, or quickly, fewer and smaller samples; held, each
+// rate timed over at least sample_seconds after `hold` seconds of keeping the device busy.
+struct Measuring {
+  bool cpu = false;
+  bool quick = false;
+  int reps = 4;
+  double hold = 0;
+  double sample_seconds = 0;
+};
+
+// PCIe (or memcpy on the CPU): pinned host <-> device, each way and both at once.
+absl::Status MeasurePcie(Backend* be, const Measuring& m, MachineProfile* p) {
+  const size_t bytes = m.cpu ? (32u << 20) : (512u << 20);
+  ASSIGN_OR_RETURN(HostArena up, HostArena::Map(bytes, "PCIe probe (to the device)"));
+  ASSIGN_OR_RETURN(HostArena down, HostArena::Map(bytes, "PCIe probe (from the device)"));
+  std::memset(up.data(), 1, bytes);
+  std::memset(down.data(), 1, bytes);
+  RETURN_IF_ERROR(be->PinHostRange(up.data(), bytes));
+  RETURN_IF_ERROR(be->PinHostRange(down.data(), bytes));
+  absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(be, bytes);
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(be, bytes);
+  absl::Status status = a.ok() ? b.status() : a.status();
+  if (status.ok()) {
+    const double h2d = TimeOnStream(be, StreamId::kH2D, m.reps, [&] {
+      be->CopyToDevice(a->get(), up.data(), bytes, StreamId::kH2D);
+    });
+    const double d2h = TimeOnStream(be, StreamId::kD2H, m.reps, [&] {
+      be->CopyToHost(down.data(), b->get(), bytes, StreamId::kD2H);
+    });
+    const double both = TimeOnHost(m.reps, [&] {
+      be->CopyToDevice(a->get(), up.data(), bytes, StreamId::kH2D);
+      be->CopyToHost(down.data(), b->get(), bytes, StreamId::kD2H);
+      be->SyncAll();
+    });
+    p->h2d_gbps = bytes / h2d / kGB;
+    p->d2h_gbps = bytes / d2h / kGB;
+    p->duplex_gbps = 2.0 * bytes / both / kGB;
+    p->device_gbps = 2.0 * bytes /
+                     TimeOnStream(be, StreamId::kCompute, m.reps, [&] {
+                       be->CopyOnDevice(b->get(), a->get(), bytes, StreamId::kCompute);
+                     }) /
+                     kGB;
+  }
+  be->SyncAll();
+  be->UnpinHostRange(up.data());
+  be->UnpinHostRange(down.data());
+  return Annotate(status, "machine profile: PCIe buffers");
+}
+
+// Matmuls at a grid of layer shapes: (in, out) of the 1.5B, 7B and 8B classes.
+absl::Status MeasureMatmuls(Backend* be, const ProfileOptions& options, const Measuring& m,
+                            MachineProfile* p) {
+  const DType act = be->act_dtype(), wt = be->weight_dtype();
+  std::vector<int64_t> rows = m.quick ? std::vector<int64_t>{64, 256}
+                                      : std::vector<int64_t>{2048, 8192, 32768};
+  std::vector<std::pair<int64_t, int64_t>> shapes =
+      m.cpu ? std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {256, 1024}, {1024, 256}}
+            : std::vector<std::pair<int64_t, int64_t>>{
+                  {1536, 1536}, {1536, 8960}, {8960, 1536},  {3584, 3584},  {3584, 18944},
+                  {18944, 3584}, {4096, 4096}, {4096, 14336}, {14336, 4096}};
+  if (options.quick && !m.cpu) {
+    rows = {2048, 8192};
+    shapes = {{1536, 1536}, {4096, 14336}};
+  }
+  int64_t max_in = 0, max_w = 0, max_out = 0, max_rows = rows.back();
+  for (const auto& [ic, oc] : shapes) {
+    max_in = std::max(max_in, ic);
+    max_out = std::max(max_out, oc);
+    max_w = std::max(max_w, ic * oc);
+  }
+  const int64_t gsize = DTypeSize(be->grad_dtype());
+  const int64_t asize = DTypeSize(act);
+  ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::Allocate(be, max_rows * max_in * asize));
+  ASSIGN_OR_RETURN(DeviceBuffer din, DeviceBuffer::Allocate(be, max_rows * max_in * asize));
+  ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Allocate(be, max_rows * max_out * asize));
+  ASSIGN_OR_RETURN(DeviceBuffer w, DeviceBuffer::Allocate(be, max_w * DTypeSize(wt)));
+  ASSIGN_OR_RETURN(DeviceBuffer dw, DeviceBuffer::Allocate(be, max_w * gsize));
+  FillRandom(be, in.get(), max_rows * max_in, act, 1);
+  FillRandom(be, out.get(), max_rows * max_out, act, 2);
+  FillRandom(be, w.get(), max_w, wt, 3);
+  be->Zero(dw.get(), max_w * gsize, StreamId::kCompute);
+  const StreamId s = StreamId::kCompute;
+  // Held: the largest shape's forward back to back first, then each rate over at least
+  // kHeldSampleSeconds, the grid keeping the device at the clock a step holds it at.
+  const auto [big_ic, big_oc] =
+      *std::max_element(shapes.begin(), shapes.end(), [](const auto& x, const auto& y) {
+        return x.first * x.second < y.first * y.second;
+      });
+  HoldBusy(be, s, m.hold, [&] {
+    be->Linear(out.get(), in.get(), w.get(), nullptr, max_rows, big_ic, big_oc, false, s);
+  });
+  p->held_seconds = m.hold;
+  for (const auto& [ic, oc] : shapes) {
+    for (int64_t n : rows) {
+      const double flops = 2.0 * n * ic * oc;
+      const double fwd = TimeOnStreamFor(be, s, m.reps, m.sample_seconds, [&] {
+        be->Linear(out.get(), in.get(), w.get(), nullptr, n, ic, oc, false, s);
+      });
+      const double bwd = TimeOnStreamFor(be, s, m.reps, m.sample_seconds, [&] {
+        be->LinearBackward(din.get(), false, dw.get(), nullptr, out.get(), in.get(), w.get(),
+                           n, ic, oc, s);
+      });
+      p->gemm.push_back(GemmSample{n, ic, oc, flops / fwd / 1e12, 2 * flops / bwd / 1e12});
+      p->gemm_peak_tflops = std::max(p->gemm_peak_tflops, p->gemm.back().forward_tflops);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Causal attention, documents of seq_len tokens.
+absl::Status MeasureAttention(Backend* be, const Measuring& m, MachineProfile* p) {
+  const DType act = be->act_dtype();
+  const int64_t H = m.cpu ? 4 : 32, KV = m.cpu ? 2 : 8, D = m.cpu ? 64 : 128;
+  const int64_t n = m.quick ? (m.cpu ? 512 : 8192) : 16384;
+  const std::vector<int64_t> lens = m.quick ? std::vector<int64_t>{128, 512}
+                                            : std::vector<int64_t>{1024, 4096, 16384};
+  const int64_t a = DTypeSize(act), st = DTypeSize(be->stat_dtype());
+  ASSIGN_OR_RETURN(DeviceBuffer q, DeviceBuffer::Allocate(be, n * H * D * a));
+  ASSIGN_OR_RETURN(DeviceBuffer k, DeviceBuffer::Allocate(be, n * KV * D * a));
+  ASSIGN_OR_RETURN(DeviceBuffer v, DeviceBuffer::Allocate(be, n * KV * D * a));
+  ASSIGN_OR_RETURN(DeviceBuffer o, DeviceBuffer::Allocate(be, n * H * D * a));
+  ASSIGN_OR_RETURN(DeviceBuffer dout, DeviceBuffer::Allocate(be, n * H * D * a));
+  ASSIGN_OR_RETURN(DeviceBuffer dq, DeviceBuffer::Allocate(be, n * H * D * a));
+  ASSIGN_OR_RETURN(DeviceBuffer dk, DeviceBuffer::Allocate(be, n * KV * D * a));
+  ASSIGN_OR_RETURN(DeviceBuffer dv, DeviceBuffer::Allocate(be, n * KV * D * a));
+  ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::Allocate(be, n * H * st));
+  ASSIGN_OR_RETURN(DeviceBuffer doc, DeviceBuffer::Allocate(be, n * 4));
+  FillRandom(be, q.get(), n * H * D, act, 4);
+  FillRandom(be, k.get(), n * KV * D, act, 5);
+  FillRandom(be, v.get(), n * KV * D, act, 6);
+  FillRandom(be, dout.get(), n * H * D, act, 7);
+  std::vector<int32_t> starts(n);
+  const StreamId s = StreamId::kCompute;
+  for (int64_t len : lens) {
+    if (len > n) continue;
+    for (int64_t i = 0; i < n; ++i) starts[i] = static_cast<int32_t>(i / len * len);
+    be->CopyToDevice(doc.get(), starts.data(), n * 4, StreamId::kH2D);
+    be->SyncAll();
+    const int32_t* ds = static_cast<const int32_t*>(doc.get());
+    const double flops = 2.0 * n * len * H * D;
+    // Right after the matmul grid: the device is still held (when asked).
+    const double fwd = TimeOnStreamFor(be, s, m.reps, m.sample_seconds, [&] {
+      be->Attention(o.get(), lse.get(), q.get(), k.get(), v.get(), ds, nullptr, 0, n, H, KV, D,
+                    s);
+    });
+    const double bwd = TimeOnStreamFor(be, s, m.reps, m.sample_seconds, [&] {
+      be->AttentionBackward(dq.get(), dk.get(), dv.get(), nullptr, dout.get(), q.get(), k.get(),
+                            v.get(), o.get(), lse.get(), ds, nullptr, 0, n, H, KV, D, s);
+    });
+    p->attention.push_back(AttentionSample{len, flops / fwd / 1e12, 2.5 * flops / bwd / 1e12});
+  }
+  return absl::OkStatus();
+}
+
+// The host: our AdamW (fp32, bf16 and int8 moments), and memory bandwidth.
+void MeasureHost(const Measuring& m, MachineProfile* p) {
+  p->adamw_params_per_second = AdamWParamsPerSecond(m.quick ? (8 << 20) : (64 << 20), m.reps);
+  p->adamw_bf16_params_per_second =
+      QuantizedAdamWParamsPerSecond(MomentDType::kBF16, m.quick ? (8 << 20) : (64 << 20), m.reps);
+  p->adamw_int8_params_per_second =
+      QuantizedAdamWParamsPerSecond(MomentDType::kInt8, m.quick ? (8 << 20) : (64 << 20), m.reps);
+  p->host_gbps = HostBandwidthGbps(m.quick ? (16 << 20) : (256 << 20), m.reps);
+}
+
+}  // namespace
+
+// The machine, stage by stage: PCIe, the matmul grid, attention, then the host.
 absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileOptions& options) {
   const auto started = std::chrono::steady_clock::now();
-  const bool cpu = be->kind() == BackendKind::kCpu;
-  const bool quick = options.quick || cpu;
+  Measuring m;
+  m.cpu = be->kind() == BackendKind::kCpu;
+  m.quick = options.quick || m.cpu;
+  m.reps = m.quick ? 2 : 4;
+  m.hold = HoldSeconds(be, options);
+  // Held: each matmul and attention rate timed over at least this long.
+  m.sample_seconds = m.hold > 0 ? MachineProfile::kHeldSampleSeconds : 0;
   MachineProfile p;
   p.key = ProfileKey(be);
   p.backend = be->name();
@@ -401,157 +575,10 @@ absl::StatusOr<MachineProfile> MeasureMachineProfile(Backend* be, const ProfileO
   p.device_memory_bytes = DeviceMemoryBytes(be);
   p.host_memory_bytes = HostMemoryBytes();
   p.cpu_threads = CpuThreads();
-  const DType act = be->act_dtype(), wt = be->weight_dtype();
-  const int reps = quick ? 2 : 4;
-  const double hold = HoldSeconds(be, options);
-  // Held: each matmul and attention rate timed over at least this long.
-  const double sample_seconds = hold > 0 ? MachineProfile::kHeldSampleSeconds : 0;
-
-  // PCIe (or memcpy on the CPU): pinned host <-> device, each way and both at once.
-  {
-    const size_t bytes = cpu ? (32u << 20) : (512u << 20);
-    ASSIGN_OR_RETURN(HostArena up, HostArena::Map(bytes, "PCIe probe (to the device)"));
-    ASSIGN_OR_RETURN(HostArena down, HostArena::Map(bytes, "PCIe probe (from the device)"));
-    std::memset(up.data(), 1, bytes);
-    std::memset(down.data(), 1, bytes);
-    RETURN_IF_ERROR(be->PinHostRange(up.data(), bytes));
-    RETURN_IF_ERROR(be->PinHostRange(down.data(), bytes));
-    absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(be, bytes);
-    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(be, bytes);
-    absl::Status status = a.ok() ? b.status() : a.status();
-    if (status.ok()) {
-      const double h2d = TimeOnStream(be, StreamId::kH2D, reps, [&] {
-        be->CopyToDevice(a->get(), up.data(), bytes, StreamId::kH2D);
-      });
-      const double d2h = TimeOnStream(be, StreamId::kD2H, reps, [&] {
-        be->CopyToHost(down.data(), b->get(), bytes, StreamId::kD2H);
-      });
-      const double both = TimeOnHost(reps, [&] {
-        be->CopyToDevice(a->get(), up.data(), bytes, StreamId::kH2D);
-        be->CopyToHost(down.data(), b->get(), bytes, StreamId::kD2H);
-        be->SyncAll();
-      });
-      p.h2d_gbps = bytes / h2d / kGB;
-      p.d2h_gbps = bytes / d2h / kGB;
-      p.duplex_gbps = 2.0 * bytes / both / kGB;
-      p.device_gbps = 2.0 * bytes /
-                      TimeOnStream(be, StreamId::kCompute, reps, [&] {
-                        be->CopyOnDevice(b->get(), a->get(), bytes, StreamId::kCompute);
-                      }) /
-                      kGB;
-    }
-    be->SyncAll();
-    be->UnpinHostRange(up.data());
-    be->UnpinHostRange(down.data());
-    RETURN_IF_ERROR(Annotate(status, "machine profile: PCIe buffers"));
-  }
-
-  // Matmuls at a grid of layer shapes: (in, out) of the 1.5B, 7B and 8B classes.
-  {
-    std::vector<int64_t> rows = quick ? std::vector<int64_t>{64, 256}
-                                      : std::vector<int64_t>{2048, 8192, 32768};
-    std::vector<std::pair<int64_t, int64_t>> shapes =
-        cpu ? std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {256, 1024}, {1024, 256}}
-            : std::vector<std::pair<int64_t, int64_t>>{
-                  {1536, 1536}, {1536, 8960}, {8960, 1536},  {3584, 3584},  {3584, 18944},
-                  {18944, 3584}, {4096, 4096}, {4096, 14336}, {14336, 4096}};
-    if (options.quick && !cpu) {
-      rows = {2048, 8192};
-      shapes = {{1536, 1536}, {4096, 14336}};
-    }
-    int64_t max_in = 0, max_w = 0, max_out = 0, max_rows = rows.back();
-    for (const auto& [ic, oc] : shapes) {
-      max_in = std::max(max_in, ic);
-      max_out = std::max(max_out, oc);
-      max_w = std::max(max_w, ic * oc);
-    }
-    const int64_t gsize = DTypeSize(be->grad_dtype());
-    ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::Allocate(be, max_rows * max_in * DTypeSize(act)));
-    ASSIGN_OR_RETURN(DeviceBuffer din, DeviceBuffer::Allocate(be, max_rows * max_in * DTypeSize(act)));
-    ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::Allocate(be, max_rows * max_out * DTypeSize(act)));
-    ASSIGN_OR_RETURN(DeviceBuffer w, DeviceBuffer::Allocate(be, max_w * DTypeSize(wt)));
-    ASSIGN_OR_RETURN(DeviceBuffer dw, DeviceBuffer::Allocate(be, max_w * gsize));
-    FillRandom(be, in.get(), max_rows * max_in, act, 1);
-    FillRandom(be, out.get(), max_rows * max_out, act, 2);
-    FillRandom(be, w.get(), max_w, wt, 3);
-    be->Zero(dw.get(), max_w * gsize, StreamId::kCompute);
-    const StreamId s = StreamId::kCompute;
-    // Held: the largest shape's forward back to back first, then each rate over at least
-    // kHeldSampleSeconds, the grid keeping the device at the clock a step holds it at.
-    const auto [big_ic, big_oc] =
-        *std::max_element(shapes.begin(), shapes.end(), [](const auto& x, const auto& y) {
-          return x.first * x.second < y.first * y.second;
-        });
-    HoldBusy(be, s, hold, [&] {
-      be->Linear(out.get(), in.get(), w.get(), nullptr, max_rows, big_ic, big_oc, false, s);
-    });
-    p.held_seconds = hold;
-    for (const auto& [ic, oc] : shapes) {
-      for (int64_t n : rows) {
-        const double flops = 2.0 * n * ic * oc;
-        const double fwd = TimeOnStreamFor(be, s, reps, sample_seconds, [&] {
-          be->Linear(out.get(), in.get(), w.get(), nullptr, n, ic, oc, false, s);
-        });
-        const double bwd = TimeOnStreamFor(be, s, reps, sample_seconds, [&] {
-          be->LinearBackward(din.get(), false, dw.get(), nullptr, out.get(), in.get(), w.get(),
-                             n, ic, oc, s);
-        });
-        p.gemm.push_back(GemmSample{n, ic, oc, flops / fwd / 1e12, 2 * flops / bwd / 1e12});
-        p.gemm_peak_tflops = std::max(p.gemm_peak_tflops, p.gemm.back().forward_tflops);
-      }
-    }
-  }
-
-  // Causal attention, documents of seq_len tokens.
-  {
-    const int64_t H = cpu ? 4 : 32, KV = cpu ? 2 : 8, D = cpu ? 64 : 128;
-    const int64_t n = quick ? (cpu ? 512 : 8192) : 16384;
-    const std::vector<int64_t> lens = quick ? std::vector<int64_t>{128, 512}
-                                            : std::vector<int64_t>{1024, 4096, 16384};
-    const int64_t a = DTypeSize(act), st = DTypeSize(be->stat_dtype());
-    ASSIGN_OR_RETURN(DeviceBuffer q, DeviceBuffer::Allocate(be, n * H * D * a));
-    ASSIGN_OR_RETURN(DeviceBuffer k, DeviceBuffer::Allocate(be, n * KV * D * a));
-    ASSIGN_OR_RETURN(DeviceBuffer v, DeviceBuffer::Allocate(be, n * KV * D * a));
-    ASSIGN_OR_RETURN(DeviceBuffer o, DeviceBuffer::Allocate(be, n * H * D * a));
-    ASSIGN_OR_RETURN(DeviceBuffer dout, DeviceBuffer::Allocate(be, n * H * D * a));
-    ASSIGN_OR_RETURN(DeviceBuffer dq, DeviceBuffer::Allocate(be, n * H * D * a));
-    ASSIGN_OR_RETURN(DeviceBuffer dk, DeviceBuffer::Allocate(be, n * KV * D * a));
-    ASSIGN_OR_RETURN(DeviceBuffer dv, DeviceBuffer::Allocate(be, n * KV * D * a));
-    ASSIGN_OR_RETURN(DeviceBuffer lse, DeviceBuffer::Allocate(be, n * H * st));
-    ASSIGN_OR_RETURN(DeviceBuffer doc, DeviceBuffer::Allocate(be, n * 4));
-    FillRandom(be, q.get(), n * H * D, act, 4);
-    FillRandom(be, k.get(), n * KV * D, act, 5);
-    FillRandom(be, v.get(), n * KV * D, act, 6);
-    FillRandom(be, dout.get(), n * H * D, act, 7);
-    std::vector<int32_t> starts(n);
-    const StreamId s = StreamId::kCompute;
-    for (int64_t len : lens) {
-      if (len > n) continue;
-      for (int64_t i = 0; i < n; ++i) starts[i] = static_cast<int32_t>(i / len * len);
-      be->CopyToDevice(doc.get(), starts.data(), n * 4, StreamId::kH2D);
-      be->SyncAll();
-      const int32_t* ds = static_cast<const int32_t*>(doc.get());
-      const double flops = 2.0 * n * len * H * D;
-      // Right after the matmul grid: the device is still held (when asked).
-      const double fwd = TimeOnStreamFor(be, s, reps, sample_seconds, [&] {
-        be->Attention(o.get(), lse.get(), q.get(), k.get(), v.get(), ds, nullptr, 0, n, H, KV, D,
-                      s);
-      });
-      const double bwd = TimeOnStreamFor(be, s, reps, sample_seconds, [&] {
-        be->AttentionBackward(dq.get(), dk.get(), dv.get(), nullptr, dout.get(), q.get(), k.get(),
-                              v.get(), o.get(), lse.get(), ds, nullptr, 0, n, H, KV, D, s);
-      });
-      p.attention.push_back(AttentionSample{len, flops / fwd / 1e12, 2.5 * flops / bwd / 1e12});
-    }
-  }
-
-  // The host: our AdamW, and memory bandwidth.
-  p.adamw_params_per_second = AdamWParamsPerSecond(quick ? (8 << 20) : (64 << 20), reps);
-  p.adamw_bf16_params_per_second =
-      QuantizedAdamWParamsPerSecond(MomentDType::kBF16, quick ? (8 << 20) : (64 << 20), reps);
-  p.adamw_int8_params_per_second =
-      QuantizedAdamWParamsPerSecond(MomentDType::kInt8, quick ? (8 << 20) : (64 << 20), reps);
-  p.host_gbps = HostBandwidthGbps(quick ? (16 << 20) : (256 << 20), reps);
+  RETURN_IF_ERROR(MeasurePcie(be, m, &p));
+  RETURN_IF_ERROR(MeasureMatmuls(be, options, m, &p));
+  RETURN_IF_ERROR(MeasureAttention(be, m, &p));
+  MeasureHost(m, &p);
   p.measure_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return p;
