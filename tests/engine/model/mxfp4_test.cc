@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/common/dtype.h"
@@ -89,18 +90,36 @@ class Mxfp4ErrorsTest : public ::testing::Test {
                                            DType scales_dtype = DType::kU8,
                                            bool with_scales = true) {
     dir_ = testing_files::MakeTempDir();
-    auto count = [](const std::vector<int64_t>& s) {
-      int64_t n = 1;
-      for (int64_t d : s) n *= d;
-      return n;
-    };
-    bytes_.assign(static_cast<size_t>(count(blocks_shape) + 4 * count(scales_shape)), 0);
+    bytes_.assign(static_cast<size_t>(Count(blocks_shape) + 4 * Count(scales_shape)), 0);
     std::vector<TensorToWrite> tensors = {{"w_blocks", DType::kU8, blocks_shape, bytes_.data()}};
     if (with_scales) tensors.push_back({"w_scales", scales_dtype, scales_shape, bytes_.data()});
     absl::Status s = WriteSafetensors(dir_ + "/model.safetensors", tensors, {});
     if (!s.ok()) return s;
     return ModelTensorReader::OpenFolder(dir_);
   }
+
+  // ReadMxfp4AsFloat of "w" as `shape` from `r`, into a buffer of that size.
+  static absl::Status ReadW(const ModelTensorReader& r, const std::vector<int64_t>& shape) {
+    std::vector<float> out(Count(shape));
+    return ReadMxfp4AsFloat(r, "w", shape, out.data());
+  }
+
+  // ReadW(`shape`) from a Folder(blocks_shape, scales_shape, scales_dtype, with_scales).
+  absl::Status ReadWFromFolder(std::vector<int64_t> blocks_shape, std::vector<int64_t> scales_shape,
+                               std::vector<int64_t> shape, DType scales_dtype = DType::kU8,
+                               bool with_scales = true) {
+    absl::StatusOr<ModelTensorReader> r =
+        Folder(std::move(blocks_shape), std::move(scales_shape), scales_dtype, with_scales);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? ReadW(*r, shape) : r.status();
+  }
+
+  static int64_t Count(const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+
   std::string dir_;
   std::vector<uint8_t> bytes_;
 };
@@ -109,8 +128,7 @@ TEST_F(Mxfp4ErrorsTest, ScalesOfTheWrongShapeNameTheTensorAndBothShapes) {
   absl::StatusOr<ModelTensorReader> r = Folder({2, 8, 2, 16}, {2, 8, 3});
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(HasMxfp4(*r, "w"));
-  std::vector<float> out(2 * 64 * 8);
-  absl::Status s = ReadMxfp4AsFloat(*r, "w", {2, 64, 8}, out.data());
+  absl::Status s = ReadW(*r, {2, 64, 8});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("'w_scales'"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("[2, 8, 3]"));
@@ -118,35 +136,25 @@ TEST_F(Mxfp4ErrorsTest, ScalesOfTheWrongShapeNameTheTensorAndBothShapes) {
 }
 
 TEST_F(Mxfp4ErrorsTest, BlocksOfTheWrongShapeOrScalesOfTheWrongDtypeAreRefused) {
-  absl::StatusOr<ModelTensorReader> r = Folder({2, 8, 2, 8}, {2, 8, 2});
-  ASSERT_TRUE(r.ok()) << r.status();
-  std::vector<float> out(2 * 64 * 8);
-  absl::Status s = ReadMxfp4AsFloat(*r, "w", {2, 64, 8}, out.data());
+  absl::Status s = ReadWFromFolder({2, 8, 2, 8}, {2, 8, 2}, {2, 64, 8});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("'w_blocks'"));
 
-  r = Folder({2, 8, 2, 16}, {2, 8, 2}, DType::kF32);
-  ASSERT_TRUE(r.ok()) << r.status();
-  s = ReadMxfp4AsFloat(*r, "w", {2, 64, 8}, out.data());
+  s = ReadWFromFolder({2, 8, 2, 16}, {2, 8, 2}, {2, 64, 8}, DType::kF32);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("'w_scales' in"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("is F32"));
 }
 
 TEST_F(Mxfp4ErrorsTest, MissingScalesAreNotFoundNamingThem) {
-  absl::StatusOr<ModelTensorReader> r = Folder({2, 8, 2, 16}, {2, 8, 2}, DType::kU8, false);
-  ASSERT_TRUE(r.ok()) << r.status();
-  std::vector<float> out(2 * 64 * 8);
-  absl::Status s = ReadMxfp4AsFloat(*r, "w", {2, 64, 8}, out.data());
+  const absl::Status s =
+      ReadWFromFolder({2, 8, 2, 16}, {2, 8, 2}, {2, 64, 8}, DType::kU8, /*with_scales=*/false);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(s.message()), HasSubstr("'w_scales'"));
 }
 
 TEST_F(Mxfp4ErrorsTest, ASecondDimensionNotAMultipleOf32IsRefused) {
-  absl::StatusOr<ModelTensorReader> r = Folder({2, 8, 2, 16}, {2, 8, 2});
-  ASSERT_TRUE(r.ok()) << r.status();
-  std::vector<float> out(2 * 60 * 8);
-  absl::Status s = ReadMxfp4AsFloat(*r, "w", {2, 60, 8}, out.data());
+  const absl::Status s = ReadWFromFolder({2, 8, 2, 16}, {2, 8, 2}, {2, 60, 8});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("multiple of 32"));
 }
