@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <system_error>
@@ -406,6 +407,172 @@ json DatasetSource(const DatasetOptions& options, const Tokenizer& tokenizer) {
   return source;
 }
 
+namespace {
+
+// Threads that tokenize chunks of lines, handed back in the order they were submitted: a
+// chunk is taken only once every earlier one has been. One thread feeds and takes; the
+// pool's threads tokenize. Closing (or destroying) the pool drops chunks no thread has
+// started and joins the threads.
+class TokenizingPool {
+ public:
+  // At most `max_in_flight` chunks are out before Next() waits for the oldest.
+  TokenizingPool(const DatasetOptions& options, const Tokenizer& tokenizer,
+                 size_t max_in_flight)
+      : options_(options), tokenizer_(tokenizer), max_in_flight_(max_in_flight) {}
+  ~TokenizingPool() { Close(); }
+
+  // Starts `threads` tokenizing threads; an exception never leaves: a thread the system will
+  // not make (a process or cgroup limit) is ResourceExhausted, with none left running.
+  absl::Status Start(int threads) {
+    absl::Status started;
+    for (int t = 0; t < threads && started.ok(); ++t) {
+      try {
+        pool_.emplace_back([this] { Tokenize(); });
+      } catch (const std::system_error& e) {
+        started = absl::ResourceExhaustedError(absl::StrCat(
+            "data.tokenize_threads: cannot start tokenizing thread ", pool_.size() + 1, " of ",
+            threads, " (", e.what(), "); lower data.tokenize_threads"));
+      }
+    }
+    if (!started.ok()) Close();
+    return started;
+  }
+
+  void Submit(std::shared_ptr<Chunk> chunk) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      todo_.push_back(chunk);
+      in_order_.push_back(std::move(chunk));
+    }
+    work_cv_.notify_one();
+  }
+
+  // The oldest chunk out, once tokenized: waited for when `all` or when max_in_flight are
+  // out, else null while it is not done. Null when none is out.
+  std::shared_ptr<Chunk> Next(bool all) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (in_order_.empty()) return nullptr;
+    if (all || in_order_.size() >= max_in_flight_) {
+      done_cv_.wait(lock, [&] { return in_order_.front()->done; });
+    } else if (!in_order_.front()->done) {
+      return nullptr;
+    }
+    std::shared_ptr<Chunk> chunk = in_order_.front();
+    in_order_.pop_front();
+    return chunk;
+  }
+
+  void Close() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing_ = true;
+      todo_.clear();
+    }
+    work_cv_.notify_all();
+    for (std::thread& t : pool_) t.join();
+    pool_.clear();
+    in_order_.clear();
+  }
+
+ private:
+  void Tokenize() {
+    for (;;) {
+      std::shared_ptr<Chunk> chunk;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        work_cv_.wait(lock, [&] { return closing_ || !todo_.empty(); });
+        if (todo_.empty()) return;
+        chunk = todo_.front();
+        todo_.pop_front();
+      }
+      chunk->results.reserve(chunk->lines.size());
+      for (auto& [number, text] : chunk->lines) {
+        chunk->results.push_back({number, ExampleFromLine(text, options_, tokenizer_)});
+        std::string().swap(text);
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        chunk->done = true;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  const DatasetOptions& options_;
+  const Tokenizer& tokenizer_;
+  const size_t max_in_flight_;
+  std::vector<std::thread> pool_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<std::shared_ptr<Chunk>> todo_;      // waiting for a tokenizer
+  std::deque<std::shared_ptr<Chunk>> in_order_;  // every chunk not yet taken, in order
+  bool closing_ = false;
+};
+
+// Writes a tokenized chunk's examples and counts them (and its bad lines, when skipped).
+// InvalidArgument naming the file and line of a bad one otherwise; the writer's error.
+absl::Status WriteExamples(const Chunk& chunk, const DatasetOptions& options,
+                           TokenStoreWriter* writer, DatasetStats* stats) {
+  for (const LineResult& r : chunk.results) {
+    ++stats->lines;
+    if (!r.example.ok()) {
+      const std::string message =
+          absl::StrCat(options.path, ":", r.line, ": ", r.example.status().message());
+      if (!options.skip_bad_lines) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(message, " (set data.on_bad_line: skip to leave such lines out)"));
+      }
+      ++stats->bad_lines;
+      if (stats->first_errors.size() < kMaxReportedErrors) stats->first_errors.push_back(message);
+      continue;
+    }
+    const Example& e = *r.example;
+    RETURN_IF_ERROR(writer->Add(e));
+    ++stats->examples;
+    stats->tokens += static_cast<int64_t>(e.ids.size());
+    stats->trained_tokens += e.trained.empty()
+                                 ? static_cast<int64_t>(e.ids.size())
+                                 : std::count(e.trained.begin(), e.trained.end(), 1);
+  }
+  return absl::OkStatus();
+}
+
+// Reads `in` into chunks of its non-blank lines (numbered as in the file) and submits each
+// to `pool`; after each, `written()` writes what is done and says whether to go on. The
+// read's error (a read that failed, or a line over the bound), if any.
+absl::Status ReadInChunks(LineReader* in, TokenizingPool* pool,
+                          const std::function<bool()>& written) {
+  int64_t line_number = 0;
+  std::string line;
+  auto chunk = std::make_shared<Chunk>();
+  size_t chunk_bytes = 0;
+  bool go_on = true;
+  auto submit = [&] {
+    if (chunk->lines.empty()) return;
+    pool->Submit(chunk);
+    chunk = std::make_shared<Chunk>();
+    chunk_bytes = 0;
+    go_on = written();
+  };
+  absl::Status read_status;
+  while (go_on) {
+    absl::StatusOr<bool> more = in->Next(&line);
+    if (!more.ok()) read_status = more.status();
+    if (!more.ok() || !*more) break;
+    ++line_number;
+    if (IsBlankLine(line)) continue;
+    chunk_bytes += line.size();
+    chunk->lines.emplace_back(line_number, std::move(line));
+    if (chunk->lines.size() >= kChunkLines || chunk_bytes >= kChunkBytes) submit();
+  }
+  submit();
+  return read_status;
+}
+
+}  // namespace
+
+// The file is read on this thread in chunks, tokenized by a pool of threads and written
+// in file order as chunks finish, at most 2 x threads + 1 chunks out at once.
 absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
                                              const Tokenizer& tokenizer, const std::string& dir,
                                              const json& source) {
@@ -422,146 +589,25 @@ absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
   const int threads = options.threads > 0
                           ? options.threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const size_t max_in_flight = static_cast<size_t>(2 * threads + 1);
-  std::mutex mu;
-  std::condition_variable work_cv, done_cv;
-  std::deque<std::shared_ptr<Chunk>> todo;       // waiting for a tokenizer
-  std::deque<std::shared_ptr<Chunk>> in_order;   // every chunk not yet written, in order
-  bool closing = false;
-
-  std::vector<std::thread> pool;
-  // The tokenizing threads; an exception never leaves: a thread the system will not make
-  // (a process or cgroup limit) ends the build with ResourceExhausted.
-  absl::Status started_threads;
-  auto start_thread = [&](auto body) {
-    try {
-      pool.emplace_back(std::move(body));
-    } catch (const std::system_error& e) {
-      started_threads = absl::ResourceExhaustedError(absl::StrCat(
-          "data.tokenize_threads: cannot start tokenizing thread ", pool.size() + 1, " of ",
-          threads, " (", e.what(), "); lower data.tokenize_threads"));
-    }
-  };
-  for (int t = 0; t < threads && started_threads.ok(); ++t) {
-    start_thread([&] {
-      for (;;) {
-        std::shared_ptr<Chunk> chunk;
-        {
-          std::unique_lock<std::mutex> lock(mu);
-          work_cv.wait(lock, [&] { return closing || !todo.empty(); });
-          if (todo.empty()) return;
-          chunk = todo.front();
-          todo.pop_front();
-        }
-        chunk->results.reserve(chunk->lines.size());
-        for (auto& [number, text] : chunk->lines) {
-          chunk->results.push_back({number, ExampleFromLine(text, options, tokenizer)});
-          std::string().swap(text);
-        }
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          chunk->done = true;
-        }
-        done_cv.notify_all();
-      }
-    });
-  }
-  if (!started_threads.ok()) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      closing = true;
-    }
-    work_cv.notify_all();
-    for (std::thread& t : pool) t.join();
-    return started_threads;
-  }
-
+  TokenizingPool pool(options, tokenizer, static_cast<size_t>(2 * threads + 1));
+  RETURN_IF_ERROR(pool.Start(threads));
   DatasetStats stats;
   absl::Status failure;
   // Writes finished chunks at the front, in file order. `all`: wait for every chunk.
   auto drain = [&](bool all) {
-    for (;;) {
-      std::shared_ptr<Chunk> chunk;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        if (in_order.empty()) return;
-        if (all || in_order.size() >= max_in_flight) {
-          done_cv.wait(lock, [&] { return in_order.front()->done; });
-        } else if (!in_order.front()->done) {
-          return;
-        }
-        chunk = in_order.front();
-        in_order.pop_front();
-      }
-      for (LineResult& r : chunk->results) {
-        if (!failure.ok()) break;
-        ++stats.lines;
-        if (!r.example.ok()) {
-          const std::string message = absl::StrCat(options.path, ":", r.line, ": ",
-                                                   r.example.status().message());
-          if (!options.skip_bad_lines) {
-            failure = absl::InvalidArgumentError(absl::StrCat(
-                message, " (set data.on_bad_line: skip to leave such lines out)"));
-            break;
-          }
-          ++stats.bad_lines;
-          if (stats.first_errors.size() < kMaxReportedErrors) stats.first_errors.push_back(message);
-          continue;
-        }
-        const Example& e = *r.example;
-        if (absl::Status s = writer->Add(e); !s.ok()) {
-          failure = s;
-          break;
-        }
-        ++stats.examples;
-        stats.tokens += static_cast<int64_t>(e.ids.size());
-        stats.trained_tokens += e.trained.empty()
-                                    ? static_cast<int64_t>(e.ids.size())
-                                    : std::count(e.trained.begin(), e.trained.end(), 1);
-      }
+    while (std::shared_ptr<Chunk> chunk = pool.Next(all)) {
+      if (failure.ok()) failure = WriteExamples(*chunk, options, writer.get(), &stats);
     }
   };
-
-  int64_t line_number = 0;
-  std::string line;
-  auto chunk = std::make_shared<Chunk>();
-  size_t chunk_bytes = 0;
-  auto submit = [&] {
-    if (chunk->lines.empty()) return;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      todo.push_back(chunk);
-      in_order.push_back(chunk);
-    }
-    work_cv.notify_one();
-    chunk = std::make_shared<Chunk>();
-    chunk_bytes = 0;
+  const absl::Status read_status = ReadInChunks(&in, &pool, [&] {
     drain(false);
-  };
-  absl::Status read_status;
-  while (failure.ok()) {
-    absl::StatusOr<bool> more = in.Next(&line);
-    if (!more.ok()) read_status = more.status();
-    if (!more.ok() || !*more) break;
-    ++line_number;
-    if (IsBlankLine(line)) continue;
-    chunk_bytes += line.size();
-    chunk->lines.emplace_back(line_number, std::move(line));
-    if (chunk->lines.size() >= kChunkLines || chunk_bytes >= kChunkBytes) submit();
-  }
-  submit();
+    return failure.ok();
+  });
   drain(true);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    closing = true;
-    todo.clear();
-  }
-  work_cv.notify_all();
-  for (std::thread& t : pool) t.join();
-  in_order.clear();
+  pool.Close();
 
   RETURN_IF_ERROR(failure);
-  RETURN_IF_ERROR(read_status);  // a read that failed, or a line over the bound
+  RETURN_IF_ERROR(read_status);
   RETURN_IF_ERROR(CheckDatasetTrainable(options.path, stats));
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   json full_source = source;
