@@ -44,20 +44,34 @@ Vec NaiveGroupedLinear(const Vec& in, const Vec& W, const Vec& bias, const Offse
   return out;
 }
 
+// Random in (R, kIC), W (E, kOC, kIC) and bias (E, kOC) drawn from [bias_lo, bias_hi], in
+// that order, for the experts of `offsets`.
+struct Inputs {
+  int64_t E, R;
+  Vec in, W, bias;
+};
+
+Inputs RandomInputs(std::mt19937_64& rng, const Offsets& offsets, double bias_lo = -1.0,
+                    double bias_hi = 1.0) {
+  Inputs x{Experts(offsets), Rows(offsets), {}, {}, {}};
+  x.in = testutil::RandomVec(rng, x.R * kIC);
+  x.W = testutil::RandomVec(rng, x.E * kOC * kIC);
+  x.bias = testutil::RandomVec(rng, x.E * kOC, bias_lo, bias_hi);
+  return x;
+}
+
 TEST(GroupedLinearTest, BiasOfEachExpertGoesToItsRowsOnly) {
   std::mt19937_64 rng(80);
   for (const Offsets& offsets : {kUneven, kLastEmpty}) {
-    const int64_t E = Experts(offsets), R = Rows(offsets);
-    const Vec in = testutil::RandomVec(rng, R * kIC), W = testutil::RandomVec(rng, E * kOC * kIC);
-    const Vec bias = testutil::RandomVec(rng, E * kOC, 1.0, 3.0);
-    Vec out(R * kOC, 123.0);  // written
-    GroupedLinear(out.data(), in.data(), W.data(), bias.data(), offsets.data(), E, kIC, kOC);
-    testutil::ExpectAllNear(out, NaiveGroupedLinear(in, W, bias, offsets, kIC, kOC), 1e-14, 1e-15,
-                            "out");
+    const Inputs x = RandomInputs(rng, offsets, 1.0, 3.0);
+    Vec out(x.R * kOC, 123.0);  // written
+    GroupedLinear(out.data(), x.in.data(), x.W.data(), x.bias.data(), offsets.data(), x.E, kIC,
+                  kOC);
+    testutil::ExpectAllNear(out, NaiveGroupedLinear(x.in, x.W, x.bias, offsets, kIC, kOC), 1e-14,
+                            1e-15, "out");
   }
 }
 
-// A null bias runs exactly the unbiased per-expert Linear of before.
 // (E, OC, IC) -> (E, IC, OC): each expert's matrix transposed.
 Vec InMajor(const Vec& W, int64_t E, int64_t IC, int64_t OC) {
   Vec out(W.size());
@@ -74,9 +88,8 @@ Vec InMajor(const Vec& W, int64_t E, int64_t IC, int64_t OC) {
 TEST(GroupedLinearTest, InputMajorWeightsGiveTheSameResultsAndTransposedGradients) {
   std::mt19937_64 rng(86);
   for (const Offsets& offsets : {kUneven, kLastEmpty}) {
-    const int64_t E = Experts(offsets), R = Rows(offsets);
-    const Vec in = testutil::RandomVec(rng, R * kIC), W = testutil::RandomVec(rng, E * kOC * kIC);
-    const Vec bias = testutil::RandomVec(rng, E * kOC), dout = testutil::RandomVec(rng, R * kOC);
+    const auto [E, R, in, W, bias] = RandomInputs(rng, offsets);
+    const Vec dout = testutil::RandomVec(rng, R * kOC);
     const Vec Wt = InMajor(W, E, kIC, kOC);
     Vec out(R * kOC), out_t(R * kOC, 5.0), din(R * kIC), din_t(R * kIC, 5.0);
     Vec dW(E * kOC * kIC, 0.5), dW_t = InMajor(dW, E, kIC, kOC), db(E * kOC, 0.25), db_t = db;
@@ -94,6 +107,7 @@ TEST(GroupedLinearTest, InputMajorWeightsGiveTheSameResultsAndTransposedGradient
   }
 }
 
+// A null bias runs exactly the unbiased per-expert Linear of before.
 TEST(GroupedLinearTest, NullBiasIsTheUnbiasedLinearPerExpertBitForBit) {
   std::mt19937_64 rng(81);
   const Offsets& offsets = kUneven;
@@ -123,19 +137,17 @@ TEST(GroupedLinearTest, NullBiasIsTheUnbiasedLinearPerExpertBitForBit) {
 TEST(GroupedLinearTest, BackwardWithBiasMatchesFiniteDifferences) {
   std::mt19937_64 rng(82);
   for (const Offsets& offsets : {kUneven, kLastEmpty}) {
-    const int64_t E = Experts(offsets), R = Rows(offsets);
-    Vec in = testutil::RandomVec(rng, R * kIC), W = testutil::RandomVec(rng, E * kOC * kIC);
-    Vec bias = testutil::RandomVec(rng, E * kOC);
-    const Vec g = testutil::RandomVec(rng, R * kOC);
-    Vec din(R * kIC, 99.0), dW(E * kOC * kIC, 0.0), dbias(E * kOC, 0.0);
-    GroupedLinearBackward(din.data(), dW.data(), dbias.data(), g.data(), in.data(), W.data(),
-                          offsets.data(), E, kIC, kOC);
+    Inputs x = RandomInputs(rng, offsets);
+    const Vec g = testutil::RandomVec(rng, x.R * kOC);
+    Vec din(x.R * kIC, 99.0), dW(x.E * kOC * kIC, 0.0), dbias(x.E * kOC, 0.0);
+    GroupedLinearBackward(din.data(), dW.data(), dbias.data(), g.data(), x.in.data(), x.W.data(),
+                          offsets.data(), x.E, kIC, kOC);
     auto loss = [&] {
-      return testutil::WeightedSum(NaiveGroupedLinear(in, W, bias, offsets, kIC, kOC), g);
+      return testutil::WeightedSum(NaiveGroupedLinear(x.in, x.W, x.bias, offsets, kIC, kOC), g);
     };
-    testutil::ExpectGradientMatches(&in, din, loss, "din");
-    testutil::ExpectGradientMatches(&W, dW, loss, "dW");
-    testutil::ExpectGradientMatches(&bias, dbias, loss, "dbias");
+    testutil::ExpectGradientMatches(&x.in, din, loss, "din");
+    testutil::ExpectGradientMatches(&x.W, dW, loss, "dW");
+    testutil::ExpectGradientMatches(&x.bias, dbias, loss, "dbias");
   }
 }
 
