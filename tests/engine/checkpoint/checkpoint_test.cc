@@ -30,6 +30,7 @@
 #include "engine/store/model_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/engine/model/same_config.h"
 #include "tests/util/deadline.h"
 #include "tests/util/temp_dir.h"
 #include "nlohmann/json.hpp"
@@ -162,18 +163,7 @@ TEST_P(CheckpointTest, ConfigJsonParsesBackToTheSameArchitecture) {
   ASSERT_FALSE(path.empty());
   absl::StatusOr<ModelConfig> c = LoadModelConfig(path + "/config.json");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->architecture, config_.architecture);
-  EXPECT_EQ(c->hidden_size, config_.hidden_size);
-  EXPECT_EQ(c->intermediate_size, config_.intermediate_size);
-  EXPECT_EQ(c->num_layers, config_.num_layers);
-  EXPECT_EQ(c->num_heads, config_.num_heads);
-  EXPECT_EQ(c->num_kv_heads, config_.num_kv_heads);
-  EXPECT_EQ(c->head_dim, config_.head_dim);
-  EXPECT_EQ(c->vocab_size, config_.vocab_size);
-  EXPECT_EQ(c->max_position_embeddings, config_.max_position_embeddings);
-  EXPECT_EQ(c->tie_word_embeddings, config_.tie_word_embeddings);
-  EXPECT_DOUBLE_EQ(c->rms_norm_eps, config_.rms_norm_eps);
-  EXPECT_DOUBLE_EQ(c->rope_theta, config_.rope_theta);
+  testing_configs::ExpectSameConfig(*c, config_);
 }
 
 TEST_P(CheckpointTest, ModelSafetensorsHoldTheStoresBf16WeightsWithFormatPt) {
