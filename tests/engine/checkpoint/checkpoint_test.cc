@@ -95,6 +95,17 @@ std::unique_ptr<HostStore> EmptyStore(const ModelConfig& config) {
   return store.ok() ? std::move(*store) : nullptr;
 }
 
+// A store of `config` restored from the checkpoint at `path`, its trainer state in *state;
+// null, with a failure, when the store cannot be made or the load fails.
+std::unique_ptr<HostStore> LoadIntoEmptyStore(const std::string& path, const ModelConfig& config,
+                                              TrainerState* state) {
+  std::unique_ptr<HostStore> store = EmptyStore(config);
+  if (store == nullptr) return nullptr;
+  const absl::Status loaded = LoadCheckpoint(path, store.get(), state);
+  EXPECT_TRUE(loaded.ok()) << loaded;
+  return loaded.ok() ? std::move(store) : nullptr;
+}
+
 TrainerState SampleState() {
   TrainerState s;
   s.step = 7;
@@ -241,10 +252,9 @@ TEST_P(CheckpointTest, TrainerStateJsonAndTokenizerFilesAreWritten) {
 TEST_P(CheckpointTest, LoadRestoresStateBitExactlyAndDerivesBf16FromMaster) {
   const std::string path = Save();
   ASSERT_FALSE(path.empty());
-  std::unique_ptr<HostStore> fresh = EmptyStore(config_);
-  ASSERT_NE(fresh, nullptr);
   TrainerState state;
-  ASSERT_TRUE(LoadCheckpoint(path, fresh.get(), &state).ok());
+  std::unique_ptr<HostStore> fresh = LoadIntoEmptyStore(path, config_, &state);
+  ASSERT_NE(fresh, nullptr);
 
   ExpectSameState(*store_, *fresh, &HostStore::master, "master");
   ExpectSameState(*store_, *fresh, &HostStore::exp_avg, "exp_avg");
@@ -295,10 +305,9 @@ TEST_P(CheckpointTest, ResavingTheSameStepReplacesTheCheckpoint) {
   }
   const std::string path = Save();
   ASSERT_FALSE(path.empty());
-  std::unique_ptr<HostStore> fresh = EmptyStore(config_);
-  ASSERT_NE(fresh, nullptr);
   TrainerState state;
-  ASSERT_TRUE(LoadCheckpoint(path, fresh.get(), &state).ok());
+  std::unique_ptr<HostStore> fresh = LoadIntoEmptyStore(path, config_, &state);
+  ASSERT_NE(fresh, nullptr);
   EXPECT_EQ(fresh->exp_avg(0)[0], 0.5f);
   EXPECT_THAT(ListCheckpoints(root_.path()), ElementsAre(path));
 }
@@ -336,11 +345,9 @@ TEST(CheckpointShardingTest, SmallMaxShardBytesWritesNumberedShardsAndIndexThatL
   EXPECT_TRUE(fs::exists(*path + "/optimizer/master/model.safetensors.index.json"));
   EXPECT_TRUE(fs::exists(*path + "/optimizer/exp_avg_sq/model.safetensors.index.json"));
 
-  std::unique_ptr<HostStore> fresh = EmptyStore(config);
-  ASSERT_NE(fresh, nullptr);
   TrainerState state;
-  absl::Status loaded = LoadCheckpoint(*path, fresh.get(), &state);
-  ASSERT_TRUE(loaded.ok()) << loaded;
+  std::unique_ptr<HostStore> fresh = LoadIntoEmptyStore(*path, config, &state);
+  ASSERT_NE(fresh, nullptr);
   ExpectSameState(*store, *fresh, &HostStore::master, "master");
   ExpectSameState(*store, *fresh, &HostStore::exp_avg, "exp_avg");
   ExpectSameState(*store, *fresh, &HostStore::exp_avg_sq, "exp_avg_sq");
@@ -624,10 +631,8 @@ TEST(PruneCheckpointsTest, RealSavesPrunedToTheNewestTwoStillLoad) {
   ASSERT_TRUE(PruneCheckpoints(root.path(), 2).ok());
   const std::vector<std::string> left = ListCheckpoints(root.path());
   ASSERT_THAT(left, ElementsAre(root.Join("checkpoint-6"), root.Join("checkpoint-9")));
-  std::unique_ptr<HostStore> fresh = EmptyStore(config);
-  ASSERT_NE(fresh, nullptr);
   TrainerState loaded;
-  ASSERT_TRUE(LoadCheckpoint(left.back(), fresh.get(), &loaded).ok());
+  ASSERT_NE(LoadIntoEmptyStore(left.back(), config, &loaded), nullptr);
   EXPECT_EQ(loaded.step, 9);
 }
 
