@@ -78,6 +78,8 @@ class HfTokenizer final : public Tokenizer {
   // Per-thread working memory of Encode: a cache of the ids of recent pre-tokens and
   // buffers that keep their capacity (hf_tokenizer.cc). One per thread and tokenizer.
   struct Scratch;
+  // Load's stages, one per part of tokenizer.json (hf_tokenizer_load.cc).
+  struct Loader;
 
   HfTokenizer() = default;
   Scratch& ThreadScratch() const;

@@ -80,36 +80,53 @@ bool HasMetaspaceAfterOther(absl::string_view token) {
   return false;
 }
 
+// Ids index a table: one far past the number of tokens would make it huge. Real
+// vocabularies stay below 2^20.
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
+// The id `v` gives `token`, an integer in [0, kMaxTokenId]; InvalidArgument naming `path`.
+absl::StatusOr<int32_t> TokenIdOf(const Json& v, const std::string& token,
+                                  const std::string& path) {
+  const bool in_range =
+      v.is_number_integer() &&
+      (v.is_number_unsigned() ? v.get<uint64_t>() <= kMaxTokenId
+                              : v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMaxTokenId);
+  if (!in_range) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": token '", token, "' has id ", v.dump(), "; ids must be integers from 0 to ",
+        kMaxTokenId, " (larger than megatrain supports)"));
+  }
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
+// The steps of a component that may be one step or a {"type": "Sequence", key: [...]}.
+std::vector<const Json*> StepsOf(const Json& doc, const char* component, const char* key) {
+  std::vector<const Json*> steps;
+  if (auto it = doc.find(component); it != doc.end() && !it->is_null()) {
+    if (TypeOf(*it) == "Sequence") {
+      for (const Json& step : it->at(key)) steps.push_back(&step);
+    } else {
+      steps.push_back(&*it);
+    }
+  }
+  return steps;
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& json_path,
-                                                               const std::string& config_path) {
-  absl::StatusOr<Json> doc_or = ReadJson(json_path);
-  if (!doc_or.ok()) return doc_or.status();
-  std::optional<Json> config;
-  if (!config_path.empty()) {
-    absl::StatusOr<Json> config_or = ReadJson(config_path);
-    if (!config_or.ok()) return config_or.status();
-    config = std::move(config_or).value();
-  }
-  const Json& doc = *doc_or;
-  std::unique_ptr<HfTokenizer> tok(new HfTokenizer());
-  tok->name_ = absl::StrCat("hf-bpe:", json_path);
-  tok->json_path_ = json_path;
-  static std::atomic<uint64_t> next_scratch_key{1};
-  tok->scratch_key_ = next_scratch_key.fetch_add(1);
-  std::string where = json_path;  // the file that a type error is reported against
-  try {
-    // normalizer
-    std::vector<const Json*> normalizers;
-    if (auto it = doc.find("normalizer"); it != doc.end() && !it->is_null()) {
-      if (TypeOf(*it) == "Sequence") {
-        for (const Json& n : it->at("normalizers")) normalizers.push_back(&n);
-      } else {
-        normalizers.push_back(&*it);
-      }
-    }
-    for (const Json* n : normalizers) {
+// Load's stages, one per part of tokenizer.json (and tokenizer_config.json), each filling
+// its members of the tokenizer. nlohmann::json's exceptions pass through them to Load.
+struct HfTokenizer::Loader {
+  // The BPE vocabulary as the model read it, for the id table.
+  struct Vocab {
+    std::vector<std::pair<int32_t, std::string>> id_tokens;  // (id, token)
+    int64_t max_id = -1;
+  };
+
+  // normalizer: NFC, Prepend and Replace (with a String pattern), alone or in a Sequence.
+  static absl::Status Normalizers(const Json& doc, const std::string& json_path,
+                                  HfTokenizer* tok) {
+    for (const Json* n : StepsOf(doc, "normalizer", "normalizers")) {
       const std::string type = TypeOf(*n);
       if (type == "NFC") {
         tok->normalizers_.push_back({NormalizerStep::kNfc, "", ""});
@@ -123,17 +140,13 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
         return Unsupported(json_path, "normalizer", absl::StrCat("type '", type, "'"));
       }
     }
+    return absl::OkStatus();
+  }
 
-    // pre_tokenizer: [Split] then [ByteLevel].
-    std::vector<const Json*> pre;
-    if (auto it = doc.find("pre_tokenizer"); it != doc.end() && !it->is_null()) {
-      if (TypeOf(*it) == "Sequence") {
-        for (const Json& p : it->at("pretokenizers")) pre.push_back(&p);
-      } else {
-        pre.push_back(&*it);
-      }
-    }
-    for (const Json* p : pre) {
+  // pre_tokenizer: [Split] then [ByteLevel].
+  static absl::Status PreTokenizers(const Json& doc, const std::string& json_path,
+                                    HfTokenizer* tok) {
+    for (const Json* p : StepsOf(doc, "pre_tokenizer", "pretokenizers")) {
       const std::string type = TypeOf(*p);
       if (type == "Split") {
         if (tok->split_.has_value() || tok->byte_level_) {
@@ -165,8 +178,12 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
         return Unsupported(json_path, "pre_tokenizer", absl::StrCat("type '", type, "'"));
       }
     }
+    return absl::OkStatus();
+  }
 
-    // model
+  // model: BPE (no dropout, subword prefix or word suffix), its vocab and merges.
+  static absl::StatusOr<Vocab> Model(const Json& doc, const std::string& json_path,
+                                     HfTokenizer* tok) {
     const Json& model = doc.at("model");
     if (TypeOf(model) != "BPE") {
       return Unsupported(json_path, "model", absl::StrCat("type '", TypeOf(model), "'"));
@@ -185,25 +202,11 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
     options.ignore_merges = FlagOf(model, "ignore_merges", false);
     tok->fuse_unk_ = FlagOf(model, "fuse_unk", false);
     options.vocab.reserve(model.at("vocab").size());
-    int64_t max_id = -1;
-    // Ids index a table: one far past the number of tokens would make it huge. Real
-    // vocabularies stay below 2^20.
-    constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
-    auto id_of = [&](const Json& v, const std::string& token) -> absl::StatusOr<int32_t> {
-      const bool in_range = v.is_number_integer() &&
-                            (v.is_number_unsigned() ? v.get<uint64_t>() <= kMaxId
-                                                    : v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMaxId);
-      if (!in_range) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            json_path, ": token '", token, "' has id ", v.dump(),
-            "; ids must be integers from 0 to ", kMaxId, " (larger than megatrain supports)"));
-      }
-      return static_cast<int32_t>(v.get<int64_t>());
-    };
+    Vocab vocab;
     for (const auto& [token, id] : model.at("vocab").items()) {
-      ASSIGN_OR_RETURN(const int32_t value, id_of(id, token));
+      ASSIGN_OR_RETURN(const int32_t value, TokenIdOf(id, token, json_path));
       options.vocab.emplace(token, value);
-      max_id = std::max<int64_t>(max_id, value);
+      vocab.max_id = std::max<int64_t>(vocab.max_id, value);
     }
     options.merges.reserve(model.at("merges").size());
     for (const Json& merge : model.at("merges")) {
@@ -216,7 +219,8 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
         }
         options.merges.emplace_back(text.substr(0, space), text.substr(space + 1));
       } else {
-        options.merges.emplace_back(merge.at(0).get<std::string>(), merge.at(1).get<std::string>());
+        options.merges.emplace_back(merge.at(0).get<std::string>(),
+                                    merge.at(1).get<std::string>());
       }
     }
     if (auto it = model.find("unk_token"); it != model.end() && !it->is_null()) {
@@ -236,41 +240,51 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
           absl::StrCat(json_path, ": model BPE: ", bpe.status().message()));
     }
     tok->model_.emplace(std::move(bpe).value());
+    for (const auto& [token, id] : vocab_copy) vocab.id_tokens.emplace_back(id, token);
+    return vocab;
+  }
 
-    // added_tokens
-    std::vector<std::pair<int32_t, std::string>> id_tokens;
-    for (const auto& [token, id] : vocab_copy) id_tokens.emplace_back(id, token);
-    if (auto it = doc.find("added_tokens"); it != doc.end() && !it->is_null()) {
-      for (const Json& a : *it) {
-        const std::string content = a.at("content").get<std::string>();
-        const bool special = FlagOf(a, "special", false);
-        for (const char* key : {"single_word", "lstrip", "rstrip"}) {
-          if (FlagOf(a, key, false)) {
-            return Unsupported(json_path, "added_tokens",
-                               absl::StrCat("entry '", content, "' with ", key, " true"));
-          }
-        }
-        if (FlagOf(a, "normalized", !special)) {
+  // added_tokens: whole-string matches (no single_word, lstrip, rstrip or normalized); they
+  // take their ids from the vocab's tokens, and extend *vocab.
+  static absl::Status AddedTokens(const Json& doc, const std::string& json_path, Vocab* vocab,
+                                  HfTokenizer* tok) {
+    auto it = doc.find("added_tokens");
+    if (it == doc.end() || it->is_null()) return absl::OkStatus();
+    for (const Json& a : *it) {
+      const std::string content = a.at("content").get<std::string>();
+      const bool special = FlagOf(a, "special", false);
+      for (const char* key : {"single_word", "lstrip", "rstrip"}) {
+        if (FlagOf(a, key, false)) {
           return Unsupported(json_path, "added_tokens",
-                             absl::StrCat("entry '", content, "' with normalized true"));
+                             absl::StrCat("entry '", content, "' with ", key, " true"));
         }
-        if (content.empty()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(json_path, ": added_tokens has an entry with empty content"));
-        }
-        ASSIGN_OR_RETURN(const int32_t id, id_of(a.at("id"), content));
-        max_id = std::max<int64_t>(max_id, id);
-        id_tokens.emplace_back(id, content);
-        tok->added_.push_back({content, id});
-        tok->added_contents_.insert(content);
       }
+      if (FlagOf(a, "normalized", !special)) {
+        return Unsupported(json_path, "added_tokens",
+                           absl::StrCat("entry '", content, "' with normalized true"));
+      }
+      if (content.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(json_path, ": added_tokens has an entry with empty content"));
+      }
+      ASSIGN_OR_RETURN(const int32_t id, TokenIdOf(a.at("id"), content, json_path));
+      vocab->max_id = std::max<int64_t>(vocab->max_id, id);
+      vocab->id_tokens.emplace_back(id, content);
+      tok->added_.push_back({content, id});
+      tok->added_contents_.insert(content);
     }
-    if (max_id < 0) {
+    return absl::OkStatus();
+  }
+
+  // The id -> token table (added tokens over the vocab's) and the added tokens' index by
+  // first byte, longest first.
+  static absl::Status IndexTokens(const std::string& json_path, Vocab vocab, HfTokenizer* tok) {
+    if (vocab.max_id < 0) {
       return absl::InvalidArgumentError(absl::StrCat(json_path, ": model BPE has no vocab"));
     }
-    tok->vocab_size_ = max_id + 1;
+    tok->vocab_size_ = vocab.max_id + 1;
     tok->id_to_token_.resize(static_cast<size_t>(tok->vocab_size_));
-    for (auto& [id, token] : id_tokens) {
+    for (auto& [id, token] : vocab.id_tokens) {
       if (id < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat(json_path, ": token '", token, "' has negative id ", id));
@@ -290,18 +304,14 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
         return tok->added_[a].content.size() > tok->added_[b].content.size();
       });
     }
+    return absl::OkStatus();
+  }
 
-    // decoder
-    std::vector<const Json*> decoders;
-    if (auto it = doc.find("decoder"); it != doc.end() && !it->is_null()) {
-      tok->has_decoder_ = true;
-      if (TypeOf(*it) == "Sequence") {
-        for (const Json& d : it->at("decoders")) decoders.push_back(&d);
-      } else {
-        decoders.push_back(&*it);
-      }
-    }
-    for (const Json* d : decoders) {
+  // decoder: ByteLevel, ByteFallback, Fuse, Replace (String pattern) and Strip, alone or in
+  // a Sequence; none: tokens are joined with ' '.
+  static absl::Status Decoders(const Json& doc, const std::string& json_path, HfTokenizer* tok) {
+    if (auto it = doc.find("decoder"); it != doc.end() && !it->is_null()) tok->has_decoder_ = true;
+    for (const Json* d : StepsOf(doc, "decoder", "decoders")) {
       const std::string type = TypeOf(*d);
       DecoderStep step;
       if (type == "ByteLevel") {
@@ -334,29 +344,63 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string
       }
       tok->decoders_.push_back(std::move(step));
     }
+    return absl::OkStatus();
+  }
 
-    // tokenizer_config.json: bos / eos.
+  // tokenizer_config.json: bos (unless add_bos_token is false) and eos, by content, from
+  // the added tokens or the vocab.
+  static absl::Status SpecialTokens(const Json& config, const std::string& config_path,
+                                    const std::string& json_path, HfTokenizer* tok) {
+    auto id_of = [&](const std::string& content) -> absl::StatusOr<int32_t> {
+      for (const AddedToken& added : tok->added_) {
+        if (added.content == content) return added.id;
+      }
+      const int32_t id = tok->model_->TokenId(content);
+      if (id < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(config_path, ": special token '", content, "' is not in ", json_path));
+      }
+      return id;
+    };
+    const std::string bos = SpecialTokenContent(config, "bos_token");
+    if (!bos.empty() && FlagOf(config, "add_bos_token", true)) {
+      ASSIGN_OR_RETURN(tok->bos_id_, id_of(bos));
+    }
+    const std::string eos = SpecialTokenContent(config, "eos_token");
+    if (!eos.empty()) {
+      ASSIGN_OR_RETURN(tok->eos_id_, id_of(eos));
+    }
+    return absl::OkStatus();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& json_path,
+                                                               const std::string& config_path) {
+  absl::StatusOr<Json> doc_or = ReadJson(json_path);
+  if (!doc_or.ok()) return doc_or.status();
+  std::optional<Json> config;
+  if (!config_path.empty()) {
+    absl::StatusOr<Json> config_or = ReadJson(config_path);
+    if (!config_or.ok()) return config_or.status();
+    config = std::move(config_or).value();
+  }
+  const Json& doc = *doc_or;
+  std::unique_ptr<HfTokenizer> tok(new HfTokenizer());
+  tok->name_ = absl::StrCat("hf-bpe:", json_path);
+  tok->json_path_ = json_path;
+  static std::atomic<uint64_t> next_scratch_key{1};
+  tok->scratch_key_ = next_scratch_key.fetch_add(1);
+  std::string where = json_path;  // the file that a type error is reported against
+  try {
+    RETURN_IF_ERROR(Loader::Normalizers(doc, json_path, tok.get()));
+    RETURN_IF_ERROR(Loader::PreTokenizers(doc, json_path, tok.get()));
+    ASSIGN_OR_RETURN(Loader::Vocab vocab, Loader::Model(doc, json_path, tok.get()));
+    RETURN_IF_ERROR(Loader::AddedTokens(doc, json_path, &vocab, tok.get()));
+    RETURN_IF_ERROR(Loader::IndexTokens(json_path, std::move(vocab), tok.get()));
+    RETURN_IF_ERROR(Loader::Decoders(doc, json_path, tok.get()));
     if (config.has_value()) {
       where = config_path;
-      auto id_of = [&](const std::string& content) -> absl::StatusOr<int32_t> {
-        for (const AddedToken& added : tok->added_) {
-          if (added.content == content) return added.id;
-        }
-        const int32_t id = tok->model_->TokenId(content);
-        if (id < 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(config_path, ": special token '", content, "' is not in ", json_path));
-        }
-        return id;
-      };
-      const std::string bos = SpecialTokenContent(*config, "bos_token");
-      if (!bos.empty() && FlagOf(*config, "add_bos_token", true)) {
-        ASSIGN_OR_RETURN(tok->bos_id_, id_of(bos));
-      }
-      const std::string eos = SpecialTokenContent(*config, "eos_token");
-      if (!eos.empty()) {
-        ASSIGN_OR_RETURN(tok->eos_id_, id_of(eos));
-      }
+      RETURN_IF_ERROR(Loader::SpecialTokens(*config, config_path, json_path, tok.get()));
     }
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(
