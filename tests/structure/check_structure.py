@@ -2,12 +2,21 @@
 them, label unit):
 
   includes   server/ and client/ include no engine header but engine/engine.h and
-             engine/common/*.h: the engine's internals stay behind its public header.
-  functions  no function in engine/job/, engine/pipeline/ or server/job_runner.cc runs
-             longer than 120 lines: the step, the trainer's setup and a running job are
-             named stages, not god functions.
+             engine/common/*.h: the engine's internals stay behind its public header. And
+             neither includes the other: what both ends of the API share is in rpc/, which
+             includes neither.
+  functions  no function in a .cc or .h of engine/ or server/ runs longer than 100 lines
+             (CUDA kernels, .cu and .cuh, aside): the step, the planner, a tokenizer's load
+             and the daemon are named stages, not god functions.
+  floors     engine/'s folders stand on floors (FLOORS, lowest first), and a folder includes
+             only its own headers and those of floors below it: the dependency arrows of
+             the diagram point one way. engine/engine.h, the API's value types, is no floor.
+  getenv     nothing below main reads the environment: getenv appears in engine/, server/,
+             client/, rpc/ and bench/ only in a file that defines main(), which hands what it
+             read down as options (engine/common/engine_settings.h for the engine). Tests
+             are not checked: they may read their own harness's variables.
 
-Usage: python3 check_structure.py ROOT [includes|functions]...   (all checks by default)
+Usage: python3 check_structure.py ROOT [includes|functions|floors|getenv]...   (all by default)
 """
 
 import os
@@ -15,7 +24,25 @@ import re
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(engine/[^"]+)"')
-MAX_FUNCTION_LINES = 120
+MAX_FUNCTION_LINES = 100
+
+# engine/'s folders, floor by floor from the bottom (derived from the includes): a folder
+# may include its own and lower floors' headers, never a sibling's on its floor or above.
+FLOORS = [
+    ["common"],
+    ["kernels", "model", "data"],
+    ["backend", "store", "layers"],
+    ["transfer", "checkpoint"],
+    ["optim"],
+    ["plan"],
+    ["pipeline"],
+    ["job"],
+    ["tools"],
+]
+ENGINE_INCLUDE = re.compile(r'^\s*#\s*include\s+"engine/([^/"]+)/')
+ANY_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^/"]+)/')
+GETENV = re.compile(r"\b(?:secure_)?getenv\b")
+DEFINES_MAIN = re.compile(r"\bint\s+main\s*\(")
 
 
 def sources(root, folder, exts=(".cc", ".h", ".cu", ".cuh")):
@@ -27,15 +54,24 @@ def sources(root, folder, exts=(".cc", ".h", ".cu", ".cuh")):
 
 def check_includes(root):
     bad = []
-    for folder in ("server", "client"):
-        for path in sources(root, folder):
+    for side in ("server", "client", "rpc"):
+        for path in sources(root, side):
             with open(path, encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
-                    m = INCLUDE.match(line)
-                    if m and m.group(1) != "engine/engine.h" and \
-                            not m.group(1).startswith("engine/common/"):
-                        bad.append(f"{os.path.relpath(path, root)}:{number}: includes "
-                                   f"{m.group(1)}; include engine/engine.h instead")
+                    where = f"{os.path.relpath(path, root)}:{number}"
+                    engine = INCLUDE.match(line)
+                    if engine and side == "rpc":
+                        bad.append(f"{where}: includes {engine.group(1)}; rpc/ stands alone")
+                    elif engine and engine.group(1) != "engine/engine.h" and \
+                            not engine.group(1).startswith("engine/common/"):
+                        bad.append(f"{where}: includes {engine.group(1)}; include "
+                                   "engine/engine.h instead")
+                    other = ANY_INCLUDE.match(line)
+                    allowed = {side} if side == "rpc" else {side, "rpc"}
+                    if other and other.group(1) in ("server", "client", "rpc") and \
+                            other.group(1) not in allowed:
+                        bad.append(f"{where}: {side}/ includes {other.group(1)}/; what both "
+                                   "ends of the API share belongs in rpc/")
     return bad
 
 
@@ -112,9 +148,8 @@ def long_functions(path):
 
 def check_functions(root):
     bad = []
-    paths = list(sources(root, "engine/job", (".cc",))) + \
-        list(sources(root, "engine/pipeline", (".cc",))) + \
-        [os.path.join(root, "server", "job_runner.cc")]
+    paths = list(sources(root, "engine", (".cc", ".h"))) + \
+        list(sources(root, "server", (".cc", ".h")))
     for path in paths:
         for line, name, length in long_functions(path):
             bad.append(f"{os.path.relpath(path, root)}:{line}: {name} is {length} lines "
@@ -122,12 +157,57 @@ def check_functions(root):
     return bad
 
 
+def check_floors(root):
+    floor_of = {folder: i for i, floor in enumerate(FLOORS) for folder in floor}
+    bad = []
+    engine = os.path.join(root, "engine")
+    for folder in sorted(os.listdir(engine)):
+        if not os.path.isdir(os.path.join(engine, folder)):
+            continue
+        if folder not in floor_of:
+            bad.append(f"engine/{folder}/ stands on no floor: add it to FLOORS in "
+                       f"{os.path.relpath(__file__, root)}")
+            continue
+        for path in sources(root, os.path.join("engine", folder)):
+            with open(path, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    m = ENGINE_INCLUDE.match(line)
+                    if not m or m.group(1) == folder:
+                        continue
+                    included = m.group(1)
+                    if included not in floor_of or floor_of[included] >= floor_of[folder]:
+                        bad.append(f"{os.path.relpath(path, root)}:{number}: engine/{folder}/ "
+                                   f"includes engine/{included}/, which is not on a floor "
+                                   f"below it; move what both need below {folder}/")
+    return bad
+
+
+def check_getenv(root):
+    bad = []
+    for folder in ("engine", "server", "client", "rpc", "bench"):
+        for path in sources(root, folder):
+            with open(path, encoding="utf-8") as f:
+                text = strip_comments_and_strings(f.read())
+            if DEFINES_MAIN.search(text):
+                continue
+            for number, line in enumerate(text.split("\n"), 1):
+                if GETENV.search(line):
+                    bad.append(f"{os.path.relpath(path, root)}:{number}: reads the "
+                               "environment below main; read it in main() and pass it down "
+                               "(an option, or EngineSettings)")
+    return bad
+
+
+CHECKS = {"includes": check_includes, "functions": check_functions, "floors": check_floors,
+          "getenv": check_getenv}
+
+
 def main():
     root = sys.argv[1]
-    checks = sys.argv[2:] or ["includes", "functions"]
+    checks = sys.argv[2:] or list(CHECKS)
     problems = []
     for check in checks:
-        problems += {"includes": check_includes, "functions": check_functions}[check](root)
+        problems += CHECKS[check](root)
     for p in problems:
         print(p)
     return 1 if problems else 0
