@@ -361,15 +361,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot pin host memory\n");
     return 1;
   }
-  PipelineOptions po;
-  po.micro_batches = plan->micro_batches;
-  po.tokens_per_micro_batch = plan->micro_batch_rows * seq;
-  po.checkpoint_every = plan->checkpoint_every;
-  po.checkpoints_on_host = plan->checkpoints_on_host;
-  po.weight_slots = plan->weight_slots;
-  po.kept_layers = plan->kept_layers;
-  po.mlp_tile_tokens = plan->mlp_tile_tokens;
-  po.loss_chunk_tokens = plan->loss_chunk_tokens;
+  PipelineOptions po = PipelineOptionsOf(*plan, seq);
   po.record_timeline = true;
   absl::StatusOr<std::unique_ptr<Pipeline>> p =
       Pipeline::Create(c, store->get(), pool.get(), be->get(), po);

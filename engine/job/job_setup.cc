@@ -178,15 +178,7 @@ absl::Status SetUpStore(const JobSpec& spec, JobParts* p) {
 // the reducer through which their gradients reach it.
 absl::Status SetUpPipelines(const JobSpec& spec, JobParts* p) {
   const Plan& plan = p->plan;
-  PipelineOptions pipeline_options;
-  pipeline_options.micro_batches = plan.micro_batches;
-  pipeline_options.tokens_per_micro_batch = plan.micro_batch_rows * spec.seq_len;
-  pipeline_options.checkpoint_every = plan.checkpoint_every;
-  pipeline_options.loss_chunk_tokens = plan.loss_chunk_tokens;
-  pipeline_options.checkpoints_on_host = plan.checkpoints_on_host;
-  pipeline_options.weight_slots = plan.weight_slots;
-  pipeline_options.kept_layers = plan.kept_layers;
-  pipeline_options.mlp_tile_tokens = plan.mlp_tile_tokens;
+  PipelineOptions pipeline_options = PipelineOptionsOf(plan, spec.seq_len);
   pipeline_options.record_timeline = true;  // per-stream busy time for the metrics
   pipeline_options.router_aux_loss_coef = spec.router_aux_loss_coef;
   pipeline_options.collective = p->replicas->collective(0);

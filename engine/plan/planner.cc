@@ -148,15 +148,7 @@ PlanShape ShapeOf(const PlanRequest& r, Backend* backend, const ModelLayout& lay
 void SizeDeviceMemory(const PlanRequest& r, Backend* backend, const ModelLayout& layout,
                       Plan* plan) {
   const ModelConfig& c = r.config;
-  PipelineOptions po;
-  po.micro_batches = plan->micro_batches;
-  po.tokens_per_micro_batch = plan->micro_batch_rows * r.seq_len;
-  po.checkpoint_every = plan->checkpoint_every;
-  po.loss_chunk_tokens = plan->loss_chunk_tokens;
-  po.checkpoints_on_host = plan->checkpoints_on_host;
-  po.weight_slots = plan->weight_slots;
-  po.kept_layers = plan->kept_layers;
-  po.mlp_tile_tokens = plan->mlp_tile_tokens;
+  const PipelineOptions po = PipelineOptionsOf(*plan, r.seq_len);
   plan->weight_slots = NumWeightSlots(c, po);
   plan->device_bytes = StepDeviceBytes(c, layout, backend, po) +
                        (plan->bf16_copy ? 0 : backend->f32_upload_staging_bytes());
@@ -687,6 +679,19 @@ absl::Status NoPlanFits(const PlanRequest& r, const Plan& smallest, bool cpu) {
 
 // The search, stage by stage: the request checked, the choices each knob may take, every
 // combination predicted, then the best that fits (or why none does).
+PipelineOptions PipelineOptionsOf(const Plan& plan, int64_t seq_len) {
+  PipelineOptions o;
+  o.micro_batches = plan.micro_batches;
+  o.tokens_per_micro_batch = plan.micro_batch_rows * seq_len;
+  o.checkpoint_every = plan.checkpoint_every;
+  o.loss_chunk_tokens = plan.loss_chunk_tokens;
+  o.checkpoints_on_host = plan.checkpoints_on_host;
+  o.weight_slots = plan.weight_slots;
+  o.kept_layers = plan.kept_layers;
+  o.mlp_tile_tokens = plan.mlp_tile_tokens;
+  return o;
+}
+
 absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profile,
                               Backend* backend) {
   RETURN_IF_ERROR(CheckRequest(r));

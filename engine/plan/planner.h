@@ -30,6 +30,7 @@
 #include "engine/engine.h"
 #include "engine/model/config.h"
 #include "engine/plan/machine_profile.h"
+#include "engine/plan/step_memory.h"  // PipelineOptions
 
 namespace megatrain {
 
@@ -128,6 +129,12 @@ struct Plan {
 // The plan with the shortest predicted step that fits both budgets. FailedPrecondition
 // names the memory that runs out (with the smallest plan's figures and what to change)
 // when none fits; InvalidArgument for a request that makes no sense.
+// The pipeline's options that carry out `plan` for sequences of `seq_len`: the one place a
+// plan's choices become a pipeline's (the planner sizes each candidate with them, and the
+// job and the benchmarks build their pipelines with them). What is not the plan's (the
+// timeline, the collective, the aux-loss weight) keeps PipelineOptions' defaults.
+PipelineOptions PipelineOptionsOf(const Plan& plan, int64_t seq_len);
+
 [[nodiscard]] absl::StatusOr<Plan> MakePlan(const PlanRequest& request,
                                             const MachineProfile& profile, Backend* backend);
 

@@ -95,6 +95,27 @@ TEST(Planner, LongSequenceTilesTheMlpWhenNothingElseFits) {
   EXPECT_EQ(short_plan->mlp_tile_tokens, 0);
 }
 
+// The pipeline a job builds from its plan is the one the planner sized: every choice
+// carried, and the device bytes counted for it.
+TEST(Planner, APlansPipelineOptionsCarryItsChoicesAndAllocateWhatItCounted) {
+  PlanningBackend be;
+  const PlanRequest r = Request(Qwen7B(6), 65536, 40);
+  absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const PipelineOptions o = PipelineOptionsOf(*plan, r.seq_len);
+  EXPECT_EQ(o.micro_batches, plan->micro_batches);
+  EXPECT_EQ(o.tokens_per_micro_batch, plan->micro_batch_rows * r.seq_len);
+  EXPECT_EQ(o.checkpoint_every, plan->checkpoint_every);
+  EXPECT_EQ(o.checkpoints_on_host, plan->checkpoints_on_host);
+  EXPECT_EQ(o.weight_slots, plan->weight_slots);
+  EXPECT_EQ(o.kept_layers, plan->kept_layers);
+  EXPECT_EQ(o.mlp_tile_tokens, plan->mlp_tile_tokens);
+  EXPECT_EQ(o.loss_chunk_tokens, plan->loss_chunk_tokens);
+  EXPECT_EQ(StepDeviceBytes(r.config, BuildLayout(r.config), &be, o) +
+                (plan->bf16_copy ? 0 : be.f32_upload_staging_bytes()),
+            plan->device_bytes);
+}
+
 TEST(Planner, SevenBAtSixtyFourKTokensIsComputeBoundAndFitsTheDevice) {
   PlanningBackend be;
   absl::StatusOr<Plan> plan = MakePlan(Request(Qwen7B(), 65536, 130), H200Like(), &be);
