@@ -241,16 +241,6 @@ struct Chunk {
 
 }  // namespace
 
-absl::StatusOr<DataFormat> DataFormatFromName(absl::string_view name) {
-  if (name == "text") return DataFormat::kText;
-  if (name == "alpaca") return DataFormat::kAlpaca;
-  if (name == "sharegpt") return DataFormat::kShareGpt;
-  if (name == "messages") return DataFormat::kMessages;
-  if (name == "tokens") return DataFormat::kTokens;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "data.format '", name, "' is not one of text, alpaca, sharegpt, messages, tokens"));
-}
-
 const char* DataFormatName(DataFormat format) {
   switch (format) {
     case DataFormat::kText: return "text";

@@ -36,8 +36,8 @@
 
 namespace megatrain {
 
-// DataFormat: engine.h. "text" | "alpaca" | "sharegpt" | "messages" | "tokens"; InvalidArgument listing them.
-[[nodiscard]] absl::StatusOr<DataFormat> DataFormatFromName(absl::string_view name);
+// DataFormat (engine.h) by name: "text" | "alpaca" | "sharegpt" | "messages" | "tokens"
+// (SpecName; ParseSpecName reads them back).
 const char* DataFormatName(DataFormat format);
 bool IsChatFormat(DataFormat format);
 
