@@ -63,21 +63,23 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", megatrain::Printable(spec.status().ToString()).c_str());
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<megatrain::Trainer>> trainer = megatrain::Trainer::Create(*spec);
-  if (!trainer.ok()) {
-    std::fprintf(stderr, "error: %s\n", megatrain::Printable(trainer.status().ToString()).c_str());
+  absl::StatusOr<std::unique_ptr<megatrain::TrainingJob>> job =
+      megatrain::TrainingJob::Create(*spec, megatrain::RunOptions{});
+  if (!job.ok()) {
+    std::fprintf(stderr, "error: %s\n", megatrain::Printable(job.status().ToString()).c_str());
     return 2;
   }
-  megatrain::Trainer& t = **trainer;
+  megatrain::TrainingJob& t = **job;
+  const megatrain::JobDescription d = t.Describe();
   std::printf("job %s: %s, %.2fM parameters, %s backend, %lld tokens/step, %lld steps%s\n",
-              spec->name.c_str(), megatrain::ArchitectureClassName(t.config().architecture),
-              t.num_parameters() / 1e6, t.backend_name().c_str(),
-              static_cast<long long>(spec->tokens_per_step_resolved()), static_cast<long long>(spec->steps),
-              t.resumed_from_step() > 0
-                  ? (", resumed at step " + std::to_string(t.resumed_from_step())).c_str()
+              spec->name.c_str(), d.architecture.c_str(), d.num_parameters / 1e6,
+              d.backend_name.c_str(), static_cast<long long>(d.tokens_per_step),
+              static_cast<long long>(spec->steps),
+              d.resumed_from_step > 0
+                  ? (", resumed at step " + std::to_string(d.resumed_from_step)).c_str()
                   : "");
-  std::printf("%s\n", t.dataset_stats().Summary().c_str());
-  std::printf("%s", t.plan_text().c_str());
+  std::printf("%s\n", d.dataset_summary.c_str());
+  std::printf("%s", d.plan_text.c_str());
   int64_t ran = 0;
   while (!t.done() && (max_steps == 0 || ran < max_steps)) {
     absl::StatusOr<megatrain::StepReport> r = t.Step();
