@@ -30,6 +30,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "engine/common/device_name.h"  // CudaDeviceIndexOf
 #include "engine/common/engine_settings.h"
 #include "engine/engine.h"
 #include "rpc/address.h"
