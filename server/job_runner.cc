@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -12,9 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "engine/common/device_name.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/common/units.h"
@@ -35,13 +32,47 @@ bool Terminal(v1::JobState state) {
          state == v1::JOB_STATE_CANCELLED;
 }
 
+// A stored job as the scheduler sees it, waiting.
+QueuedJob QueuedJobOf(const v1::Job& job) {
+  QueuedJob queued;
+  queued.id = job.id();
+  queued.owner = job.owner();
+  queued.priority = job.priority();
+  queued.devices = JobDevices(job);
+  queued.host_bytes = job.host_bytes_estimate();
+  queued.held = job.state() == v1::JOB_STATE_HELD;
+  queued.waiting = job.waiting();
+  return queued;
+}
+
+// A lane's slot with no job, lent to none. The device stays as it is (it is read without
+// the lock).
+void Vacate(LaneState* slot) {
+  slot->running = 0;
+  slot->running_priority = 0;
+  slot->running_host_bytes = 0;
+  slot->lent_to = -1;
+  slot->preempting_for = 0;
+}
+
+SchedulerOptions SchedulerOptionsOf(const DaemonConfig& config, int64_t host_memory_bytes) {
+  SchedulerOptions options;
+  options.config = config;
+  options.host_memory_bytes = host_memory_bytes;
+  return options;
+}
+
 }  // namespace
 
 JobRunner::JobRunner(JobStore* store, EventHub* hub, const JobRunnerOptions& options)
-    : store_(store), hub_(hub), options_(options) {
+    : store_(store),
+      hub_(hub),
+      options_(options),
+      scheduler_(SchedulerOptionsOf(config(), options.host_memory_bytes)) {
   for (const std::string& device : options_.devices) {
     lanes_.push_back(std::make_unique<Lane>());
-    lanes_.back()->device = device;
+    lanes_.back()->index = static_cast<int>(lanes_.size()) - 1;
+    lanes_.back()->slot.device = device;
   }
 }
 
@@ -72,71 +103,35 @@ void JobRunner::Wake() {
 std::vector<int64_t> JobRunner::running_jobs() const {
   MutexLock lock(&mu_);
   std::vector<int64_t> ids;
-  for (const auto& lane : lanes_) ids.push_back(lane->running);
+  for (const auto& lane : lanes_) ids.push_back(lane->slot.running);
   return ids;
+}
+
+std::vector<LaneState> JobRunner::LaneStates() const {
+  std::vector<LaneState> states;
+  for (const auto& lane : lanes_) states.push_back(lane->slot);
+  return states;
 }
 
 JobRunner::Lane* JobRunner::LaneRunning(int64_t job_id) {
   for (auto& lane : lanes_) {
     // A gang's job is run by its lead lane; the lanes lent to it only show it.
-    if (lane->running == job_id && job_id != 0 && lane->lent_to == nullptr) return lane.get();
+    if (lane->slot.running == job_id && job_id != 0 && lane->slot.lent_to < 0) {
+      return lane.get();
+    }
   }
   return nullptr;
 }
 
-std::optional<std::vector<JobRunner::Lane*>> JobRunner::GangFor(const Lane& lane,
-                                                                int64_t devices,
-                                                                bool idle) const {
-  std::vector<Lane*> gang;
-  if (devices <= 1) return gang;
-  auto usable = [&](const Lane* other) { return !idle || other->idle(); };
-  if (lane.device == "cpu") {  // simulated devices: any other CPU lanes
-    for (const auto& other : lanes_) {
-      if (other.get() == &lane || other->device != "cpu" || !usable(other.get())) continue;
-      gang.push_back(other.get());
-      if (static_cast<int64_t>(gang.size()) + 1 == devices) return gang;
-    }
-    return std::nullopt;
-  }
-  // The trainer takes cuda:k+1 .. k+N-1 after the lane's cuda:k (Trainer::Init).
-  const int first = CudaDeviceIndexOf(lane.device);
-  if (first < 0) return std::nullopt;
-  for (int64_t offset = 1; offset < devices; ++offset) {
-    const std::string want = absl::StrCat("cuda:", first + offset);
-    Lane* found = nullptr;
-    for (const auto& other : lanes_) {
-      if (other->device == want) found = other.get();
-    }
-    if (found == nullptr || !usable(found)) return std::nullopt;
-    gang.push_back(found);
-  }
-  return gang;
-}
-
-bool JobRunner::AnyGang(int64_t devices) const {
-  for (const auto& lane : lanes_) {
-    if (GangFor(*lane, devices, /*idle=*/false).has_value()) return true;
-  }
-  return false;
-}
-
 absl::Status JobRunner::CanRunDevices(int64_t devices) const {
   MutexLock lock(&mu_);
-  if (AnyGang(devices)) return absl::OkStatus();
-  std::vector<std::string> names;
-  for (const auto& lane : lanes_) names.push_back(lane->device);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "train.devices is ", devices, "; this daemon's lanes (", absl::StrJoin(names, ", "),
-      ") hold no ", devices, " devices in a row (cuda:k .. cuda:k+", devices - 1, ")"));
+  return Scheduler::CanRunDevices(LaneStates(), devices);
 }
 
 void JobRunner::ReleaseLane(Lane& lane) {
-  lane.running = 0;
-  lane.preempting_for = 0;
+  Vacate(&lane.slot);
   for (Lane* lent : lane.gang) {
-    lent->running = 0;
-    lent->running_priority = 0;
-    lent->lent_to = nullptr;
+    Vacate(&lent->slot);
     lent->wake = true;
   }
   lane.gang.clear();
@@ -216,7 +211,7 @@ absl::StatusOr<v1::CheckpointJobResponse> JobRunner::CheckpointRunning(int64_t j
   const int64_t ticket = lane->checkpoints_done + 1;
   ++lane->checkpoint_requests;
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return lane->checkpoints_done >= ticket || lane->running != job_id;
+    return lane->checkpoints_done >= ticket || lane->slot.running != job_id;
   };
   mu_.Await(done);
   if (lane->checkpoints_done < ticket) {
@@ -251,133 +246,66 @@ void JobRunner::SetWaiting(int64_t id, const std::string& why) {
   hub_->Notify(id);
 }
 
-namespace {
-
-// What the running jobs of each user hold.
-struct UserLoad {
-  int running = 0;
-  int64_t host_bytes = 0;
-};
-
-// Why `job` may not start now, with its user's `limits` and `load` and `available` bytes
-// of host memory (0: unknown); "" when it may.
-std::string WhyItWaits(const v1::Job& job, const UserLimits& limits, const UserLoad& load,
-                       int64_t available) {
-  if (limits.max_running_jobs > 0 && load.running >= limits.max_running_jobs) {
-    return absl::StrCat(job.owner(), " has ", load.running, " running jobs, the most allowed");
+std::optional<StartDecision> JobRunner::Decide(const Lane& lane) {
+  absl::StatusOr<std::vector<v1::Job>> queued = store_->ListInState(v1::JOB_STATE_QUEUED);
+  if (!queued.ok() || queued->empty()) return std::nullopt;
+  SchedulerState state;
+  for (const v1::Job& job : *queued) state.queued.push_back(QueuedJobOf(job));
+  // Unreadable running jobs or usage count as none: the queue still moves.
+  absl::StatusOr<std::vector<v1::Job>> running = store_->ListInState(v1::JOB_STATE_RUNNING);
+  if (running.ok()) {
+    for (const v1::Job& job : *running) {
+      state.running.push_back({job.owner(), job.host_bytes_estimate()});
+    }
   }
-  if (limits.max_host_bytes > 0 &&
-      load.host_bytes + job.host_bytes_estimate() > limits.max_host_bytes) {
-    return absl::StrFormat("%s's running jobs hold %.2f GiB of host memory; this one needs "
-                           "%.2f GiB more, over the limit of %.2f GiB",
-                           job.owner(), GiB(load.host_bytes), GiB(job.host_bytes_estimate()),
-                           GiB(limits.max_host_bytes));
+  absl::StatusOr<std::map<std::string, double>> usage =
+      store_->Usage(config().fair_share_half_life_hours * 3600);
+  if (usage.ok()) state.usage = *std::move(usage);
+  state.host_available_bytes = ReadHostMemory().available_bytes;
+  {
+    MutexLock lock(&mu_);
+    state.lanes = LaneStates();
   }
-  if (available > 0 && job.host_bytes_estimate() > available) {
-    return absl::StrFormat("needs %.2f GiB of host memory; %.2f GiB is available now",
-                           GiB(job.host_bytes_estimate()), GiB(available));
-  }
-  return "";
-}
-
-}  // namespace
-
-std::vector<const v1::Job*> JobRunner::QueueOrder(const std::vector<v1::Job>& queued) {
-  const double half_life_s = config().fair_share_half_life_hours * 3600;
-  absl::StatusOr<std::map<std::string, double>> usage = store_->Usage(half_life_s);
-  auto used = [&](const std::string& user) {
-    if (!usage.ok()) return 0.0;
-    auto it = usage->find(user);
-    return it == usage->end() ? 0.0 : it->second;
-  };
-  std::vector<const v1::Job*> order;
-  for (const v1::Job& queued_job : queued) order.push_back(&queued_job);
-  std::stable_sort(order.begin(), order.end(), [&](const v1::Job* lhs, const v1::Job* rhs) {
-    if (lhs->priority() != rhs->priority()) return lhs->priority() > rhs->priority();
-    const double lhs_used = used(lhs->owner()), rhs_used = used(rhs->owner());
-    if (lhs_used != rhs_used) return lhs_used < rhs_used;
-    return lhs->id() < rhs->id();
-  });
-  return order;
+  return scheduler_.Next(state, lane.index);
 }
 
 bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
   for (;;) {
     {
       MutexLock lock(&mu_);
-      if (lane.lent_to != nullptr) return false;  // its device is in another lane's gang
+      // Its device is in another lane's gang: the scheduler would say so too; asking
+      // here spares the store's reads.
+      if (lane.slot.lent_to >= 0) return false;
     }
-    absl::StatusOr<std::vector<v1::Job>> queued = store_->ListInState(v1::JOB_STATE_QUEUED);
-    if (!queued.ok() || queued->empty()) return false;
-    absl::StatusOr<std::vector<v1::Job>> running = store_->ListInState(v1::JOB_STATE_RUNNING);
-    std::map<std::string, UserLoad> load;
-    int64_t reserved = 0;  // what running jobs were admitted with
-    if (running.ok()) {
-      for (const v1::Job& running_job : *running) {
-        load[running_job.owner()].running += 1;
-        load[running_job.owner()].host_bytes += running_job.host_bytes_estimate();
-        reserved += running_job.host_bytes_estimate();
-      }
-    }
-    int64_t available = ReadHostMemory().available_bytes;
-    if (options_.host_memory_bytes > 0) {
-      // A job another lane just claimed holds its memory before it has allocated it.
-      available = std::min(available, options_.host_memory_bytes - reserved);
-    }
-    const v1::Job* best = nullptr;
-    for (const v1::Job* candidate : QueueOrder(*queued)) {
-      const int64_t devices = JobDevices(*candidate);
-      std::string why = WhyItWaits(*candidate, config().LimitsFor(candidate->owner()),
-                                   load[candidate->owner()], available);
-      if (why.empty() && devices > 1) {
-        // Several devices: from this lane, with its gang idle now; else it waits, and so
-        // does everything behind it (no lane backfills: it would never find them free).
-        std::string reason;
-        {
-          MutexLock lock(&mu_);
-          // Its lanes may have changed since it was submitted (a restart with fewer).
-          if (!AnyGang(devices)) {
-            why = absl::StrFormat("needs %d devices; this daemon's lanes hold no %d in a row",
-                                  devices, devices);
-          } else if (!GangFor(lane, devices, /*idle=*/true).has_value()) {
-            int idle = 0;
-            for (const auto& other : lanes_) idle += other->idle();
-            reason = absl::StrFormat("needs %d devices at once; %d of the node's %d are free",
-                                     devices, idle, static_cast<int>(lanes_.size()));
-          }
-        }
-        if (!reason.empty()) {
-          if (candidate->waiting() != reason) SetWaiting(candidate->id(), reason);
-          return false;
-        }
-      }
-      if (why.empty()) {
-        best = candidate;
-        break;
-      }
-      // A write only when it changed.
-      if (candidate->waiting() != why) SetWaiting(candidate->id(), why);
-    }
-    if (best == nullptr) return false;
+    std::optional<StartDecision> decision = Decide(lane);
+    if (!decision.has_value()) return false;
+    for (const WaitingNote& note : decision->notes) SetWaiting(note.job_id, note.why);
+    if (!decision->starts()) return false;
+    const QueuedJob& chosen = decision->job;
     {
       MutexLock lock(&mu_);
-      std::optional<std::vector<Lane*>> gang = GangFor(lane, JobDevices(*best), true);
-      if (lane.lent_to != nullptr) return false;  // lent to another lane meanwhile
-      if (!gang.has_value()) continue;            // a gang lane was taken meanwhile
-      lane.running = best->id();  // from here on, requests for it reach this lane
-      lane.running_priority = best->priority();
+      if (lane.slot.lent_to >= 0) return false;  // lent to another lane meanwhile
+      const bool gang_free = std::all_of(decision->gang.begin(), decision->gang.end(),
+                                         [&](int other) { return lanes_[other]->slot.idle(); });
+      if (!gang_free) continue;  // a gang lane was taken meanwhile: ask again
+      // From here on, requests for the job reach this lane.
+      lane.slot.running = chosen.id;
+      lane.slot.running_priority = chosen.priority;
+      lane.slot.running_host_bytes = chosen.host_bytes;
       lane.request = Request::kNone;
       lane.checkpoint_requests = 0;
-      lane.gang = *std::move(gang);
-      for (Lane* lent : lane.gang) {
-        lent->running = best->id();
-        lent->running_priority = best->priority();
-        lent->lent_to = &lane;
+      lane.gang.clear();
+      for (int other : decision->gang) {
+        Lane* lent = lanes_[other].get();
+        lent->slot.running = chosen.id;
+        lent->slot.running_priority = chosen.priority;
+        lent->slot.lent_to = lane.index;
+        lane.gang.push_back(lent);
       }
     }
-    if (!best->waiting().empty()) SetWaiting(best->id(), "");
+    if (!chosen.waiting.empty()) SetWaiting(chosen.id, "");
     absl::StatusOr<v1::Job> claimed =
-        Transition(best->id(), {v1::JOB_STATE_QUEUED}, v1::JOB_STATE_RUNNING, "");
+        Transition(chosen.id, {v1::JOB_STATE_QUEUED}, v1::JOB_STATE_RUNNING, "");
     if (claimed.ok()) {
       *job = *claimed;
       return true;
@@ -387,37 +315,23 @@ bool JobRunner::PickNext(Lane& lane, v1::Job* job) {
   }
 }
 
-std::optional<v1::Job> JobRunner::Preemptor(Lane& lane, const v1::Job& running) {
-  if (!config().preemption) return std::nullopt;
-  std::set<int64_t> taken;  // waiting jobs other lanes already step aside for
+std::optional<QueuedJob> JobRunner::Preemptor(Lane& lane) {
+  SchedulerState state;
   {
     MutexLock lock(&mu_);
-    for (const auto& other : lanes_) {
-      if (other->running == 0) return std::nullopt;  // an idle lane will take it
-      if (other.get() == &lane || other->lent_to != nullptr) continue;
-      if (other->preempting_for != 0) taken.insert(other->preempting_for);
-      // Only the lane with the lowest-priority job steps aside (ties: the first lane).
-      if (other->running_priority < running.priority() ||
-          (other->running_priority == running.priority() && other.get() < &lane)) {
-        return std::nullopt;
-      }
-    }
+    state.lanes = LaneStates();
   }
+  // Most of the time this lane is not the one to step aside: the queue is not read.
+  if (!scheduler_.MayPreempt(state, lane.index)) return std::nullopt;
   absl::StatusOr<std::vector<v1::Job>> queued = store_->ListInState(v1::JOB_STATE_QUEUED);
   if (!queued.ok()) return std::nullopt;
-  // What the host would have once this job left.
-  const int64_t available = ReadHostMemory().available_bytes + running.host_bytes_estimate();
-  const v1::Job* best = nullptr;
-  for (const v1::Job& candidate : *queued) {
-    if (candidate.priority() <= running.priority() || taken.count(candidate.id()) > 0) continue;
-    if (JobDevices(candidate) > 1) continue;  // one lane freed would not start it
-    if (candidate.host_bytes_estimate() > available) continue;
-    if (best == nullptr || candidate.priority() > best->priority()) best = &candidate;
-  }
-  if (best == nullptr) return std::nullopt;
+  for (const v1::Job& job : *queued) state.queued.push_back(QueuedJobOf(job));
+  state.host_available_bytes = ReadHostMemory().available_bytes;
+  std::optional<QueuedJob> preemptor = scheduler_.Preemptor(state, lane.index);
+  if (!preemptor.has_value()) return std::nullopt;
   MutexLock lock(&mu_);
-  lane.preempting_for = best->id();
-  return *best;
+  lane.slot.preempting_for = preemptor->id;
+  return preemptor;
 }
 
 void JobRunner::Loop(Lane& lane) {
@@ -568,10 +482,10 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
 absl::Status JobRunner::PrepareJob(RunningJob& run) {
   const absl::Time dispatched = absl::Now();
   v1::Job& job = run.job;
-  std::string devices = run.lane.device;
+  std::string devices = run.lane.slot.device;
   {
     MutexLock lock(&mu_);
-    for (const Lane* lent : run.lane.gang) absl::StrAppend(&devices, ",", lent->device);
+    for (const Lane* lent : run.lane.gang) absl::StrAppend(&devices, ",", lent->slot.device);
   }
   job.set_device(devices);
   job.clear_error();
@@ -586,10 +500,9 @@ absl::Status JobRunner::PrepareJob(RunningJob& run) {
   spec.checkpoint_dir = job.checkpoint_dir();
   // The lane's device decides where "auto" and CUDA jobs run (never the GPU a spec
   // names: that one may be another lane's).
-  if (spec.backend == "auto") spec.backend = run.lane.device;
-  if (spec.backend.rfind("cuda", 0) == 0 && run.lane.device != "cpu") {
-    spec.backend = run.lane.device;
-  }
+  const std::string& lane_device = run.lane.slot.device;  // fixed: read without mu_
+  if (spec.backend == "auto") spec.backend = lane_device;
+  if (spec.backend.rfind("cuda", 0) == 0 && lane_device != "cpu") spec.backend = lane_device;
   absl::StatusOr<Caller> owner = job.owner_uid() != 0 || job.owner() == "root"
                                      ? LookupUid(job.owner_uid())
                                      : LookupUser(job.owner());
@@ -729,21 +642,21 @@ std::optional<JobRunner::RunEnd> JobRunner::HandleRequests(RunningJob& run) {
 std::optional<JobRunner::RunEnd> JobRunner::Preempt(RunningJob& run) {
   // A waiting job of higher priority takes the device; this one resumes from the
   // checkpoint written now, losing no step.
-  std::optional<v1::Job> preemptor = Preemptor(run.lane, run.job);
+  std::optional<QueuedJob> preemptor = Preemptor(run.lane);
   if (!preemptor.has_value()) return std::nullopt;
   absl::StatusOr<std::string> path = SaveCheckpoint(run);
   if (!path.ok()) {
     Log(run.job.id(),
         absl::StrCat("not preempted: the checkpoint failed: ", path.status().ToString()));
     MutexLock lock(&mu_);
-    run.lane.preempting_for = 0;
+    run.lane.slot.preempting_for = 0;
     return std::nullopt;
   }
   run.job.set_preemptions(run.job.preemptions() + 1);
   if (options_.metrics != nullptr) options_.metrics->Preempted(run.job);
   return RunEnd{v1::JOB_STATE_QUEUED,
-                absl::StrCat("preempted by job ", preemptor->id(), " of ", preemptor->owner(),
-                             " (priority ", preemptor->priority(), " > ", run.job.priority(),
+                absl::StrCat("preempted by job ", preemptor->id, " of ", preemptor->owner,
+                             " (priority ", preemptor->priority, " > ", run.job.priority(),
                              "): checkpointed at step ", run.step, ", will resume from it")};
 }
 

@@ -1,35 +1,27 @@
 // JobRunner: the daemon's devices and the one queue they drain. Each device has a lane
 // (a thread) that runs one job at a time on it, with the job's host store on the NUMA
-// node nearest that device; an idle lane takes the best job it may run.
-//
-// Order: highest priority first; within a priority, the user with the least recent
-// device time (fair share: device seconds decaying with the configured half-life), then
-// the oldest job. A job is skipped, and waits with a reason in Job.waiting, while its
-// user is at their running-jobs or host-memory limit or while the host has less memory
-// available than the job's plan needs (less than the node's admissible memory minus what
-// running jobs were admitted with). With preemption on, when no lane is idle, the lane
-// running the lowest-priority job checkpoints and requeues it (losing no step) for a
-// waiting job of higher priority that would fit.
-//
-// A job of several devices (train.devices: N) runs on a gang of lanes: the lane that
-// takes it (cuda:k) and the lanes of cuda:k+1 .. k+N-1 (any N-1 others of CPU lanes),
-// all idle; the others are lent to it and take nothing else until it stops. While such a
-// job is the first in order and cannot start, no lane takes a job behind it: it waits
-// for its lanes, and cannot be starved by smaller jobs (one that no run of this daemon's
-// lanes can hold, after a restart with fewer, waits aside and blocks nothing). It never
-// preempts. Its device time is charged N times.
+// node nearest that device. An idle lane asks the scheduler (server/scheduler.h: order by
+// priority, fair share and age; per-user and host-memory admission; gangs of lanes for
+// jobs of several devices; preemption) what to take, and applies the answer: the runner
+// keeps the lanes' state, reads the queue, notes why jobs wait, claims the lanes and runs
+// the job. Between its steps, the lane running the lowest-priority job asks whether to
+// step aside: with preemption on, when no lane is idle, it checkpoints and requeues its
+// job (losing no step) for a waiting job of higher priority that would fit. A job of
+// several devices runs on its gang of lanes: the others are lent to it and take nothing
+// else until it stops; its device time is charged N times.
 //
 // A job runs in a worker process of its own, as its owner (server/worker_process.h): the
 // engine's Trainer lives there, so its files are touched with the owner's credentials and
 // whatever it does (abort, crash, exceed its memory, hang) fails that job alone. Cancel
-// stops the worker at once (SIGTERM, SIGKILL after workers.stop_grace_s). Between steps the runner honours
-// requests: cancel, checkpoint now, hold (checkpoint and step aside), and shutdown
-// (checkpoint and requeue, so the next daemon resumes it). Every state change and step is
-// committed to the job store before watchers are woken. A write that fails is returned
-// where a caller can act on it (SetState, Transition); in a lane's loop, where none can,
-// it is reported on stderr naming the job (ReportWriteFailure) and the job goes on.
+// stops the worker at once (SIGTERM, SIGKILL after workers.stop_grace_s). Between steps
+// the runner honours requests: cancel, checkpoint now, hold (checkpoint and step aside),
+// and shutdown (checkpoint and requeue, so the next daemon resumes it). Every state change
+// and step is committed to the job store before watchers are woken. A write that fails is
+// returned where a caller can act on it (SetState, Transition); in a lane's loop, where
+// none can, it is reported on stderr naming the job (ReportWriteFailure) and the job goes
+// on.
 //
-// Thread-safe: requests come from RPC threads; the loop runs on the runner's own thread.
+// Thread-safe: requests come from RPC threads; each lane's loop runs on its own thread.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +42,7 @@
 #include "server/daemon_metrics.h"
 #include "server/event_hub.h"
 #include "server/job_store.h"
+#include "server/scheduler.h"
 
 namespace megatrain::server {
 
@@ -104,37 +97,31 @@ class JobRunner {
 
  private:
   enum class Request { kNone, kCancel, kHold };
-  // One device's worker. Every field but `device` and `thread` is guarded by mu_.
+  // One device's worker. Every field but `index`, `thread` and `slot.device` (all fixed
+  // once the lanes are made) is guarded by mu_.
   struct Lane {
-    std::string device;
+    int index = 0;   // in lanes_, and in the scheduler's state
+    LaneState slot;  // what the scheduler sees: the device, its job, whom it is lent to
     std::thread thread;
     bool wake = false;
-    int64_t running = 0;
-    int32_t running_priority = 0;
-    int64_t preempting_for = 0;  // the job this lane is stepping aside for
     Request request = Request::kNone;
     std::string cancel_why;
     int64_t checkpoint_requests = 0;  // pending
     int64_t checkpoints_done = 0;     // completed request rounds
     absl::StatusOr<v1::CheckpointJobResponse> last_checkpoint;
-    Lane* lent_to = nullptr;          // the lane whose gang job uses this one's device
     std::vector<Lane*> gang;          // the lanes lent to this one's job
-    bool idle() const { return running == 0 && lent_to == nullptr; }
   };
-  // The other lanes a job of `devices` on `lane` would use: the devices after lane's, or
-  // other CPU lanes; with `idle`, only if all are idle now. nullopt when there are none.
-  std::optional<std::vector<Lane*>> GangFor(const Lane& lane, int64_t devices, bool idle) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether some lane could ever run a job of `devices` (GangFor, idle or not).
-  bool AnyGang(int64_t devices) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The scheduler's view of the lanes now.
+  std::vector<LaneState> LaneStates() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Under mu_: `lane` stops running; its gang's lanes are idle again and look at the queue.
   void ReleaseLane(Lane& lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop(Lane& lane);
-  // Claims for `lane` the first queued job it may run (its gang too), moved to RUNNING
-  // into *job; false when there is none (the jobs passed over note why they wait).
+  // Claims for `lane` the job the scheduler gives it (its gang too), moved to RUNNING into
+  // *job; false when there is none (the jobs passed over note why they wait).
   bool PickNext(Lane& lane, v1::Job* job);
-  // The queued jobs in the order they are offered: priority, then fair share, then age.
-  std::vector<const v1::Job*> QueueOrder(const std::vector<v1::Job>& queued);
+  // Reads the queue, the running jobs, fair-share usage and host memory, and asks the
+  // scheduler what `lane` starts; nullopt when nothing is queued.
+  std::optional<StartDecision> Decide(const Lane& lane);
 
   // One run of a job on a lane: what the stages of Run share (defined in the .cc).
   struct RunningJob;
@@ -178,8 +165,9 @@ class JobRunner {
   Lane* LaneRunning(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes why queued job `id` waits ("" : it no longer does), if that changed.
   void SetWaiting(int64_t id, const std::string& why);
-  // A queued job that should take `lane`'s device from `running`, if any (preemption).
-  std::optional<v1::Job> Preemptor(Lane& lane, const v1::Job& running);
+  // A queued job that should take `lane`'s device from the job it runs, if any
+  // (preemption); the lane is then noted as stepping aside for it.
+  std::optional<QueuedJob> Preemptor(Lane& lane);
   const DaemonConfig& config() const {
     return options_.config != nullptr ? *options_.config : defaults_;
   }
@@ -189,6 +177,7 @@ class JobRunner {
   JobStore* store_;
   EventHub* hub_;
   JobRunnerOptions options_;
+  const Scheduler scheduler_;  // pure: asked under no lock, from any lane's thread
 
   Mutex transition_mu_;  // serialises Transition() calls, across lanes
   std::map<int64_t, absl::Time> waiting_noted_ ABSL_GUARDED_BY(transition_mu_);
