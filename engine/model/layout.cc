@@ -138,6 +138,26 @@ int64_t ModelLayout::TotalElements() const {
   return total;
 }
 
+absl::Status ModelLayout::SetTrainable(const std::string& name, bool trainable) {
+  bool found = false;
+  for (UnitLayout& u : units) {
+    for (TensorSlot& t : u.tensors) {
+      if (t.name != name) continue;
+      t.trainable = trainable;
+      found = true;
+    }
+  }
+  if (found) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("the model has no tensor named ", name));
+}
+
+bool UnitLayout::AllTrainable() const {
+  for (const TensorSlot& t : tensors) {
+    if (!t.trainable) return false;
+  }
+  return true;
+}
+
 ModelLayout BuildLayout(const ModelConfig& c) {
   const int64_t C = c.hidden_size, H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
   const int64_t I = c.intermediate_size, V = c.vocab_size;

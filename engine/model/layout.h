@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "engine/model/config.h"
 
 namespace megatrain {
@@ -55,6 +56,10 @@ struct TensorSlot {
   int64_t num_elements = 0;
   bool weight_decay = false;    // matrices decay; norms and biases do not (HF Trainer rule)
   int64_t expert = -1;          // an expert's tensor: its index
+  // False: frozen. Its gradient is still computed and drained, but the optimizer never
+  // applies it: the tensor keeps its values (master, bf16 copy) exactly, and its gradient
+  // counts in no norm (ModelLayout::SetTrainable).
+  bool trainable = true;
 };
 
 enum class UnitKind { kEmbedding, kDecoder, kHead };
@@ -75,6 +80,8 @@ struct UnitLayout {
   int64_t OffsetOfFused(std::initializer_list<TensorRole> roles) const;
   // Same tensors (roles and shapes) in the same places: one layer template serves both.
   bool SameStructure(const UnitLayout& other) const;
+  // True when every tensor is trainable (the optimizer's one-pass case).
+  bool AllTrainable() const;
 };
 
 struct ModelLayout {
@@ -86,6 +93,11 @@ struct ModelLayout {
   int64_t HeadUnit() const { return num_layers + 1; }
   int64_t MaxDecoderElements() const;
   int64_t TotalElements() const;
+  // Marks every tensor named `name` (its Hugging Face name, e.g.
+  // "model.layers.3.mlp.up_proj.weight") trainable or frozen (TensorSlot::trainable).
+  // NotFound when no tensor has that name. Before a store is made from the layout: the
+  // store keeps its own copy, which the optimizer reads.
+  [[nodiscard]] absl::Status SetTrainable(const std::string& name, bool trainable);
 };
 
 ModelLayout BuildLayout(const ModelConfig& config);

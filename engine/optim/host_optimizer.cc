@@ -207,7 +207,7 @@ void HostOptimizer::SumSquares(const std::vector<Item>& pieces) {
     const auto taken = std::chrono::steady_clock::now();
     backend_->EventSync(pieces[i].ready);
     const auto ready = std::chrono::steady_clock::now();
-    ss[i] = SumOfSquares(pieces[i].slab, pieces[i].count);
+    ss[i] = TrainableSquares(pieces[i]);
     AddSpan(pieces[i], /*update=*/false, taken, ready);
   }
   busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -247,7 +247,7 @@ void HostOptimizer::Consume(const Item& item, bool clipping) {
   const auto t0 = std::chrono::steady_clock::now();
   double ss = 0;
   if (clipping) {
-    ss = SumOfSquares(item.slab, item.count);
+    ss = TrainableSquares(item);
   } else {
     ss = Update(item, item.slab, 1.0f);
     ReleaseSlab(item.slab);
@@ -387,6 +387,19 @@ void HostOptimizer::Drain() {
   mu_.Await([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; });
 }
 
+double HostOptimizer::TrainableSquares(const Item& item) const {
+  const UnitLayout& layout = store_->layout().units[item.unit];
+  if (layout.AllTrainable()) return SumOfSquares(item.slab, item.count);
+  double sum = 0;
+  for (const TensorSlot& t : layout.tensors) {
+    const int64_t begin = std::max(t.offset, item.offset);
+    const int64_t end = std::min(t.offset + t.num_elements, item.offset + item.count);
+    if (!t.trainable || begin >= end) continue;
+    sum += SumOfSquares(item.slab + (begin - item.offset), end - begin);
+  }
+  return sum;
+}
+
 double HostOptimizer::Update(const Item& item, const float* grad, float grad_scale) {
   const int64_t unit = item.unit;
   float* master = store_->master(unit);
@@ -419,6 +432,7 @@ double HostOptimizer::Update(const Item& item, const float* grad, float grad_sca
     std::vector<ElementRange> tensors;
     tensors.reserve(layout.tensors.size());
     for (const TensorSlot& t : layout.tensors) {
+      if (!t.trainable) continue;
       tensors.push_back(ElementRange{t.offset, t.offset + t.num_elements, t.weight_decay});
     }
     std::sort(tensors.begin(), tensors.end(),
@@ -437,7 +451,7 @@ double HostOptimizer::Update(const Item& item, const float* grad, float grad_sca
   for (const TensorSlot& t : layout.tensors) {
     const int64_t begin = std::max(t.offset, item.offset);
     const int64_t end = std::min(t.offset + t.num_elements, item.offset + item.count);
-    if (begin < end) ranges.push_back(ElementRange{begin, end, t.weight_decay});
+    if (begin < end && t.trainable) ranges.push_back(ElementRange{begin, end, t.weight_decay});
   }
   double sum_squares = 0;
   AdamWUpdateRanges(master, static_cast<float*>(moments.m), static_cast<float*>(moments.v), bf16,

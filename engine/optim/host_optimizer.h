@@ -12,8 +12,8 @@
 // With global-norm clipping every gradient must be seen first: the norm accumulates as
 // they land, they wait in their slabs, and after Finish() the worker applies the updates
 // in forward order while the next step's forward runs: the pipeline waits (AwaitUnit)
-// only for the unit it is about to upload. Weight decay applies to matrices only
-// (TensorSlot).
+// only for the unit it is about to upload. Weight decay applies to matrices only, and
+// frozen tensors are left as they are, their gradients in no norm (TensorSlot).
 //
 // Thread-safe. Submit() is called from the pipeline thread, or from every replica's thread
 // in sharded data parallelism (pipeline/grad_reducer.h); Finish() from one thread.
@@ -144,9 +144,12 @@ class HostOptimizer final : public GradSink {
   void ApplyHeld(std::vector<Item>* held, float coef) ABSL_LOCKS_EXCLUDED(mu_);
   // A landed piece: updated, or with clipping its squares summed and the piece held.
   void Consume(const Item& item, bool clipping) ABSL_LOCKS_EXCLUDED(mu_);
-  // Applies AdamW to the item's piece of its unit; returns the sum of squares of the
-  // piece's gradient.
+  // Applies AdamW to the item's piece of its unit, but for its frozen tensors
+  // (TensorSlot::trainable); returns the sum of squares of the rest of the piece's gradient.
   double Update(const Item& item, const float* grad, float grad_scale);
+  // The sum of squares of the item's gradient over its unit's trainable tensors (the whole
+  // piece in one pass when none is frozen).
+  double TrainableSquares(const Item& item) const;
   // Blocks while the item's unit must first be captured; with or_squares, returns false
   // instead once Finish() asks for the queued pieces' squares (the item is not updated yet).
   bool AwaitCapture(const Item& item, bool or_squares = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

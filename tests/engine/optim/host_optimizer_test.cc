@@ -458,5 +458,103 @@ TEST(HostOptimizer, CaptureBegunBeforeTheStepWithClipping) {
   CaptureEqualsStoppedState(1.0, /*early=*/true);
 }
 
+// Frozen tensors (ModelLayout::SetTrainable): after steps of gradients a frozen tensor's
+// master and bf16 copy are byte for byte what they were, while the tensors beside it in its
+// unit move; its gradient counts in no norm. With clipping (held updates, squares as they
+// land) and without, with fp32 and with quantized moments (pieces of whole moment blocks).
+struct FrozenCase {
+  double max_grad_norm;
+  MomentDType moments;
+};
+
+class HostOptimizerFrozen : public ::testing::TestWithParam<FrozenCase> {};
+
+TEST_P(HostOptimizerFrozen, FrozenTensorKeepsItsValuesExactlyAndCountsInNoNorm) {
+  const FrozenCase param = GetParam();
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  ModelLayout layout = BuildLayout(c);
+  constexpr int64_t kUnit = 1;  // layer 0: a frozen tensor between trainable ones
+  const TensorSlot frozen = layout.units[kUnit].tensors[2];
+  ASSERT_TRUE(layout.SetTrainable(frozen.name, false).ok());
+  StoreOptions store_options;
+  store_options.moments = param.moments;
+  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(layout, -1, store_options));
+  RandomInitWeights(c, 3, store.get());
+  auto tensor_bytes = [&](const TensorSlot& t) {
+    const float* master = store->master(kUnit) + t.offset;
+    const uint16_t* bf16 = store->weights(kUnit) + t.offset;
+    std::vector<char> bytes(t.num_elements * 6);
+    std::memcpy(bytes.data(), master, t.num_elements * 4);
+    std::memcpy(bytes.data() + t.num_elements * 4, bf16, t.num_elements * 2);
+    return bytes;
+  };
+  std::vector<std::vector<char>> before;
+  for (const TensorSlot& t : store->layout().units[kUnit].tensors) before.push_back(tensor_bytes(t));
+
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  // Quantized moments are updated in whole blocks: pieces start on block boundaries.
+  const int64_t piece = param.moments == MomentDType::kF32 ? 37 : kMomentBlock;
+  const int64_t pieces = CountPieces(*store, piece);
+  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(pieces, piece));
+  std::vector<Event> events;
+  for (int64_t i = 0; i < pieces; ++i) events.emplace_back(be.get());
+  HostOptimizerOptions o;
+  o.weight_decay = 0.1;
+  o.max_grad_norm = param.max_grad_norm;
+  HostOptimizer opt(store.get(), pool.get(), be.get(), o);
+  std::mt19937_64 gen(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t step = 1; step <= 3; ++step) {
+    opt.BeginStep(1e-2, step);
+    double trainable_squares = 0;
+    for (int64_t u = store->num_units() - 1; u >= 0; --u) {
+      std::vector<float> g(store->unit_elements(u), 0.0f);
+      for (const TensorSlot& t : store->layout().units[u].tensors) {
+        for (int64_t i = t.offset; i < t.offset + t.num_elements; ++i) {
+          g[i] = normal(gen);
+          if (t.trainable) trainable_squares += double(g[i]) * g[i];
+        }
+      }
+      for (int64_t offset = 0; offset < static_cast<int64_t>(g.size()); offset += piece) {
+        const int64_t count = std::min<int64_t>(piece, g.size() - offset);
+        float* slab = pool->Acquire();
+        std::memcpy(slab, g.data() + offset, count * sizeof(float));
+        Event& ready = events[pool->IndexOf(slab)];
+        be->Record(ready.get(), StreamId::kD2H);
+        opt.Submit(u, slab, ready.get(), offset, count);
+      }
+    }
+    const double norm = opt.Finish();
+    opt.Drain();
+    EXPECT_NEAR(norm, std::sqrt(trainable_squares), 1e-9 * std::sqrt(trainable_squares));
+  }
+  const std::vector<TensorSlot>& tensors = store->layout().units[kUnit].tensors;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].name == frozen.name) {
+      EXPECT_TRUE(tensor_bytes(tensors[i]) == before[i]) << tensors[i].name << " moved";
+    } else {
+      EXPECT_FALSE(tensor_bytes(tensors[i]) == before[i]) << tensors[i].name << " stood still";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ClippingAndMoments, HostOptimizerFrozen,
+    ::testing::Values(FrozenCase{0.0, MomentDType::kF32}, FrozenCase{1.0, MomentDType::kF32},
+                      FrozenCase{0.0, MomentDType::kInt8}, FrozenCase{1.0, MomentDType::kBF16}),
+    [](const ::testing::TestParamInfo<FrozenCase>& info) {
+      const char* moments = info.param.moments == MomentDType::kF32    ? "F32Moments"
+                            : info.param.moments == MomentDType::kBF16 ? "Bf16Moments"
+                                                                       : "Int8Moments";
+      return std::string(info.param.max_grad_norm > 0 ? "Clipping" : "NoClipping") + moments;
+    });
+
+TEST(HostOptimizer, FreezingAnUnknownTensorIsNotFound) {
+  ModelLayout layout = BuildLayout(TinyConfig(Variant::kLlamaTiedGqa));
+  const absl::Status s = layout.SetTrainable("model.layers.9.mlp.up_proj.weight", false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("model.layers.9.mlp.up_proj.weight"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace megatrain::testing
