@@ -237,8 +237,9 @@ class Planner {
   virtual ~Planner() = default;
 
   // The plan of `spec`, keeping the split of a step of the checkpoint it resumes from (its
-  // checkpoint.dir's newest, read here: call it as the job's user). FailedPrecondition
-  // naming the memory that runs out; InvalidArgument for more devices than the node has.
+  // checkpoint.dir's newest, read here: call it as the job's user). ResourceExhausted
+  // naming the memory that runs out; FailedPrecondition when checkpoint.dir holds another
+  // job's checkpoints; InvalidArgument for more devices than the node has.
   [[nodiscard]] virtual absl::StatusOr<PlanSummary> Plan(const JobSpec& spec) = 0;
 
   virtual std::string profile_json() const = 0;  // the profile, for CreateFromProfile

@@ -132,13 +132,8 @@ class Worker {
                      Planner::CreateFromProfile(check.device(), context_.profile_json(),
                                                 check.device_budget_bytes(), check.gpus(),
                                                 check.host_budget_bytes()));
-    absl::StatusOr<PlanSummary> planned = planner->Plan(spec);
-    if (absl::IsFailedPrecondition(planned.status())) {
-      // The memory that runs out, with the numbers: the job cannot fit.
-      return absl::ResourceExhaustedError(planned.status().message());
-    }
-    if (!planned.ok()) return planned.status();
-    *out->mutable_plan() = JobPlanMessage(*planned);
+    ASSIGN_OR_RETURN(const PlanSummary planned, planner->Plan(spec));
+    *out->mutable_plan() = JobPlanMessage(planned);
     out->set_spec_yaml(JobSpecToYaml(spec));
     return absl::OkStatus();
   }

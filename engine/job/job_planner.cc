@@ -58,8 +58,13 @@ std::string JobPlanner::profile_json() const { return ProfileToJson(profile_); }
 
 absl::StatusOr<PlanSummary> JobPlanner::Plan(const JobSpec& spec) {
   ASSIGN_OR_RETURN(const std::optional<TrainerState> resume, ResumeState(spec));
-  ASSIGN_OR_RETURN(const PlannedJob planned, PlanJob(spec, resume));
-  return SummarizePlan(planned);
+  absl::StatusOr<PlannedJob> planned = PlanJob(spec, resume);
+  if (absl::IsFailedPrecondition(planned.status())) {
+    // The memory that runs out, with the numbers: the job cannot fit.
+    return absl::ResourceExhaustedError(planned.status().message());
+  }
+  if (!planned.ok()) return planned.status();
+  return SummarizePlan(*planned);
 }
 
 PlanSummary SummarizePlan(const PlannedJob& planned) {

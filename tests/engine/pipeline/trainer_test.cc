@@ -270,6 +270,18 @@ TEST(Trainer, ResumeKeepsTheCheckpointsSplitWhereThePlannerWouldChooseAnother) {
   EXPECT_EQ(state.status().code(), absl::StatusCode::kFailedPrecondition) << state.status();
   EXPECT_NE(state.status().message().find("different job (it differs in data.seed ("),
             std::string::npos) << state.status();
+  // Through the public Planner: the checkpoint folder's problem keeps its code; a job that
+  // cannot fit is ResourceExhausted.
+  absl::StatusOr<PlanSummary> summary = (*planner)->Plan(another);
+  EXPECT_EQ(summary.status().code(), absl::StatusCode::kFailedPrecondition) << summary.status();
+  summary = (*planner)->Plan(spec("split"));
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->micro_batch_rows, rows);
+  absl::StatusOr<std::unique_ptr<Planner>> tiny =
+      Planner::CreateFromProfile("cpu", (*planner)->profile_json(), 0, 0, int64_t{1} << 10);
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  summary = (*tiny)->Plan(spec("split"));
+  EXPECT_EQ(summary.status().code(), absl::StatusCode::kResourceExhausted) << summary.status();
   const JobSpec unsaved = spec("unsaved");
   state = ResumeState(unsaved, &newest);
   ASSERT_TRUE(state.ok() && !state->has_value());
