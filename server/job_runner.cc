@@ -737,12 +737,25 @@ void JobRunner::Finish(RunningJob& run, v1::JobState state, const std::string& w
     run.worker->Exit(absl::Seconds(config().workers.stop_grace_s));
     run.worker.reset();
   }
-  if (absl::Status changed = SetState(&run.job, state, why); !changed.ok()) {
-    ReportWriteFailure(run.job.id(), "recording its state change", changed);
-  }
   {
-    MutexLock lock(&mu_);
-    ReleaseLane(run.lane);
+    // The lane is freed and the state stored as one step for Transition: a request that
+    // finds the lane free (CancelJob, HoldJob) waits here and then acts on the stored state.
+    // A cancel that found the lane still running wins over a requeue or a hold (it came
+    // while the run checkpointed to step aside): else the job would be queued again after
+    // its owner was told it was cancelled.
+    MutexLock transitions(&transition_mu_);
+    std::string reason = why;
+    {
+      MutexLock lock(&mu_);
+      if (!Terminal(state) && run.lane.request == Request::kCancel) {
+        state = v1::JOB_STATE_CANCELLED;
+        reason = run.lane.cancel_why;
+      }
+      ReleaseLane(run.lane);
+    }
+    if (absl::Status changed = SetState(&run.job, state, reason); !changed.ok()) {
+      ReportWriteFailure(run.job.id(), "recording its state change", changed);
+    }
   }
   if (!run.began) return;
   if (options_.metrics != nullptr) options_.metrics->JobStopped(run.job);

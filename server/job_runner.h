@@ -149,8 +149,9 @@ class JobRunner {
   [[nodiscard]] std::optional<RunEnd> Preempt(RunningJob& run);
   // After a step: its checkpoints, metrics, progress (stored, an event), log, usage.
   void RecordStep(RunningJob& run, const StepReport& report);
-  // Drops the trainer (as the owner), then commits the state change, frees the lane,
-  // stops the job's metrics and charges the rest of its device time.
+  // Drops the trainer (as the owner), then frees the lane and commits the state change
+  // (CANCELLED instead of a requeue or hold when a cancel came meanwhile), stops the
+  // job's metrics and charges the rest of its device time.
   void Finish(RunningJob& run, v1::JobState state, const std::string& why);
   // Finish as FAILED with `status` as the job's error.
   void Fail(RunningJob& run, const absl::Status& status);
