@@ -26,10 +26,10 @@ std::string WhyItWaits(const QueuedJob& job, const UserLimits& limits, const Use
     return absl::StrCat(job.owner, " has ", load.running, " running jobs, the most allowed");
   }
   if (limits.max_host_bytes > 0 && load.host_bytes + job.host_bytes > limits.max_host_bytes) {
-    return absl::StrFormat("%s's running jobs hold %.2f GiB of host memory; this one needs "
-                           "%.2f GiB more, over the limit of %.2f GiB",
-                           job.owner, GiB(load.host_bytes), GiB(job.host_bytes),
-                           GiB(limits.max_host_bytes));
+    return absl::StrFormat(
+        "%s's running jobs hold %.2f GiB of host memory; this one needs "
+        "%.2f GiB more, over the limit of %.2f GiB",
+        job.owner, GiB(load.host_bytes), GiB(job.host_bytes), GiB(limits.max_host_bytes));
   }
   if (available > 0 && job.host_bytes > available) {
     return absl::StrFormat("needs %.2f GiB of host memory; %.2f GiB is available now",
@@ -88,8 +88,8 @@ StartDecision Scheduler::Next(const SchedulerState& state, int lane) const {
       // and so does everything behind it (no lane backfills: it would never find them
       // free).
       if (!AnyGang(state.lanes, devices)) {
-        why = absl::StrFormat("needs %d devices; this daemon's lanes hold no %d in a row",
-                              devices, devices);
+        why = absl::StrFormat("needs %d devices; this daemon's lanes hold no %d in a row", devices,
+                              devices);
       } else if (!GangFor(state.lanes, lane, devices, /*idle=*/true).has_value()) {
         const int64_t idle = std::count_if(state.lanes.begin(), state.lanes.end(),
                                            [](const LaneState& other) { return other.idle(); });

@@ -76,8 +76,8 @@ struct AdmittedJob {
 // Everything a decision depends on, taken at one moment.
 struct SchedulerState {
   std::vector<LaneState> lanes;
-  std::vector<QueuedJob> queued;    // in submit order (preemption's ties go to the first)
-  std::vector<AdmittedJob> running;  // one entry per running job (a gang's once)
+  std::vector<QueuedJob> queued;        // in submit order (preemption's ties go to the first)
+  std::vector<AdmittedJob> running;     // one entry per running job (a gang's once)
   std::map<std::string, double> usage;  // each user's decayed device seconds; absent: 0
   int64_t host_available_bytes = 0;     // what the OS says is available now; 0: unknown
 };
