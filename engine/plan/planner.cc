@@ -677,8 +677,6 @@ absl::Status NoPlanFits(const PlanRequest& r, const Plan& smallest, bool cpu) {
 
 }  // namespace
 
-// The search, stage by stage: the request checked, the choices each knob may take, every
-// combination predicted, then the best that fits (or why none does).
 PipelineOptions PipelineOptionsOf(const Plan& plan, int64_t seq_len) {
   PipelineOptions o;
   o.micro_batches = plan.micro_batches;
@@ -692,6 +690,8 @@ PipelineOptions PipelineOptionsOf(const Plan& plan, int64_t seq_len) {
   return o;
 }
 
+// The search, stage by stage: the request checked, the choices each knob may take, every
+// combination predicted, then the best that fits (or why none does).
 absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profile,
                               Backend* backend) {
   RETURN_IF_ERROR(CheckRequest(r));
