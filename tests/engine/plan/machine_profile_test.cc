@@ -229,7 +229,7 @@ TEST(MachineProfile, RatesMeasuredInBurstsAreMeasuredAgainHeld) {
   EXPECT_NE(note.find("held 0.05 s, not 0.1"), std::string::npos) << note;
   EXPECT_DOUBLE_EQ(longer->held_seconds, 0.1);
 
-  // A profile saved without the field (before 2026-12-03) reads as bursts.
+  // A profile saved without the field (by an older build) reads as bursts.
   std::string json = ProfileToJson(*longer);
   const size_t at = json.find("\"held_seconds\"");
   ASSERT_NE(at, std::string::npos) << json;

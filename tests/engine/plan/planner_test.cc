@@ -35,7 +35,7 @@ MachineProfile H200Like() {
   }
   p.gemm_peak_tflops = 650;
   p.attention = {{1024, 300, 250}, {4096, 400, 330}, {16384, 420, 350}};
-  p.adamw_params_per_second = 4.58e9;  // machine_bench, box 3 of 2026-12-02 (in a step 0.70x)
+  p.adamw_params_per_second = 4.58e9;  // an H200 host's machine_bench rate (0.70x of it in a step)
   p.host_gbps = 150;
   return p;
 }
