@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -19,9 +20,9 @@ struct UserLoad {
 };
 
 // Why `job` may not start now, with its user's `limits` and `load` and `available` bytes
-// of host memory (<= 0: not checked); "" when it may.
+// of host memory (nullopt: unknown, not checked); "" when it may.
 std::string WhyItWaits(const QueuedJob& job, const UserLimits& limits, const UserLoad& load,
-                       int64_t available) {
+                       std::optional<int64_t> available) {
   if (limits.max_running_jobs > 0 && load.running >= limits.max_running_jobs) {
     return absl::StrCat(job.owner, " has ", load.running, " running jobs, the most allowed");
   }
@@ -31,9 +32,9 @@ std::string WhyItWaits(const QueuedJob& job, const UserLimits& limits, const Use
         "%.2f GiB more, over the limit of %.2f GiB",
         job.owner, GiB(load.host_bytes), GiB(job.host_bytes), GiB(limits.max_host_bytes));
   }
-  if (available > 0 && job.host_bytes > available) {
+  if (available.has_value() && job.host_bytes > *available) {
     return absl::StrFormat("needs %.2f GiB of host memory; %.2f GiB is available now",
-                           GiB(job.host_bytes), GiB(available));
+                           GiB(job.host_bytes), GiB(std::max<int64_t>(0, *available)));
   }
   return "";
 }
@@ -73,10 +74,15 @@ StartDecision Scheduler::Next(const SchedulerState& state, int lane) const {
     load[running.owner].host_bytes += running.host_bytes;
     reserved += running.host_bytes;
   }
-  int64_t available = state.host_available_bytes;
+  // What the OS reports free (0: it could not be read), capped at the node's admissible
+  // memory less what running jobs were admitted with (a job another lane just claimed
+  // holds its memory before it has allocated it). Running jobs that hold all of it leave
+  // nothing: that is not "unknown".
+  std::optional<int64_t> available;
+  if (state.host_available_bytes > 0) available = state.host_available_bytes;
   if (options_.host_memory_bytes > 0) {
-    // A job another lane just claimed holds its memory before it has allocated it.
-    available = std::min(available, options_.host_memory_bytes - reserved);
+    const int64_t left = options_.host_memory_bytes - reserved;
+    available = available.has_value() ? std::min(*available, left) : left;
   }
   for (const QueuedJob* candidate : QueueOrder(state)) {
     std::string why = WhyItWaits(*candidate, options_.config.LimitsFor(candidate->owner),

@@ -201,6 +201,23 @@ TEST(SchedulerTest, UnknownHostMemoryAdmitsTheJob) {
   EXPECT_EQ(Make().Next(state, 0).job.id, 1);
 }
 
+// The node's admissible memory is all held by running jobs: nothing is left, which is not
+// "unknown" (it admitted any job, however large, once the running ones held it all).
+TEST(SchedulerTest, RunningJobsHoldingAllTheNodesMemoryLeaveNoneForTheNext) {
+  SchedulerState state;
+  state.lanes = {Busy("cpu", 9, 0), Lane("cpu")};
+  state.host_available_bytes = 100 * kGiB;
+  state.running = {{"bob", 10 * kGiB}};
+  state.queued = {Job(1, "alice", 0, 1, 4 * kGiB)};
+  const StartDecision decision = Make(DaemonConfig(), 10 * kGiB).Next(state, 1);
+  EXPECT_FALSE(decision.starts());
+  ASSERT_EQ(decision.notes.size(), 1u);
+  EXPECT_EQ(decision.notes[0].why, "needs 4.00 GiB of host memory; 0.00 GiB is available now");
+  // And with the OS's figure unreadable, the node's own count still holds.
+  state.host_available_bytes = 0;
+  EXPECT_FALSE(Make(DaemonConfig(), 10 * kGiB).Next(state, 1).starts());
+}
+
 TEST(SchedulerTest, ReasonAlreadyNotedIsNotNotedAgain) {
   SchedulerState state;
   state.lanes = {Lane("cpu")};
