@@ -87,7 +87,7 @@ absl::Status Pipeline::Allocate() {
   Backend* be = backend_;
   const StepMemory mem = SizeStepMemory(config_, *layout_, be, options_, kinds_, head_);
   const int64_t M = options_.micro_batches, n = options_.tokens_per_micro_batch;
-  DeviceAllocator alloc(be, /*count_only=*/false);
+  DeviceAllocator alloc(be);
   RETURN_IF_ERROR(slots_.Allocate(&alloc));
   RETURN_IF_ERROR(alloc.Allocate(&embed_slot_, mem.embedding_slot, "the embedding"));
   RETURN_IF_ERROR(alloc.Allocate(&head_slot_, mem.head_slot, "the head"));

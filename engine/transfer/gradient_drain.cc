@@ -14,11 +14,6 @@ void GradientDrain::CreateEvents(int64_t num_units) {
   for (int64_t i = 0; i < slabs_->num_slabs(); ++i) slab_ready_.emplace_back(backend_);
 }
 
-int64_t GradientDrain::PaddedElements(int64_t n) const {
-  if (collective_ == nullptr) return n;
-  return collective_->size() * GradShardElements(n, collective_->size());
-}
-
 void GradientDrain::Drain(int64_t unit, void* device_grad, void* done_event, void* free_event,
                           GradSink* sink) {
   backend_->StreamWait(StreamId::kD2H, done_event);

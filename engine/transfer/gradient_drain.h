@@ -31,10 +31,6 @@ class GradientDrain {
   // The events: one per unit (its gradient is on the host) and one per slab.
   void CreateEvents(int64_t num_units);
 
-  // Elements a gradient buffer of `n` elements needs: padded to whole shards when a
-  // reduce-scatter reads every rank's shard of it.
-  int64_t PaddedElements(int64_t n) const;
-
   void BeginStep() { d2h_bytes_ = 0; }
   // After `done_event` (the gradient is complete), drains unit's gradient from
   // `device_grad` and hands its pieces to `sink`; records `free_event` (may be null) when

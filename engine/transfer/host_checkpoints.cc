@@ -21,19 +21,14 @@ HostCheckpoints::~HostCheckpoints() {
 }
 
 absl::Status HostCheckpoints::Allocate(DeviceAllocator* alloc) {
-  if (!alloc->count_only()) {
-    const int64_t num_checkpoints = (num_layers_ + checkpoint_every_ - 1) / checkpoint_every_ + 1;
-    ASSIGN_OR_RETURN(host_, HostArena::Map(num_checkpoints * checkpoint_bytes_,
-                                           "layer-input checkpoints"));
-    RETURN_IF_ERROR(backend_->PinHostRange(host_.data(), host_.bytes()));
-  }
-  if (!alloc->count_only()) {
-    on_host_.clear();
-    for (int64_t c = 0; c < num_layers_; c += checkpoint_every_) on_host_.emplace_back(backend_);
-  }
+  const int64_t num_checkpoints = (num_layers_ + checkpoint_every_ - 1) / checkpoint_every_ + 1;
+  ASSIGN_OR_RETURN(host_, HostArena::Map(num_checkpoints * checkpoint_bytes_,
+                                         "layer-input checkpoints"));
+  RETURN_IF_ERROR(backend_->PinHostRange(host_.data(), host_.bytes()));
+  on_host_.clear();
+  for (int64_t c = 0; c < num_layers_; c += checkpoint_every_) on_host_.emplace_back(backend_);
   for (int i = 0; i < 2; ++i) {
     RETURN_IF_ERROR(alloc->Allocate(&staging_[i], checkpoint_bytes_, "checkpoint staging"));
-    if (alloc->count_only()) continue;
     saved_[i] = Event(backend_);
     loaded_[i] = Event(backend_);
     free_[i] = Event(backend_);

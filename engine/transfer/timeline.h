@@ -75,27 +75,23 @@ class SpanRecorder {
   Event zero_;
 };
 
-// Allocates the device buffers of a pipeline and its transfers, adding up their bytes;
-// counting only, it allocates nothing (the planner sizes a pipeline that way).
+// Allocates the device buffers of a pipeline and its transfers, adding up their bytes (the
+// pipeline checks them against StepMemory, what the planner counted).
 class DeviceAllocator {
  public:
-  DeviceAllocator(Backend* backend, bool count_only)
-      : backend_(backend), count_only_(count_only) {}
+  explicit DeviceAllocator(Backend* backend) : backend_(backend) {}
   [[nodiscard]] absl::Status Allocate(DeviceBuffer* buffer, int64_t bytes, const char* what) {
     bytes_ += bytes;
-    if (count_only_) return absl::OkStatus();
     absl::StatusOr<DeviceBuffer> made = DeviceBuffer::Allocate(backend_, bytes);
     if (!made.ok()) return Annotate(made.status(), absl::StrCat("allocating ", what));
     *buffer = *std::move(made);
     return absl::OkStatus();
   }
-  bool count_only() const { return count_only_; }
   Backend* backend() const { return backend_; }
   int64_t bytes() const { return bytes_; }
 
  private:
   Backend* backend_;
-  bool count_only_;
   int64_t bytes_ = 0;
 };
 

@@ -23,7 +23,6 @@ absl::Status WeightSlots::Allocate(DeviceAllocator* alloc) {
   slots_.resize(num_slots_);
   for (int64_t s = 0; s < num_slots_; ++s) {
     RETURN_IF_ERROR(alloc->Allocate(&slots_[s], slot_bytes, "a weight slot"));
-    if (alloc->count_only()) continue;
     slot_loaded_.emplace_back(backend_);
     slot_free_.emplace_back(backend_);
   }

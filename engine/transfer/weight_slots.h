@@ -29,8 +29,7 @@ int64_t UploadUnitWeights(Backend* backend, const HostStore& store, int64_t unit
 
 class WeightSlots {
  public:
-  // `num_slots` slots for the decoder layers of `layout`; `store` may be null when the
-  // slots are only counted (DeviceAllocator::count_only).
+  // `num_slots` slots for the decoder layers of `layout`, loaded from `store`.
   WeightSlots(Backend* backend, HostStore* store, const ModelLayout& layout, int64_t num_slots,
               SpanRecorder* spans);
 

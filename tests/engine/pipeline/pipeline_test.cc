@@ -477,7 +477,7 @@ TEST(WeightSlots, UploadsEachUpdatedLayerWhateverOrderTheUpdatesLandIn) {
   const ModelLayout& layout = store->layout();
   SpanRecorder spans(be.get(), false);
   WeightSlots slots(be.get(), store.get(), layout, c.num_layers, &spans);
-  DeviceAllocator alloc(be.get(), false);
+  DeviceAllocator alloc(be.get());
   ASSERT_TRUE(slots.Allocate(&alloc).ok());
   UpdatedUnitsSink sink;
   slots.BeginStep(&sink);
