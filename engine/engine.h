@@ -161,6 +161,14 @@ const char* SpecName(Bf16Copy value);
 template <typename E>
 [[nodiscard]] absl::StatusOr<E> ParseSpecName(absl::string_view field, absl::string_view name);
 
+// What a spec's fields say, for a spec built field by field (the API's message): a path as
+// given, resolved against the spec's folder when relative ("" stays ""); data.tokenizer's
+// text (auto, byte, model, or a tokenizer.json or its folder, resolved likewise) into
+// spec->tokenizer and spec->tokenizer_path (InvalidArgument for "").
+std::string ResolveSpecPath(const std::string& base_dir, const std::string& path);
+[[nodiscard]] absl::Status SetSpecTokenizer(const std::string& text, const std::string& base_dir,
+                                            JobSpec* spec);
+
 // The one validation stage: ranges, the batch's shape, the name, the device, the model
 // source, UTF-8 of every string. InvalidArgument naming the field and what it allows
 // ("train.steps must be >= 1, got -3"). ParseJobSpec runs it; a spec built otherwise

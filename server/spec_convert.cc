@@ -1,7 +1,5 @@
 #include "server/spec_convert.h"
 
-#include <filesystem>
-
 #include "absl/strings/str_cat.h"
 #include "engine/common/status.h"
 #include "nlohmann/json.hpp"
@@ -9,11 +7,6 @@
 namespace megatrain::server {
 
 namespace {
-
-std::string Resolve(const std::string& base_dir, const std::string& path) {
-  if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
-  return (std::filesystem::path(base_dir) / path).lexically_normal().string();
-}
 
 // Each choice of the message, where set, parsed into the spec's type.
 template <typename E>
@@ -24,7 +17,7 @@ absl::Status SetEnum(const char* field, const std::string& name, E* out) {
 }
 
 absl::Status FromModel(const v1::JobSpec::Model& m, const std::string& base_dir, JobSpec* spec) {
-  spec->model_path = Resolve(base_dir, m.path());
+  spec->model_path = ResolveSpecPath(base_dir, m.path());
   if (!m.config_json().empty()) {
     // Kept as the YAML parser keeps an inline config: compact JSON, keys sorted.
     const nlohmann::json j = nlohmann::json::parse(m.config_json(), nullptr, false);
@@ -38,24 +31,16 @@ absl::Status FromModel(const v1::JobSpec::Model& m, const std::string& base_dir,
 }
 
 absl::Status FromData(const v1::JobSpec::Data& d, const std::string& base_dir, JobSpec* spec) {
-  spec->data_path = Resolve(base_dir, d.path());
+  spec->data_path = ResolveSpecPath(base_dir, d.path());
   RETURN_IF_ERROR(SetEnum("data.format", d.format(), &spec->data_format));
   if (!d.text_field().empty()) spec->text_field = d.text_field();
-  if (!d.tokenizer().empty()) {
-    absl::StatusOr<TokenizerSource> named = ParseSpecName<TokenizerSource>("", d.tokenizer());
-    if (named.ok() && *named != TokenizerSource::kFile) {
-      spec->tokenizer = *named;
-    } else {
-      spec->tokenizer = TokenizerSource::kFile;
-      spec->tokenizer_path = Resolve(base_dir, d.tokenizer());
-    }
-  }
+  if (!d.tokenizer().empty()) RETURN_IF_ERROR(SetSpecTokenizer(d.tokenizer(), base_dir, spec));
   RETURN_IF_ERROR(SetEnum("data.chat_template", d.chat_template(), &spec->chat_template));
   spec->chat_date = d.chat_date();
   RETURN_IF_ERROR(SetEnum("data.packing", d.packing(), &spec->packing));
   RETURN_IF_ERROR(SetEnum("data.truncation", d.truncation(), &spec->truncation));
   RETURN_IF_ERROR(SetEnum("data.on_bad_line", d.on_bad_line(), &spec->on_bad_line));
-  spec->data_cache_dir = Resolve(base_dir, d.cache_dir());
+  spec->data_cache_dir = ResolveSpecPath(base_dir, d.cache_dir());
   spec->tokenize_threads = d.tokenize_threads();
   if (d.seq_len() != 0) spec->seq_len = d.seq_len();
   spec->data_seed = d.seed();
@@ -89,7 +74,7 @@ absl::Status FromTrain(const v1::JobSpec::Train& t, JobSpec* spec) {
 
 void FromCheckpoint(const v1::JobSpec::Checkpoint& c, const std::string& base_dir,
                     JobSpec* spec) {
-  spec->checkpoint_dir = Resolve(base_dir, c.dir());
+  spec->checkpoint_dir = ResolveSpecPath(base_dir, c.dir());
   spec->checkpoint_every_steps = c.every_steps();
   if (c.has_keep_last()) spec->keep_last = c.keep_last();
   if (c.max_shard_bytes() != 0) spec->max_shard_bytes = c.max_shard_bytes();

@@ -164,30 +164,6 @@ nlohmann::json ToJson(const YAML::Node& n) {
   }
 }
 
-std::string Resolve(const std::string& base_dir, const std::string& path) {
-  if (path.empty() || fs::path(path).is_absolute() || base_dir.empty()) return path;
-  return (fs::path(base_dir) / path).lexically_normal().string();
-}
-
-// data.tokenizer's text: auto, byte, model, or a path (resolved against base_dir).
-absl::Status SetTokenizer(const std::string& text, const std::string& base_dir, JobSpec* spec) {
-  for (TokenizerSource named :
-       {TokenizerSource::kAuto, TokenizerSource::kByte, TokenizerSource::kModel}) {
-    if (text == SpecName(named)) {
-      spec->tokenizer = named;
-      spec->tokenizer_path.clear();
-      return absl::OkStatus();
-    }
-  }
-  if (text.empty()) {
-    return absl::InvalidArgumentError(
-        "data.tokenizer must be 'auto', 'byte', 'model', or a tokenizer.json path");
-  }
-  spec->tokenizer = TokenizerSource::kFile;
-  spec->tokenizer_path = Resolve(base_dir, text);
-  return absl::OkStatus();
-}
-
 absl::Status ParseModel(Section& top, const std::string& base_dir, JobSpec* spec) {
   if (!top.Has("model")) return absl::InvalidArgumentError("field 'model' is required");
   Section model(top.Get("model"), "model");
@@ -203,10 +179,10 @@ absl::Status ParseModel(Section& top, const std::string& base_dir, JobSpec* spec
   RETURN_IF_ERROR(model.CheckNoUnknown());
   const int sources = !spec->model_path.empty() + !config_path.empty() + !spec->model_config_json.empty();
   if (sources != 1) return absl::InvalidArgumentError(kModelSources);
-  spec->model_path = Resolve(base_dir, spec->model_path);
+  spec->model_path = ResolveSpecPath(base_dir, spec->model_path);
   if (!config_path.empty()) {
     // A FIFO or a device is refused without blocking; a missing file is NotFound.
-    absl::StatusOr<std::string> text = ReadWholeFile(Resolve(base_dir, config_path));
+    absl::StatusOr<std::string> text = ReadWholeFile(ResolveSpecPath(base_dir, config_path));
     if (!text.ok()) return Annotate(text.status(), "model.config_path");
     spec->model_config_json = *std::move(text);
   }
@@ -218,7 +194,7 @@ absl::Status ParseData(Section& top, const std::string& base_dir, JobSpec* spec)
   if (!top.Get("data").IsMap()) return top.Error("data", "must be a mapping");
   Section data(top.Get("data"), "data");
   RETURN_IF_ERROR(data.String("path", &spec->data_path));
-  spec->data_path = Resolve(base_dir, spec->data_path);
+  spec->data_path = ResolveSpecPath(base_dir, spec->data_path);
   RETURN_IF_ERROR(data.Enum("format", &spec->data_format));
   RETURN_IF_ERROR(data.String("text_field", &spec->text_field));
   RETURN_IF_ERROR(data.Enum("chat_template", &spec->chat_template));
@@ -227,12 +203,12 @@ absl::Status ParseData(Section& top, const std::string& base_dir, JobSpec* spec)
   RETURN_IF_ERROR(data.Enum("truncation", &spec->truncation));
   RETURN_IF_ERROR(data.Enum("on_bad_line", &spec->on_bad_line));
   RETURN_IF_ERROR(data.String("cache_dir", &spec->data_cache_dir));
-  spec->data_cache_dir = Resolve(base_dir, spec->data_cache_dir);
+  spec->data_cache_dir = ResolveSpecPath(base_dir, spec->data_cache_dir);
   RETURN_IF_ERROR(data.Int("tokenize_threads", &spec->tokenize_threads));
   if (data.Has("tokenizer")) {
     std::string tokenizer;
     RETURN_IF_ERROR(data.String("tokenizer", &tokenizer));
-    RETURN_IF_ERROR(SetTokenizer(tokenizer, base_dir, spec));
+    RETURN_IF_ERROR(SetSpecTokenizer(tokenizer, base_dir, spec));
   }
   RETURN_IF_ERROR(data.Int("seq_len", &spec->seq_len));
   RETURN_IF_ERROR(data.Uint("seed", &spec->data_seed));
@@ -275,7 +251,7 @@ absl::Status ParseOptimizer(Section& top, const std::string& base_dir, JobSpec* 
   RETURN_IF_ERROR(o.Enum("state_dtype", &spec->state_dtype));
   RETURN_IF_ERROR(o.Enum("bf16_copy", &spec->bf16_copy));
   RETURN_IF_ERROR(o.String("nvme_dir", &spec->nvme_dir));
-  spec->nvme_dir = Resolve(base_dir, spec->nvme_dir);
+  spec->nvme_dir = ResolveSpecPath(base_dir, spec->nvme_dir);
   RETURN_IF_ERROR(o.Int("nvme_layers", &spec->nvme_layers));
   return o.CheckNoUnknown();
 }
@@ -285,7 +261,7 @@ absl::Status ParseCheckpoint(Section& top, const std::string& base_dir, JobSpec*
     if (!top.Get("checkpoint").IsMap()) return top.Error("checkpoint", "must be a mapping");
     Section c(top.Get("checkpoint"), "checkpoint");
     RETURN_IF_ERROR(c.String("dir", &spec->checkpoint_dir));
-    spec->checkpoint_dir = Resolve(base_dir, spec->checkpoint_dir);
+    spec->checkpoint_dir = ResolveSpecPath(base_dir, spec->checkpoint_dir);
     RETURN_IF_ERROR(c.Int("every_steps", &spec->checkpoint_every_steps));
     RETURN_IF_ERROR(c.Int("keep_last", &spec->keep_last));
     RETURN_IF_ERROR(c.Int("max_shard_bytes", &spec->max_shard_bytes));
@@ -487,6 +463,30 @@ absl::Status CheckUtf8(const JobSpec& s) {
 }
 
 }  // namespace
+
+std::string ResolveSpecPath(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || fs::path(path).is_absolute() || base_dir.empty()) return path;
+  return (fs::path(base_dir) / path).lexically_normal().string();
+}
+
+absl::Status SetSpecTokenizer(const std::string& text, const std::string& base_dir,
+                              JobSpec* spec) {
+  for (TokenizerSource named :
+       {TokenizerSource::kAuto, TokenizerSource::kByte, TokenizerSource::kModel}) {
+    if (text == SpecName(named)) {
+      spec->tokenizer = named;
+      spec->tokenizer_path.clear();
+      return absl::OkStatus();
+    }
+  }
+  if (text.empty()) {
+    return absl::InvalidArgumentError(
+        "data.tokenizer must be 'auto', 'byte', 'model', or a tokenizer.json path");
+  }
+  spec->tokenizer = TokenizerSource::kFile;
+  spec->tokenizer_path = ResolveSpecPath(base_dir, text);
+  return absl::OkStatus();
+}
 
 // ---- The spec's names of its choices ----
 
