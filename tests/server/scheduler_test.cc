@@ -180,14 +180,20 @@ TEST(SchedulerTest, JobNeedingMoreHostMemoryThanAvailableWaitsAndASmallerOneStar
   EXPECT_EQ(decision.notes[0].why, "needs 12.00 GiB of host memory; 8.00 GiB is available now");
 }
 
-TEST(SchedulerTest, NodeAdmissionLimitLessWhatRunningJobsWereAdmittedWithBounds) {
-  // The OS says 100 GiB is free, but the running job was admitted with 8 of the node's 10.
+// Alice's 4 GiB job for the idle lane of a node that admits 10 GiB, while bob's running job
+// was admitted with `bob_bytes` and the OS reports `os_available_bytes` free (0: unread).
+StartDecision AliceBesideBob(int64_t bob_bytes, int64_t os_available_bytes) {
   SchedulerState state;
   state.lanes = {Busy("cpu", 9, 0), Lane("cpu")};
-  state.host_available_bytes = 100 * kGiB;
-  state.running = {{"bob", 8 * kGiB}};
+  state.host_available_bytes = os_available_bytes;
+  state.running = {{"bob", bob_bytes}};
   state.queued = {Job(1, "alice", 0, 1, 4 * kGiB)};
-  const StartDecision decision = Make(DaemonConfig(), 10 * kGiB).Next(state, 1);
+  return Make(DaemonConfig(), 10 * kGiB).Next(state, 1);
+}
+
+TEST(SchedulerTest, NodeAdmissionLimitLessWhatRunningJobsWereAdmittedWithBounds) {
+  // The OS says 100 GiB is free, but the running job was admitted with 8 of the node's 10.
+  const StartDecision decision = AliceBesideBob(8 * kGiB, 100 * kGiB);
   EXPECT_FALSE(decision.starts());
   ASSERT_EQ(decision.notes.size(), 1u);
   EXPECT_EQ(decision.notes[0].why, "needs 4.00 GiB of host memory; 2.00 GiB is available now");
@@ -204,18 +210,12 @@ TEST(SchedulerTest, UnknownHostMemoryAdmitsTheJob) {
 // The node's admissible memory is all held by running jobs: nothing is left, which is not
 // "unknown" (it admitted any job, however large, once the running ones held it all).
 TEST(SchedulerTest, RunningJobsHoldingAllTheNodesMemoryLeaveNoneForTheNext) {
-  SchedulerState state;
-  state.lanes = {Busy("cpu", 9, 0), Lane("cpu")};
-  state.host_available_bytes = 100 * kGiB;
-  state.running = {{"bob", 10 * kGiB}};
-  state.queued = {Job(1, "alice", 0, 1, 4 * kGiB)};
-  const StartDecision decision = Make(DaemonConfig(), 10 * kGiB).Next(state, 1);
+  const StartDecision decision = AliceBesideBob(10 * kGiB, 100 * kGiB);
   EXPECT_FALSE(decision.starts());
   ASSERT_EQ(decision.notes.size(), 1u);
   EXPECT_EQ(decision.notes[0].why, "needs 4.00 GiB of host memory; 0.00 GiB is available now");
   // And with the OS's figure unreadable, the node's own count still holds.
-  state.host_available_bytes = 0;
-  EXPECT_FALSE(Make(DaemonConfig(), 10 * kGiB).Next(state, 1).starts());
+  EXPECT_FALSE(AliceBesideBob(10 * kGiB, 0).starts());
 }
 
 TEST(SchedulerTest, ReasonAlreadyNotedIsNotNotedAgain) {

@@ -64,6 +64,20 @@ void SubmitRandomStep(HostOptimizer& opt, const HostStore& store, GradSlabPool& 
   }
 }
 
+// Unit u's whole gradient `g`, handed to the optimizer in pieces of `piece` elements, each
+// in a slab of `pool` as the gradient drain hands them.
+void SubmitUnit(HostOptimizer& opt, GradSlabPool& pool, Backend& be, std::vector<Event>& events,
+                int64_t u, const std::vector<float>& g, int64_t piece) {
+  for (int64_t offset = 0; offset < static_cast<int64_t>(g.size()); offset += piece) {
+    const int64_t count = std::min<int64_t>(piece, g.size() - offset);
+    float* slab = pool.Acquire();
+    std::memcpy(slab, g.data() + offset, count * sizeof(float));
+    Event& ready = events[pool.IndexOf(slab)];
+    be.Record(ready.get(), StreamId::kD2H);
+    opt.Submit(u, slab, ready.get(), offset, count);
+  }
+}
+
 void RunSteps(double max_grad_norm) {
   std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
   std::unique_ptr<HostStore> store = TinyStore();
@@ -102,14 +116,7 @@ void RunSteps(double max_grad_norm) {
         for (int64_t i = 0; i < t.num_elements; ++i) g[t.offset + i] = normal(gen);
       }
       for (float x : g) ss += double(x) * x;
-      for (int64_t offset = 0; offset < static_cast<int64_t>(g.size()); offset += kPiece) {
-        const int64_t count = std::min<int64_t>(kPiece, g.size() - offset);
-        float* slab = pool->Acquire();
-        std::memcpy(slab, g.data() + offset, count * sizeof(float));
-        Event& ready = events[pool->IndexOf(slab)];
-        be->Record(ready.get(), StreamId::kD2H);
-        opt.Submit(u, slab, ready.get(), offset, count);
-      }
+      SubmitUnit(opt, *pool, *be, events, u, g, kPiece);
     }
     const double norm = opt.Finish();
     opt.Drain();
@@ -515,14 +522,7 @@ TEST_P(HostOptimizerFrozen, FrozenTensorKeepsItsValuesExactlyAndCountsInNoNorm) 
           if (t.trainable) trainable_squares += double(g[i]) * g[i];
         }
       }
-      for (int64_t offset = 0; offset < static_cast<int64_t>(g.size()); offset += piece) {
-        const int64_t count = std::min<int64_t>(piece, g.size() - offset);
-        float* slab = pool->Acquire();
-        std::memcpy(slab, g.data() + offset, count * sizeof(float));
-        Event& ready = events[pool->IndexOf(slab)];
-        be->Record(ready.get(), StreamId::kD2H);
-        opt.Submit(u, slab, ready.get(), offset, count);
-      }
+      SubmitUnit(opt, *pool, *be, events, u, g, piece);
     }
     const double norm = opt.Finish();
     opt.Drain();
