@@ -42,27 +42,6 @@ double LearningRate(const ScheduleOptions& options, int64_t step) {
   return options.lr * (r + (1.0 - r) * factor);
 }
 
-absl::Status ValidateScheduleOptions(const ScheduleOptions& options) {
-  if (!(options.lr >= 0.0) || !std::isfinite(options.lr)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lr is ", options.lr, "; it must be a finite number >= 0"));
-  }
-  if (options.warmup_steps < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("warmup_steps is ", options.warmup_steps,
-                                                   "; it must be >= 0 (0 = no warmup)"));
-  }
-  if (options.total_steps < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("total_steps is ", options.total_steps, "; it must be >= 0"));
-  }
-  if (!(options.min_lr_ratio >= 0.0 && options.min_lr_ratio <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("min_lr_ratio is ", options.min_lr_ratio,
-                     "; it must be in [0, 1] (the floor of the decay as a fraction of lr)"));
-  }
-  return absl::OkStatus();
-}
-
 const char* ScheduleTypeName(ScheduleType type) {
   switch (type) {
     case ScheduleType::kConstant:

@@ -22,12 +22,8 @@ namespace megatrain {
 //             factor = max(0, 0.5 * (1 + cos(pi * progress)))
 //   linear and cosine return lr * (min_lr_ratio + (1 - min_lr_ratio) * factor).
 // With min_lr_ratio = 0 these are exactly Hugging Face's values (cosine: up to
-// total_steps). REQUIRES: options valid (ValidateScheduleOptions), step >= 0.
+// total_steps). REQUIRES: options valid (a JobSpec's pass ValidateJobSpec), step >= 0.
 double LearningRate(const ScheduleOptions& options, int64_t step);
-
-// InvalidArgument naming the field when lr < 0, warmup_steps < 0, total_steps < 0, or
-// min_lr_ratio is outside [0, 1].
-[[nodiscard]] absl::Status ValidateScheduleOptions(const ScheduleOptions& options);
 
 // "constant", "linear" or "cosine" (SpecName; ParseSpecName reads them back).
 const char* ScheduleTypeName(ScheduleType type);

@@ -426,6 +426,8 @@ TEST(JobSpecTest, ValidateJobSpecChecksASpecBuiltInCode) {
   const std::pair<std::function<void(JobSpec*)>, std::string> broken[] = {
       {[](JobSpec* s) { s->steps = 0; }, "train.steps must be >= 1, got 0"},
       {[](JobSpec* s) { s->seq_len = 1; }, "data.seq_len must be >= 2, got 1"},
+      {[](JobSpec* s) { s->schedule.warmup_steps = -1; }, "train.warmup_steps must be >= 0"},
+      {[](JobSpec* s) { s->schedule.min_lr_ratio = 2; }, "train.min_lr_ratio must be in [0, 1]"},
       {[](JobSpec* s) { s->beta2 = 2; }, "train.beta2 must be in [0, 0.999999999], got 2"},
       {[](JobSpec* s) { s->data_path.clear(); }, "data.path is required"},
       {[](JobSpec* s) { s->model_path = "/m"; }, "model needs exactly one of"},

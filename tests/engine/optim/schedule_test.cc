@@ -75,20 +75,5 @@ TEST(ScheduleTest, WarmupAsLongAsTrainingDoesNotDivideByZero) {
   EXPECT_EQ(LearningRate(c, 11), 0.0);
 }
 
-TEST(ScheduleTest, ValidateNamesTheBadField) {
-  EXPECT_TRUE(ValidateScheduleOptions(Options(ScheduleType::kCosine, 0.1)).ok());
-  ScheduleOptions o = Options(ScheduleType::kLinear);
-  o.warmup_steps = -1;
-  EXPECT_NE(ValidateScheduleOptions(o).message().find("warmup_steps"), absl::string_view::npos);
-  o = Options(ScheduleType::kLinear, 1.5);
-  EXPECT_NE(ValidateScheduleOptions(o).message().find("min_lr_ratio"), absl::string_view::npos);
-  o = Options(ScheduleType::kLinear);
-  o.lr = -1.0;
-  EXPECT_NE(ValidateScheduleOptions(o).message().find("lr is"), absl::string_view::npos);
-  o = Options(ScheduleType::kLinear);
-  o.total_steps = -5;
-  EXPECT_NE(ValidateScheduleOptions(o).message().find("total_steps"), absl::string_view::npos);
-}
-
 }  // namespace
 }  // namespace megatrain
