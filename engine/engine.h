@@ -312,6 +312,10 @@ struct RunOptions {
   std::string profile_json;
 };
 
+// The spec as it runs where `options` place it: their device and checkpoint folder where
+// given (what TrainingJob::Create runs, and what the daemon checks its files against).
+JobSpec PlacedSpec(const JobSpec& spec, const RunOptions& options);
+
 // A started job, as its owner sees it in logs and status.
 struct JobDescription {
   int64_t step = 0;               // steps done (of the checkpoint it resumed from)

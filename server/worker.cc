@@ -142,15 +142,14 @@ class Worker {
                                    internal::StartReply* out) {
     if (job_ != nullptr) return absl::FailedPreconditionError("a job runs in this worker");
     ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(start.spec_yaml(), "", "stored job spec"));
-    const RunOptions placed{start.backend(), start.checkpoint_dir(), context_.profile_json()};
-    checkpoint_dir_ = placed.checkpoint_dir.empty() ? spec.checkpoint_dir : placed.checkpoint_dir;
+    const RunOptions run{start.backend(), start.checkpoint_dir(), context_.profile_json()};
+    const JobSpec placed = PlacedSpec(spec, run);
+    checkpoint_dir_ = placed.checkpoint_dir;
     // Checked again, where the job runs: a folder may have been swapped for a link since
     // submission.
-    JobSpec checked = spec;
-    checked.checkpoint_dir = checkpoint_dir_;
-    RETURN_IF_ERROR(CheckJobFiles(checked, roots_, context_.own_dir()));
+    RETURN_IF_ERROR(CheckJobFiles(placed, roots_, context_.own_dir()));
     const absl::Time began = absl::Now();
-    ASSIGN_OR_RETURN(job_, TrainingJob::Create(spec, placed));
+    ASSIGN_OR_RETURN(job_, TrainingJob::Create(spec, run));
     out->set_create_seconds(absl::ToDoubleSeconds(absl::Now() - began));
     const JobDescription d = job_->Describe();
     out->set_step(d.step);

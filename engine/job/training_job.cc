@@ -46,11 +46,16 @@ class TrainerJob final : public TrainingJob {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobSpec& spec,
-                                                                 const RunOptions& options) {
+JobSpec PlacedSpec(const JobSpec& spec, const RunOptions& options) {
   JobSpec placed = spec;
   if (!options.device.empty()) placed.backend = options.device;
   if (!options.checkpoint_dir.empty()) placed.checkpoint_dir = options.checkpoint_dir;
+  return placed;
+}
+
+absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const JobSpec& spec,
+                                                                 const RunOptions& options) {
+  const JobSpec placed = PlacedSpec(spec, options);
   RETURN_IF_ERROR(ValidateJobSpec(placed));
   std::unique_ptr<Trainer> trainer;
   if (options.profile_json.empty()) {
