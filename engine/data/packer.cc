@@ -119,7 +119,7 @@ void Packer::Next(int64_t rows, MicroBatch* out) {
   const bool one_per_row = options_.mode == PackOptions::Mode::kPad;
   for (int64_t r = 0; r < rows; ++r) {
     int64_t col = 0;
-    while (col < seq_len_) {
+    while (col < seq_len_ && !exhausted()) {
       const int64_t d = order_[cursor_];
       const int64_t doc_len = EmittedLength(d);
       if (doc_len == 0) {  // nothing to emit: skip it wherever it is

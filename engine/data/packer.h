@@ -46,6 +46,9 @@ struct PackOptions {
   enum class Mode { kPack, kPad } mode = Mode::kPack;
   enum class Truncation { kSplit, kTruncate } truncation = Truncation::kSplit;
   int32_t pad_id = 0;  // the input id of padding tokens (never a target)
+  // One pass over the documents (an evaluation set): once the first epoch's documents are
+  // used up, every further token is padding, and exhausted() says so.
+  bool single_pass = false;
 };
 
 // Reads shared, immutable documents. Not thread-safe: one packer per data stream.
@@ -69,6 +72,9 @@ class Packer {
   // InvalidArgument when it cannot belong to this dataset (a cursor past the last
   // document, an offset past the document's end); the packer is unchanged then.
   [[nodiscard]] absl::Status Seek(const DataPosition& position);
+
+  // single_pass only: every document has been emitted; further rows are padding.
+  bool exhausted() const { return options_.single_pass && epoch_ > 0; }
 
   int64_t num_docs() const { return docs_->num_docs(); }
   int64_t num_tokens() const { return num_tokens_; }

@@ -74,6 +74,12 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const ModelConfig& co
         ") and loss_chunk_tokens (", options.loss_chunk_tokens, ") must all be >= 1"));
   }
   if (config.num_layers < 1) return absl::InvalidArgumentError("model has no layers");
+  if (options.eval_micro_batches < 0 ||
+      options.eval_micro_batches > EvalCapacity(config, options)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: eval_micro_batches (", options.eval_micro_batches, ") must be in [0, ",
+        EvalCapacity(config, options), "]"));
+  }
   if (slabs->slab_elements() < 1 || slabs->num_slabs() < 1) {
     return absl::InvalidArgumentError("pipeline: the gradient slab pool is empty");
   }
@@ -135,8 +141,17 @@ absl::Status Pipeline::Allocate() {
   MT_CHECK(alloc.bytes() == mem.TotalBytes());
   device_bytes_ = alloc.bytes();
   token_order_.resize(M * n);
-  batches_.resize(M);
-  host_losses_.resize(M * n * DTypeSize(be->stat_dtype()));
+  const int64_t batches = std::max(M, options_.eval_micro_batches);
+  batches_.resize(batches);
+  host_losses_.resize(batches * n * DTypeSize(be->stat_dtype()));
+  std::vector<const DeviceBuffer*> act_buffers;  // every M x (n, C) buffer of the step
+  for (const DeviceBuffer& b : ckpt_) act_buffers.push_back(&b);
+  for (const DeviceBuffer& b : seg_) act_buffers.push_back(&b);
+  for (int64_t i = 0; i < mem.forward_buffers; ++i) act_buffers.push_back(&cur_[i]);
+  act_buffers.push_back(&dres_);
+  const size_t half = act_buffers.size() / 2;
+  eval_sides_[0].assign(act_buffers.begin(), act_buffers.begin() + half);
+  eval_sides_[1].assign(act_buffers.begin() + half, act_buffers.begin() + 2 * half);
   if (E > 0) host_offsets_.resize(config_.num_layers * M * (E + 1));
 
   const std::vector<float> inv_freq = RopeInvFreqs(config_);
@@ -341,8 +356,9 @@ void Pipeline::Head(double scale, GradSink* sink) {
   spans_.End(span);
   be.Record(losses_ready_.get(), StreamId::kCompute);
   be.StreamWait(StreamId::kD2H, losses_ready_.get());
-  d2h_bytes_ += static_cast<int64_t>(host_losses_.size());
-  be.CopyToHost(host_losses_.data(), losses_.get(), host_losses_.size(), StreamId::kD2H);
+  const int64_t loss_bytes = M * n * stat;
+  d2h_bytes_ += loss_bytes;
+  be.CopyToHost(host_losses_.data(), losses_.get(), loss_bytes, StreamId::kD2H);
   if (config_.is_moe()) {  // complete: every layer's forward came before the head
     d2h_bytes_ += static_cast<int64_t>(host_router_stats_.size());
     be.CopyToHost(host_router_stats_.data(), router_stats_buf_.get(), host_router_stats_.size(),
@@ -470,6 +486,114 @@ StepResult Pipeline::FinishStep(GradSink* sink, int64_t num_targets,
   result.early_uploads = slots_.early_uploads();
   result.timeline = spans_.Collect();
   return result;
+}
+
+absl::StatusOr<EvalResult> Pipeline::Evaluate(const std::vector<MicroBatch>& batches) {
+  MT_CHECK(options_.eval_micro_batches > 0);
+  backend_->BindThread();
+  const int64_t n = options_.tokens_per_micro_batch;
+  for (const MicroBatch& b : batches) {
+    if (b.rows * b.seq_len != n || static_cast<int64_t>(b.tokens.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "evaluation micro-batch of ", b.tokens.size(), " tokens; the plan has ", n));
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Backend& be = *backend_;
+  EvalResult result;
+  slots_.BeginForwardOnly();
+  h2d_bytes_ = d2h_bytes_ = 0;
+  h2d_bytes_ += UploadUnitWeights(&be, *store_, ModelLayout::EmbeddingUnit(), embed_slot_.get(),
+                                  StreamId::kH2D);
+  be.Record(embed_loaded_.get(), StreamId::kH2D);
+  h2d_bytes_ += UploadUnitWeights(&be, *store_, layout_->HeadUnit(), head_slot_.get(),
+                                  StreamId::kH2D);
+  be.Record(head_loaded_.get(), StreamId::kH2D);
+  const int64_t G = options_.eval_micro_batches;
+  for (int64_t first = 0; first < static_cast<int64_t>(batches.size()); first += G) {
+    const int64_t count = std::min<int64_t>(G, static_cast<int64_t>(batches.size()) - first);
+    UploadEvalInputs(batches, first, count);
+    EvalPass(count, &result);
+    for (int64_t g = 0; g < count; ++g) result.num_targets += batches[first + g].num_targets();
+  }
+  result.micro_batches = static_cast<int64_t>(batches.size());
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.h2d_bytes = h2d_bytes_ + slots_.h2d_bytes();
+  result.d2h_bytes = d2h_bytes_;
+  return result;
+}
+
+void Pipeline::UploadEvalInputs(const std::vector<MicroBatch>& batches, int64_t first,
+                                int64_t count) {
+  Backend& be = *backend_;
+  const int64_t n = options_.tokens_per_micro_batch;
+  int32_t* ints = static_cast<int32_t*>(batch_ints_.get());
+  for (int64_t g = 0; g < count; ++g) {
+    int32_t* base = ints + g * kBatchArrays * n;
+    const MicroBatch& b = batches[first + g];
+    be.CopyToDevice(base, b.tokens.data(), n * 4, StreamId::kH2D);
+    be.CopyToDevice(base + n, b.targets.data(), n * 4, StreamId::kH2D);
+    be.CopyToDevice(base + 2 * n, b.doc_start.data(), n * 4, StreamId::kH2D);
+    be.CopyToDevice(base + 3 * n, b.positions.data(), n * 4, StreamId::kH2D);
+    // No backward: the embedding's TokenOrder is not needed.
+    batches_[g] = DeviceBatch{n, base, base + n, base + 2 * n, base + 3 * n, nullptr};
+    h2d_bytes_ += 4 * 4 * n;
+  }
+  be.Record(inputs_loaded_.get(), StreamId::kH2D);
+}
+
+void* Pipeline::EvalAct(int side, int64_t g) const {
+  const int64_t M = options_.micro_batches;
+  return MicroBatchRow(*eval_sides_[side][g / M], g % M);
+}
+
+void Pipeline::EvalPass(int64_t count, EvalResult* result) {
+  Backend& be = *backend_;
+  const int64_t n = options_.tokens_per_micro_batch, L = config_.num_layers;
+  be.StreamWait(StreamId::kCompute, inputs_loaded_.get());
+  be.StreamWait(StreamId::kCompute, embed_loaded_.get());
+  const UnitLayout& embedding = layout_->units[ModelLayout::EmbeddingUnit()];
+  const void* embed_table = Offset(embed_slot_.get(), embedding.OffsetOf(TensorRole::kEmbedding),
+                                   be.weight_dtype());
+  for (int64_t g = 0; g < count; ++g) {
+    be.Embedding(EvalAct(0, g), batches_[g].tokens, embed_table, n, config_.hidden_size,
+                 StreamId::kCompute);
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    slots_.EnsureLoaded(l);
+    if (l + 1 < L) slots_.EnsureLoaded(l + 1);  // prefetch
+    void* slot = slots_.Use(l);
+    const LayerKind& kind = kinds_.ForLayer(l);
+    for (int64_t g = 0; g < count; ++g) {
+      LayerCall call = CallFor(l, 0, slot, /*kept=*/false);
+      call.batch = &batches_[g];
+      // MoE: the routing's row offsets come to the host once per layer and micro-batch (a
+      // scratch the next step's forward overwrites); the router statistics it adds to are
+      // zeroed when that step begins.
+      call.record_router_stats = config_.is_moe();
+      kind.Forward(call, EvalAct(l % 2, g), EvalAct((l + 1) % 2, g));
+    }
+    slots_.Release(l);
+  }
+  be.StreamWait(StreamId::kCompute, head_loaded_.get());
+  const HeadTensors weights = head_.BindWeights(head_slot_.get(), embed_slot_.get());
+  const int64_t stat = DTypeSize(be.stat_dtype());
+  for (int64_t g = 0; g < count; ++g) {
+    head_.Forward(weights, EvalAct(L % 2, g), static_cast<char*>(losses_.get()) + g * n * stat,
+                  head_ws_.get(), batches_[g], StreamId::kCompute);
+  }
+  be.Record(losses_ready_.get(), StreamId::kCompute);
+  be.StreamWait(StreamId::kD2H, losses_ready_.get());
+  const int64_t loss_bytes = count * n * stat;
+  be.CopyToHost(host_losses_.data(), losses_.get(), loss_bytes, StreamId::kD2H);
+  be.Record(step_end_.get(), StreamId::kD2H);
+  be.EventSync(step_end_.get());  // the next pass reuses the token arrays and the losses
+  d2h_bytes_ += loss_bytes;
+  for (int64_t i = 0; i < count * n; ++i) {
+    result->loss_sum += ReadStat(&host_losses_[i * stat], be.stat_dtype());
+  }
+  ++result->passes;
 }
 
 double Pipeline::AuxLoss() const {

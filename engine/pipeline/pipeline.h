@@ -67,6 +67,19 @@ struct StepResult {
   std::vector<TimelineSpan> timeline;  // when PipelineOptions::record_timeline
 };
 
+// A forward-only pass over an evaluation set (Pipeline::Evaluate).
+struct EvalResult {
+  double loss_sum = 0;       // sum of the objective's per-token values (-log p(target))
+  int64_t num_targets = 0;   // tokens with a target: loss_sum / num_targets is the mean
+  int64_t micro_batches = 0;
+  int64_t passes = 0;        // sweeps over the layers (each holds eval_micro_batches())
+  double seconds = 0;
+  int64_t h2d_bytes = 0;     // weights and token arrays
+  int64_t d2h_bytes = 0;     // per-token losses
+  // The mean, as StepResult::loss is: loss_sum / num_targets (0 without targets).
+  double loss() const { return num_targets > 0 ? loss_sum / num_targets : 0.0; }
+};
+
 // Total length of the union of [begin, end) intervals (overlaps count once).
 double UnionLength(std::vector<std::pair<double, double>> intervals);
 
@@ -93,6 +106,19 @@ class Pipeline {
   // over this share's own targets.
   [[nodiscard]] absl::StatusOr<StepResult> Step(const std::vector<MicroBatch>& batches,
                                                 GradSink* sink, int64_t step_targets = 0);
+
+  // The forward-only pass: `batches` (any number, each of tokens_per_micro_batch tokens)
+  // go through the layers eval_micro_batches() at a time, every one of them through a
+  // layer while its weights are on the device (each layer crosses PCIe once per pass,
+  // unless its slot still holds it), then through the head's forward (LossHead::Forward):
+  // no gradient, no drain, nothing for an optimizer. A micro-batch's per-token values are
+  // those a training step's forward computes on the same weights, and their sum over the
+  // step's micro-batches is StepResult::loss's numerator bit for bit.
+  // REQUIRES: options.eval_micro_batches > 0; every update of the last step applied
+  // (HostOptimizer::Drain): the pass reads the host's weights as they are. The slots it
+  // loads stay loaded for the next Step().
+  [[nodiscard]] absl::StatusOr<EvalResult> Evaluate(const std::vector<MicroBatch>& batches);
+  int64_t eval_micro_batches() const { return options_.eval_micro_batches; }
 
   // Device bytes allocated by Create(): StepMemory's TotalBytes() for its options.
   int64_t device_bytes() const { return device_bytes_; }
@@ -133,6 +159,12 @@ class Pipeline {
   // What a layer's kind runs with for micro-batch m: its slot (Use()d), the workspace,
   // its kept intermediates if it is kept (and `kept` is true), the batch and RoPE table.
   LayerCall CallFor(int64_t layer, int64_t m, void* slot, bool kept, void* grads = nullptr);
+  // Evaluate's stages: the token arrays of batches [first, first + count), and one sweep of
+  // them through the layers and the head, adding to *result.
+  void UploadEvalInputs(const std::vector<MicroBatch>& batches, int64_t first, int64_t count);
+  void EvalPass(int64_t count, EvalResult* result);
+  // Micro-batch g of a forward-only pass on side 0 or 1 (eval_sides_).
+  void* EvalAct(int side, int64_t g) const;
   // The load-balancing loss of the step's router statistics (on the host after the step).
   double AuxLoss() const;
 
@@ -184,6 +216,8 @@ class Pipeline {
   // the step's forward to its recompute and backward (LayerCall::host_offsets).
   std::vector<int32_t> host_offsets_;
   double aux_coef_ = 0;
+  // A forward-only pass's two sides: the step's activations buffers, half each.
+  std::vector<const DeviceBuffer*> eval_sides_[2];
   Event inputs_loaded_, losses_ready_, step_start_, step_end_, uploads_done_;
   std::vector<char> host_losses_;
   int64_t h2d_bytes_ = 0, d2h_bytes_ = 0;  // this step's own (inputs, embedding, head, losses)

@@ -10,7 +10,7 @@ namespace megatrain {
 int64_t StepMemory::TotalBytes() const {
   return weight_slots * weight_slot + embedding_slot + head_slot + embedding_grad + head_grad +
          kLayerGradBuffers * layer_grad + 2 * checkpoint_staging +
-         (device_checkpoints + recomputed_inputs + forward_buffers + 1) * activations +
+         activation_buffers() * activations +
          scratch_output + layer_workspace + kept_layers * kept_layer + head_workspace +
          token_arrays + losses + rope_frequencies + router_stats;
 }
@@ -20,11 +20,28 @@ int64_t NumWeightSlots(const ModelConfig& config, const PipelineOptions& options
   return std::max(least, std::min(options.weight_slots, config.num_layers));
 }
 
+namespace {
+
+void SizeActivationBuffers(const ModelConfig& config, const PipelineOptions& options,
+                           StepMemory* m) {
+  const int64_t L = config.num_layers, K = options.checkpoint_every;
+  m->device_checkpoints = options.checkpoints_on_host ? 0 : (L + K - 1) / K + 1;
+  m->recomputed_inputs = K - 1;
+  m->forward_buffers = K > 1 || options.checkpoints_on_host ? 2 : 0;
+}
+
+}  // namespace
+
+int64_t EvalCapacity(const ModelConfig& config, const PipelineOptions& options) {
+  StepMemory m;
+  SizeActivationBuffers(config, options, &m);
+  return m.activation_buffers() / 2 * options.micro_batches;
+}
+
 StepMemory SizeStepMemory(const ModelConfig& config, const ModelLayout& layout, Backend* backend,
                           const PipelineOptions& options, const LayerKinds& kinds,
                           const LossHead& head) {
   const int64_t M = options.micro_batches, n = options.tokens_per_micro_batch;
-  const int64_t L = config.num_layers, K = options.checkpoint_every;
   const int64_t wsize = DTypeSize(backend->weight_dtype());
   const int64_t gsize = DTypeSize(backend->grad_dtype());
   const int64_t stat = DTypeSize(backend->stat_dtype());
@@ -49,17 +66,16 @@ StepMemory SizeStepMemory(const ModelConfig& config, const ModelLayout& layout, 
   m.activations = M * n * act_row;
   // Checkpoints: on the device, the input of every K-th layer and the last layer's output;
   // in host memory, two staging buffers on the device.
-  m.device_checkpoints = options.checkpoints_on_host ? 0 : (L + K - 1) / K + 1;
+  SizeActivationBuffers(config, options, &m);
   m.checkpoint_staging = options.checkpoints_on_host ? m.activations : 0;
-  m.recomputed_inputs = K - 1;
-  m.forward_buffers = K > 1 || options.checkpoints_on_host ? 2 : 0;
   m.scratch_output = n * act_row;
   m.layer_workspace = kinds.MaxWorkspaceBytes(n);
   m.kept_layers = options.kept_layers;
   m.kept_layer = M * kinds.MaxSavedBytes(n);
   m.head_workspace = head.WorkspaceBytes(n);
-  m.token_arrays = M * StepMemory::kBatchArrays * n * static_cast<int64_t>(sizeof(int32_t));
-  m.losses = M * n * stat;
+  const int64_t batches = std::max(M, options.eval_micro_batches);
+  m.token_arrays = batches * StepMemory::kBatchArrays * n * static_cast<int64_t>(sizeof(int32_t));
+  m.losses = batches * n * stat;
   m.rope_frequencies = config.head_dim / 2 * static_cast<int64_t>(sizeof(float));
   const int64_t E = config.moe.num_experts;
   if (E > 0) {

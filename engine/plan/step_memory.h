@@ -54,6 +54,10 @@ struct PipelineOptions {
   // MoE models: the load-balancing loss's weight in the loss; < 0: what config.json says
   // (router_aux_loss_coef when output_router_logits is true, else 0, as transformers).
   double router_aux_loss_coef = -1;
+  // Evaluation (Pipeline::Evaluate): micro-batches a forward-only pass takes through each
+  // layer at once, in the step's activation buffers (at most EvalCapacity); the token
+  // arrays and per-token losses are sized for them. 0: the job evaluates nothing.
+  int64_t eval_micro_batches = 0;
 };
 
 // Bytes of each device buffer of a step (a count beside the buffers that come several).
@@ -81,18 +85,28 @@ struct StepMemory {
   int64_t kept_layers = 0;         // layers whose intermediates are kept ...
   int64_t kept_layer = 0;          // ... M x the kinds' largest saved bytes each
   int64_t head_workspace = 0;      // the loss head's
-  int64_t token_arrays = 0;        // M x kBatchArrays x (n) int32
-  int64_t losses = 0;              // M x (n) stat
+  int64_t token_arrays = 0;        // max(M, eval micro-batches) x kBatchArrays x (n) int32
+  int64_t losses = 0;              // max(M, eval micro-batches) x (n) stat
   int64_t rope_frequencies = 0;    // (D/2) f32
   int64_t router_counts = 0;       // MoE: (E) int32, padded to 64 bytes: prob_sum follows
   int64_t router_stats = 0;        // MoE: router_counts + (E) stat; 0 for dense models
 
   // Everything above, counted as the pipeline allocates it.
   int64_t TotalBytes() const;
+  // The activations buffers of a step (checkpoints, recomputed inputs, the forward's and
+  // the residual gradient's): a forward-only pass's two sides, half each.
+  int64_t activation_buffers() const {
+    return device_checkpoints + recomputed_inputs + forward_buffers + 1;
+  }
 };
 
 // Weight slots a pipeline with `options` uses: at least max(2, K + 1), at most one a layer.
 int64_t NumWeightSlots(const ModelConfig& config, const PipelineOptions& options);
+
+// The most micro-batches a forward-only pass of a pipeline with `options` can hold at once:
+// half of the step's activations buffers, each M micro-batches (the layer's input on one
+// side, its output on the other). At least M.
+int64_t EvalCapacity(const ModelConfig& config, const PipelineOptions& options);
 
 // The step's buffers for `options` on `backend`, given the layer kinds and loss head that
 // run it (the pipeline's own, or ones made alike).

@@ -32,10 +32,20 @@ absl::Status WeightSlots::Allocate(DeviceAllocator* alloc) {
 
 void WeightSlots::BeginStep(GradSink* sink) {
   sink_ = sink;
+  DropStale();
+  fresh_.assign(num_layers_, 0);
+  h2d_bytes_ = 0;
+}
+
+void WeightSlots::DropStale() {
   for (int64_t s = 0; s < num_slots_; ++s) {
     if (slot_layer_[s] >= 0 && !fresh_[slot_layer_[s]]) slot_layer_[s] = -1;
   }
-  fresh_.assign(num_layers_, 0);
+}
+
+void WeightSlots::BeginForwardOnly() {
+  sink_ = nullptr;
+  DropStale();
   h2d_bytes_ = 0;
 }
 
@@ -53,6 +63,11 @@ int64_t UploadUnitWeights(Backend* backend, const HostStore& store, int64_t unit
 void WeightSlots::EnsureLoaded(int64_t layer) {
   const int64_t s = layer % num_slots_;
   if (slot_layer_[s] == layer) return;
+  if (sink_ == nullptr) {  // forward only: these are the next step's weights too
+    Upload(layer, "h2d eval w ");
+    fresh_[layer] = 1;
+    return;
+  }
   sink_->AwaitUnit(layout_.DecoderUnit(layer));  // its pending update is applied
   Upload(layer, "h2d w ");
 }

@@ -38,6 +38,11 @@ class WeightSlots {
   // A new step whose updates `sink` applies: the optimizer changed every layer, so every
   // slot is stale but those uploaded afresh during the last step's backward.
   void BeginStep(GradSink* sink);
+  // A forward-only pass (evaluation) between steps, over the weights the host holds now:
+  // the slots of layers the last step's update left stale are, and what the pass uploads
+  // stays loaded for the next step (nothing changes the weights in between).
+  // REQUIRES: every update applied (HostOptimizer::Drain).
+  void BeginForwardOnly();
   // Uploads `layer` into its slot unless it holds it (after its pending update).
   void EnsureLoaded(int64_t layer);
   // Slot per layer only: uploads each layer from the top down to `lowest` (their backward
@@ -57,6 +62,8 @@ class WeightSlots {
 
  private:
   void Upload(int64_t layer, const char* label);
+  // Forgets the slots whose layer the last step updated after uploading it.
+  void DropStale();
 
   Backend* backend_;
   HostStore* store_;
@@ -64,7 +71,7 @@ class WeightSlots {
   int64_t num_slots_;
   int64_t num_layers_;
   SpanRecorder* spans_;
-  GradSink* sink_ = nullptr;  // of the step in progress
+  GradSink* sink_ = nullptr;  // of the step in progress; null in a forward-only pass
   std::vector<DeviceBuffer> slots_;  // S x the largest layer, weight dtype
   std::vector<int64_t> slot_layer_;  // layer in each slot, -1 = none/stale
   // Per layer: its slot holds its next-step weights (uploaded during this step's backward).

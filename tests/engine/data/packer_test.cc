@@ -145,6 +145,26 @@ TEST(PackerTest, LongDocumentSpansRowsWithTargetsAcrossTheBoundary) {
   EXPECT_EQ(packer.position().epoch, 1);
 }
 
+TEST(PackerTest, SinglePassPadsAfterTheLastDocumentInsteadOfStartingTheNextEpoch) {
+  PackOptions options;
+  options.single_pass = true;
+  options.pad_id = 99;
+  Packer packer(TokenDocs::FromVectors(MakeDocs({10})), 4, 0, options);
+  MicroBatch b;
+  packer.Next(2, &b);
+  EXPECT_FALSE(packer.exhausted());
+  packer.Next(2, &b);  // the rest of the document, then padding, never token 0 again
+  EXPECT_EQ(b.tokens, (std::vector<int32_t>{8, 9, 99, 99, 99, 99, 99, 99}));
+  EXPECT_EQ(b.targets, (std::vector<int32_t>{9, kIgnoreIndex, kIgnoreIndex, kIgnoreIndex,
+                                             kIgnoreIndex, kIgnoreIndex, kIgnoreIndex,
+                                             kIgnoreIndex}));
+  EXPECT_EQ(b.doc_start, (std::vector<int32_t>{0, 0, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(b.num_targets(), 1);
+  EXPECT_TRUE(packer.exhausted());
+  packer.Next(1, &b);
+  EXPECT_EQ(b.num_targets(), 0);
+}
+
 TEST(PackerTest, SameSeedSameBatchesDifferentSeedDifferentOrder) {
   const std::vector<std::vector<int32_t>> docs = MakeDocs(Lengths());
   Packer a(docs, 32, 5), b(docs, 32, 5), c(docs, 32, 6);
