@@ -7,7 +7,7 @@
 //               [--layers N] [--device-memory-gib 24] [--max-grad-norm 0]
 //               [--micro-batch-rows R] [--k K] [--checkpoints auto|device|host]
 //               [--kept-layers N] [--weight-slots S] [--mlp-tile T]
-//               [--no-optimizer] [--timeline PATH] [--steps 8] [--warmup 3]
+//               [--no-optimizer] [--eval] [--timeline PATH] [--steps 8] [--warmup 3]
 //               [--profile PATH] [--backend cuda|cpu]
 //
 // Shapes are the published configs with random init. The plan (micro-batch, K, where
@@ -29,6 +29,7 @@
 #include "engine/backend/factory.h"
 #include "engine/backend/planning_backend.h"
 #include "engine/common/engine_settings.h"
+#include "engine/common/status.h"
 #include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/plan/planner.h"
@@ -157,6 +158,39 @@ void AddOptimizerSpans(const std::vector<OptimizerSpan>& spans,
   }
 }
 
+// --eval: the forward-only pass (Pipeline::Evaluate) over the step's own micro-batches,
+// every update applied first, timed three times; then one more training step on the same
+// weights, whose loss the evaluation's must equal bit for bit. `step_seconds`: the steady
+// step's median, which the pass's time per token is reported over.
+absl::StatusOr<nlohmann::json> EvalRun(Pipeline* pipeline, HostOptimizer* opt, GradSink* sink,
+                                       const std::vector<MicroBatch>& batches, int64_t step,
+                                       double step_seconds) {
+  opt->Drain();
+  std::vector<double> seconds;
+  EvalResult eval;
+  for (int i = 0; i < 3; ++i) {
+    ASSIGN_OR_RETURN(eval, pipeline->Evaluate(batches));
+    seconds.push_back(eval.seconds);
+  }
+  opt->BeginStep(1e-5, step);
+  ASSIGN_OR_RETURN(const StepResult next, pipeline->Step(batches, sink));
+  opt->Drain();
+  const double median = Median(seconds);
+  return nlohmann::json{
+      {"micro_batches", eval.micro_batches},
+      {"passes", eval.passes},
+      {"eval_micro_batches_per_pass", pipeline->eval_micro_batches()},
+      {"seconds", seconds},
+      {"seconds_median", median},
+      {"h2d_bytes", eval.h2d_bytes},
+      {"loss", eval.loss()},
+      {"next_step_loss", next.loss},
+      {"loss_equals_next_step_bits", eval.loss() == next.loss},
+      {"time_per_token_over_step", median / step_seconds},
+      {"formula", "the pass over the step's tokens (forward only: layers and loss head) over "
+                  "the steady training step's median on the same tokens"}};
+}
+
 }  // namespace
 }  // namespace megatrain
 
@@ -169,7 +203,7 @@ int main(int argc, char** argv) {
   int64_t layers = 0, vocab = 0, seq = 4096, tokens = 65536, steps = 8, warmup = 3;
   int64_t micro_rows = 0, k = 0, kept = -1, slots = -1, mlp_tile = -1;
   double device_gib = 0, max_grad_norm = 0, host_gib = 0;
-  bool plan_only = false, no_optimizer = false, calibrate = false;
+  bool plan_only = false, no_optimizer = false, calibrate = false, eval = false;
   std::string timeline_path, state_dtype = "fp32", bf16_copy = "auto", nvme_dir;
   int64_t nvme_layers = -1;
   app.add_option("--backend", backend);
@@ -201,6 +235,8 @@ int main(int argc, char** argv) {
                "into the profile as its adamw_in_step_fraction, for the planner's next plans");
   app.add_option("--timeline", timeline_path,
                  "write the last step's stream spans here (JSON: stream, label, start/end ms)");
+  app.add_flag("--eval", eval,
+               "also time the forward-only evaluation pass over the step's micro-batches");
   app.add_flag("--no-optimizer", no_optimizer,
                "discard the gradients (no CPU AdamW): the step's GPU and PCIe alone");
   app.add_option("--max-grad-norm", max_grad_norm, "global-norm clipping (0 = off)");
@@ -295,6 +331,7 @@ int main(int argc, char** argv) {
   request.kept_layers = kept;
   request.mlp_tile_tokens = mlp_tile;
   request.weight_slots = slots;
+  request.eval_rows = eval ? tokens / seq : 0;
   request.device_budget_bytes = PlannableDeviceBytes((*be)->device_memory_budget());
   request.host_budget_bytes = host_gib > 0 ? static_cast<int64_t>(host_gib * (1ll << 30))
                                            : profile->host_memory_bytes * 9 / 10;
@@ -448,6 +485,15 @@ int main(int argc, char** argv) {
     std::ofstream(timeline_path) << last_spans.dump(1) << "\n";
   }
   const double step = Median(step_s);
+  nlohmann::json eval_json;
+  if (eval) {
+    absl::StatusOr<nlohmann::json> e = EvalRun(p->get(), &opt, sink, batches, steps + 1, step);
+    if (!e.ok()) {
+      std::fprintf(stderr, "%s\n", e.status().ToString().c_str());
+      return 1;
+    }
+    eval_json = *std::move(e);
+  }
   const double floor_compute = Median(compute_s), floor_pcie = Median(pcie_s);
   const double floor_optimizer = Median(optimizer_s);
   const double floor = std::max({floor_compute, floor_pcie, floor_optimizer});
@@ -565,6 +611,7 @@ int main(int argc, char** argv) {
       {"host_bytes_per_param", static_cast<double>(host_bytes) / NumParameters(c)},
       {"steps", steps_json},
   };
+  if (eval) out["eval"] = eval_json;
   std::printf("%s\n", out.dump(2).c_str());
   (*p).reset();
   (*be)->UnpinHostRange((*store)->transfer_base());

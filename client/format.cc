@@ -192,7 +192,12 @@ std::string FormatProgressLine(const v1::Progress& p) {
   const std::string aux = p.has_aux_loss() && std::isfinite(p.aux_loss())
                               ? absl::StrFormat("  aux %.4f", p.aux_loss())
                               : "";
-  return absl::StrCat("step ", FormatStep(p), "  loss ", FormatLoss(p), aux, "  ", rate,
+  // The newest evaluation of the held-out set, and the step it measured.
+  const std::string eval =
+      p.has_eval_loss() && std::isfinite(p.eval_loss())
+          ? absl::StrFormat("  eval %.4f@%d", p.eval_loss(), p.eval_step())
+          : "";
+  return absl::StrCat("step ", FormatStep(p), "  loss ", FormatLoss(p), aux, eval, "  ", rate,
                       " tok/s  ETA ", eta);
 }
 

@@ -66,6 +66,10 @@ std::string FormatJobStatus(const v1::Job& job, int64_t now_unix_ms, absl::TimeZ
       {"device", job.device()},
       {"progress", FormatProgressLine(p)},
       {"last step", LastStepStats(p)},
+      {"last eval", p.has_eval_loss() ? absl::StrFormat("step %d: loss %.4f, perplexity %.3f",
+                                                        p.eval_step(), p.eval_loss(),
+                                                        p.eval_perplexity())
+                                      : ""},
       {"host memory", job.host_bytes_estimate() > 0 ? FormatGiB(job.host_bytes_estimate()) : ""},
       {"checkpoint_dir", job.checkpoint_dir()},
       {"last_checkpoint", job.last_checkpoint()},

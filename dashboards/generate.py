@@ -90,7 +90,8 @@ def box():
 def job():
     j = '{job=~"$job"}'
     layout = [
-        ("Loss", [(f"megatrain_loss{j}", "job {{job}}")], "short"),
+        ("Loss", [(f"megatrain_loss{j}", "train, job {{job}}"),
+                  (f"megatrain_eval_loss{j}", "eval, job {{job}}")], "short"),
         ("Progress", [(f"megatrain_job_step{j} / megatrain_job_total_steps{j}", "job {{job}}")],
          "percentunit"),
         ("Tokens per second", [(f"megatrain_tokens_per_second{j}", "job {{job}}")], "short"),

@@ -125,6 +125,17 @@ struct JobSpec {
   std::string nvme_dir;
   int64_t nvme_layers = -1;
 
+  // eval: a held-out set evaluated while the job trains, forward only (no weight and no
+  // position in the data changes). It is tokenized, templated, packed and loss-masked as
+  // data is (data's tokenizer, text_field, chat template, packing, truncation), in its
+  // own format, in file order; rows of data.seq_len.
+  struct Eval {
+    std::string path;               // JSONL; "" = no evaluation
+    DataFormat format = DataFormat::kText;  // data.format where the spec gives none
+    int64_t every_steps = 0;        // also before the first step and after the last; 0: only those
+    int64_t max_rows = 0;           // sequences evaluated, the file's first; 0: all of them
+  } eval;
+
   std::string checkpoint_dir;          // "" = no checkpoints
   int64_t checkpoint_every_steps = 0;  // 0 = only at the end
   int64_t keep_last = 3;
@@ -205,6 +216,7 @@ struct PlanSummary {
   int64_t weight_slots = 0;
   int64_t kept_layers = 0;          // layers whose intermediates stay on the device
   int64_t mlp_tile_tokens = 0;
+  int64_t eval_micro_batches = 0;   // through each layer at once in an evaluation; 0: none
   int64_t nvme_layers = 0;
   int64_t nvme_bytes = 0;
   int64_t devices = 1;
@@ -260,6 +272,17 @@ class Planner {
 
 // ---- Running a job ----------------------------------------------------------------
 
+// An evaluation of the spec's eval set (forward only), on the weights after `step` steps.
+struct EvalReport {
+  int64_t step = 0;          // steps trained (0: before the first)
+  double loss = 0;           // mean -log p(target) over the set's targets
+  double perplexity = 0;     // exp(loss)
+  int64_t targets = 0;       // tokens with a target
+  int64_t tokens = 0;        // tokens evaluated, padding included
+  double seconds = 0;
+  double tokens_per_second = 0;
+};
+
 struct StepReport {
   int64_t step = 0;          // steps completed, this one included
   int64_t total_steps = 0;
@@ -301,6 +324,9 @@ struct StepReport {
   // checkpoint failing fails Step() instead.
   std::string checkpoint_error;
   std::vector<int64_t> failed_checkpoint_steps;  // the steps whose checkpoint failed
+  // Evaluations run by Step(), in order: before the first step (step 0) and after this one
+  // (eval.every_steps, and after the last step).
+  std::vector<EvalReport> evals;
 };
 
 // Where a job runs, as the daemon places it, beside what its owner's spec says.
@@ -323,6 +349,7 @@ struct JobDescription {
   double last_loss = 0;           // the resumed checkpoint's (NaN where it recorded none)
   bool done = false;              // it resumed from its final step
   std::string dataset_summary;    // what building (or reusing) the tokenized data found
+  std::string eval_summary;       // the eval set likewise, and its micro-batches ("": none)
   std::string architecture;       // config.json's class name
   int64_t num_parameters = 0;
   std::string backend_name;
@@ -347,6 +374,9 @@ class TrainingJob {
   virtual JobDescription Describe() const = 0;
   // Runs one optimizer step; saves a checkpoint when the spec says so.
   [[nodiscard]] virtual absl::StatusOr<StepReport> Step() = 0;
+  // Evaluates the eval set on the weights of the last completed step, changing nothing
+  // (Step() runs the evaluations the spec asks for). FailedPrecondition without one.
+  [[nodiscard]] virtual absl::StatusOr<EvalReport> Evaluate() = 0;
   virtual bool done() const = 0;
   virtual int64_t step() const = 0;  // steps completed
   // Writes a checkpoint of the state after the last completed step and prunes old ones;

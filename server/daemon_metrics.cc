@@ -85,6 +85,10 @@ DaemonMetrics::DaemonMetrics(MetricsRegistry* registry, JobStore* store,
   r.Declare("megatrain_loss", T::kGauge, "Training loss of the last step (the LM loss).");
   r.Declare("megatrain_aux_loss", T::kGauge,
             "MoE models: the load-balancing loss of the last step (unweighted).");
+  r.Declare("megatrain_eval_loss", T::kGauge,
+            "Mean loss of the last evaluation of the job's eval set (forward only).");
+  r.Declare("megatrain_eval_perplexity", T::kGauge, "exp(megatrain_eval_loss).");
+  r.Declare("megatrain_eval_step", T::kGauge, "Steps trained when the last evaluation ran.");
   r.Declare("megatrain_grad_norm", T::kGauge, "Global gradient L2 norm of the last step, before clipping.");
   r.Declare("megatrain_learning_rate", T::kGauge, "Learning rate of the last step.");
   r.Declare("megatrain_job_step", T::kGauge, "Steps the job has completed.");
@@ -221,6 +225,12 @@ void DaemonMetrics::StepDone(const v1::Job& job, const StepReport& report) {
   if (options_.peak_tflops > 0) r.Set("megatrain_mfu_ratio", l, report.model_tflops / options_.peak_tflops);
   r.Set("megatrain_loss", l, report.loss);
   if (report.has_aux_loss) r.Set("megatrain_aux_loss", l, report.aux_loss);
+  if (!report.evals.empty()) {
+    const EvalReport& e = report.evals.back();
+    r.Set("megatrain_eval_loss", l, e.loss);
+    r.Set("megatrain_eval_perplexity", l, e.perplexity);
+    r.Set("megatrain_eval_step", l, static_cast<double>(e.step));
+  }
   r.Set("megatrain_grad_norm", l, report.grad_norm);
   r.Set("megatrain_learning_rate", l, report.lr);
   r.Set("megatrain_job_step", l, static_cast<double>(report.step));

@@ -392,6 +392,16 @@ StepReport ReportFromReply(const internal::StepReply& r) {
   report.step = r.step();
   report.total_steps = r.total_steps();
   report.loss = r.loss();
+  for (const internal::EvalReply& e : r.evals()) {
+    EvalReport& eval = report.evals.emplace_back();
+    eval.step = e.step();
+    eval.loss = e.loss();
+    eval.perplexity = e.perplexity();
+    eval.targets = e.targets();
+    eval.tokens = e.tokens();
+    eval.seconds = e.seconds();
+    eval.tokens_per_second = e.tokens_per_second();
+  }
   report.has_aux_loss = r.has_aux_loss();
   report.aux_loss = r.aux_loss();
   report.aux_loss_coef = r.aux_loss_coef();
@@ -587,6 +597,7 @@ void JobRunner::BeginTraining(RunningJob& run) {
   }
   run.nothing_to_do = trainer.done();
   Log(job.id(), trainer.dataset_summary());
+  if (!trainer.eval_summary().empty()) Log(job.id(), trainer.eval_summary());
   Log(job.id(), absl::StrFormat("%s, %.2fM parameters, %s backend, %d tokens/step, %d steps",
                                 trainer.architecture(), trainer.num_parameters() / 1e6,
                                 trainer.backend_name(), trainer.tokens_per_step(),
@@ -705,6 +716,11 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
   progress->set_tflops(report.model_tflops);
   progress->set_step_seconds(report.seconds);
   progress->set_eta_seconds(mean_step_seconds * (report.total_steps - report.step));
+  if (!report.evals.empty()) {  // the newest
+    progress->set_eval_loss(report.evals.back().loss);
+    progress->set_eval_perplexity(report.evals.back().perplexity);
+    progress->set_eval_step(report.evals.back().step);
+  }
   // Job records are whole: one that fails is reported, and the next step's carries it.
   // Its event is sent only once the job holds what it says.
   if (absl::Status recorded = store_->Update(job); !recorded.ok()) {
@@ -724,6 +740,11 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
     Log(job.id(), absl::StrFormat("step %d/%d loss %.4f%s lr %.3e grad_norm %.3f %.0f tok/s",
                                   report.step, report.total_steps, report.loss, aux, report.lr,
                                   report.grad_norm, report.tokens_per_second));
+  }
+  for (const EvalReport& e : report.evals) {
+    Log(job.id(), absl::StrFormat("eval at step %d: loss %.4f perplexity %.3f (%d targets, "
+                                  "%.2f s)",
+                                  e.step, e.loss, e.perplexity, e.targets, e.seconds));
   }
   ChargeUsage(run, /*now_or_never=*/false);
   hub_->Notify(job.id());

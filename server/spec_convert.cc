@@ -47,6 +47,15 @@ absl::Status FromData(const v1::JobSpec::Data& d, const std::string& base_dir, J
   return absl::OkStatus();
 }
 
+absl::Status FromEval(const v1::JobSpec::Eval& e, const std::string& base_dir, JobSpec* spec) {
+  spec->eval.path = ResolveSpecPath(base_dir, e.path());
+  spec->eval.format = spec->data_format;
+  RETURN_IF_ERROR(SetEnum("eval.format", e.format(), &spec->eval.format));
+  spec->eval.every_steps = e.every_steps();
+  spec->eval.max_rows = e.max_rows();
+  return absl::OkStatus();
+}
+
 absl::Status FromTrain(const v1::JobSpec::Train& t, JobSpec* spec) {
   if (t.steps() != 0) spec->steps = t.steps();
   spec->tokens_per_step = t.tokens_per_step();
@@ -90,6 +99,7 @@ absl::StatusOr<JobSpec> SpecFromMessage(const v1::JobSpec& message, const std::s
   spec.device_memory_cap_bytes = message.device_memory_cap_bytes();
   RETURN_IF_ERROR(FromModel(message.model(), base_dir, &spec));
   RETURN_IF_ERROR(FromData(message.data(), base_dir, &spec));
+  RETURN_IF_ERROR(FromEval(message.eval(), base_dir, &spec));
   RETURN_IF_ERROR(FromTrain(message.train(), &spec));
   FromCheckpoint(message.checkpoint(), base_dir, &spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
@@ -122,6 +132,7 @@ v1::JobPlan JobPlanMessage(const PlanSummary& plan) {
   out.set_checkpoints_on_host(plan.checkpoints_on_host);
   out.set_weight_slots(plan.weight_slots);
   out.set_kept_layers(plan.kept_layers);
+  out.set_eval_micro_batches(plan.eval_micro_batches);
   out.set_mlp_tile_tokens(plan.mlp_tile_tokens);
   out.set_nvme_layers(plan.nvme_layers);
   out.set_nvme_bytes(plan.nvme_bytes);

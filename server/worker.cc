@@ -157,6 +157,7 @@ class Worker {
     out->set_last_loss(d.last_loss);
     out->set_done(d.done);
     out->set_dataset_summary(d.dataset_summary);
+    out->set_eval_summary(d.eval_summary);
     out->set_architecture(d.architecture);
     out->set_num_parameters(d.num_parameters);
     out->set_backend_name(d.backend_name);
@@ -173,6 +174,16 @@ class Worker {
     out->set_step(r.step);
     out->set_total_steps(r.total_steps);
     out->set_loss(r.loss);
+    for (const EvalReport& e : r.evals) {
+      internal::EvalReply* eval = out->add_evals();
+      eval->set_step(e.step);
+      eval->set_loss(e.loss);
+      eval->set_perplexity(e.perplexity);
+      eval->set_targets(e.targets);
+      eval->set_tokens(e.tokens);
+      eval->set_seconds(e.seconds);
+      eval->set_tokens_per_second(e.tokens_per_second);
+    }
     out->set_has_aux_loss(r.has_aux_loss);
     out->set_aux_loss(r.aux_loss);
     out->set_aux_loss_coef(r.aux_loss_coef);

@@ -311,16 +311,17 @@ bool IsBlankLine(absl::string_view line) {
   return true;
 }
 
-absl::Status CheckDatasetTrainable(const std::string& path, const DatasetStats& stats) {
+absl::Status CheckDatasetTrainable(absl::string_view field, const std::string& path,
+                                   const DatasetStats& stats) {
   if (stats.examples == 0 || stats.tokens == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data.path: ", path, " holds no examples to train on (", stats.lines, " lines, ",
+        field, ": ", path, " holds no examples to train on (", stats.lines, " lines, ",
         stats.bad_lines, " malformed",
         stats.first_errors.empty() ? "" : absl::StrCat("; first: ", stats.first_errors[0]), ")"));
   }
   if (stats.trained_tokens == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data.path: ", path, ": no token of any example is trained (every label is masked)"));
+        field, ": ", path, ": no token of any example is trained (every label is masked)"));
   }
   return absl::OkStatus();
 }
@@ -570,10 +571,10 @@ absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
   std::error_code ec;
   if (fs::is_directory(options.path, ec)) {
     return absl::NotFoundError(absl::StrCat(
-        "data.path: ", options.path, " is a directory; expected a .jsonl file"));
+        options.field, ": ", options.path, " is a directory; expected a .jsonl file"));
   }
   ASSIGN_OR_RETURN(LineReader in,
-                   LineReader::Open(options.path, "data.path", options.max_line_bytes));
+                   LineReader::Open(options.path, options.field, options.max_line_bytes));
   ASSIGN_OR_RETURN(std::unique_ptr<TokenStoreWriter> writer, TokenStoreWriter::Create(dir));
 
   const int threads = options.threads > 0
@@ -598,7 +599,7 @@ absl::StatusOr<DatasetStats> BuildTokenStore(const DatasetOptions& options,
 
   RETURN_IF_ERROR(failure);
   RETURN_IF_ERROR(read_status);
-  RETURN_IF_ERROR(CheckDatasetTrainable(options.path, stats));
+  RETURN_IF_ERROR(CheckDatasetTrainable(options.field, options.path, stats));
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   json full_source = source;
   full_source["stats"] = stats.ToJson();

@@ -43,6 +43,7 @@ bool IsChatFormat(DataFormat format);
 
 struct DatasetOptions {
   std::string path;
+  std::string field = "data.path";          // the spec's field naming `path`, for errors
   DataFormat format = DataFormat::kText;
   std::string text_field = "text";          // kText
   std::optional<ChatFormat> chat;           // chat formats; nullopt = the plain layout
@@ -70,10 +71,10 @@ struct DatasetStats {
   std::string Summary() const;
 };
 
-// InvalidArgument "data.path: <path> holds no examples to train on (...)" when `stats`
-// (of the whole file) found no example or no token, or "... no token of any example is
-// trained" when every label is masked; OK otherwise.
-[[nodiscard]] absl::Status CheckDatasetTrainable(const std::string& path,
+// InvalidArgument "<field>: <path> holds no examples to train on (...)" when `stats` (of
+// the whole file) found no example or no token, or "... no token of any example is
+// trained" when every label is masked; OK otherwise. `field`: the spec's ("data.path").
+[[nodiscard]] absl::Status CheckDatasetTrainable(absl::string_view field, const std::string& path,
                                                  const DatasetStats& stats);
 
 // A line of only spaces, tabs and CRs: skipped, not an example.

@@ -13,6 +13,7 @@
 #include "engine/data/byte_tokenizer.h"
 #include "engine/data/hf_tokenizer.h"
 #include "engine/data/line_reader.h"
+#include "engine/job/eval_set.h"
 #include "engine/model/layout.h"
 #include "engine/model/safetensors.h"
 #include "engine/store/model_io.h"
@@ -138,6 +139,67 @@ namespace {
 // Lines of the dataset read through the tokenizer when a job is submitted.
 constexpr int64_t kLinesCheckedAtSubmit = 64;
 
+// The first lines of the data file `spec` names (data.path, or the eval set's through
+// EvalDataSpec: `section` "data" or "eval" names the fields), through the job's format and
+// tokenizer: a wrong format or field name fails here, naming the line, instead of when the
+// job starts. When they are the whole file, it must hold something to train on.
+absl::Status CheckFirstLines(const JobSpec& spec, const char* section, const Tokenizer& tokenizer,
+                             const std::string& tokenizer_dir, int64_t vocab_size) {
+  const std::string field = absl::StrCat(section, ".path");
+  std::error_code ec;
+  if (fs::is_directory(spec.data_path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", spec.data_path, " is a directory; expected a .jsonl file"));
+  }
+  ASSIGN_OR_RETURN(LineReader data, LineReader::Open(spec.data_path, field));
+  ASSIGN_OR_RETURN(const DatasetOptions options,
+                   JobDatasetOptions(spec, tokenizer_dir, vocab_size));
+  DatasetStats stats;
+  std::string line;
+  int64_t line_number = 0;
+  bool at_end = false;
+  // The next line into `line`, false at the end of the file; errors: a failed read, or a
+  // line over the bound.
+  auto next = [&]() -> absl::StatusOr<bool> {
+    ASSIGN_OR_RETURN(const bool more, data.Next(&line));
+    at_end = !more;
+    return more;
+  };
+  while (stats.lines < kLinesCheckedAtSubmit) {
+    ASSIGN_OR_RETURN(const bool more, next());
+    if (!more) break;
+    ++line_number;
+    if (IsBlankLine(line)) continue;
+    ++stats.lines;
+    absl::StatusOr<Example> example = ExampleFromLine(line, options, tokenizer);
+    if (!example.ok()) {
+      const std::string where = absl::StrCat(spec.data_path, ":", line_number, ": ",
+                                             example.status().message());
+      if (!options.skip_bad_lines) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": ", where, " (", section, ".format is '",
+                         SpecName(spec.data_format),
+                         "'; set data.on_bad_line: skip to leave such lines out)"));
+      }
+      ++stats.bad_lines;
+      if (stats.first_errors.empty()) stats.first_errors.push_back(where);
+      continue;
+    }
+    ++stats.examples;
+    stats.tokens += static_cast<int64_t>(example->ids.size());
+    stats.trained_tokens +=
+        example->trained.empty() ? static_cast<int64_t>(example->ids.size())
+                                 : std::count(example->trained.begin(), example->trained.end(), 1);
+  }
+  // Blank lines to the end, or more examples: only a file read to its end is judged.
+  while (stats.examples == 0 && !at_end) {
+    ASSIGN_OR_RETURN(const bool more, next());
+    if (more && !IsBlankLine(line)) return absl::OkStatus();
+  }
+  if (!at_end) return absl::OkStatus();
+  return CheckDatasetTrainable(field, spec.data_path, stats);
+}
+
 }  // namespace
 
 absl::Status CheckJobFolders(const JobSpec& spec) {
@@ -167,60 +229,10 @@ absl::Status ValidateJobInputs(const JobSpec& spec) {
   }
   std::string tokenizer_dir;
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir));
-  std::error_code ec;
-  if (fs::is_directory(spec.data_path, ec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.path: ", spec.data_path, " is a directory; expected a .jsonl file"));
-  }
-  ASSIGN_OR_RETURN(LineReader data, LineReader::Open(spec.data_path, "data.path"));
-  // The first lines, through the job's own format and tokenizer: a wrong format or field
-  // name fails here, naming the line, instead of when the job starts. When they are the
-  // whole file, it must hold something to train on, as the job would find.
-  ASSIGN_OR_RETURN(const DatasetOptions options,
-                   JobDatasetOptions(spec, tokenizer_dir, config.vocab_size));
-  DatasetStats stats;
-  std::string line;
-  int64_t line_number = 0;
-  bool at_end = false;
-  // The next line into `line`, false at the end of the file; errors: a failed read, or a
-  // line over the bound.
-  auto next = [&]() -> absl::StatusOr<bool> {
-    ASSIGN_OR_RETURN(const bool more, data.Next(&line));
-    at_end = !more;
-    return more;
-  };
-  while (stats.lines < kLinesCheckedAtSubmit) {
-    ASSIGN_OR_RETURN(const bool more, next());
-    if (!more) break;
-    ++line_number;
-    if (IsBlankLine(line)) continue;
-    ++stats.lines;
-    absl::StatusOr<Example> example = ExampleFromLine(line, options, *tokenizer);
-    if (!example.ok()) {
-      const std::string where = absl::StrCat(spec.data_path, ":", line_number, ": ",
-                                             example.status().message());
-      if (!options.skip_bad_lines) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data.path: ", where, " (data.format is '", SpecName(spec.data_format),
-                         "'; set data.on_bad_line: skip to leave such lines out)"));
-      }
-      ++stats.bad_lines;
-      if (stats.first_errors.empty()) stats.first_errors.push_back(where);
-      continue;
-    }
-    ++stats.examples;
-    stats.tokens += static_cast<int64_t>(example->ids.size());
-    stats.trained_tokens +=
-        example->trained.empty() ? static_cast<int64_t>(example->ids.size())
-                                 : std::count(example->trained.begin(), example->trained.end(), 1);
-  }
-  // Blank lines to the end, or more examples: only a file read to its end is judged.
-  while (stats.examples == 0 && !at_end) {
-    ASSIGN_OR_RETURN(const bool more, next());
-    if (more && !IsBlankLine(line)) return absl::OkStatus();
-  }
-  if (!at_end) return absl::OkStatus();
-  return CheckDatasetTrainable(spec.data_path, stats);
+  RETURN_IF_ERROR(CheckFirstLines(spec, "data", *tokenizer, tokenizer_dir, config.vocab_size));
+  if (spec.eval.path.empty()) return absl::OkStatus();
+  return CheckFirstLines(EvalDataSpec(spec), "eval", *tokenizer, tokenizer_dir,
+                         config.vocab_size);
 }
 
 }  // namespace megatrain

@@ -77,6 +77,7 @@ PlanSummary SummarizePlan(const PlannedJob& planned) {
   out.checkpoints_on_host = plan.checkpoints_on_host;
   out.weight_slots = plan.weight_slots;
   out.kept_layers = plan.kept_layers;
+  out.eval_micro_batches = plan.eval_micro_batches;
   out.mlp_tile_tokens = plan.mlp_tile_tokens;
   out.nvme_layers = plan.nvme_layers;
   out.nvme_bytes = plan.disk_bytes;

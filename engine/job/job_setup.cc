@@ -9,6 +9,7 @@
 #include "engine/backend/factory.h"
 #include "engine/common/status.h"
 #include "engine/data/tokenizer.h"
+#include "engine/job/eval_set.h"
 #include "engine/job/inputs.h"
 #include "engine/model/layout.h"
 #include "engine/store/model_io.h"
@@ -45,6 +46,7 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.bf16_copy = spec.bf16_copy;
   r.nvme_dir = spec.nvme_dir;
   r.nvme_layers = spec.nvme_dir.empty() ? 0 : spec.nvme_layers;
+  r.eval_rows = spec.eval.path.empty() ? 0 : (spec.eval.max_rows > 0 ? spec.eval.max_rows : -1);
   return r;
 }
 
@@ -121,6 +123,11 @@ absl::Status SetUpData(const JobSpec& spec, JobParts* p) {
                                          &p->dataset_stats));
   p->packer = std::make_unique<Packer>(std::move(docs), spec.seq_len, spec.data_seed,
                                        JobPackOptions(spec, *tokenizer, vocab));
+  if (!spec.eval.path.empty()) {
+    ASSIGN_OR_RETURN(p->eval_docs, LoadEvalDocs(spec, *tokenizer, p->tokenizer_dir, vocab,
+                                                &p->eval_stats));
+    p->eval_pack = JobPackOptions(EvalDataSpec(spec), *tokenizer, vocab);
+  }
   return absl::OkStatus();
 }
 

@@ -49,6 +49,11 @@ struct JobParts {
   std::string plan_text;     // the plan in words, with the resume, NUMA and reduce notes
   MachineProfile profile;    // what the plan was made with
   DatasetStats dataset_stats;  // what building (or reusing) the tokenized data found
+  // The eval set's documents (null without one), what tokenizing them found, and how they
+  // pack (eval_set.h).
+  std::shared_ptr<const TokenDocs> eval_docs;
+  DatasetStats eval_stats;
+  PackOptions eval_pack;
   std::string tokenizer_dir;   // tokenizer files to copy into checkpoints
   std::vector<void*> pinned;   // host ranges page-locked on `backend` for this job
   int optimizer_numa_node = -1;  // where the optimizer's threads run

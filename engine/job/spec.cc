@@ -215,6 +215,20 @@ absl::Status ParseData(Section& top, const std::string& base_dir, JobSpec* spec)
   return data.CheckNoUnknown();
 }
 
+// After ParseData: the eval set's format defaults to the data's.
+absl::Status ParseEval(Section& top, const std::string& base_dir, JobSpec* spec) {
+  spec->eval.format = spec->data_format;
+  if (!top.Has("eval")) return absl::OkStatus();
+  if (!top.Get("eval").IsMap()) return top.Error("eval", "must be a mapping");
+  Section e(top.Get("eval"), "eval");
+  RETURN_IF_ERROR(e.String("path", &spec->eval.path));
+  spec->eval.path = ResolveSpecPath(base_dir, spec->eval.path);
+  RETURN_IF_ERROR(e.Enum("format", &spec->eval.format));
+  RETURN_IF_ERROR(e.Int("every_steps", &spec->eval.every_steps));
+  RETURN_IF_ERROR(e.Int("max_rows", &spec->eval.max_rows));
+  return e.CheckNoUnknown();
+}
+
 absl::Status ParseTrain(Section& top, JobSpec* spec) {
   if (top.Has("train")) {
     if (!top.Get("train").IsMap()) return top.Error("train", "must be a mapping");
@@ -350,6 +364,7 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   RETURN_IF_ERROR(top.Int("device_memory_cap_bytes", &spec->device_memory_cap_bytes));
   RETURN_IF_ERROR(ParseModel(top, base_dir, spec));
   RETURN_IF_ERROR(ParseData(top, base_dir, spec));
+  RETURN_IF_ERROR(ParseEval(top, base_dir, spec));
   RETURN_IF_ERROR(ParseTrain(top, spec));
   RETURN_IF_ERROR(ParseOptimizer(top, base_dir, spec));
   RETURN_IF_ERROR(ParseCheckpoint(top, base_dir, spec));
@@ -381,6 +396,8 @@ absl::Status CheckRanges(const JobSpec& s) {
       {"train.activation_checkpoint_every", {s.activation_checkpoint_every, 0}},
       {"train.loss_chunk_tokens", {s.loss_chunk_tokens, 1}},
       {"optimizer.nvme_layers", {s.nvme_layers, -1}},
+      {"eval.every_steps", {s.eval.every_steps, 0}},
+      {"eval.max_rows", {s.eval.max_rows, 0}},
       {"checkpoint.every_steps", {s.checkpoint_every_steps, 0}},
       {"checkpoint.keep_last", {s.keep_last, 0}},
       {"checkpoint.max_shard_bytes", {s.max_shard_bytes, int64_t{1} << 20}}};
@@ -423,6 +440,10 @@ absl::Status CheckSources(const JobSpec& s) {
   if (s.data_path.empty()) {
     return absl::InvalidArgumentError("data.path is required (a JSONL file)");
   }
+  if (s.eval.path.empty() && (s.eval.every_steps > 0 || s.eval.max_rows > 0)) {
+    return absl::InvalidArgumentError(
+        "eval.every_steps / eval.max_rows are set but eval.path names no file to evaluate");
+  }
   if (s.tokenizer == TokenizerSource::kModel && s.model_path.empty()) {
     return absl::InvalidArgumentError(
         "data.tokenizer is 'model', but model.path names no model folder");
@@ -451,6 +472,7 @@ absl::Status CheckUtf8(const JobSpec& s) {
       {"data.tokenizer", &s.tokenizer_path},
       {"data.chat_date", &s.chat_date},
       {"data.cache_dir", &s.data_cache_dir},
+      {"eval.path", &s.eval.path},
       {"optimizer.nvme_dir", &s.nvme_dir},
       {"checkpoint.dir", &s.checkpoint_dir},
       {"backend", &s.backend}};
@@ -733,6 +755,13 @@ std::string JobSpecToYaml(const JobSpec& s) {
   out << YAML::Key << "tokenize_threads" << YAML::Value << s.tokenize_threads;
   out << YAML::Key << "seq_len" << YAML::Value << s.seq_len;
   out << YAML::Key << "seed" << YAML::Value << s.data_seed << YAML::EndMap;
+  if (!s.eval.path.empty()) {
+    out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.eval.path;
+    out << YAML::Key << "format" << YAML::Value << SpecName(s.eval.format);
+    out << YAML::Key << "every_steps" << YAML::Value << s.eval.every_steps;
+    out << YAML::Key << "max_rows" << YAML::Value << s.eval.max_rows << YAML::EndMap;
+  }
   out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "steps" << YAML::Value << s.steps;
   out << YAML::Key << "tokens_per_step" << YAML::Value << s.tokens_per_step;

@@ -1,8 +1,10 @@
 #include "engine/job/trainer.h"
 
+#include <cmath>
 #include <utility>
 
 #include "engine/common/status.h"
+#include "engine/job/eval_set.h"
 #include "engine/optim/schedule.h"
 
 namespace megatrain {
@@ -24,6 +26,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec,
   ASSIGN_OR_RETURN(t->parts_, SetUpJob(spec, profile));
   JobParts& p = *t->parts_;
   t->batches_.resize(p.plan.micro_batches);
+  if (p.eval_docs != nullptr) {
+    t->eval_batches_ = PackEvalSet(p.eval_docs, spec, p.eval_pack, p.plan.micro_batch_rows);
+  }
   t->state_ = p.state;
   t->reporter_ = std::make_unique<StepReporter>(spec, p.config, p.plan, p.profile,
                                                 p.store->layout().TotalElements(),
@@ -45,6 +50,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec,
 absl::StatusOr<StepReport> Trainer::Step() {
   if (done()) return absl::FailedPreconditionError("the job has already run all its steps");
   const int64_t step = state_.step + 1;
+  std::vector<EvalReport> evals;
+  if (state_.step == 0 && EvaluatesAfter(spec_, 0)) {  // the starting point
+    ASSIGN_OR_RETURN(evals.emplace_back(), Evaluate());
+  }
   CheckpointOutcomes checkpoints;
   const double checkpoint_wait = checkpoints_->BeforeStep(step, &checkpoints);
   double lr = 0;
@@ -58,6 +67,29 @@ absl::StatusOr<StepReport> Trainer::Step() {
   report.checkpoint_paths = std::move(checkpoints.paths);
   report.checkpoint_error = std::move(checkpoints.error);
   report.failed_checkpoint_steps = std::move(checkpoints.failed_steps);
+  if (EvaluatesAfter(spec_, step)) {
+    ASSIGN_OR_RETURN(evals.emplace_back(), Evaluate());
+  }
+  report.evals = std::move(evals);
+  return report;
+}
+
+absl::StatusOr<EvalReport> Trainer::Evaluate() {
+  if (eval_batches_.empty()) {
+    return absl::FailedPreconditionError("the job has no eval set (eval.path)");
+  }
+  JobParts& p = *parts_;
+  p.optimizer->Drain();  // the weights after the last step, every update applied
+  RETURN_IF_ERROR(p.optimizer->status());
+  ASSIGN_OR_RETURN(const EvalResult r, p.pipeline->Evaluate(eval_batches_));
+  EvalReport report;
+  report.step = state_.step;
+  report.loss = r.loss();
+  report.perplexity = std::exp(report.loss);
+  report.targets = r.num_targets;
+  report.tokens = r.micro_batches * p.plan.micro_batch_rows * spec_.seq_len;
+  report.seconds = r.seconds;
+  report.tokens_per_second = r.seconds > 0 ? report.tokens / r.seconds : 0;
   return report;
 }
 

@@ -46,7 +46,8 @@ class Trainer {
       const JobSpec& spec, const MachineProfile* profile = nullptr);
   ~Trainer();
 
-  // Runs one optimizer step; saves a checkpoint when the spec says so.
+  // Runs one optimizer step; saves a checkpoint when the spec says so. Evaluates the eval
+  // set before the first step and after the steps the spec names (StepReport::evals).
   [[nodiscard]] absl::StatusOr<StepReport> Step();
   bool done() const { return state_.step >= spec_.steps; }
   int64_t step() const { return state_.step; }
@@ -92,6 +93,12 @@ class Trainer {
   const Plan& plan() const { return parts_->plan; }
   const std::string& plan_text() const { return parts_->plan_text; }
   const JobSpec& spec() const { return spec_; }
+  // Evaluates the eval set on the weights after the last completed step (every pending
+  // update applied first); nothing else changes. FailedPrecondition without an eval set.
+  [[nodiscard]] absl::StatusOr<EvalReport> Evaluate();
+  // The eval set as the plan packs it (empty without one), and what tokenizing it found.
+  const std::vector<MicroBatch>& eval_batches() const { return eval_batches_; }
+  const DatasetStats& eval_stats() const { return parts_->eval_stats; }
   std::string backend_name() const { return parts_->backend->name(); }
   const HostStore& store() const { return *parts_->store; }
   // Host bytes page-locked for transfers (bf16 weights, gradient slabs) and pageable
@@ -111,6 +118,7 @@ class Trainer {
   JobSpec spec_;
   std::unique_ptr<JobParts> parts_;
   std::vector<MicroBatch> batches_;  // the first device's share of a step
+  std::vector<MicroBatch> eval_batches_;  // the eval set (eval_set.h)
   TrainerState state_;
   bool step_failed_ = false;  // a step returned an error (its updates may be half done)
   std::unique_ptr<StepReporter> reporter_;

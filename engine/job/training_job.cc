@@ -2,6 +2,8 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "engine/common/status.h"
 #include "engine/engine.h"
 #include "engine/job/trainer.h"
@@ -23,6 +25,11 @@ class TrainerJob final : public TrainingJob {
     d.last_loss = t.last_loss();
     d.done = t.done();
     d.dataset_summary = t.dataset_stats().Summary();
+    if (!t.eval_batches().empty()) {
+      d.eval_summary = absl::StrCat("eval set: ", absl::StripPrefix(t.eval_stats().Summary(), "dataset: "), "; ",
+                                    t.eval_batches().size(), " micro-batch(es) of ",
+                                    t.plan().micro_batch_rows, " x ", t.spec().seq_len);
+    }
     d.architecture = ArchitectureClassName(t.config().architecture);
     d.num_parameters = t.num_parameters();
     d.backend_name = t.backend_name();
@@ -33,6 +40,7 @@ class TrainerJob final : public TrainingJob {
     return d;
   }
   absl::StatusOr<StepReport> Step() override { return trainer_->Step(); }
+  absl::StatusOr<EvalReport> Evaluate() override { return trainer_->Evaluate(); }
   bool done() const override { return trainer_->done(); }
   int64_t step() const override { return trainer_->step(); }
   absl::StatusOr<std::string> SaveCheckpoint() override { return trainer_->SaveCheckpoint(); }

@@ -148,6 +148,12 @@ PlanShape ShapeOf(const PlanRequest& r, Backend* backend, const ModelLayout& lay
 void SizeDeviceMemory(const PlanRequest& r, Backend* backend, const ModelLayout& layout,
                       Plan* plan) {
   const ModelConfig& c = r.config;
+  if (r.eval_rows != 0) {  // as many as it needs, in what the step's activations hold
+    const int64_t capacity = EvalCapacity(c, PipelineOptionsOf(*plan, r.seq_len));
+    const int64_t rows = plan->micro_batch_rows;
+    plan->eval_micro_batches =
+        r.eval_rows < 0 ? capacity : std::min(capacity, (r.eval_rows + rows - 1) / rows);
+  }
   const PipelineOptions po = PipelineOptionsOf(*plan, r.seq_len);
   plan->weight_slots = NumWeightSlots(c, po);
   plan->device_bytes = StepDeviceBytes(c, layout, backend, po) +
@@ -687,6 +693,7 @@ PipelineOptions PipelineOptionsOf(const Plan& plan, int64_t seq_len) {
   o.weight_slots = plan.weight_slots;
   o.kept_layers = plan.kept_layers;
   o.mlp_tile_tokens = plan.mlp_tile_tokens;
+  o.eval_micro_batches = plan.eval_micro_batches;
   return o;
 }
 
@@ -758,6 +765,11 @@ void DescribeMachineAndBatch(const Plan& plan, const PlanRequest& r,
                              "of %d sequence(s)%s\n",
                         tokens, r.rows_per_step, r.seq_len, plan.micro_batches,
                         plan.micro_batch_rows, plan.devices > 1 ? " on each device" : "");
+  if (plan.eval_micro_batches > 0) {
+    absl::StrAppendFormat(out, "eval       forward only, %d micro-batch(es) through each layer "
+                               "at once, in the step's activation memory\n",
+                          plan.eval_micro_batches);
+  }
   if (plan.devices > 1) {
     absl::StrAppendFormat(
         out, "devices    %d, data parallel over one host copy of the state; gradients %s\n",

@@ -79,6 +79,9 @@ struct PlanRequest {
   // Device-to-device rate of that reduce-scatter (GB/s per device; NVLink, or PCIe peer
   // copies); 0: the PCIe rate (no NVLink assumed).
   double peer_gbps = 0;
+  // Evaluation (the spec's eval section): sequences a forward-only pass evaluates; -1: as
+  // many as the step's activation buffers hold (the set's size is not known yet); 0: none.
+  int64_t eval_rows = 0;
 };
 
 // Predicted seconds and bytes of one steady-state step.
@@ -114,6 +117,9 @@ struct Plan {
   int64_t nvme_layers = 0;       // top decoder layers whose moments are on disk
   int64_t host_disk_buffer_bytes = 0;  // the RAM those layers' moments cycle through
   int64_t disk_bytes = 0;        // the scratch file
+  // Micro-batches an evaluation pass takes through each layer at once (0: no evaluation):
+  // PipelineOptions::eval_micro_batches.
+  int64_t eval_micro_batches = 0;
   // What they cost.
   StepPrediction step;
   int64_t device_bytes = 0;      // allocated by the pipeline, on each device

@@ -16,6 +16,26 @@
 #include "engine/engine.h"
 #include "engine/tools/demo.h"
 
+namespace {
+
+// A step's line (every `log_every` steps, the first and the last) and its evaluations.
+void PrintReport(const megatrain::StepReport& r, int64_t log_every) {
+  for (const megatrain::EvalReport& e : r.evals) {
+    std::printf("eval  %5lld/%lld  loss %.4f  perplexity %.3f  (%lld targets, %.3f s, %.0f tok/s)\n",
+                static_cast<long long>(e.step), static_cast<long long>(r.total_steps), e.loss,
+                e.perplexity, static_cast<long long>(e.targets), e.seconds, e.tokens_per_second);
+  }
+  if (r.step % log_every == 0 || r.step == 1 || r.step == r.total_steps) {
+    const std::string aux = r.has_aux_loss ? "  aux_loss " + std::to_string(r.aux_loss) : std::string();
+    std::printf("step %5lld/%lld  loss %.4f%s  lr %.3e  grad_norm %.3f  %.0f tok/s  %.3f TFLOP/s\n",
+                static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
+                aux.c_str(), r.lr, r.grad_norm, r.tokens_per_second, r.model_tflops);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // The engine's settings from the environment (engine/common/engine_settings.h).
   megatrain::SetEngineSettings(megatrain::EngineSettingsFromEnvironment(
@@ -79,6 +99,7 @@ int main(int argc, char** argv) {
                   ? (", resumed at step " + std::to_string(d.resumed_from_step)).c_str()
                   : "");
   std::printf("%s\n", d.dataset_summary.c_str());
+  if (!d.eval_summary.empty()) std::printf("%s\n", d.eval_summary.c_str());
   std::printf("%s", d.plan_text.c_str());
   int64_t ran = 0;
   while (!t.done() && (max_steps == 0 || ran < max_steps)) {
@@ -90,14 +111,7 @@ int main(int argc, char** argv) {
     }
     if (!r->checkpoint_error.empty()) std::fprintf(stderr, "%s\n", r->checkpoint_error.c_str());
     ++ran;
-    if (r->step % log_every == 0 || r->step == 1 || r->step == r->total_steps) {
-      const std::string aux =
-          r->has_aux_loss ? "  aux_loss " + std::to_string(r->aux_loss) : std::string();
-      std::printf("step %5lld/%lld  loss %.4f%s  lr %.3e  grad_norm %.3f  %.0f tok/s  %.3f TFLOP/s\n",
-                  static_cast<long long>(r->step), static_cast<long long>(r->total_steps), r->loss,
-                  aux.c_str(), r->lr, r->grad_norm, r->tokens_per_second, r->model_tflops);
-      std::fflush(stdout);
-    }
+    PrintReport(*r, log_every);
   }
   if (!t.done() && !spec->checkpoint_dir.empty()) {
     absl::StatusOr<std::string> path = t.SaveCheckpoint();

@@ -147,6 +147,15 @@ TEST(FormatLoss, DashWhenNoLossWasMeasuredWhateverTheStep) {
   EXPECT_EQ(FormatLoss(p), "0.0000");  // measured: shown
 }
 
+TEST(FormatProgressLine, ShowsTheNewestEvalLossAndItsStep) {
+  v1::Progress p = MakeProgress(120, 200, 2.5, 1000, 60);
+  EXPECT_EQ(FormatProgressLine(p).find("eval"), std::string::npos);  // no eval set
+  p.set_eval_loss(2.75);
+  p.set_eval_step(100);
+  EXPECT_NE(FormatProgressLine(p).find("loss 2.5000  eval 2.7500@100"), std::string::npos)
+      << FormatProgressLine(p);
+}
+
 TEST(FormatProgressLine, AllFields) {
   EXPECT_EQ(FormatProgressLine(MakeProgress(120, 200, 2.34123, 1234, 83)),
             "step 120/200  loss 2.3412  1.2k tok/s  ETA 0:01:23");

@@ -505,9 +505,18 @@ class SubmitAndSucceedTest(DaemonTestCase):
 
     def test_watch_exits_0_and_checkpoint_is_complete_and_loads(self):
         steps = 20
-        job_id = self.submit(make_spec(steps=steps))
+        spec = make_spec(steps=steps)
+        spec["eval"] = {"path": "data.jsonl", "every_steps": 10, "max_rows": 4}
+        job_id = self.submit(spec)
         r = self.watch_ok(job_id)
         self.assertIn("succeeded", r.stdout)
+        # The held-out set, evaluated before the first step, every 10 and after the last.
+        evals = [line for line in self.log_texts(job_id) if line.startswith("eval at step")]
+        self.assertEqual([line.split(":")[0] for line in evals],
+                         ["eval at step 0", "eval at step 10", "eval at step 20"], evals)
+        self.assertEqual(int(self.status(job_id)["progress"]["eval_step"]), steps)
+        self.assertRegex(self.cli_ok("status", job_id).stdout,
+                         r"last eval:\s+step 20: loss \d+\.\d{4}, perplexity")
 
         job = self.status(job_id)
         self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")

@@ -111,6 +111,7 @@ class MetricsTest(e2e.DaemonTestCase):
         spec = e2e.make_spec(steps=100000, name="metrics",
                              checkpoint={"dir": "ckpt", "every_steps": 3, "keep_last": 1})
         spec["model"]["config"] = e2e.MOE_CONFIG
+        spec["eval"] = {"path": spec["data"]["path"], "every_steps": 2, "max_rows": 4}
         e2e.write_spec(os.path.join(self.tmp, "job.yaml"), spec)
         job = self.cli_json("submit", "job.yaml")["id"]
         base = self.start_prometheus(port)

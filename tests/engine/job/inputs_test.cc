@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <utility>
@@ -122,6 +123,39 @@ TEST(JobInputs, AnEmptyOrBlankDatasetIsRefusedAsTheJobWouldBe) {
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec);
     ASSERT_FALSE(trainer.ok());
     EXPECT_EQ(trainer.status().message(), s.message()) << "the same words at submit and start";
+  }
+}
+
+// The eval set is checked at submit as the data is, in its own format, naming eval.path,
+// and the trainer refuses it with the same words.
+TEST(JobInputs, AMissingEmptyOrMalformedEvalSetIsRefusedNamingEvalPath) {
+  TempDir dir;
+  WriteFile(dir.Join("data.jsonl"), "{\"text\": \"some text to train on\"}\n");
+  const std::string base = Spec(258);
+  const struct {
+    const char* eval;
+    const char* file;  // null: none written
+    absl::StatusCode code;
+    const char* says;
+  } cases[] = {
+      {"eval: {path: held.jsonl}\n", nullptr, absl::StatusCode::kNotFound, "eval.path"},
+      {"eval: {path: held.jsonl}\n", "\n", absl::StatusCode::kInvalidArgument,
+       "eval.path: "},
+      {"eval: {path: held.jsonl, format: alpaca}\n", "{\"text\": \"x\"}\n",
+       absl::StatusCode::kInvalidArgument, "(eval.format is 'alpaca'"},
+  };
+  for (const auto& c : cases) {
+    std::remove(dir.Join("held.jsonl").c_str());
+    if (c.file != nullptr) WriteFile(dir.Join("held.jsonl"), c.file);
+    const JobSpec spec = Parse(dir, base + c.eval);
+    const absl::Status s = ValidateJobInputs(spec);
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.says));
+    EXPECT_THAT(s.message(), HasSubstr("eval.path"));
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec);
+    ASSERT_FALSE(trainer.ok());
+    EXPECT_EQ(trainer.status().code(), c.code) << trainer.status();
+    EXPECT_THAT(trainer.status().message(), HasSubstr("eval.path"));
   }
 }
 

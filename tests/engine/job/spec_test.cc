@@ -275,6 +275,40 @@ TEST(JobSpecTest, DataChoicesRoundTripThroughYaml) {
   EXPECT_EQ(again->Fingerprint(), spec->Fingerprint());
 }
 
+TEST(JobSpecTest, EvalSectionRoundTripsTakesTheDataFormatAndStaysOutOfTheFingerprint) {
+  TempDir dir;
+  const std::string base = std::string("model:\n  config:") + kTinyConfigYaml +
+                           "data: {path: d.jsonl, format: alpaca}\n";
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(base + "eval: {path: held.jsonl, every_steps: 50, max_rows: 64}\n", dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->eval.path, (fs::path(dir.path()) / "held.jsonl").string());
+  EXPECT_EQ(spec->eval.format, DataFormat::kAlpaca);  // the data's, unless given
+  absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec), "");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->eval.path, spec->eval.path);
+  EXPECT_EQ(again->eval.format, DataFormat::kAlpaca);
+  EXPECT_EQ(again->eval.every_steps, 50);
+  EXPECT_EQ(again->eval.max_rows, 64);
+  // Adding or changing the evaluation never stops a job resuming from its checkpoints.
+  absl::StatusOr<JobSpec> without = ParseJobSpec(base, dir.path());
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(without->Fingerprint(), spec->Fingerprint());
+  EXPECT_TRUE(without->eval.path.empty());
+  absl::StatusOr<JobSpec> text = ParseJobSpec(base + "eval: {path: h.jsonl, format: text}\n", "");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->eval.format, DataFormat::kText);
+}
+
+TEST(JobSpecTest, EvalFieldsAreCheckedByName) {
+  ExpectInvalid(MinimalSpec() + "eval: {path: h.jsonl, every_steps: -1}\n", "eval.every_steps");
+  ExpectInvalid(MinimalSpec() + "eval: {path: h.jsonl, max_rows: -2}\n", "eval.max_rows");
+  ExpectInvalid(MinimalSpec() + "eval: {path: h.jsonl, format: csv}\n", "eval.format");
+  ExpectInvalid(MinimalSpec() + "eval: {path: h.jsonl, every: 5}\n", "eval.every");
+  ExpectInvalid(MinimalSpec() + "eval: {every_steps: 5}\n", "eval.path");
+  ExpectInvalid(MinimalSpec() + "eval: held.jsonl\n", "eval");
+}
+
 TEST(JobSpecTest, OptimizerStateDtypeIsCheckedByNameAndRoundTrips) {
   absl::StatusOr<JobSpec> plain = ParseJobSpec(MinimalSpec(), "");
   ASSERT_TRUE(plain.ok()) << plain.status();
