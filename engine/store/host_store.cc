@@ -129,6 +129,7 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& 
 absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout,
                                                              const std::vector<int>& nodes,
                                                              const StoreOptions& options) {
+  MT_CHECK(!options.weights_only || (options.bf16_copy && options.disk_units.empty()));
   std::unique_ptr<HostStore> store(new HostStore(layout, options));
   if (!options.disk_units.empty()) {
     std::vector<int64_t> blocks;
@@ -146,6 +147,7 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& 
     const size_t master = RoundUp(layout.units[u].num_elements * sizeof(float));
     const size_t bf16 = RoundUp(layout.units[u].num_elements * sizeof(uint16_t));
     transfer_bytes += options.bf16_copy ? bf16 : master;
+    if (options.weights_only) continue;
     state_bytes += (options.bf16_copy ? master : 0) +
                    (store->moments_on_disk(u) ? 0 : store->moment_block_bytes(u));
   }
@@ -174,6 +176,7 @@ size_t HostStore::moment_block_bytes(int64_t unit) const {
 }
 
 UnitMoments HostStore::moments(int64_t unit) const {
+  MT_CHECK_MSG(!options_.weights_only, "moments: this store keeps the bf16 weights alone");
   MT_CHECK_MSG(!moments_on_disk(unit), "moments: unit %lld keeps them on disk",
                static_cast<long long>(unit));
   return MomentsAt(unit, state_.data() + state_offset_[unit] +
@@ -237,6 +240,7 @@ uint16_t* HostStore::weights(int64_t unit) const {
 }
 
 float* HostStore::master(int64_t unit) const {
+  MT_CHECK_MSG(!options_.weights_only, "master: this store keeps the bf16 weights alone");
   return reinterpret_cast<float*>(
       options_.bf16_copy ? state_.data() + state_offset_[unit]
                          : transfer_.data() + transfer_offset_[unit]);

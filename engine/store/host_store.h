@@ -84,6 +84,10 @@ class HostArena {
 struct StoreOptions {
   MomentDType moments = MomentDType::kF32;
   bool bf16_copy = true;  // keep the bf16 weights the device streams (else the master streams)
+  // A model that only runs forward (generation, evaluation of a checkpoint): its bf16
+  // weights alone, 2 bytes a parameter; no fp32 master, no moments (master() and the
+  // moments' accessors must not be called). REQUIRES bf16_copy and no disk_units.
+  bool weights_only = false;
   // The NVMe tier (moment_disk.h): the units (by index) whose moments live in a scratch file
   // under nvme_dir instead of RAM, and the RAM buffers they cycle through.
   std::vector<int64_t> disk_units;
@@ -107,6 +111,7 @@ class HostStore {
 
   MomentDType moment_dtype() const { return options_.moments; }
   bool has_bf16_copy() const { return options_.bf16_copy; }
+  bool weights_only() const { return options_.weights_only; }
   uint16_t* weights(int64_t unit) const;  // bf16 (n). REQUIRES: has_bf16_copy()
   float* master(int64_t unit) const;      // f32 (n)
   // f32 (n). REQUIRES: moment_dtype() == kF32.

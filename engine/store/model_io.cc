@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <vector>
 
 #include "engine/common/status.h"
 #include "engine/model/mxfp4.h"
@@ -34,11 +35,39 @@ bool IsBias(TensorRole r) {
          r == TensorRole::kExpertDownBias;
 }
 
-// (Units whose moments are on disk need nothing: a store's scratch file starts as zeros.)
-void ResetUnitState(HostStore* store, int64_t unit) {
-  if (!store->moments_on_disk(unit)) store->ResetMoments(unit);
-  store->RefreshWeightsFromMaster(unit);
-}
+// A unit's fp32 weights as they are loaded or drawn, zeroed first: the store's master, or,
+// in a weights-only store, a buffer of its own. Commit() makes them the unit's state: the
+// bf16 copy from them, and zero moments (units whose moments are on disk need nothing: a
+// store's scratch file starts as zeros).
+class UnitMaster {
+ public:
+  UnitMaster(HostStore* store, int64_t unit) : store_(store), unit_(unit) {
+    const int64_t n = store->unit_elements(unit);
+    if (store->weights_only()) {
+      own_.assign(n, 0.0f);
+      data_ = own_.data();
+    } else {
+      data_ = store->master(unit);
+      std::memset(data_, 0, n * sizeof(float));
+    }
+  }
+  float* data() { return data_; }
+  void Commit() {
+    if (store_->weights_only()) {
+      uint16_t* w = store_->weights(unit_);
+      for (size_t i = 0; i < own_.size(); ++i) w[i] = FloatToBf16(own_[i]);
+      return;
+    }
+    if (!store_->moments_on_disk(unit_)) store_->ResetMoments(unit_);
+    store_->RefreshWeightsFromMaster(unit_);
+  }
+
+ private:
+  HostStore* store_;
+  int64_t unit_;
+  float* data_;
+  std::vector<float> own_;
+};
 
 // GPT-OSS's experts stored as MXFP4 (`name`_blocks and `name`_scales, no `name`).
 bool StoredAsMxfp4(const ModelTensorReader& reader, const TensorSlot& t) {
@@ -60,16 +89,14 @@ absl::Status CheckModelTensors(const ModelTensorReader& reader, const ModelLayou
 
 absl::Status LoadWeights(const ModelTensorReader& reader, HostStore* store) {
   const ModelLayout& layout = store->layout();
-  for (int64_t u = 0; u < store->num_units(); ++u) {
-    std::memset(store->master(u), 0, store->unit_elements(u) * sizeof(float));
-  }
   // Units in parallel: each read is a pread into disjoint memory.
   absl::Status first_error;
   std::mutex mu;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < store->num_units(); ++u) {
+    UnitMaster master(store, u);
     for (const TensorSlot& t : layout.units[u].tensors) {
-      float* dst = store->master(u) + t.offset;
+      float* dst = master.data() + t.offset;
       absl::Status s = StoredAsMxfp4(reader, t) ? ReadMxfp4AsFloat(reader, t.name, t.shape, dst)
                                                 : reader.ReadAsFloat(t.name, t.shape, dst);
       if (!s.ok()) {
@@ -78,7 +105,7 @@ absl::Status LoadWeights(const ModelTensorReader& reader, HostStore* store) {
         break;
       }
     }
-    ResetUnitState(store, u);
+    master.Commit();
   }
   return first_error;
 }
@@ -87,10 +114,9 @@ void RandomInitWeights(const ModelConfig& config, uint64_t seed, HostStore* stor
   const ModelLayout& layout = store->layout();
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < store->num_units(); ++u) {
-    float* master = store->master(u);
-    std::memset(master, 0, store->unit_elements(u) * sizeof(float));
+    UnitMaster master(store, u);
     for (const TensorSlot& t : layout.units[u].tensors) {
-      float* p = master + t.offset;
+      float* p = master.data() + t.offset;
       if (IsNorm(t.role)) {
         for (int64_t i = 0; i < t.num_elements; ++i) p[i] = 1.0f;
       } else if (!IsBias(t.role)) {
@@ -106,7 +132,7 @@ void RandomInitWeights(const ModelConfig& config, uint64_t seed, HostStore* stor
         }
       }
     }
-    ResetUnitState(store, u);
+    master.Commit();
   }
 }
 

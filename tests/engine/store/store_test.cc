@@ -901,6 +901,33 @@ TEST(LoadWeightsTest, MixedF32Bf16F16TensorsLoadExactlyAndResetMoments) {
   }
 }
 
+// A forward-only model (generation) keeps its bf16 weights alone: the same bits a full
+// store derives from its master, loaded or drawn, in no state memory at all.
+TEST(LoadWeightsTest, WeightsOnlyStoreHoldsTheFullStoresBf16WeightsAndNothingElse) {
+  const ModelConfig c = TinyQwen3Moe();
+  TempDir dir;
+  std::unique_ptr<HostStore> full = MakeStore(c);
+  StoreOptions options;
+  options.weights_only = true;
+  absl::StatusOr<std::unique_ptr<HostStore>> lean = HostStore::Create(full->layout(), -1, options);
+  ASSERT_TRUE(lean.ok()) << lean.status();
+  EXPECT_EQ((*lean)->state_bytes(), 0u);
+  EXPECT_EQ((*lean)->transfer_bytes(), full->transfer_bytes());
+  auto same_weights = [&]() {
+    for (int64_t u = 0; u < full->num_units(); ++u) {
+      ASSERT_EQ(std::memcmp(full->weights(u), (*lean)->weights(u), 2 * full->unit_elements(u)), 0)
+          << "unit " << u;
+    }
+  };
+  RandomInitWeights(c, 9, full.get());
+  RandomInitWeights(c, 9, lean->get());
+  same_weights();
+  const FakeModel model(full->layout(), /*seed=*/79);
+  ASSERT_TRUE(WriteAndLoad(model, dir.path(), full.get()).ok());
+  ASSERT_TRUE(WriteAndLoad(model, dir.path(), lean->get()).ok());
+  same_weights();
+}
+
 ModelConfig TinyGptOss() {
   ModelConfig c = TinyLlama();
   c.architecture = Architecture::kGptOss;
