@@ -17,6 +17,7 @@
 #include "engine/kernels/reference/attention.h"
 #include "engine/kernels/reference/clamped_swiglu.h"
 #include "engine/kernels/reference/cross_entropy.h"
+#include "engine/kernels/reference/decode_attention.h"
 #include "engine/kernels/reference/embedding.h"
 #include "engine/kernels/reference/linear.h"
 #include "engine/kernels/reference/moe.h"
@@ -195,6 +196,23 @@ class CpuBackend final : public Backend {
     On(s, [=] {
       ref::AttentionBackward<T>(P(dq), P(dk), P(dv), P(dsinks), P(dout), P(q), P(k), P(v), P(o),
                                 P(lse), doc_start, P(sinks), window, n, H, KV, D);
+    });
+  }
+  void KvCacheWrite(void* k_cache, void* v_cache, const void* k, const void* v,
+                    const int32_t* seq_slot, const int32_t* position, int64_t n, int64_t KV,
+                    int64_t D, int64_t max_len, StreamId s) override {
+    On(s, [=] {
+      ref::KvCacheWrite<T>(P(k_cache), P(v_cache), P(k), P(v), seq_slot, position, n, KV, D,
+                           max_len);
+    });
+  }
+  void DecodeAttention(void* o, const void* q, const void* k_cache, const void* v_cache,
+                       const int32_t* seq_slot, const int32_t* length, const void* sinks,
+                       int64_t window, int64_t B, int64_t H, int64_t KV, int64_t D,
+                       int64_t max_len, StreamId s) override {
+    On(s, [=] {
+      ref::DecodeAttention<T>(P(o), P(q), P(k_cache), P(v_cache), seq_slot, length, P(sinks),
+                              window, B, H, KV, D, max_len);
     });
   }
   void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) override {

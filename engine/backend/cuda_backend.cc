@@ -308,6 +308,21 @@ class CudaBackend final : public Backend {
                             partials_, cuda::kPartialFloats, Stream(s), dq_sums,
                             dq_sums != nullptr ? kDqSumFloats : 0);
   }
+  void KvCacheWrite(void* k_cache, void* v_cache, const void* k, const void* v,
+                    const int32_t* seq_slot, const int32_t* position, int64_t n, int64_t KV,
+                    int64_t D, int64_t max_len, StreamId s) override {
+    cuda::KvCacheWrite(Bf16(k_cache), Bf16(v_cache), Bf16(k), Bf16(v), seq_slot, position, n, KV,
+                       D, max_len, Stream(s));
+  }
+  void DecodeAttention(void* o, const void* q, const void* k_cache, const void* v_cache,
+                       const int32_t* seq_slot, const int32_t* length, const void* sinks,
+                       int64_t window, int64_t B, int64_t H, int64_t KV, int64_t D,
+                       int64_t max_len, StreamId s) override {
+    CheckComputeStream(s);  // the partials scratch (split caches) is the compute stream's
+    cuda::DecodeAttention(Bf16(o), Bf16(q), Bf16(k_cache), Bf16(v_cache), seq_slot, length,
+                          Bf16(sinks), window, B, H, KV, D, max_len, partials_,
+                          cuda::kPartialFloats, Stream(s));
+  }
   void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) override {
     cuda::SwiGlu(Bf16(out), Bf16(gu), N, I, Stream(s));
   }

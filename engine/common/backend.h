@@ -154,6 +154,26 @@ class Backend {
                                  const void* lse, const int32_t* doc_start, const void* sinks,
                                  int64_t window, int64_t n, int64_t H, int64_t KV, int64_t D,
                                  StreamId s) = 0;
+  // Generation (kernels/reference/decode_attention.h). A layer's KV cache is k_cache,
+  // v_cache act (slots, max_len, KV, D) each, a slot's keys in position order.
+  // k_cache, v_cache [seq_slot[i], position[i]] = k, v act (n,KV,D) [i]; seq_slot, position
+  // int32 (n), 0 <= position < max_len; the rest of the caches is left as it was. Prefill
+  // writes all prompt tokens of the sequences it packs, decode one token per sequence.
+  // REQUIRES (CUDA): KV*D % 8 == 0, tensors 16-byte aligned.
+  virtual void KvCacheWrite(void* k_cache, void* v_cache, const void* k, const void* v,
+                            const int32_t* seq_slot, const int32_t* position, int64_t n,
+                            int64_t KV, int64_t D, int64_t max_len, StreamId s) = 0;
+  // o act (B,H,D) = attention of q act (B,H,D), row b the newest token of the sequence in
+  // slot seq_slot[b] (int32 (B)), over the keys 0 .. length[b]-1 of its slot in the caches
+  // (int32 (B), 1 <= length <= max_len: the new key, written by KvCacheWrite, included); sinks
+  // and window as in Attention (window > 0: keys (length-1) - j < window). Equals Attention's
+  // row for that token with the sequence as one document. Deterministic (the CUDA kernel's
+  // split of long caches depends on the shape and the device only).
+  // REQUIRES (CUDA): D 64 or 128; the compute stream (it shares the partials scratch).
+  virtual void DecodeAttention(void* o, const void* q, const void* k_cache, const void* v_cache,
+                               const int32_t* seq_slot, const int32_t* length, const void* sinks,
+                               int64_t window, int64_t B, int64_t H, int64_t KV, int64_t D,
+                               int64_t max_len, StreamId s) = 0;
   // out act (N,I) = silu(gate) * up, gu act (N,2I) rows [gate | up]
   virtual void SwiGlu(void* out, const void* gu, int64_t N, int64_t I, StreamId s) = 0;
   virtual void SwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I,

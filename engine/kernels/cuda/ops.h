@@ -106,6 +106,26 @@ bool HopperAttentionBackwardFused(bf16* dq, bf16* dk, bf16* dv, const bf16* dout
                                   const int32_t* doc_start, int window, int n, int H, int KV, int D,
                                   float* dq_sums, int64_t dq_sum_floats, cudaStream_t stream);
 
+// decode_attention.cu: generation's KV cache and one-token attention against it
+// (kernels/reference/decode_attention.h). The caches are (slots, max_len, KV, D) bf16 each.
+// k_cache, v_cache [seq_slot[i], position[i]] = k, v (n,KV,D) [i]; a token whose slot is
+// negative or position outside [0, max_len) is not written. REQUIRES: KV*D % 8 == 0, tensors
+// 16-byte aligned.
+void KvCacheWrite(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v,
+                  const int32_t* seq_slot, const int32_t* position, int64_t n, int64_t KV,
+                  int64_t D, int64_t max_len, cudaStream_t stream);
+// o (B,H,D) = q (B,H,D) row b against keys 0 .. length[b]-1 of slot seq_slot[b] (the last
+// `window` of them when window > 0), sinks bf16 (H) | null, scale 1/sqrt(D). A length past
+// max_len reads max_len keys; length <= 0 or a negative slot gives a zero row. Long caches
+// with few sequences split their keys over blocks whose fp32 partials go to `partials`
+// (partial_floats, stream-ordered: in use until the stream passes the call; see
+// kPartialFloats), merged in a fixed order: deterministic. REQUIRES: D 64 or 128,
+// H % KV == 0, B <= 65535, tensors 16-byte aligned.
+void DecodeAttention(bf16* o, const bf16* q, const bf16* k_cache, const bf16* v_cache,
+                     const int32_t* seq_slot, const int32_t* length, const bf16* sinks,
+                     int64_t window, int64_t B, int64_t H, int64_t KV, int64_t D, int64_t max_len,
+                     float* partials, int64_t partial_floats, cudaStream_t stream);
+
 // swiglu.cu
 void SwiGlu(bf16* out, const bf16* gu, int64_t N, int64_t I, cudaStream_t stream);
 void SwiGluBackward(bf16* dgu, const bf16* dout, const bf16* gu, int64_t N, int64_t I,
