@@ -90,7 +90,8 @@ void AttentionBlock::AddWork(int64_t n, int64_t seq_len, int64_t act_bytes,
 }
 
 void AttentionBlock::Forward(const AttentionTensors& w, const void* x, const AttentionActs& a,
-                             const DeviceBatch& b, const float* inv_freq, StreamId s) const {
+                             const DeviceBatch& b, const float* inv_freq, StreamId s,
+                             const KvCacheLayer* kv) const {
   Backend& be = *backend_;
   const int64_t n = b.num_tokens, C = config_.hidden_size, H = config_.num_heads;
   const int64_t KV = config_.num_kv_heads, D = config_.head_dim;
@@ -99,8 +100,16 @@ void AttentionBlock::Forward(const AttentionTensors& w, const void* x, const Att
   be.Linear(a.qkv, a.h, w.qkv, w.qkv_bias, n, C, qkv_dim_, false, s);        // qkv = h Wqkv^T + b
   be.QkvPrepare(a.q, a.k, a.v, a.rstd_q, a.rstd_k, a.qkv, w.q_norm, w.k_norm, b.positions,
                 inv_freq, rope_scale_, n, H, KV, D, eps, s);                 // split, QK-norm, RoPE
-  be.Attention(a.o, a.lse, a.q, a.k, a.v, b.doc_start, w.sinks, window_, n, H, KV, D,
-               s);                                                           // o = attn(q,k,v)
+  if (kv != nullptr) {  // generation: cache[slot, pos] = k, v
+    be.KvCacheWrite(kv->k, kv->v, a.k, a.v, b.seq_slot, b.positions, n, KV, D, kv->max_len, s);
+  }
+  if (kv != nullptr && b.kv_length != nullptr) {  // decode: o = attn(q, cached k, v)
+    be.DecodeAttention(a.o, a.q, kv->k, kv->v, b.seq_slot, b.kv_length, w.sinks, window_, n, H,
+                       KV, D, kv->max_len, s);
+  } else {
+    be.Attention(a.o, a.lse, a.q, a.k, a.v, b.doc_start, w.sinks, window_, n, H, KV, D,
+                 s);                                                         // o = attn(q,k,v)
+  }
   be.CopyOnDevice(a.x2, x, n * C * DTypeSize(be.act_dtype()), s);
   be.Linear(a.x2, a.o, w.o_proj, w.o_bias, n, H * D, C, true, s);           // x2 = x + o Wo^T + b
 }

@@ -76,9 +76,12 @@ class AttentionBlock {
   // The matmuls, attention FLOPs and elementwise bytes of the half, added to `work`.
   void AddWork(int64_t n, int64_t seq_len, int64_t act_bytes, LayerWork* work) const;
 
-  // a.x2 = x + attention(RMSNorm(x)); intermediates to `a`.
+  // a.x2 = x + attention(RMSNorm(x)); intermediates to `a`. With a KV cache (generation):
+  // the tokens' keys and values are written to it, and a decode batch (batch.kv_length)
+  // attends to it instead of to the batch; a.lse is not written then.
   void Forward(const AttentionTensors& w, const void* x, const AttentionActs& a,
-               const DeviceBatch& batch, const float* inv_freq, StreamId s) const;
+               const DeviceBatch& batch, const float* inv_freq, StreamId s,
+               const KvCacheLayer* kv = nullptr) const;
   // h, bit for bit as Forward made it (a kept layer's rebuild).
   void Rebuild(const AttentionTensors& w, const void* x, const AttentionActs& a, int64_t n,
                StreamId s) const;

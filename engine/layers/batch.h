@@ -14,6 +14,20 @@ struct DeviceBatch {
   const int32_t* doc_start = nullptr;  // (n) first token of each token's document
   const int32_t* positions = nullptr;  // (n) RoPE positions
   const int32_t* token_order = nullptr;  // (n) TokenOrder of tokens
+  // Generation (engine/generate/): each token's sequence slot in the KV cache, where its key
+  // and value are written at its position; null in training. In a decode step kv_length is
+  // set too: each token is its sequence's newest and attends to the first kv_length[i] keys
+  // of its slot's cache (its own included) instead of to the batch.
+  const int32_t* seq_slot = nullptr;   // (n)
+  const int32_t* kv_length = nullptr;  // (n) decode only
+};
+
+// One layer's KV cache in generation: the keys and values of every sequence slot, after
+// QK-norm and RoPE, as the layer's attention reads them.
+struct KvCacheLayer {
+  void* k = nullptr;     // act (slots, max_len, KV, D)
+  void* v = nullptr;     // act (slots, max_len, KV, D)
+  int64_t max_len = 0;
 };
 
 // order (n) = the positions 0 .. n-1 sorted by (tokens[i], i): each token's positions in a

@@ -101,7 +101,7 @@ LayerWork DecoderLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) cons
 
 void DecoderLayer::Forward(const LayerCall& call, const void* x, void* out) const {
   Forward(BindWeights(const_cast<void*>(call.weights)), x, out, SavedOf(call), *call.batch,
-          call.rope_inv_freq, call.stream, call.output_unused);
+          call.rope_inv_freq, call.stream, call.output_unused, call.kv);
 }
 
 void DecoderLayer::Rebuild(const LayerCall& call, const void* x) const {
@@ -116,9 +116,9 @@ void DecoderLayer::Backward(const LayerCall& call, const void* x, void* dres) co
 
 void DecoderLayer::Forward(const DecoderTensors& w, const void* x, void* out,
                            const DecoderSaved& ws, const DeviceBatch& b, const float* inv_freq,
-                           StreamId s, bool output_unused) const {
+                           StreamId s, bool output_unused, const KvCacheLayer* kv) const {
   const int64_t n = b.num_tokens, t = Tile(n);
-  attention_.Forward(w.attn, x, ws.attn, b, inv_freq, s);                   // x2 = x + attn
+  attention_.Forward(w.attn, x, ws.attn, b, inv_freq, s, kv);               // x2 = x + attn
   if (output_unused && t < n) return;  // Backward recomputes the MLP half tile by tile
   for (int64_t r0 = 0; r0 < n; r0 += t) MlpForward(w, ws, out, r0, std::min(t, n - r0), s);
 }

@@ -89,9 +89,10 @@ class DecoderLayer final : public LayerKind {
   // out act (n,C) = block(x act (n,C)). Intermediates go to `ws` (kept for Backward).
   // inv_freq: f32 (D/2) device buffer of RoPE frequencies.
   // output_unused: only the intermediates Backward needs (tiled: the attention half's).
+  // kv: generation's cache of this layer (AttentionBlock::Forward), null in training.
   void Forward(const DecoderTensors& w, const void* x, void* out, const DecoderSaved& ws,
                const DeviceBatch& batch, const float* inv_freq, StreamId s,
-               bool output_unused = false) const;
+               bool output_unused = false, const KvCacheLayer* kv = nullptr) const;
 
   // Recomputes the scratch intermediates (h, h2, a) of a kept layer from its saved fields,
   // bit for bit as Forward made them. Call before Backward unless Forward just ran into ws.

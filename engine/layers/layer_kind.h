@@ -56,6 +56,9 @@ struct LayerCall {
   // the device; a recompute and Backward read them, since the same input routes the same
   // way. Null: each grouped matmul reads the offsets back from the device.
   int32_t* host_offsets = nullptr;
+  // Generation: this layer's KV cache (batch->seq_slot says where each token goes); null in
+  // training.
+  const KvCacheLayer* kv = nullptr;
 };
 
 // One matmul of a layer's forward: (n, in) . W^T (out, in), for the planner. A grouped

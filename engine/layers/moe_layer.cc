@@ -140,7 +140,7 @@ void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
   const DeviceBatch& b = *call.batch;
   const StreamId s = call.stream;
   const int64_t n = b.num_tokens, C = config_.hidden_size, R = n * k_;
-  attention_.Forward(w.attn, x, a.attn, b, call.rope_inv_freq, s);         // x2 = x + attn
+  attention_.Forward(w.attn, x, a.attn, b, call.rope_inv_freq, s, call.kv);  // x2 = x + attn
   PostNorm(w, a, n, s);                                                     // h2 = norm(x2)
   be.Linear(a.logits, a.h2, w.router, w.router_bias, n, C, E_, false, s);   // logits = h2 Wr^T + b
   be.MoeRoute(a.probs, a.idx, a.w, a.logits, n, E_, k_, config_.moe.norm_topk_prob, s);

@@ -43,6 +43,11 @@ void WeightSlots::DropStale() {
   }
 }
 
+void WeightSlots::Forget() {
+  slot_layer_.assign(num_slots_, -1);
+  fresh_.assign(num_layers_, 0);
+}
+
 void WeightSlots::BeginForwardOnly() {
   sink_ = nullptr;
   DropStale();

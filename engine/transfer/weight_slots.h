@@ -43,6 +43,9 @@ class WeightSlots {
   // stays loaded for the next step (nothing changes the weights in between).
   // REQUIRES: every update applied (HostOptimizer::Drain).
   void BeginForwardOnly();
+  // Every slot forgotten: the host's weights changed outside a step (generation after
+  // training), so nothing on the device is current.
+  void Forget();
   // Uploads `layer` into its slot unless it holds it (after its pending update).
   void EnsureLoaded(int64_t layer);
   // Slot per layer only: uploads each layer from the top down to `lowest` (their backward

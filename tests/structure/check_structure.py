@@ -35,7 +35,7 @@ FLOORS = [
     ["transfer", "checkpoint"],
     ["optim"],
     ["plan"],
-    ["pipeline"],
+    ["pipeline", "generate"],
     ["job"],
     ["tools"],
 ]
