@@ -1,0 +1,96 @@
+// The generation engine on the CUDA backend: prefill and decode give the CUDA forward's
+// logits at every position within bf16 rounding (decode attention is another kernel), the
+// same bits streamed or resident and run after run.
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "engine/generate/generator.h"
+#include "engine/store/model_io.h"
+#include "tests/engine/pipeline/tiny_model.h"
+#include "tests/gpu/gpu_util.h"
+#include "tests/util/forward_logits.h"
+
+namespace megatrain::testing {
+namespace {
+
+class GeneratorGpu : public ::testing::TestWithParam<Variant> {};
+
+// Every row's logits from `prompt` tokens of prefill, then one decode step per token.
+std::vector<float> Generated(Generator* g, const std::vector<int32_t>& tokens, int64_t prompt) {
+  std::vector<float> all, logits;
+  EXPECT_TRUE(g->Prefill({std::vector<int32_t>(tokens.begin(), tokens.begin() + prompt)}, {0},
+                         &logits).ok());
+  all = logits;
+  for (size_t i = prompt; i < tokens.size(); ++i) {
+    EXPECT_TRUE(g->Decode({tokens[i]}, {0}, &logits).ok());
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
+TEST_P(GeneratorGpu, DecodeGivesTheForwardsLogitsAndTheSameBitsStreamedOrResident) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device (or no CUDA backend in this build)";
+  absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{"cuda"});
+  ASSERT_TRUE(be.ok()) << be.status();
+  ModelConfig c = TinyConfig(GetParam());
+  c.hidden_size = 256;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;  // the decode kernel's sizes: 64 and 128
+  c.intermediate_size = 512;
+  c.vocab_size = 512;
+  c.max_position_embeddings = 512;
+  if (c.is_moe()) c.moe.intermediate_size = 128;
+  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
+  RandomInitWeights(c, 13, store.get());
+  std::mt19937 rng(5);
+  std::vector<int32_t> tokens(48);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % c.vocab_size);
+  const int64_t prompt = 20, V = c.vocab_size;
+
+  MicroBatch whole;
+  whole.rows = 1;
+  whole.seq_len = static_cast<int64_t>(tokens.size());
+  whole.tokens = tokens;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    whole.doc_start.push_back(0);
+    whole.positions.push_back(static_cast<int32_t>(i));
+  }
+  const std::vector<float> ref = Logits(c, *store, be->get(), whole);
+
+  std::vector<std::vector<float>> runs;
+  for (int64_t slots : {c.num_layers, int64_t{2}, c.num_layers}) {
+    GeneratorOptions o;
+    o.max_sequences = 2;
+    o.max_len = 64;
+    o.prefill_tokens = 64;
+    o.weight_slots = slots;
+    absl::StatusOr<std::unique_ptr<Generator>> g = Generator::Create(c, store.get(), be->get(), o);
+    ASSERT_TRUE(g.ok()) << g.status();
+    runs.push_back(Generated(g->get(), tokens, prompt));
+  }
+  EXPECT_EQ(runs[0], runs[1]) << "streamed weights changed a bit";
+  EXPECT_EQ(runs[0], runs[2]) << "a second run changed a bit";
+  const std::vector<float>& got = runs[0];
+  ASSERT_EQ(static_cast<int64_t>(got.size()), (static_cast<int64_t>(tokens.size()) - prompt + 1) * V);
+  double worst = 0, scale = 0;
+  for (int64_t r = 0; r + prompt - 1 < static_cast<int64_t>(tokens.size()); ++r) {
+    for (int64_t v = 0; v < V; ++v) {
+      const float want = ref[(r + prompt - 1) * V + v];
+      worst = std::max(worst, static_cast<double>(std::abs(got[r * V + v] - want)));
+      scale = std::max(scale, static_cast<double>(std::abs(want)));
+    }
+  }
+  std::printf("max |logit - forward's| %.4g (logits up to %.3g)\n", worst, scale);
+  EXPECT_LE(worst, 0.03 * std::max(1.0, scale));
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, GeneratorGpu,
+                         ::testing::Values(Variant::kQwen2UntiedBias, Variant::kQwen3QkNorm,
+                                           Variant::kMixtralRenormalised,
+                                           Variant::kGptOssSinksWindow),
+                         [](const auto& info) { return VariantName(info); });
+
+}  // namespace
+}  // namespace megatrain::testing
