@@ -164,6 +164,20 @@ std::string RepairUtf8(absl::string_view text) {
   return out;
 }
 
+size_t IncompleteUtf8SuffixLength(absl::string_view text) {
+  // The lead is at most three bytes from the end: a longer sequence is complete or broken.
+  for (size_t back = 1; back <= 3 && back <= text.size(); ++back) {
+    const unsigned char c = static_cast<unsigned char>(text[text.size() - back]);
+    if (c < 0x80) return 0;
+    if (c < 0xC0) continue;  // a continuation byte: the lead is further back
+    if (c < 0xC2 || c > 0xF4 || Utf8SequenceLength(c) <= static_cast<int>(back)) return 0;
+    size_t subpart = 0;
+    const int length = NonAsciiSequenceLength(text.substr(text.size() - back), &subpart);
+    return length == 0 && subpart == back ? back : 0;
+  }
+  return 0;
+}
+
 bool IsNfcByQuickCheck(absl::string_view text) {
   for (unsigned char c : text) {
     if (c >= 0xCC) return false;

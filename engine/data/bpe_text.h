@@ -8,6 +8,7 @@
 // letters only (PCRE2 would also fold U+017F 'ſ' into 's' and U+212A into 'k').
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,6 +30,12 @@ bool IsValidUtf8(absl::string_view text);
 // `text` with every ill-formed UTF-8 subsequence replaced by U+FFFD, one per maximal
 // subpart, as the WHATWG TextDecoder does. Valid input is returned unchanged.
 std::string RepairUtf8(absl::string_view text);
+
+// Length of the incomplete UTF-8 sequence `text` ends in: a lead byte (C2..F4) and fewer
+// continuation bytes than it needs, each in the range it allows, so that more bytes could
+// still complete it ("\xE4\xBD" -> 2). 0 when `text` ends in a complete sequence, in
+// ASCII, or in bytes no continuation can make valid ("\xE4a", "\xC0", "\xED\xA0").
+size_t IncompleteUtf8SuffixLength(absl::string_view text);
 
 // Whether valid UTF-8 `text` is NFC without looking it up: true when every code point is
 // below U+0300 (no byte >= 0xCC). Those code points are all starters that NFC keeps and

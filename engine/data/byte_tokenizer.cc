@@ -8,7 +8,7 @@ absl::StatusOr<std::vector<int32_t>> ByteTokenizer::Encode(absl::string_view tex
   return ids;
 }
 
-std::string ByteTokenizer::Decode(const std::vector<int32_t>& ids) const {
+std::string ByteTokenizer::Decode(absl::Span<const int32_t> ids) const {
   std::string text;
   text.reserve(ids.size());
   for (int32_t id : ids) {

@@ -24,9 +24,8 @@ class ByteTokenizer : public Tokenizer {
   int32_t bos_id() const override { return kBos; }
   int32_t eos_id() const override { return kEos; }
   std::string name() const override { return "byte"; }
-
-  // The bytes of `ids`; bos, eos and ids outside [0, 256) are skipped.
-  std::string Decode(const std::vector<int32_t>& ids) const;
+  // The bytes of `ids`; bos, eos and ids outside [0, 256) stand for no text.
+  std::string Decode(absl::Span<const int32_t> ids) const override;
 };
 
 }  // namespace megatrain

@@ -1,9 +1,9 @@
-// Encode and Decode of HfTokenizer; loading and validation live in hf_tokenizer_load.cc.
+// Encode of HfTokenizer; loading and validation live in hf_tokenizer_load.cc, Decode in
+// hf_tokenizer_decode.cc.
 #include "engine/data/hf_tokenizer.h"
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -11,10 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
 
@@ -302,82 +299,6 @@ void HfTokenizer::EncodePreToken(absl::string_view pre_token, Scratch* scratch,
   if (cacheable) {
     scratch->cache.Insert(key, absl::MakeConstSpan(ids->data() + first, ids->size() - first));
   }
-}
-
-void HfTokenizer::ApplyDecoderStep(const DecoderStep& step,
-                                   const absl::flat_hash_set<std::string>& added_contents,
-                                   std::vector<std::string>* tokens) {
-  std::vector<std::string> out;
-  switch (step.kind) {
-    case DecoderStep::kReplace:
-      for (std::string& token : *tokens) token = absl::StrReplaceAll(token, {{step.from, step.to}});
-      return;
-    case DecoderStep::kFuse:
-      out.push_back(absl::StrJoin(*tokens, ""));
-      break;
-    case DecoderStep::kStrip:
-      for (std::string& token : *tokens) {
-        absl::string_view rest(token);
-        for (int i = 0; i < step.start && absl::ConsumePrefix(&rest, step.from); ++i) {
-        }
-        for (int i = 0; i < step.stop && absl::ConsumeSuffix(&rest, step.from); ++i) {
-        }
-        token = std::string(rest);
-      }
-      return;
-    case DecoderStep::kByteFallback: {
-      // Runs of "<0xXX>" tokens become their bytes, decoded as UTF-8.
-      std::string bytes;
-      for (std::string& token : *tokens) {
-        if (token.size() == 6 && absl::StartsWith(token, "<0x") && token[5] == '>' &&
-            std::isxdigit(static_cast<unsigned char>(token[3])) &&
-            std::isxdigit(static_cast<unsigned char>(token[4]))) {
-          bytes.push_back(static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
-          continue;
-        }
-        if (!bytes.empty()) out.push_back(RepairUtf8(bytes));
-        bytes.clear();
-        out.push_back(std::move(token));
-      }
-      if (!bytes.empty()) out.push_back(RepairUtf8(bytes));
-      break;
-    }
-    case DecoderStep::kByteLevel: {
-      // Added tokens pass through as they are; runs of other tokens are mapped back from
-      // the byte alphabet and decoded as UTF-8.
-      std::string run;
-      bool in_run = false;
-      for (std::string& token : *tokens) {
-        if (added_contents.contains(token)) {
-          if (in_run) out.push_back(RepairUtf8(ByteLevelDecode(run)));
-          run.clear();
-          in_run = false;
-          out.push_back(std::move(token));
-        } else {
-          run += token;
-          in_run = true;
-        }
-      }
-      if (in_run) out.push_back(RepairUtf8(ByteLevelDecode(run)));
-      break;
-    }
-  }
-  *tokens = std::move(out);
-}
-
-absl::StatusOr<std::string> HfTokenizer::Decode(absl::Span<const int32_t> ids) const {
-  std::vector<std::string> tokens;
-  tokens.reserve(ids.size());
-  for (int32_t id : ids) {
-    if (id < 0 || id >= vocab_size_) {
-      return absl::OutOfRangeError(
-          absl::StrCat(name_, ": cannot decode id ", id, "; ids are in [0, ", vocab_size_, ")"));
-    }
-    tokens.push_back(id_to_token_[id]);
-  }
-  if (!has_decoder_) return absl::StrJoin(tokens, " ");
-  for (const DecoderStep& step : decoders_) ApplyDecoderStep(step, added_contents_, &tokens);
-  return absl::StrJoin(tokens, "");
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizer(

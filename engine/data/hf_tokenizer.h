@@ -15,7 +15,8 @@
 // when special tokens are added, which Encode never does.
 //
 // Invalid UTF-8 in the input is first replaced by U+FFFD per maximal subpart (what a JS
-// TextDecoder would give the reference).
+// TextDecoder would give the reference). Decode runs the decoder chain on the tokens as
+// bytes and never repairs them, so that a stream of ids can be decoded piece by piece.
 #pragma once
 
 #include <array>
@@ -55,10 +56,17 @@ class HfTokenizer final : public Tokenizer {
   // "hf-bpe:" + the tokenizer.json path.
   std::string name() const override { return name_; }
 
-  // The text of `ids` through the tokenizer.json decoder, special tokens included and
-  // without clean_up_tokenization_spaces. decode(encode(x)) == x for the texts on which
-  // the reference round-trips. OutOfRange for an id outside [0, vocab_size()).
-  [[nodiscard]] absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const;
+  // The bytes of `ids` through the tokenizer.json decoder (hf_tokenizer_decode.cc), as the
+  // reference's decode(ids, skip_special_tokens=false, clean_up_tokenization_spaces=false)
+  // but unrepaired: RepairUtf8(Decode(ids)) is the reference's text. Added tokens are
+  // their content; ids outside [0, vocab_size()) add nothing. Decode(Encode(x)) == x for
+  // the texts on which the reference round-trips.
+  //
+  // Prefix-stable and local (tokenizer.h) for every chain of Llama 2 / 3, Qwen, GPT-OSS
+  // and Mistral: ByteLevel; Replace, ByteFallback, Fuse, Strip(start only). A Replace or
+  // Strip(stop) after Fuse or a byte run can change text that earlier ids gave; TextStream
+  // then streams text that may differ from Decode.
+  std::string Decode(absl::Span<const int32_t> ids) const override;
 
  private:
   struct NormalizerStep {
@@ -95,9 +103,8 @@ class HfTokenizer final : public Tokenizer {
   size_t NextAddedTokenStart(absl::string_view text, size_t i) const;
   // Longest added token at the start of `text`, or nullptr.
   const AddedToken* MatchAddedToken(absl::string_view text) const;
-  static void ApplyDecoderStep(const DecoderStep& step,
-                               const absl::flat_hash_set<std::string>& added_contents,
-                               std::vector<std::string>* tokens);
+  // One step of the decoder on the tokens' bytes (hf_tokenizer_decode.cc).
+  void ApplyDecoderStep(const DecoderStep& step, std::vector<std::string>* tokens) const;
 
   // Pipeline, in order.
   std::vector<NormalizerStep> normalizers_;

@@ -1,7 +1,10 @@
-// Tokenizer: the seam between text and token ids.
+// Tokenizer: the seam between text and token ids, both ways.
 //
-// The byte tokenizer is the first implementation; Hugging Face BPE tokenizers come later
-// behind the same interface, so the data pipeline depends only on this header.
+// The byte tokenizer (byte_tokenizer.h) and Hugging Face tokenizer.json BPE tokenizers
+// (hf_tokenizer.h) implement it, so the data pipeline and generation depend only on this
+// header. Decode returns bytes, not repaired text: generation streams text id by id
+// (text_stream.h), and a character cut between two ids must come out whole once its last
+// byte arrives, which a U+FFFD put in its place would prevent.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace megatrain {
 
@@ -23,6 +27,18 @@ class Tokenizer {
   // whose regex backtracks catastrophically on it, say.
   [[nodiscard]] virtual absl::StatusOr<std::vector<int32_t>> Encode(
       absl::string_view text) const = 0;
+  // The UTF-8 bytes of the text `ids` stand for, through the tokenizer's decoder; special
+  // and added tokens become their content. Ids come from a model, whose embedding table
+  // is often larger than the vocabulary: an id outside [0, vocab_size()), or one that
+  // stands for no text, adds nothing. The bytes are not repaired: when the ids cut a
+  // character the text ends in an incomplete UTF-8 sequence, and bytes a model put in an
+  // impossible order stay invalid UTF-8 (RepairUtf8 in bpe_text.h turns them into U+FFFD,
+  // as the reference tokenizers do).
+  //
+  // Prefix-stable: Decode(a ++ b) starts with Decode(a). And local: once the last ids c of
+  // `a` decode to some text, what b adds after a is what b adds after c. TextStream
+  // relies on both; hf_tokenizer.h names the decoder chains that keep them.
+  virtual std::string Decode(absl::Span<const int32_t> ids) const = 0;
   // Every id Encode returns, and bos / eos, is in [0, vocab_size()).
   virtual int64_t vocab_size() const = 0;
   // Beginning- and end-of-sequence ids, or -1 when the tokenizer has none.

@@ -48,6 +48,30 @@ TEST(BpeTextTest, IsValidUtf8RejectsWhatRepairReplaces) {
   }
 }
 
+TEST(BpeTextTest, IncompleteUtf8SuffixIsALeadWithTooFewValidContinuations) {
+  EXPECT_EQ(IncompleteUtf8SuffixLength(""), 0u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("abc"), 0u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("a\xC3"), 1u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("a\xE4\xBD"), 2u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xF0\x9F\x98"), 3u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("x\xF0"), 1u);
+  // Complete sequences.
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xC3\xA9"), 0u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("你"), 0u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("😀"), 0u);
+  // Bytes no continuation makes valid: never leads, a bad second byte, a stray continuation.
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xC0"), 0u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xC1"), 0u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xF5"), 0u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xFF"), 0u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xED\xA0"), 0u);  // a surrogate
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xE0\x80"), 0u);  // overlong
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xF4\x90"), 0u);  // past U+10FFFF
+  EXPECT_EQ(IncompleteUtf8SuffixLength("a\x80"), 0u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xBD\xA0"), 0u);
+  EXPECT_EQ(IncompleteUtf8SuffixLength("\xE4\xBD\xA0\x80"), 0u);
+}
+
 TEST(BpeTextTest, NfcComposes) {
   EXPECT_EQ(*NfcNormalize("e\u0301"), "\u00e9");
   EXPECT_EQ(*NfcNormalize("\u1100\u1161"), "\uac00");

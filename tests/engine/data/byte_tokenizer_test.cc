@@ -40,6 +40,27 @@ TEST(ByteTokenizerTest, DecodeSkipsSpecialIds) {
   EXPECT_EQ(tok.Decode({ByteTokenizer::kBos, 'o', 'k', ByteTokenizer::kEos}), "ok");
 }
 
+TEST(ByteTokenizerTest, DecodeSkipsIdsOutsideTheVocab) {
+  const ByteTokenizer tok;
+  const Tokenizer& as_interface = tok;
+  EXPECT_EQ(as_interface.Decode({-1, 'o', 258, 1 << 30, 'k'}), "ok");
+}
+
+TEST(ByteTokenizerTest, DecodeOfACutCharacterEndsInItsFirstBytes) {
+  const ByteTokenizer tok;
+  EXPECT_EQ(tok.Decode({'a', 0xE4, 0xBD}), "a\xE4\xBD");
+  EXPECT_EQ(tok.Decode({0xFF}), "\xFF");  // invalid UTF-8 is not repaired
+}
+
+TEST(ByteTokenizerTest, AsciiCjkEmojiNewlinesRoundTrip) {
+  const ByteTokenizer tok;
+  const std::vector<std::string> texts = {"plain ASCII", "\n\r\n\t\n", "你好世界",
+                                          "😀👍🏽🏳️‍🌈", ""};
+  for (const std::string& text : texts) {
+    EXPECT_EQ(tok.Decode(*tok.Encode(text)), text);
+  }
+}
+
 TEST(TokenizeDocumentsTest, AddsBosAndEosAndKeepsShortDocuments) {
   const ByteTokenizer tok;
   const absl::StatusOr<std::vector<std::vector<int32_t>>> docs = TokenizeDocuments({"ab", ""}, tok);
@@ -59,6 +80,9 @@ class PlainTokenizer : public Tokenizer {
   int32_t bos_id() const override { return -1; }
   int32_t eos_id() const override { return -1; }
   std::string name() const override { return "plain"; }
+  std::string Decode(absl::Span<const int32_t> ids) const override {
+    return std::string(ids.size(), 'x');
+  }
 };
 
 TEST(TokenizeDocumentsTest, LeavesOutMissingSpecialTokens) {
