@@ -19,6 +19,7 @@
 #include "engine/kernels/reference/cross_entropy.h"
 #include "engine/kernels/reference/decode_attention.h"
 #include "engine/kernels/reference/embedding.h"
+#include "engine/kernels/reference/greedy_pick.h"
 #include "engine/kernels/reference/linear.h"
 #include "engine/kernels/reference/moe.h"
 #include "engine/kernels/reference/qkv_prepare.h"
@@ -233,6 +234,10 @@ class CpuBackend final : public Backend {
   void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets,
                     int64_t N, int64_t V, double scale, StreamId s) override {
     On(s, [=] { ref::CrossEntropy<T>(P(dlogits), P(loss), P(logits), targets, N, V, scale); });
+  }
+  void GreedyPick(int32_t* ids, float* logprobs, const void* logits, int64_t B, int64_t V,
+                  StreamId s) override {
+    On(s, [=] { ref::GreedyPick<T>(ids, logprobs, P(logits), B, V); });
   }
 
   void MoeRoute(void* probs, int32_t* idx, void* w, const void* logits, int64_t n, int64_t E,

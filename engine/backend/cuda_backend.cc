@@ -345,6 +345,10 @@ class CudaBackend final : public Backend {
     cuda::CrossEntropy(Bf16(dlogits), F32(loss), Bf16(logits), targets, N, V, static_cast<float>(scale),
                        Stream(s));
   }
+  void GreedyPick(int32_t* ids, float* logprobs, const void* logits, int64_t B, int64_t V,
+                  StreamId s) override {
+    cuda::GreedyPick(ids, logprobs, Bf16(logits), B, V, Stream(s));
+  }
 
   void MoeRoute(void* probs, int32_t* idx, void* w, const void* logits, int64_t n, int64_t E,
                 int64_t k, bool renorm, StreamId s) override {

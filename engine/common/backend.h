@@ -188,6 +188,16 @@ class Backend {
   virtual void CrossEntropy(void* dlogits, void* loss, const void* logits,
                             const int32_t* targets, int64_t N, int64_t V, double scale,
                             StreamId s) = 0;
+  // Greedy decoding on the device (kernels/reference/greedy_pick.h): for each row b of
+  // logits act (B,V), ids int32 (B) [b] = the lowest index of the row's maximum and
+  // logprobs f32 (B) [b] = logits[b][id] - logsumexp(row), from the row's values as float
+  // (CUDA: fp32 sums; CPU: double). A row holding a NaN or +inf, or only -inf, gives id -1
+  // and logprob NaN (broken logits, for the caller to report); -inf entries are otherwise
+  // masked tokens. ids and logprobs are device buffers; any stream. Deterministic: the same
+  // bits run to run; the ids equal the CPU backend's on the same values (ties included), the
+  // logprobs to about 1e-6. REQUIRES: 1 <= V < 2^31 - 8.
+  virtual void GreedyPick(int32_t* ids, float* logprobs, const void* logits, int64_t B,
+                          int64_t V, StreamId s) = 0;
 
   // ---- mixture of experts (kernels/reference/moe.h; R = n*k rows) ----
   // (The gather of token rows into expert order is Embedding(xe, row_token, h, R, C).)

@@ -143,6 +143,15 @@ void ClampedSwiGluBackward(bf16* dgu, const bf16* dout, const bf16* gu, int64_t 
 void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t* targets,
                   int64_t N, int64_t V, float scale, cudaStream_t stream);
 
+// greedy_pick.cu: ids int32 (B) = each row's lowest index of its maximum, logprobs f32 (B) =
+// logits[b][id] - logsumexp(logits (B,V) bf16 [b]) (fp32 sums); -1 and NaN for a row with a
+// NaN or +inf, or only -inf (kernels/reference/greedy_pick.h). One read of the logits, any V
+// and alignment; on sm_90 a long row is split over a cluster of blocks. No scratch, any
+// stream; deterministic (the split depends on V and the device). REQUIRES: 1 <= V < 2^31 - 8,
+// B < 2^28.
+void GreedyPick(int32_t* ids, float* logprobs, const bf16* logits, int64_t B, int64_t V,
+                cudaStream_t stream);
+
 // bias.cu: out (N,OC) += bias (OC) per row; dbias f32 (OC) += column sums of dout (N,OC),
 // deterministic (no atomics).
 void AddBias(bf16* out, const bf16* bias, int64_t N, int64_t OC, cudaStream_t stream);
