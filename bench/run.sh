@@ -24,6 +24,7 @@ SUITES=(
   "attention    machine_bench --attention-only: the mma, Hopper and fused-backward attention kernels"
   "dense        train_bench steps: Qwen2.5-1.5B 4K/64K, Qwen2.5-7B 64K (all and 24 GiB), Llama-3.1-8B 64K and seq 8K 128K"
   "depth        train_bench: the 1.5B width at 28 and 84 layers on one fixed plan"
+  "generate     train_bench --eval (the forward-only pass) and generate_bench: Qwen2.5-7B resident and streamed"
   "long         train_bench: Qwen2.5-7B one 128K sequence; 2 layers of one 512K sequence"
   "moe          train_bench: Qwen3-30B-A3B, Mixtral-8x7B and GPT-OSS-120B cuts at 64K and 256K tokens"
   "moe-floors   train_bench --no-optimizer on the MoE cuts: the step without the CPU optimizer"
@@ -178,6 +179,15 @@ suite() {
       train llama-3.1-8b_64k 400 --shape llama-3.1-8b --seq 4096 --tokens-per-step 65536 --steps 4
       train llama-3.1-8b_seq8k_128k 400 --shape llama-3.1-8b --seq 8192 --tokens-per-step 131072 \
         --steps 3 --warmup 1
+      save ;;
+    generate)
+      profile
+      train qwen2.5-7b_64k_eval 400 --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536 \
+        --steps 5 --warmup 2 --eval
+      run qwen2.5-7b_resident 400 generate_bench --shape qwen2.5-7b --prompts 64 \
+        --prompt-len 512 --new 512
+      run qwen2.5-7b_streamed 400 generate_bench --shape qwen2.5-7b --prompts 64 \
+        --prompt-len 512 --new 12 --stream
       save ;;
     depth)
       profile

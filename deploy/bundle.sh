@@ -12,10 +12,10 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
 OUT=${2:-bundle}
 BINARIES=(
-  server/megatraind client/megatrain engine/tools/megatrain-train
+  server/megatraind client/megatrain engine/tools/megatrain-train engine/tools/megatrain-generate
   tests/gpu/gpu_test tests/engine/backend/pci_numa_test tests/hf/export_reference
   tests/hf/gpu_reference bench/daemon_load
-  bench/train_bench bench/machine_bench bench/checkpoint_bench
+  bench/train_bench bench/generate_bench bench/machine_bench bench/checkpoint_bench
 )
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/libexec" "$OUT/lib"

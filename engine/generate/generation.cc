@@ -45,7 +45,8 @@ class Loop {
   Loop(Generator* g, const Tokenizer* tokenizer, const std::vector<std::vector<int32_t>>& prompts,
        const SamplingOptions& options, const CompletionCallback& on_done)
       : g_(g), tokenizer_(tokenizer), prompts_(prompts), options_(options),
-        sampler_(options, g->vocab_size()), on_done_(on_done), out_(prompts.size()) {
+        sampler_(options, g->vocab_size()), on_done_(on_done), out_(prompts.size()),
+        greedy_(options.temperature == 0) {
     for (int32_t s = 0; s < g->options().max_sequences; ++s) free_.push_back(s);
   }
 
@@ -74,8 +75,7 @@ class Loop {
       indices.push_back(next_prompt_++);
     }
     if (prompts.empty()) return absl::OkStatus();
-    std::vector<float> logits;
-    RETURN_IF_ERROR(g_->Prefill(prompts, slots, &logits));
+    RETURN_IF_ERROR(g_->Prefill(prompts, slots, output()));
     std::vector<Live*> admitted;
     for (size_t i = 0; i < prompts.size(); ++i) {
       Live& s = live_.emplace_back(Live{indices[i], slots[i], 0, Completion{}, std::nullopt,
@@ -83,7 +83,7 @@ class Loop {
       if (tokenizer_ != nullptr) s.text.emplace(*tokenizer_);
       admitted.push_back(&s);
     }
-    return Take(logits, admitted);
+    return Take(admitted);
   }
 
   absl::Status DecodeStep() {
@@ -94,21 +94,32 @@ class Loop {
       slots.push_back(s.slot);
       all.push_back(&s);
     }
-    std::vector<float> logits;
-    RETURN_IF_ERROR(g_->Decode(tokens, slots, &logits));
-    return Take(logits, all);
+    RETURN_IF_ERROR(g_->Decode(tokens, slots, output()));
+    return Take(all);
   }
 
-  // Samples each sequence's next token from its row of `logits`, feeds its stop conditions,
-  // and retires the sequences that are done.
-  absl::Status Take(const std::vector<float>& logits, const std::vector<Live*>& seqs) {
-    std::vector<SampleKey> keys;
-    for (const Live* s : seqs) {
-      keys.push_back(SampleKey{s->index, static_cast<int64_t>(s->completion.ids.size())});
+  // Greedy picks on the device; anything else samples the logits here.
+  Generator::Output output() {
+    return greedy_ ? Generator::Output{nullptr, &picked_} : Generator::Output{&logits_, nullptr};
+  }
+
+  // Each sequence's next token (the device's greedy pick, or sampled from its row of the
+  // logits), fed to its stop conditions; the sequences that are done retire.
+  absl::Status Take(const std::vector<Live*>& seqs) {
+    if (!greedy_) {
+      std::vector<SampleKey> keys;
+      for (const Live* s : seqs) {
+        keys.push_back(SampleKey{s->index, static_cast<int64_t>(s->completion.ids.size())});
+      }
+      picked_.resize(seqs.size());
+      RETURN_IF_ERROR(sampler_.Sample(logits_, keys, absl::MakeSpan(picked_)));
     }
-    std::vector<SampledToken> picked(seqs.size());
-    RETURN_IF_ERROR(sampler_.Sample(logits, keys, absl::MakeSpan(picked)));
+    std::vector<SampledToken>& picked = picked_;
     for (size_t i = 0; i < seqs.size(); ++i) {
+      if (picked[i].id < 0) {
+        return absl::InternalError(absl::StrCat("the logits of prompt ", seqs[i]->index,
+                                                " hold a NaN: the model's output is broken"));
+      }
       Live& s = *seqs[i];
       s.completion.ids.push_back(picked[i].id);
       s.completion.logprobs.push_back(picked[i].logprob);
@@ -147,6 +158,9 @@ class Loop {
   std::deque<int32_t> free_;  // slots
   std::list<Live> live_;      // in admission order
   int64_t next_prompt_ = 0;
+  bool greedy_;                          // temperature 0
+  std::vector<float> logits_;            // the last pass's, when sampling here
+  std::vector<SampledToken> picked_;     // its sequences' next tokens
 };
 
 }  // namespace

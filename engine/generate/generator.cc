@@ -23,11 +23,12 @@ struct GeneratorMemory {
   int64_t ints = 0;
   int64_t rope_frequencies = 0;
   int64_t kv_layer = 0;  // one layer's k or v
-  int64_t head_in = 0, head_rstd = 0, logits = 0;
+  int64_t head_in = 0, head_rstd = 0, logits = 0, picks = 0;
 
   int64_t TotalBytes(int64_t num_layers) const {
     return weight_slots * weight_slot + embedding_slot + head_slot + 2 * activations + workspace +
-           ints + rope_frequencies + 2 * num_layers * kv_layer + head_in + head_rstd + logits;
+           ints + rope_frequencies + 2 * num_layers * kv_layer + head_in + head_rstd + logits +
+           picks;
   }
 };
 
@@ -55,6 +56,7 @@ GeneratorMemory SizeGeneratorMemory(const ModelConfig& config, const ModelLayout
   m.head_in = B * C * act;
   m.head_rstd = B * DTypeSize(backend->stat_dtype());
   m.logits = B * config.vocab_size * act;
+  m.picks = B * static_cast<int64_t>(sizeof(int32_t) + sizeof(float));
   return m;
 }
 
@@ -158,6 +160,7 @@ absl::Status Generator::Allocate() {
   RETURN_IF_ERROR(alloc.Allocate(&head_in_, m.head_in, "the head's input"));
   RETURN_IF_ERROR(alloc.Allocate(&head_rstd_, m.head_rstd, "the head's norm"));
   RETURN_IF_ERROR(alloc.Allocate(&logits_, m.logits, "logits"));
+  RETURN_IF_ERROR(alloc.Allocate(&picks_, m.picks, "greedy picks"));
   MT_CHECK(alloc.bytes() == m.TotalBytes(config_.num_layers));
   device_bytes_ = alloc.bytes();
   for (int64_t l = 0; l < config_.num_layers; ++l) {
@@ -165,6 +168,7 @@ absl::Status Generator::Allocate() {
     kv_layers_.push_back(KvCacheLayer{k, k + m.kv_layer, options_.max_len});
   }
   host_logits_.resize(m.logits);
+  host_picks_.resize(m.picks);
   const std::vector<float> inv_freq = RopeInvFreqs(config_);
   be->CopyToDevice(inv_freq_.get(), inv_freq.data(), m.rope_frequencies, StreamId::kH2D);
   uploaded_ = Event(be);
@@ -234,8 +238,8 @@ void* Generator::Layers() {
   return x_[L % 2].get();
 }
 
-void Generator::Logits(const void* x, const std::vector<int32_t>* rows, int64_t count,
-                       std::vector<float>* logits) {
+void Generator::Head(const void* x, const std::vector<int32_t>* rows, int64_t count,
+                     const Output& out) {
   Backend& be = *backend_;
   const int64_t C = config_.hidden_size, V = config_.vocab_size;
   const HeadTensors w = head_.BindWeights(head_slot_.get(), embed_slot_.get());
@@ -247,10 +251,16 @@ void Generator::Logits(const void* x, const std::vector<int32_t>* rows, int64_t 
     in = head_in_.get();
   }
   be.RmsNorm(head_in_.get(), head_rstd_.get(), in, w.final_norm, count, C, config_.rms_norm_eps,
-             StreamId::kCompute);  // hf = norm(x)
+             StreamId::kCompute);                                           // hf = norm(x)
   be.Linear(logits_.get(), head_in_.get(), w.lm_head, nullptr, count, C, V, false,
-            StreamId::kCompute);  // logits = hf Wlm^T
-  const int64_t act = DTypeSize(be.act_dtype());
+            StreamId::kCompute);                                            // logits = hf Wlm^T
+  if (out.greedy != nullptr) PicksToHost(count, out.greedy);
+  if (out.logits != nullptr) LogitsToHost(count, out.logits);
+}
+
+void Generator::LogitsToHost(int64_t count, std::vector<float>* logits) {
+  Backend& be = *backend_;
+  const int64_t V = config_.vocab_size, act = DTypeSize(be.act_dtype());
   be.Record(done_.get(), StreamId::kCompute);
   be.StreamWait(StreamId::kD2H, done_.get());
   be.CopyToHost(host_logits_.data(), logits_.get(), count * V * act, StreamId::kD2H);
@@ -268,8 +278,28 @@ void Generator::Logits(const void* x, const std::vector<int32_t>* rows, int64_t 
   }
 }
 
+void Generator::PicksToHost(int64_t count, std::vector<SampledToken>* picks) {
+  Backend& be = *backend_;
+  const int64_t B = options_.max_sequences;
+  int32_t* ids = static_cast<int32_t*>(picks_.get());
+  float* logprobs = reinterpret_cast<float*>(ids + B);
+  be.GreedyPick(ids, logprobs, logits_.get(), count, config_.vocab_size, StreamId::kCompute);
+  be.Record(done_.get(), StreamId::kCompute);
+  be.StreamWait(StreamId::kD2H, done_.get());
+  be.CopyToHost(host_picks_.data(), picks_.get(), host_picks_.size(), StreamId::kD2H);
+  be.Record(done_.get(), StreamId::kD2H);
+  be.EventSync(done_.get());
+  picks->resize(count);
+  for (int64_t i = 0; i < count; ++i) {
+    float lp;
+    std::memcpy(&(*picks)[i].id, &host_picks_[i * 4], 4);
+    std::memcpy(&lp, &host_picks_[(B + i) * 4], 4);
+    (*picks)[i].logprob = lp;
+  }
+}
+
 absl::Status Generator::Prefill(const std::vector<std::vector<int32_t>>& prompts,
-                                const std::vector<int32_t>& slots, std::vector<float>* logits) {
+                                const std::vector<int32_t>& slots, const Output& out) {
   if (prompts.size() != slots.size() || prompts.empty() ||
       static_cast<int64_t>(prompts.size()) > options_.max_sequences) {
     return absl::InvalidArgumentError(absl::StrCat("prefill: ", prompts.size(), " prompts for ",
@@ -313,12 +343,12 @@ absl::Status Generator::Prefill(const std::vector<std::vector<int32_t>>& prompts
   UploadBatch(tokens, doc_start, positions, seq_slot, {});
   const void* x = Layers();
   for (size_t i = 0; i < prompts.size(); ++i) lengths_[slots[i]] = prompts[i].size();
-  Logits(x, &last_rows, static_cast<int64_t>(prompts.size()), logits);
+  Head(x, &last_rows, static_cast<int64_t>(prompts.size()), out);
   return absl::OkStatus();
 }
 
 absl::Status Generator::Decode(const std::vector<int32_t>& tokens,
-                               const std::vector<int32_t>& slots, std::vector<float>* logits) {
+                               const std::vector<int32_t>& slots, const Output& out) {
   const int64_t B = static_cast<int64_t>(tokens.size());
   if (B != static_cast<int64_t>(slots.size()) || B < 1 || B > options_.max_sequences) {
     return absl::InvalidArgumentError(absl::StrCat("decode: ", B, " tokens for ", slots.size(),
@@ -349,7 +379,7 @@ absl::Status Generator::Decode(const std::vector<int32_t>& tokens,
   UploadBatch(tokens, doc_start, positions, slots, kv_length);
   const void* x = Layers();
   for (int64_t i = 0; i < B; ++i) ++lengths_[slots[i]];
-  Logits(x, nullptr, B, logits);
+  Head(x, nullptr, B, out);
   return absl::OkStatus();
 }
 

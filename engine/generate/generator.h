@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/common/backend.h"
+#include "engine/generate/sampling.h"
 #include "engine/layers/head.h"
 #include "engine/layers/layer_kind.h"
 #include "engine/model/config.h"
@@ -69,17 +70,36 @@ class Generator {
       const GeneratorOptions& options);
   ~Generator();
 
-  // Prefills prompts[i] into cache slot slots[i] (forgetting what the slot held) and writes
-  // the logits of each prompt's last position to *logits, f32 (count, V).
+  // What a pass returns for each of its sequences' newest position: the logits, f32
+  // (count, V), to sample from on the host; or the greedy pick (the argmax, lowest id on
+  // ties, and its log-probability), made on the device, so only 8 bytes a sequence cross.
+  struct Output {
+    std::vector<float>* logits = nullptr;
+    std::vector<SampledToken>* greedy = nullptr;  // id -1: the row's logits hold a NaN
+  };
+
+  // Prefills prompts[i] into cache slot slots[i] (forgetting what the slot held); `out`
+  // gets each prompt's last position.
   // InvalidArgument: an empty prompt, a slot out of range or given twice, a prompt longer
   // than max_len, or prompts over prefill_tokens in all.
   [[nodiscard]] absl::Status Prefill(const std::vector<std::vector<int32_t>>& prompts,
-                                     const std::vector<int32_t>& slots, std::vector<float>* logits);
-  // Appends tokens[i] to the sequence in slot slots[i] and writes the logits of that new
-  // position to *logits, f32 (count, V). InvalidArgument for a slot never prefilled or given
-  // twice, or more than max_sequences tokens; OutOfRange for a sequence already max_len long.
+                                     const std::vector<int32_t>& slots, const Output& out);
+  // Appends tokens[i] to the sequence in slot slots[i]; `out` gets that new position.
+  // InvalidArgument for a slot never prefilled or given twice, or more than max_sequences
+  // tokens; OutOfRange for a sequence already max_len long.
   [[nodiscard]] absl::Status Decode(const std::vector<int32_t>& tokens,
-                                    const std::vector<int32_t>& slots, std::vector<float>* logits);
+                                    const std::vector<int32_t>& slots, const Output& out);
+  // The same, with the logits alone.
+  [[nodiscard]] absl::Status Prefill(const std::vector<std::vector<int32_t>>& prompts,
+                                     const std::vector<int32_t>& slots,
+                                     std::vector<float>* logits) {
+    return Prefill(prompts, slots, Output{logits, nullptr});
+  }
+  [[nodiscard]] absl::Status Decode(const std::vector<int32_t>& tokens,
+                                    const std::vector<int32_t>& slots,
+                                    std::vector<float>* logits) {
+    return Decode(tokens, slots, Output{logits, nullptr});
+  }
 
   // The host store's weights changed (a training step): upload them afresh.
   void Refresh();
@@ -103,9 +123,12 @@ class Generator {
   // Embedding and every layer over batch_; returns the buffer holding the last layer's output.
   void* Layers();
   // Final norm and lm_head over `rows` of the final activations `x` (null: its first
-  // `count` rows); logits to the host as f32 (count, V).
-  void Logits(const void* x, const std::vector<int32_t>* rows, int64_t count,
-              std::vector<float>* logits);
+  // `count` rows); then `out`: the logits to the host as f32 (count, V), or the greedy picks.
+  void Head(const void* x, const std::vector<int32_t>* rows, int64_t count, const Output& out);
+  // The logits of the last Head() to the host, as f32 (count, V).
+  void LogitsToHost(int64_t count, std::vector<float>* logits);
+  // The greedy picks of the last Head()'s logits, made on the device.
+  void PicksToHost(int64_t count, std::vector<SampledToken>* picks);
 
   ModelConfig config_;
   const ModelLayout* layout_;
@@ -129,11 +152,13 @@ class Generator {
   DeviceBuffer head_in_;    // max_sequences x (C) act: gathered rows, then normed
   DeviceBuffer head_rstd_;  // max_sequences stat
   DeviceBuffer logits_;     // max_sequences x (V) act
+  DeviceBuffer picks_;  // max_sequences int32 ids, then max_sequences f32 log-probabilities
   std::vector<KvCacheLayer> kv_layers_;
   DeviceBatch batch_;
   Event uploaded_, done_;
   std::vector<int64_t> lengths_;   // per slot
   std::vector<char> host_logits_;  // max_sequences x V act
+  std::vector<char> host_picks_;   // picks_'s bytes
 };
 
 }  // namespace megatrain

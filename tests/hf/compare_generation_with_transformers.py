@@ -111,8 +111,8 @@ def train(bins, work, model_dir, vocab, g, live, succ):
                 f"lr: 3.0e-4, warmup_steps: 10, max_grad_norm: 1.0}}\n"
                 f"checkpoint: {{dir: {work}/ckpt, keep_last: 1}}\n")
     r = run([os.path.join(bins, "megatrain-train"), spec, "--log-every", "50"])
-    losses = [float(l.split("loss")[1].split()[0]) for l in r.stdout.splitlines()
-              if l.startswith("step ")]
+    losses = [float(l.split(" loss ")[1].split()[0]) for l in r.stdout.splitlines()
+              if l.startswith("step ") and " loss " in l]
     return os.path.join(work, "ckpt", f"checkpoint-{TRAIN_STEPS}"), losses
 
 

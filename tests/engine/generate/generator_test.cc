@@ -129,6 +129,38 @@ TEST(Generator, SequencesPrefilledAndDecodedTogetherGiveWhatEachGivesAlone) {
   EXPECT_EQ(together->length(1), 0);
 }
 
+TEST(Generator, GreedyPicksOnTheDeviceAreTheLogitsArgmaxAndItsLogSoftmax) {
+  Model m(Variant::kMixtralRenormalised);
+  const int64_t V = m.config.vocab_size;
+  GeneratorOptions o;
+  o.max_sequences = 3;
+  o.max_len = 16;
+  o.prefill_tokens = 16;
+  std::unique_ptr<Generator> a = m.Make(o), b = m.Make(o);
+  const std::vector<std::vector<int32_t>> prompts = {Tokens(4, V, 1), Tokens(6, V, 2)};
+  std::vector<float> logits;
+  std::vector<SampledToken> picks;
+  for (int step = 0; step < 3; ++step) {
+    if (step == 0) {
+      ASSERT_TRUE(a->Prefill(prompts, {0, 2}, &logits).ok());
+      ASSERT_TRUE(b->Prefill(prompts, {0, 2}, Generator::Output{nullptr, &picks}).ok());
+    } else {
+      const std::vector<int32_t> next = Tokens(2, V, 30 + step);
+      ASSERT_TRUE(a->Decode(next, {0, 2}, &logits).ok());
+      ASSERT_TRUE(b->Decode(next, {0, 2}, Generator::Output{nullptr, &picks}).ok());
+    }
+    ASSERT_EQ(picks.size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+      const float* row = logits.data() + i * V;
+      const int64_t best = std::max_element(row, row + V) - row;
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - row[best]);
+      EXPECT_EQ(picks[i].id, best) << "step " << step << " sequence " << i;
+      EXPECT_NEAR(picks[i].logprob, -std::log(sum), 1e-5) << "step " << step;
+    }
+  }
+}
+
 TEST(Generator, BadCallsAreRefusedNamingTheProblem) {
   Model m(Variant::kQwen3QkNorm);
   GeneratorOptions o;
