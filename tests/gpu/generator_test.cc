@@ -86,6 +86,68 @@ TEST_P(GeneratorGpu, DecodeGivesTheForwardsLogitsAndTheSameBitsStreamedOrResiden
   EXPECT_LE(worst, 0.03 * std::max(1.0, scale));
 }
 
+// Prompts of uneven lengths prefilled together in one pass (as Generate() packs them), then
+// decoded together: each one's logits are its forward's alone.
+TEST_P(GeneratorGpu, PromptsPrefilledAndDecodedTogetherGiveEachOnesForward) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device (or no CUDA backend in this build)";
+  absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{"cuda"});
+  ASSERT_TRUE(be.ok()) << be.status();
+  ModelConfig c = TinyConfig(GetParam());
+  c.hidden_size = 256;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  c.intermediate_size = 512;
+  c.vocab_size = 1000;
+  c.max_position_embeddings = 512;
+  if (c.is_moe()) c.moe.intermediate_size = 128;
+  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
+  RandomInitWeights(c, 17, store.get());
+  std::mt19937 rng(9);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 12; ++i) {
+    prompts.emplace_back(16 + (i * 31) % 33);
+    for (int32_t& t : prompts.back()) t = static_cast<int32_t>(rng() % c.vocab_size);
+  }
+  GeneratorOptions o;
+  o.max_sequences = 12;
+  o.max_len = 64;
+  o.prefill_tokens = 1024;
+  absl::StatusOr<std::unique_ptr<Generator>> g = Generator::Create(c, store.get(), be->get(), o);
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<int32_t> slots(prompts.size());
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(slots.size() - 1 - i);
+  std::vector<float> logits;
+  ASSERT_TRUE((*g)->Prefill(prompts, slots, &logits).ok());
+  const int64_t V = c.vocab_size;
+  for (int step = 0; step < 4; ++step) {
+    if (step > 0) {
+      std::vector<int32_t> next;
+      for (auto& p : prompts) next.push_back(p.emplace_back(static_cast<int32_t>(rng() % V)));
+      ASSERT_TRUE((*g)->Decode(next, slots, &logits).ok());
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      MicroBatch alone;
+      alone.rows = 1;
+      alone.seq_len = static_cast<int64_t>(prompts[i].size());
+      alone.tokens = prompts[i];
+      for (size_t j = 0; j < prompts[i].size(); ++j) {
+        alone.doc_start.push_back(0);
+        alone.positions.push_back(static_cast<int32_t>(j));
+      }
+      const std::vector<float> ref = Logits(c, *store, be->get(), alone);
+      double worst = 0, scale = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const float want = ref[(alone.seq_len - 1) * V + v], got = logits[i * V + v];
+        ASSERT_TRUE(std::isfinite(got)) << "step " << step << " prompt " << i;
+        worst = std::max(worst, static_cast<double>(std::abs(got - want)));
+        scale = std::max(scale, static_cast<double>(std::abs(want)));
+      }
+      EXPECT_LE(worst, 0.03 * std::max(1.0, scale)) << "step " << step << " prompt " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, GeneratorGpu,
                          ::testing::Values(Variant::kQwen2UntiedBias, Variant::kQwen3QkNorm,
                                            Variant::kMixtralRenormalised,

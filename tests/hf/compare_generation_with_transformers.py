@@ -135,6 +135,7 @@ def check(bins, work, name, config):
     del model
     g, live, succ = chain(config.vocab_size)
     ckpt, losses = train(bins, work, model_dir, config.vocab_size, g, live, succ)
+    print(f"{name}: trained, loss {losses[:1]} -> {losses[-1:]}", file=sys.stderr, flush=True)
     prompts = [walk(g, live, succ, 1, 16 + (i * 31) % 33)[0].tolist() for i in range(PROMPTS)]
     prompts_path = os.path.join(work, "prompts.jsonl")
     with open(prompts_path, "w") as f:
