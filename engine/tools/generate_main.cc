@@ -161,7 +161,17 @@ absl::Status Run(const Flags& f) {
   ASSIGN_OR_RETURN(const Prompts prompts,
                    ReadPrompts(f.prompts, f.prompts_path, *tokenizer, f.chat ? &chat : nullptr));
   int64_t longest = 0;
-  for (const std::vector<int32_t>& p : prompts.ids) longest = std::max<int64_t>(longest, p.size());
+  for (size_t i = 0; i < prompts.ids.size(); ++i) {
+    const int64_t len = static_cast<int64_t>(prompts.ids[i].size());
+    longest = std::max(longest, len);
+    if (config.max_position_embeddings > 0 &&
+        len + sampling.max_new_tokens > config.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt ", i, " is ", len, " tokens; with --max-new-tokens ", sampling.max_new_tokens,
+          " it passes the model's max_position_embeddings (", config.max_position_embeddings,
+          "): shorten it or lower --max-new-tokens"));
+    }
+  }
   const int64_t max_len = longest + sampling.max_new_tokens + 1;
   config.rope_scaling.dynamic_seq_len = max_len;
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(BackendRequest{f.backend}));

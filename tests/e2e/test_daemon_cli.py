@@ -36,6 +36,7 @@ BIN_DIR = os.path.abspath(
 MEGATRAIND = os.path.join(BIN_DIR, "server", "megatraind")
 MEGATRAIN = os.path.join(BIN_DIR, "client", "megatrain")
 MEGATRAIN_TRAIN = os.path.join(BIN_DIR, "engine", "tools", "megatrain-train")
+MEGATRAIN_GENERATE = os.path.join(BIN_DIR, "engine", "tools", "megatrain-generate")
 KEEP = os.environ.get("MEGATRAIN_E2E_KEEP") == "1"
 
 # Exit codes of `megatrain` (megatrain --help).
@@ -584,6 +585,51 @@ class SubmitAndSucceedTest(DaemonTestCase):
         r = self.run_local(make_spec(steps=steps + 3, checkpoint={"dir": "copy"}), "local.yaml")
         self.assertIn(f"resumed at step {steps}", r.stdout)
         self.assertTrue(os.path.isdir(os.path.join(copy, f"checkpoint-{steps + 3}")))
+        self.check_generate(ckpt)
+
+    def check_generate(self, ckpt):
+        """megatrain-generate completes prompts from the checkpoint; bad requests exit 2."""
+        def generate(*args):
+            return subprocess.run([MEGATRAIN_GENERATE, ckpt, "--tokenizer", "byte", *args],
+                                  capture_output=True, text=True, timeout=WAIT_S, cwd=self.tmp)
+        prompts = os.path.join(self.tmp, "prompts.jsonl")
+        with open(prompts, "w") as f:
+            f.write('{"prompt": "The cat"}\n{"input_ids": [256, 72, 105]}\n')
+        out = os.path.join(self.tmp, "completions.jsonl")
+        r = generate("--prompts", prompts, "--output", out, "--max-new-tokens", "12",
+                     "--temperature", "0.7", "--seed", "5")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(out) as f:
+            first = sorted((json.loads(line) for line in f), key=lambda c: c["index"])
+        self.assertEqual([c["index"] for c in first], [0, 1])
+        self.assertEqual(first[0]["prompt"], "The cat")
+        for c in first:
+            self.assertIn(c["finish_reason"], ("stop", "length"))
+            self.assertLessEqual(len(c["ids"]), 12)
+            self.assertEqual(len(c["logprobs"]), len(c["ids"]))
+        r = generate("--prompts", prompts, "--output", out, "--max-new-tokens", "12",
+                     "--temperature", "0.7", "--seed", "5")
+        with open(out) as f:
+            again = sorted((json.loads(line) for line in f), key=lambda c: c["index"])
+        self.assertEqual([c["ids"] for c in again], [c["ids"] for c in first], "same seed")
+        r = generate("--prompt", "x", "--top-p", "1.5")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("sampling.top_p", r.stderr)
+        empty = os.path.join(self.tmp, "empty.jsonl")
+        open(empty, "w").close()
+        r = generate("--prompts", empty)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("holds no prompt", r.stderr)
+        r = generate("--prompt", "x" * 5000, "--max-new-tokens", "4")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("max_position_embeddings", r.stderr)
+        no_weights = os.path.join(self.tmp, "no-weights")
+        os.mkdir(no_weights)
+        shutil.copy(os.path.join(ckpt, "config.json"), no_weights)
+        r = subprocess.run([MEGATRAIN_GENERATE, no_weights, "--prompt", "x"], capture_output=True,
+                           text=True, timeout=WAIT_S)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("safetensors", r.stderr)
 
 
 class CancelTest(DaemonTestCase):
