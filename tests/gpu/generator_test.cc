@@ -16,6 +16,20 @@ namespace {
 
 class GeneratorGpu : public ::testing::TestWithParam<Variant> {};
 
+// The variant at a width the CUDA kernels take (head_dim 64 or 128 for decode attention).
+ModelConfig GpuConfig(Variant v, int64_t heads, int64_t head_dim, int64_t vocab) {
+  ModelConfig c = TinyConfig(v);
+  c.hidden_size = 256;
+  c.num_heads = heads;
+  c.num_kv_heads = 2;
+  c.head_dim = head_dim;
+  c.intermediate_size = 512;
+  c.vocab_size = vocab;
+  c.max_position_embeddings = 512;
+  if (c.is_moe()) c.moe.intermediate_size = 128;
+  return c;
+}
+
 // Every row's logits from `prompt` tokens of prefill, then one decode step per token.
 std::vector<float> Generated(Generator* g, const std::vector<int32_t>& tokens, int64_t prompt) {
   std::vector<float> all, logits;
@@ -33,15 +47,7 @@ TEST_P(GeneratorGpu, DecodeGivesTheForwardsLogitsAndTheSameBitsStreamedOrResiden
   if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device (or no CUDA backend in this build)";
   absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{"cuda"});
   ASSERT_TRUE(be.ok()) << be.status();
-  ModelConfig c = TinyConfig(GetParam());
-  c.hidden_size = 256;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;  // the decode kernel's sizes: 64 and 128
-  c.intermediate_size = 512;
-  c.vocab_size = 512;
-  c.max_position_embeddings = 512;
-  if (c.is_moe()) c.moe.intermediate_size = 128;
+  const ModelConfig c = GpuConfig(GetParam(), 4, 64, 512);
   std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
   RandomInitWeights(c, 13, store.get());
   std::mt19937 rng(5);
@@ -49,15 +55,7 @@ TEST_P(GeneratorGpu, DecodeGivesTheForwardsLogitsAndTheSameBitsStreamedOrResiden
   for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % c.vocab_size);
   const int64_t prompt = 20, V = c.vocab_size;
 
-  MicroBatch whole;
-  whole.rows = 1;
-  whole.seq_len = static_cast<int64_t>(tokens.size());
-  whole.tokens = tokens;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    whole.doc_start.push_back(0);
-    whole.positions.push_back(static_cast<int32_t>(i));
-  }
-  const std::vector<float> ref = Logits(c, *store, be->get(), whole);
+  const std::vector<float> ref = DocumentLogits(c, *store, be->get(), tokens);
 
   std::vector<std::vector<float>> runs;
   for (int64_t slots : {c.num_layers, int64_t{2}, c.num_layers}) {
@@ -92,15 +90,7 @@ TEST_P(GeneratorGpu, PromptsPrefilledAndDecodedTogetherGiveEachOnesForward) {
   if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device (or no CUDA backend in this build)";
   absl::StatusOr<std::unique_ptr<Backend>> be = CreateBackend(BackendRequest{"cuda"});
   ASSERT_TRUE(be.ok()) << be.status();
-  ModelConfig c = TinyConfig(GetParam());
-  c.hidden_size = 256;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 128;
-  c.intermediate_size = 512;
-  c.vocab_size = 1000;
-  c.max_position_embeddings = 512;
-  if (c.is_moe()) c.moe.intermediate_size = 128;
+  const ModelConfig c = GpuConfig(GetParam(), 8, 128, 1000);
   std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
   RandomInitWeights(c, 17, store.get());
   std::mt19937 rng(9);
@@ -127,18 +117,11 @@ TEST_P(GeneratorGpu, PromptsPrefilledAndDecodedTogetherGiveEachOnesForward) {
       ASSERT_TRUE((*g)->Decode(next, slots, &logits).ok());
     }
     for (size_t i = 0; i < prompts.size(); ++i) {
-      MicroBatch alone;
-      alone.rows = 1;
-      alone.seq_len = static_cast<int64_t>(prompts[i].size());
-      alone.tokens = prompts[i];
-      for (size_t j = 0; j < prompts[i].size(); ++j) {
-        alone.doc_start.push_back(0);
-        alone.positions.push_back(static_cast<int32_t>(j));
-      }
-      const std::vector<float> ref = Logits(c, *store, be->get(), alone);
+      const std::vector<float> ref = DocumentLogits(c, *store, be->get(), prompts[i]);
+      const int64_t last = static_cast<int64_t>(prompts[i].size()) - 1;
       double worst = 0, scale = 0;
       for (int64_t v = 0; v < V; ++v) {
-        const float want = ref[(alone.seq_len - 1) * V + v], got = logits[i * V + v];
+        const float want = ref[last * V + v], got = logits[i * V + v];
         ASSERT_TRUE(std::isfinite(got)) << "step " << step << " prompt " << i;
         worst = std::max(worst, static_cast<double>(std::abs(got - want)));
         scale = std::max(scale, static_cast<double>(std::abs(want)));

@@ -59,4 +59,19 @@ inline std::vector<float> Logits(const ModelConfig& c, const HostStore& store, B
   return Download(be, be->act_dtype(), logits, n * c.vocab_size);
 }
 
+// Logits (n, V) of `tokens` as one document (positions 0 .. n-1): what generation's prefill
+// and decode steps must give, position by position.
+inline std::vector<float> DocumentLogits(const ModelConfig& c, const HostStore& store,
+                                         Backend* be, const std::vector<int32_t>& tokens) {
+  MicroBatch b;
+  b.rows = 1;
+  b.seq_len = static_cast<int64_t>(tokens.size());
+  b.tokens = tokens;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    b.doc_start.push_back(0);
+    b.positions.push_back(static_cast<int32_t>(i));
+  }
+  return Logits(c, store, be, b);
+}
+
 }  // namespace megatrain::testing

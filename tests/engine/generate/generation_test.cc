@@ -54,15 +54,7 @@ TEST(Generate, GreedyTokensAreTheForwardsArgmaxAtEveryStep) {
     ASSERT_EQ((*done)[i].ids.size(), 6u);
     EXPECT_EQ((*done)[i].finish, FinishReason::kLength);
     for (int32_t id : (*done)[i].ids) {
-      MicroBatch b;
-      b.rows = 1;
-      b.seq_len = static_cast<int64_t>(seq.size());
-      b.tokens = seq;
-      for (size_t j = 0; j < seq.size(); ++j) {
-        b.doc_start.push_back(0);
-        b.positions.push_back(static_cast<int32_t>(j));
-      }
-      const std::vector<float> logits = Logits(s.config, *s.store, s.be.get(), b);
+      const std::vector<float> logits = DocumentLogits(s.config, *s.store, s.be.get(), seq);
       const float* last = logits.data() + (seq.size() - 1) * V;
       EXPECT_EQ(id, std::max_element(last, last + V) - last) << "prompt " << i;
       seq.push_back(id);

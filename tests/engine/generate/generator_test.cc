@@ -31,15 +31,7 @@ struct Model {
   }
   // The training forward's logits of `tokens` as one document, (n, V).
   std::vector<float> Reference(const std::vector<int32_t>& tokens) {
-    MicroBatch b;
-    b.rows = 1;
-    b.seq_len = static_cast<int64_t>(tokens.size());
-    b.tokens = tokens;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      b.doc_start.push_back(0);
-      b.positions.push_back(static_cast<int32_t>(i));
-    }
-    return Logits(config, *store, be.get(), b);
+    return DocumentLogits(config, *store, be.get(), tokens);
   }
   ModelConfig config;
   std::unique_ptr<Backend> be;
@@ -111,7 +103,7 @@ TEST(Generator, SequencesPrefilledAndDecodedTogetherGiveWhatEachGivesAlone) {
   o.max_len = 16;
   o.prefill_tokens = 16;
   std::unique_ptr<Generator> together = m.Make(o);
-  std::vector<float> joint, alone;
+  std::vector<float> joint;
   ASSERT_TRUE(together->Prefill(prompts, {2, 0, 3}, &joint).ok());
   for (int step = 0; step < 4; ++step) {
     const std::vector<int32_t> next = Tokens(3, V, 10 + step);
