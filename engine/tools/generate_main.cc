@@ -6,7 +6,7 @@
 //       [--max-new-tokens 256] [--temperature 0] [--top-k 0] [--top-p 1] [--seed 0]
 //       [--stop STR]... [--stop-id ID]... [--ignore-eos] [--chat]
 //       [--tokenizer auto|byte|model|PATH]
-//       [--backend auto|cpu|cuda:N] [--max-sequences N]
+//       [--backend auto|cpu|cuda:N] [--max-sequences N] [--score [--answer-pattern RE]]
 //
 // A prompts file holds one JSON object a line: {"prompt": "text"}, {"input_ids": [ids]}, or
 // with --chat {"messages": [{"role": "user", "content": "..."}]} (a "prompt" is then one
@@ -14,12 +14,16 @@
 // --chat renders the model's chat template with its generation prompt; without it a prompt
 // is [bos] + its tokens. Generation stops at the tokenizer's end-of-sequence id unless
 // --ignore-eos, as transformers' generate does. Each completion is a JSON line: index, prompt, completion,
-// finish_reason ("stop" | "length"), ids and their log-probabilities. Exit codes: 0 done, 2 bad input, 1 a failure.
+// finish_reason ("stop" | "length"), ids and their log-probabilities. --score compares
+// each completion's answer (its last number, or --answer-pattern's last match) with the
+// line's "answer" (exact match, numbers as numbers), adds answer, extracted and correct to
+// its line, and prints {"prompts", "correct", "accuracy"}. Exit codes: 0 done, 2 bad input, 1 a failure.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +35,7 @@
 #include "engine/common/status.h"
 #include "engine/data/chat_template.h"
 #include "engine/data/line_reader.h"
+#include "engine/generate/answer_match.h"
 #include "engine/generate/generation.h"
 #include "engine/job/inputs.h"
 #include "engine/model/safetensors.h"
@@ -44,7 +49,15 @@ namespace {
 struct Prompts {
   std::vector<nlohmann::json> shown;         // as given, for the output
   std::vector<std::vector<int32_t>> ids;
+  std::vector<std::string> answers;          // each line's "answer" ("" without one)
 };
+
+// A line's reference answer, a string or a number as written; "" when it has none.
+std::string AnswerOf(const nlohmann::json& line) {
+  if (!line.contains("answer")) return "";
+  const nlohmann::json& a = line["answer"];
+  return a.is_string() ? a.get<std::string>() : a.dump();
+}
 
 // One prompt's messages: a JSON line's "messages", or its "prompt" as one user message.
 absl::StatusOr<std::vector<ChatMessage>> MessagesOf(const nlohmann::json& line) {
@@ -128,6 +141,7 @@ absl::StatusOr<Prompts> ReadPrompts(const std::vector<std::string>& inline_promp
       return absl::InvalidArgumentError(absl::StrCat("prompt ", i, " has no tokens"));
     }
     out.shown.push_back(lines[i].contains("prompt") ? lines[i]["prompt"] : lines[i]);
+    out.answers.push_back(AnswerOf(lines[i]));
     out.ids.push_back(*std::move(ids));
   }
   return out;
@@ -136,7 +150,8 @@ absl::StatusOr<Prompts> ReadPrompts(const std::vector<std::string>& inline_promp
 struct Flags {
   std::string model, prompts_path, output, tokenizer = "auto", backend = "auto";
   std::vector<std::string> prompts;
-  bool chat = false, ignore_eos = false;
+  bool chat = false, ignore_eos = false, score = false;
+  std::string answer_pattern;
   int64_t max_sequences = 0;
   SamplingOptions sampling;
 };
@@ -160,6 +175,12 @@ absl::Status Run(const Flags& f) {
   if (!f.ignore_eos && tokenizer->eos_id() >= 0) sampling.stop_ids.push_back(tokenizer->eos_id());
   ASSIGN_OR_RETURN(const Prompts prompts,
                    ReadPrompts(f.prompts, f.prompts_path, *tokenizer, f.chat ? &chat : nullptr));
+  ASSIGN_OR_RETURN(const AnswerMatcher matcher, AnswerMatcher::Create(f.answer_pattern));
+  for (size_t i = 0; f.score && i < prompts.answers.size(); ++i) {
+    if (prompts.answers[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--score: prompt ", i, " has no \"answer\""));
+    }
+  }
   int64_t longest = 0;
   for (size_t i = 0; i < prompts.ids.size(); ++i) {
     const int64_t len = static_cast<int64_t>(prompts.ids[i].size());
@@ -197,17 +218,32 @@ absl::Status Run(const Flags& f) {
                    Generator::Create(config, store.get(), backend.get(), options));
   std::ofstream out;
   if (!f.output.empty()) out.open(f.output);
+  int64_t correct = 0;
   auto done = [&](int64_t i, const Completion& c) {
-    const nlohmann::json line = {{"index", i}, {"prompt", prompts.shown[i]},
-                                 {"completion", c.text}, {"finish_reason", FinishReasonName(c.finish)},
-                                 {"ids", c.ids}, {"logprobs", c.logprobs}};
+    nlohmann::json line = {{"index", i}, {"prompt", prompts.shown[i]},
+                           {"completion", c.text}, {"finish_reason", FinishReasonName(c.finish)},
+                           {"ids", c.ids}, {"logprobs", c.logprobs}};
+    if (f.score) {
+      const std::optional<std::string> answer = matcher.Extract(c.text);
+      const bool right = answer.has_value() && AnswerMatcher::SameAnswer(*answer, prompts.answers[i]);
+      correct += right;
+      line["answer"] = prompts.answers[i];
+      line["extracted"] = answer.has_value() ? nlohmann::json(*answer) : nlohmann::json();
+      line["correct"] = right;
+    }
     if (out.is_open()) out << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    if (f.output.empty()) std::printf("%s\n", c.text.c_str());
+    if (f.output.empty() && !f.score) std::printf("%s\n", c.text.c_str());
   };
   ASSIGN_OR_RETURN(const std::vector<Completion> completions,
                    Generate(generator.get(), tokenizer.get(), prompts.ids, sampling, done));
   if (out.is_open() && !out.good()) {
     return absl::DataLossError(absl::StrCat("--output: writing ", f.output, " failed"));
+  }
+  if (f.score) {
+    const int64_t n = static_cast<int64_t>(completions.size());
+    std::printf("%s\n", nlohmann::json{{"prompts", n}, {"correct", correct},
+                                       {"accuracy", static_cast<double>(correct) / n}}
+                            .dump().c_str());
   }
   return absl::OkStatus();
 }
@@ -234,6 +270,11 @@ int main(int argc, char** argv) {
   app.add_option("--stop-id", f.sampling.stop_ids, "a stop token id (repeatable)");
   app.add_flag("--chat", f.chat, "apply the model's chat template");
   app.add_flag("--ignore-eos", f.ignore_eos, "do not stop at the tokenizer's end-of-sequence id");
+  app.add_flag("--score", f.score,
+               "exact match against each line's \"answer\"; prints the accuracy as JSON");
+  app.add_option("--answer-pattern", f.answer_pattern,
+                 "with --score: a regex whose last match (its first group) is a completion's "
+                 "answer; default: its last number");
   app.add_option("--tokenizer", f.tokenizer, "auto | byte | model | a tokenizer.json");
   app.add_option("--backend", f.backend, "auto | cpu | cuda | cuda:N");
   app.add_option("--max-sequences", f.max_sequences, "sequences at once; 0 = as many as fit");

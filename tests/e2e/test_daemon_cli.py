@@ -612,6 +612,22 @@ class SubmitAndSucceedTest(DaemonTestCase):
         with open(out) as f:
             again = sorted((json.loads(line) for line in f), key=lambda c: c["index"])
         self.assertEqual([c["ids"] for c in again], [c["ids"] for c in first], "same seed")
+        # Exact match with a pattern whose answer is always "": never the reference answer,
+        # so none is correct, and each line shows what was extracted.
+        scored = os.path.join(self.tmp, "scored.jsonl")
+        with open(scored, "w") as f:
+            f.write('{"prompt": "The cat", "answer": "7"}\n{"prompt": "A", "answer": 7}\n')
+        r = generate("--prompts", scored, "--output", out, "--score", "--answer-pattern",
+                     "^()", "--max-new-tokens", "4")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout), {"prompts": 2, "correct": 0, "accuracy": 0.0})
+        with open(out) as f:
+            lines = [json.loads(line) for line in f]
+        self.assertEqual(sorted(line["answer"] for line in lines), ["7", "7"])
+        self.assertTrue(all(line["extracted"] == "" and not line["correct"] for line in lines))
+        r = generate("--prompts", prompts, "--score")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn('prompt 0 has no "answer"', r.stderr)
         r = generate("--prompt", "x", "--top-p", "1.5")
         self.assertEqual(r.returncode, 2)
         self.assertIn("sampling.top_p", r.stderr)
