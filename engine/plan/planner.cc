@@ -148,16 +148,31 @@ PlanShape ShapeOf(const PlanRequest& r, Backend* backend, const ModelLayout& lay
 void SizeDeviceMemory(const PlanRequest& r, Backend* backend, const ModelLayout& layout,
                       Plan* plan) {
   const ModelConfig& c = r.config;
-  if (r.eval_rows != 0) {  // as many as it needs, in what the step's activations hold
-    const int64_t capacity = EvalCapacity(c, PipelineOptionsOf(*plan, r.seq_len));
-    const int64_t rows = plan->micro_batch_rows;
-    plan->eval_micro_batches =
-        r.eval_rows < 0 ? capacity : std::min(capacity, (r.eval_rows + rows - 1) / rows);
-  }
   const PipelineOptions po = PipelineOptionsOf(*plan, r.seq_len);
   plan->weight_slots = NumWeightSlots(c, po);
   plan->device_bytes = StepDeviceBytes(c, layout, backend, po) +
                        (plan->bf16_copy ? 0 : backend->f32_upload_staging_bytes());
+}
+
+// The evaluation's micro-batches at once (PlanRequest::eval_rows), fitted once the step's
+// plan is chosen, so that asking for an evaluation never changes how a job trains: as many
+// as asked, at most what the step's activations hold (EvalCapacity), fewer while the token
+// arrays and losses they add do not fit the device budget (never fewer than the step's
+// micro-batches, which add nothing).
+void FitEvaluation(const PlanRequest& r, Backend* backend, Plan* plan) {
+  if (r.eval_rows == 0) return;
+  const ModelLayout layout = BuildLayout(r.config);
+  const int64_t capacity = EvalCapacity(r.config, PipelineOptionsOf(*plan, r.seq_len));
+  const int64_t rows = plan->micro_batch_rows;
+  int64_t wanted = r.eval_rows < 0 ? capacity
+                                   : std::min(capacity, (r.eval_rows + rows - 1) / rows);
+  const int64_t free_share = std::min(wanted, plan->micro_batches);  // in the step's arrays
+  for (;;) {
+    plan->eval_micro_batches = wanted;
+    SizeDeviceMemory(r, backend, layout, plan);
+    if (wanted <= free_share || plan->device_bytes <= r.device_budget_bytes) return;
+    wanted = std::max(free_share, wanted / 2);
+  }
 }
 
 // Host memory: the store (bf16 weights + fp32 master, m, v), the gradient slabs (every
@@ -718,6 +733,7 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
   }
   best.candidates = search.candidates;
   best.fitting = search.fitting;
+  FitEvaluation(r, backend, &best);
   return best;
 }
 

@@ -157,6 +157,36 @@ TEST(Planner, TheSameJobInTwentyFourGigabytesStillPlans) {
   EXPECT_GE(small->step.seconds, big->step.seconds);
 }
 
+// An eval set never changes how a job trains: the step's plan is chosen first, and the
+// evaluation takes what the step's activations hold, fewer micro-batches where the device
+// budget is tight (never fewer than the step's own, which cost nothing more).
+TEST(Planner, AskingForAnEvaluationNeverChangesTheTrainingPlan) {
+  PlanningBackend be;
+  for (int64_t gib : {130, 22}) {
+    PlanRequest r = Request(Qwen7B(), 65536, gib);
+    absl::StatusOr<Plan> plain = MakePlan(r, H200Like(), &be);
+    r.eval_rows = -1;  // the whole set: as many as fit
+    absl::StatusOr<Plan> with_eval = MakePlan(r, H200Like(), &be);
+    ASSERT_TRUE(plain.ok() && with_eval.ok()) << with_eval.status();
+    EXPECT_EQ(plain->eval_micro_batches, 0);
+    EXPECT_EQ(with_eval->micro_batch_rows, plain->micro_batch_rows) << gib << " GiB";
+    EXPECT_EQ(with_eval->micro_batches, plain->micro_batches);
+    EXPECT_EQ(with_eval->checkpoint_every, plain->checkpoint_every);
+    EXPECT_EQ(with_eval->checkpoints_on_host, plain->checkpoints_on_host);
+    EXPECT_EQ(with_eval->weight_slots, plain->weight_slots);
+    EXPECT_EQ(with_eval->kept_layers, plain->kept_layers);
+    EXPECT_GE(with_eval->eval_micro_batches, plain->micro_batches);
+    EXPECT_LE(with_eval->eval_micro_batches,
+              EvalCapacity(r.config, PipelineOptionsOf(*with_eval, r.seq_len)));
+    EXPECT_LE(with_eval->device_bytes, gib * kGiB);
+    r.eval_rows = 3;  // fewer rows than a micro-batch holds: one
+    absl::StatusOr<Plan> few = MakePlan(r, H200Like(), &be);
+    ASSERT_TRUE(few.ok());
+    EXPECT_EQ(few->eval_micro_batches, (3 + few->micro_batch_rows - 1) / few->micro_batch_rows);
+    EXPECT_EQ(few->device_bytes, plain->device_bytes);
+  }
+}
+
 TEST(Planner, ResidentLayersWhenTheyFitAndTransfersMatter) {
   PlanningBackend be;
   MachineProfile fast_cpu = H200Like();
