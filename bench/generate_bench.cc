@@ -150,7 +150,9 @@ int main(int argc, char** argv) {
   std::vector<double> step_s, logits_step_s;
   std::vector<int32_t> next(B, 1);
   std::vector<SampledToken> picks;
-  for (int64_t s = 0; s < std::min<int64_t>(new_tokens, 48); ++s) {
+  const int64_t h2d_before = (*g)->h2d_bytes();
+  const int64_t timed_steps = std::min<int64_t>(new_tokens, 48);
+  for (int64_t s = 0; s < timed_steps; ++s) {
     t0 = std::chrono::steady_clock::now();
     const bool to_host = s % 3 == 2;
     const Generator::Output out = to_host ? Generator::Output{&logits, nullptr}
@@ -159,6 +161,7 @@ int main(int argc, char** argv) {
     (to_host ? logits_step_s : step_s).push_back(Seconds(t0));
   }
   const double step = Median(step_s);
+  const int64_t h2d_per_step = ((*g)->h2d_bytes() - h2d_before) / std::max<int64_t>(1, timed_steps);
 
   // End to end: every prompt to new_tokens, greedy.
   std::vector<std::vector<int32_t>> all(prompts, std::vector<int32_t>(prompt_len));
@@ -210,6 +213,7 @@ int main(int argc, char** argv) {
       {"decode_step_seconds", step},
       {"decode_step_with_logits_to_host_seconds", Median(logits_step_s)},
       {"decode_floor_seconds", decode_floor},
+      {"decode_h2d_bytes_per_step", h2d_per_step},
       {"decode_floor_formula", resident ? "(bf16 weights + the KV cache) / HBM copy rate"
                                         : "the layers' bf16 weights / PCIe H2D rate measured here"},
       {"decode_step_over_floor", step / decode_floor},
