@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -387,6 +388,74 @@ class TrainingJob {
   // The last checkpoint written: seconds it took and bytes.
   virtual double last_checkpoint_seconds() const = 0;
   virtual int64_t last_checkpoint_bytes() const = 0;
+};
+
+// ---- Generation ---------------------------------------------------------------------
+
+// Completions of prompts by a model folder or a job's checkpoint (docs/generation.md).
+struct GenerateSpec {
+  std::string model_path;              // config.json and *.safetensors
+  // Prompts: `prompts` (texts) first, then the JSONL file's lines: {"prompt": text},
+  // {"messages": [{role, content}]} (with chat) or {"input_ids": [...]}; a line may carry an
+  // "answer" (score).
+  std::vector<std::string> prompts;
+  std::string prompts_path;
+  std::string output_path;             // completions as JSONL; "" = none
+  std::string tokenizer = "auto";      // auto | byte | model | a tokenizer.json (data.tokenizer's)
+  bool chat = false;                   // render the model's chat template, generation prompt on
+  // Sampling: temperature 0 is greedy; the same seed and options give the same tokens.
+  double temperature = 0;
+  int64_t top_k = 0;                   // 0: off
+  double top_p = 1.0;                  // in (0, 1]
+  uint64_t seed = 0;
+  int64_t max_new_tokens = 256;
+  std::vector<std::string> stop_strings;
+  std::vector<int32_t> stop_ids;       // the tokenizer's eos too, unless ignore_eos
+  bool ignore_eos = false;
+  // Exact match against each line's "answer": the completion's last number, or the last
+  // match of answer_pattern (its first group); numbers compare as numbers.
+  bool score = false;
+  std::string answer_pattern;
+  std::string backend = "auto";        // auto | cpu | cuda | cuda:N
+  int64_t max_sequences = 0;           // in flight at once; 0: as many as the device holds
+};
+
+// One prompt's completion as Run() reports it.
+struct CompletionReport {
+  int64_t index = 0;                   // the prompt's
+  std::string text;                    // cut before a stop string
+  std::string finish_reason;           // "stop" | "length"
+  std::string json;                    // its output line
+};
+
+struct GenerationSummary {
+  int64_t prompts = 0;
+  int64_t new_tokens = 0;              // generated, over all prompts
+  int64_t correct = 0;                 // score only
+  double accuracy = 0;                 // score only: correct / prompts
+  double seconds = 0;                  // generating (after loading)
+  double tokens_per_second = 0;
+};
+
+// One generation job: Create() loads the model (its bf16 weights alone), the tokenizer and
+// the prompts and plans the device (resident or streamed weights, sequences in flight);
+// Run() completes every prompt. Thread-compatible.
+class GenerationJob {
+ public:
+  // InvalidArgument / NotFound naming the field or the prompt: options out of range, an
+  // empty prompts file, a prompt past the model's positions, a folder without weights, a
+  // line without an answer when scoring; ResourceExhausted when one sequence cannot fit.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<GenerationJob>> Create(
+      const GenerateSpec& spec, const RunOptions& options);
+  virtual ~GenerationJob() = default;
+  // How it runs, in words: the prompts, the sequences at once, resident or streamed.
+  virtual std::string Describe() const = 0;
+  // Completes every prompt, writing each completion's JSON line to the output as it
+  // finishes (index, prompt, completion, finish_reason, ids, logprobs; answer, extracted
+  // and correct when scoring), and calling `on_completion` with it (may be null).
+  // DataLoss when the output cannot be written.
+  [[nodiscard]] virtual absl::StatusOr<GenerationSummary> Run(
+      const std::function<void(const CompletionReport&)>& on_completion) = 0;
 };
 
 // Complete checkpoints under `root`, oldest first (by step).
