@@ -167,10 +167,17 @@ void FitEvaluation(const PlanRequest& r, Backend* backend, Plan* plan) {
   int64_t wanted = r.eval_rows < 0 ? capacity
                                    : std::min(capacity, (r.eval_rows + rows - 1) / rows);
   const int64_t free_share = std::min(wanted, plan->micro_batches);  // in the step's arrays
+  // The CPU backend's buffers are host memory: what the pass adds counts against the host.
+  const bool cpu = backend->kind() == BackendKind::kCpu;
+  const int64_t step_bytes = plan->device_bytes, host_bytes = plan->host_bytes;
   for (;;) {
     plan->eval_micro_batches = wanted;
     SizeDeviceMemory(r, backend, layout, plan);
-    if (wanted <= free_share || plan->device_bytes <= r.device_budget_bytes) return;
+    const int64_t added = plan->device_bytes - step_bytes;
+    if (cpu) plan->host_bytes = host_bytes + added;
+    const bool fits = cpu ? plan->host_bytes <= r.host_budget_bytes
+                          : plan->device_bytes <= r.device_budget_bytes;
+    if (wanted <= free_share || fits) return;
     wanted = std::max(free_share, wanted / 2);
   }
 }

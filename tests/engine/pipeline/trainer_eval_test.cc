@@ -79,6 +79,21 @@ TEST(TrainerEval, StartingPointEqualsTheFirstStepsLossBitForBitAndRunsWhenAsked)
   EXPECT_EQ(a->step, 5);
 }
 
+// On the CPU backend the pass's buffers are host memory: the whole set (3 micro-batches,
+// more than a step's 2) fits the step's activations (4 micro-batches) in one pass.
+TEST(TrainerEval, TheWholeSetGoesThroughTheLayersInOnePassWhenItFits) {
+  TempDir dir;
+  WriteFile(dir.path() + "/data.jsonl", kText);
+  absl::StatusOr<std::unique_ptr<Trainer>> t =
+      Make(dir.path(), Spec(1, "eval: {path: data.jsonl, max_rows: 8}\n"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->eval_batches().size(), 3u);
+  EXPECT_EQ((*t)->plan().eval_micro_batches, 4);
+  absl::StatusOr<EvalReport> e = (*t)->Evaluate();
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->tokens, 3 * 2 * 32);
+}
+
 TEST(TrainerEval, EvaluatingChangesNoByteOfAnyCheckpoint) {
   TempDir dir;
   WriteFile(dir.path() + "/data.jsonl", kText);
