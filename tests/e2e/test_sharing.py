@@ -476,8 +476,12 @@ class LanesTest(SharingTestCase):
         self.wait_running_at(mid, 2)
         high = self.submit_as(CAROL, make_spec(steps=5, name="high"), "--priority", "5")
         self.watch_ok(high)
-        # low stepped aside (and is back, resumed), mid never did.
+        # low stepped aside (and is back, resumed), mid never did. Its record says running
+        # as its lane takes it, before its worker has resumed and logged it: wait for that.
         self.wait_running_at(low, 1)
+        deadline = time.monotonic() + WAIT_S
+        while resumed_step(self.log_texts(low)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.assertEqual(int(self.status(low)["preemptions"]), 1)
         self.assertEqual(int(self.status(mid)["preemptions"]), 0)
         self.assertTrue(any(t.startswith(f"preempted by job {high}") for t in self.log_texts(low)))
