@@ -126,8 +126,9 @@ class Loop {
       s.next = picked[i].id;
       const std::string piece = s.text.has_value() ? s.text->Next(picked[i].id) : std::string();
       const bool stopped = s.stop.Feed(picked[i].id, piece);
+      // The token just picked goes into the cache at the next step, at position length().
       const bool full = static_cast<int64_t>(s.completion.ids.size()) >= options_.max_new_tokens ||
-                        g_->length(s.slot) + 1 >= g_->options().max_len;
+                        g_->length(s.slot) >= g_->options().max_len;
       if (stopped || full) Retire(&s, stopped ? FinishReason::kStop : FinishReason::kLength);
     }
     live_.remove_if([](const Live& s) { return s.retired; });

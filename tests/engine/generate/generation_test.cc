@@ -119,6 +119,20 @@ TEST(Generate, StopIdsStopStringsAndLengthsEndSequencesAsTheySay) {
   EXPECT_EQ((*free_run)[1].ids.size(), 10u);
 }
 
+// A sequence as long as the cache holds still yields the token its last position predicts:
+// the cache's max_len positions feed max_len - prompt + 1 new tokens.
+TEST(Generate, TheCachesLastPositionStillPredictsAToken) {
+  TinyModel s;
+  std::unique_ptr<Generator> g = s.Make(1);  // max_len 32
+  SamplingOptions greedy;
+  greedy.max_new_tokens = 100;
+  absl::StatusOr<std::vector<Completion>> done =
+      Generate(g.get(), nullptr, {std::vector<int32_t>(30, 7)}, greedy);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ((*done)[0].ids.size(), 3u);
+  EXPECT_EQ((*done)[0].finish, FinishReason::kLength);
+}
+
 TEST(Generate, BadRequestsAreRefusedNamingThePrompt) {
   TinyModel s;
   std::unique_ptr<Generator> g = s.Make(2);
