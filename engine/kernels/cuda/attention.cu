@@ -40,6 +40,7 @@
 
 #include "engine/common/check.h"
 #include "engine/kernels/cuda/common.cuh"
+#include "engine/kernels/cuda/mma.cuh"
 #include "engine/kernels/cuda/ops.h"
 
 namespace megatrain::cuda {
@@ -71,41 +72,6 @@ template <>
 struct Tiles<256> {
   static constexpr int kMT = 1, kKeys = 32, kDqKeys = 16, kQueries = 32, kSplit = 2;
 };
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Four 8x8 bf16 matrices; lanes 8m..8m+7 give the row addresses of matrix m.
-__device__ __forceinline__ void LdMatrix(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p))
-               : "memory");
-}
-
-__device__ __forceinline__ void LdMatrixTrans(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p))
-               : "memory");
-}
-
-// c (16x8 f32) += a (16x16 bf16, row-major) * b (16x8 bf16, column-major).
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &v, sizeof(u));
-  return u;
-}
 
 // acc (16*kMT x 8*kN) += A (16*kMT x kD) * B^T, with A the 16*kMT rows at a and B the 8*kN
 // rows at b, both row-major with stride kD + 8 in shared memory (S = Q K^T, dP = dO V^T,
@@ -168,22 +134,6 @@ __device__ __forceinline__ void MmaPB(float (&acc)[kMT][kN][4], const float (&p)
       }
     }
   }
-}
-
-__device__ __forceinline__ void CpAsync16(void* s, const void* g) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(s)), "l"(g) : "memory");
-}
-
-__device__ __forceinline__ void CpAsync4(void* s, const void* g) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SmemAddr(s)), "l"(g) : "memory");
-}
-
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void CpAsyncWaitAll() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
 // Starts copying rows [row0, row0 + kRows) of head `head` of an (n, heads, D) tensor into
@@ -369,17 +319,6 @@ __device__ __forceinline__ int QueryEnd(const int32_t* doc_start, int j_last, in
     }
   }
   return lo;
-}
-
-// Max over the 4 lanes that share an accumulator row.
-__device__ __forceinline__ float QuadMax(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-__device__ __forceinline__ float QuadSum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 template <int kD>

@@ -27,6 +27,7 @@
 
 #include "engine/common/check.h"
 #include "engine/kernels/cuda/common.cuh"
+#include "engine/kernels/cuda/mma.cuh"
 #include "engine/kernels/cuda/ops.h"
 
 namespace megatrain::cuda {
@@ -39,41 +40,7 @@ constexpr int kKeys = kWarps * 16;  // keys of a tile, 16 per warp
 constexpr int kMinSplitTiles = 2;   // a split takes at least this many tiles
 constexpr int kMaxSplits = 256;
 
-// ---- mma helpers: attention.cu's, for one 16-row tile ----
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void LdMatrix(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p))
-               : "memory");
-}
-
-__device__ __forceinline__ void LdMatrixTrans(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p))
-               : "memory");
-}
-
-// c (16x8 f32) += a (16x16 bf16, row-major) * b (16x8 bf16, column-major).
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &v, sizeof(u));
-  return u;
-}
+// ---- mma over one 16-row tile (the primitives: mma.cuh) ----
 
 // s (16 x 16) = A (16 x kD) * B^T, A the 16 rows at a, B the 16 rows at b, both row-major
 // with stride kD + 8 in shared memory. Accumulator layout (mma C fragment): s[t][e] is row
@@ -113,26 +80,6 @@ __device__ __forceinline__ void MmaPB(float (&acc)[kD / 8][4], const float (&p)[
     Mma(acc[2 * np], af, bf[0], bf[1]);
     Mma(acc[2 * np + 1], af, bf[2], bf[3]);
   }
-}
-
-__device__ __forceinline__ void CpAsync16(void* s, const void* g) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(s)), "l"(g) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void CpAsyncWaitAll() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
-// Max and sum over the 4 lanes that share an accumulator row.
-__device__ __forceinline__ float QuadMax(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float QuadSum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // ---- decode attention ----
