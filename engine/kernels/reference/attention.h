@@ -39,6 +39,35 @@ inline int64_t FirstKey(const int32_t* doc_start, int64_t window, int64_t i) {
   return window > 0 ? std::max(j0, i - window + 1) : j0;
 }
 
+// One query's softmax over keys j0..i and its weighted sum of values, in double: q (D), the
+// keys and values of its kv head at k + j * stride and v + j * stride; sink a logit or null;
+// score and acc scratch of at least i - j0 + 1 and D. o (D) written; returns the logsumexp
+// (the sink's term included). The loop Attention runs for each row, and DecodeAttention for
+// each sequence's newest token.
+template <typename T>
+double AttendOne(const T* q, const T* k, const T* v, int64_t stride, int64_t j0, int64_t i,
+                 int64_t D, double scale, const T* sink, double* score, double* acc, T* o) {
+  double max_score = -std::numeric_limits<double>::infinity();
+  for (int64_t j = j0; j <= i; ++j) {
+    const double s = scale * Dot(q, k + j * stride, D);
+    score[j - j0] = s;
+    max_score = std::max(max_score, s);
+  }
+  const double sink_logit = sink != nullptr ? static_cast<double>(*sink) : 0.0;
+  if (sink != nullptr) max_score = std::max(max_score, sink_logit);
+  std::fill(acc, acc + D, 0.0);
+  double sum = 0.0;
+  for (int64_t j = j0; j <= i; ++j) {
+    const double p = std::exp(score[j - j0] - max_score);
+    sum += p;
+    const T* vj = v + j * stride;
+    for (int64_t d = 0; d < D; ++d) acc[d] += p * vj[d];
+  }
+  if (sink != nullptr) sum += std::exp(sink_logit - max_score);
+  for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d] / sum);
+  return max_score + std::log(sum);
+}
+
 }  // namespace attention_internal
 
 // q (n,H,D), k (n,KV,D), v (n,KV,D), doc_start (n), sinks (H) or null -> o (n,H,D), lse (n,H).
@@ -63,27 +92,10 @@ void Attention(T* o, T* lse, const T* q, const T* k, const T* v, const int32_t* 
       for (int64_t h = 0; h < H; ++h) {
         const int64_t j0 = attention_internal::FirstKey(doc_start, window, i);
         const int64_t g = h / group;
-        const T* qi = q + (i * H + h) * D;
-        double max_score = -std::numeric_limits<double>::infinity();
-        for (int64_t j = j0; j <= i; ++j) {
-          const double s = scale * attention_internal::Dot(qi, k + (j * KV + g) * D, D);
-          score[j - j0] = s;
-          max_score = std::max(max_score, s);
-        }
-        const double sink = sinks != nullptr ? static_cast<double>(sinks[h]) : 0.0;
-        if (sinks != nullptr) max_score = std::max(max_score, sink);
-        std::fill(acc.begin(), acc.end(), 0.0);
-        double sum = 0.0;
-        for (int64_t j = j0; j <= i; ++j) {
-          const double p = std::exp(score[j - j0] - max_score);
-          sum += p;
-          const T* vj = v + (j * KV + g) * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * vj[d];
-        }
-        if (sinks != nullptr) sum += std::exp(sink - max_score);
-        T* oi = o + (i * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) oi[d] = static_cast<T>(acc[d] / sum);
-        lse[i * H + h] = static_cast<T>(max_score + std::log(sum));
+        lse[i * H + h] = static_cast<T>(attention_internal::AttendOne(
+            q + (i * H + h) * D, k + g * D, v + g * D, KV * D, j0, i, D, scale,
+            sinks != nullptr ? sinks + h : nullptr, score.data(), acc.data(),
+            o + (i * H + h) * D));
       }
     }
   }

@@ -68,27 +68,10 @@ void DecodeAttention(T* o, const T* q, const T* k_cache, const T* v_cache, const
         const int64_t g = h / group;
         const T* kc = k_cache + static_cast<int64_t>(seq_slot[b]) * max_len * KV * D;
         const T* vc = v_cache + static_cast<int64_t>(seq_slot[b]) * max_len * KV * D;
-        const T* qb = q + (b * H + h) * D;
-        // From here on, Attention's loop for query i, key for key.
-        double max_score = -std::numeric_limits<double>::infinity();
-        for (int64_t j = j0; j <= i; ++j) {
-          const double s = scale * attention_internal::Dot(qb, kc + (j * KV + g) * D, D);
-          score[j - j0] = s;
-          max_score = std::max(max_score, s);
-        }
-        const double sink = sinks != nullptr ? static_cast<double>(sinks[h]) : 0.0;
-        if (sinks != nullptr) max_score = std::max(max_score, sink);
-        std::fill(acc.begin(), acc.end(), 0.0);
-        double sum = 0.0;
-        for (int64_t j = j0; j <= i; ++j) {
-          const double p = std::exp(score[j - j0] - max_score);
-          sum += p;
-          const T* vj = vc + (j * KV + g) * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * vj[d];
-        }
-        if (sinks != nullptr) sum += std::exp(sink - max_score);
-        T* ob = o + (b * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) ob[d] = static_cast<T>(acc[d] / sum);
+        // Attention's loop for query i, key for key.
+        attention_internal::AttendOne(q + (b * H + h) * D, kc + g * D, vc + g * D, KV * D, j0,
+                                      i, D, scale, sinks != nullptr ? sinks + h : nullptr,
+                                      score.data(), acc.data(), o + (b * H + h) * D);
       }
     }
   }
