@@ -43,16 +43,16 @@ struct LayerCall {
   const DeviceBatch* batch = nullptr;
   const float* rope_inv_freq = nullptr;  // f32 (D/2) device buffer (RopeInvFreqs)
   StreamId stream = StreamId::kCompute;
-  // MoE kinds: the step's router statistics; Forward adds to them when record_router_stats
-  // (the step's first forward of the layer, not its recomputations), and then also writes
-  // host_offsets.
+  // MoE kinds: the step's router statistics (null: none are kept, as in an evaluation).
   const RouterStats* router_stats = nullptr;
-  bool record_router_stats = false;
+  // The layer's first forward of this input, not a recomputation: MoE kinds add its routing
+  // to router_stats (when given) and write host_offsets.
+  bool first_forward = false;
   // Forward's output is discarded (the backward's recompute of a layer not kept): a kind
   // may skip what only the output needs.
   bool output_unused = false;
   // MoE kinds: host int32 (num_experts + 1) of this layer and micro-batch, the experts' row
-  // offsets. The step's first Forward (record_router_stats) writes them, its one wait for
+  // offsets. The first Forward (first_forward) writes them, its one wait for
   // the device; a recompute and Backward read them, since the same input routes the same
   // way. Null: each grouped matmul reads the offsets back from the device.
   int32_t* host_offsets = nullptr;

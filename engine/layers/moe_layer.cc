@@ -144,13 +144,12 @@ void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
   PostNorm(w, a, n, s);                                                     // h2 = norm(x2)
   be.Linear(a.logits, a.h2, w.router, w.router_bias, n, C, E_, false, s);   // logits = h2 Wr^T + b
   be.MoeRoute(a.probs, a.idx, a.w, a.logits, n, E_, k_, config_.moe.norm_topk_prob, s);
-  if (call.record_router_stats) {
-    MT_CHECK(call.router_stats != nullptr);
+  if (call.first_forward && call.router_stats != nullptr) {
     be.MoeRouterStats(call.router_stats->counts, call.router_stats->prob_sum, a.probs, a.idx, n,
                       E_, k_, s);
   }
   be.MoeSort(a.offsets, a.slot_of, a.row_token, a.sort_scratch, a.idx, n, E_, k_, s);
-  if (call.host_offsets != nullptr && call.record_router_stats) {
+  if (call.host_offsets != nullptr && call.first_forward) {
     be.ReadOffsets(call.host_offsets, a.offsets, E_, s);  // the experts' row counts, once
   }
   const ExpertOffsets offsets{a.offsets, call.host_offsets};

@@ -330,7 +330,7 @@ void Pipeline::ForwardSweep() {
     const int span = spans_.Begin(StreamId::kCompute, "fwd " + std::to_string(l));
     for (int64_t m = 0; m < M; ++m) {
       LayerCall call = CallFor(l, m, slot, /*kept=*/true);
-      call.record_router_stats = true;  // the step's one forward of this layer
+      call.first_forward = true;  // the step's one forward of this layer
       kind.Forward(call, LayerInput(l, m), LayerInput(l + 1, m));
     }
     spans_.End(span);
@@ -569,9 +569,9 @@ void Pipeline::EvalPass(int64_t count, EvalResult* result) {
       LayerCall call = CallFor(l, 0, slot, /*kept=*/false);
       call.batch = &batches_[g];
       // MoE: the routing's row offsets come to the host once per layer and micro-batch (a
-      // scratch the next step's forward overwrites); the router statistics it adds to are
-      // zeroed when that step begins.
-      call.record_router_stats = config_.is_moe();
+      // scratch the next step's forward overwrites); an evaluation keeps no router statistics.
+      call.first_forward = true;
+      call.router_stats = nullptr;
       kind.Forward(call, EvalAct(l % 2, g), EvalAct((l + 1) % 2, g));
     }
     slots_.Release(l);

@@ -94,7 +94,7 @@ class DirectModel {
     };
     for (int64_t l = 0; l < L; ++l) {
       LayerCall c = call(l, nullptr);
-      c.record_router_stats = true;
+      c.first_forward = true;
       kinds_.ForLayer(l).Forward(c, x_[l].get(), x_[l + 1].get());
     }
     const double aux_coef = config_.moe.TrainedAuxLossCoef();

@@ -106,25 +106,30 @@ INSTANTIATE_TEST_SUITE_P(Variants, EvaluateEveryVariant,
                                            Variant::kGptOssSinksWindow),
                          [](const auto& info) { return VariantName(info); });
 
+// Dense and MoE (whose forward routes on the device; an evaluation keeps no router
+// statistics, so the next step's load-balancing loss is its own).
 TEST(Evaluate, ChangesNoWeightAndNoBitOfTheStepsAfterIt) {
-  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
-  const Shape resident{2, 10, 1, false, 99};
-  EvalHarness with(c, resident), without(c, resident);
-  SgdSink sink_with(with.be.get(), with.pool.get(), with.store.get(), false);
-  SgdSink sink_without(without.be.get(), without.pool.get(), without.store.get(), false);
-  const std::vector<MicroBatch> held_out = Batches(c, 5, 10, 90);
-  for (int step = 0; step < 3; ++step) {
-    const std::vector<MicroBatch> batches = Batches(c, 2, 10, 10 + step);
-    const StepResult a = with.Step(batches, &sink_with);
-    // Every pending update applied first, as the trainer does (HostOptimizer::Drain).
-    for (int64_t u = 0; u < with.store->num_units(); ++u) sink_with.AwaitUnit(u);
-    const std::vector<uint16_t> before = with.Weights();
-    with.Evaluate(held_out);
-    EXPECT_EQ(with.Weights(), before);
-    const StepResult b = without.Step(batches, &sink_without);
-    EXPECT_EQ(a.loss, b.loss) << "step " << step;
-    for (size_t u = 0; u < sink_with.grads.size(); ++u) {
-      EXPECT_EQ(sink_with.grads[u], sink_without.grads[u]) << "step " << step << " unit " << u;
+  for (Variant v : {Variant::kQwen2UntiedBias, Variant::kQwen3MoeMixedLayers}) {
+    const ModelConfig c = TinyConfig(v);
+    const Shape resident{2, 10, 1, false, 99};
+    EvalHarness with(c, resident), without(c, resident);
+    SgdSink sink_with(with.be.get(), with.pool.get(), with.store.get(), false);
+    SgdSink sink_without(without.be.get(), without.pool.get(), without.store.get(), false);
+    const std::vector<MicroBatch> held_out = Batches(c, 5, 10, 90);
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<MicroBatch> batches = Batches(c, 2, 10, 10 + step);
+      const StepResult a = with.Step(batches, &sink_with);
+      // Every pending update applied first, as the trainer does (HostOptimizer::Drain).
+      for (int64_t u = 0; u < with.store->num_units(); ++u) sink_with.AwaitUnit(u);
+      const std::vector<uint16_t> before = with.Weights();
+      with.Evaluate(held_out);
+      EXPECT_EQ(with.Weights(), before);
+      const StepResult b = without.Step(batches, &sink_without);
+      EXPECT_EQ(a.loss, b.loss) << "step " << step;
+      EXPECT_EQ(a.aux_loss, b.aux_loss) << "step " << step;
+      for (size_t u = 0; u < sink_with.grads.size(); ++u) {
+        EXPECT_EQ(sink_with.grads[u], sink_without.grads[u]) << "step " << step << " unit " << u;
+      }
     }
   }
 }
