@@ -22,6 +22,15 @@ double ReadStat(const char* p, DType dtype) {
   return f;
 }
 
+// A micro-batch of the plan's n tokens; InvalidArgument naming `what` otherwise.
+absl::Status CheckShape(const MicroBatch& b, int64_t n, const char* what) {
+  if (b.rows * b.seq_len == n && static_cast<int64_t>(b.tokens.size()) == n) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " of ", b.tokens.size(), " tokens; the plan has ", n));
+}
+
 }  // namespace
 
 Pipeline::Pipeline(const ModelConfig& config, const ModelLayout& layout, HostStore* store,
@@ -253,10 +262,7 @@ absl::StatusOr<int64_t> Pipeline::CheckBatches(const std::vector<MicroBatch>& ba
   }
   int64_t num_targets = 0;
   for (const MicroBatch& b : batches) {
-    if (b.rows * b.seq_len != n || static_cast<int64_t>(b.tokens.size()) != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "micro-batch of ", b.tokens.size(), " tokens; the plan has ", n));
-    }
+    RETURN_IF_ERROR(CheckShape(b, n, "micro-batch"));
     num_targets += b.num_targets();
   }
   return num_targets;
@@ -491,12 +497,8 @@ StepResult Pipeline::FinishStep(GradSink* sink, int64_t num_targets,
 absl::StatusOr<EvalResult> Pipeline::Evaluate(const std::vector<MicroBatch>& batches) {
   MT_CHECK(options_.eval_micro_batches > 0);
   backend_->BindThread();
-  const int64_t n = options_.tokens_per_micro_batch;
   for (const MicroBatch& b : batches) {
-    if (b.rows * b.seq_len != n || static_cast<int64_t>(b.tokens.size()) != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "evaluation micro-batch of ", b.tokens.size(), " tokens; the plan has ", n));
-    }
+    RETURN_IF_ERROR(CheckShape(b, options_.tokens_per_micro_batch, "evaluation micro-batch"));
   }
   const auto start = std::chrono::steady_clock::now();
   Backend& be = *backend_;
