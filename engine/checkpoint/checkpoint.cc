@@ -219,11 +219,13 @@ void CheckpointWriter::Locate(int64_t unit, int64_t piece, size_t* part, uint64_
     ++*part;
   }
   MT_CHECK(*part < parts_.size());
-  // The unit's part split evenly.
-  const uint64_t unit_bytes = UnitPartBytes(unit, static_cast<int>(*part));
+  // The unit's part split evenly, at element boundaries: a piece of the model rounded from
+  // the master must hold whole bf16 elements.
+  const uint64_t element = DTypeSize(parts_[*part]->info.dtype);
+  const uint64_t elements = UnitPartBytes(unit, static_cast<int>(*part)) / element;
   const uint64_t pieces = static_cast<uint64_t>(PiecesPerPart(unit, static_cast<int>(*part)));
-  *begin = unit_bytes * piece / pieces;
-  *end = unit_bytes * (piece + 1) / pieces;
+  *begin = elements * piece / pieces * element;
+  *end = elements * (piece + 1) / pieces * element;
 }
 
 int64_t CheckpointWriter::PieceFile(int64_t unit, int64_t piece) const {

@@ -71,8 +71,10 @@ ModelConfig TinyConfig(bool tied, int64_t scale = 1) {
 
 // A store holding random weights and distinct, seeded values in m and v, so that a file
 // swapped between master, exp_avg and exp_avg_sq would be noticed.
-std::unique_ptr<HostStore> FilledStore(const ModelConfig& config, uint64_t seed) {
-  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(BuildLayout(config));
+std::unique_ptr<HostStore> FilledStore(const ModelConfig& config, uint64_t seed,
+                                       const StoreOptions& options = {}) {
+  absl::StatusOr<std::unique_ptr<HostStore>> store =
+      HostStore::Create(BuildLayout(config), -1, options);
   EXPECT_TRUE(store.ok()) << store.status();
   if (!store.ok()) return nullptr;
   RandomInitWeights(config, seed, store->get());
@@ -355,11 +357,17 @@ TEST(CheckpointShardingTest, SmallMaxShardBytesWritesNumberedShardsAndIndexThatL
 }
 
 // A checkpoint written piece by piece, in shuffled order, from several threads (as one
-// written while training runs is), is byte for byte the one SaveCheckpoint writes.
-TEST(CheckpointWriterTest, PiecesInAnyOrderFromThreadsEqualASequentialSave) {
+// written while training runs is), is byte for byte the one SaveCheckpoint writes: with the
+// store's bf16 copy, and without it, where the model's pieces are the master rounded (an odd
+// piece size must not cut a bf16 element in two).
+class CheckpointPiecesTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CheckpointPiecesTest, PiecesInAnyOrderFromThreadsEqualASequentialSave) {
   TempDir root;
   const ModelConfig config = TinyConfig(/*tied=*/false, /*scale=*/2);
-  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5);
+  StoreOptions store_options;
+  store_options.bf16_copy = GetParam();
+  std::unique_ptr<HostStore> store = FilledStore(config, /*seed=*/5, store_options);
   ASSERT_NE(store, nullptr);
   CheckpointOptions whole;  // default pieces: each part of a unit in one
   whole.max_shard_bytes = 64 << 10;
@@ -400,6 +408,9 @@ TEST(CheckpointWriterTest, PiecesInAnyOrderFromThreadsEqualASequentialSave) {
   }
   EXPECT_GE(compared, 16);  // several shards per part, indexes, config, trainer state
 }
+
+INSTANTIATE_TEST_SUITE_P(Bf16Copy, CheckpointPiecesTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "WithCopy" : "MasterOnly"; });
 
 TEST(CheckpointWriterTest, AbandonedBeforeCommitLeavesNothing) {
   TempDir root;
