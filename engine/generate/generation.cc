@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/check.h"
 #include "engine/common/status.h"
 #include "engine/data/text_stream.h"
 #include "engine/generate/stop_matcher.h"
@@ -17,6 +18,7 @@ namespace {
 // A sequence in flight: its prompt's index, its slot, what it has made so far.
 struct Live {
   int64_t index = 0;
+  int64_t key = 0;   // its draws' key
   int32_t slot = 0;
   int32_t next = 0;  // the token sampled last, fed at the next decode step
   Completion completion;
@@ -43,8 +45,9 @@ absl::Status CheckPrompts(const Generator& g, const std::vector<std::vector<int3
 class Loop {
  public:
   Loop(Generator* g, const Tokenizer* tokenizer, const std::vector<std::vector<int32_t>>& prompts,
-       const SamplingOptions& options, const CompletionCallback& on_done)
-      : g_(g), tokenizer_(tokenizer), prompts_(prompts), options_(options),
+       const SamplingOptions& options, const CompletionCallback& on_done,
+       const std::vector<int64_t>& keys)
+      : g_(g), tokenizer_(tokenizer), prompts_(prompts), keys_(keys), options_(options),
         sampler_(options, g->vocab_size()), on_done_(on_done), out_(prompts.size()),
         greedy_(options.temperature == 0) {
     for (int32_t s = 0; s < g->options().max_sequences; ++s) free_.push_back(s);
@@ -78,7 +81,8 @@ class Loop {
     RETURN_IF_ERROR(g_->Prefill(prompts, slots, output()));
     std::vector<Live*> admitted;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      Live& s = live_.emplace_back(Live{indices[i], slots[i], 0, Completion{}, std::nullopt,
+      const int64_t key = keys_.empty() ? indices[i] : keys_[indices[i]];
+      Live& s = live_.emplace_back(Live{indices[i], key, slots[i], 0, Completion{}, std::nullopt,
                                         StopMatcher(options_.stop_strings, options_.stop_ids)});
       if (tokenizer_ != nullptr) s.text.emplace(*tokenizer_);
       admitted.push_back(&s);
@@ -109,7 +113,7 @@ class Loop {
     if (!greedy_) {
       std::vector<SampleKey> keys;
       for (const Live* s : seqs) {
-        keys.push_back(SampleKey{s->index, static_cast<int64_t>(s->completion.ids.size())});
+        keys.push_back(SampleKey{s->key, static_cast<int64_t>(s->completion.ids.size())});
       }
       picked_.resize(seqs.size());
       RETURN_IF_ERROR(sampler_.Sample(logits_, keys, absl::MakeSpan(picked_)));
@@ -152,6 +156,7 @@ class Loop {
   Generator* g_;
   const Tokenizer* tokenizer_;
   const std::vector<std::vector<int32_t>>& prompts_;
+  const std::vector<int64_t>& keys_;  // empty: each prompt's index
   SamplingOptions options_;
   Sampler sampler_;
   CompletionCallback on_done_;
@@ -173,13 +178,15 @@ const char* FinishReasonName(FinishReason reason) {
 absl::StatusOr<std::vector<Completion>> Generate(Generator* generator, const Tokenizer* tokenizer,
                                                  const std::vector<std::vector<int32_t>>& prompts,
                                                  const SamplingOptions& options,
-                                                 const CompletionCallback& on_done) {
+                                                 const CompletionCallback& on_done,
+                                                 const std::vector<int64_t>& sample_keys) {
   RETURN_IF_ERROR(ValidateSamplingOptions(options, generator->vocab_size()));
   if (tokenizer == nullptr && !options.stop_strings.empty()) {
     return absl::InvalidArgumentError("sampling.stop_strings need a tokenizer to decode the text");
   }
   RETURN_IF_ERROR(CheckPrompts(*generator, prompts));
-  Loop loop(generator, tokenizer, prompts, options, on_done);
+  MT_CHECK(sample_keys.empty() || sample_keys.size() == prompts.size());
+  Loop loop(generator, tokenizer, prompts, options, on_done, sample_keys);
   return loop.Run();
 }
 

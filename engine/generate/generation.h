@@ -5,8 +5,8 @@
 // together, as many as a pass takes), then every sequence in flight decodes one token per
 // step: with streamed weights, each crossing of a layer serves all of them. A finished
 // sequence's slot takes the next prompt at once (continuous batching). Prompt i's draws are
-// keyed by (seed, i, step), so its tokens do not depend on which others share its steps
-// beyond the logits' own rounding.
+// keyed by (seed, its key, step), so its tokens do not depend on which others share its
+// steps beyond the logits' own rounding.
 #pragma once
 
 #include <cstdint>
@@ -38,12 +38,14 @@ struct Completion {
 using CompletionCallback = std::function<void(int64_t, const Completion&)>;
 
 // Completes every prompt with `options`. `tokenizer` decodes the text and finds stop
-// strings (null: ids only, and stop strings are refused). InvalidArgument for options
+// strings (null: ids only, and stop strings are refused). Prompt i's draws are keyed by
+// sample_keys[i] (empty: by i), so a prompt completed in a later call with its own key
+// gets the tokens it would have got in one call with all. InvalidArgument for options
 // out of range (named), an empty prompt, or a prompt the generator cannot hold with one
 // new token (naming the prompt, its length and the limit).
 [[nodiscard]] absl::StatusOr<std::vector<Completion>> Generate(
     Generator* generator, const Tokenizer* tokenizer,
     const std::vector<std::vector<int32_t>>& prompts, const SamplingOptions& options,
-    const CompletionCallback& on_done = nullptr);
+    const CompletionCallback& on_done = nullptr, const std::vector<int64_t>& sample_keys = {});
 
 }  // namespace megatrain

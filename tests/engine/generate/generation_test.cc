@@ -89,6 +89,36 @@ TEST(Generate, ContinuousBatchingChangesNoTokenAndTheSameSeedRepeats) {
   EXPECT_GT(differ, 0) << "another seed gave the same tokens for every prompt";
 }
 
+// A job completed in parts (a generate job's steps, a resumed run) keys each prompt's draws
+// by its index in the job: the parts give the tokens one call gives.
+TEST(Generate, PromptsCompletedInPartsWithTheirKeysGetTheTokensOfOneCall) {
+  TinyModel s;
+  SamplingOptions sampled;
+  sampled.temperature = 1.0;
+  sampled.seed = 3;
+  sampled.max_new_tokens = 8;
+  std::unique_ptr<Generator> g = s.Make(2);
+  absl::StatusOr<std::vector<Completion>> whole = Generate(g.get(), nullptr, Prompts(), sampled);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const std::vector<std::vector<int32_t>> all = Prompts();
+  const std::vector<std::vector<int64_t>> parts = {{3, 0}, {4}, {1, 2}};
+  int keyless_differ = 0;
+  for (const std::vector<int64_t>& part : parts) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t i : part) prompts.push_back(all[i]);
+    absl::StatusOr<std::vector<Completion>> done =
+        Generate(g.get(), nullptr, prompts, sampled, nullptr, part);
+    ASSERT_TRUE(done.ok()) << done.status();
+    absl::StatusOr<std::vector<Completion>> keyless = Generate(g.get(), nullptr, prompts, sampled);
+    ASSERT_TRUE(keyless.ok());
+    for (size_t k = 0; k < part.size(); ++k) {
+      EXPECT_EQ((*done)[k].ids, (*whole)[part[k]].ids) << "prompt " << part[k];
+      keyless_differ += (*keyless)[k].ids != (*whole)[part[k]].ids;
+    }
+  }
+  EXPECT_GT(keyless_differ, 0) << "the keys changed nothing: the test shows nothing";
+}
+
 TEST(Generate, StopIdsStopStringsAndLengthsEndSequencesAsTheySay) {
   TinyModel s;
   ByteTokenizer bytes;
