@@ -74,8 +74,49 @@ struct ScheduleOptions {
 
 // One training job: what docs/job-spec.md documents, field by field. Relative paths are
 // resolved against the spec's folder when it is parsed: every path here is absolute or "".
+// Completions of prompts by a model folder or a job's checkpoint (docs/generation.md).
+// A job of kind generate or eval carries one (JobSpec::generate): its model_path and
+// backend are then the job's.
+struct GenerateSpec {
+  std::string model_path;              // config.json and *.safetensors
+  // Prompts: `prompts` (texts) first, then the JSONL file's lines: {"prompt": text},
+  // {"messages": [{role, content}]} (with chat) or {"input_ids": [...]}; a line may carry an
+  // "answer" (score).
+  std::vector<std::string> prompts;
+  std::string prompts_path;
+  std::string output_path;             // completions as JSONL; "" = none
+  // An output that already holds completions (of a run stopped part way) keeps them, and
+  // only the prompts without one are completed; false: the output starts empty.
+  bool resume_output = false;
+  std::string tokenizer = "auto";      // auto | byte | model | a tokenizer.json (data.tokenizer's)
+  bool chat = false;                   // render the model's chat template, generation prompt on
+  // Sampling: temperature 0 is greedy; the same seed and options give the same tokens.
+  double temperature = 0;
+  int64_t top_k = 0;                   // 0: off
+  double top_p = 1.0;                  // in (0, 1]
+  uint64_t seed = 0;
+  int64_t max_new_tokens = 256;
+  std::vector<std::string> stop_strings;
+  std::vector<int32_t> stop_ids;       // the tokenizer's eos too, unless ignore_eos
+  bool ignore_eos = false;
+  // Exact match against each line's "answer": the completion's last number, or the last
+  // match of answer_pattern (its first group); numbers compare as numbers.
+  bool score = false;
+  std::string answer_pattern;
+  std::string backend = "auto";        // auto | cpu | cuda | cuda:N
+  int64_t max_sequences = 0;           // in flight at once; 0: as many as the device holds
+};
+
+// What a job does: train (the default), complete prompts (generate), or complete them and
+// score exact match against each prompt's answer (eval).
+enum class JobKind { kTrain, kGenerate, kEval };
+
 struct JobSpec {
   std::string name = "job";
+  JobKind kind = JobKind::kTrain;
+  // Kinds generate and eval: the prompts and sampling (model_path and backend are the
+  // spec's; score is set for eval). Such a spec has no data, eval, train or optimizer.
+  GenerateSpec generate;
   // model: exactly one of model_path / an inline config.json.
   std::string model_path;         // Hugging Face folder
   std::string model_config_json;  // config.json text for random init
@@ -168,6 +209,7 @@ const char* SpecName(ActivationPlacement value);
 const char* SpecName(ScheduleType value);
 const char* SpecName(MomentDType value);
 const char* SpecName(Bf16Copy value);
+const char* SpecName(JobKind value);  // "train" | "generate" | "eval"
 // The value of E named `name`: InvalidArgument "<field> must be one of a, b, c; got 'x'"
 // otherwise. Defined for every E that SpecName takes.
 template <typename E>
@@ -218,6 +260,7 @@ struct PlanSummary {
   int64_t kept_layers = 0;          // layers whose intermediates stay on the device
   int64_t mlp_tile_tokens = 0;
   int64_t eval_micro_batches = 0;   // through each layer at once in an evaluation; 0: none
+  int64_t sequences = 0;            // generate / eval jobs: sequences decoded at once
   int64_t nvme_layers = 0;
   int64_t nvme_bytes = 0;
   int64_t devices = 1;
@@ -392,33 +435,6 @@ class TrainingJob {
 
 // ---- Generation ---------------------------------------------------------------------
 
-// Completions of prompts by a model folder or a job's checkpoint (docs/generation.md).
-struct GenerateSpec {
-  std::string model_path;              // config.json and *.safetensors
-  // Prompts: `prompts` (texts) first, then the JSONL file's lines: {"prompt": text},
-  // {"messages": [{role, content}]} (with chat) or {"input_ids": [...]}; a line may carry an
-  // "answer" (score).
-  std::vector<std::string> prompts;
-  std::string prompts_path;
-  std::string output_path;             // completions as JSONL; "" = none
-  std::string tokenizer = "auto";      // auto | byte | model | a tokenizer.json (data.tokenizer's)
-  bool chat = false;                   // render the model's chat template, generation prompt on
-  // Sampling: temperature 0 is greedy; the same seed and options give the same tokens.
-  double temperature = 0;
-  int64_t top_k = 0;                   // 0: off
-  double top_p = 1.0;                  // in (0, 1]
-  uint64_t seed = 0;
-  int64_t max_new_tokens = 256;
-  std::vector<std::string> stop_strings;
-  std::vector<int32_t> stop_ids;       // the tokenizer's eos too, unless ignore_eos
-  bool ignore_eos = false;
-  // Exact match against each line's "answer": the completion's last number, or the last
-  // match of answer_pattern (its first group); numbers compare as numbers.
-  bool score = false;
-  std::string answer_pattern;
-  std::string backend = "auto";        // auto | cpu | cuda | cuda:N
-  int64_t max_sequences = 0;           // in flight at once; 0: as many as the device holds
-};
 
 // One prompt's completion as Run() reports it.
 struct CompletionReport {
@@ -450,13 +466,25 @@ class GenerationJob {
   virtual ~GenerationJob() = default;
   // How it runs, in words: the prompts, the sequences at once, resident or streamed.
   virtual std::string Describe() const = 0;
-  // Completes every prompt, writing each completion's JSON line to the output as it
-  // finishes (index, prompt, completion, finish_reason, ids, logprobs; answer, extracted
-  // and correct when scoring), and calling `on_completion` with it (may be null).
-  // DataLoss when the output cannot be written.
-  [[nodiscard]] virtual absl::StatusOr<GenerationSummary> Run(
-      const std::function<void(const CompletionReport&)>& on_completion) = 0;
+  // Completes the next `max_prompts` prompts (<= 0: all) that have no completion yet,
+  // writing each completion's JSON line to the output as it finishes (index, prompt,
+  // completion, finish_reason, ids, logprobs; answer, extracted and correct when scoring),
+  // and calling `on_completion` with it (may be null). Returns the totals so far (prompts
+  // and correct count those an output resumed with). DataLoss when the output cannot be
+  // written.
+  [[nodiscard]] virtual absl::StatusOr<GenerationSummary> RunSome(
+      int64_t max_prompts, const std::function<void(const CompletionReport&)>& on_completion) = 0;
+  // RunSome() of every prompt left.
+  [[nodiscard]] absl::StatusOr<GenerationSummary> Run(
+      const std::function<void(const CompletionReport&)>& on_completion);
+  virtual int64_t num_prompts() const = 0;
+  virtual int64_t prompts_done() const = 0;  // with a completion in the output
+  virtual int64_t sequences() const = 0;     // decoded at once
 };
+
+// A generate or eval job spec's GenerateSpec: its model, backend and score (eval), and the
+// output in checkpoint.dir (completions.jsonl) where it names none.
+GenerateSpec GenerateSpecOf(const JobSpec& spec);
 
 // Complete checkpoints under `root`, oldest first (by step).
 std::vector<std::string> ListCheckpoints(const std::string& root);

@@ -1,7 +1,13 @@
 // engine.h's GenerationJob: a model folder's weights in a weights-only store, its tokenizer
 // and chat template as a training job would find them, the prompts, and a Generator planned
-// for the device; Run() is Generate() with the completions written out as JSON lines.
+// for the device; RunSome() is Generate() over the prompts not yet done, with the
+// completions written out as JSON lines.
+#include "engine/job/generation_job.h"
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -26,6 +32,8 @@
 
 namespace megatrain {
 namespace {
+
+namespace fs = std::filesystem;
 
 struct Prompts {
   std::vector<nlohmann::json> shown;         // as given, for the output
@@ -156,59 +164,189 @@ SamplingOptions SamplingOf(const GenerateSpec& spec, const Tokenizer& tokenizer)
   return s;
 }
 
+// What a generation needs before its weights: the model's config, its tokenizer, the
+// prompts and the sampling, checked.
+struct Prepared {
+  ModelConfig config;
+  std::unique_ptr<Tokenizer> tokenizer;
+  Prompts prompts;
+  SamplingOptions sampling;
+  std::optional<AnswerMatcher> matcher;
+  int64_t longest = 0;  // the longest prompt's tokens
+  int64_t max_len = 0;  // a sequence's positions: the longest prompt and its new tokens
+};
+
+absl::StatusOr<Prepared> Prepare(const GenerateSpec& spec) {
+  Prepared p;
+  JobSpec rules;  // a training job's rules for a model folder's tokenizer and chat template
+  rules.model_path = spec.model_path;
+  rules.data_format = DataFormat::kMessages;
+  RETURN_IF_ERROR(SetSpecTokenizer(spec.tokenizer, "", &rules));
+  ASSIGN_OR_RETURN(p.config, LoadModelConfig(spec.model_path + "/config.json"));
+  std::string tokenizer_dir;
+  ASSIGN_OR_RETURN(p.tokenizer, LoadJobTokenizer(rules, &tokenizer_dir));
+  ASSIGN_OR_RETURN(const DatasetOptions chat,
+                   JobDatasetOptions(rules, tokenizer_dir, p.config.vocab_size));
+  if (spec.chat && !chat.chat.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat: ", spec.model_path, " names no chat template we know"));
+  }
+  p.sampling = SamplingOf(spec, *p.tokenizer);
+  RETURN_IF_ERROR(ValidateSamplingOptions(p.sampling, p.config.vocab_size));
+  ASSIGN_OR_RETURN(const AnswerMatcher matcher, AnswerMatcher::Create(spec.answer_pattern));
+  p.matcher = matcher;
+  ASSIGN_OR_RETURN(p.prompts, ReadPrompts(spec, *p.tokenizer, spec.chat ? &chat : nullptr,
+                                          p.config.max_position_embeddings));
+  for (const std::vector<int32_t>& ids : p.prompts.ids) {
+    p.longest = std::max<int64_t>(p.longest, ids.size());
+  }
+  p.max_len = p.longest + spec.max_new_tokens + 1;
+  p.config.rope_scaling.dynamic_seq_len = p.max_len;
+  return p;
+}
+
+absl::StatusOr<GeneratorOptions> PlanPrepared(const Prepared& p, const GenerateSpec& spec,
+                                              const ModelLayout& layout, Backend* be) {
+  const int64_t budget = be->device_memory_budget() > 0
+                             ? PlannableDeviceBytes(be->device_memory_budget())
+                             : int64_t{1} << 40;  // the CPU's: host memory
+  const int64_t wanted = spec.max_sequences > 0 ? spec.max_sequences
+                                                : static_cast<int64_t>(p.prompts.ids.size());
+  return PlanGenerator(p.config, layout, be, budget, wanted, p.max_len,
+                       std::max<int64_t>(p.longest, 4096));
+}
+
+std::string DescribePlan(const Prepared& p, const GeneratorOptions& g, const std::string& device) {
+  return absl::StrCat(p.prompts.ids.size(), " prompt(s); ", g.max_sequences,
+                      " sequence(s) at once, layers ",
+                      g.weight_slots >= p.config.num_layers ? "resident" : "streamed", ", ", device);
+}
+
+// The host bytes of a store of the bf16 weights alone (HostStore with weights_only).
+int64_t WeightsOnlyHostBytes(const ModelLayout& layout) {
+  int64_t bytes = 0;
+  for (const UnitLayout& u : layout.units) bytes += (u.num_elements * 2 + 4095) / 4096 * 4096;
+  return bytes;
+}
+
+// The prompts an output file already completed: each whole line's "index" (and whether it
+// was correct); a last line cut short is dropped from the file.
+absl::Status ReadDoneCompletions(const std::string& path, int64_t prompts, std::vector<bool>* done,
+                                 int64_t* correct) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) return absl::OkStatus();  // none yet
+  std::string line;
+  int64_t good_bytes = 0, offset = 0;
+  while (std::getline(in, line)) {
+    const bool whole = !in.eof();  // ended by a newline
+    offset += static_cast<int64_t>(line.size()) + (whole ? 1 : 0);
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!whole || !j.is_object() || !j.contains("index") || !j["index"].is_number_integer()) break;
+    const int64_t i = j["index"].get<int64_t>();
+    if (i < 0 || i >= prompts) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output: ", path, " holds a completion of prompt ", i, ", and there are ", prompts,
+          " prompts: it is another run's output; name a new file"));
+    }
+    if (!(*done)[i]) *correct += j.value("correct", false) ? 1 : 0;
+    (*done)[i] = true;
+    good_bytes = offset;
+  }
+  std::error_code ec;
+  fs::resize_file(path, static_cast<uintmax_t>(good_bytes), ec);
+  if (ec) return absl::DataLossError(absl::StrCat("output: ", path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
 class GeneratorJob final : public GenerationJob {
  public:
   std::string Describe() const override { return description_; }
-  absl::StatusOr<GenerationSummary> Run(
-      const std::function<void(const CompletionReport&)>& on_completion) override;
+  int64_t num_prompts() const override { return static_cast<int64_t>(done_.size()); }
+  int64_t prompts_done() const override {
+    return std::count(done_.begin(), done_.end(), true);
+  }
+  int64_t sequences() const override { return generator_->options().max_sequences; }
+  absl::StatusOr<GenerationSummary> RunSome(
+      int64_t max_prompts, const std::function<void(const CompletionReport&)>& on_completion) override;
+
+  absl::Status OpenOutput();
+  std::string CompletionLine(int64_t i, const Completion& c);
 
   GenerateSpec spec_;
-  SamplingOptions sampling_;
+  Prepared p_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<HostStore> store_;
-  std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Generator> generator_;  // before the store and backend it uses go
-  std::optional<AnswerMatcher> matcher_;
-  Prompts prompts_;
   std::string description_;
+  std::vector<bool> done_;  // per prompt: its completion is in the output
+  std::ofstream out_;
+  GenerationSummary total_;  // over this job's calls, prompts and correct with the resumed
 };
 
-absl::StatusOr<GenerationSummary> GeneratorJob::Run(
-    const std::function<void(const CompletionReport&)>& on_completion) {
-  std::ofstream out;
-  if (!spec_.output_path.empty()) out.open(spec_.output_path);
-  GenerationSummary summary;
-  auto done = [&](int64_t i, const Completion& c) {
-    nlohmann::json line = {{"index", i}, {"prompt", prompts_.shown[i]},
-                           {"completion", c.text}, {"finish_reason", FinishReasonName(c.finish)},
-                           {"ids", c.ids}, {"logprobs", c.logprobs}};
-    if (spec_.score) {
-      const std::optional<std::string> answer = matcher_->Extract(c.text);
-      const bool right =
-          answer.has_value() && AnswerMatcher::SameAnswer(*answer, prompts_.answers[i]);
-      summary.correct += right;
-      line["answer"] = prompts_.answers[i];
-      line["extracted"] = answer.has_value() ? nlohmann::json(*answer) : nlohmann::json();
-      line["correct"] = right;
-    }
-    summary.new_tokens += static_cast<int64_t>(c.ids.size());
-    const std::string json =
-        line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    if (out.is_open()) out << json << "\n";
+absl::Status GeneratorJob::OpenOutput() {
+  done_.assign(p_.prompts.ids.size(), false);
+  if (spec_.output_path.empty()) return absl::OkStatus();
+  if (spec_.resume_output) {
+    RETURN_IF_ERROR(ReadDoneCompletions(spec_.output_path, num_prompts(), &done_, &total_.correct));
+  }
+  total_.prompts = prompts_done();
+  out_.open(spec_.output_path, spec_.resume_output ? std::ios::app : std::ios::trunc);
+  if (!out_.is_open()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("output: cannot write ", spec_.output_path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+std::string GeneratorJob::CompletionLine(int64_t i, const Completion& c) {
+  nlohmann::json line = {{"index", i}, {"prompt", p_.prompts.shown[i]},
+                         {"completion", c.text}, {"finish_reason", FinishReasonName(c.finish)},
+                         {"ids", c.ids}, {"logprobs", c.logprobs}};
+  if (spec_.score) {
+    const std::optional<std::string> answer = p_.matcher->Extract(c.text);
+    const bool right =
+        answer.has_value() && AnswerMatcher::SameAnswer(*answer, p_.prompts.answers[i]);
+    total_.correct += right;
+    line["answer"] = p_.prompts.answers[i];
+    line["extracted"] = answer.has_value() ? nlohmann::json(*answer) : nlohmann::json();
+    line["correct"] = right;
+  }
+  return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+absl::StatusOr<GenerationSummary> GeneratorJob::RunSome(
+    int64_t max_prompts, const std::function<void(const CompletionReport&)>& on_completion) {
+  std::vector<int64_t> pending;  // the next prompts without a completion, in order
+  for (int64_t i = 0; i < num_prompts(); ++i) {
+    if (max_prompts > 0 && static_cast<int64_t>(pending.size()) >= max_prompts) break;
+    if (!done_[i]) pending.push_back(i);
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t i : pending) prompts.push_back(p_.prompts.ids[i]);
+  auto finished = [&](int64_t k, const Completion& c) {
+    const int64_t i = pending[k];
+    const std::string json = CompletionLine(i, c);
+    if (out_.is_open()) out_ << json << "\n" << std::flush;  // whole lines survive a kill
+    done_[i] = true;
+    ++total_.prompts;
+    total_.new_tokens += static_cast<int64_t>(c.ids.size());
     if (on_completion) on_completion(CompletionReport{i, c.text, FinishReasonName(c.finish), json});
   };
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(const std::vector<Completion> completions,
-                   Generate(generator_.get(), tokenizer_.get(), prompts_.ids, sampling_, done));
-  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  summary.prompts = static_cast<int64_t>(completions.size());
-  summary.accuracy = spec_.score ? static_cast<double>(summary.correct) / summary.prompts : 0;
-  summary.tokens_per_second = summary.seconds > 0 ? summary.new_tokens / summary.seconds : 0;
-  if (out.is_open()) out.flush();
-  if (!spec_.output_path.empty() && !out.good()) {
+  if (!prompts.empty()) {
+    RETURN_IF_ERROR(
+        Generate(generator_.get(), p_.tokenizer.get(), prompts, p_.sampling, finished, pending)
+            .status());
+  }
+  total_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  total_.accuracy = spec_.score && total_.prompts > 0
+                        ? static_cast<double>(total_.correct) / total_.prompts
+                        : 0;
+  total_.tokens_per_second = total_.seconds > 0 ? total_.new_tokens / total_.seconds : 0;
+  if (out_.is_open() && !out_.good()) {
     return absl::DataLossError(absl::StrCat("output: writing ", spec_.output_path, " failed"));
   }
-  return summary;
+  return total_;
 }
 
 }  // namespace
@@ -217,53 +355,55 @@ absl::StatusOr<std::unique_ptr<GenerationJob>> GenerationJob::Create(const Gener
                                                                      const RunOptions& options) {
   auto job = std::make_unique<GeneratorJob>();
   job->spec_ = spec;
-  JobSpec rules;  // a training job's rules for a model folder's tokenizer and chat template
-  rules.model_path = spec.model_path;
-  rules.data_format = DataFormat::kMessages;
-  RETURN_IF_ERROR(SetSpecTokenizer(spec.tokenizer, "", &rules));
-  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(spec.model_path + "/config.json"));
-  std::string tokenizer_dir;
-  ASSIGN_OR_RETURN(job->tokenizer_, LoadJobTokenizer(rules, &tokenizer_dir));
-  ASSIGN_OR_RETURN(const DatasetOptions chat,
-                   JobDatasetOptions(rules, tokenizer_dir, config.vocab_size));
-  if (spec.chat && !chat.chat.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chat: ", spec.model_path, " names no chat template we know"));
-  }
-  job->sampling_ = SamplingOf(spec, *job->tokenizer_);
-  RETURN_IF_ERROR(ValidateSamplingOptions(job->sampling_, config.vocab_size));
-  ASSIGN_OR_RETURN(const AnswerMatcher matcher, AnswerMatcher::Create(spec.answer_pattern));
-  job->matcher_ = matcher;
-  ASSIGN_OR_RETURN(job->prompts_, ReadPrompts(spec, *job->tokenizer_, spec.chat ? &chat : nullptr,
-                                              config.max_position_embeddings));
-  int64_t longest = 0;
-  for (const std::vector<int32_t>& p : job->prompts_.ids) {
-    longest = std::max<int64_t>(longest, p.size());
-  }
-  const int64_t max_len = longest + spec.max_new_tokens + 1;
-  config.rope_scaling.dynamic_seq_len = max_len;
+  ASSIGN_OR_RETURN(job->p_, Prepare(spec));
   const std::string device = options.device.empty() ? spec.backend : options.device;
   ASSIGN_OR_RETURN(job->backend_, CreateBackend(BackendRequest{device}));
   StoreOptions store_options;
   store_options.weights_only = true;
+  const ModelConfig& config = job->p_.config;
   ASSIGN_OR_RETURN(job->store_, HostStore::Create(BuildLayout(config), -1, store_options));
   absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(spec.model_path);
   if (!reader.ok()) return Annotate(reader.status(), "model");
   RETURN_IF_ERROR(Annotate(LoadWeights(*reader, job->store_.get()), "model"));
   Backend* be = job->backend_.get();
-  const int64_t budget = be->device_memory_budget() > 0
-                             ? PlannableDeviceBytes(be->device_memory_budget())
-                             : int64_t{1} << 40;  // the CPU's: host memory
-  const int64_t wanted = spec.max_sequences > 0 ? spec.max_sequences
-                                                : static_cast<int64_t>(job->prompts_.ids.size());
   ASSIGN_OR_RETURN(const GeneratorOptions g,
-                   PlanGenerator(config, job->store_->layout(), be, budget, wanted, max_len,
-                                 std::max<int64_t>(longest, 4096)));
-  job->description_ = absl::StrCat(
-      job->prompts_.ids.size(), " prompt(s); ", g.max_sequences, " sequence(s) at once, layers ",
-      g.weight_slots >= config.num_layers ? "resident" : "streamed", ", ", be->name());
+                   PlanPrepared(job->p_, spec, job->store_->layout(), be));
+  job->description_ = DescribePlan(job->p_, g, be->name());
   ASSIGN_OR_RETURN(job->generator_, Generator::Create(config, job->store_.get(), be, g));
+  RETURN_IF_ERROR(job->OpenOutput());
   return std::unique_ptr<GenerationJob>(std::move(job));
+}
+
+absl::StatusOr<GenerationSummary> GenerationJob::Run(
+    const std::function<void(const CompletionReport&)>& on_completion) {
+  return RunSome(0, on_completion);
+}
+
+absl::StatusOr<PlanSummary> PlanGeneration(const GenerateSpec& spec, Backend* backend) {
+  ASSIGN_OR_RETURN(const Prepared p, Prepare(spec));
+  const ModelLayout layout = BuildLayout(p.config);
+  ASSIGN_OR_RETURN(const GeneratorOptions g, PlanPrepared(p, spec, layout, backend));
+  PlanSummary out;
+  out.weight_slots = g.weight_slots;
+  out.sequences = g.max_sequences;
+  out.device_bytes = GeneratorDeviceBytes(p.config, layout, backend, g);
+  out.host_bytes = WeightsOnlyHostBytes(layout);
+  out.text = absl::StrCat(DescribePlan(p, g, backend->name()), "; up to ", p.max_len,
+                          " positions a sequence; ", out.device_bytes >> 20,
+                          " MiB on the device, ", out.host_bytes >> 20,
+                          " MiB of bf16 weights in host memory");
+  return out;
+}
+
+GenerateSpec GenerateSpecOf(const JobSpec& spec) {
+  GenerateSpec g = spec.generate;
+  g.model_path = spec.model_path;
+  g.backend = spec.backend;
+  g.score = spec.kind == JobKind::kEval;
+  if (g.output_path.empty() && !spec.checkpoint_dir.empty()) {
+    g.output_path = (fs::path(spec.checkpoint_dir) / "completions.jsonl").string();
+  }
+  return g;
 }
 
 }  // namespace megatrain

@@ -227,6 +227,8 @@ absl::Status ValidateJobInputs(const JobSpec& spec) {
     absl::Status tensors = CheckModelTensors(*reader, BuildLayout(config));
     if (!tensors.ok()) return Annotate(tensors, "model.path");
   }
+  // A generate or eval job's prompts are read whole when it is planned.
+  if (spec.kind != JobKind::kTrain) return absl::OkStatus();
   std::string tokenizer_dir;
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir));
   RETURN_IF_ERROR(CheckFirstLines(spec, "data", *tokenizer, tokenizer_dir, config.vocab_size));

@@ -7,6 +7,7 @@
 #include "engine/backend/factory.h"
 #include "engine/backend/planning_backend.h"
 #include "engine/common/status.h"
+#include "engine/job/generation_job.h"
 #include "engine/job/trainer.h"
 
 namespace megatrain {
@@ -57,6 +58,7 @@ absl::StatusOr<std::unique_ptr<JobPlanner>> JobPlanner::CreateFromProfile(
 std::string JobPlanner::profile_json() const { return ProfileToJson(profile_); }
 
 absl::StatusOr<PlanSummary> JobPlanner::Plan(const JobSpec& spec) {
+  if (spec.kind != JobKind::kTrain) return PlanGenerationJob(spec);
   ASSIGN_OR_RETURN(const std::optional<TrainerState> resume, ResumeState(spec));
   absl::StatusOr<PlannedJob> planned = PlanJob(spec, resume);
   if (absl::IsFailedPrecondition(planned.status())) {
@@ -65,6 +67,17 @@ absl::StatusOr<PlanSummary> JobPlanner::Plan(const JobSpec& spec) {
   }
   if (!planned.ok()) return planned.status();
   return SummarizePlan(*planned);
+}
+
+absl::StatusOr<PlanSummary> JobPlanner::PlanGenerationJob(const JobSpec& spec) {
+  MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(PlanSummary plan, PlanGeneration(GenerateSpecOf(spec), backend_.get()));
+  if (host_budget_bytes_ > 0 && plan.host_bytes > host_budget_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model's bf16 weights need ", plan.host_bytes >> 20, " MiB of host memory and ",
+        host_budget_bytes_ >> 20, " MiB is available to a job"));
+  }
+  return plan;
 }
 
 PlanSummary SummarizePlan(const PlannedJob& planned) {

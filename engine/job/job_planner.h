@@ -75,6 +75,8 @@ class JobPlanner final : public Planner {
 
  private:
   JobPlanner() = default;
+  // Plan() of a generate or eval job.
+  [[nodiscard]] absl::StatusOr<PlanSummary> PlanGenerationJob(const JobSpec& spec);
 
   Mutex mu_;
   std::unique_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);  // sizes plans; never runs a job

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -43,6 +44,22 @@ class Section {
     const YAML::Node& n = node_[key];
     if (!n.IsScalar()) return Error(key, "must be a string");
     *out = n.Scalar();
+    return absl::OkStatus();
+  }
+  // A string or a list of strings.
+  absl::Status Strings(const std::string& key, std::vector<std::string>* out) {
+    if (!Has(key)) return absl::OkStatus();
+    const YAML::Node& n = node_[key];
+    if (n.IsScalar()) {
+      out->assign(1, n.Scalar());
+      return absl::OkStatus();
+    }
+    if (!n.IsSequence()) return Error(key, "must be a string or a list of strings");
+    out->clear();
+    for (const YAML::Node& e : n) {
+      if (!e.IsScalar()) return Error(key, "must be a string or a list of strings");
+      out->push_back(e.Scalar());
+    }
     return absl::OkStatus();
   }
   // Types only: the ranges are ValidateJobSpec's.
@@ -229,6 +246,54 @@ absl::Status ParseEval(Section& top, const std::string& base_dir, JobSpec* spec)
   return e.CheckNoUnknown();
 }
 
+// Kinds generate and eval: the prompts, the output and the sampling.
+absl::Status ParseGenerate(Section& top, const std::string& base_dir, JobSpec* spec) {
+  if (!top.Has("generate")) {
+    return absl::InvalidArgumentError(absl::StrCat("a job of kind ", SpecName(spec->kind),
+                                                   " needs a 'generate' section (its prompts)"));
+  }
+  if (!top.Get("generate").IsMap()) return top.Error("generate", "must be a mapping");
+  for (const char* training_only : {"data", "eval", "train", "optimizer"}) {
+    if (top.Has(training_only)) {
+      return absl::InvalidArgumentError(absl::StrCat("a job of kind ", SpecName(spec->kind),
+                                                     " has no '", training_only,
+                                                     "' section (only training jobs do)"));
+    }
+  }
+  GenerateSpec& g = spec->generate;
+  Section s(top.Get("generate"), "generate");
+  RETURN_IF_ERROR(s.String("prompts", &g.prompts_path));
+  g.prompts_path = ResolveSpecPath(base_dir, g.prompts_path);
+  RETURN_IF_ERROR(s.Strings("prompt", &g.prompts));
+  RETURN_IF_ERROR(s.String("output", &g.output_path));
+  g.output_path = ResolveSpecPath(base_dir, g.output_path);
+  RETURN_IF_ERROR(s.Int("max_new_tokens", &g.max_new_tokens));
+  RETURN_IF_ERROR(s.Double("temperature", &g.temperature));
+  RETURN_IF_ERROR(s.Int("top_k", &g.top_k));
+  RETURN_IF_ERROR(s.Double("top_p", &g.top_p));
+  RETURN_IF_ERROR(s.Uint("seed", &g.seed));
+  RETURN_IF_ERROR(s.Strings("stop", &g.stop_strings));
+  std::vector<std::string> stop_ids;
+  RETURN_IF_ERROR(s.Strings("stop_ids", &stop_ids));
+  g.stop_ids.clear();
+  for (const std::string& id : stop_ids) {
+    int32_t v = 0;
+    if (!absl::SimpleAtoi(id, &v) || v < 0) {
+      return s.Error("stop_ids", absl::StrCat("must be token ids (integers >= 0), got '", id, "'"));
+    }
+    g.stop_ids.push_back(v);
+  }
+  RETURN_IF_ERROR(s.Bool("ignore_eos", &g.ignore_eos));
+  RETURN_IF_ERROR(s.Bool("chat", &g.chat));
+  RETURN_IF_ERROR(s.String("tokenizer", &g.tokenizer));
+  if (g.tokenizer != "auto" && g.tokenizer != "byte" && g.tokenizer != "model") {
+    g.tokenizer = ResolveSpecPath(base_dir, g.tokenizer);
+  }
+  RETURN_IF_ERROR(s.Int("max_sequences", &g.max_sequences));
+  RETURN_IF_ERROR(s.String("answer_pattern", &g.answer_pattern));
+  return s.CheckNoUnknown();
+}
+
 absl::Status ParseTrain(Section& top, JobSpec* spec) {
   if (top.Has("train")) {
     if (!top.Get("train").IsMap()) return top.Error("train", "must be a mapping");
@@ -362,11 +427,16 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
   RETURN_IF_ERROR(top.String("name", &spec->name));
   RETURN_IF_ERROR(top.String("backend", &spec->backend));
   RETURN_IF_ERROR(top.Int("device_memory_cap_bytes", &spec->device_memory_cap_bytes));
+  RETURN_IF_ERROR(top.Enum("kind", &spec->kind));
   RETURN_IF_ERROR(ParseModel(top, base_dir, spec));
-  RETURN_IF_ERROR(ParseData(top, base_dir, spec));
-  RETURN_IF_ERROR(ParseEval(top, base_dir, spec));
-  RETURN_IF_ERROR(ParseTrain(top, spec));
-  RETURN_IF_ERROR(ParseOptimizer(top, base_dir, spec));
+  if (spec->kind == JobKind::kTrain) {
+    RETURN_IF_ERROR(ParseData(top, base_dir, spec));
+    RETURN_IF_ERROR(ParseEval(top, base_dir, spec));
+    RETURN_IF_ERROR(ParseTrain(top, spec));
+    RETURN_IF_ERROR(ParseOptimizer(top, base_dir, spec));
+  } else {
+    RETURN_IF_ERROR(ParseGenerate(top, base_dir, spec));
+  }
   RETURN_IF_ERROR(ParseCheckpoint(top, base_dir, spec));
   return top.CheckNoUnknown();
 }
@@ -383,6 +453,7 @@ absl::Status InRange(const char* field, double value, double min, double max) {
 }
 
 absl::Status CheckRanges(const JobSpec& s) {
+  if (s.kind != JobKind::kTrain) return AtLeast("device_memory_cap_bytes", s.device_memory_cap_bytes, 0);
   const std::pair<const char*, std::pair<int64_t, int64_t>> ints[] = {
       {"device_memory_cap_bytes", {s.device_memory_cap_bytes, 0}},
       {"data.tokenize_threads", {s.tokenize_threads, 0}},
@@ -425,6 +496,38 @@ absl::Status CheckRanges(const JobSpec& s) {
   return absl::OkStatus();
 }
 
+// A generate or eval job: a model folder (its weights are what it runs), prompts, and
+// sampling options in range.
+absl::Status CheckGenerate(const JobSpec& s) {
+  const GenerateSpec& g = s.generate;
+  if (s.model_path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.path is required for a job of kind ", SpecName(s.kind),
+        ": the model or checkpoint folder whose weights generate (a config alone has none)"));
+  }
+  if (g.prompts_path.empty() && g.prompts.empty()) {
+    return absl::InvalidArgumentError(
+        "generate.prompts (a JSONL file) or generate.prompt (texts) is required");
+  }
+  if (s.kind == JobKind::kEval && g.prompts_path.empty()) {
+    return absl::InvalidArgumentError(
+        "generate.prompts is required for an eval job: a JSONL of {prompt, answer} lines");
+  }
+  if (s.kind != JobKind::kEval && !g.answer_pattern.empty()) {
+    return absl::InvalidArgumentError(
+        "generate.answer_pattern scores answers: it belongs to a job of kind eval");
+  }
+  RETURN_IF_ERROR(AtLeast("generate.max_new_tokens", g.max_new_tokens, 1));
+  RETURN_IF_ERROR(AtLeast("generate.top_k", g.top_k, 0));
+  RETURN_IF_ERROR(AtLeast("generate.max_sequences", g.max_sequences, 0));
+  RETURN_IF_ERROR(InRange("generate.temperature", g.temperature, 0, 1e3));
+  if (!(g.top_p > 0 && g.top_p <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("generate.top_p must be in (0, 1], got %.10g", g.top_p));
+  }
+  return absl::OkStatus();
+}
+
 // The model, data and device the spec names: each given once, and consistent.
 absl::Status CheckSources(const JobSpec& s) {
   if (s.model_path.empty() == s.model_config_json.empty()) {
@@ -437,6 +540,7 @@ absl::Status CheckSources(const JobSpec& s) {
       return absl::InvalidArgumentError("model.config must be a mapping of config.json fields");
     }
   }
+  if (s.kind != JobKind::kTrain) return CheckGenerate(s);
   if (s.data_path.empty()) {
     return absl::InvalidArgumentError("data.path is required (a JSONL file)");
   }
@@ -473,12 +577,25 @@ absl::Status CheckUtf8(const JobSpec& s) {
       {"data.chat_date", &s.chat_date},
       {"data.cache_dir", &s.data_cache_dir},
       {"eval.path", &s.eval.path},
+      {"generate.prompts", &s.generate.prompts_path},
+      {"generate.output", &s.generate.output_path},
+      {"generate.tokenizer", &s.generate.tokenizer},
+      {"generate.answer_pattern", &s.generate.answer_pattern},
       {"optimizer.nvme_dir", &s.nvme_dir},
       {"checkpoint.dir", &s.checkpoint_dir},
       {"backend", &s.backend}};
   for (const auto& [field, value] : strings) {
     if (!IsValidUtf8(*value)) {
       return absl::InvalidArgumentError(absl::StrCat(field, " is not valid UTF-8"));
+    }
+  }
+  for (const auto* list : {&s.generate.prompts, &s.generate.stop_strings}) {
+    for (const std::string& text : *list) {
+      if (!IsValidUtf8(text)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            list == &s.generate.prompts ? "generate.prompt" : "generate.stop",
+            " is not valid UTF-8"));
+      }
     }
   }
   return absl::OkStatus();
@@ -539,6 +656,7 @@ MT_SPEC_VALUES(ActivationPlacement, ActivationPlacement::kAuto, ActivationPlacem
 MT_SPEC_VALUES(ScheduleType, ScheduleType::kConstant, ScheduleType::kLinear, ScheduleType::kCosine)
 MT_SPEC_VALUES(MomentDType, MomentDType::kF32, MomentDType::kBF16, MomentDType::kInt8)
 MT_SPEC_VALUES(Bf16Copy, Bf16Copy::kAuto, Bf16Copy::kYes, Bf16Copy::kNo)
+MT_SPEC_VALUES(JobKind, JobKind::kTrain, JobKind::kGenerate, JobKind::kEval)
 #undef MT_SPEC_VALUES
 
 // auto | device | host, for the enums that offer those three.
@@ -570,6 +688,13 @@ const char* SpecName(GradientReduce value) { return AutoDeviceHost(value); }
 const char* SpecName(ActivationPlacement value) { return AutoDeviceHost(value); }
 const char* SpecName(ScheduleType value) { return ScheduleTypeName(value); }
 const char* SpecName(MomentDType value) { return MomentDTypeName(value); }
+const char* SpecName(JobKind value) {
+  switch (value) {
+    case JobKind::kGenerate: return "generate";
+    case JobKind::kEval: return "eval";
+    default: return "train";
+  }
+}
 const char* SpecName(Bf16Copy value) {
   return value == Bf16Copy::kYes ? "yes" : value == Bf16Copy::kNo ? "no" : "auto";
 }
@@ -596,6 +721,7 @@ template absl::StatusOr<ActivationPlacement> ParseSpecName(absl::string_view, ab
 template absl::StatusOr<ScheduleType> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<MomentDType> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<Bf16Copy> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<JobKind> ParseSpecName(absl::string_view, absl::string_view);
 
 std::string TokenizerText(const JobSpec& spec) {
   return spec.tokenizer == TokenizerSource::kFile ? spec.tokenizer_path : SpecName(spec.tokenizer);
@@ -686,7 +812,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckJobName(spec.name));
   RETURN_IF_ERROR(CheckSources(spec));
   RETURN_IF_ERROR(CheckRanges(spec));
-  return CheckBatchShape(spec);
+  return spec.kind == JobKind::kTrain ? CheckBatchShape(spec) : absl::OkStatus();
 }
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
@@ -725,11 +851,99 @@ void EmitJson(const nlohmann::json& j, YAML::Emitter* out) {
 
 }  // namespace
 
+namespace {
+
+// The sections of a training job: data, eval, train, optimizer.
+void EmitTraining(const JobSpec& s, YAML::Emitter* out) {
+  *out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  *out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.data_path;
+  *out << YAML::Key << "format" << YAML::Value << SpecName(s.data_format);
+  *out << YAML::Key << "text_field" << YAML::Value << YAML::DoubleQuoted << s.text_field;
+  *out << YAML::Key << "tokenizer" << YAML::Value << YAML::DoubleQuoted << TokenizerText(s);
+  *out << YAML::Key << "chat_template" << YAML::Value << SpecName(s.chat_template);
+  *out << YAML::Key << "chat_date" << YAML::Value << YAML::DoubleQuoted << s.chat_date;
+  *out << YAML::Key << "packing" << YAML::Value << SpecName(s.packing);
+  *out << YAML::Key << "truncation" << YAML::Value << SpecName(s.truncation);
+  *out << YAML::Key << "on_bad_line" << YAML::Value << SpecName(s.on_bad_line);
+  *out << YAML::Key << "cache_dir" << YAML::Value << YAML::DoubleQuoted << s.data_cache_dir;
+  *out << YAML::Key << "tokenize_threads" << YAML::Value << s.tokenize_threads;
+  *out << YAML::Key << "seq_len" << YAML::Value << s.seq_len;
+  *out << YAML::Key << "seed" << YAML::Value << s.data_seed << YAML::EndMap;
+  if (!s.eval.path.empty()) {
+    *out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap;
+    *out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.eval.path;
+    *out << YAML::Key << "format" << YAML::Value << SpecName(s.eval.format);
+    *out << YAML::Key << "every_steps" << YAML::Value << s.eval.every_steps;
+    *out << YAML::Key << "max_rows" << YAML::Value << s.eval.max_rows << YAML::EndMap;
+  }
+  *out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
+  *out << YAML::Key << "steps" << YAML::Value << s.steps;
+  *out << YAML::Key << "tokens_per_step" << YAML::Value << s.tokens_per_step;
+  *out << YAML::Key << "micro_batch_rows" << YAML::Value << s.micro_batch_rows;
+  *out << YAML::Key << "micro_batches" << YAML::Value << s.micro_batches;
+  *out << YAML::Key << "devices" << YAML::Value << s.devices;
+  *out << YAML::Key << "gradient_reduce" << YAML::Value << SpecName(s.gradient_reduce);
+  *out << YAML::Key << "lr" << YAML::Value << s.schedule.lr;
+  *out << YAML::Key << "schedule" << YAML::Value << SpecName(s.schedule.type);
+  *out << YAML::Key << "warmup_steps" << YAML::Value << s.schedule.warmup_steps;
+  *out << YAML::Key << "min_lr_ratio" << YAML::Value << s.schedule.min_lr_ratio;
+  *out << YAML::Key << "weight_decay" << YAML::Value << s.weight_decay;
+  *out << YAML::Key << "beta1" << YAML::Value << s.beta1;
+  *out << YAML::Key << "beta2" << YAML::Value << s.beta2;
+  *out << YAML::Key << "eps" << YAML::Value << s.eps;
+  *out << YAML::Key << "max_grad_norm" << YAML::Value << s.max_grad_norm;
+  *out << YAML::Key << "activation_checkpoint_every" << YAML::Value << s.activation_checkpoint_every;
+  *out << YAML::Key << "activation_checkpoints" << YAML::Value << SpecName(s.activation_checkpoints);
+  *out << YAML::Key << "loss_chunk_tokens" << YAML::Value << s.loss_chunk_tokens;
+  if (s.router_aux_loss_coef >= 0) {
+    *out << YAML::Key << "router_aux_loss_coef" << YAML::Value << s.router_aux_loss_coef;
+  }
+  *out << YAML::EndMap;
+  *out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  *out << YAML::Key << "state_dtype" << YAML::Value << SpecName(s.state_dtype);
+  *out << YAML::Key << "bf16_copy" << YAML::Value << YAML::DoubleQuoted << SpecName(s.bf16_copy);
+  *out << YAML::Key << "nvme_dir" << YAML::Value << YAML::DoubleQuoted << s.nvme_dir;
+  *out << YAML::Key << "nvme_layers" << YAML::Value << s.nvme_layers;
+  *out << YAML::EndMap;
+}
+
+void EmitStrings(const char* key, const std::vector<std::string>& values, YAML::Emitter* out) {
+  *out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& v : values) *out << YAML::DoubleQuoted << v;
+  *out << YAML::EndSeq;
+}
+
+// The generate section of a generate or eval job.
+void EmitGenerate(const GenerateSpec& g, YAML::Emitter* out) {
+  *out << YAML::Key << "generate" << YAML::Value << YAML::BeginMap;
+  *out << YAML::Key << "prompts" << YAML::Value << YAML::DoubleQuoted << g.prompts_path;
+  EmitStrings("prompt", g.prompts, out);
+  *out << YAML::Key << "output" << YAML::Value << YAML::DoubleQuoted << g.output_path;
+  *out << YAML::Key << "max_new_tokens" << YAML::Value << g.max_new_tokens;
+  *out << YAML::Key << "temperature" << YAML::Value << g.temperature;
+  *out << YAML::Key << "top_k" << YAML::Value << g.top_k;
+  *out << YAML::Key << "top_p" << YAML::Value << g.top_p;
+  *out << YAML::Key << "seed" << YAML::Value << g.seed;
+  EmitStrings("stop", g.stop_strings, out);
+  *out << YAML::Key << "stop_ids" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (int32_t id : g.stop_ids) *out << id;
+  *out << YAML::EndSeq;
+  *out << YAML::Key << "ignore_eos" << YAML::Value << g.ignore_eos;
+  *out << YAML::Key << "chat" << YAML::Value << g.chat;
+  *out << YAML::Key << "tokenizer" << YAML::Value << YAML::DoubleQuoted << g.tokenizer;
+  *out << YAML::Key << "max_sequences" << YAML::Value << g.max_sequences;
+  *out << YAML::Key << "answer_pattern" << YAML::Value << YAML::DoubleQuoted << g.answer_pattern;
+  *out << YAML::EndMap;
+}
+
+}  // namespace
+
 std::string JobSpecToYaml(const JobSpec& s) {
   YAML::Emitter out;
   out.SetDoublePrecision(15);
   out << YAML::BeginMap;
   out << YAML::Key << "name" << YAML::Value << YAML::DoubleQuoted << s.name;
+  out << YAML::Key << "kind" << YAML::Value << SpecName(s.kind);
   out << YAML::Key << "backend" << YAML::Value << s.backend;
   out << YAML::Key << "device_memory_cap_bytes" << YAML::Value << s.device_memory_cap_bytes;
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
@@ -741,56 +955,11 @@ std::string JobSpecToYaml(const JobSpec& s) {
     EmitJson(nlohmann::json::parse(s.model_config_json), &out);
   }
   out << YAML::Key << "init_seed" << YAML::Value << s.init_seed << YAML::EndMap;
-  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.data_path;
-  out << YAML::Key << "format" << YAML::Value << SpecName(s.data_format);
-  out << YAML::Key << "text_field" << YAML::Value << YAML::DoubleQuoted << s.text_field;
-  out << YAML::Key << "tokenizer" << YAML::Value << YAML::DoubleQuoted << TokenizerText(s);
-  out << YAML::Key << "chat_template" << YAML::Value << SpecName(s.chat_template);
-  out << YAML::Key << "chat_date" << YAML::Value << YAML::DoubleQuoted << s.chat_date;
-  out << YAML::Key << "packing" << YAML::Value << SpecName(s.packing);
-  out << YAML::Key << "truncation" << YAML::Value << SpecName(s.truncation);
-  out << YAML::Key << "on_bad_line" << YAML::Value << SpecName(s.on_bad_line);
-  out << YAML::Key << "cache_dir" << YAML::Value << YAML::DoubleQuoted << s.data_cache_dir;
-  out << YAML::Key << "tokenize_threads" << YAML::Value << s.tokenize_threads;
-  out << YAML::Key << "seq_len" << YAML::Value << s.seq_len;
-  out << YAML::Key << "seed" << YAML::Value << s.data_seed << YAML::EndMap;
-  if (!s.eval.path.empty()) {
-    out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.eval.path;
-    out << YAML::Key << "format" << YAML::Value << SpecName(s.eval.format);
-    out << YAML::Key << "every_steps" << YAML::Value << s.eval.every_steps;
-    out << YAML::Key << "max_rows" << YAML::Value << s.eval.max_rows << YAML::EndMap;
+  if (s.kind == JobKind::kTrain) {
+    EmitTraining(s, &out);
+  } else {
+    EmitGenerate(s.generate, &out);
   }
-  out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "steps" << YAML::Value << s.steps;
-  out << YAML::Key << "tokens_per_step" << YAML::Value << s.tokens_per_step;
-  out << YAML::Key << "micro_batch_rows" << YAML::Value << s.micro_batch_rows;
-  out << YAML::Key << "micro_batches" << YAML::Value << s.micro_batches;
-  out << YAML::Key << "devices" << YAML::Value << s.devices;
-  out << YAML::Key << "gradient_reduce" << YAML::Value << SpecName(s.gradient_reduce);
-  out << YAML::Key << "lr" << YAML::Value << s.schedule.lr;
-  out << YAML::Key << "schedule" << YAML::Value << SpecName(s.schedule.type);
-  out << YAML::Key << "warmup_steps" << YAML::Value << s.schedule.warmup_steps;
-  out << YAML::Key << "min_lr_ratio" << YAML::Value << s.schedule.min_lr_ratio;
-  out << YAML::Key << "weight_decay" << YAML::Value << s.weight_decay;
-  out << YAML::Key << "beta1" << YAML::Value << s.beta1;
-  out << YAML::Key << "beta2" << YAML::Value << s.beta2;
-  out << YAML::Key << "eps" << YAML::Value << s.eps;
-  out << YAML::Key << "max_grad_norm" << YAML::Value << s.max_grad_norm;
-  out << YAML::Key << "activation_checkpoint_every" << YAML::Value << s.activation_checkpoint_every;
-  out << YAML::Key << "activation_checkpoints" << YAML::Value << SpecName(s.activation_checkpoints);
-  out << YAML::Key << "loss_chunk_tokens" << YAML::Value << s.loss_chunk_tokens;
-  if (s.router_aux_loss_coef >= 0) {
-    out << YAML::Key << "router_aux_loss_coef" << YAML::Value << s.router_aux_loss_coef;
-  }
-  out << YAML::EndMap;
-  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "state_dtype" << YAML::Value << SpecName(s.state_dtype);
-  out << YAML::Key << "bf16_copy" << YAML::Value << YAML::DoubleQuoted << SpecName(s.bf16_copy);
-  out << YAML::Key << "nvme_dir" << YAML::Value << YAML::DoubleQuoted << s.nvme_dir;
-  out << YAML::Key << "nvme_layers" << YAML::Value << s.nvme_layers;
-  out << YAML::EndMap;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "dir" << YAML::Value << YAML::DoubleQuoted << s.checkpoint_dir;
   out << YAML::Key << "every_steps" << YAML::Value << s.checkpoint_every_steps;

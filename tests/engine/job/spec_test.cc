@@ -309,6 +309,70 @@ TEST(JobSpecTest, EvalFieldsAreCheckedByName) {
   ExpectInvalid(MinimalSpec() + "eval: held.jsonl\n", "eval");
 }
 
+TEST(JobSpecTest, GenerateJobParsesResolvesItsPathsAndRoundTrips) {
+  TempDir dir;
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      "kind: generate\nmodel: {path: ckpt}\n"
+      "generate: {prompts: p.jsonl, prompt: [\"Hi\", \"Yo\"], output: out/c.jsonl, "
+      "max_new_tokens: 9, temperature: 0.7, top_k: 5, top_p: 0.9, seed: 4, stop: \"\\n\", "
+      "stop_ids: [2, 7], ignore_eos: true, chat: true, tokenizer: byte, max_sequences: 3}\n",
+      dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->kind, JobKind::kGenerate);
+  const GenerateSpec& g = spec->generate;
+  EXPECT_EQ(g.prompts_path, (fs::path(dir.path()) / "p.jsonl").string());
+  EXPECT_EQ(g.output_path, (fs::path(dir.path()) / "out/c.jsonl").string());
+  EXPECT_EQ(g.prompts, (std::vector<std::string>{"Hi", "Yo"}));
+  EXPECT_EQ(g.stop_strings, std::vector<std::string>{"\n"});
+  EXPECT_EQ(g.stop_ids, (std::vector<int32_t>{2, 7}));
+  absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec), "");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << JobSpecToYaml(*spec);
+  EXPECT_EQ(again->kind, JobKind::kGenerate);
+  const GenerateSpec& h = again->generate;
+  EXPECT_EQ(h.prompts_path, g.prompts_path);
+  EXPECT_EQ(h.prompts, g.prompts);
+  EXPECT_EQ(h.output_path, g.output_path);
+  EXPECT_EQ(h.max_new_tokens, 9);
+  EXPECT_EQ(h.temperature, 0.7);
+  EXPECT_EQ(h.top_k, 5);
+  EXPECT_EQ(h.top_p, 0.9);
+  EXPECT_EQ(h.seed, 4u);
+  EXPECT_EQ(h.stop_strings, g.stop_strings);
+  EXPECT_EQ(h.stop_ids, g.stop_ids);
+  EXPECT_TRUE(h.ignore_eos);
+  EXPECT_TRUE(h.chat);
+  EXPECT_EQ(h.tokenizer, "byte");
+  EXPECT_EQ(h.max_sequences, 3);
+  // Its output defaults to the job's folder.
+  JobSpec placed = *again;
+  placed.generate.output_path.clear();
+  placed.checkpoint_dir = "/jobs/7";
+  EXPECT_EQ(GenerateSpecOf(placed).output_path, "/jobs/7/completions.jsonl");
+  EXPECT_FALSE(GenerateSpecOf(placed).score);
+  placed.kind = JobKind::kEval;
+  EXPECT_TRUE(GenerateSpecOf(placed).score);
+}
+
+TEST(JobSpecTest, BadGenerateJobsAreRefusedNamingTheField) {
+  const std::string head = "kind: generate\nmodel: {path: m}\n";
+  ExpectInvalid(head + "generate: {prompt: hi, top_p: 1.5}\n", "generate.top_p");
+  ExpectInvalid(head + "generate: {prompt: hi, top_p: 0}\n", "generate.top_p");
+  ExpectInvalid(head + "generate: {prompt: hi, temperature: -1}\n", "generate.temperature");
+  ExpectInvalid(head + "generate: {prompt: hi, max_new_tokens: 0}\n", "generate.max_new_tokens");
+  ExpectInvalid(head + "generate: {prompt: hi, top_k: -1}\n", "generate.top_k");
+  ExpectInvalid(head + "generate: {prompt: hi, nucleus: 0.9}\n", "generate.nucleus");
+  ExpectInvalid(head + "generate: {prompt: hi, stop_ids: [x]}\n", "generate.stop_ids");
+  ExpectInvalid(head + "generate: {max_new_tokens: 5}\n", "generate.prompts");
+  ExpectInvalid(head, "'generate' section");
+  ExpectInvalid(head + "generate: {prompt: hi}\ndata: {path: d.jsonl}\n", "'data' section");
+  ExpectInvalid(head + "generate: {prompt: hi, answer_pattern: x}\n", "kind eval");
+  ExpectInvalid("kind: eval\nmodel: {path: m}\ngenerate: {prompt: hi}\n", "generate.prompts");
+  ExpectInvalid(std::string("kind: generate\nmodel:\n  config:") + kTinyConfigYaml +
+                    "generate: {prompt: hi}\n",
+                "model.path");
+  ExpectInvalid("kind: sample\nmodel: {path: m}\n", "kind");
+}
+
 TEST(JobSpecTest, OptimizerStateDtypeIsCheckedByNameAndRoundTrips) {
   absl::StatusOr<JobSpec> plain = ParseJobSpec(MinimalSpec(), "");
   ASSERT_TRUE(plain.ok()) << plain.status();
