@@ -366,6 +366,7 @@ struct JobRunner::RunningJob {
   bool done = false;
   double last_checkpoint_seconds = 0;
   int64_t last_checkpoint_bytes = 0;
+  bool generates = false;  // a generate or eval job (its steps complete prompts)
   bool began = false;  // BeginTraining ran: Finish stops the metrics and charges usage
   bool nothing_to_do = false;  // resumed from the checkpoint of its final step
   absl::Time charged_until;  // device time up to here is charged to the owner
@@ -460,7 +461,7 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     Finish(run, v1::JOB_STATE_CANCELLED, why);
   };
   if (absl::Status prepared = PrepareJob(run); !prepared.ok()) return failed(prepared);
-  BeginTraining(run);
+  run.generates ? BeginGeneration(run) : BeginTraining(run);
   while (!run.done) {
     // Requests first (they may end the run), then the step, in the worker.
     if (std::optional<RunEnd> end = HandleRequests(run)) {
@@ -474,7 +475,11 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
     run.done = reply->step().done();
     run.last_checkpoint_seconds = reply->step().last_checkpoint_seconds();
     run.last_checkpoint_bytes = reply->step().last_checkpoint_bytes();
-    RecordStep(run, ReportFromReply(reply->step()));
+    if (run.generates) {
+      RecordGeneration(run, reply->step());
+    } else {
+      RecordStep(run, ReportFromReply(reply->step()));
+    }
   }
   if (!run.spec.checkpoint_dir.empty()) {
     internal::WorkerRequest request;
@@ -508,6 +513,7 @@ absl::Status JobRunner::PrepareJob(RunningJob& run) {
   ASSIGN_OR_RETURN(run.spec, ParseJobSpec(job.spec_yaml(), "", "stored job spec"));
   JobSpec& spec = run.spec;
   spec.checkpoint_dir = job.checkpoint_dir();
+  run.generates = spec.kind != JobKind::kTrain;
   // The lane's device decides where "auto" and CUDA jobs run (never the GPU a spec
   // names: that one may be another lane's).
   const std::string& lane_device = run.lane.slot.device;  // fixed: read without mu_
@@ -551,6 +557,8 @@ absl::Status JobRunner::PrepareJob(RunningJob& run) {
   start->set_spec_yaml(job.spec_yaml());
   start->set_checkpoint_dir(spec.checkpoint_dir);
   start->set_backend(spec.backend);
+  // A generate job that recorded completions keeps its output's; else it starts afresh.
+  start->set_resume_output(job.progress().prompts_done() > 0);
   ASSIGN_OR_RETURN(internal::WorkerReply reply, CallWorker(run, request, true));
   run.started = reply.start();
   // What the process costs beyond the trainer's own setup (bench/daemon_vs_bench.py).
@@ -789,7 +797,70 @@ void JobRunner::Fail(RunningJob& run, const absl::Status& status) {
   Finish(run, v1::JOB_STATE_FAILED, absl::StrCat("error: ", Printable(status.ToString())));
 }
 
+void JobRunner::BeginGeneration(RunningJob& run) {
+  v1::Job& job = run.job;
+  const internal::StartReply& started = run.started;
+  run.charged_until = absl::Now();
+  run.next_preemption_check = absl::Now() + absl::Seconds(1);
+  if (options_.metrics != nullptr) {
+    options_.metrics->JobStarted(job, started.pinned_host_bytes(), started.pageable_host_bytes(),
+                                 0, 0);
+  }
+  run.began = true;
+  run.nothing_to_do = started.done();
+  Log(job.id(), started.dataset_summary());
+  Log(job.id(), absl::StrCat("plan: ", started.plan_text()));
+}
+
+void JobRunner::RecordGeneration(RunningJob& run, const internal::StepReply& step) {
+  v1::Job& job = run.job;
+  for (const std::string& line : step.completions()) Log(job.id(), absl::StrCat("completion ", line));
+  const bool eval = run.spec.kind == JobKind::kEval;
+  v1::Progress* progress = job.mutable_progress();
+  progress->set_step(step.step());
+  progress->set_total_steps(step.total_steps());
+  progress->set_prompts_done(step.prompts_done());
+  progress->set_prompts_total(step.prompts_total());
+  progress->set_tokens_per_second(step.tokens_per_second());
+  const double per_prompt = step.seconds() / std::max<int64_t>(1, step.prompts_done());
+  progress->set_eta_seconds(per_prompt * (step.prompts_total() - step.prompts_done()));
+  if (eval) {
+    progress->set_correct(step.correct());
+    progress->set_accuracy(static_cast<double>(step.correct()) /
+                           std::max<int64_t>(1, step.prompts_done()));
+  }
+  if (absl::Status recorded = store_->Update(job); !recorded.ok()) {
+    ReportWriteFailure(job.id(), "recording progress", recorded);
+  } else {
+    v1::JobEvent event;
+    *event.mutable_progress() = *progress;
+    if (absl::Status sent = store_->AppendEvent(job.id(), &event).status(); !sent.ok()) {
+      ReportWriteFailure(job.id(), "recording a progress event", sent);
+    }
+  }
+  Log(job.id(), absl::StrFormat("prompts %d/%d, %d new tokens at %.0f tok/s",
+                                step.prompts_done(), step.prompts_total(), step.tokens(),
+                                step.tokens_per_second()));
+  if (step.done()) {
+    Log(job.id(), absl::StrFormat("generated %d prompt(s), %d new tokens in this run, into %s",
+                                  step.prompts_total(), step.tokens(),
+                                  GenerateSpecOf(run.spec).output_path));
+    if (eval) {
+      Log(job.id(), absl::StrFormat("accuracy %d/%d = %.4f", step.correct(), step.prompts_total(),
+                                    progress->accuracy()));
+    }
+  }
+  ChargeUsage(run, /*now_or_never=*/false);
+  hub_->Notify(job.id());
+}
+
 absl::StatusOr<std::string> JobRunner::SaveCheckpoint(RunningJob& run) {
+  if (run.generates) {  // its completions are in its output as each finishes
+    const std::string output = GenerateSpecOf(run.spec).output_path;
+    Log(run.job.id(), absl::StrCat(run.job.progress().prompts_done(), " completion(s) kept in ",
+                                   output, "; the next run completes the other prompts"));
+    return output;
+  }
   internal::WorkerRequest request;
   request.mutable_save_checkpoint();
   ASSIGN_OR_RETURN(internal::WorkerReply reply, CallWorker(run, request, false));

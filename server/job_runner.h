@@ -149,6 +149,10 @@ class JobRunner {
   [[nodiscard]] std::optional<RunEnd> Preempt(RunningJob& run);
   // After a step: its checkpoints, metrics, progress (stored, an event), log, usage.
   void RecordStep(RunningJob& run, const StepReport& report);
+  // The same for a generate or eval job: what it runs, and after each step its
+  // completions (logged, one line each), progress in prompts and accuracy (eval).
+  void BeginGeneration(RunningJob& run);
+  void RecordGeneration(RunningJob& run, const internal::StepReply& step);
   // Drops the trainer (as the owner), then frees the lane and commits the state change
   // (CANCELLED instead of a requeue or hold when a cancel came meanwhile), stops the
   // job's metrics and charges the rest of its device time.

@@ -1,5 +1,7 @@
 #include "server/spec_convert.h"
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "engine/common/status.h"
 #include "nlohmann/json.hpp"
@@ -81,6 +83,45 @@ absl::Status FromTrain(const v1::JobSpec::Train& t, JobSpec* spec) {
   return absl::OkStatus();
 }
 
+void FromGenerate(const v1::JobSpec::Generate& m, const std::string& base_dir, JobSpec* spec) {
+  GenerateSpec& g = spec->generate;
+  g.prompts_path = ResolveSpecPath(base_dir, m.prompts());
+  g.prompts.assign(m.prompt().begin(), m.prompt().end());
+  g.output_path = ResolveSpecPath(base_dir, m.output());
+  if (m.max_new_tokens() != 0) g.max_new_tokens = m.max_new_tokens();
+  g.temperature = m.temperature();
+  g.top_k = m.top_k();
+  if (m.has_top_p()) g.top_p = m.top_p();
+  g.seed = m.seed();
+  g.stop_strings.assign(m.stop().begin(), m.stop().end());
+  g.stop_ids.assign(m.stop_ids().begin(), m.stop_ids().end());
+  g.ignore_eos = m.ignore_eos();
+  g.chat = m.chat();
+  if (!m.tokenizer().empty()) {
+    const bool named = m.tokenizer() == "auto" || m.tokenizer() == "byte" || m.tokenizer() == "model";
+    g.tokenizer = named ? m.tokenizer() : ResolveSpecPath(base_dir, m.tokenizer());
+  }
+  g.max_sequences = m.max_sequences();
+  g.answer_pattern = m.answer_pattern();
+}
+
+// A generate or eval job's message: its generate section, and none of a training job's.
+absl::Status FromGenerateJob(const v1::JobSpec& message, const std::string& base_dir,
+                             JobSpec* spec) {
+  const std::pair<const char*, bool> training[] = {{"data", message.has_data()},
+                                                   {"eval", message.has_eval()},
+                                                   {"train", message.has_train()}};
+  for (const auto& [section, set] : training) {
+    if (set) {
+      return absl::InvalidArgumentError(absl::StrCat("a job of kind ", SpecName(spec->kind),
+                                                     " has no '", section,
+                                                     "' section (only training jobs do)"));
+    }
+  }
+  FromGenerate(message.generate(), base_dir, spec);
+  return absl::OkStatus();
+}
+
 void FromCheckpoint(const v1::JobSpec::Checkpoint& c, const std::string& base_dir,
                     JobSpec* spec) {
   spec->checkpoint_dir = ResolveSpecPath(base_dir, c.dir());
@@ -97,10 +138,15 @@ absl::StatusOr<JobSpec> SpecFromMessage(const v1::JobSpec& message, const std::s
   if (!message.name().empty()) spec.name = message.name();
   if (!message.backend().empty()) spec.backend = message.backend();
   spec.device_memory_cap_bytes = message.device_memory_cap_bytes();
+  RETURN_IF_ERROR(SetEnum("kind", message.kind(), &spec.kind));
   RETURN_IF_ERROR(FromModel(message.model(), base_dir, &spec));
-  RETURN_IF_ERROR(FromData(message.data(), base_dir, &spec));
-  RETURN_IF_ERROR(FromEval(message.eval(), base_dir, &spec));
-  RETURN_IF_ERROR(FromTrain(message.train(), &spec));
+  if (spec.kind == JobKind::kTrain) {
+    RETURN_IF_ERROR(FromData(message.data(), base_dir, &spec));
+    RETURN_IF_ERROR(FromEval(message.eval(), base_dir, &spec));
+    RETURN_IF_ERROR(FromTrain(message.train(), &spec));
+  } else {
+    RETURN_IF_ERROR(FromGenerateJob(message, base_dir, &spec));
+  }
   FromCheckpoint(message.checkpoint(), base_dir, &spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   return spec;
@@ -133,6 +179,7 @@ v1::JobPlan JobPlanMessage(const PlanSummary& plan) {
   out.set_weight_slots(plan.weight_slots);
   out.set_kept_layers(plan.kept_layers);
   out.set_eval_micro_batches(plan.eval_micro_batches);
+  out.set_sequences(plan.sequences);
   out.set_mlp_tile_tokens(plan.mlp_tile_tokens);
   out.set_nvme_layers(plan.nvme_layers);
   out.set_nvme_bytes(plan.nvme_bytes);
@@ -162,6 +209,14 @@ absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
                                                             {"data.cache_dir", spec.data_cache_dir},
                                                             {"checkpoint.dir", spec.checkpoint_dir}};
   if (spec.tokenizer == TokenizerSource::kFile) paths.push_back({"data.tokenizer", spec.tokenizer_path});
+  const GenerateSpec& g = spec.generate;
+  if (spec.kind != JobKind::kTrain) {
+    paths.push_back({"generate.prompts", g.prompts_path});
+    paths.push_back({"generate.output", g.output_path});
+    if (g.tokenizer != "auto" && g.tokenizer != "byte" && g.tokenizer != "model") {
+      paths.push_back({"generate.tokenizer", g.tokenizer});
+    }
+  }
   for (const auto& [field, path] : paths) {
     if (path.empty()) continue;
     RETURN_IF_ERROR(CheckPathAllowed(field, path, roots, own_dir));
@@ -173,6 +228,10 @@ absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
   }
   if (!spec.data_cache_dir.empty()) {
     RETURN_IF_ERROR(CheckWritableFolder("data.cache_dir", spec.data_cache_dir));
+  }
+  if (!g.output_path.empty()) {
+    RETURN_IF_ERROR(CheckWritableFolder(
+        "generate.output", std::filesystem::path(g.output_path).parent_path().string()));
   }
   return absl::OkStatus();
 }

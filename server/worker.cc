@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/common/status.h"
+#include "engine/common/check.h"
 #include "engine/engine.h"
 #include "megatrain/internal/worker.pb.h"
 #include "server/run_as.h"
@@ -70,6 +71,7 @@ class Worker {
       const bool exit = request.what_case() == WorkerRequest::kExit;
       if (exit) {
         job_.reset();  // finishes a background checkpoint
+        generation_.reset();
         reply.mutable_ack();
       } else {
         absl::Status done = Handle(request, &reply);
@@ -105,6 +107,11 @@ class Worker {
       case WorkerRequest::kSaveCheckpoint:
         return Save(reply->mutable_checkpoint());
       case WorkerRequest::kCheckpointNextStep:
+        if (generation_ != nullptr) {
+          return absl::FailedPreconditionError(
+              "a generate or eval job has no checkpoints: its completions are written to its "
+              "output as each finishes");
+        }
         RETURN_IF_ERROR(NeedJob());
         job_->CheckpointNextStep();
         reply->mutable_ack();
@@ -140,7 +147,9 @@ class Worker {
 
   [[nodiscard]] absl::Status Start(const internal::StartRequest& start,
                                    internal::StartReply* out) {
-    if (job_ != nullptr) return absl::FailedPreconditionError("a job runs in this worker");
+    if (job_ != nullptr || generation_ != nullptr) {
+      return absl::FailedPreconditionError("a job runs in this worker");
+    }
     ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(start.spec_yaml(), "", "stored job spec"));
     const RunOptions run{start.backend(), start.checkpoint_dir(), context_.profile_json()};
     const JobSpec placed = PlacedSpec(spec, run);
@@ -148,6 +157,7 @@ class Worker {
     // Checked again, where the job runs: a folder may have been swapped for a link since
     // submission.
     RETURN_IF_ERROR(CheckJobFiles(placed, roots_, context_.own_dir()));
+    if (spec.kind != JobKind::kTrain) return StartGeneration(placed, start, out);
     const absl::Time began = absl::Now();
     ASSIGN_OR_RETURN(job_, TrainingJob::Create(spec, run));
     out->set_create_seconds(absl::ToDoubleSeconds(absl::Now() - began));
@@ -168,7 +178,49 @@ class Worker {
     return absl::OkStatus();
   }
 
+  // A generate or eval job: its output is its state, resumed when an earlier run wrote one.
+  [[nodiscard]] absl::Status StartGeneration(const JobSpec& placed,
+                                             const internal::StartRequest& start,
+                                             internal::StartReply* out) {
+    const absl::Time began = absl::Now();
+    GenerateSpec g = GenerateSpecOf(placed);
+    g.resume_output = start.resume_output();
+    ASSIGN_OR_RETURN(generation_, GenerationJob::Create(g, RunOptions{placed.backend, "", ""}));
+    out->set_create_seconds(absl::ToDoubleSeconds(absl::Now() - began));
+    out->set_step(generation_->prompts_done());
+    out->set_done(generation_->prompts_done() == generation_->num_prompts());
+    out->set_dataset_summary(absl::StrCat(generation_->num_prompts(), " prompt(s), ",
+                                          generation_->prompts_done(), " already completed in ",
+                                          g.output_path.empty() ? "no output" : g.output_path));
+    out->set_backend_name(placed.backend);
+    out->set_plan_text(generation_->Describe());
+    return absl::OkStatus();
+  }
+
+  // A step of a generate or eval job: the next prompts, a few times the sequences in
+  // flight, so that requests (cancel, hold, preemption) are answered between steps.
+  [[nodiscard]] absl::Status GenerationStep(internal::StepReply* out) {
+    const int64_t before = generation_->prompts_done();
+    ASSIGN_OR_RETURN(
+        const GenerationSummary total,
+        generation_->RunSome(4 * generation_->sequences(), [&](const CompletionReport& c) {
+          out->add_completions(c.json);
+        }));
+    out->set_step(generation_->prompts_done());
+    out->set_total_steps(generation_->num_prompts());
+    out->set_prompts_done(generation_->prompts_done());
+    out->set_prompts_total(generation_->num_prompts());
+    out->set_correct(total.correct);
+    out->set_tokens(total.new_tokens);  // over this run
+    out->set_seconds(total.seconds);
+    out->set_tokens_per_second(total.tokens_per_second);
+    out->set_done(generation_->prompts_done() == generation_->num_prompts());
+    MT_CHECK(generation_->prompts_done() > before || out->done());
+    return absl::OkStatus();
+  }
+
   [[nodiscard]] absl::Status Step(internal::StepReply* out) {
+    if (generation_ != nullptr) return GenerationStep(out);
     RETURN_IF_ERROR(NeedJob());
     ASSIGN_OR_RETURN(const StepReport r, job_->Step());
     out->set_step(r.step);
@@ -212,6 +264,10 @@ class Worker {
   }
 
   [[nodiscard]] absl::Status Save(internal::CheckpointReply* out) {
+    if (generation_ != nullptr) {  // its completions are written as they finish
+      out->set_step(generation_->prompts_done());
+      return absl::OkStatus();
+    }
     RETURN_IF_ERROR(NeedJob());
     ASSIGN_OR_RETURN(std::string path, job_->SaveCheckpoint());
     out->set_path(path);
@@ -228,6 +284,7 @@ class Worker {
   // Last: its thread writes on the channel until it is gone.
   std::unique_ptr<Heartbeat> heartbeat_;
   std::unique_ptr<TrainingJob> job_;
+  std::unique_ptr<GenerationJob> generation_;  // a generate or eval job instead
 };
 
 }  // namespace

@@ -143,7 +143,9 @@ absl::StatusOr<Prompts> ReadPrompts(const GenerateSpec& spec, const Tokenizer& t
     }
     out.answers.push_back(AnswerOf(lines[i]));
     if (spec.score && out.answers.back().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("score: prompt ", i, " has no \"answer\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompts: prompt ", i, " has no \"answer\" to score against (an eval's lines are "
+          "{\"prompt\": ..., \"answer\": ...})"));
     }
     out.shown.push_back(lines[i].contains("prompt") ? lines[i]["prompt"] : lines[i]);
     out.ids.push_back(*std::move(ids));
@@ -391,7 +393,7 @@ absl::StatusOr<PlanSummary> PlanGeneration(const GenerateSpec& spec, Backend* ba
   out.text = absl::StrCat(DescribePlan(p, g, backend->name()), "; up to ", p.max_len,
                           " positions a sequence; ", out.device_bytes >> 20,
                           " MiB on the device, ", out.host_bytes >> 20,
-                          " MiB of bf16 weights in host memory");
+                          " MiB of bf16 weights in host memory\n");
   return out;
 }
 

@@ -108,6 +108,41 @@ TEST(SpecFromMessage, PassesTheOneValidationStage) {
               HasSubstr("spec.model.config_json must be a JSON object"));
 }
 
+TEST(SpecFromMessage, AGenerateJobIsTheJobSpecOfTheSameYaml) {
+  v1::JobSpec m;
+  m.set_kind("eval");
+  m.mutable_model()->set_path("ckpt");
+  v1::JobSpec::Generate* g = m.mutable_generate();
+  g->set_prompts("p.jsonl");
+  g->add_prompt("Hi");
+  g->set_output("o.jsonl");
+  g->set_max_new_tokens(9);
+  g->set_temperature(0.5);
+  g->set_top_k(4);
+  g->set_top_p(0.8);
+  g->set_seed(3);
+  g->add_stop("\n");
+  g->add_stop_ids(2);
+  g->set_ignore_eos(true);
+  g->set_tokenizer("byte");
+  g->set_max_sequences(6);
+  g->set_answer_pattern("#### (\\d+)");
+  absl::StatusOr<JobSpec> got = SpecFromMessage(m, "/base");
+  ASSERT_TRUE(got.ok()) << got.status();
+  absl::StatusOr<JobSpec> want = ParseJobSpec(
+      "kind: eval\nmodel: {path: ckpt}\ngenerate: {prompts: p.jsonl, prompt: [Hi], output: "
+      "o.jsonl, max_new_tokens: 9, temperature: 0.5, top_k: 4, top_p: 0.8, seed: 3, stop: "
+      "[\"\\n\"], stop_ids: [2], ignore_eos: true, tokenizer: byte, max_sequences: 6, "
+      "answer_pattern: \"#### (\\\\d+)\"}\n",
+      "/base", "yaml");
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(JobSpecToYaml(*got), JobSpecToYaml(*want));
+  m.mutable_train()->set_steps(5);
+  absl::StatusOr<JobSpec> with_train = SpecFromMessage(m, "/base");
+  ASSERT_FALSE(with_train.ok());
+  EXPECT_THAT(with_train.status().message(), HasSubstr("'train' section"));
+}
+
 TEST(SpecFromRequest, TheStructuredSpecNeedsAnAbsoluteBaseDir) {
   v1::SubmitJobRequest request;
   *request.mutable_spec() = Structured();
