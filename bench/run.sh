@@ -24,7 +24,7 @@ SUITES=(
   "attention    machine_bench --attention-only: the mma, Hopper and fused-backward attention kernels"
   "dense        train_bench steps: Qwen2.5-1.5B 4K/64K, Qwen2.5-7B 64K (all and 24 GiB), Llama-3.1-8B 64K and seq 8K 128K"
   "depth        train_bench: the 1.5B width at 28 and 84 layers on one fixed plan"
-  "generate     train_bench --eval (the forward-only pass) and generate_bench: Qwen2.5-7B resident and streamed"
+  "generate     train_bench --eval (the forward-only pass), generate_bench (Qwen2.5-7B resident and streamed, a GPT-OSS-120B cut streamed) and transformers' generate on the 7B work"
   "long         train_bench: Qwen2.5-7B one 128K sequence; 2 layers of one 512K sequence"
   "moe          train_bench: Qwen3-30B-A3B, Mixtral-8x7B and GPT-OSS-120B cuts at 64K and 256K tokens"
   "moe-floors   train_bench --no-optimizer on the MoE cuts: the step without the CPU optimizer"
@@ -188,6 +188,12 @@ suite() {
         --prompt-len 512 --new 512
       run qwen2.5-7b_streamed 400 generate_bench --shape qwen2.5-7b --prompts 64 \
         --prompt-len 512 --new 12 --stream
+      # The GPT-OSS-120B shape cut to 12 of its 36 layers (~80 GB of bf16 weights: the host
+      # RAM of a 125 GiB box), streamed at the batch the planner picks.
+      run gpt-oss-120b_12l_streamed 600 generate_bench --shape gpt-oss-120b --layers 12 \
+        --prompts 64 --prompt-len 512 --new 6 --stream
+      run transformers_qwen2.5-7b 900 python3 "$HERE/hf_generate_reference.py" \
+        --shape qwen2.5-7b --prompts 64 --prompt-len 512 --new 512
       save ;;
     depth)
       profile
