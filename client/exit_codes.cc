@@ -37,7 +37,7 @@ const char kExitCodesHelp[] =
     "  5   permission denied (e.g. acting on another user's job)\n"
     "  6   resource exhausted (e.g. the job does not fit in host memory)\n"
     "  7   failed precondition (e.g. releasing a job that is not held)\n"
-    "  10  watch: the job failed\n"
-    "  11  watch: the job was cancelled\n";
+    "  10  watch, generate, eval: the job failed\n"
+    "  11  watch, generate, eval: the job was cancelled\n";
 
 }  // namespace megatrain::client

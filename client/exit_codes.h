@@ -15,8 +15,8 @@ enum ExitCode : int {
   kExitPermissionDenied = 5,    // PERMISSION_DENIED, UNAUTHENTICATED
   kExitResourceExhausted = 6,   // RESOURCE_EXHAUSTED
   kExitFailedPrecondition = 7,  // FAILED_PRECONDITION
-  kExitJobFailed = 10,          // `watch`: the job failed
-  kExitJobCancelled = 11,       // `watch`: the job was cancelled
+  kExitJobFailed = 10,          // `watch`, `generate`, `eval`: the job failed
+  kExitJobCancelled = 11,       // `watch`, `generate`, `eval`: the job was cancelled
 };
 
 // The exit code for an RPC that ended with `code`. DEADLINE_EXCEEDED maps to

@@ -50,6 +50,27 @@ std::string EscapeHiddenControls(absl::string_view printable) {
   return out;
 }
 
+// "0:01:23" left; "0:00:00" once `done` reaches `total`; "-" while unknown.
+std::string Eta(const v1::Progress& p, int64_t done, int64_t total) {
+  if (total > 0 && done >= total) return FormatDuration(0);
+  if (p.eta_seconds() > 0) return FormatDuration(p.eta_seconds());
+  return "-";
+}
+
+std::string Rate(const v1::Progress& p) {
+  return p.tokens_per_second() > 0 ? FormatHumanNumber(p.tokens_per_second()) : "-";
+}
+
+// A generate or eval job's progress line (format.h's FormatProgressLine).
+std::string PromptsLine(const v1::Progress& p, bool scored) {
+  const std::string accuracy =
+      scored && p.prompts_done() > 0
+          ? absl::StrFormat("  accuracy %.4f (%d/%d)", p.accuracy(), p.correct(), p.prompts_done())
+          : "";
+  return absl::StrCat("prompts ", p.prompts_done(), "/", p.prompts_total(), accuracy, "  ", Rate(p),
+                      " tok/s  ETA ", Eta(p, p.prompts_done(), p.prompts_total()));
+}
+
 size_t DisplayWidth(absl::string_view s) {
   size_t n = 0;
   for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
@@ -179,15 +200,10 @@ std::string FormatLoss(const v1::Progress& p) {
   return absl::StrFormat("%.4f", p.loss());
 }
 
-std::string FormatProgressLine(const v1::Progress& p) {
-  std::string eta = "-";
-  if (p.total_steps() > 0 && p.step() >= p.total_steps()) {
-    eta = FormatDuration(0);
-  } else if (p.eta_seconds() > 0) {
-    eta = FormatDuration(p.eta_seconds());
-  }
-  const std::string rate =
-      p.tokens_per_second() > 0 ? FormatHumanNumber(p.tokens_per_second()) : "-";
+std::string FormatProgressLine(const v1::Progress& p, bool scored) {
+  if (p.prompts_total() > 0) return PromptsLine(p, scored);
+  const std::string eta = Eta(p, p.step(), p.total_steps());
+  const std::string rate = Rate(p);
   // MoE models: the load-balancing loss beside the LM loss.
   const std::string aux = p.has_aux_loss() && std::isfinite(p.aux_loss())
                               ? absl::StrFormat("  aux %.4f", p.aux_loss())
@@ -201,15 +217,16 @@ std::string FormatProgressLine(const v1::Progress& p) {
                       " tok/s  ETA ", eta);
 }
 
-std::string FormatProgressBar(const v1::Progress& p, int width) {
+std::string FormatProgressBar(const v1::Progress& p, int width, bool scored) {
   width = std::max(width, 1);
-  double fraction = p.total_steps() > 0
-                        ? static_cast<double>(p.step()) / static_cast<double>(p.total_steps())
-                        : 0.0;
+  const bool prompts = p.prompts_total() > 0;
+  const int64_t done = prompts ? p.prompts_done() : p.step();
+  const int64_t total = prompts ? p.prompts_total() : p.total_steps();
+  double fraction = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 0.0;
   fraction = std::clamp(fraction, 0.0, 1.0);
   const int filled = static_cast<int>(fraction * width);
   return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '.'), "] ",
-                      FormatProgressLine(p));
+                      FormatProgressLine(p, scored));
 }
 
 std::string FormatTable(const std::vector<Column>& columns,

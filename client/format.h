@@ -70,10 +70,14 @@ std::string FormatStep(const v1::Progress& progress);
 std::string FormatLoss(const v1::Progress& progress);
 
 // "step 120/200  loss 2.3412  1.2k tok/s  ETA 0:01:23" (one line per event, not a TTY).
-std::string FormatProgressLine(const v1::Progress& progress);
+// A generate or eval job's (prompts_total > 0) counts prompts instead of steps:
+// "prompts 3/10  52 tok/s  ETA 0:00:07", and with `scored` (an eval job, see views.h's
+// ScoresAnswers) "prompts 3/10  accuracy 0.6667 (2/3)  52 tok/s  ETA 0:00:07".
+std::string FormatProgressLine(const v1::Progress& progress, bool scored = false);
 
-// "[######....] " + FormatProgressLine(): the live TTY line. `width` = bar cells.
-std::string FormatProgressBar(const v1::Progress& progress, int width);
+// "[######....] " + FormatProgressLine(): the live TTY line. `width` = bar cells, filled
+// in proportion to the steps (prompts, for a generate or eval job).
+std::string FormatProgressBar(const v1::Progress& progress, int width, bool scored = false);
 
 struct Column {
   std::string title;

@@ -35,6 +35,7 @@ struct CommandLine {
   std::string tls_ca;
   TokenArgs token;
   AuditArgs audit;
+  GenerateArgs generate;  // generate and eval
 };
 
 // What the environment says, read once in main(): "" for a variable unset.
@@ -69,6 +70,97 @@ void AddJobId(CLI::App* sub, CommandLine& cl) {
       ->check(kJobId);
 }
 
+// The options `generate` and `eval` share, after their model and prompts: sampling, the
+// output file and the job. Ranges are the daemon's to check: its message names the field.
+void AddGenerationOptions(CLI::App* sub, GenerateArgs& g) {
+  sub->add_option("--output-file", g.output_path,
+                  "where the completions go, a JSON line each (default: completions.jsonl in "
+                  "the job's folder)")
+      ->type_name("FILE");
+  sub->add_option("--max-new-tokens", g.max_new_tokens,
+                  "tokens to generate per prompt at most (default 256)")
+      ->type_name("N");
+  sub->add_option("--temperature", g.temperature, "0 (the default) is greedy; higher samples")
+      ->type_name("T");
+  sub->add_option("--top-k", g.top_k, "sample from the K likeliest tokens only (0: all)")
+      ->type_name("K");
+  sub->add_option_function<double>(
+         "--top-p", [&g](const double& p) { g.top_p = p; },
+         "sample from the likeliest tokens that hold P of the probability, in (0, 1]")
+      ->type_name("P");
+  sub->add_option("--seed", g.seed, "the sampling's seed: the same seed gives the same text")
+      ->type_name("S");
+  sub->add_option("--stop", g.stop, "end a completion at this text (repeat for several)")
+      ->type_name("TEXT");
+  sub->add_option("--stop-id", g.stop_ids, "end a completion at this token id (repeat)")
+      ->type_name("ID");
+  sub->add_flag("--ignore-eos", g.ignore_eos, "keep generating past the end-of-sequence token");
+  sub->add_flag("--chat", g.chat, "render each prompt through the model's chat template");
+  sub->add_option("--tokenizer", g.tokenizer,
+                  "auto (the default), byte, model, or a tokenizer.json file")
+      ->type_name("NAME|FILE");
+  sub->add_option("--max-sequences", g.max_sequences,
+                  "prompts decoded at once (0, the default: as many as fit)")
+      ->type_name("N");
+  sub->add_option("--name", g.name, "the job's name (default: the command's)");
+  sub->add_option("--priority", g.priority, "higher runs first; FIFO within one")
+      ->capture_default_str();
+  sub->add_flag("--detach", g.detach,
+                "print the job and return (`megatrain status ID` shows its progress; the "
+                "output file, its completions)");
+}
+
+void AddModel(CLI::App* sub, GenerateArgs& g) {
+  sub->add_option("model", g.model, "the model or checkpoint folder (config.json, *.safetensors)")
+      ->required()
+      ->type_name("DIR");
+}
+
+void DefineGenerationCommands(CLI::App& app, CommandLine& cl) {
+  // Each footer goes before the one every subcommand inherits (the global options).
+  CLI::App* generate = app.add_subcommand(
+      "generate",
+      "complete prompts with a model on megatraind; prints each completion as it finishes "
+      "(exit code as `watch`)");
+  generate->footer(
+      "Relative paths resolve against the current folder. Needs --prompt or --prompts. --output "
+      "json prints each completion's JSON line instead of its text. Ctrl-C stops "
+      "following, not the job (`megatrain cancel ID`).\n\n" +
+      app.get_footer());
+  AddModel(generate, cl.generate);
+  generate
+      ->add_option("--prompt", cl.generate.prompts,
+                   "a prompt to complete (repeat for several; before the file's)")
+      ->type_name("TEXT");
+  generate
+      ->add_option("--prompts", cl.generate.prompts_path,
+                   "JSONL of prompts, a line each: {\"prompt\": text}, {\"messages\": [...]} "
+                   "(with --chat) or {\"input_ids\": [...]}")
+      ->type_name("FILE");
+  AddGenerationOptions(generate, cl.generate);
+
+  CLI::App* eval = app.add_subcommand(
+      "eval",
+      "score a model by exact match: complete each prompt, compare the answer it gives "
+      "with the line's \"answer\"; prints the accuracy");
+  eval->footer(
+      "Relative paths resolve against the current folder. Numbers compare as numbers (1,000 = "
+      "1000.0). --output json also prints each completion's JSON line. Ctrl-C stops "
+      "following, not the job (`megatrain cancel ID`).\n\n" +
+      app.get_footer());
+  AddModel(eval, cl.generate);
+  eval->add_option("--prompts", cl.generate.prompts_path,
+                   "JSONL of {\"prompt\": text, \"answer\": ...} lines (\"messages\" with "
+                   "--chat, or \"input_ids\", in place of \"prompt\")")
+      ->required()
+      ->type_name("FILE");
+  eval->add_option("--answer-pattern", cl.generate.answer_pattern,
+                   "regex whose last match in a completion is its answer (group 1 if it has "
+                   "one; default: the completion's last number)")
+      ->type_name("REGEX");
+  AddGenerationOptions(eval, cl.generate);
+}
+
 // Defines the command line on `app`, binding every option into `cl`.
 void DefineCommandLine(CLI::App& app, CommandLine& cl) {
   app.name("megatrain");
@@ -100,6 +192,7 @@ void DefineCommandLine(CLI::App& app, CommandLine& cl) {
       ->capture_default_str();
   submit->add_flag("--hold", cl.submit.hold, "keep it out of the queue until `release`");
   submit->add_flag("--watch", cl.submit.watch, "then watch it (exit code as `watch`)");
+  DefineGenerationCommands(app, cl);
 
   CLI::App* list = app.add_subcommand("list", "list jobs, newest first");
   list->add_option("--state", cl.list.states, "only jobs in these states (repeat, or a,b)")
@@ -172,12 +265,14 @@ int Dispatch(const Context& ctx, const CommandLine& cl) {
   if (c == "token") return Token(ctx, cl.token);
   if (c == "audit") return Audit(ctx, cl.audit);
   if (c == "usage") return Usage(ctx);
+  if (c == "generate") return Generate(ctx, cl.generate);
+  if (c == "eval") return Eval(ctx, cl.generate);
   std::fprintf(stderr, "error: subcommand '%s' is not implemented (a bug)\n", c.c_str());
   return kExitInternal;
 }
 
 int Run(int argc, char** argv, const Environment& env) {
-  CLI::App app{"megatrain: submit, watch and manage training jobs on megatraind"};
+  CLI::App app{"megatrain: submit, watch and manage jobs on megatraind: training, generate, eval"};
   CommandLine cl;
   try {
     DefineCommandLine(app, cl);

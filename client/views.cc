@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -23,7 +24,8 @@ std::string TimeWithAge(int64_t unix_ms, int64_t now_unix_ms, absl::TimeZone tz)
 }
 
 std::string LastStepStats(const v1::Progress& p) {
-  if (p.step() == 0) return "";
+  // A generate or eval job's steps decode tokens: no learning rate or gradient to show.
+  if (p.step() == 0 || p.prompts_total() > 0) return "";
   return absl::StrFormat("lr %.3e  grad norm %.3f  %.2f TFLOP/s  %.2f s/step", p.learning_rate(),
                          p.grad_norm(), p.tflops(), p.step_seconds());
 }
@@ -64,7 +66,7 @@ std::string FormatJobStatus(const v1::Job& job, int64_t now_unix_ms, absl::TimeZ
       {"state", StateName(job.state())},
       {"priority", absl::StrCat(job.priority())},
       {"device", job.device()},
-      {"progress", FormatProgressLine(p)},
+      {"progress", FormatProgressLine(p, ScoresAnswers(job))},
       {"last step", LastStepStats(p)},
       {"last eval", p.has_eval_loss() ? absl::StrFormat("step %d: loss %.4f, perplexity %.3f",
                                                         p.eval_step(), p.eval_loss(),
@@ -91,6 +93,8 @@ std::string FormatJobStatus(const v1::Job& job, int64_t now_unix_ms, absl::TimeZ
   items.emplace_back("spec", job.spec_yaml().empty() ? "" : "(as the daemon runs it)");
   return FormatKeyValues(items) + Indented(job.spec_yaml());
 }
+
+bool ScoresAnswers(const v1::Job& job) { return job.kind() == "eval"; }
 
 std::string FormatJobState(const v1::Job& job) {
   std::string line = absl::StrCat(JobLabel(job), ": ", StateName(job.state()));

@@ -21,6 +21,9 @@ std::string FormatJobTable(const std::vector<v1::Job>& jobs, int64_t now_unix_ms
 // `status`: "key: value" lines, then the spec the daemon runs, indented.
 std::string FormatJobStatus(const v1::Job& job, int64_t now_unix_ms, absl::TimeZone tz);
 
+// Whether `job` is an eval job (Job.kind), whose progress carries an accuracy.
+bool ScoresAnswers(const v1::Job& job);
+
 // One line for a job's state: "job 12 (demo): running on cuda:0". Never the error: the
 // caller prints that where it belongs (stderr).
 std::string FormatJobState(const v1::Job& job);

@@ -32,22 +32,25 @@ class WatchDisplay {
   explicit WatchDisplay(bool tty) : tty_(tty) {}
 
   // Keeps the last bar (ends its line) and prints the state on a line of its own.
+  // Also learns from the job whether its progress carries an accuracy (an eval job).
   void ShowState(const v1::Job& job) {
     Finish();
+    scored_ = ScoresAnswers(job);
     PrintLine(FormatJobState(job));
-    if (job.state() == v1::JOB_STATE_RUNNING && job.progress().step() > 0) {
-      ShowProgress(job.progress());
+    const v1::Progress& p = job.progress();
+    if (job.state() == v1::JOB_STATE_RUNNING && (p.step() > 0 || p.prompts_done() > 0)) {
+      ShowProgress(p);
     }
     std::fflush(stdout);
   }
 
   void ShowProgress(const v1::Progress& progress) {
     if (!tty_) {
-      PrintLine(FormatProgressLine(progress));
+      PrintLine(FormatProgressLine(progress, scored_));
       std::fflush(stdout);
       return;
     }
-    std::string line = FormatProgressBar(progress, kBarCells);
+    std::string line = FormatProgressBar(progress, kBarCells, scored_);
     const int columns = TerminalColumns();
     if (columns > 1 && line.size() >= static_cast<size_t>(columns)) line.resize(columns - 1);
     std::printf("\r%s\033[K", line.c_str());
@@ -65,10 +68,12 @@ class WatchDisplay {
  private:
   const bool tty_;
   bool bar_shown_ = false;
+  bool scored_ = false;  // the job is an eval job
 };
 
-// The exit code for a watch that ended cleanly with `last` as the job's latest state.
-int Outcome(const std::optional<v1::Job>& last, int64_t job_id) {
+}  // namespace
+
+int JobOutcome(const std::optional<v1::Job>& last, int64_t job_id) {
   if (!last.has_value()) {
     std::fprintf(stderr, "error: the watch of job %lld ended before megatraind sent its state\n",
                  static_cast<long long>(job_id));
@@ -92,8 +97,6 @@ int Outcome(const std::optional<v1::Job>& last, int64_t job_id) {
       return kExitInternal;
   }
 }
-
-}  // namespace
 
 int Watch(const Context& ctx, int64_t job_id) {
   if (!WaitForConnection(ctx)) return kExitUnreachable;
@@ -123,7 +126,7 @@ int Watch(const Context& ctx, int64_t job_id) {
   display.Finish();
   const grpc::Status status = reader->Finish();
   if (!status.ok()) return ReportRpcError(ctx, status);
-  return Outcome(last, job_id);
+  return JobOutcome(last, job_id);
 }
 
 int Logs(const Context& ctx, int64_t job_id, bool follow) {

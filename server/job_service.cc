@@ -218,7 +218,8 @@ grpc::Status JobServiceImpl::Submit(const Caller& who, const v1::SubmitJobReques
   }
   job.set_checkpoint_dir(spec->checkpoint_dir);
   job.set_spec_yaml(JobSpecToYaml(*spec));
-  job.mutable_progress()->set_total_steps(spec->steps);
+  job.set_kind(SpecName(spec->kind));
+  if (spec->kind == JobKind::kTrain) job.mutable_progress()->set_total_steps(spec->steps);
   absl::Status queued =
       runner_->SetState(&job, req.hold() ? v1::JOB_STATE_HELD : v1::JOB_STATE_QUEUED,
                         absl::StrCat("submitted by ", job.owner(), req.hold() ? ", held" : ""));

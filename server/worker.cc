@@ -15,6 +15,7 @@
 #include "engine/common/check.h"
 #include "engine/engine.h"
 #include "megatrain/internal/worker.pb.h"
+#include "nlohmann/json.hpp"
 #include "server/run_as.h"
 #include "server/spec_convert.h"
 #include "server/worker_channel.h"
@@ -52,6 +53,36 @@ class Heartbeat {
   bool stop_ = false;  // guarded by mu_
   std::thread thread_;
 };
+
+// A completion as the job's log carries it (after "completion "): its output line without
+// the logprobs (the output file has them), escaped to ASCII (the log escapes control bytes,
+// which would break the JSON); past a log line's size (reply_limits.h) without its prompt,
+// then its ids, then with its text cut, and marked "truncated".
+std::string CompletionLogLine(const std::string& output_line) {
+  constexpr size_t kMaxBytes = 60 << 10;
+  nlohmann::json j = nlohmann::json::parse(output_line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return "{}";
+  j.erase("logprobs");
+  auto dump = [&] { return j.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace); };
+  std::string line = dump();
+  for (const char* key : {"prompt", "ids"}) {  // a long prompt goes first: the output has it
+    if (line.size() <= kMaxBytes) break;
+    j.erase(key);
+    j["truncated"] = true;
+    line = dump();
+  }
+  while (line.size() > kMaxBytes && j.contains("completion") && j["completion"].is_string() &&
+         !j["completion"].get<std::string>().empty()) {
+    std::string text = j["completion"].get<std::string>();
+    size_t keep = text.size() / 2;
+    while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;  // a whole character
+    text.resize(keep);
+    j["completion"] = text;
+    j["truncated"] = true;
+    line = dump();
+  }
+  return line;
+}
 
 class Worker {
  public:
@@ -204,7 +235,7 @@ class Worker {
     ASSIGN_OR_RETURN(
         const GenerationSummary total,
         generation_->RunSome(4 * generation_->sequences(), [&](const CompletionReport& c) {
-          out->add_completions(c.json);
+          out->add_completions(CompletionLogLine(c.json));
         }));
     out->set_step(generation_->prompts_done());
     out->set_total_steps(generation_->num_prompts());

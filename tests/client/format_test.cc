@@ -124,6 +124,22 @@ TEST(FormatLoss, DashBeforeTheFirstStep) {
   EXPECT_EQ(FormatLoss(MakeProgress(1, 200, 2.34123, 0, 0)), "2.3412");
 }
 
+TEST(FormatProgressLine, AGenerateJobCountsPromptsAndAnEvalJobItsAccuracy) {
+  v1::Progress p;
+  p.set_prompts_total(10);
+  p.set_prompts_done(3);
+  p.set_step(3);
+  p.set_total_steps(10);
+  p.set_correct(2);
+  p.set_accuracy(2.0 / 3);
+  p.set_tokens_per_second(52);
+  p.set_eta_seconds(7);
+  EXPECT_EQ(FormatProgressLine(p), "prompts 3/10  52 tok/s  ETA 0:00:07");
+  EXPECT_EQ(FormatProgressLine(p, /*scored=*/true),
+            "prompts 3/10  accuracy 0.6667 (2/3)  52 tok/s  ETA 0:00:07");
+  EXPECT_EQ(FormatProgressLine(p).find("loss"), std::string::npos);
+}
+
 // A job resumed at its final step ran none: its step is the last, its loss unmeasured
 // (or the checkpoint's, when it recorded one), never a made-up 0.
 TEST(FormatProgressLine, ShowsTheAuxLossOfMoeModelsBesideTheLmLoss) {

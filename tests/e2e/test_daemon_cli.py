@@ -120,6 +120,44 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(text)) + text + data)
 
 
+def write_tiny_model(folder, config, seed=0):
+    """A Hugging Face folder of the dense Llama-style `config` with random bf16 weights
+    (normal, std 0.02; norms 1): a model to generate from that nothing trained."""
+    C, I, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    H, KV = config["num_attention_heads"], config["num_key_value_heads"]
+    D = config.get("head_dim", C // H)
+    rng = random.Random(seed)
+
+    def bf16(*shape, value=None):
+        n = math.prod(shape)
+        f32 = struct.pack(f"<{n}f", *(rng.gauss(0, 0.02) if value is None else value
+                                      for _ in range(n)))
+        # The high half of each little-endian float32: bf16, rounded toward zero.
+        return "BF16", list(shape), b"".join(f32[i + 2:i + 4] for i in range(0, len(f32), 4))
+
+    tensors = {"model.embed_tokens.weight": bf16(V, C), "model.norm.weight": bf16(C, value=1.0)}
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        tensors.update({
+            p + "input_layernorm.weight": bf16(C, value=1.0),
+            p + "self_attn.q_proj.weight": bf16(H * D, C),
+            p + "self_attn.k_proj.weight": bf16(KV * D, C),
+            p + "self_attn.v_proj.weight": bf16(KV * D, C),
+            p + "self_attn.o_proj.weight": bf16(C, H * D),
+            p + "post_attention_layernorm.weight": bf16(C, value=1.0),
+            p + "mlp.gate_proj.weight": bf16(I, C),
+            p + "mlp.up_proj.weight": bf16(I, C),
+            p + "mlp.down_proj.weight": bf16(C, I),
+        })
+    if not config.get("tie_word_embeddings"):
+        tensors["lm_head.weight"] = bf16(V, C)
+    os.makedirs(folder)
+    write_safetensors(os.path.join(folder, "model.safetensors"), tensors)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    return folder
+
+
 def mxfp4_quantize(raw, shape, scales_rows=None):
     """transformers' (E, K, R) bf16 tensor as MXFP4 blocks (E, R, K/32, 16) and scales
     (E, R, K/32): per 32 values of one row r along K, a power of two and the nearest code.
@@ -1526,6 +1564,140 @@ class MoeTest(DaemonTestCase):
             for w in words:
                 self.assertIn(w, r.stderr, patch)
         self.assertEqual(self.cli_json("list").get("jobs", []), [])  # still serving
+
+
+class GenerateJobTest(DaemonTestCase):
+    """`megatrain generate` and `megatrain eval`: jobs that complete prompts with a model
+    folder (random weights written here: nothing trains), followed by the CLI, which
+    prints each completion; bad requests are refused at submit naming the field."""
+
+    def model(self, name="model", **config):
+        return write_tiny_model(os.path.join(self.tmp, name), dict(MODEL_CONFIG, **config))
+
+    def json_lines(self, *args):
+        """Runs `megatrain ARGS --output json` (the global option after the subcommand),
+        expects exit 0, and returns its stdout as one JSON object a line."""
+        r = self.cli_ok(*args, "--output", "json")
+        try:
+            return [json.loads(line) for line in r.stdout.splitlines()]
+        except ValueError as e:
+            self.fail(f"`megatrain {' '.join(args)} -o json`: a line is not JSON ({e}):\n"
+                      f"{r.stdout}\nstderr: {r.stderr}")
+
+    def newest_job(self):
+        return int(self.cli_json("list", "--limit", "1")["jobs"][0]["id"])
+
+    def test_generate_and_eval_jobs_run_through_the_daemon(self):
+        self.model()  # passed as "model": relative to the CLI's folder, as given
+        greedy = ("generate", "model", "--prompt", "The cat", "--max-new-tokens", "8",
+                  "--tokenizer", "byte")
+        (c,) = self.json_lines(*greedy)
+        self.assertEqual(c["index"], 0)
+        self.assertEqual(c["prompt"], "The cat")
+        self.assertIn(c["finish_reason"], ("stop", "length"))
+        self.assertLessEqual(len(c["ids"]), 8)
+        self.assertNotIn("logprobs", c)  # in the output file
+        job_id = self.newest_job()
+        self.assertEqual(self.status(job_id)["state"], "JOB_STATE_SUCCEEDED")
+        self.assertRegex(self.cli_ok("status", job_id).stdout, r"progress:\s+prompts 1/1  ")
+
+        # Sampling with a seed: the same seed gives the same tokens, job after job.
+        sampled = (*greedy, "--temperature", "0.7", "--seed", "5")
+        (first,) = self.json_lines(*sampled)
+        (again,) = self.json_lines(*sampled)
+        self.assertEqual(again["ids"], first["ids"], "the same seed, other tokens")
+
+        # A pattern whose answer is always "": never the reference, so none is correct.
+        with open(os.path.join(self.tmp, "scored.jsonl"), "w") as f:
+            f.write('{"prompt": "The cat", "answer": "7"}\n{"prompt": "A", "answer": 7}\n')
+        lines = self.json_lines("eval", "model", "--prompts", "scored.jsonl",
+                                "--answer-pattern", "^()", "--tokenizer", "byte",
+                                "--max-new-tokens", "4", "--output-file", "scored-out.jsonl")
+        self.assertEqual(lines[-1], {"prompts": 2, "correct": 0, "accuracy": 0.0})
+        self.assertEqual(sorted(c["index"] for c in lines[:-1]), [0, 1])
+        self.assertTrue(all(c["extracted"] == "" and not c["correct"] for c in lines[:-1]),
+                        lines)
+        with open(os.path.join(self.tmp, "scored-out.jsonl")) as f:
+            written = [json.loads(line) for line in f]
+        self.assertEqual(len(written), 2)
+        self.assertTrue(all(len(c["logprobs"]) == len(c["ids"]) for c in written), written)
+        self.assertEqual(sorted(c["answer"] for c in written), ["7", "7"])
+        self.assertTrue(all(c["extracted"] == "" for c in written), written)
+        self.assertRegex(self.cli_ok("status", self.newest_job()).stdout,
+                         r"progress:\s+prompts 2/2  accuracy 0\.0000 \(0/2\)")
+
+    def test_a_held_generate_job_keeps_its_completions_and_gives_one_runs_tokens(self):
+        """Held between steps and released, a job keeps the completions its output holds and
+        completes the others: every prompt once, each with the tokens the standalone tool
+        gives in one run (a prompt's draws are keyed by its index)."""
+        self.model()
+        rng = random.Random(5)
+        with open(os.path.join(self.tmp, "many.jsonl"), "w") as f:
+            for _ in range(160):
+                f.write(json.dumps({"input_ids": [rng.randrange(256) for _ in range(6)]}) + "\n")
+        sampling = ("--tokenizer", "byte", "--max-new-tokens", "24", "--ignore-eos",
+                    "--temperature", "0.8", "--seed", "3", "--max-sequences", "2")
+        r = self.cli_ok("generate", "model", "--prompts", "many.jsonl", "--output-file",
+                        "held.jsonl", "--detach", *sampling, "--output", "json")
+        job_id = int(json.loads(r.stdout)["id"])
+        self.wait_running_at(job_id, 1)  # a generate job's step: prompts done
+        job = self.act("hold", job_id, "held")
+        self.assertEqual(job["state"], "JOB_STATE_HELD")
+        held_at = step_of(job)
+        self.assertLess(held_at, 160, "the job ended before the hold; make it longer")
+        self.cli_ok("release", job_id)
+        self.watch_ok(job_id)
+        self.assertTrue(any(f"{held_at} already completed" in t for t in self.log_texts(job_id)))
+        ref = subprocess.run([MEGATRAIN_GENERATE, "model", "--prompts", "many.jsonl",
+                              "--output", "ref.jsonl", *sampling], capture_output=True,
+                             text=True, timeout=WAIT_S, cwd=self.tmp)
+        self.assertEqual(ref.returncode, 0, ref.stderr)
+
+        def ids(name):
+            with open(os.path.join(self.tmp, name)) as f:
+                rows = [json.loads(line) for line in f]
+            self.assertEqual(sorted(row["index"] for row in rows), list(range(160)), name)
+            return {row["index"]: row["ids"] for row in rows}
+        self.assertEqual(ids("held.jsonl"), ids("ref.jsonl"))
+
+    def assert_refused(self, code, words, *args):
+        """`megatrain ARGS` exits `code` with each of `words` on stderr, printing nothing."""
+        r = self.cli(*args)
+        self.assertEqual(r.returncode, code,
+                         f"`megatrain {' '.join(args)}`: exit {r.returncode}, stdout "
+                         f"{r.stdout!r}, stderr {r.stderr!r}")
+        for w in words:
+            self.assertIn(w, r.stderr, args)
+        self.assertEqual(r.stdout.strip(), "")
+
+    def test_bad_generate_requests_are_refused_and_daemon_keeps_serving(self):
+        self.model()
+        short = ("--tokenizer", "byte", "--max-new-tokens", "4")
+        self.assert_refused(EXIT_USAGE, ["top_p"], "generate", "model", "--prompt", "x",
+                            "--top-p", "1.5", *short)
+        open(os.path.join(self.tmp, "empty.jsonl"), "w").close()
+        self.assert_refused(EXIT_USAGE, ["prompts"], "generate", "model", "--prompts",
+                            "empty.jsonl", *short)
+        os.mkdir(os.path.join(self.tmp, "no-weights"))
+        with open(os.path.join(self.tmp, "no-weights", "config.json"), "w") as f:
+            json.dump(MODEL_CONFIG, f)
+        # A missing file is NOT_FOUND, as for a training job's model folder.
+        self.assert_refused(EXIT_NOT_FOUND, ["model.path", "safetensors"], "generate",
+                            "no-weights", "--prompt", "x", *short)
+        with open(os.path.join(self.tmp, "unscored.jsonl"), "w") as f:
+            f.write('{"prompt": "The cat"}\n')
+        self.assert_refused(EXIT_USAGE, ["answer"], "eval", "model", "--prompts",
+                            "unscored.jsonl", *short)
+        self.model("model-64", max_position_embeddings=64)
+        self.assert_refused(EXIT_USAGE, ["max_position_embeddings"], "generate", "model-64",
+                            "--prompt", "x" * 100, *short)
+        # No prompt at all: the CLI's own usage error, before any call.
+        self.assert_refused(EXIT_USAGE, ["--prompt"], "generate", "model", *short)
+
+        # Nothing was stored; the daemon still runs a good job.
+        self.assertEqual(self.cli_json("list").get("jobs", []), [])
+        (c,) = self.json_lines("generate", "model", "--prompt", "The cat", *short)
+        self.assertLessEqual(len(c["ids"]), 4)
 
 
 if __name__ == "__main__":
