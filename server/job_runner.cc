@@ -573,17 +573,35 @@ absl::Status JobRunner::PrepareJob(RunningJob& run) {
   return absl::OkStatus();
 }
 
-void JobRunner::BeginTraining(RunningJob& run) {
-  v1::Job& job = run.job;
-  const internal::StartReply& trainer = run.started;
+void JobRunner::StartClocks(RunningJob& run, int64_t step, int64_t total_steps) {
   // Fair share: the device time this job takes, charged to its owner as it goes.
   run.charged_until = absl::Now();
   run.next_preemption_check = absl::Now() + absl::Seconds(1);
   if (options_.metrics != nullptr) {
-    options_.metrics->JobStarted(job, trainer.pinned_host_bytes(), trainer.pageable_host_bytes(),
-                                 trainer.step(), run.spec.steps);
+    options_.metrics->JobStarted(run.job, run.started.pinned_host_bytes(),
+                                 run.started.pageable_host_bytes(), step, total_steps);
   }
   run.began = true;
+}
+
+void JobRunner::RecordProgress(const v1::Job& job) {
+  // Job records are whole: one that fails is reported, and the next step's carries it.
+  // Its event is sent only once the job holds what it says.
+  if (absl::Status recorded = store_->Update(job); !recorded.ok()) {
+    ReportWriteFailure(job.id(), "recording progress", recorded);
+    return;
+  }
+  v1::JobEvent event;
+  *event.mutable_progress() = job.progress();
+  if (absl::Status sent = store_->AppendEvent(job.id(), &event).status(); !sent.ok()) {
+    ReportWriteFailure(job.id(), "recording a progress event", sent);
+  }
+}
+
+void JobRunner::BeginTraining(RunningJob& run) {
+  v1::Job& job = run.job;
+  const internal::StartReply& trainer = run.started;
+  StartClocks(run, trainer.step(), run.spec.steps);
   if (trainer.resumed_from_step() > 0) {
     job.set_resumed_from_step(trainer.resumed_from_step());
     // A job killed after its final checkpoint but before its end was recorded resumes
@@ -729,17 +747,7 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
     progress->set_eval_perplexity(report.evals.back().perplexity);
     progress->set_eval_step(report.evals.back().step);
   }
-  // Job records are whole: one that fails is reported, and the next step's carries it.
-  // Its event is sent only once the job holds what it says.
-  if (absl::Status recorded = store_->Update(job); !recorded.ok()) {
-    ReportWriteFailure(job.id(), "recording progress", recorded);
-  } else {
-    v1::JobEvent event;
-    *event.mutable_progress() = *progress;
-    if (absl::Status sent = store_->AppendEvent(job.id(), &event).status(); !sent.ok()) {
-      ReportWriteFailure(job.id(), "recording a progress event", sent);
-    }
-  }
+  RecordProgress(job);
   if (report.step == 1 || report.step % 10 == 0 || report.step == report.total_steps) {
     const std::string aux =
         report.has_aux_loss ? absl::StrFormat(" aux_loss %.4f (x%g)", report.aux_loss,
@@ -800,13 +808,7 @@ void JobRunner::Fail(RunningJob& run, const absl::Status& status) {
 void JobRunner::BeginGeneration(RunningJob& run) {
   v1::Job& job = run.job;
   const internal::StartReply& started = run.started;
-  run.charged_until = absl::Now();
-  run.next_preemption_check = absl::Now() + absl::Seconds(1);
-  if (options_.metrics != nullptr) {
-    options_.metrics->JobStarted(job, started.pinned_host_bytes(), started.pageable_host_bytes(),
-                                 0, 0);
-  }
-  run.began = true;
+  StartClocks(run, 0, 0);
   run.nothing_to_do = started.done();
   Log(job.id(), started.dataset_summary());
   Log(job.id(), absl::StrCat("plan: ", started.plan_text()));
@@ -829,15 +831,7 @@ void JobRunner::RecordGeneration(RunningJob& run, const internal::StepReply& ste
     progress->set_accuracy(static_cast<double>(step.correct()) /
                            std::max<int64_t>(1, step.prompts_done()));
   }
-  if (absl::Status recorded = store_->Update(job); !recorded.ok()) {
-    ReportWriteFailure(job.id(), "recording progress", recorded);
-  } else {
-    v1::JobEvent event;
-    *event.mutable_progress() = *progress;
-    if (absl::Status sent = store_->AppendEvent(job.id(), &event).status(); !sent.ok()) {
-      ReportWriteFailure(job.id(), "recording a progress event", sent);
-    }
-  }
+  RecordProgress(job);
   Log(job.id(), absl::StrFormat("prompts %d/%d, %d new tokens at %.0f tok/s",
                                 step.prompts_done(), step.prompts_total(), step.tokens(),
                                 step.tokens_per_second()));

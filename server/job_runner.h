@@ -142,6 +142,11 @@ class JobRunner {
   [[nodiscard]] absl::Status PrepareJob(RunningJob& run);
   // Once the trainer exists: starts the usage clock and the metrics, logs what runs.
   void BeginTraining(RunningJob& run);
+  // The usage clock, the preemption checks and the job's metrics, from `step` of
+  // `total_steps`.
+  void StartClocks(RunningJob& run, int64_t step, int64_t total_steps);
+  // Stores the job with its progress, then sends the progress as an event.
+  void RecordProgress(const v1::Job& job);
   // Between steps: checkpoint now, cancel, preemption, hold, the daemon stopping. How the
   // run ends, or nullopt to take the next step.
   [[nodiscard]] std::optional<RunEnd> HandleRequests(RunningJob& run);
