@@ -91,6 +91,11 @@ DaemonMetrics::DaemonMetrics(MetricsRegistry* registry, JobStore* store,
   r.Declare("megatrain_eval_step", T::kGauge, "Steps trained when the last evaluation ran.");
   r.Declare("megatrain_grad_norm", T::kGauge, "Global gradient L2 norm of the last step, before clipping.");
   r.Declare("megatrain_learning_rate", T::kGauge, "Learning rate of the last step.");
+  r.Declare("megatrain_prompts_done", T::kGauge,
+            "Generate and eval jobs: prompts completed (those a resumed output held too).");
+  r.Declare("megatrain_prompts_total", T::kGauge, "Generate and eval jobs: prompts in all.");
+  r.Declare("megatrain_eval_accuracy", T::kGauge,
+            "Eval jobs: exact-match accuracy over the prompts completed.");
   r.Declare("megatrain_job_step", T::kGauge, "Steps the job has completed.");
   r.Declare("megatrain_job_total_steps", T::kGauge, "Steps the job runs in all.");
   r.Declare("megatrain_host_store_bytes", T::kGauge,
@@ -242,6 +247,18 @@ void DaemonMetrics::CheckpointWritten(const v1::Job& job, double seconds, int64_
   const MetricLabels l = JobLabels(job);
   registry_->Observe("megatrain_checkpoint_duration_seconds", l, seconds);
   registry_->Add("megatrain_checkpoint_bytes_total", l, static_cast<double>(bytes));
+}
+
+void DaemonMetrics::GenerationStepDone(const v1::Job& job, int64_t new_tokens) {
+  MetricsRegistry& r = *registry_;
+  const MetricLabels l = JobLabels(job);
+  const v1::Progress& p = job.progress();
+  r.Add("megatrain_steps_total", l, 1);
+  r.Add("megatrain_tokens_total", l, static_cast<double>(new_tokens));
+  r.Set("megatrain_tokens_per_second", l, p.tokens_per_second());
+  r.Set("megatrain_prompts_done", l, static_cast<double>(p.prompts_done()));
+  r.Set("megatrain_prompts_total", l, static_cast<double>(p.prompts_total()));
+  if (job.kind() == "eval") r.Set("megatrain_eval_accuracy", l, p.accuracy());
 }
 
 void DaemonMetrics::JobStopped(const v1::Job& job) {

@@ -37,6 +37,9 @@ class DaemonMetrics {
   void JobStarted(const v1::Job& job, int64_t pinned_host_bytes, int64_t pageable_host_bytes,
                   int64_t step, int64_t total_steps);
   void StepDone(const v1::Job& job, const StepReport& report);
+  // A generate or eval job's step (its progress already in `job`): the new tokens it made,
+  // its rate, prompts done of all, and an eval's accuracy.
+  void GenerationStepDone(const v1::Job& job, int64_t new_tokens);
   void CheckpointWritten(const v1::Job& job, double seconds, int64_t bytes);
   void JobStopped(const v1::Job& job);
   // The job was checkpointed and requeued for higher-priority work.

@@ -367,6 +367,7 @@ struct JobRunner::RunningJob {
   double last_checkpoint_seconds = 0;
   int64_t last_checkpoint_bytes = 0;
   bool generates = false;  // a generate or eval job (its steps complete prompts)
+  int64_t generated_tokens = 0;  // its new tokens in this run so far
   bool began = false;  // BeginTraining ran: Finish stops the metrics and charges usage
   bool nothing_to_do = false;  // resumed from the checkpoint of its final step
   absl::Time charged_until;  // device time up to here is charged to the owner
@@ -832,6 +833,10 @@ void JobRunner::RecordGeneration(RunningJob& run, const internal::StepReply& ste
                            std::max<int64_t>(1, step.prompts_done()));
   }
   RecordProgress(job);
+  if (options_.metrics != nullptr) {
+    options_.metrics->GenerationStepDone(job, step.tokens() - run.generated_tokens);
+  }
+  run.generated_tokens = step.tokens();
   Log(job.id(), absl::StrFormat("prompts %d/%d, %d new tokens at %.0f tok/s",
                                 step.prompts_done(), step.prompts_total(), step.tokens(),
                                 step.tokens_per_second()));

@@ -92,6 +92,32 @@ TEST_F(DaemonMetricsTest, AJobsSeriesAndDcgmMappingLiveWhileItRuns) {
   EXPECT_FALSE(std::filesystem::exists(mapping));
 }
 
+TEST_F(DaemonMetricsTest, AnEvalJobExportsItsPromptsTokensAndAccuracy) {
+  v1::Job job;
+  job.set_kind("eval");
+  ASSERT_NO_FATAL_FAILURE(Insert("bo", v1::JOB_STATE_RUNNING, &job));
+  DaemonMetricsOptions options;
+  options.gpu = "0";
+  DaemonMetrics metrics(&registry_, store_.get(), options);
+  metrics.JobStarted(job, 1000, 0, 0, 0);
+  v1::Progress* p = job.mutable_progress();
+  p->set_prompts_done(8);
+  p->set_prompts_total(20);
+  p->set_tokens_per_second(400);
+  p->set_accuracy(0.375);
+  metrics.GenerationStepDone(job, 96);
+  p->set_prompts_done(16);
+  metrics.GenerationStepDone(job, 64);
+  const std::string l = "gpu=\"0\",job=\"" + std::to_string(job.id()) + "\",user=\"bo\"";
+  const std::string text = registry_.Serialize();
+  for (const std::string& want : std::vector<std::string>{
+           "megatrain_prompts_done{" + l + "} 16", "megatrain_prompts_total{" + l + "} 20",
+           "megatrain_tokens_total{" + l + "} 160", "megatrain_tokens_per_second{" + l + "} 400",
+           "megatrain_eval_accuracy{" + l + "} 0.375", "megatrain_steps_total{" + l + "} 2"}) {
+    EXPECT_NE(text.find(want + "\n"), std::string::npos) << want << "\n" << text;
+  }
+}
+
 TEST_F(DaemonMetricsTest, SharingSeriesFollowTheStore) {
   v1::Job waiting, queued;
   ASSERT_NO_FATAL_FAILURE(
