@@ -2,14 +2,17 @@
 // steps run it: the parts' completions are those of one run, and an output resumed after a
 // stop (a last line cut short included) keeps its completions and adds the others'.
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/backend/planning_backend.h"
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/engine.h"
+#include "engine/job/generation_job.h"
 #include "engine/store/model_io.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -116,6 +119,54 @@ TEST(GenerationJobTest, AResumedOutputOfAnotherRunIsRefusedNamingIt) {
   EXPECT_NE(job.status().message().find("another run's output"), std::string::npos)
       << job.status();
   EXPECT_NE(job.status().message().find(output), std::string::npos) << job.status();
+}
+
+// Planned at submit on a CUDA box's figures (a PlanningBackend), from config.json and the
+// prompts alone: a Qwen2.5-7B folder with no weights at all plans resident on an H200's
+// memory, and streamed through two slots on a 12 GB card (its 15 GB of bf16 weights do not
+// fit), with the sequences the memory left holds.
+TEST(GenerationJobTest, PlansFromTheConfigAndPromptsOnACudaBoxsFigures) {
+  TempDir dir;
+  const std::string model = dir.Join("qwen2.5-7b");
+  std::filesystem::create_directories(model);
+  std::ofstream(model + "/config.json")
+      << R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584,
+             "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+             "num_key_value_heads": 4, "vocab_size": 152064, "rms_norm_eps": 1e-06,
+             "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+             "tie_word_embeddings": false})";
+  {
+    std::ofstream prompts(dir.Join("prompts.jsonl"));
+    for (int i = 0; i < 64; ++i) {
+      prompts << "{\"input_ids\": [" << i;
+      for (int t = 1; t < 512; ++t) prompts << ", " << (t * 7 + i) % 150000;
+      prompts << "]}\n";
+    }
+  }
+  GenerateSpec g;
+  g.model_path = model;
+  g.prompts_path = dir.Join("prompts.jsonl");
+  g.tokenizer = "byte";
+  g.max_new_tokens = 512;
+  PlanningBackend h200("cuda:0", int64_t{140} << 30);
+  absl::StatusOr<PlanSummary> resident = PlanGeneration(g, &h200);
+  ASSERT_TRUE(resident.ok()) << resident.status();
+  EXPECT_EQ(resident->weight_slots, 28);
+  EXPECT_EQ(resident->sequences, 64);
+  EXPECT_GT(resident->device_bytes, int64_t{15} << 30);  // the weights, at least
+  EXPECT_LE(resident->device_bytes, int64_t{140} << 30);
+  EXPECT_NEAR(static_cast<double>(resident->host_bytes), 2.0 * 7.62e9, 0.02 * 2 * 7.62e9);
+  EXPECT_NE(resident->text.find("64 prompt(s); 64 sequence(s) at once, layers resident"),
+            std::string::npos) << resident->text;
+
+  PlanningBackend small("cuda:0", int64_t{12} << 30);
+  absl::StatusOr<PlanSummary> streamed = PlanGeneration(g, &small);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_EQ(streamed->weight_slots, 2);
+  EXPECT_LT(streamed->device_bytes, int64_t{12} << 30);
+  EXPECT_GE(streamed->sequences, 1);
+  EXPECT_LE(streamed->sequences, 64);
+  EXPECT_NE(streamed->text.find("streamed"), std::string::npos) << streamed->text;
 }
 
 }  // namespace
