@@ -482,7 +482,7 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
       RecordStep(run, ReportFromReply(reply->step()));
     }
   }
-  if (!run.spec.checkpoint_dir.empty()) {
+  if (!run.generates && !run.spec.checkpoint_dir.empty()) {
     internal::WorkerRequest request;
     request.mutable_list_checkpoints();
     absl::StatusOr<internal::WorkerReply> all = CallWorker(run, request, false);
@@ -490,9 +490,10 @@ void JobRunner::Run(Lane& lane, v1::Job job) {
       run.job.set_last_checkpoint(all->checkpoints().paths(all->checkpoints().paths_size() - 1));
     }
   }
-  Finish(run, v1::JOB_STATE_SUCCEEDED,
-         run.nothing_to_do ? "succeeded: its final checkpoint was already written; no step ran"
-                           : "succeeded");
+  const char* nothing_ran = run.generates
+                               ? "succeeded: its output already held every completion; none ran"
+                               : "succeeded: its final checkpoint was already written; no step ran";
+  Finish(run, v1::JOB_STATE_SUCCEEDED, run.nothing_to_do ? nothing_ran : "succeeded");
 }
 
 absl::Status JobRunner::PrepareJob(RunningJob& run) {
