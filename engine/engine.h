@@ -160,6 +160,10 @@ struct JobSpec {
   // MoE: the load-balancing loss's weight; < 0: the model config's (0 unless
   // output_router_logits).
   double router_aux_loss_coef = -1;
+  // train.freeze: patterns of the tensors that stay as they are (engine/model/freeze.h):
+  // the optimizer never changes them and their gradients count in no norm. They still hold
+  // fp32 state and their gradients are still computed.
+  std::vector<std::string> freeze;
   MomentDType state_dtype = MomentDType::kF32;
   Bf16Copy bf16_copy = Bf16Copy::kAuto;
   // optimizer.nvme_dir / nvme_layers: a local disk for the moments of layers that do not

@@ -77,6 +77,7 @@ absl::Status FromTrain(const v1::JobSpec::Train& t, JobSpec* spec) {
   spec->activation_checkpoint_every = t.activation_checkpoint_every();
   if (t.loss_chunk_tokens() != 0) spec->loss_chunk_tokens = t.loss_chunk_tokens();
   if (t.has_router_aux_loss_coef()) spec->router_aux_loss_coef = t.router_aux_loss_coef();
+  spec->freeze.assign(t.freeze().begin(), t.freeze().end());
   RETURN_IF_ERROR(SetEnum("train.activation_checkpoints", t.activation_checkpoints(),
                           &spec->activation_checkpoints));
   spec->schedule.total_steps = spec->steps;

@@ -14,6 +14,7 @@
 #include "engine/data/hf_tokenizer.h"
 #include "engine/data/line_reader.h"
 #include "engine/job/eval_set.h"
+#include "engine/model/freeze.h"
 #include "engine/model/layout.h"
 #include "engine/model/safetensors.h"
 #include "engine/store/model_io.h"
@@ -229,6 +230,8 @@ absl::Status ValidateJobInputs(const JobSpec& spec) {
   }
   // A generate or eval job's prompts are read whole when it is planned.
   if (spec.kind != JobKind::kTrain) return absl::OkStatus();
+  ModelLayout layout = BuildLayout(config);
+  RETURN_IF_ERROR(FreezeTensors(spec.freeze, &layout));
   std::string tokenizer_dir;
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir));
   RETURN_IF_ERROR(CheckFirstLines(spec, "data", *tokenizer, tokenizer_dir, config.vocab_size));

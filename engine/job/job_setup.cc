@@ -11,6 +11,7 @@
 #include "engine/data/tokenizer.h"
 #include "engine/job/eval_set.h"
 #include "engine/job/inputs.h"
+#include "engine/model/freeze.h"
 #include "engine/model/layout.h"
 #include "engine/store/model_io.h"
 
@@ -167,7 +168,8 @@ absl::Status SetUpStore(const JobSpec& spec, JobParts* p) {
   store_options.moments = spec.state_dtype;
   store_options.bf16_copy = p->plan.bf16_copy;
   store_options.nvme_dir = spec.nvme_dir;
-  const ModelLayout layout = BuildLayout(p->config);
+  ModelLayout layout = BuildLayout(p->config);
+  RETURN_IF_ERROR(FreezeTensors(spec.freeze, &layout));
   for (int64_t l = p->config.num_layers - p->plan.nvme_layers; l < p->config.num_layers; ++l) {
     store_options.disk_units.push_back(layout.DecoderUnit(l));
   }

@@ -317,6 +317,7 @@ absl::Status ParseTrain(Section& top, JobSpec* spec) {
     RETURN_IF_ERROR(t.Enum("activation_checkpoints", &spec->activation_checkpoints));
     RETURN_IF_ERROR(t.Int("loss_chunk_tokens", &spec->loss_chunk_tokens));
     RETURN_IF_ERROR(t.Double("router_aux_loss_coef", &spec->router_aux_loss_coef));
+    RETURN_IF_ERROR(t.Strings("freeze", &spec->freeze));
     RETURN_IF_ERROR(t.CheckNoUnknown());
   }
   spec->schedule.total_steps = spec->steps;
@@ -589,13 +590,13 @@ absl::Status CheckUtf8(const JobSpec& s) {
       return absl::InvalidArgumentError(absl::StrCat(field, " is not valid UTF-8"));
     }
   }
-  for (const auto* list : {&s.generate.prompts, &s.generate.stop_strings}) {
+  const std::pair<const char*, const std::vector<std::string>*> lists[] = {
+      {"generate.prompt", &s.generate.prompts},
+      {"generate.stop", &s.generate.stop_strings},
+      {"train.freeze", &s.freeze}};
+  for (const auto& [field, list] : lists) {
     for (const std::string& text : *list) {
-      if (!IsValidUtf8(text)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            list == &s.generate.prompts ? "generate.prompt" : "generate.stop",
-            " is not valid UTF-8"));
-      }
+      if (!IsValidUtf8(text)) return absl::InvalidArgumentError(absl::StrCat(field, " is not valid UTF-8"));
     }
   }
   return absl::OkStatus();
@@ -853,6 +854,12 @@ void EmitJson(const nlohmann::json& j, YAML::Emitter* out) {
 
 namespace {
 
+void EmitStrings(const char* key, const std::vector<std::string>& values, YAML::Emitter* out) {
+  *out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& v : values) *out << YAML::DoubleQuoted << v;
+  *out << YAML::EndSeq;
+}
+
 // The sections of a training job: data, eval, train, optimizer.
 void EmitTraining(const JobSpec& s, YAML::Emitter* out) {
   *out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
@@ -898,6 +905,7 @@ void EmitTraining(const JobSpec& s, YAML::Emitter* out) {
   if (s.router_aux_loss_coef >= 0) {
     *out << YAML::Key << "router_aux_loss_coef" << YAML::Value << s.router_aux_loss_coef;
   }
+  if (!s.freeze.empty()) EmitStrings("freeze", s.freeze, out);
   *out << YAML::EndMap;
   *out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   *out << YAML::Key << "state_dtype" << YAML::Value << SpecName(s.state_dtype);
@@ -907,11 +915,6 @@ void EmitTraining(const JobSpec& s, YAML::Emitter* out) {
   *out << YAML::EndMap;
 }
 
-void EmitStrings(const char* key, const std::vector<std::string>& values, YAML::Emitter* out) {
-  *out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
-  for (const std::string& v : values) *out << YAML::DoubleQuoted << v;
-  *out << YAML::EndSeq;
-}
 
 // The generate section of a generate or eval job.
 void EmitGenerate(const GenerateSpec& g, YAML::Emitter* out) {

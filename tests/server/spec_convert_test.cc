@@ -41,6 +41,8 @@ v1::JobSpec Structured() {
   t->set_max_grad_norm(0);
   t->set_activation_checkpoints("host");
   t->set_gradient_reduce("host");
+  t->add_freeze("embed_tokens");
+  t->add_freeze("layers.0");
   m.mutable_checkpoint()->set_dir("ckpt");
   m.mutable_checkpoint()->set_keep_last(0);
   m.mutable_checkpoint()->set_background(false);
@@ -55,7 +57,8 @@ model:
 data: {path: data/d.jsonl, format: sharegpt, tokenizer: tok/tokenizer.json,
        chat_template: qwen2.5, packing: pad, truncation: split, on_bad_line: skip, seq_len: 128}
 train: {steps: 12, tokens_per_step: 512, lr: 0.0003, schedule: cosine, warmup_steps: 2,
-        max_grad_norm: 0, activation_checkpoints: host, gradient_reduce: host}
+        max_grad_norm: 0, activation_checkpoints: host, gradient_reduce: host,
+        freeze: [embed_tokens, layers.0]}
 checkpoint: {dir: ckpt, keep_last: 0, background: false}
 )";
 

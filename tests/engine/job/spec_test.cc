@@ -309,6 +309,20 @@ TEST(JobSpecTest, EvalFieldsAreCheckedByName) {
   ExpectInvalid(MinimalSpec() + "eval: held.jsonl\n", "eval");
 }
 
+TEST(JobSpecTest, FreezePatternsRoundTripAsAListOrOneString) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(WithTrain("  freeze: [embed_tokens, layers.0-3, router]\n"), "");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->freeze, (std::vector<std::string>{"embed_tokens", "layers.0-3", "router"}));
+  absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec), "");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->freeze, spec->freeze);
+  absl::StatusOr<JobSpec> one = ParseJobSpec(WithTrain("  freeze: lm_head\n"), "");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->freeze, std::vector<std::string>{"lm_head"});
+  ExpectInvalid(WithTrain("  freeze: {a: 1}\n"), "train.freeze");
+}
+
 TEST(JobSpecTest, GenerateJobParsesResolvesItsPathsAndRoundTrips) {
   TempDir dir;
   absl::StatusOr<JobSpec> spec = ParseJobSpec(

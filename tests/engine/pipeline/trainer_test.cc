@@ -165,6 +165,42 @@ TEST(Trainer, DataParallelOverTwoDevicesMatchesOneDevice) {
   }
 }
 
+// train.freeze: the frozen layer's weights stay bit for bit what they were; the others
+// train.
+TEST(Trainer, FrozenTensorsKeepTheirValuesWhileTheRestTrain) {
+  const std::string dir = TempDir("freeze");
+  WriteFile(dir + "/data.jsonl", kText);
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Make(dir, Spec(dir, 3, "  freeze: [layers.0]\n"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  const HostStore& store = (*t)->store();
+  const ModelLayout& layout = store.layout();
+  std::vector<std::vector<float>> before;
+  for (int64_t u = 0; u < store.num_units(); ++u) {
+    before.emplace_back(store.master(u), store.master(u) + layout.units[u].num_elements);
+  }
+  while (!(*t)->done()) ASSERT_TRUE((*t)->Step().ok());
+  for (int64_t u = 0; u < store.num_units(); ++u) {
+    for (const TensorSlot& slot : layout.units[u].tensors) {
+      const std::vector<float> now(store.master(u) + slot.offset,
+                                   store.master(u) + slot.offset + slot.num_elements);
+      const std::vector<float> was(before[u].begin() + slot.offset,
+                                   before[u].begin() + slot.offset + slot.num_elements);
+      const bool frozen = slot.name.rfind("model.layers.0.", 0) == 0;
+      EXPECT_EQ(slot.trainable, !frozen) << slot.name;
+      if (frozen) {
+        EXPECT_EQ(now, was) << slot.name << " is frozen";
+      } else if (slot.name.find("norm") == std::string::npos) {
+        EXPECT_NE(now, was) << slot.name << " did not train";
+      }
+    }
+  }
+  // A pattern that names nothing is refused at Create, naming the field.
+  absl::StatusOr<std::unique_ptr<Trainer>> bad = Make(dir, Spec(dir, 1, "  freeze: [layers.7]\n"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("train.freeze[0] 'layers.7'"), std::string::npos)
+      << bad.status();
+}
+
 TEST(Trainer, DataParallelNeedsAnEqualShareForEveryDevice) {
   const std::string dir = TempDir("dp_share");
   WriteFile(dir + "/data.jsonl", kText);
