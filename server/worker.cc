@@ -1,5 +1,6 @@
 #include "server/worker.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -54,35 +55,6 @@ class Heartbeat {
   std::thread thread_;
 };
 
-// A completion as the job's log carries it (after "completion "): its output line without
-// the logprobs (the output file has them), escaped to ASCII (the log escapes control bytes,
-// which would break the JSON); past a log line's size (reply_limits.h) without its prompt,
-// then its ids, then with its text cut, and marked "truncated".
-std::string CompletionLogLine(const std::string& output_line) {
-  constexpr size_t kMaxBytes = 60 << 10;
-  nlohmann::json j = nlohmann::json::parse(output_line, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return "{}";
-  j.erase("logprobs");
-  auto dump = [&] { return j.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace); };
-  std::string line = dump();
-  for (const char* key : {"prompt", "ids"}) {  // a long prompt goes first: the output has it
-    if (line.size() <= kMaxBytes) break;
-    j.erase(key);
-    j["truncated"] = true;
-    line = dump();
-  }
-  while (line.size() > kMaxBytes && j.contains("completion") && j["completion"].is_string() &&
-         !j["completion"].get<std::string>().empty()) {
-    std::string text = j["completion"].get<std::string>();
-    size_t keep = text.size() / 2;
-    while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;  // a whole character
-    text.resize(keep);
-    j["completion"] = text;
-    j["truncated"] = true;
-    line = dump();
-  }
-  return line;
-}
 
 class Worker {
  public:
@@ -232,11 +204,15 @@ class Worker {
   // flight, so that requests (cancel, hold, preemption) are answered between steps.
   [[nodiscard]] absl::Status GenerationStep(internal::StepReply* out) {
     const int64_t before = generation_->prompts_done();
-    ASSIGN_OR_RETURN(
-        const GenerationSummary total,
-        generation_->RunSome(4 * generation_->sequences(), [&](const CompletionReport& c) {
-          out->add_completions(CompletionLogLine(c.json));
-        }));
+    const int64_t prompts = 4 * generation_->sequences();
+    // Each line within a log line's bound (reply_limits.h), and the step's within half a
+    // channel frame, however many sequences run at once.
+    const size_t line_bytes = std::min<size_t>(
+        60 << 10, static_cast<size_t>(WorkerChannel::kMaxFrameBytes / 2 / prompts));
+    ASSIGN_OR_RETURN(const GenerationSummary total,
+                     generation_->RunSome(prompts, [&](const CompletionReport& c) {
+                       out->add_completions(CompletionLogLine(c.json, line_bytes));
+                     }));
     out->set_step(generation_->prompts_done());
     out->set_total_steps(generation_->num_prompts());
     out->set_prompts_done(generation_->prompts_done());
@@ -319,6 +295,31 @@ class Worker {
 };
 
 }  // namespace
+
+std::string CompletionLogLine(const std::string& output_line, size_t max_bytes) {
+  nlohmann::json j = nlohmann::json::parse(output_line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return "{}";
+  j.erase("logprobs");
+  auto dump = [&] { return j.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace); };
+  std::string line = dump();
+  for (const char* key : {"prompt", "ids"}) {  // a long prompt goes first: the output has it
+    if (line.size() <= max_bytes) break;
+    j.erase(key);
+    j["truncated"] = true;
+    line = dump();
+  }
+  while (line.size() > max_bytes && j.contains("completion") && j["completion"].is_string() &&
+         !j["completion"].get<std::string>().empty()) {
+    std::string text = j["completion"].get<std::string>();
+    size_t keep = text.size() / 2;
+    while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;  // a whole character
+    text.resize(keep);
+    j["completion"] = text;
+    j["truncated"] = true;
+    line = dump();
+  }
+  return line;
+}
 
 int RunWorker(int fd) {
   WorkerChannel channel(fd);

@@ -9,7 +9,16 @@
 // what kills the process (an abort, a signal, a limit) the daemon sees as its exit.
 #pragma once
 
+#include <cstddef>
+#include <string>
+
 namespace megatrain::server {
+
+// A generate job's completion (its output line, JSON) as the job's log carries it, after
+// "completion ": without the logprobs (the output file has them), escaped to ASCII (the
+// log escapes control bytes, which would break the JSON); past `max_bytes` without its
+// prompt, then its ids, then with its text cut at a character, and marked "truncated".
+std::string CompletionLogLine(const std::string& output_line, size_t max_bytes);
 
 // The worker's main: returns its exit status (0 after an ExitRequest or the channel's
 // close, 3 when the channel breaks mid-message).

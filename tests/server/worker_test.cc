@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "megatrain/internal/worker.pb.h"
 #include "server/identity.h"
 #include "server/worker.h"
@@ -25,6 +26,36 @@ namespace {
 using internal::WorkerReply;
 using internal::WorkerRequest;
 using megatrain::testing::TempDir;
+
+// A completion's log line: valid JSON in ASCII whatever its bytes, without logprobs, and
+// within its bound, its text cut at a character and marked so.
+TEST(CompletionLogLine, IsAsciiJsonWithoutLogprobsAndFitsItsBound) {
+  std::string text = "caf\xc3\xa9 \x7f";
+  for (int i = 0; i < 2000; ++i) text += "\xe2\x82\xac";  // euro signs: 3 bytes each
+  nlohmann::json line = {{"index", 3}, {"prompt", std::string(5000, 'p')}, {"completion", text},
+                         {"finish_reason", "length"}, {"ids", std::vector<int>(500, 7)},
+                         {"logprobs", std::vector<double>(500, -0.5)}};
+  const std::string whole = CompletionLogLine(line.dump(), 1 << 20);
+  for (unsigned char c : whole) EXPECT_LT(c, 0x7f) << "not ASCII";
+  nlohmann::json back = nlohmann::json::parse(whole, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(back.is_object()) << whole;
+  EXPECT_FALSE(back.contains("logprobs"));
+  EXPECT_FALSE(back.contains("truncated"));
+  EXPECT_EQ(back["completion"], text);
+  EXPECT_EQ(back["ids"].size(), 500u);
+
+  const std::string cut = CompletionLogLine(line.dump(), 4000);
+  EXPECT_LE(cut.size(), 4000u);
+  back = nlohmann::json::parse(cut, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(back.is_object()) << cut;
+  EXPECT_TRUE(back["truncated"].get<bool>());
+  EXPECT_FALSE(back.contains("prompt"));
+  EXPECT_FALSE(back.contains("ids"));
+  EXPECT_EQ(back["index"], 3);
+  const std::string kept = back["completion"].get<std::string>();
+  EXPECT_FALSE(kept.empty());
+  EXPECT_EQ(text.compare(0, kept.size(), kept), 0) << "the text's start, whole characters";
+}
 
 TEST(WorkerChannel, MessagesCrossWholeInOrder) {
   int fds[2];
