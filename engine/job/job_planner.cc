@@ -141,6 +141,8 @@ absl::StatusOr<PlannedJob> JobPlanner::PlanJob(const JobSpec& spec,
   ASSIGN_OR_RETURN(out.plan, PlanKeepingSplit(spec, resume, profile_, backend_.get(),
                                               &out.request, &resume_note));
   out.text = DescribePlan(out.plan, out.request, profile_) + resume_note;
+  ASSIGN_OR_RETURN(const std::string frozen, DescribeFrozen(spec, config));
+  out.text += frozen;
   out.warnings = JobWarnings(spec, config);
   for (const std::string& w : out.warnings) absl::StrAppend(&out.text, "warning: ", w, "\n");
   return out;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/backend/devices.h"
 #include "engine/backend/factory.h"
@@ -78,6 +79,24 @@ absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec,
   return std::optional<TrainerState>(*std::move(saved));
 }
 
+absl::StatusOr<std::string> DescribeFrozen(const JobSpec& spec, const ModelConfig& config) {
+  if (spec.freeze.empty()) return std::string();
+  ModelLayout layout = BuildLayout(config);
+  RETURN_IF_ERROR(FreezeTensors(spec.freeze, &layout));
+  int64_t tensors = 0, elements = 0;
+  for (const UnitLayout& unit : layout.units) {
+    for (const TensorSlot& t : unit.tensors) {
+      if (t.trainable) continue;
+      ++tensors;
+      elements += t.num_elements;
+    }
+  }
+  return absl::StrFormat(
+      "frozen     %d tensors, %.2fM of %.2fM parameters (train.freeze): never updated; they "
+      "still hold fp32 state and get gradients\n",
+      tensors, elements / 1e6, layout.TotalElements() / 1e6);
+}
+
 absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
                                       const std::optional<TrainerState>& resume,
                                       const MachineProfile& profile, Backend* backend,
@@ -144,7 +163,8 @@ absl::Status SetUpPlan(const JobSpec& spec, const std::optional<TrainerState>& r
   std::string resume_note;
   ASSIGN_OR_RETURN(p->plan, PlanKeepingSplit(spec, resume, p->profile, p->backend.get(),
                                              &request, &resume_note));
-  p->plan_text = DescribePlan(p->plan, request, p->profile) + resume_note +
+  ASSIGN_OR_RETURN(const std::string frozen, DescribeFrozen(spec, p->config));
+  p->plan_text = DescribePlan(p->plan, request, p->profile) + resume_note + frozen +
                  p->replicas->DescribeReduction();
   return absl::OkStatus();
 }

@@ -77,6 +77,11 @@ struct JobParts {
 [[nodiscard]] absl::StatusOr<std::optional<TrainerState>> ResumeState(
     const JobSpec& spec, std::string* newest = nullptr);
 
+// The plan's line for the tensors train.freeze names ("" without any); InvalidArgument
+// naming the pattern that names no tensor (FreezeTensors).
+[[nodiscard]] absl::StatusOr<std::string> DescribeFrozen(const JobSpec& spec,
+                                                        const ModelConfig& config);
+
 // The plan of `*request` for `spec`, keeping a resumed job's split of a step and MLP tile
 // (TrainerState::micro_batch_rows, mlp_tile_tokens: they decide a step's bits) when the spec
 // leaves the split to the planner and it still fits; *request then asks for them. `*note` is

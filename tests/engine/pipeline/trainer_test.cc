@@ -172,6 +172,8 @@ TEST(Trainer, FrozenTensorsKeepTheirValuesWhileTheRestTrain) {
   WriteFile(dir + "/data.jsonl", kText);
   absl::StatusOr<std::unique_ptr<Trainer>> t = Make(dir, Spec(dir, 3, "  freeze: [layers.0]\n"));
   ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_NE((*t)->plan_text().find("frozen     9 tensors"), std::string::npos)
+      << (*t)->plan_text();
   const HostStore& store = (*t)->store();
   const ModelLayout& layout = store.layout();
   std::vector<std::vector<float>> before;
