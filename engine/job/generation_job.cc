@@ -224,13 +224,6 @@ std::string DescribePlan(const Prepared& p, const GeneratorOptions& g, const std
                       g.weight_slots >= p.config.num_layers ? "resident" : "streamed", ", ", device);
 }
 
-// The host bytes of a store of the bf16 weights alone (HostStore with weights_only).
-int64_t WeightsOnlyHostBytes(const ModelLayout& layout) {
-  int64_t bytes = 0;
-  for (const UnitLayout& u : layout.units) bytes += (u.num_elements * 2 + 4095) / 4096 * 4096;
-  return bytes;
-}
-
 // The prompts an output file already completed: each whole line's "index" (and whether it
 // was correct); a last line cut short is dropped from the file.
 absl::Status ReadDoneCompletions(const std::string& path, int64_t prompts, std::vector<bool>* done,
@@ -389,7 +382,7 @@ absl::StatusOr<PlanSummary> PlanGeneration(const GenerateSpec& spec, Backend* ba
   out.weight_slots = g.weight_slots;
   out.sequences = g.max_sequences;
   out.device_bytes = GeneratorDeviceBytes(p.config, layout, backend, g);
-  out.host_bytes = WeightsOnlyHostBytes(layout);
+  out.host_bytes = static_cast<int64_t>(HostStore::TransferArenaBytes(layout, /*bf16_copy=*/true));
   out.text = absl::StrCat(DescribePlan(p, g, backend->name()), "; up to ", p.max_len,
                           " positions a sequence; ", out.device_bytes >> 20,
                           " MiB on the device, ", out.host_bytes >> 20,

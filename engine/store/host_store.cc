@@ -19,6 +19,11 @@ namespace {
 constexpr size_t kPage = 4096;
 size_t RoundUp(size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
+// A unit's share of the transfer arena: its bf16 weights, or its fp32 master.
+size_t UnitTransferBytes(const UnitLayout& unit, bool bf16_copy) {
+  return RoundUp(unit.num_elements * (bf16_copy ? sizeof(uint16_t) : sizeof(float)));
+}
+
 size_t MomentElementBytes(MomentDType t) {
   switch (t) {
     case MomentDType::kF32: return 4;
@@ -119,6 +124,12 @@ HostArena& HostArena::operator=(HostArena&& o) noexcept {
   return *this;
 }
 
+size_t HostStore::TransferArenaBytes(const ModelLayout& layout, bool bf16_copy) {
+  size_t bytes = 0;
+  for (const UnitLayout& unit : layout.units) bytes += UnitTransferBytes(unit, bf16_copy);
+  return bytes;
+}
+
 absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& layout,
                                                              int numa_node,
                                                              const StoreOptions& options) {
@@ -145,8 +156,7 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& 
     store->transfer_offset_.push_back(transfer_bytes);
     store->state_offset_.push_back(state_bytes);
     const size_t master = RoundUp(layout.units[u].num_elements * sizeof(float));
-    const size_t bf16 = RoundUp(layout.units[u].num_elements * sizeof(uint16_t));
-    transfer_bytes += options.bf16_copy ? bf16 : master;
+    transfer_bytes += UnitTransferBytes(layout.units[u], options.bf16_copy);
     if (options.weights_only) continue;
     state_bytes += (options.bf16_copy ? master : 0) +
                    (store->moments_on_disk(u) ? 0 : store->moment_block_bytes(u));

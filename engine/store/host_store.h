@@ -105,6 +105,10 @@ class HostStore {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostStore>> Create(
       const ModelLayout& layout, const std::vector<int>& nodes, const StoreOptions& options);
 
+  // The bytes of the transfer arena Create maps for `layout`: each unit's bf16 weights (or,
+  // without the copy, its fp32 master) from a page boundary. A weights-only store is this.
+  static size_t TransferArenaBytes(const ModelLayout& layout, bool bf16_copy);
+
   const ModelLayout& layout() const { return layout_; }
   int64_t num_units() const { return static_cast<int64_t>(layout_.units.size()); }
   int64_t unit_elements(int64_t unit) const { return layout_.units[unit].num_elements; }

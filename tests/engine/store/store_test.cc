@@ -358,6 +358,27 @@ TEST(LayoutTest, WeightDecayOnMatricesAndEmbeddingNotOnNormsOrBiases) {
 // ---------------------------------------------------------------------------------------
 // HostStore
 
+// What a planner counts for a store's transfer arena is what Create maps, with the bf16
+// copy, without it, and for a store of the weights alone.
+TEST(HostStoreTest, TransferArenaBytesIsWhatCreateMaps) {
+  for (const ModelConfig& c : {TinyLlama(), TinyQwen2()}) {
+    const ModelLayout layout = BuildLayout(c);
+    for (const bool copy : {true, false}) {
+      StoreOptions o;
+      o.bf16_copy = copy;
+      absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout, -1, o);
+      ASSERT_TRUE(store.ok()) << store.status();
+      EXPECT_EQ(HostStore::TransferArenaBytes(layout, copy), (*store)->transfer_bytes()) << copy;
+    }
+    StoreOptions weights;
+    weights.weights_only = true;
+    absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout, -1, weights);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ(HostStore::TransferArenaBytes(layout, true), (*store)->transfer_bytes());
+    EXPECT_EQ((*store)->state_bytes(), 0u);
+  }
+}
+
 TEST(HostStoreTest, UnitRegionsAre4KiBAlignedDisjointAndInsideTheArenas) {
   for (const ModelConfig& c : {TinyLlama(), TinyQwen2()}) {
     std::unique_ptr<HostStore> store = MakeStore(c);
