@@ -823,15 +823,17 @@ void JobRunner::RecordGeneration(RunningJob& run, const internal::StepReply& ste
   v1::Progress* progress = job.mutable_progress();
   progress->set_step(step.step());
   progress->set_total_steps(step.total_steps());
-  progress->set_prompts_done(step.prompts_done());
-  progress->set_prompts_total(step.prompts_total());
+  progress->set_prompts_done(step.step());
+  progress->set_prompts_total(step.total_steps());
   progress->set_tokens_per_second(step.tokens_per_second());
-  const double per_prompt = step.seconds() / std::max<int64_t>(1, step.prompts_done());
-  progress->set_eta_seconds(per_prompt * (step.prompts_total() - step.prompts_done()));
+  // From this run's prompts: those a resumed output held took no time in it.
+  const int64_t ran = step.step() - run.started.step();
+  progress->set_eta_seconds(step.seconds() / std::max<int64_t>(1, ran) *
+                            static_cast<double>(step.total_steps() - step.step()));
   if (eval) {
     progress->set_correct(step.correct());
     progress->set_accuracy(static_cast<double>(step.correct()) /
-                           std::max<int64_t>(1, step.prompts_done()));
+                           static_cast<double>(std::max<int64_t>(1, step.step())));
   }
   RecordProgress(job);
   if (options_.metrics != nullptr) {
@@ -839,14 +841,14 @@ void JobRunner::RecordGeneration(RunningJob& run, const internal::StepReply& ste
   }
   run.generated_tokens = step.tokens();
   Log(job.id(), absl::StrFormat("prompts %d/%d, %d new tokens at %.0f tok/s",
-                                step.prompts_done(), step.prompts_total(), step.tokens(),
+                                step.step(), step.total_steps(), step.tokens(),
                                 step.tokens_per_second()));
   if (step.done()) {
     Log(job.id(), absl::StrFormat("generated %d prompt(s), %d new tokens in this run, into %s",
-                                  step.prompts_total(), step.tokens(),
+                                  step.total_steps(), step.tokens(),
                                   GenerateSpecOf(run.spec).output_path));
     if (eval) {
-      Log(job.id(), absl::StrFormat("accuracy %d/%d = %.4f", step.correct(), step.prompts_total(),
+      Log(job.id(), absl::StrFormat("accuracy %d/%d = %.4f", step.correct(), step.total_steps(),
                                     progress->accuracy()));
     }
   }

@@ -110,12 +110,7 @@ class Worker {
       case WorkerRequest::kSaveCheckpoint:
         return Save(reply->mutable_checkpoint());
       case WorkerRequest::kCheckpointNextStep:
-        if (generation_ != nullptr) {
-          return absl::FailedPreconditionError(
-              "a generate or eval job has no checkpoints: its completions are written to its "
-              "output as each finishes");
-        }
-        RETURN_IF_ERROR(NeedJob());
+        RETURN_IF_ERROR(NeedTrainingJob());
         job_->CheckpointNextStep();
         reply->mutable_ack();
         return absl::OkStatus();
@@ -132,6 +127,15 @@ class Worker {
   [[nodiscard]] absl::Status NeedJob() const {
     if (job_ == nullptr) return absl::FailedPreconditionError("no job started in this worker");
     return absl::OkStatus();
+  }
+  // A training job, for the requests only it answers (checkpoints).
+  [[nodiscard]] absl::Status NeedTrainingJob() const {
+    if (generation_ != nullptr) {
+      return absl::FailedPreconditionError(
+          "a generate or eval job has no checkpoints: its completions are written to its "
+          "output as each finishes");
+    }
+    return NeedJob();
   }
 
   [[nodiscard]] absl::Status Check(const internal::CheckRequest& check,
@@ -215,8 +219,6 @@ class Worker {
                      }));
     out->set_step(generation_->prompts_done());
     out->set_total_steps(generation_->num_prompts());
-    out->set_prompts_done(generation_->prompts_done());
-    out->set_prompts_total(generation_->num_prompts());
     out->set_correct(total.correct);
     out->set_tokens(total.new_tokens);  // over this run
     out->set_seconds(total.seconds);
@@ -271,11 +273,7 @@ class Worker {
   }
 
   [[nodiscard]] absl::Status Save(internal::CheckpointReply* out) {
-    if (generation_ != nullptr) {  // its completions are written as they finish
-      out->set_step(generation_->prompts_done());
-      return absl::OkStatus();
-    }
-    RETURN_IF_ERROR(NeedJob());
+    RETURN_IF_ERROR(NeedTrainingJob());
     ASSIGN_OR_RETURN(std::string path, job_->SaveCheckpoint());
     out->set_path(path);
     out->set_step(job_->step());
