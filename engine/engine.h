@@ -224,6 +224,11 @@ template <typename E>
 // text (auto, byte, model, or a tokenizer.json or its folder, resolved likewise) into
 // spec->tokenizer and spec->tokenizer_path (InvalidArgument for "").
 std::string ResolveSpecPath(const std::string& base_dir, const std::string& path);
+// A tokenizer field's text as the spec keeps it: a named source (auto, byte, model) as it
+// is, else the tokenizer.json path resolved; "" stays "".
+std::string ResolveTokenizerText(const std::string& base_dir, const std::string& text);
+// Whether a tokenizer field's text names a source (auto, byte, model) rather than a file.
+bool IsTokenizerName(const std::string& text);
 [[nodiscard]] absl::Status SetSpecTokenizer(const std::string& text, const std::string& base_dir,
                                             JobSpec* spec);
 

@@ -98,10 +98,7 @@ void FromGenerate(const v1::JobSpec::Generate& m, const std::string& base_dir, J
   g.stop_ids.assign(m.stop_ids().begin(), m.stop_ids().end());
   g.ignore_eos = m.ignore_eos();
   g.chat = m.chat();
-  if (!m.tokenizer().empty()) {
-    const bool named = m.tokenizer() == "auto" || m.tokenizer() == "byte" || m.tokenizer() == "model";
-    g.tokenizer = named ? m.tokenizer() : ResolveSpecPath(base_dir, m.tokenizer());
-  }
+  if (!m.tokenizer().empty()) g.tokenizer = ResolveTokenizerText(base_dir, m.tokenizer());
   g.max_sequences = m.max_sequences();
   g.answer_pattern = m.answer_pattern();
 }
@@ -214,9 +211,7 @@ absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
   if (spec.kind != JobKind::kTrain) {
     paths.push_back({"generate.prompts", g.prompts_path});
     paths.push_back({"generate.output", g.output_path});
-    if (g.tokenizer != "auto" && g.tokenizer != "byte" && g.tokenizer != "model") {
-      paths.push_back({"generate.tokenizer", g.tokenizer});
-    }
+    if (!IsTokenizerName(g.tokenizer)) paths.push_back({"generate.tokenizer", g.tokenizer});
   }
   for (const auto& [field, path] : paths) {
     if (path.empty()) continue;

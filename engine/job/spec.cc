@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -286,9 +287,7 @@ absl::Status ParseGenerate(Section& top, const std::string& base_dir, JobSpec* s
   RETURN_IF_ERROR(s.Bool("ignore_eos", &g.ignore_eos));
   RETURN_IF_ERROR(s.Bool("chat", &g.chat));
   RETURN_IF_ERROR(s.String("tokenizer", &g.tokenizer));
-  if (g.tokenizer != "auto" && g.tokenizer != "byte" && g.tokenizer != "model") {
-    g.tokenizer = ResolveSpecPath(base_dir, g.tokenizer);
-  }
+  g.tokenizer = ResolveTokenizerText(base_dir, g.tokenizer);
   RETURN_IF_ERROR(s.Int("max_sequences", &g.max_sequences));
   RETURN_IF_ERROR(s.String("answer_pattern", &g.answer_pattern));
   return s.CheckNoUnknown();
@@ -518,6 +517,10 @@ absl::Status CheckGenerate(const JobSpec& s) {
     return absl::InvalidArgumentError(
         "generate.answer_pattern scores answers: it belongs to a job of kind eval");
   }
+  if (g.tokenizer.empty()) {
+    return absl::InvalidArgumentError(
+        "generate.tokenizer must be 'auto', 'byte', 'model', or a tokenizer.json path");
+  }
   RETURN_IF_ERROR(AtLeast("generate.max_new_tokens", g.max_new_tokens, 1));
   RETURN_IF_ERROR(AtLeast("generate.top_k", g.top_k, 0));
   RETURN_IF_ERROR(AtLeast("generate.max_sequences", g.max_sequences, 0));
@@ -609,15 +612,31 @@ std::string ResolveSpecPath(const std::string& base_dir, const std::string& path
   return (fs::path(base_dir) / path).lexically_normal().string();
 }
 
-absl::Status SetSpecTokenizer(const std::string& text, const std::string& base_dir,
-                              JobSpec* spec) {
+namespace {
+
+// The source a tokenizer field's text names (auto, byte, model), if it names one.
+std::optional<TokenizerSource> NamedTokenizer(const std::string& text) {
   for (TokenizerSource named :
        {TokenizerSource::kAuto, TokenizerSource::kByte, TokenizerSource::kModel}) {
-    if (text == SpecName(named)) {
-      spec->tokenizer = named;
-      spec->tokenizer_path.clear();
-      return absl::OkStatus();
-    }
+    if (text == SpecName(named)) return named;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool IsTokenizerName(const std::string& text) { return NamedTokenizer(text).has_value(); }
+
+std::string ResolveTokenizerText(const std::string& base_dir, const std::string& text) {
+  return IsTokenizerName(text) ? text : ResolveSpecPath(base_dir, text);
+}
+
+absl::Status SetSpecTokenizer(const std::string& text, const std::string& base_dir,
+                              JobSpec* spec) {
+  if (const std::optional<TokenizerSource> named = NamedTokenizer(text)) {
+    spec->tokenizer = *named;
+    spec->tokenizer_path.clear();
+    return absl::OkStatus();
   }
   if (text.empty()) {
     return absl::InvalidArgumentError(

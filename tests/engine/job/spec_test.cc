@@ -356,6 +356,11 @@ TEST(JobSpecTest, GenerateJobParsesResolvesItsPathsAndRoundTrips) {
   EXPECT_TRUE(h.ignore_eos);
   EXPECT_TRUE(h.chat);
   EXPECT_EQ(h.tokenizer, "byte");
+  absl::StatusOr<JobSpec> file = ParseJobSpec(
+      "kind: generate\nmodel: {path: m}\ngenerate: {prompt: hi, tokenizer: tok/t.json}\n",
+      dir.path());
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->generate.tokenizer, (fs::path(dir.path()) / "tok/t.json").string());
   EXPECT_EQ(h.max_sequences, 3);
   // Its output defaults to the job's folder.
   JobSpec placed = *again;
@@ -374,6 +379,7 @@ TEST(JobSpecTest, BadGenerateJobsAreRefusedNamingTheField) {
   ExpectInvalid(head + "generate: {prompt: hi, temperature: -1}\n", "generate.temperature");
   ExpectInvalid(head + "generate: {prompt: hi, max_new_tokens: 0}\n", "generate.max_new_tokens");
   ExpectInvalid(head + "generate: {prompt: hi, top_k: -1}\n", "generate.top_k");
+  ExpectInvalid(head + "generate: {prompt: hi, tokenizer: \"\"}\n", "generate.tokenizer");
   ExpectInvalid(head + "generate: {prompt: hi, nucleus: 0.9}\n", "generate.nucleus");
   ExpectInvalid(head + "generate: {prompt: hi, stop_ids: [x]}\n", "generate.stop_ids");
   ExpectInvalid(head + "generate: {max_new_tokens: 5}\n", "generate.prompts");
