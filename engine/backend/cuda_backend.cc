@@ -393,6 +393,12 @@ class CudaBackend final : public Backend {
     expert_gemms_->Run(RowsThroughWeight(W, w_in_major ? CUBLAS_OP_T : CUBLAS_OP_N,
                                          w_in_major ? OC : IC, dout, OC, din, IC),
                        rows, E);
+    if (dW == nullptr) {  // a frozen weight: no gradient
+      if (dbias != nullptr) {
+        cuda::GroupedBiasGrad(F32(dbias), Bf16(dout), offsets.device, E, OC, Stream(s));
+      }
+      return;
+    }
     ExpertGemm w;  // dW_e f32 += in_e^T dout_e, as W is laid out: a sum over the expert's rows
     w.ta = CUBLAS_OP_N;
     w.tb = CUBLAS_OP_T;
@@ -460,6 +466,7 @@ class CudaBackend final : public Backend {
                                    CUDA_R_16BF, CublasDim(IC), CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
     }
+    if (dW == nullptr) return;  // a frozen weight: no gradient
     // dW^T (IC,OC) += in^T (IC,N) dout (N,OC), in fp32.
     MT_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, CublasDim(IC), CublasDim(OC),
                                  CublasDim(N), &one, in, CUDA_R_16BF, CublasDim(IC), dout,

@@ -51,52 +51,69 @@ struct PartInfo {
   int moment = -1;            // 0 m, 1 v, 2 m's scales, 3 v's (HostStore::ReadMomentBytes)
 };
 
+// A unit's moments in RAM; null pointers when they are on disk or it has none.
+UnitMoments MomentsIn(const HostStore& s, int64_t u) {
+  return s.state_elements(u) == 0 || s.moments_on_disk(u) ? UnitMoments{} : s.moments(u);
+}
+
 std::vector<PartInfo> PartsFor(MomentDType moments) {
   const bool f32 = moments == MomentDType::kF32, bf16 = moments == MomentDType::kBF16;
   std::vector<PartInfo> parts = {
       // Without a bf16 copy the model is rounded from the master as it is written.
       {"", DType::kBF16,
        [](const HostStore& s, int64_t u) -> void* {
-         return s.has_bf16_copy() ? s.weights(u) : nullptr;
+         return s.has_bf16(u) ? s.weights(u) : nullptr;
        }},
+      // The optimizer parts cover each unit's state range (HostStore::state_begin); a unit
+      // without state has no tensors there.
       {"optimizer/master", DType::kF32,
-       [](const HostStore& s, int64_t u) -> void* { return s.master(u); }},
+       [](const HostStore& s, int64_t u) -> void* {
+         return s.state_elements(u) > 0 ? s.master(u) : nullptr;
+       }},
       // Moments kept on disk (the NVMe tier) have no pointer: read through the store.
       {"optimizer/exp_avg", f32 ? DType::kF32 : bf16 ? DType::kBF16 : DType::kI8,
-       [](const HostStore& s, int64_t u) -> void* {
-         return s.moments_on_disk(u) ? nullptr : s.moments(u).m;
-       },
-       false, 0},
+       [](const HostStore& s, int64_t u) -> void* { return MomentsIn(s, u).m; }, false, 0},
       {"optimizer/exp_avg_sq", f32 ? DType::kF32 : bf16 ? DType::kBF16 : DType::kU8,
-       [](const HostStore& s, int64_t u) -> void* {
-         return s.moments_on_disk(u) ? nullptr : s.moments(u).v;
-       },
-       false, 1},
+       [](const HostStore& s, int64_t u) -> void* { return MomentsIn(s, u).v; }, false, 1},
   };
   if (moments == MomentDType::kInt8) {
     parts.push_back({"optimizer/exp_avg_scales", DType::kF32,
                      [](const HostStore& s, int64_t u) -> void* {
-                       return s.moments_on_disk(u) ? nullptr : s.moments(u).m_scales;
+                       return MomentsIn(s, u).m_scales;
                      },
                      true, 2});
     parts.push_back({"optimizer/exp_avg_sq_scales", DType::kF32,
                      [](const HostStore& s, int64_t u) -> void* {
-                       return s.moments_on_disk(u) ? nullptr : s.moments(u).v_scales;
+                       return MomentsIn(s, u).v_scales;
                      },
                      true, 3});
   }
   return parts;
 }
 
-std::vector<PartTensor> UnitTensors(const UnitLayout& unit, bool block_scales) {
+// The unit's elements in a part: the model's all of them; an optimizer part's its state
+// range (elements, or their blocks' scales).
+int64_t UnitPartElements(const UnitLayout& unit, const PartInfo& part) {
+  if (part.dir.empty()) return unit.num_elements;
+  const auto [begin, end] = unit.StateRange();
+  return part.block_scales ? (end - begin + kMomentBlock - 1) / kMomentBlock : end - begin;
+}
+
+// The unit's tensors in a part, offsets into its buffer there: the model's every tensor;
+// an optimizer part's the tensors in the state range, from the range's start (or its
+// blocks' scales).
+std::vector<PartTensor> UnitTensors(const UnitLayout& unit, const PartInfo& part) {
   std::vector<PartTensor> out;
-  if (block_scales) {
-    const int64_t blocks = (unit.num_elements + kMomentBlock - 1) / kMomentBlock;
-    out.push_back(PartTensor{unit.name + ".block_scales", {blocks}, 0, blocks});
+  const int64_t elements = UnitPartElements(unit, part);
+  if (elements == 0) return out;
+  if (part.block_scales) {
+    out.push_back(PartTensor{unit.name + ".block_scales", {elements}, 0, elements});
     return out;
   }
+  const int64_t begin = part.dir.empty() ? 0 : unit.StateRange().first;
   for (const TensorSlot& t : unit.tensors) {
-    out.push_back(PartTensor{t.name, t.shape, t.offset, t.num_elements});
+    if (!part.dir.empty() && !unit.HasState(t)) continue;
+    out.push_back(PartTensor{t.name, t.shape, t.offset - begin, t.num_elements});
   }
   return out;
 }
@@ -159,7 +176,7 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
     std::vector<TensorToWrite> tensors;
     for (const UnitLayout& unit : layout.units) {
       p->first_tensor.push_back(static_cast<int64_t>(tensors.size()));
-      p->units.push_back(UnitTensors(unit, part.block_scales));
+      p->units.push_back(UnitTensors(unit, part));
       for (const PartTensor& t : p->units.back()) {
         tensors.push_back(TensorToWrite{t.name, part.dtype, t.shape, nullptr});
       }
@@ -194,10 +211,8 @@ absl::Status CheckpointWriter::WriteUnit(const HostStore& store, int64_t unit) {
 // A unit's buffer in a part: the unit's elements, or its blocks' scales.
 uint64_t CheckpointWriter::UnitPartBytes(int64_t unit, int part) const {
   const Part& p = *parts_[part];
-  const int64_t n = p.info.block_scales
-                        ? (layout_.units[unit].num_elements + kMomentBlock - 1) / kMomentBlock
-                        : layout_.units[unit].num_elements;
-  return static_cast<uint64_t>(n) * DTypeSize(p.info.dtype);
+  return static_cast<uint64_t>(UnitPartElements(layout_.units[unit], p.info)) *
+         DTypeSize(p.info.dtype);
 }
 
 int64_t CheckpointWriter::PiecesPerPart(int64_t unit, int part) const {
@@ -235,6 +250,7 @@ int64_t CheckpointWriter::PieceFile(int64_t unit, int64_t piece) const {
   const Part& p = *parts_[part];
   const uint64_t element = DTypeSize(p.info.dtype);
   const std::vector<PartTensor>& tensors = p.units[unit];
+  if (tensors.empty()) return static_cast<int64_t>(part) * (int64_t{1} << 32);  // nothing to write
   size_t i = 0;  // the tensor holding the piece's first byte
   while (i + 1 < tensors.size() &&
          static_cast<uint64_t>(tensors[i + 1].offset) * element <= begin) {
@@ -254,9 +270,10 @@ absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, 
                MomentDTypeName(moments_), MomentDTypeName(store.moment_dtype()));
   const uint64_t element = DTypeSize(p.info.dtype);
   // Each tensor the piece meets, its share.
+  const std::vector<PartTensor>& tensors = p.units[unit];
+  if (tensors.empty()) return absl::OkStatus();  // a unit without state, in an optimizer part
   const char* base = static_cast<const char*>(p.info.base(store, unit));
   MT_CHECK(base != nullptr || p.info.dir.empty() || p.info.moment >= 0);
-  const std::vector<PartTensor>& tensors = p.units[unit];
   for (size_t i = 0; i < tensors.size(); ++i) {
     const uint64_t t_begin = static_cast<uint64_t>(tensors[i].offset) * element;
     const uint64_t t_end = t_begin + static_cast<uint64_t>(tensors[i].num_elements) * element;
@@ -404,17 +421,27 @@ absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerSt
     if (store->moments_on_disk(u)) disk_blocks[u].assign(store->moment_block_bytes(u), 0);
   }
   for (const PartInfo& part : PartsFor(saved)) {
-    if (part.dir.empty()) continue;  // the bf16 weights follow from master
     ASSIGN_OR_RETURN(ModelTensorReader reader,
                      ModelTensorReader::OpenFolder((fs::path(path) / part.dir).string()));
     for (int64_t u = 0; u < store->num_units(); ++u) {
+      const UnitLayout& unit = store->layout().units[u];
+      if (part.dir.empty()) {  // the model: the frozen tensors without state (bf16 alone)
+        for (const TensorSlot& t : unit.tensors) {
+          if (unit.HasState(t)) continue;  // its bf16 weights follow from the master
+          RETURN_IF_ERROR(reader.ReadRaw(t.name, t.shape, DType::kBF16,
+                                         store->weights(u) + t.offset));
+        }
+        continue;
+      }
+      const std::vector<PartTensor> tensors = UnitTensors(unit, part);
+      if (tensors.empty()) continue;
       char* base = static_cast<char*>(part.base(*store, u));
       if (base == nullptr) {  // on disk: this part's place in the unit's block
         const UnitMoments at = store->MomentsAt(u, disk_blocks.at(u).data());
         void* const starts[] = {at.m, at.v, at.m_scales, at.v_scales};
         base = static_cast<char*>(starts[part.moment]);
       }
-      for (const PartTensor& t : UnitTensors(store->layout().units[u], part.block_scales)) {
+      for (const PartTensor& t : tensors) {
         char* dst = base + t.offset * DTypeSize(part.dtype);
         RETURN_IF_ERROR(part.dtype == DType::kF32
                             ? reader.ReadAsFloat(t.name, t.shape, reinterpret_cast<float*>(dst))

@@ -122,7 +122,8 @@ class Backend {
   // out act (N,OC) (= or +=) in act (N,IC) . W weight (OC,IC)^T + bias weight (OC)|null
   virtual void Linear(void* out, const void* in, const void* W, const void* bias, int64_t N,
                       int64_t IC, int64_t OC, bool accumulate, StreamId s) = 0;
-  // din act (N,IC) (= or +=, null to skip); dW grad (OC,IC) +=; dbias grad (OC) += | null
+  // din act (N,IC) (= or +=, null to skip); dW grad (OC,IC) += | null (a frozen weight);
+  // dbias grad (OC) += | null
   virtual void LinearBackward(void* din, bool din_accumulate, void* dW, void* dbias,
                               const void* dout, const void* in, const void* W, int64_t N,
                               int64_t IC, int64_t OC, StreamId s) = 0;
@@ -220,9 +221,9 @@ class Backend {
   virtual void GroupedLinear(void* out, const void* in, const void* W, const void* bias,
                              const ExpertOffsets& offsets, int64_t E, int64_t IC, int64_t OC,
                              bool w_in_major, StreamId s) = 0;
-  // din act (R,IC) written; dW grad (E,OC,IC) or (E,IC,OC) +=, as W; dbias grad (E,OC) +=
-  // | null (column sums of each expert's rows of dout, deterministic); experts without rows
-  // keep their gradients
+  // din act (R,IC) written; dW grad (E,OC,IC) or (E,IC,OC) +=, as W, | null (a frozen
+  // weight); dbias grad (E,OC) += | null (column sums of each expert's rows of dout,
+  // deterministic); experts without rows keep their gradients
   virtual void GroupedLinearBackward(void* din, void* dW, void* dbias, const void* dout,
                                      const void* in, const void* W, const ExpertOffsets& offsets,
                                      int64_t E, int64_t IC, int64_t OC, bool w_in_major,

@@ -83,18 +83,24 @@ absl::StatusOr<std::string> DescribeFrozen(const JobSpec& spec, const ModelConfi
   if (spec.freeze.empty()) return std::string();
   ModelLayout layout = BuildLayout(config);
   RETURN_IF_ERROR(FreezeTensors(spec.freeze, &layout));
-  int64_t tensors = 0, elements = 0;
+  int64_t tensors = 0, elements = 0, with_state = 0;
   for (const UnitLayout& unit : layout.units) {
     for (const TensorSlot& t : unit.tensors) {
       if (t.trainable) continue;
       ++tensors;
       elements += t.num_elements;
+      if (unit.HasState(t)) with_state += t.num_elements;
     }
   }
+  std::string between;
+  if (with_state > 0) {
+    between = absl::StrFormat(" (%.2fM between trainable tensors of a layer keep an unused fp32 "
+                              "state)", with_state / 1e6);
+  }
   return absl::StrFormat(
-      "frozen     %d tensors, %.2fM of %.2fM parameters (train.freeze): never updated; they "
-      "still hold fp32 state and get gradients\n",
-      tensors, elements / 1e6, layout.TotalElements() / 1e6);
+      "frozen     %d tensors, %.2fM of %.2fM parameters (train.freeze): bf16 alone, never "
+      "updated, no gradient%s\n",
+      tensors, elements / 1e6, layout.TotalElements() / 1e6, between);
 }
 
 absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
@@ -191,7 +197,9 @@ absl::Status SetUpStore(const JobSpec& spec, JobParts* p) {
   ModelLayout layout = BuildLayout(p->config);
   RETURN_IF_ERROR(FreezeTensors(spec.freeze, &layout));
   for (int64_t l = p->config.num_layers - p->plan.nvme_layers; l < p->config.num_layers; ++l) {
-    store_options.disk_units.push_back(layout.DecoderUnit(l));
+    const UnitLayout& unit = layout.units[layout.DecoderUnit(l)];
+    const auto [begin, end] = unit.StateRange();
+    if (begin < end) store_options.disk_units.push_back(layout.DecoderUnit(l));  // has moments
   }
   ASSIGN_OR_RETURN(p->store, HostStore::Create(layout, store_nodes, store_options));
   ASSIGN_OR_RETURN(p->slabs,

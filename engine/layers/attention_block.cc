@@ -23,6 +23,11 @@ AttentionTensors BindAttention(const UnitLayout& unit, void* base, DType dtype) 
   return t;
 }
 
+void NullFrozenAttentionGrads(const UnitLayout& unit, AttentionTensors* g) {
+  g->qkv = UnlessFrozen(unit, g->qkv, {TensorRole::kQ, TensorRole::kK, TensorRole::kV});
+  g->o_proj = UnlessFrozen(unit, g->o_proj, {TensorRole::kOProj});
+}
+
 AttentionBlock::AttentionBlock(const ModelConfig& config, Backend* backend, int64_t window)
     : config_(config),
       backend_(backend),

@@ -36,6 +36,8 @@ struct AttentionTensors {
 
 // The attention half's views of `unit`'s tensors from `base` (elements of `dtype`).
 AttentionTensors BindAttention(const UnitLayout& unit, void* base, DType dtype);
+// Gradient views: the frozen matrices' set to null (UnlessFrozen, layer_kind.h).
+void NullFrozenAttentionGrads(const UnitLayout& unit, AttentionTensors* grads);
 
 // Intermediates of one micro-batch of n tokens. Saved (Backward cannot rebuild them
 // cheaply): rstd1, q, k, v, rstd_q, rstd_k, o, lse, x2, and qkv with QK-norm (its backward

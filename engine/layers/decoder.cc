@@ -28,7 +28,11 @@ DecoderTensors DecoderLayer::BindWeights(void* slot) const {
 }
 
 DecoderTensors DecoderLayer::BindGrads(void* grads) const {
-  return Bind(grads, backend_->grad_dtype());
+  DecoderTensors g = Bind(grads, backend_->grad_dtype());
+  NullFrozenAttentionGrads(unit_, &g.attn);
+  g.gate_up = UnlessFrozen(unit_, g.gate_up, {TensorRole::kGate, TensorRole::kUp});
+  g.down = UnlessFrozen(unit_, g.down, {TensorRole::kDown});
+  return g;
 }
 
 int64_t DecoderLayer::WorkspaceBytes(int64_t n) const {

@@ -11,6 +11,10 @@ LossHead::LossHead(const ModelConfig& config, const ModelLayout& layout, Backend
       final_norm_offset_(layout.units[layout.HeadUnit()].OffsetOf(TensorRole::kFinalNorm)),
       lm_head_offset_(layout.units[layout.HeadUnit()].OffsetOf(TensorRole::kLmHead)),
       embedding_offset_(layout.units[ModelLayout::EmbeddingUnit()].OffsetOf(TensorRole::kEmbedding)),
+      lm_head_frozen_(lm_head_offset_ >= 0
+                          ? !layout.units[layout.HeadUnit()].AnyTrainable({TensorRole::kLmHead})
+                          : !layout.units[ModelLayout::EmbeddingUnit()].AnyTrainable(
+                                {TensorRole::kEmbedding})),
       backend_(backend),
       chunk_tokens_(chunk_tokens),
       objective_(std::move(objective)) {}
@@ -28,7 +32,9 @@ HeadTensors LossHead::BindWeights(void* head_slot, void* embedding_slot) const {
 }
 
 HeadTensors LossHead::BindGrads(void* head_grads, void* embedding_grads) const {
-  return Bind(head_grads, embedding_grads, backend_->grad_dtype());
+  HeadTensors g = Bind(head_grads, embedding_grads, backend_->grad_dtype());
+  if (lm_head_frozen_) g.lm_head = nullptr;
+  return g;
 }
 
 int64_t LossHead::WorkspaceBytes(int64_t n) const {

@@ -62,6 +62,7 @@ class LossHead {
   int64_t final_norm_offset_;
   int64_t lm_head_offset_;  // in the head unit, or -1 when tied
   int64_t embedding_offset_;
+  bool lm_head_frozen_;     // its gradient view is null: never computed
   Backend* backend_;
   int64_t chunk_tokens_;
   std::unique_ptr<const Objective> objective_;

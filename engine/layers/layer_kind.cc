@@ -56,6 +56,10 @@ void* TensorAt(const UnitLayout& unit, void* base, TensorRole role, DType dtype)
   return off < 0 ? nullptr : Offset(base, off, dtype);
 }
 
+void* UnlessFrozen(const UnitLayout& unit, void* grad, std::initializer_list<TensorRole> roles) {
+  return unit.AnyTrainable(roles) ? grad : nullptr;
+}
+
 std::vector<float> RopeInvFreqs(const ModelConfig& config) {
   std::vector<float> inv_freq(config.head_dim / 2);
   const RopeScaling& rs = config.rope_scaling;

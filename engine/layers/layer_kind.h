@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -125,6 +126,11 @@ LayerKinds MakeLayerKinds(const ModelConfig& config, const ModelLayout& layout, 
 // The tensor of `role` in `unit`'s block at `base` (elements of `dtype`), or null when the
 // unit has none: a kind's binding of its views.
 void* TensorAt(const UnitLayout& unit, void* base, TensorRole role, DType dtype);
+
+// A kind's gradient view of the matrix made of `roles` in `unit` (one, or a fused q|k|v or
+// gate|up; every expert's): `grad`, or null when all of those tensors are frozen, so that
+// the weight gradient is never computed (Backend::LinearBackward takes a null dW).
+void* UnlessFrozen(const UnitLayout& unit, void* grad, std::initializer_list<TensorRole> roles);
 
 // RoPE's inverse frequencies of `config` (rope_scaling included), f32 (D/2), for
 // LayerCall::rope_inv_freq.

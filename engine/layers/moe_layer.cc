@@ -29,6 +29,16 @@ MoeTensors MoeLayer::Bind(void* base, DType dtype) const {
   return t;
 }
 
+MoeTensors MoeLayer::BindGrads(void* grads) const {
+  MoeTensors g = Bind(grads, backend_->grad_dtype());
+  NullFrozenAttentionGrads(unit_, &g.attn);
+  g.router = UnlessFrozen(unit_, g.router, {TensorRole::kRouter});
+  g.gate_up = UnlessFrozen(unit_, g.gate_up,
+                           {TensorRole::kExpertGate, TensorRole::kExpertUp, TensorRole::kExpertGateUpT});
+  g.down = UnlessFrozen(unit_, g.down, {TensorRole::kExpertDown, TensorRole::kExpertDownT});
+  return g;
+}
+
 MoeActs MoeLayer::Carve(void* base, int64_t n, int64_t* bytes, int64_t* saved_bytes) const {
   const int64_t act = DTypeSize(backend_->act_dtype());
   const int64_t stat = DTypeSize(backend_->stat_dtype());

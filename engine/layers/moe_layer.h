@@ -83,7 +83,8 @@ class MoeLayer final : public LayerKind {
   void Backward(const LayerCall& call, const void* x, void* dres) const override;
 
   MoeTensors BindWeights(void* slot) const { return Bind(slot, backend_->weight_dtype()); }
-  MoeTensors BindGrads(void* grads) const { return Bind(grads, backend_->grad_dtype()); }
+  // Frozen matrices' views are null (UnlessFrozen): their gradients are never computed.
+  MoeTensors BindGrads(void* grads) const;
 
  private:
   MoeTensors Bind(void* base, DType dtype) const;

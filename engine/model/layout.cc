@@ -119,7 +119,10 @@ bool UnitLayout::SameStructure(const UnitLayout& other) const {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorSlot& a = tensors[i];
     const TensorSlot& b = other.tensors[i];
-    if (a.role != b.role || a.shape != b.shape || a.offset != b.offset) return false;
+    if (a.role != b.role || a.shape != b.shape || a.offset != b.offset ||
+        a.trainable != b.trainable) {
+      return false;
+    }
   }
   return true;
 }
@@ -156,6 +159,29 @@ bool UnitLayout::AllTrainable() const {
     if (!t.trainable) return false;
   }
   return true;
+}
+
+bool UnitLayout::AnyTrainable(std::initializer_list<TensorRole> roles) const {
+  for (const TensorSlot& t : tensors) {
+    if (t.trainable && std::find(roles.begin(), roles.end(), t.role) != roles.end()) return true;
+  }
+  return false;
+}
+
+std::pair<int64_t, int64_t> UnitLayout::StateRange() const {
+  if (AllTrainable()) return {0, num_elements};
+  int64_t begin = num_elements, end = 0;
+  for (const TensorSlot& t : tensors) {
+    if (!t.trainable) continue;
+    begin = std::min(begin, t.offset);
+    end = std::max(end, t.offset + t.num_elements);
+  }
+  return begin < end ? std::make_pair(begin, end) : std::make_pair(int64_t{0}, int64_t{0});
+}
+
+bool UnitLayout::HasState(const TensorSlot& t) const {
+  const auto [begin, end] = StateRange();
+  return t.offset >= begin && t.offset + t.num_elements <= end;
 }
 
 ModelLayout BuildLayout(const ModelConfig& c) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -56,9 +57,10 @@ struct TensorSlot {
   int64_t num_elements = 0;
   bool weight_decay = false;    // matrices decay; norms and biases do not (HF Trainer rule)
   int64_t expert = -1;          // an expert's tensor: its index
-  // False: frozen. Its gradient is still computed and drained, but the optimizer never
-  // applies it: the tensor keeps its values (master, bf16 copy) exactly, and its gradient
-  // counts in no norm (ModelLayout::SetTrainable).
+  // False: frozen (ModelLayout::SetTrainable). The tensor keeps its values exactly: the
+  // optimizer never updates it, its gradient counts in no norm, and a matrix's gradient is
+  // never computed (a kind binds no gradient view for it). A frozen tensor outside its
+  // unit's StateRange() is kept as bf16 alone: no master, no moments, no download.
   bool trainable = true;
 };
 
@@ -78,10 +80,21 @@ struct UnitLayout {
   // (q, k, v as one (QKV, C) matrix; gate, up as one (2I, C)): the first's, -1 when it is
   // absent. REQUIRES (checked): each present role starts where the one before it ends.
   int64_t OffsetOfFused(std::initializer_list<TensorRole> roles) const;
-  // Same tensors (roles and shapes) in the same places: one layer template serves both.
+  // Same tensors (roles, shapes, trainable or frozen) in the same places: one layer
+  // template serves both.
   bool SameStructure(const UnitLayout& other) const;
   // True when every tensor is trainable (the optimizer's one-pass case).
   bool AllTrainable() const;
+  // True when some tensor of one of `roles` is trainable (false when there is none).
+  bool AnyTrainable(std::initializer_list<TensorRole> roles) const;
+  // The elements [begin, end) that have optimizer state (fp32 master, moments) and a
+  // gradient drained to the host: from the first trainable tensor's start to the last
+  // one's end; the whole unit when every tensor is trainable, {0, 0} when none is. The
+  // tensors between them are all inside (frozen ones too, kept but never updated); the
+  // others are frozen and bf16 alone.
+  std::pair<int64_t, int64_t> StateRange() const;
+  // The tensor lies inside StateRange().
+  bool HasState(const TensorSlot& t) const;
 };
 
 struct ModelLayout {

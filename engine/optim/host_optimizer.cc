@@ -34,7 +34,7 @@ void HostOptimizer::RestoredLocked(int64_t step) {
   step_ = step;
   updated_step_.assign(store_->num_units(), step);
   updated_elements_.resize(store_->num_units());
-  for (int64_t u = 0; u < store_->num_units(); ++u) updated_elements_[u] = store_->unit_elements(u);
+  for (int64_t u = 0; u < store_->num_units(); ++u) updated_elements_[u] = store_->state_elements(u);
 }
 
 void HostOptimizer::AddSlabPool(GradSlabPool* pool) { other_pools_.push_back(pool); }
@@ -330,7 +330,7 @@ void HostOptimizer::PieceDone(const Item& item) {
     updated_elements_[u] = 0;
   }
   updated_elements_[u] += item.count;
-  if (capture_step_ == item.step && updated_elements_[u] == store_->unit_elements(u)) {
+  if (capture_step_ == item.step && updated_elements_[u] == store_->state_elements(u)) {
     capture_ready_(u);
   }
 }
@@ -364,7 +364,9 @@ void HostOptimizer::BeginCapture(int64_t step, std::function<void(int64_t unit)>
   const bool forward = options_.max_grad_norm > 0;
   for (int64_t i = 0; i < units; ++i) {
     const int64_t u = forward ? i : units - 1 - i;
-    if (updated_step_[u] == step && updated_elements_[u] == store_->unit_elements(u)) {
+    // A unit without state (all frozen) never changes: its capture is ready at once.
+    if (store_->state_elements(u) == 0 ||
+        (updated_step_[u] == step && updated_elements_[u] == store_->state_elements(u))) {
       capture_ready_(u);
     }
   }
@@ -402,8 +404,11 @@ double HostOptimizer::TrainableSquares(const Item& item) const {
 
 double HostOptimizer::Update(const Item& item, const float* grad, float grad_scale) {
   const int64_t unit = item.unit;
+  // The state range's elements, from its start: the piece and the tensors are moved there.
+  const int64_t first = store_->state_begin(unit), elements = store_->state_elements(unit);
+  const int64_t begin = item.offset - first, end = begin + item.count;
   float* master = store_->master(unit);
-  uint16_t* bf16 = store_->has_bf16_copy() ? store_->weights(unit) : nullptr;
+  uint16_t* bf16 = store_->has_bf16(unit) ? store_->weights(unit) + first : nullptr;
   const UnitLayout& layout = store_->layout().units[unit];
   // The unit's moments: in RAM, or in a buffer of the NVMe tier (written back once the
   // unit's last piece is updated).
@@ -426,20 +431,20 @@ double HostOptimizer::Update(const Item& item, const float* grad, float grad_sca
     ~WriteBack() {
       if (disk != nullptr) disk->Updated(unit, count, elements);
     }
-  } write_back{disk, unit, item.count, layout.num_elements};
+  } write_back{disk, unit, item.count, elements};
   if (store_->moment_dtype() != MomentDType::kF32) {
     // Whole blocks of the piece at once: pieces start on block boundaries (grad_slab_pool.h).
     std::vector<ElementRange> tensors;
     tensors.reserve(layout.tensors.size());
     for (const TensorSlot& t : layout.tensors) {
       if (!t.trainable) continue;
-      tensors.push_back(ElementRange{t.offset, t.offset + t.num_elements, t.weight_decay});
+      tensors.push_back(
+          ElementRange{t.offset - first, t.offset - first + t.num_elements, t.weight_decay});
     }
     std::sort(tensors.begin(), tensors.end(),
               [](const ElementRange& a, const ElementRange& b) { return a.begin < b.begin; });
     double sum_squares = 0;
-    AdamWUpdateQuantized(master, moments, bf16, grad, item.offset,
-                         item.offset + item.count, layout.num_elements, tensors, item.step,
+    AdamWUpdateQuantized(master, moments, bf16, grad, begin, end, elements, tensors, item.step,
                          item.lr, options_.weight_decay, grad_scale, options_.hyper,
                          MomentRoundingKey(unit, item.step), &sum_squares);
     return sum_squares;
@@ -449,13 +454,13 @@ double HostOptimizer::Update(const Item& item, const float* grad, float grad_sca
   std::vector<ElementRange> ranges;
   ranges.reserve(layout.tensors.size());
   for (const TensorSlot& t : layout.tensors) {
-    const int64_t begin = std::max(t.offset, item.offset);
-    const int64_t end = std::min(t.offset + t.num_elements, item.offset + item.count);
-    if (begin < end && t.trainable) ranges.push_back(ElementRange{begin, end, t.weight_decay});
+    const int64_t b = std::max(t.offset - first, begin);
+    const int64_t e = std::min(t.offset - first + t.num_elements, end);
+    if (b < e && t.trainable) ranges.push_back(ElementRange{b, e, t.weight_decay});
   }
   double sum_squares = 0;
   AdamWUpdateRanges(master, static_cast<float*>(moments.m), static_cast<float*>(moments.v), bf16,
-                    grad, item.offset, ranges, item.step, item.lr, options_.weight_decay,
+                    grad, begin, ranges, item.step, item.lr, options_.weight_decay,
                     grad_scale, options_.hyper, &sum_squares);
   return sum_squares;
 }

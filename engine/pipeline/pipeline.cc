@@ -395,7 +395,9 @@ void Pipeline::BackwardSweep(GradSink* sink) {
   for (int64_t c = ((L - 1) / K) * K; c >= 0; c -= K) {
     BackwardSegment(c, std::min(c + K, L), &grad_turn, sink);
   }
-  for (int64_t m = 0; m < M; ++m) {
+  // A frozen embedding's gradient is never computed (a tied lm_head's is frozen with it).
+  const UnitLayout& embedding = layout_->units[ModelLayout::EmbeddingUnit()];
+  for (int64_t m = 0; m < M && embedding.AnyTrainable({TensorRole::kEmbedding}); ++m) {
     be.EmbeddingBackward(embed_grad_.get(), MicroBatchRow(dres_, m), batches_[m].tokens,
                          batches_[m].token_order, n, config_.hidden_size, StreamId::kCompute);
   }

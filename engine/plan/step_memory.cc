@@ -46,11 +46,12 @@ StepMemory SizeStepMemory(const ModelConfig& config, const ModelLayout& layout, 
   const int64_t gsize = DTypeSize(backend->grad_dtype());
   const int64_t stat = DTypeSize(backend->stat_dtype());
   const int64_t act_row = config.hidden_size * DTypeSize(backend->act_dtype());
-  // A gradient the group reduce-scatters holds every rank's whole shard.
+  // A gradient the group reduce-scatters holds every rank's whole shard of its state range
+  // from the range's start (gradient_drain.cc): at most the unit and 256 elements a rank.
   auto padded = [&](int64_t elements) {
     if (options.collective == nullptr) return elements;
     const int ranks = options.collective->size();
-    return ranks * GradShardElements(elements, ranks);
+    return std::max(ranks * GradShardElements(elements, ranks), elements + ranks * 256);
   };
   const int64_t layer_n = layout.MaxDecoderElements();
   const int64_t embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;

@@ -19,9 +19,22 @@ namespace {
 constexpr size_t kPage = 4096;
 size_t RoundUp(size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
+// What a store keeps of a unit: the state range (StateRange; none in a weights-only store)
+// and whether it keeps bf16 weights (the copy, or the only copy of frozen tensors).
+struct UnitKeeps {
+  int64_t state_begin = 0, state_elements = 0;
+  bool bf16 = true;
+};
+
+UnitKeeps KeepsOf(const UnitLayout& unit, bool bf16_copy, bool weights_only) {
+  if (weights_only) return UnitKeeps{};
+  const auto [begin, end] = unit.StateRange();
+  return UnitKeeps{begin, end - begin, bf16_copy || end - begin != unit.num_elements};
+}
+
 // A unit's share of the transfer arena: its bf16 weights, or its fp32 master.
-size_t UnitTransferBytes(const UnitLayout& unit, bool bf16_copy) {
-  return RoundUp(unit.num_elements * (bf16_copy ? sizeof(uint16_t) : sizeof(float)));
+size_t UnitTransferBytes(const UnitLayout& unit, bool bf16) {
+  return RoundUp(unit.num_elements * (bf16 ? sizeof(uint16_t) : sizeof(float)));
 }
 
 size_t MomentElementBytes(MomentDType t) {
@@ -126,7 +139,9 @@ HostArena& HostArena::operator=(HostArena&& o) noexcept {
 
 size_t HostStore::TransferArenaBytes(const ModelLayout& layout, bool bf16_copy) {
   size_t bytes = 0;
-  for (const UnitLayout& unit : layout.units) bytes += UnitTransferBytes(unit, bf16_copy);
+  for (const UnitLayout& unit : layout.units) {
+    bytes += UnitTransferBytes(unit, KeepsOf(unit, bf16_copy, false).bf16);
+  }
   return bytes;
 }
 
@@ -142,6 +157,10 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& 
                                                              const StoreOptions& options) {
   MT_CHECK(!options.weights_only || (options.bf16_copy && options.disk_units.empty()));
   std::unique_ptr<HostStore> store(new HostStore(layout, options));
+  for (const UnitLayout& unit : layout.units) {
+    const UnitKeeps keeps = KeepsOf(unit, options.bf16_copy, options.weights_only);
+    store->units_.push_back(UnitParts{0, 0, keeps.state_begin, keeps.state_elements, keeps.bf16});
+  }
   if (!options.disk_units.empty()) {
     std::vector<int64_t> blocks;
     for (int64_t u : options.disk_units) {
@@ -153,12 +172,12 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& 
   }
   size_t transfer_bytes = 0, state_bytes = 0;
   for (int64_t u = 0; u < static_cast<int64_t>(layout.units.size()); ++u) {
-    store->transfer_offset_.push_back(transfer_bytes);
-    store->state_offset_.push_back(state_bytes);
-    const size_t master = RoundUp(layout.units[u].num_elements * sizeof(float));
-    transfer_bytes += UnitTransferBytes(layout.units[u], options.bf16_copy);
-    if (options.weights_only) continue;
-    state_bytes += (options.bf16_copy ? master : 0) +
+    UnitParts& p = store->units_[u];
+    p.transfer_offset = transfer_bytes;
+    p.state_offset = state_bytes;
+    transfer_bytes += UnitTransferBytes(layout.units[u], p.bf16);
+    if (p.state_elements == 0) continue;
+    state_bytes += (p.bf16 ? RoundUp(p.state_elements * sizeof(float)) : 0) +
                    (store->moments_on_disk(u) ? 0 : store->moment_block_bytes(u));
   }
   ASSIGN_OR_RETURN(store->transfer_,
@@ -172,12 +191,12 @@ absl::StatusOr<std::unique_ptr<HostStore>> HostStore::Create(const ModelLayout& 
 }
 
 size_t HostStore::moment_bytes(int64_t unit) const {
-  return RoundUp(unit_elements(unit) * MomentElementBytes(options_.moments));
+  return RoundUp(state_elements(unit) * MomentElementBytes(options_.moments));
 }
 
 size_t HostStore::moment_scale_bytes(int64_t unit) const {
   return options_.moments == MomentDType::kInt8
-             ? RoundUp(MomentBlocks(unit_elements(unit)) * sizeof(float))
+             ? RoundUp(MomentBlocks(state_elements(unit)) * sizeof(float))
              : 0;
 }
 
@@ -189,8 +208,11 @@ UnitMoments HostStore::moments(int64_t unit) const {
   MT_CHECK_MSG(!options_.weights_only, "moments: this store keeps the bf16 weights alone");
   MT_CHECK_MSG(!moments_on_disk(unit), "moments: unit %lld keeps them on disk",
                static_cast<long long>(unit));
-  return MomentsAt(unit, state_.data() + state_offset_[unit] +
-                             (options_.bf16_copy ? RoundUp(unit_elements(unit) * sizeof(float)) : 0));
+  MT_CHECK_MSG(state_elements(unit) > 0, "moments: unit %lld is frozen",
+               static_cast<long long>(unit));
+  const UnitParts& p = units_[unit];
+  return MomentsAt(unit, state_.data() + p.state_offset +
+                             (p.bf16 ? RoundUp(p.state_elements * sizeof(float)) : 0));
 }
 
 namespace {
@@ -240,28 +262,31 @@ UnitMoments HostStore::MomentsAt(int64_t unit, char* block) const {
 }
 
 void HostStore::ResetMoments(int64_t unit) {
+  if (state_elements(unit) == 0) return;
   // m, v and the scales are contiguous; all-zero bytes are zero in every dtype.
   std::memset(moments(unit).m, 0, moment_block_bytes(unit));
 }
 
 uint16_t* HostStore::weights(int64_t unit) const {
-  MT_CHECK_MSG(options_.bf16_copy, "weights: this store keeps no bf16 copy (the master streams)");
-  return reinterpret_cast<uint16_t*>(transfer_.data() + transfer_offset_[unit]);
+  MT_CHECK_MSG(has_bf16(unit), "weights: unit %lld keeps no bf16 weights (its master streams)",
+               static_cast<long long>(unit));
+  return reinterpret_cast<uint16_t*>(transfer_.data() + units_[unit].transfer_offset);
 }
 
 float* HostStore::master(int64_t unit) const {
   MT_CHECK_MSG(!options_.weights_only, "master: this store keeps the bf16 weights alone");
-  return reinterpret_cast<float*>(
-      options_.bf16_copy ? state_.data() + state_offset_[unit]
-                         : transfer_.data() + transfer_offset_[unit]);
+  const UnitParts& p = units_[unit];
+  MT_CHECK_MSG(p.state_elements > 0, "master: unit %lld is frozen", static_cast<long long>(unit));
+  return reinterpret_cast<float*>(p.bf16 ? state_.data() + p.state_offset
+                                         : transfer_.data() + p.transfer_offset);
 }
 
 void HostStore::ReadWeightsBf16(int64_t unit, int64_t begin, int64_t end, uint16_t* out) const {
-  if (options_.bf16_copy) {
+  if (has_bf16(unit)) {
     std::memcpy(out, weights(unit) + begin, (end - begin) * sizeof(uint16_t));
     return;
   }
-  const float* m = master(unit);
+  const float* m = master(unit);  // the whole unit: it keeps no bf16 weights
 #pragma omp parallel for schedule(static) if (end - begin > (1 << 20))
   for (int64_t i = begin; i < end; ++i) out[i - begin] = FloatToBf16(m[i]);
 }
@@ -279,10 +304,10 @@ float* HostStore::exp_avg_sq(int64_t unit) const {
 }
 
 void HostStore::RefreshWeightsFromMaster(int64_t unit) {
-  if (!options_.bf16_copy) return;
+  if (!has_bf16(unit) || state_elements(unit) == 0) return;
   const float* m = master(unit);
-  uint16_t* w = weights(unit);
-  const int64_t n = unit_elements(unit);
+  uint16_t* w = weights(unit) + state_begin(unit);
+  const int64_t n = state_elements(unit);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) w[i] = FloatToBf16(m[i]);
 }

@@ -15,6 +15,12 @@
 // fp32 master is the transfer part: it crosses PCIe and is rounded on the device
 // (Backend::UploadWeightsFromF32), which gives the kernels the same bf16 values.
 //
+// Frozen tensors (TensorSlot::trainable) need no state: a unit's master and moments cover
+// only its StateRange() (layout.h), from its first trainable tensor to its last, and a
+// unit with frozen tensors outside that range keeps its bf16 weights whatever bf16_copy
+// says (they are the only copy of those tensors): a frozen tensor costs 2 bytes a
+// parameter.
+//
 // Thread-compatible: the pipeline reads a unit's transfer part only after the optimizer
 // has finished writing it (the pipeline orders this with the optimizer's completions).
 #pragma once
@@ -106,7 +112,8 @@ class HostStore {
       const ModelLayout& layout, const std::vector<int>& nodes, const StoreOptions& options);
 
   // The bytes of the transfer arena Create maps for `layout`: each unit's bf16 weights (or,
-  // without the copy, its fp32 master) from a page boundary. A weights-only store is this.
+  // without the copy, its fp32 master when the unit has no frozen tensor outside its
+  // state) from a page boundary. A weights-only store is this with the copy.
   static size_t TransferArenaBytes(const ModelLayout& layout, bool bf16_copy);
 
   const ModelLayout& layout() const { return layout_; }
@@ -114,11 +121,18 @@ class HostStore {
   int64_t unit_elements(int64_t unit) const { return layout_.units[unit].num_elements; }
 
   MomentDType moment_dtype() const { return options_.moments; }
-  bool has_bf16_copy() const { return options_.bf16_copy; }
   bool weights_only() const { return options_.weights_only; }
-  uint16_t* weights(int64_t unit) const;  // bf16 (n). REQUIRES: has_bf16_copy()
-  float* master(int64_t unit) const;      // f32 (n)
-  // f32 (n). REQUIRES: moment_dtype() == kF32.
+  // The unit's elements with a master and moments: [state_begin, state_begin +
+  // state_elements), its layout's StateRange() (0 elements: all frozen, or weights_only).
+  int64_t state_begin(int64_t unit) const { return units_[unit].state_begin; }
+  int64_t state_elements(int64_t unit) const { return units_[unit].state_elements; }
+  // The unit keeps bf16 weights (else its master streams and is rounded on the device).
+  bool has_bf16(int64_t unit) const { return units_[unit].bf16; }
+  uint16_t* weights(int64_t unit) const;  // bf16 (n). REQUIRES: has_bf16(unit)
+  // f32 (state_elements): element i is the unit's element state_begin + i. REQUIRES:
+  // state_elements(unit) > 0.
+  float* master(int64_t unit) const;
+  // f32 (state_elements), as master(). REQUIRES: moment_dtype() == kF32.
   float* exp_avg(int64_t unit) const;
   float* exp_avg_sq(int64_t unit) const;
   // Any dtype. REQUIRES: !moments_on_disk(unit) (those are in moment_disk()'s buffers).
@@ -140,8 +154,9 @@ class HostStore {
   // Bytes of one moment of `unit` as stored (m's; v's are the same), and of its scales.
   size_t moment_bytes(int64_t unit) const;
   size_t moment_scale_bytes(int64_t unit) const;
-  // Zeroes m and v (and their scales): the state before the first step. REQUIRES:
-  // !moments_on_disk(unit) (a unit on disk is zero until written: its file is new).
+  // Zeroes m and v (and their scales): the state before the first step (nothing to do
+  // without state). REQUIRES: !moments_on_disk(unit) (a unit on disk is zero until
+  // written: its file is new).
   void ResetMoments(int64_t unit);
 
   // The transfer arena (the bf16 weights, or the master without them), for pinning.
@@ -149,8 +164,8 @@ class HostStore {
   size_t transfer_bytes() const { return transfer_.bytes(); }
   size_t state_bytes() const { return state_.bytes(); }
 
-  // Rewrites unit's bf16 weights from its fp32 master (round to nearest even); nothing to
-  // do without the copy.
+  // Rewrites the unit's bf16 weights over its state range from its fp32 master (round to
+  // nearest even); nothing to do when it keeps no bf16 weights or has no state.
   void RefreshWeightsFromMaster(int64_t unit);
   // Elements [begin, end) of the unit's bf16 weights into out: the copy's, or the master
   // rounded as the copy would hold it (checkpoints write the model this way).
@@ -165,9 +180,14 @@ class HostStore {
   HostArena transfer_;
   HostArena state_;
   std::unique_ptr<MomentDisk> disk_;
-  std::vector<size_t> transfer_offset_;  // bytes, per unit
-  std::vector<size_t> state_offset_;     // bytes, per unit (master when it is not the
-                                         // transfer part; m, v, their scales follow)
+  struct UnitParts {
+    size_t transfer_offset = 0;  // bytes into transfer_
+    size_t state_offset = 0;     // bytes into state_: the master when it is not the
+                                 // transfer part; m, v, their scales follow
+    int64_t state_begin = 0, state_elements = 0;
+    bool bf16 = true;
+  };
+  std::vector<UnitParts> units_;
 };
 
 }  // namespace megatrain

@@ -35,30 +35,34 @@ bool IsBias(TensorRole r) {
          r == TensorRole::kExpertDownBias;
 }
 
-// A unit's fp32 weights as they are loaded or drawn, zeroed first: the store's master, or,
-// in a weights-only store, a buffer of its own. Commit() makes them the unit's state: the
-// bf16 copy from them, and zero moments (units whose moments are on disk need nothing: a
-// store's scratch file starts as zeros).
+// A unit's fp32 weights as they are loaded or drawn, zeroed first: the store's master when
+// it covers the whole unit, else a buffer of its own (a weights-only store, a unit with
+// frozen tensors kept as bf16 alone). Commit() makes them the unit's state: the bf16
+// weights from them, the master's range, and zero moments (units whose moments are on disk
+// need nothing: a store's scratch file starts as zeros).
 class UnitMaster {
  public:
   UnitMaster(HostStore* store, int64_t unit) : store_(store), unit_(unit) {
     const int64_t n = store->unit_elements(unit);
-    if (store->weights_only()) {
-      own_.assign(n, 0.0f);
-      data_ = own_.data();
-    } else {
+    if (store->state_elements(unit) == n) {
       data_ = store->master(unit);
       std::memset(data_, 0, n * sizeof(float));
+    } else {
+      own_.assign(n, 0.0f);
+      data_ = own_.data();
     }
   }
   float* data() { return data_; }
   void Commit() {
-    if (store_->weights_only()) {
+    if (!own_.empty()) {
       uint16_t* w = store_->weights(unit_);
       for (size_t i = 0; i < own_.size(); ++i) w[i] = FloatToBf16(own_[i]);
-      return;
+      const int64_t begin = store_->state_begin(unit_), count = store_->state_elements(unit_);
+      if (count > 0) std::memcpy(store_->master(unit_), own_.data() + begin, count * sizeof(float));
     }
-    if (!store_->moments_on_disk(unit_)) store_->ResetMoments(unit_);
+    if (store_->state_elements(unit_) > 0 && !store_->moments_on_disk(unit_)) {
+      store_->ResetMoments(unit_);
+    }
     store_->RefreshWeightsFromMaster(unit_);
   }
 

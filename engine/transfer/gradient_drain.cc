@@ -17,16 +17,19 @@ void GradientDrain::CreateEvents(int64_t num_units) {
 void GradientDrain::Drain(int64_t unit, void* device_grad, void* done_event, void* free_event,
                           GradSink* sink) {
   backend_->StreamWait(StreamId::kD2H, done_event);
-  const int64_t n = store_->unit_elements(unit);
+  // The unit's state range alone: frozen tensors outside it have no gradient to drain.
+  const int64_t first = store_->state_begin(unit), n = store_->state_elements(unit);
   const int64_t piece = slabs_->slab_elements();
-  int64_t begin = 0, end = n;  // what this pipeline drains
-  if (collective_ != nullptr) {
+  int64_t begin = first, end = first + n;  // what this pipeline drains
+  if (collective_ != nullptr && n > 0) {
     const int64_t shard = GradShardElements(n, collective_->size());
     // On the D2H stream, ahead of the copies; not a span: the stream's busy time stands
-    // for PCIe, and this waits for the other devices.
-    collective_->ReduceScatter(device_grad, shard, StreamId::kD2H);
-    begin = std::min(n, collective_->rank() * shard);
-    end = std::min(n, begin + shard);
+    // for PCIe, and this waits for the other devices. (The gradient buffer has room for
+    // every rank's shard from the range's start: step_memory.cc.)
+    collective_->ReduceScatter(Offset(device_grad, first, backend_->grad_dtype()), shard,
+                               StreamId::kD2H);
+    begin = first + std::min(n, collective_->rank() * shard);
+    end = first + std::min(n, begin - first + shard);
   }
   const int span = spans_->Begin(StreamId::kD2H, "d2h g " + std::to_string(unit));
   for (int64_t offset = begin; offset < end; offset += piece) {

@@ -57,7 +57,7 @@ void WeightSlots::BeginForwardOnly() {
 int64_t UploadUnitWeights(Backend* backend, const HostStore& store, int64_t unit, void* slot,
                           StreamId s) {
   const int64_t n = store.unit_elements(unit);
-  if (store.has_bf16_copy()) {
+  if (store.has_bf16(unit)) {
     backend->UploadWeights(slot, store.weights(unit), n, s);
     return 2 * n;
   }

@@ -244,6 +244,21 @@ TEST_F(Kernels, LinearForwardAndBackwardWithBias) {
   EXPECT_LT(db.Err(), 1e-4);
 }
 
+// A frozen weight (null dW): din and dbias as with one, nothing else written.
+TEST_F(Kernels, LinearBackwardOfAFrozenWeightComputesNoWeightGradient) {
+  const int64_t N = 130, IC = 96, OC = 200;
+  Pair x = Act(RandomBf16(N * IC, 9)), W = Weight(RandomBf16(OC * IC, 10, 0.1f)),
+       dout = Act(RandomBf16(N * OC, 13)), din = Act(RandomBf16(N * IC, 14)),
+       db = Grad(RandomBf16(OC, 16));
+  Both([&](Backend* b, bool c) {
+    auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
+    b->LinearBackward(P(din), /*din_accumulate=*/false, nullptr, P(db), P(dout), P(x), P(W), N,
+                      IC, OC, StreamId::kCompute);
+  });
+  EXPECT_LT(din.Err(), 8e-3);
+  EXPECT_LT(db.Err(), 1e-4);
+}
+
 TEST_F(Kernels, SwiGluForwardAndBackward) {
   const int64_t N = 65, I = 328;
   Pair gu = Act(RandomBf16(N * 2 * I, 17, 2.0f)), out = Act(std::vector<float>(N * I)),

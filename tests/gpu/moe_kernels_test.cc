@@ -392,7 +392,8 @@ struct BiasShape {
 // Per-expert biases (GPT-OSS's experts) on the vector path (OC % 8 == 0) and the scalar
 // one: each expert's bias on its rows, its gradient the column sums of its rows; experts
 // without rows (the first, one in the middle, maybe the last) keep their gradients' bits.
-// Both weight orders: (E, OC, IC), and GPT-OSS's input-major (E, IC, OC).
+// Both weight orders: (E, OC, IC), and GPT-OSS's input-major (E, IC, OC); and frozen experts
+// (no weight gradient).
 TEST_F(MoeKernels, GroupedLinearWithBiasAddsAndSumsEachExpertsRows) {
   for (const ExpertMode& mode : kExpertModes)
   for (bool in_major : {false, true})
@@ -422,6 +423,15 @@ TEST_F(MoeKernels, GroupedLinearWithBiasAddsAndSumsEachExpertsRows) {
     EXPECT_LT(din.Err(), 8e-3) << OC;
     EXPECT_LT(dW.Err(), 1e-4) << OC;
     EXPECT_LT(dbias.Err(), 1e-4) << OC;
+    // Frozen experts (a null dW): the input and bias gradients all the same.
+    Pair din2 = Act(RandomBf16(R * IC, 38)), dbias2 = Grad(db0);
+    Both([&](Backend* b, bool c) {
+      const ExpertOffsets o = OffsetsFor(mode, offsets, perm.offsets, c);
+      b->GroupedLinearBackward(din2.P(c), nullptr, dbias2.P(c), dout.P(c), in.P(c), W.P(c), o, E,
+                               IC, OC, in_major, kS);
+    });
+    EXPECT_LT(din2.Err(), 8e-3) << OC << ", frozen";
+    EXPECT_LT(dbias2.Err(), 1e-4) << OC << ", frozen";
     const std::vector<float> got = dbias.Gpu();
     for (int64_t e : empty) {
       EXPECT_TRUE(std::equal(got.begin() + e * OC, got.begin() + (e + 1) * OC,

@@ -101,12 +101,13 @@ void LinearInMajorBackward(T* din, T* dW, T* dbias, const T* dout, const T* in, 
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "float or double");
   linear_internal::CheckDims(N, IC, OC);
   linear_internal::Gemm(false, true, N, IC, OC, T(1), dout, OC, W, OC, T(0), din, IC);
-  linear_internal::Gemm(true, false, IC, OC, N, T(1), in, IC, dout, OC, T(1), dW, OC);
+  if (dW != nullptr) linear_internal::Gemm(true, false, IC, OC, N, T(1), in, IC, dout, OC, T(1), dW, OC);
   if (dbias != nullptr) linear_internal::AddColumnSums(dbias, dout, N, OC);
 }
 
 // din (N, IC) = dout (N, OC) W (OC, IC), or += with din_accumulate; din may be null.
-// dW (OC, IC) += dout^T in (N, IC). dbias (OC) += column sums of dout; dbias may be null.
+// dW (OC, IC) += dout^T in (N, IC); dW may be null (a frozen weight: no gradient).
+// dbias (OC) += column sums of dout; dbias may be null.
 template <typename T>
 void LinearBackward(T* din, bool din_accumulate, T* dW, T* dbias, const T* dout, const T* in,
                     const T* W, int64_t N, int64_t IC, int64_t OC) {
@@ -116,7 +117,7 @@ void LinearBackward(T* din, bool din_accumulate, T* dW, T* dbias, const T* dout,
     linear_internal::Gemm(false, false, N, IC, OC, T(1), dout, OC, W, IC,
                           din_accumulate ? T(1) : T(0), din, IC);
   }
-  linear_internal::Gemm(true, false, OC, IC, N, T(1), dout, OC, in, IC, T(1), dW, IC);
+  if (dW != nullptr) linear_internal::Gemm(true, false, OC, IC, N, T(1), dout, OC, in, IC, T(1), dW, IC);
   if (dbias != nullptr) linear_internal::AddColumnSums(dbias, dout, N, OC);
 }
 

@@ -128,7 +128,7 @@ void GroupedLinear(T* out, const T* in, const T* W, const T* bias, const int32_t
 }
 
 // din (R, IC) written (rows of experts without rows untouched: there are none);
-// dW_e (OC, IC) += dout_e^T in_e; dbias (E, OC) | null: dbias_e += the column sums of dout_e,
+// dW_e (OC, IC) += dout_e^T in_e (dW null: none, a frozen weight); dbias (E, OC) | null: dbias_e += the column sums of dout_e,
 // rows in order. Experts without rows keep their gradients as they were, bit for bit.
 template <typename T>
 void GroupedLinearBackward(T* din, T* dW, T* dbias, const T* dout, const T* in, const T* W,
@@ -138,11 +138,12 @@ void GroupedLinearBackward(T* din, T* dW, T* dbias, const T* dout, const T* in, 
     const int64_t r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
     if (rows == 0) continue;
     T* db = dbias == nullptr ? nullptr : dbias + e * OC;
+    T* dw = dW == nullptr ? nullptr : dW + e * OC * IC;
     if (w_in_major) {
-      LinearInMajorBackward<T>(din + r0 * IC, dW + e * OC * IC, db, dout + r0 * OC, in + r0 * IC,
+      LinearInMajorBackward<T>(din + r0 * IC, dw, db, dout + r0 * OC, in + r0 * IC,
                                W + e * OC * IC, rows, IC, OC);
     } else {
-      LinearBackward<T>(din + r0 * IC, false, dW + e * OC * IC, db, dout + r0 * OC, in + r0 * IC,
+      LinearBackward<T>(din + r0 * IC, false, dw, db, dout + r0 * OC, in + r0 * IC,
                         W + e * OC * IC, rows, IC, OC);
     }
   }

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "gtest/gtest.h"
+#include "engine/model/freeze.h"
 #include "engine/store/model_io.h"
 #include "engine/transfer/weight_slots.h"
 #include "tests/engine/pipeline/direct_model.h"
@@ -96,6 +97,82 @@ TEST(Pipeline, GradientsMatchTheLayersRunDirectlyInDouble) {
             << name << " unit " << u << " element " << i;
       }
     }
+  }
+}
+
+bool IsMatrix(TensorRole r) {
+  switch (r) {
+    case TensorRole::kQ: case TensorRole::kK: case TensorRole::kV: case TensorRole::kOProj:
+    case TensorRole::kGate: case TensorRole::kUp: case TensorRole::kDown:
+    case TensorRole::kRouter: case TensorRole::kExpertGate: case TensorRole::kExpertUp:
+    case TensorRole::kExpertDown: case TensorRole::kExpertGateUpT: case TensorRole::kExpertDownT:
+    case TensorRole::kLmHead: case TensorRole::kEmbedding:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Frozen tensors: a unit drains the range of its trainable tensors alone (nothing when it
+// has none), a frozen matrix's gradient is never computed (zero where it lies inside that
+// range), and every trainable tensor's gradient is the same bits as without the freeze.
+TEST(Pipeline, FrozenTensorsDrainNoGradientAndChangeNoOtherBit) {
+  const std::vector<std::pair<Variant, std::vector<std::string>>> cases = {
+      {Variant::kQwen2UntiedBias, {"layers.0", "layers.1.mlp", "embed_tokens"}},
+      {Variant::kQwen3MoeMixedLayers, {"layers.0.self_attn", "router", "lm_head"}},
+      {Variant::kGptOssSinksWindow, {"mlp.experts", "layers.1"}},
+  };
+  for (const auto& [variant, freeze] : cases) {
+    const ModelConfig c = TinyConfig(variant);
+    const std::string name = ArchitectureModelType(c.architecture);
+    const MicroBatch b = RandomBatch(2, 12, c.vocab_size, 5);
+    std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+    std::vector<std::vector<float>> grads[2];
+    ModelLayout layout = BuildLayout(c);
+    for (const bool frozen : {false, true}) {
+      if (frozen) {
+        ASSERT_TRUE(FreezeTensors(freeze, &layout).ok()) << name;
+      }
+      std::unique_ptr<HostStore> store = std::move(*HostStore::Create(layout));
+      RandomInitWeights(c, 11, store.get());
+      std::unique_ptr<GradSlabPool> pool =
+          std::move(*GradSlabPool::Create(2, layout.units[0].num_elements));
+      PipelineOptions o;
+      o.micro_batches = 1;
+      o.tokens_per_micro_batch = 24;
+      o.checkpoint_every = 2;
+      o.loss_chunk_tokens = 7;
+      absl::StatusOr<std::unique_ptr<Pipeline>> p =
+          Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
+      ASSERT_TRUE(p.ok()) << p.status();
+      RecordingSink sink(be.get(), pool.get(), store->num_units());
+      ASSERT_TRUE((*p)->Step({b}, &sink).ok()) << name;
+      for (int64_t u = 0; u < store->num_units() && frozen; ++u) {
+        EXPECT_LE(static_cast<int64_t>(sink.grads[u].size()),
+                  store->state_begin(u) + store->state_elements(u))
+            << name << " unit " << u << " drained frozen tensors";
+      }
+      grads[frozen] = std::move(sink.grads);
+    }
+    int frozen_matrices = 0;
+    for (int64_t u = 0; u < static_cast<int64_t>(layout.units.size()); ++u) {
+      for (const TensorSlot& t : layout.units[u].tensors) {
+        const std::vector<float>& g = grads[1][u];
+        const int64_t end = std::min<int64_t>(t.offset + t.num_elements, g.size());
+        if (t.trainable) {
+          ASSERT_GE(static_cast<int64_t>(g.size()), t.offset + t.num_elements) << t.name;
+          EXPECT_TRUE(std::equal(g.begin() + t.offset, g.begin() + end,
+                                 grads[0][u].begin() + t.offset))
+              << name << ": " << t.name << " changed";
+        } else if (IsMatrix(t.role)) {
+          ++frozen_matrices;
+          for (int64_t i = t.offset; i < end; ++i) {
+            ASSERT_EQ(g[i], 0.0f) << name << ": " << t.name << " got a gradient";
+          }
+        }
+      }
+    }
+    EXPECT_GE(frozen_matrices, 3) << name;
   }
 }
 

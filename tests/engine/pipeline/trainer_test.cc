@@ -165,36 +165,74 @@ TEST(Trainer, DataParallelOverTwoDevicesMatchesOneDevice) {
   }
 }
 
-// train.freeze: the frozen layer's weights stay bit for bit what they were; the others
-// train.
-TEST(Trainer, FrozenTensorsKeepTheirValuesWhileTheRestTrain) {
+// The unit's bf16 weights, as the device sees them.
+std::vector<uint16_t> Bf16Of(const HostStore& store, int64_t unit) {
+  std::vector<uint16_t> w(store.unit_elements(unit));
+  store.ReadWeightsBf16(unit, 0, store.unit_elements(unit), w.data());
+  return w;
+}
+
+// train.freeze: frozen tensors keep their bf16 weights bit for bit; the rest train. A
+// frozen layer has no state (no master, no moments: 2 bytes a parameter); a layer frozen
+// in part keeps state for the range of its trainable tensors alone. Two devices reduce
+// the gradients of that range alone, with the same result.
+TEST(Trainer, FrozenTensorsKeepTheirValuesAndHoldNoState) {
   const std::string dir = TempDir("freeze");
   WriteFile(dir + "/data.jsonl", kText);
-  absl::StatusOr<std::unique_ptr<Trainer>> t = Make(dir, Spec(dir, 3, "  freeze: [layers.0]\n"));
+  const std::string freeze = "  freeze: [layers.0, layers.1.mlp]\n";
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Make(dir, Spec(dir, 3, freeze));
+  absl::StatusOr<std::unique_ptr<Trainer>> two =
+      Make(dir, Spec(dir, 3, freeze + "  devices: 2\n  gradient_reduce: device\n"));
+  absl::StatusOr<std::unique_ptr<Trainer>> all = Make(dir, Spec(dir, 3));
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_NE((*t)->plan_text().find("frozen     9 tensors"), std::string::npos)
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_NE((*t)->plan_text().find("frozen     12 tensors"), std::string::npos)
       << (*t)->plan_text();
   const HostStore& store = (*t)->store();
   const ModelLayout& layout = store.layout();
-  std::vector<std::vector<float>> before;
-  for (int64_t u = 0; u < store.num_units(); ++u) {
-    before.emplace_back(store.master(u), store.master(u) + layout.units[u].num_elements);
+  const UnitLayout& layer0 = layout.units[layout.DecoderUnit(0)];
+  const UnitLayout& layer1 = layout.units[layout.DecoderUnit(1)];
+  EXPECT_EQ(store.state_elements(layout.DecoderUnit(0)), 0);
+  EXPECT_EQ(store.state_begin(layout.DecoderUnit(1)), 0);
+  EXPECT_EQ(store.state_elements(layout.DecoderUnit(1)), layer1.Find(TensorRole::kPostNorm)->offset +
+                                                             layer1.Find(TensorRole::kPostNorm)->num_elements);
+  const int64_t frozen = layer0.num_elements + layer1.num_elements -
+                         store.state_elements(layout.DecoderUnit(1));
+  // At least 10 bytes a frozen parameter saved (12 or 14 become 2); the layer frozen in part
+  // keeps bf16 weights for its trainable range too (2 bytes more there); pages round.
+  auto host_bytes = [](const Trainer& x) {
+    return x.pinned_host_bytes() + x.pageable_host_bytes();
+  };
+  EXPECT_LE(host_bytes(**t), host_bytes(**all) - 10 * frozen +
+                                 2 * store.state_elements(layout.DecoderUnit(1)) + 8 * 4096);
+
+  std::vector<std::vector<uint16_t>> before;
+  for (int64_t u = 0; u < store.num_units(); ++u) before.push_back(Bf16Of(store, u));
+  while (!(*t)->done()) {
+    absl::StatusOr<StepReport> a = (*t)->Step();
+    absl::StatusOr<StepReport> b = (*two)->Step();
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_NEAR(b->loss, a->loss, 1e-5 * a->loss) << "step " << a->step;
+    EXPECT_NEAR(b->grad_norm, a->grad_norm, 1e-4 * a->grad_norm) << "step " << a->step;
   }
-  while (!(*t)->done()) ASSERT_TRUE((*t)->Step().ok());
   // The last step's updates run on the optimizer's threads; a checkpoint waits for them.
   ASSERT_TRUE((*t)->SaveCheckpointTo(dir + "/ckpt").ok());
   for (int64_t u = 0; u < store.num_units(); ++u) {
+    const std::vector<uint16_t> now = Bf16Of(store, u);
     for (const TensorSlot& slot : layout.units[u].tensors) {
-      const std::vector<float> now(store.master(u) + slot.offset,
-                                   store.master(u) + slot.offset + slot.num_elements);
-      const std::vector<float> was(before[u].begin() + slot.offset,
-                                   before[u].begin() + slot.offset + slot.num_elements);
-      const bool frozen = slot.name.rfind("model.layers.0.", 0) == 0;
+      const std::vector<uint16_t> a(now.begin() + slot.offset,
+                                    now.begin() + slot.offset + slot.num_elements);
+      const std::vector<uint16_t> b(before[u].begin() + slot.offset,
+                                    before[u].begin() + slot.offset + slot.num_elements);
+      const bool frozen = slot.name.rfind("model.layers.0.", 0) == 0 ||
+                          slot.name.rfind("model.layers.1.mlp.", 0) == 0;
       EXPECT_EQ(slot.trainable, !frozen) << slot.name;
       if (frozen) {
-        EXPECT_EQ(now, was) << slot.name << " is frozen";
+        EXPECT_EQ(a, b) << slot.name << " is frozen";
       } else if (slot.name.find("norm") == std::string::npos) {
-        EXPECT_NE(now, was) << slot.name << " did not train";
+        EXPECT_NE(a, b) << slot.name << " did not train";
       }
     }
   }
@@ -203,6 +241,33 @@ TEST(Trainer, FrozenTensorsKeepTheirValuesWhileTheRestTrain) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("train.freeze[0] 'layers.7'"), std::string::npos)
       << bad.status();
+}
+
+// A run with frozen tensors resumes exactly, with the master streamed (the frozen layer
+// keeps bf16 weights regardless) and with int8 moments; its checkpoints keep frozen tensors
+// out of the optimizer's folders and in the model's.
+TEST(Trainer, ResumeWithFrozenTensorsIsBitExact) {
+  for (const char* optimizer : {"{bf16_copy: no}", "{state_dtype: int8}"}) {
+    const std::string dir = TempDir("resume_frozen");
+    WriteFile(dir + "/data.jsonl", kText);
+    const std::string extra = "  freeze: [layers.0, layers.1.mlp]\n";
+    const std::string opt = std::string("optimizer: ") + optimizer + "\n";
+    WriteFile(dir + "/straight.yaml", Spec(dir, 6, extra, opt + "checkpoint: {dir: straight}\n"));
+    WriteFile(dir + "/split.yaml", Spec(dir, 6, extra, opt + "checkpoint: {dir: split}\n"));
+    const std::string bin = MEGATRAIN_TRAIN_BIN;
+    ASSERT_EQ(std::system((bin + " " + dir + "/straight.yaml > /dev/null").c_str()), 0);
+    ASSERT_EQ(std::system((bin + " " + dir + "/split.yaml --max-steps 3 > /dev/null").c_str()), 0);
+    ASSERT_EQ(std::system((bin + " " + dir + "/split.yaml > /dev/null").c_str()), 0);
+    EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-6", dir + "/split/checkpoint-6"), 6)
+        << optimizer;
+    const std::string master =
+        ReadFile(dir + "/split/checkpoint-6/optimizer/master/model.safetensors");
+    const std::string model = ReadFile(dir + "/split/checkpoint-6/model.safetensors");
+    EXPECT_EQ(master.find("model.layers.0."), std::string::npos) << optimizer;
+    EXPECT_EQ(master.find("model.layers.1.mlp."), std::string::npos) << optimizer;
+    EXPECT_NE(master.find("model.layers.1.self_attn.q_proj.weight"), std::string::npos);
+    EXPECT_NE(model.find("model.layers.0.mlp.up_proj.weight"), std::string::npos);
+  }
 }
 
 TEST(Trainer, DataParallelNeedsAnEqualShareForEveryDevice) {

@@ -358,6 +358,53 @@ TEST(LayoutTest, WeightDecayOnMatricesAndEmbeddingNotOnNormsOrBiases) {
 // ---------------------------------------------------------------------------------------
 // HostStore
 
+// Frozen tensors: a frozen layer has no state and keeps bf16 weights even when the master
+// streams; a layer frozen in part keeps state for the range of its trainable tensors, its
+// master loaded there and its bf16 weights everywhere; the arena is what the planner counts.
+TEST(HostStoreTest, FrozenTensorsKeepBf16AloneAndStateCoversTheTrainableRange) {
+  const ModelConfig c = TinyLlama();
+  ModelLayout layout = BuildLayout(c);
+  for (const TensorSlot& t : layout.units[layout.DecoderUnit(0)].tensors) {
+    ASSERT_TRUE(layout.SetTrainable(t.name, false).ok());
+  }
+  const UnitLayout& layer1 = layout.units[layout.DecoderUnit(1)];
+  for (const TensorSlot& t : layer1.tensors) {
+    if (t.role == TensorRole::kGate || t.role == TensorRole::kUp || t.role == TensorRole::kDown) {
+      ASSERT_TRUE(layout.SetTrainable(t.name, false).ok());
+    }
+  }
+  StoreOptions o;
+  o.bf16_copy = false;
+  absl::StatusOr<std::unique_ptr<HostStore>> store = HostStore::Create(layout, -1, o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  HostStore& s = **store;
+  EXPECT_EQ(HostStore::TransferArenaBytes(layout, false), s.transfer_bytes());
+  const int64_t u0 = layout.DecoderUnit(0), u1 = layout.DecoderUnit(1);
+  const int64_t gate = layer1.Find(TensorRole::kGate)->offset;
+  EXPECT_EQ(s.state_elements(u0), 0);
+  EXPECT_TRUE(s.has_bf16(u0));
+  EXPECT_EQ(s.state_begin(u1), 0);
+  EXPECT_LE(s.state_elements(u1), gate);
+  EXPECT_TRUE(s.has_bf16(u1));
+  EXPECT_FALSE(s.has_bf16(ModelLayout::EmbeddingUnit()));  // all trainable: its master streams
+  RandomInitWeights(c, 7, &s);
+  // The master holds the trainable range; the bf16 weights are it rounded, and the frozen
+  // tensors' own draw.
+  for (int64_t i = 0; i < s.state_elements(u1); ++i) {
+    ASSERT_EQ(s.weights(u1)[i], FloatToBf16(s.master(u1)[i])) << i;
+  }
+  const TensorSlot& up = *layer1.Find(TensorRole::kUp);
+  int nonzero = 0;
+  for (int64_t i = up.offset; i < up.offset + up.num_elements; ++i) nonzero += s.weights(u1)[i] != 0;
+  EXPECT_GT(nonzero, up.num_elements / 2);
+  // State: the embedding's and head's whole units, layer 1's range, nothing of layer 0.
+  StoreOptions all_options;
+  all_options.bf16_copy = false;
+  absl::StatusOr<std::unique_ptr<HostStore>> all = HostStore::Create(BuildLayout(c), -1, all_options);
+  ASSERT_TRUE(all.ok());
+  EXPECT_LT(s.state_bytes() + s.transfer_bytes(), (*all)->state_bytes() + (*all)->transfer_bytes());
+}
+
 // What a planner counts for a store's transfer arena is what Create maps, with the bf16
 // copy, without it, and for a store of the weights alone.
 TEST(HostStoreTest, TransferArenaBytesIsWhatCreateMaps) {
