@@ -135,14 +135,13 @@ absl::StatusOr<PlannedJob> JobPlanner::PlanJob(const JobSpec& spec,
           absl::StrCat("train.devices is ", spec.devices, "; this node has ", gpus, " GPU(s)"));
     }
   }
+  ASSIGN_OR_RETURN(const std::string frozen, DescribeFrozen(spec, config));  // checks it
   PlannedJob out;
   out.request = JobPlanRequest(spec, config, device, host_budget_bytes_);
   std::string resume_note;
   ASSIGN_OR_RETURN(out.plan, PlanKeepingSplit(spec, resume, profile_, backend_.get(),
                                               &out.request, &resume_note));
-  out.text = DescribePlan(out.plan, out.request, profile_) + resume_note;
-  ASSIGN_OR_RETURN(const std::string frozen, DescribeFrozen(spec, config));
-  out.text += frozen;
+  out.text = DescribePlan(out.plan, out.request, profile_) + resume_note + frozen;
   out.warnings = JobWarnings(spec, config);
   for (const std::string& w : out.warnings) absl::StrAppend(&out.text, "warning: ", w, "\n");
   return out;

@@ -49,6 +49,7 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.nvme_dir = spec.nvme_dir;
   r.nvme_layers = spec.nvme_dir.empty() ? 0 : spec.nvme_layers;
   r.eval_rows = spec.eval.path.empty() ? 0 : (spec.eval.max_rows > 0 ? spec.eval.max_rows : -1);
+  r.freeze = spec.freeze;
   return r;
 }
 
@@ -163,13 +164,13 @@ absl::Status SetUpData(const JobSpec& spec, JobParts* p) {
 // it still fits.
 absl::Status SetUpPlan(const JobSpec& spec, const std::optional<TrainerState>& resume,
                        JobParts* p) {
+  ASSIGN_OR_RETURN(const std::string frozen, DescribeFrozen(spec, p->config));  // checks it
   const int64_t device = PlannableDeviceBytes(p->backend->device_memory_budget());
   PlanRequest request = JobPlanRequest(spec, p->config, device, p->profile.host_memory_bytes);
   p->replicas->PlanReduction(&request);
   std::string resume_note;
   ASSIGN_OR_RETURN(p->plan, PlanKeepingSplit(spec, resume, p->profile, p->backend.get(),
                                              &request, &resume_note));
-  ASSIGN_OR_RETURN(const std::string frozen, DescribeFrozen(spec, p->config));
   p->plan_text = DescribePlan(p->plan, request, p->profile) + resume_note + frozen +
                  p->replicas->DescribeReduction();
   return absl::OkStatus();

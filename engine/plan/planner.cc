@@ -9,6 +9,7 @@
 #include "engine/common/check.h"
 #include "engine/common/status.h"
 #include "engine/layers/layer_kind.h"
+#include "engine/model/freeze.h"
 #include "engine/model/layout.h"
 #include "engine/plan/step_memory.h"
 #include "engine/store/grad_slab_pool.h"
@@ -105,6 +106,13 @@ std::string Params(double n) {
 
 namespace {
 
+// The request's model as the job lays it out: its frozen tensors marked.
+ModelLayout LayoutOf(const PlanRequest& r) {
+  ModelLayout layout = BuildLayout(r.config);
+  MT_CHECK_MSG(FreezeTensors(r.freeze, &layout).ok(), "plan: train.freeze was not checked");
+  return layout;
+}
+
 // What every stage of a prediction reads: the model's and the plan's sizes.
 struct PlanShape {
   bool cpu = false;
@@ -114,6 +122,9 @@ struct PlanShape {
   bool sharded = false;         // gradients reduce-scattered on the devices
   int64_t act = 0, gsize = 0;   // bytes of an activation, of a gradient element
   int64_t total = 0;            // parameters: every unit's elements
+  int64_t trained = 0;          // of them, those with optimizer state (StateRange): the
+                                // gradients drained and updated
+  int64_t store_bytes = 0;      // the host store: bf16 weights where kept, master, moments
   int64_t layer_n = 0, embed_n = 0, head_n = 0;  // the largest layer's, the embedding's, the head's
   int64_t num_ckpt = 0;         // layer-input checkpoints
   int64_t ckpt_bytes = 0;       // one checkpoint, all micro-batches
@@ -134,7 +145,14 @@ PlanShape ShapeOf(const PlanRequest& r, Backend* backend, const ModelLayout& lay
   x.sharded = x.N > 1 && r.reduce_on_devices;
   x.act = DTypeSize(backend->act_dtype());
   x.gsize = DTypeSize(backend->grad_dtype());
-  for (const UnitLayout& u : layout.units) x.total += u.num_elements;
+  for (const UnitLayout& u : layout.units) {
+    const auto [begin, end] = u.StateRange();
+    const bool bf16 = plan.bf16_copy || end - begin != u.num_elements;  // HostStore's rule
+    x.total += u.num_elements;
+    x.trained += end - begin;
+    x.store_bytes += static_cast<int64_t>((bf16 ? 2.0 * u.num_elements : 0.0) +
+                                          (end - begin) * (4.0 + MomentBytesPerParameter(r.moments)));
+  }
   x.layer_n = layout.MaxDecoderElements();
   x.embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
   x.head_n = layout.units[layout.HeadUnit()].num_elements;
@@ -161,7 +179,7 @@ void SizeDeviceMemory(const PlanRequest& r, Backend* backend, const ModelLayout&
 // micro-batches, which add nothing).
 void FitEvaluation(const PlanRequest& r, Backend* backend, Plan* plan) {
   if (r.eval_rows == 0) return;
-  const ModelLayout layout = BuildLayout(r.config);
+  const ModelLayout layout = LayoutOf(r);
   const int64_t capacity = EvalCapacity(r.config, PipelineOptionsOf(*plan, r.seq_len));
   const int64_t rows = plan->micro_batch_rows;
   int64_t wanted = r.eval_rows < 0 ? capacity
@@ -186,8 +204,7 @@ void FitEvaluation(const PlanRequest& r, Backend* backend, Plan* plan) {
 // unit's with clipping), pinned checkpoints; the CPU backend's buffers are host memory.
 void SizeHostMemory(const PlanRequest& r, const ModelLayout& layout, const PlanShape& x,
                     Plan* plan) {
-  plan->host_store_bytes =
-      static_cast<int64_t>(StoreBytesPerParameter(r.moments, plan->bf16_copy) * x.total);
+  plan->host_store_bytes = x.store_bytes;
   if (x.sharded) {  // every device its shard: together as much as one device's
     const int ranks = static_cast<int>(x.N);
     plan->host_slab_bytes = 4 * x.N * GradShardSlabElements(layout, ranks) *
@@ -292,7 +309,7 @@ Transfers PredictTransfers(const PlanRequest& r, const MachineProfile& p, const 
   t.h2d_bwd = t.weights_bwd + ckpt_total;
   t.d2h_fwd = ckpt_total;
   // Gradients land as fp32; reduce-scattered first, each device drains its shard.
-  t.d2h_bwd = 4 * x.total / (x.sharded ? x.N : 1);
+  t.d2h_bwd = 4 * x.trained / (x.sharded ? x.N : 1);
   s.h2d_bytes = t.h2d_fwd + t.h2d_bwd;
   s.d2h_bytes = t.d2h_fwd + t.d2h_bwd + 4 * x.n * x.M;
   t.h2d_rate = 1e9 * std::max(1e-6, p.h2d_gbps);
@@ -315,7 +332,7 @@ Transfers PredictTransfers(const PlanRequest& r, const MachineProfile& p, const 
   // The reduce-scatter moves (N-1)/N of the gradient in and out of each device, on the
   // D2H stream ahead of the copies.
   s.peer_gbps = r.peer_gbps > 0 ? r.peer_gbps : std::max(1e-6, p.d2h_gbps);
-  s.reduce_seconds = x.sharded ? 4.0 * x.total * (x.N - 1) / x.N / (1e9 * s.peer_gbps) : 0;
+  s.reduce_seconds = x.sharded ? 4.0 * x.trained * (x.N - 1) / x.N / (1e9 * s.peer_gbps) : 0;
   return t;
 }
 
@@ -340,9 +357,10 @@ OptimizerTimes PredictOptimizer(const PlanRequest& r, const MachineProfile& p, c
   t.adamw = std::max(1.0, p.AdamWParamsPerSecond(r.moments, plan->bf16_copy)) *
             p.adamw_in_step_fraction /
             (1.0 + (x.N - 1) * (s.h2d_bytes + s.d2h_bytes) /
-                       (AdamWBytesPerParameter(r.moments, plan->bf16_copy) * x.total));
-  t.norm = r.clipping ? 4.0 * x.total / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
-  s.optimizer_seconds = x.total / t.adamw + t.norm;
+                       (AdamWBytesPerParameter(r.moments, plan->bf16_copy) *
+                        std::max<int64_t>(1, x.trained)));
+  t.norm = r.clipping ? 4.0 * x.trained / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
+  s.optimizer_seconds = x.trained / t.adamw + t.norm;
   // Its layers' moments are read and written once a step, in the optimizer's order, ahead
   // of it: the optimizer goes no faster than the disk (profile rate, else 2 GB/s each way).
   // Reads and writes run together (machine_bench measures the rate so), and the first
@@ -352,7 +370,7 @@ OptimizerTimes PredictOptimizer(const PlanRequest& r, const MachineProfile& p, c
       plan->nvme_layers > 0 ? static_cast<double>(plan->disk_bytes) / plan->nvme_layers : 0;
   s.disk_seconds = (plan->disk_bytes + disk_layer) / (1e9 * disk_gbps);
   s.optimizer_seconds = std::max(s.optimizer_seconds, s.disk_seconds);
-  t.updates = std::max(x.total / t.adamw, s.disk_seconds);  // every unit's
+  t.updates = std::max(x.trained / t.adamw, s.disk_seconds);  // every unit's
   return t;
 }
 
@@ -442,7 +460,7 @@ std::string NameBound(const MachineProfile& p, const PlanShape& x,
 // share), then the step's kernels, transfers and optimizer, how they overlap, its FLOPs and
 // what bounds it.
 void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend, Plan* plan) {
-  const ModelLayout layout = BuildLayout(r.config);
+  const ModelLayout layout = LayoutOf(r);
   const PlanShape x = ShapeOf(r, backend, layout, *plan);
   plan->num_parameters = NumParameters(r.config);
   SizeDeviceMemory(r, backend, layout, plan);

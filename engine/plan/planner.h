@@ -41,6 +41,9 @@ int64_t PlannableDeviceBytes(int64_t budget);
 
 struct PlanRequest {
   ModelConfig config;
+  // train.freeze (freeze.h): those tensors are bf16 alone, with no state, gradient or
+  // download. REQUIRES: valid patterns (a job's inputs are checked before it is planned).
+  std::vector<std::string> freeze;
   int64_t seq_len = 0;
   int64_t rows_per_step = 0;        // sequences per optimizer step
   bool clipping = true;             // global-norm clipping (max_grad_norm > 0)

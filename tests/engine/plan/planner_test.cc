@@ -134,6 +134,33 @@ TEST(Planner, SevenBAtSixtyFourKTokensIsComputeBoundAndFitsTheDevice) {
   EXPECT_LE(plan->host_bytes, 14 * plan->num_parameters + 2 * kGiB);
 }
 
+// Frozen tensors are bf16 alone in the host store (2 bytes a parameter) and add nothing to
+// the gradient download or the optimizer: freezing all but the top four layers of the 7B
+// shrinks the store to its frozen bytes plus the rest's full state, and the optimizer's
+// time in proportion.
+TEST(Planner, FrozenTensorsCountTwoBytesAndNoOptimizerWork) {
+  PlanningBackend be;
+  const PlanRequest full = Request(Qwen7B(), 65536, 130);
+  PlanRequest frozen = full;
+  frozen.freeze = {"layers.0-23", "embed_tokens", "lm_head"};
+  absl::StatusOr<Plan> a = MakePlan(full, H200Like(), &be);
+  absl::StatusOr<Plan> b = MakePlan(frozen, H200Like(), &be);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const ModelLayout layout = BuildLayout(full.config);
+  int64_t top = 0;  // layers 24-27 and the final norm
+  for (int64_t l = 24; l < 28; ++l) top += layout.units[layout.DecoderUnit(l)].num_elements;
+  top += full.config.hidden_size;
+  const double total = static_cast<double>(a->num_parameters);
+  const double state = 4.0 + 8.0;  // fp32 master and moments
+  // The trained layers keep the bf16 copy only where the plan streams it.
+  const double bf16 = 2.0 * (b->bf16_copy ? total : total - top);
+  EXPECT_NEAR(b->host_store_bytes, bf16 + state * top, 0.001 * total);
+  EXPECT_LT(b->host_store_bytes, a->host_store_bytes / 3);
+  EXPECT_NEAR(b->step.optimizer_seconds / a->step.optimizer_seconds, top / total, 0.01);
+  EXPECT_LT(b->step.d2h_bytes, a->step.d2h_bytes / 5);
+}
+
 TEST(Planner, KeepsActivationsInTheDeviceMemoryLeftOver) {
   PlanningBackend be;
   absl::StatusOr<Plan> roomy = MakePlan(Request(Qwen1p5B(), 65536, 130), H200Like(), &be);
