@@ -297,12 +297,19 @@ void Pipeline::UploadInputs(const std::vector<MicroBatch>& batches, GradSink* si
   const int64_t embed_unit = ModelLayout::EmbeddingUnit();
   const int64_t head_unit = layout_->HeadUnit();
   sink->AwaitUnit(embed_unit);
-  h2d_bytes_ += UploadUnitWeights(&be, *store_, embed_unit, embed_slot_.get(), StreamId::kH2D);
+  h2d_bytes_ += UploadEdgeUnit(embed_unit, embed_slot_.get(), &embed_uploaded_);
   be.Record(embed_loaded_.get(), StreamId::kH2D);
   slots_.EnsureLoaded(0);
   sink->AwaitUnit(head_unit);
-  h2d_bytes_ += UploadUnitWeights(&be, *store_, head_unit, head_slot_.get(), StreamId::kH2D);
+  h2d_bytes_ += UploadEdgeUnit(head_unit, head_slot_.get(), &head_uploaded_);
   be.Record(head_loaded_.get(), StreamId::kH2D);
+}
+
+int64_t Pipeline::UploadEdgeUnit(int64_t unit, void* slot, bool* loaded) {
+  const bool state_only = *loaded;
+  *loaded = true;
+  if (state_only && store_->state_elements(unit) == 0) return 0;
+  return UploadUnitWeights(backend_, *store_, unit, slot, StreamId::kH2D, state_only);
 }
 
 void Pipeline::ForwardSweep() {
@@ -507,11 +514,9 @@ absl::StatusOr<EvalResult> Pipeline::Evaluate(const std::vector<MicroBatch>& bat
   EvalResult result;
   slots_.BeginForwardOnly();
   h2d_bytes_ = d2h_bytes_ = 0;
-  h2d_bytes_ += UploadUnitWeights(&be, *store_, ModelLayout::EmbeddingUnit(), embed_slot_.get(),
-                                  StreamId::kH2D);
+  h2d_bytes_ += UploadEdgeUnit(ModelLayout::EmbeddingUnit(), embed_slot_.get(), &embed_uploaded_);
   be.Record(embed_loaded_.get(), StreamId::kH2D);
-  h2d_bytes_ += UploadUnitWeights(&be, *store_, layout_->HeadUnit(), head_slot_.get(),
-                                  StreamId::kH2D);
+  h2d_bytes_ += UploadEdgeUnit(layout_->HeadUnit(), head_slot_.get(), &head_uploaded_);
   be.Record(head_loaded_.get(), StreamId::kH2D);
   const int64_t G = options_.eval_micro_batches;
   for (int64_t first = 0; first < static_cast<int64_t>(batches.size()); first += G) {

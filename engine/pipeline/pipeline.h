@@ -134,6 +134,9 @@ class Pipeline {
   void BeginStep(GradSink* sink);
   // H2D of the micro-batches' token arrays, the embedding, layer 0 and the head.
   void UploadInputs(const std::vector<MicroBatch>& batches, GradSink* sink);
+  // The embedding or head unit into its own slot: whole the first time, then what the
+  // optimizer changes (its state range; nothing for a frozen unit). Returns the bytes.
+  int64_t UploadEdgeUnit(int64_t unit, void* slot, bool* loaded);
   void ForwardSweep();  // embedding, then layer by layer for every micro-batch
   void Head(double scale, GradSink* sink);  // loss forward + backward, per micro-batch
   void BackwardSweep(GradSink* sink);  // segments from the top; then the embedding
@@ -186,6 +189,7 @@ class Pipeline {
 
   DeviceBuffer embed_slot_, head_slot_, embed_grad_, head_grad_;
   Event embed_loaded_, head_loaded_;
+  bool embed_uploaded_ = false, head_uploaded_ = false;  // their slots hold them
   DeviceBuffer layer_grad_[kLayerGradBuffers];
   Event grad_ready_[kLayerGradBuffers], grad_free_[kLayerGradBuffers];
   struct PendingDrain {

@@ -27,6 +27,7 @@ absl::Status WeightSlots::Allocate(DeviceAllocator* alloc) {
     slot_free_.emplace_back(backend_);
   }
   slot_layer_.assign(num_slots_, -1);
+  slot_stale_.assign(num_slots_, 0);
   return absl::OkStatus();
 }
 
@@ -39,12 +40,15 @@ void WeightSlots::BeginStep(GradSink* sink) {
 
 void WeightSlots::DropStale() {
   for (int64_t s = 0; s < num_slots_; ++s) {
-    if (slot_layer_[s] >= 0 && !fresh_[slot_layer_[s]]) slot_layer_[s] = -1;
+    const int64_t layer = slot_layer_[s];
+    if (layer < 0 || fresh_[layer]) continue;
+    slot_stale_[s] = store_->state_elements(layout_.DecoderUnit(layer)) > 0;  // else frozen
   }
 }
 
 void WeightSlots::Forget() {
   slot_layer_.assign(num_slots_, -1);
+  slot_stale_.assign(num_slots_, 0);
   fresh_.assign(num_layers_, 0);
 }
 
@@ -55,19 +59,23 @@ void WeightSlots::BeginForwardOnly() {
 }
 
 int64_t UploadUnitWeights(Backend* backend, const HostStore& store, int64_t unit, void* slot,
-                          StreamId s) {
+                          StreamId s, bool state_only) {
   const int64_t n = store.unit_elements(unit);
   if (store.has_bf16(unit)) {
-    backend->UploadWeights(slot, store.weights(unit), n, s);
-    return 2 * n;
+    const int64_t begin = state_only ? store.state_begin(unit) : 0;
+    const int64_t count = state_only ? store.state_elements(unit) : n;
+    backend->UploadWeights(Offset(slot, begin, backend->weight_dtype()),
+                           store.weights(unit) + begin, count, s);
+    return 2 * count;
   }
+  // No bf16 weights: the state is the whole unit (HostStore), which goes up whole.
   backend->UploadWeightsFromF32(slot, store.master(unit), n, s);
   return 4 * n;
 }
 
 void WeightSlots::EnsureLoaded(int64_t layer) {
   const int64_t s = layer % num_slots_;
-  if (slot_layer_[s] == layer) return;
+  if (slot_layer_[s] == layer && !slot_stale_[s]) return;
   if (sink_ == nullptr) {  // forward only: these are the next step's weights too
     Upload(layer, "h2d eval w ");
     fresh_[layer] = 1;
@@ -81,16 +89,22 @@ void WeightSlots::Upload(int64_t layer, const char* label) {
   const int64_t s = layer % num_slots_, unit = layout_.DecoderUnit(layer);
   backend_->StreamWait(StreamId::kH2D, slot_free_[s].get());  // the slot's last use is done
   const int span = spans_->Begin(StreamId::kH2D, label + std::to_string(layer));
-  h2d_bytes_ += UploadUnitWeights(backend_, *store_, unit, slots_[s].get(), StreamId::kH2D);
+  const bool state_only = slot_layer_[s] == layer;  // an older version of it: what changed
+  h2d_bytes_ +=
+      UploadUnitWeights(backend_, *store_, unit, slots_[s].get(), StreamId::kH2D, state_only);
   spans_->End(span);
   backend_->Record(slot_loaded_[s].get(), StreamId::kH2D);
   slot_layer_[s] = layer;
+  slot_stale_[s] = 0;
 }
 
 void WeightSlots::UploadUpdated(int64_t lowest) {
   if (num_slots_ < num_layers_) return;  // slots are reused: none of its own
   for (int64_t layer = num_layers_ - 1; layer >= std::max<int64_t>(lowest, 0); --layer) {
     if (fresh_[layer] || !sink_->UnitUpdated(layout_.DecoderUnit(layer))) continue;
+    if (store_->state_elements(layout_.DecoderUnit(layer)) == 0 && slot_layer_[layer] == layer) {
+      continue;  // frozen: its slot is current for good
+    }
     Upload(layer, "h2d next w ");  // into its own slot, once its backward is done
     fresh_[layer] = 1;
   }

@@ -1,9 +1,11 @@
 // Device weight slots and the H2D uploads into them: a decoder layer's bf16 weights go up
 // from the host store into slot (layer mod S) on the H2D stream, once the slot's last use
 // is done; compute waits for the upload. A slot that still holds the layer it needs is
-// not uploaded again. With a slot per layer (S >= L), a layer's next weights go up during
-// the backward as soon as the optimizer has applied its update (UploadUpdated), and the
-// next forward finds them loaded.
+// not uploaded again, and one that holds an older version of it gets only the part the
+// optimizer changes (its unit's state range: a LoRA layer's adapters, not its frozen base;
+// a layer with no state is never uploaded twice). With a slot per layer (S >= L), a
+// layer's next weights go up during the backward as soon as the optimizer has applied its
+// update (UploadUpdated), and the next forward finds them loaded.
 //
 // Thread-compatible: the pipeline's thread drives it.
 #pragma once
@@ -21,11 +23,11 @@
 
 namespace megatrain {
 
-// Uploads a unit's weights into `slot` on stream s: the store's bf16 copy, or its fp32
-// master rounded on the device when it keeps none (the same bits). Returns the bytes that
-// cross PCIe.
+// Uploads a unit's weights into `slot` on stream s: the store's bf16 weights, or its fp32
+// master rounded on the device when it keeps none (the same bits). `state_only`: its state
+// range alone (what the optimizer changes). Returns the bytes that cross PCIe.
 int64_t UploadUnitWeights(Backend* backend, const HostStore& store, int64_t unit, void* slot,
-                          StreamId s);
+                          StreamId s, bool state_only = false);
 
 class WeightSlots {
  public:
@@ -65,7 +67,7 @@ class WeightSlots {
 
  private:
   void Upload(int64_t layer, const char* label);
-  // Forgets the slots whose layer the last step updated after uploading it.
+  // Marks stale the slots whose layer the last step updated after uploading it.
   void DropStale();
 
   Backend* backend_;
@@ -76,7 +78,8 @@ class WeightSlots {
   SpanRecorder* spans_;
   GradSink* sink_ = nullptr;  // of the step in progress; null in a forward-only pass
   std::vector<DeviceBuffer> slots_;  // S x the largest layer, weight dtype
-  std::vector<int64_t> slot_layer_;  // layer in each slot, -1 = none/stale
+  std::vector<int64_t> slot_layer_;  // layer in each slot, -1 = none
+  std::vector<char> slot_stale_;     // its state range is older than the host's
   // Per layer: its slot holds its next-step weights (uploaded during this step's backward).
   std::vector<char> fresh_;
   std::vector<Event> slot_loaded_, slot_free_;

@@ -22,9 +22,12 @@ struct Harness {
   Harness(const ModelConfig& c, int64_t micro_batches, int64_t tokens, int64_t k,
           bool host_checkpoints = false, int64_t weight_slots = 0, int64_t kept_layers = 0,
           int64_t slab_elements = 0, int64_t mlp_tile = 0,
-          std::unique_ptr<Backend> backend = nullptr) {
+          std::unique_ptr<Backend> backend = nullptr,
+          const std::vector<std::string>& freeze = {}) {
     be = backend != nullptr ? std::move(backend) : CreateCpuBackend(CpuBackendOptions{});
-    store = std::move(*HostStore::Create(BuildLayout(c)));
+    ModelLayout layout = BuildLayout(c);
+    EXPECT_TRUE(FreezeTensors(freeze, &layout).ok());
+    store = std::move(*HostStore::Create(layout));
     RandomInitWeights(c, 11, store.get());
     int64_t max_unit = 0;
     for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
@@ -303,6 +306,39 @@ TEST(Pipeline, ResidentLayersSkipTheBackwardUploadAndChangeNoBit) {
   const int64_t layer_bytes = 2 * streamed.store->layout().MaxDecoderElements();  // bf16
   EXPECT_EQ(ra.h2d_bytes - rb.h2d_bytes, (c.num_layers - 2) * layer_bytes);
   EXPECT_EQ(NumWeightSlots(c, resident.options), c.num_layers);
+}
+
+// Frozen tensors cross once: a resident layer's slot gets only its state range again (what
+// the optimizer changes), a frozen embedding nothing; the steps are the bits of a run that
+// streams every layer whole.
+TEST(Pipeline, FrozenPartsOfResidentLayersCrossOnceAndChangeNoBit) {
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  const std::vector<MicroBatch> batches = {RandomBatch(1, 10, c.vocab_size, 3)};
+  const std::vector<std::string> freeze = {"layers.0", "layers.1.mlp", "embed_tokens"};
+  Harness streamed(c, 1, 10, 1, false, 1, 0, 0, 0, nullptr, freeze);
+  Harness resident(c, 1, 10, 1, false, c.num_layers, 0, 0, 0, nullptr, freeze);
+  Harness trained(c, 1, 10, 1, false, c.num_layers);  // nothing frozen
+  SgdSink a(streamed.be.get(), streamed.pool.get(), streamed.store.get(), true);
+  SgdSink b(resident.be.get(), resident.pool.get(), resident.store.get(), true);
+  SgdSink d(trained.be.get(), trained.pool.get(), trained.store.get(), true);
+  int64_t frozen_bytes = 0;  // what the resident run need not send again
+  const HostStore& store = *resident.store;
+  for (int64_t u = 0; u < store.num_units(); ++u) {
+    frozen_bytes += 2 * (store.unit_elements(u) - store.state_elements(u));
+  }
+  for (int step = 0; step < 3; ++step) {
+    const StepResult ra = streamed.Run(batches, &a);
+    const StepResult rb = resident.Run(batches, &b);
+    const StepResult rd = trained.Run(batches, &d);
+    EXPECT_EQ(ra.loss, rb.loss) << "step " << step;
+    for (size_t u = 0; u < a.grads.size(); ++u) {
+      EXPECT_EQ(a.grads[u], b.grads[u]) << "step " << step << " unit " << u;
+    }
+    if (step > 0) {
+      EXPECT_EQ(rd.h2d_bytes - rb.h2d_bytes, frozen_bytes) << "step " << step;
+    }
+  }
+  EXPECT_GT(frozen_bytes, 2 * store.unit_elements(ModelLayout::EmbeddingUnit()));
 }
 
 TEST(Pipeline, LayersUpdatedDuringBackwardAreUploadedEarlyAndChangeNoBit) {

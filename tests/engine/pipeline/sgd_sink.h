@@ -29,7 +29,7 @@ class SgdSink : public RecordingSink {
         ++it;
         continue;
       }
-      float* master = store_->master(unit);
+      float* master = store_->master(unit) - store_->state_begin(unit);  // unit offsets
       uint16_t* weights = store_->weights(unit);
       for (size_t i = 0; i < it->grad.size(); ++i) {
         master[it->offset + i] -= 0.05f * it->grad[i];
