@@ -21,6 +21,7 @@
 #include "engine/kernels/reference/embedding.h"
 #include "engine/kernels/reference/greedy_pick.h"
 #include "engine/kernels/reference/linear.h"
+#include "engine/kernels/reference/lora.h"
 #include "engine/kernels/reference/moe.h"
 #include "engine/kernels/reference/qkv_prepare.h"
 #include "engine/kernels/reference/rmsnorm.h"
@@ -159,6 +160,19 @@ class CpuBackend final : public Backend {
     On(s, [=] {
       ref::LinearBackward<T>(P(din), din_accumulate, P(dW), P(dbias), P(dout), P(in), P(W), N,
                              IC, OC);
+    });
+  }
+  void LoraForward(void* y, int64_t ld_y, void* t, const void* x, const void* A, const void* B,
+                   int64_t N, int64_t IC, int64_t OC, int64_t r, double scale,
+                   StreamId s) override {
+    On(s, [=] { ref::LoraForward<T>(P(y), ld_y, P(t), P(x), P(A), P(B), N, IC, OC, r, scale); });
+  }
+  void LoraBackward(void* dx, void* dA, void* dB, void* t, void* dt, const void* dy,
+                    int64_t ld_dy, const void* x, const void* A, const void* B, int64_t N,
+                    int64_t IC, int64_t OC, int64_t r, double scale, StreamId s) override {
+    On(s, [=] {
+      ref::LoraBackward<T>(P(dx), P(dA), P(dB), P(t), P(dt), P(dy), ld_dy, P(x), P(A), P(B), N,
+                           IC, OC, r, scale);
     });
   }
   void QkvPrepare(void* q, void* k, void* v, void* rstd_q, void* rstd_k, const void* qkv,

@@ -268,6 +268,40 @@ class CudaBackend final : public Backend {
     GemmBackward(din, din_accumulate, dW, dout, in, W, N, IC, OC);
     if (dbias != nullptr) cuda::BiasGrad(F32(dbias), Bf16(dout), N, OC, Stream(s));
   }
+  // Row-major products as column-major transposes, as Gemm does (kernels/reference/lora.h
+  // gives the math); the scale rides on the alphas.
+  void LoraForward(void* y, int64_t ld_y, void* t, const void* x, const void* A, const void* B,
+                   int64_t N, int64_t IC, int64_t OC, int64_t r, double scale,
+                   StreamId s) override {
+    CheckComputeStream(s);
+    const float alpha = static_cast<float>(scale), one = 1.0f, zero = 0.0f;
+    // t^T (r,N) = scale A (r,IC) . x^T (IC,N)
+    GemmEx(CUBLAS_OP_T, CUBLAS_OP_N, r, N, IC, alpha, A, IC, x, IC, zero, t,
+           CUDA_R_16BF, r);
+    // y^T (OC,N) += B (OC,r) . t^T (r,N), y^T's columns ld_y apart
+    GemmEx(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, r, one, B, r, t, r, one, y, CUDA_R_16BF,
+           ld_y);
+  }
+  void LoraBackward(void* dx, void* dA, void* dB, void* t, void* dt, const void* dy,
+                    int64_t ld_dy, const void* x, const void* A, const void* B, int64_t N,
+                    int64_t IC, int64_t OC, int64_t r, double scale, StreamId s) override {
+    CheckComputeStream(s);
+    const float alpha = static_cast<float>(scale), one = 1.0f, zero = 0.0f;
+    // t^T (r,N) = scale A (r,IC) . x^T (IC,N), as LoraForward made it
+    GemmEx(CUBLAS_OP_T, CUBLAS_OP_N, r, N, IC, alpha, A, IC, x, IC, zero, t, CUDA_R_16BF, r);
+    // dt^T (r,N) = B^T (r,OC) . dy^T (OC,N)
+    GemmEx(CUBLAS_OP_N, CUBLAS_OP_N, r, N, OC, one, B, r, dy, ld_dy, zero, dt,
+           CUDA_R_16BF, r);
+    // dB^T (r,OC) += t^T (r,N) . dy (N,OC), fp32
+    GemmEx(CUBLAS_OP_N, CUBLAS_OP_T, r, OC, N, one, t, r, dy, ld_dy, one, dB,
+           CUDA_R_32F, r);
+    // dA^T (IC,r) += scale x^T (IC,N) . dt (N,r), fp32
+    GemmEx(CUBLAS_OP_N, CUBLAS_OP_T, IC, r, N, alpha, x, IC, dt, r, one, dA,
+           CUDA_R_32F, IC);
+    // dx^T (IC,N) += scale A^T (IC,r) . dt^T (r,N)
+    GemmEx(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, r, alpha, A, IC, dt, r, one, dx,
+           CUDA_R_16BF, IC);
+  }
   void QkvPrepare(void* q, void* k, void* v, void* rstd_q, void* rstd_k, const void* qkv,
                   const void* q_norm_w, const void* k_norm_w, const int32_t* pos,
                   const float* inv_freq, float rope_scale, int64_t n, int64_t H, int64_t KV,
@@ -453,6 +487,16 @@ class CudaBackend final : public Backend {
                                  CublasDim(IC), &alpha, W, CUDA_R_16BF, CublasDim(IC), in,
                                  CUDA_R_16BF, CublasDim(IC), &beta, out, CUDA_R_16BF,
                                  CublasDim(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  // Column-major C (m,n; ldc) = alpha op(A) (m,k; lda) . op(B) (k,n; ldb) + beta C, A and B
+  // bf16, C of c_type; fp32 accumulation.
+  void GemmEx(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+              float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
+              void* C, cudaDataType c_type, int64_t ldc) {
+    MT_CUBLAS_CHECK(cublasGemmEx(cublas_, ta, tb, CublasDim(m), CublasDim(n), CublasDim(k), &alpha,
+                                 A, CUDA_R_16BF, CublasDim(lda), B, CUDA_R_16BF, CublasDim(ldb),
+                                 &beta, C, c_type, CublasDim(ldc), CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
   }
   // din (N,IC) (= or +=, null to skip) = dout (N,OC) W; dW f32 (OC,IC) += dout^T in.
   void GemmBackward(void* din, bool din_accumulate, void* dW, const void* dout, const void* in,

@@ -127,6 +127,18 @@ class Backend {
   virtual void LinearBackward(void* din, bool din_accumulate, void* dW, void* dbias,
                               const void* dout, const void* in, const void* W, int64_t N,
                               int64_t IC, int64_t OC, StreamId s) = 0;
+  // LoRA beside a frozen projection (kernels/reference/lora.h): t act (N,r) = scale x act
+  // (N,IC) A weight (r,IC)^T, written; y act (N,OC) += t B weight (OC,r)^T, y's rows ld_y
+  // apart (a column slice of a fused output).
+  virtual void LoraForward(void* y, int64_t ld_y, void* t, const void* x, const void* A,
+                           const void* B, int64_t N, int64_t IC, int64_t OC, int64_t r,
+                           double scale, StreamId s) = 0;
+  // Its backward: t act (N,r) = scale x A^T again and dt act (N,r) = dy B (both scratch);
+  // dB grad (OC,r) += dy^T t; dA grad (r,IC) += scale dt^T x; dx act (N,IC) += scale dt A.
+  // dy act rows ld_dy apart.
+  virtual void LoraBackward(void* dx, void* dA, void* dB, void* t, void* dt, const void* dy,
+                            int64_t ld_dy, const void* x, const void* A, const void* B, int64_t N,
+                            int64_t IC, int64_t OC, int64_t r, double scale, StreamId s) = 0;
   // q (n,H,D), k,v (n,KV,D) act; rstd_q (n*H), rstd_k (n*KV) stat; qkv act;
   // norm weights weight (D) | null; pos (n); inv_freq f32 (D/2), a device buffer;
   // rope_scale multiplies cos and sin (YaRN's attention factor, else 1).

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "engine/model/lora.h"
+
 namespace megatrain {
 
 AttentionTensors BindAttention(const UnitLayout& unit, void* base, DType dtype) {
@@ -20,6 +22,13 @@ AttentionTensors BindAttention(const UnitLayout& unit, void* base, DType dtype) 
   t.o_proj = at(TensorRole::kOProj);
   t.o_bias = at(TensorRole::kOBias);
   t.sinks = at(TensorRole::kSinks);
+  for (int i = 0; i < 4; ++i) {
+    const TensorSlot* a = unit.FindLora(LoraTargetRole(i), TensorRole::kLoraA);
+    const TensorSlot* b = unit.FindLora(LoraTargetRole(i), TensorRole::kLoraB);
+    if (a == nullptr) continue;
+    t.lora_a[i] = Offset(base, a->offset, dtype);
+    t.lora_b[i] = Offset(base, b->offset, dtype);
+  }
   return t;
 }
 
@@ -28,12 +37,15 @@ void NullFrozenAttentionGrads(const UnitLayout& unit, AttentionTensors* g) {
   g->o_proj = UnlessFrozen(unit, g->o_proj, {TensorRole::kOProj});
 }
 
-AttentionBlock::AttentionBlock(const ModelConfig& config, Backend* backend, int64_t window)
+AttentionBlock::AttentionBlock(const ModelConfig& config, const UnitLayout& unit,
+                               Backend* backend, int64_t window)
     : config_(config),
       backend_(backend),
       qkv_dim_((config.num_heads + 2 * config.num_kv_heads) * config.head_dim),
       window_(window),
-      rope_scale_(static_cast<float>(config.rope_scaling.attention_factor)) {}
+      rope_scale_(static_cast<float>(config.rope_scaling.attention_factor)),
+      lora_rank_(unit.lora_rank),
+      lora_scale_(unit.lora_scale) {}
 
 void AttentionBlock::CarveSaved(Carver& c, int64_t n, AttentionActs* a) const {
   const int64_t act = DTypeSize(backend_->act_dtype());
@@ -64,6 +76,8 @@ void AttentionBlock::CarveScratch(Carver& c, int64_t n, AttentionActs* a) const 
   a->dk = c.Take(n * KV * D * act);
   a->dv = c.Take(n * KV * D * act);
   a->dout = c.Take(n * H * D * act);
+  a->lora_t = c.Take(n * lora_rank_ * act);
+  a->lora_dt = c.Take(n * lora_rank_ * act);
 }
 
 void AttentionBlock::UseScratch(const AttentionActs& scratch, AttentionActs* a) const {
@@ -75,6 +89,8 @@ void AttentionBlock::UseScratch(const AttentionActs& scratch, AttentionActs* a) 
   a->dk = scratch.dk;
   a->dv = scratch.dv;
   a->dout = scratch.dout;
+  a->lora_t = scratch.lora_t;
+  a->lora_dt = scratch.lora_dt;
 }
 
 void AttentionBlock::AddWork(int64_t n, int64_t seq_len, int64_t act_bytes,
@@ -103,6 +119,11 @@ void AttentionBlock::Forward(const AttentionTensors& w, const void* x, const Att
   const double eps = config_.rms_norm_eps;
   be.RmsNorm(a.h, a.rstd1, x, w.input_norm, n, C, eps, s);                  // h = norm(x)
   be.Linear(a.qkv, a.h, w.qkv, w.qkv_bias, n, C, qkv_dim_, false, s);        // qkv = h Wqkv^T + b
+  for (int i = 0; i < 3; ++i) {  // qkv[:, q|k|v] += scale (h A^T) B^T
+    if (w.lora_a[i] == nullptr) continue;
+    be.LoraForward(Offset(a.qkv, QkvColumn(i), be.act_dtype()), qkv_dim_, a.lora_t, a.h,
+                   w.lora_a[i], w.lora_b[i], n, C, QkvWidth(i), lora_rank_, lora_scale_, s);
+  }
   be.QkvPrepare(a.q, a.k, a.v, a.rstd_q, a.rstd_k, a.qkv, w.q_norm, w.k_norm, b.positions,
                 inv_freq, rope_scale_, n, H, KV, D, eps, s);                 // split, QK-norm, RoPE
   if (kv != nullptr) {  // generation: cache[slot, pos] = k, v
@@ -117,6 +138,10 @@ void AttentionBlock::Forward(const AttentionTensors& w, const void* x, const Att
   }
   be.CopyOnDevice(a.x2, x, n * C * DTypeSize(be.act_dtype()), s);
   be.Linear(a.x2, a.o, w.o_proj, w.o_bias, n, H * D, C, true, s);           // x2 = x + o Wo^T + b
+  if (w.lora_a[3] != nullptr) {  // x2 += scale (o A^T) B^T
+    be.LoraForward(a.x2, C, a.lora_t, a.o, w.lora_a[3], w.lora_b[3], n, H * D, C, lora_rank_,
+                   lora_scale_, s);
+  }
 }
 
 void AttentionBlock::Rebuild(const AttentionTensors& w, const void* x, const AttentionActs& a,
@@ -135,12 +160,22 @@ void AttentionBlock::Backward(const AttentionTensors& w, const AttentionTensors&
   const double eps = config_.rms_norm_eps;
   // dres = dL/dx2
   be.LinearBackward(a.dout, false, g.o_proj, g.o_bias, dres, a.o, w.o_proj, n, H * D, C, s);
+  if (w.lora_a[3] != nullptr) {
+    be.LoraBackward(a.dout, g.lora_a[3], g.lora_b[3], a.lora_t, a.lora_dt, dres, C, a.o,
+                    w.lora_a[3], w.lora_b[3], n, H * D, C, lora_rank_, lora_scale_, s);
+  }
   be.AttentionBackward(a.dq, a.dk, a.dv, g.sinks, a.dout, a.q, a.k, a.v, a.o, a.lse,
                        b.doc_start, w.sinks, window_, n, H, KV, D, s);
   be.QkvPrepareBackward(a.dqkv, g.q_norm, g.k_norm, a.dq, a.dk, a.dv, a.qkv, w.q_norm, w.k_norm,
                         a.rstd_q, a.rstd_k, b.positions, inv_freq, rope_scale_, n, H, KV, D, eps,
                         s);
   be.LinearBackward(a.dh, false, g.qkv, g.qkv_bias, a.dqkv, a.h, w.qkv, n, C, qkv_dim_, s);
+  for (int i = 0; i < 3; ++i) {  // dh += the adapters' share; dA, dB
+    if (w.lora_a[i] == nullptr) continue;
+    be.LoraBackward(a.dh, g.lora_a[i], g.lora_b[i], a.lora_t, a.lora_dt,
+                    Offset(a.dqkv, QkvColumn(i), be.act_dtype()), qkv_dim_, a.h, w.lora_a[i],
+                    w.lora_b[i], n, C, QkvWidth(i), lora_rank_, lora_scale_, s);
+  }
   be.RmsNormBackward(dres, g.input_norm, a.dh, x, w.input_norm, a.rstd1, n, C, s);
   // dres = dL/dx
 }

@@ -32,6 +32,9 @@ struct AttentionTensors {
   void* o_proj = nullptr;      // (C, H*D)
   void* o_bias = nullptr;      // (C) or null
   void* sinks = nullptr;       // (H) or null
+  // LoRA adapters of q, k, v, o_proj (lora.h; null where not adapted): A (r, in), B (out, r).
+  void* lora_a[4] = {};
+  void* lora_b[4] = {};
 };
 
 // The attention half's views of `unit`'s tensors from `base` (elements of `dtype`).
@@ -61,13 +64,16 @@ struct AttentionActs {
   void* dk;      // act (n, KV*D)
   void* dv;      // act (n, KV*D)
   void* dout;    // act (n, H*D)
+  void* lora_t;   // act (n, r): LoRA's low-rank product (the decoder's MLP uses it too)
+  void* lora_dt;  // act (n, r): its gradient
 };
 
 class AttentionBlock {
  public:
   // window: the layer's attention window in tokens (ModelConfig::AttentionWindow), 0 for
-  // full causal attention.
-  AttentionBlock(const ModelConfig& config, Backend* backend, int64_t window);
+  // full causal attention. unit: the layer's layout (its LoRA rank and scale).
+  AttentionBlock(const ModelConfig& config, const UnitLayout& unit, Backend* backend,
+                 int64_t window);
 
   // The saved fields of `a`, then (a second call, after the kind's own saved fields) the
   // scratch ones. UseScratch points a saved-only carve's scratch fields at `scratch`'s.
@@ -93,11 +99,21 @@ class AttentionBlock {
                 StreamId s) const;
 
  private:
+  // q's, k's or v's (i = 0, 1, 2) first column in q|k|v, and its width.
+  int64_t QkvColumn(int i) const {
+    return (i == 0 ? 0 : config_.num_heads + (i - 1) * config_.num_kv_heads) * config_.head_dim;
+  }
+  int64_t QkvWidth(int i) const {
+    return (i == 0 ? config_.num_heads : config_.num_kv_heads) * config_.head_dim;
+  }
+
   ModelConfig config_;
   Backend* backend_;
   int64_t qkv_dim_;  // (H + 2*KV) * D
   int64_t window_;
   float rope_scale_;  // YaRN's attention factor, else 1
+  int64_t lora_rank_;  // 0: no adapters
+  double lora_scale_;
 };
 
 }  // namespace megatrain

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "engine/model/lora.h"
+
 namespace megatrain {
 
 DecoderLayer::DecoderLayer(const ModelConfig& config, const UnitLayout& unit, Backend* backend,
@@ -11,7 +13,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& config, const UnitLayout& unit, Ba
     : config_(config),
       unit_(unit),
       backend_(backend),
-      attention_(config, backend, config.AttentionWindow(unit.layer)),
+      attention_(config, unit, backend, config.AttentionWindow(unit.layer)),
       mlp_tile_(mlp_tile) {}
 
 DecoderTensors DecoderLayer::Bind(void* base, DType dtype) const {
@@ -20,6 +22,13 @@ DecoderTensors DecoderLayer::Bind(void* base, DType dtype) const {
   t.post_norm = Offset(base, unit_.OffsetOf(TensorRole::kPostNorm), dtype);
   t.gate_up = Offset(base, unit_.OffsetOfFused({TensorRole::kGate, TensorRole::kUp}), dtype);
   t.down = Offset(base, unit_.OffsetOf(TensorRole::kDown), dtype);
+  for (int i = 0; i < 3; ++i) {
+    const TensorRole role = LoraTargetRole(4 + i);  // gate_proj, up_proj, down_proj
+    const TensorSlot* a = unit_.FindLora(role, TensorRole::kLoraA);
+    if (a == nullptr) continue;
+    t.lora_a[i] = Offset(base, a->offset, dtype);
+    t.lora_b[i] = Offset(base, unit_.FindLora(role, TensorRole::kLoraB)->offset, dtype);
+  }
   return t;
 }
 
@@ -135,6 +144,11 @@ void DecoderLayer::MlpIntermediates(const DecoderTensors& w, const DecoderSaved&
   void* rstd2 = Offset(ws.rstd2, r0, be.stat_dtype());
   be.RmsNorm(ws.h2, rstd2, x2, w.post_norm, rows, C, config_.rms_norm_eps, s);  // h2 = norm(x2)
   be.Linear(ws.gu, ws.h2, w.gate_up, nullptr, rows, C, 2 * I, false, s);  // gu = h2 [Wg;Wu]^T
+  for (int i = 0; i < 2; ++i) {  // gu[:, gate|up] += scale (h2 A^T) B^T
+    if (w.lora_a[i] == nullptr) continue;
+    be.LoraForward(Offset(ws.gu, i * I, be.act_dtype()), 2 * I, ws.attn.lora_t, ws.h2,
+                   w.lora_a[i], w.lora_b[i], rows, C, I, unit_.lora_rank, unit_.lora_scale, s);
+  }
   be.SwiGlu(ws.a, ws.gu, rows, I, s);                                     // a = silu(g) * u
 }
 
@@ -147,6 +161,10 @@ void DecoderLayer::MlpForward(const DecoderTensors& w, const DecoderSaved& ws, v
   MlpIntermediates(w, ws, r0, rows, s);
   be.CopyOnDevice(out_rows, Offset(ws.attn.x2, r0 * C, act), rows * C * DTypeSize(act), s);
   be.Linear(out_rows, ws.a, w.down, nullptr, rows, I, C, true, s);        // out = x2 + a Wd^T
+  if (w.lora_a[2] != nullptr) {  // out += scale (a A^T) B^T
+    be.LoraForward(out_rows, C, ws.attn.lora_t, ws.a, w.lora_a[2], w.lora_b[2], rows, I, C,
+                   unit_.lora_rank, unit_.lora_scale, s);
+  }
 }
 
 void DecoderLayer::Rebuild(const DecoderTensors& w, const void* x, const DecoderSaved& ws,
@@ -185,9 +203,21 @@ void DecoderLayer::MlpBackward(const DecoderTensors& w, const DecoderTensors& g,
   void* dh2 = Offset(ws.attn.dh, r0 * C, act);  // the attention half's dh: free until its own
   const void* x2 = Offset(ws.attn.x2, r0 * C, act);
   const void* rstd2 = Offset(ws.rstd2, r0, be.stat_dtype());
+  const int64_t r = unit_.lora_rank;
+  const double scale = unit_.lora_scale;
   be.LinearBackward(ws.da, false, g.down, nullptr, dres_rows, ws.a, w.down, rows, I, C, s);
+  if (w.lora_a[2] != nullptr) {  // da += the adapter's share; dA, dB
+    be.LoraBackward(ws.da, g.lora_a[2], g.lora_b[2], ws.attn.lora_t, ws.attn.lora_dt, dres_rows,
+                    C, ws.a, w.lora_a[2], w.lora_b[2], rows, I, C, r, scale, s);
+  }
   be.SwiGluBackward(ws.dgu, ws.da, ws.gu, rows, I, s);
   be.LinearBackward(dh2, false, g.gate_up, nullptr, ws.dgu, ws.h2, w.gate_up, rows, C, 2 * I, s);
+  for (int i = 0; i < 2; ++i) {  // dh2 += the adapters' share; dA, dB
+    if (w.lora_a[i] == nullptr) continue;
+    be.LoraBackward(dh2, g.lora_a[i], g.lora_b[i], ws.attn.lora_t, ws.attn.lora_dt,
+                    Offset(ws.dgu, i * I, act), 2 * I, ws.h2, w.lora_a[i], w.lora_b[i], rows, C,
+                    I, r, scale, s);
+  }
   be.RmsNormBackward(dres_rows, g.post_norm, dh2, x2, w.post_norm, rstd2, rows, C, s);
 }
 

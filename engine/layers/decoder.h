@@ -35,6 +35,9 @@ struct DecoderTensors {
   void* post_norm = nullptr;   // (C)
   void* gate_up = nullptr;     // (2I, C)
   void* down = nullptr;        // (C, I)
+  // LoRA adapters of gate_proj, up_proj, down_proj (lora.h; null where not adapted).
+  void* lora_a[3] = {};
+  void* lora_b[3] = {};
 };
 
 // Forward's intermediates, for one micro-batch of n tokens. Those Backward needs are kept

@@ -9,7 +9,7 @@ MoeLayer::MoeLayer(const ModelConfig& config, const UnitLayout& unit, Backend* b
     : config_(config),
       unit_(unit),
       backend_(backend),
-      attention_(config, backend, config.AttentionWindow(unit.layer)),
+      attention_(config, unit, backend, config.AttentionWindow(unit.layer)),
       E_(config.moe.num_experts),
       k_(config.moe.experts_per_token),
       I_(config.moe.intermediate_size),

@@ -93,6 +93,13 @@ const TensorSlot* UnitLayout::Find(TensorRole role) const {
   return nullptr;
 }
 
+const TensorSlot* UnitLayout::FindLora(TensorRole base, TensorRole which) const {
+  for (const TensorSlot& t : tensors) {
+    if (t.role == which && t.base_role == base) return &t;
+  }
+  return nullptr;
+}
+
 int64_t UnitLayout::OffsetOf(TensorRole role) const {
   const TensorSlot* t = Find(role);
   return t == nullptr ? -1 : t->offset;
@@ -113,14 +120,15 @@ int64_t UnitLayout::OffsetOfFused(std::initializer_list<TensorRole> roles) const
 
 bool UnitLayout::SameStructure(const UnitLayout& other) const {
   if (kind != other.kind || num_elements != other.num_elements ||
-      tensors.size() != other.tensors.size()) {
+      tensors.size() != other.tensors.size() || lora_rank != other.lora_rank ||
+      lora_scale != other.lora_scale) {
     return false;
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorSlot& a = tensors[i];
     const TensorSlot& b = other.tensors[i];
     if (a.role != b.role || a.shape != b.shape || a.offset != b.offset ||
-        a.trainable != b.trainable) {
+        a.trainable != b.trainable || a.base_role != b.base_role) {
       return false;
     }
   }

@@ -47,6 +47,8 @@ enum class TensorRole {
   kExpertGateUpBias,  // (E, 2I), interleaved the same way
   kExpertDownT,       // (E, I, C): GPT-OSS down_proj
   kExpertDownBias,    // (E, C)
+  kLoraA,             // (r, in): a LoRA adapter's down-projection of the tensor base_role
+  kLoraB,             // (out, r): its up-projection (lora.h)
 };
 
 struct TensorSlot {
@@ -57,6 +59,7 @@ struct TensorSlot {
   int64_t num_elements = 0;
   bool weight_decay = false;    // matrices decay; norms and biases do not (HF Trainer rule)
   int64_t expert = -1;          // an expert's tensor: its index
+  TensorRole base_role = TensorRole::kEmbedding;  // kLoraA, kLoraB: the projection adapted
   // False: frozen (ModelLayout::SetTrainable). The tensor keeps its values exactly: the
   // optimizer never updates it, its gradient counts in no norm, and a matrix's gradient is
   // never computed (a kind binds no gradient view for it). A frozen tensor outside its
@@ -72,9 +75,14 @@ struct UnitLayout {
   std::string name;             // "embedding", "layer.3", "head"
   std::vector<TensorSlot> tensors;
   int64_t num_elements = 0;     // including alignment padding
+  // LoRA adapters (lora.h): their rank and scale (alpha / r, or alpha / sqrt(r)); 0 without.
+  int64_t lora_rank = 0;
+  double lora_scale = 0;
 
   // The slot with `role` (an expert's: expert 0's), or nullptr.
   const TensorSlot* Find(TensorRole role) const;
+  // The LoRA adapter of the projection `base` (kLoraA or kLoraB), or nullptr.
+  const TensorSlot* FindLora(TensorRole base, TensorRole which) const;
   int64_t OffsetOf(TensorRole role) const;  // -1 when absent
   // The offset of the fused tensor made of `roles`, stored back to back in this order
   // (q, k, v as one (QKV, C) matrix; gate, up as one (2I, C)): the first's, -1 when it is

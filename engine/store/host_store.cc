@@ -303,6 +303,17 @@ float* HostStore::exp_avg_sq(int64_t unit) const {
   return static_cast<float*>(moments(unit).v);
 }
 
+void HostStore::WriteTensor(int64_t unit, const TensorSlot& t, const float* values) {
+  const int64_t begin = state_begin(unit), end = begin + state_elements(unit);
+  if (t.offset >= begin && t.offset + t.num_elements <= end) {
+    std::memcpy(master(unit) + (t.offset - state_begin(unit)), values,
+                t.num_elements * sizeof(float));
+  }
+  if (!has_bf16(unit)) return;
+  uint16_t* w = weights(unit) + t.offset;
+  for (int64_t i = 0; i < t.num_elements; ++i) w[i] = FloatToBf16(values[i]);
+}
+
 void HostStore::RefreshWeightsFromMaster(int64_t unit) {
   if (!has_bf16(unit) || state_elements(unit) == 0) return;
   const float* m = master(unit);

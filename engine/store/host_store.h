@@ -164,6 +164,9 @@ class HostStore {
   size_t transfer_bytes() const { return transfer_.bytes(); }
   size_t state_bytes() const { return state_.bytes(); }
 
+  // Sets tensor `t` of `unit` to `values` (f32, t.num_elements): its master where it has
+  // state, and its bf16 weights (rounded) where the unit keeps them.
+  void WriteTensor(int64_t unit, const TensorSlot& t, const float* values);
   // Rewrites the unit's bf16 weights over its state range from its fp32 master (round to
   // nearest even); nothing to do when it keeps no bf16 weights or has no state.
   void RefreshWeightsFromMaster(int64_t unit);

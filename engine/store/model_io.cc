@@ -84,6 +84,7 @@ bool StoredAsMxfp4(const ModelTensorReader& reader, const TensorSlot& t) {
 absl::Status CheckModelTensors(const ModelTensorReader& reader, const ModelLayout& layout) {
   for (const UnitLayout& u : layout.units) {
     for (const TensorSlot& t : u.tensors) {
+      if (IsLora(t)) continue;  // the adapters are the job's, not the model's
       RETURN_IF_ERROR(StoredAsMxfp4(reader, t) ? CheckMxfp4(reader, t.name, t.shape)
                                                : reader.CheckTensor(t.name, t.shape));
     }
@@ -100,6 +101,7 @@ absl::Status LoadWeights(const ModelTensorReader& reader, HostStore* store) {
   for (int64_t u = 0; u < store->num_units(); ++u) {
     UnitMaster master(store, u);
     for (const TensorSlot& t : layout.units[u].tensors) {
+      if (IsLora(t)) continue;  // zero: InitLoraAdapters draws them
       float* dst = master.data() + t.offset;
       absl::Status s = StoredAsMxfp4(reader, t) ? ReadMxfp4AsFloat(reader, t.name, t.shape, dst)
                                                 : reader.ReadAsFloat(t.name, t.shape, dst);
@@ -121,6 +123,7 @@ void RandomInitWeights(const ModelConfig& config, uint64_t seed, HostStore* stor
     UnitMaster master(store, u);
     for (const TensorSlot& t : layout.units[u].tensors) {
       float* p = master.data() + t.offset;
+      if (IsLora(t)) continue;  // zero: InitLoraAdapters draws them
       if (IsNorm(t.role)) {
         for (int64_t i = 0; i < t.num_elements; ++i) p[i] = 1.0f;
       } else if (!IsBias(t.role)) {
@@ -137,6 +140,29 @@ void RandomInitWeights(const ModelConfig& config, uint64_t seed, HostStore* stor
       }
     }
     master.Commit();
+  }
+}
+
+void InitLoraAdapters(LoraInit init, uint64_t seed, HostStore* store) {
+  const ModelLayout& layout = store->layout();
+  constexpr double kTwoPi = 6.283185307179586;
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    for (const TensorSlot& t : layout.units[u].tensors) {
+      if (t.role != TensorRole::kLoraA) continue;  // B stays zero
+      const double rank = static_cast<double>(t.shape[0]), in = static_cast<double>(t.shape[1]);
+      std::vector<float> a(t.num_elements);
+      std::mt19937_64 gen(Fnv1a(t.name, seed));
+      auto uniform = [&] { return ((gen() >> 11) + 0.5) * 0x1.0p-53; };  // (0, 1)
+      for (int64_t i = 0; i < t.num_elements; ++i) {
+        if (init == LoraInit::kGaussian) {  // N(0, 1/r): Box-Muller, one value a draw pair
+          const double r = std::sqrt(-2.0 * std::log(uniform())) / rank;
+          a[i] = static_cast<float>(r * std::cos(kTwoPi * uniform()));
+        } else {  // U(-1/sqrt(in), 1/sqrt(in)): kaiming-uniform with a = sqrt(5)
+          a[i] = static_cast<float>((2.0 * uniform() - 1.0) / std::sqrt(in));
+        }
+      }
+      store->WriteTensor(u, t, a.data());
+    }
   }
 }
 

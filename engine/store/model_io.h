@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "engine/model/config.h"
+#include "engine/model/lora.h"
 #include "engine/model/safetensors.h"
 #include "engine/store/host_store.h"
 
@@ -26,5 +27,10 @@ namespace megatrain {
 // N(0, initializer_range), norms 1, biases 0. Deterministic in `seed` and independent of
 // thread count (every tensor has its own generator seeded from seed and its name).
 void RandomInitWeights(const ModelConfig& config, uint64_t seed, HostStore* store);
+
+// Draws every LoRA adapter's A (lora.h: LoraInit) into the store, deterministic in `seed`
+// (a generator per tensor, seeded from seed and its name); B is left as it is (zero after
+// LoadWeights or RandomInitWeights, which leave the adapters alone).
+void InitLoraAdapters(LoraInit init, uint64_t seed, HostStore* store);
 
 }  // namespace megatrain

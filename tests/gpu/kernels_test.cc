@@ -259,6 +259,31 @@ TEST_F(Kernels, LinearBackwardOfAFrozenWeightComputesNoWeightGradient) {
   EXPECT_LT(db.Err(), 1e-4);
 }
 
+// LoRA beside a projection: the q slice of a fused q|k|v output (rows ld apart) and a whole
+// output, rank 16, rsLoRA-sized scale: cuBLAS against the CPU reference.
+TEST_F(Kernels, LoraForwardAndBackwardOnAColumnSliceAndAWholeOutput) {
+  const int64_t N = 130, IC = 96, OC = 200, r = 16;
+  for (const int64_t ld : {OC, OC + 72}) {
+    const double scale = 32.0 / 4.0;
+    Pair x = Act(RandomBf16(N * IC, 61)), A = Weight(RandomBf16(r * IC, 62, 0.1f)),
+         B = Weight(RandomBf16(OC * r, 63, 0.1f)), y = Act(RandomBf16(N * ld, 64)),
+         t = Act(std::vector<float>(N * r)), dy = Act(RandomBf16(N * ld, 65)),
+         dx = Act(RandomBf16(N * IC, 66)), dt = Act(std::vector<float>(N * r)),
+         dA = Grad(RandomBf16(r * IC, 67)), dB = Grad(RandomBf16(OC * r, 68));
+    Both([&](Backend* b, bool c) {
+      auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
+      b->LoraForward(P(y), ld, P(t), P(x), P(A), P(B), N, IC, OC, r, scale, StreamId::kCompute);
+      b->LoraBackward(P(dx), P(dA), P(dB), P(t), P(dt), P(dy), ld, P(x), P(A), P(B), N, IC, OC, r,
+                      scale, StreamId::kCompute);
+    });
+    EXPECT_LT(y.Err(), 8e-3) << ld;
+    EXPECT_LT(t.Err(), 8e-3) << ld;
+    EXPECT_LT(dx.Err(), 8e-3) << ld;
+    EXPECT_LT(dA.Err(), 8e-3) << ld;
+    EXPECT_LT(dB.Err(), 8e-3) << ld;
+  }
+}
+
 TEST_F(Kernels, SwiGluForwardAndBackward) {
   const int64_t N = 65, I = 328;
   Pair gu = Act(RandomBf16(N * 2 * I, 17, 2.0f)), out = Act(std::vector<float>(N * I)),

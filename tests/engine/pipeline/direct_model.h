@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "engine/common/backend.h"
@@ -19,8 +20,11 @@ namespace megatrain::testing {
 class DirectModel {
  public:
   DirectModel(const ModelConfig& c, Backend* be, int64_t max_tokens)
+      : DirectModel(c, be, max_tokens, BuildLayout(c)) {}
+  // Over `layout` (BuildLayout's, with adapters or frozen tensors).
+  DirectModel(const ModelConfig& c, Backend* be, int64_t max_tokens, ModelLayout layout)
       : config_(c),
-        layout_(BuildLayout(c)),
+        layout_(std::move(layout)),
         be_(be),
         kinds_(MakeLayerKinds(c, layout_, be)),
         head_(c, layout_, be, /*chunk_tokens=*/5,

@@ -1,0 +1,65 @@
+// LoRA adapters (Hu et al. 2021, arXiv 2106.09685) in a model's layout.
+//
+// Each adapted projection W (out, in) of a decoder layer gets A (r, in) and B (out, r),
+// stored at the end of its layer's unit and named as PEFT names its modules'
+// ("model.layers.3.self_attn.q_proj.lora_A.weight", without PEFT's "base_model.model."
+// prefix, which only the adapter files carry). Every other tensor of the model is frozen,
+// as PEFT freezes the base: the units' state ranges (layout.h) are their adapters alone,
+// so a LoRA job holds the base as bf16 and trains, downloads and updates only A and B.
+// The layer kinds add scale * (x A^T) B^T to each adapted projection's output.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/config.h"
+#include "engine/model/layout.h"
+
+namespace megatrain {
+
+// How A is drawn (B starts at zero, so the adapted model starts as the base): PEFT's
+// init_lora_weights True (kaiming-uniform with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))) or
+// "gaussian" (N(0, 1/r)).
+enum class LoraInit { kDefault, kGaussian };
+
+struct LoraConfig {
+  int64_t rank = 0;   // 0: no adapters
+  double alpha = 0;   // the scale's numerator
+  bool rslora = false;  // scale alpha / sqrt(rank) (Kalajdzievski 2023), else alpha / rank
+  // PEFT's module names, from kLoraTargets; empty: all of them ("all-linear").
+  std::vector<std::string> target_modules;
+  LoraInit init = LoraInit::kDefault;
+  double Scale() const;
+};
+
+// The projections an adapter can target, in layout order, and the base role of each.
+constexpr const char* kLoraTargets[] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                        "gate_proj", "up_proj", "down_proj"};
+TensorRole LoraTargetRole(int target);  // index into kLoraTargets
+
+// "lora.init" names: "default" ("true" too, as PEFT writes it), "gaussian".
+[[nodiscard]] bool ParseLoraInit(const std::string& name, LoraInit* out);
+const char* LoraInitName(LoraInit init);
+
+// Adds the adapters of `lora` (rank > 0) to every decoder layer of `layout` and freezes
+// every other tensor. InvalidArgument naming lora.target_modules[i] when a name is not a
+// projection, or names the experts of an MoE layer (they take no adapters; its attention
+// does), and naming lora.rank when it exceeds a projection's smaller side.
+[[nodiscard]] absl::Status AddLoraAdapters(const LoraConfig& lora, const ModelConfig& config,
+                                           ModelLayout* layout);
+
+// A training job's layout: BuildLayout, the adapters of `lora` (when rank > 0), then
+// `freeze` (FreezeTensors). The errors of either, naming its field.
+[[nodiscard]] absl::StatusOr<ModelLayout> TrainingLayout(const ModelConfig& config,
+                                                         const LoraConfig& lora,
+                                                         const std::vector<std::string>& freeze);
+
+// The tensor is a LoRA adapter's (kLoraA or kLoraB).
+inline bool IsLora(const TensorSlot& t) {
+  return t.role == TensorRole::kLoraA || t.role == TensorRole::kLoraB;
+}
+
+}  // namespace megatrain

@@ -1,0 +1,127 @@
+// LoRA adapters in the layer kinds (model/lora.h), in double precision: the adapted model
+// is the model with merged weights W + scale B A, and the adapters' analytic gradients
+// equal central finite differences, on every projection of the dense families and the
+// attention of the MoE ones.
+#include <cmath>
+#include <random>
+
+#include "engine/model/lora.h"
+#include "gtest/gtest.h"
+#include "tests/engine/pipeline/direct_model.h"
+
+namespace megatrain::testing {
+namespace {
+
+class LoraLayers : public ::testing::TestWithParam<Variant> {
+ protected:
+  // Every weight random (norms near 1, B too: the adapters contribute).
+  static void Randomize(DirectModel* model, uint64_t seed) {
+    std::mt19937_64 gen(seed);
+    std::normal_distribution<double> normal(0.0, 0.3);
+    for (size_t u = 0; u < model->layout().units.size(); ++u) {
+      for (const TensorSlot& t : model->layout().units[u].tensors) {
+        const bool norm = t.shape.size() == 1 && t.name.find("bias") == std::string::npos;
+        for (int64_t i = 0; i < t.num_elements; ++i) {
+          model->Set(u, t.offset + i, (norm ? 1.0 : 0.0) + normal(gen));
+        }
+      }
+    }
+  }
+  // Every projection; the attention's alone in an MoE model (its experts take none).
+  static LoraConfig Lora(const ModelConfig& c, double alpha, bool rslora) {
+    LoraConfig lora;
+    lora.rank = 2;
+    lora.alpha = alpha;
+    lora.rslora = rslora;
+    if (c.is_moe()) lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    return lora;
+  }
+  static int Targets(const ModelConfig& c) { return c.is_moe() ? 4 : 7; }
+};
+
+TEST_P(LoraLayers, TheAdaptedModelIsTheModelWithMergedWeights) {
+  const ModelConfig c = TinyConfig(GetParam());
+  std::unique_ptr<Backend> be =
+      CreateCpuBackend(CpuBackendOptions{CpuBackendOptions::Precision::kF64});
+  const MicroBatch batch = RandomBatch(2, 9, c.vocab_size, 17);
+  for (const bool rslora : {false, true}) {
+    const LoraConfig lora = Lora(c, 3.0, rslora);
+    ModelLayout layout = BuildLayout(c);
+    ASSERT_TRUE(AddLoraAdapters(lora, c, &layout).ok());
+    DirectModel adapted(c, be.get(), batch.tokens.size(), layout);
+    DirectModel merged(c, be.get(), batch.tokens.size());
+    Randomize(&adapted, 5);
+    int adapters = 0;
+    for (size_t u = 0; u < layout.units.size(); ++u) {
+      const UnitLayout& unit = layout.units[u];
+      for (const TensorSlot& t : merged.layout().units[u].tensors) {  // the base as it is
+        for (int64_t i = 0; i < t.num_elements; ++i) {
+          merged.Set(u, t.offset + i, adapted.Get(u, t.offset + i));
+        }
+      }
+      for (const TensorSlot& a : unit.tensors) {  // W += scale B A
+        if (a.role != TensorRole::kLoraA) continue;
+        ++adapters;
+        const TensorSlot& b = *unit.FindLora(a.base_role, TensorRole::kLoraB);
+        const TensorSlot& w = *unit.Find(a.base_role);
+        const int64_t r = a.shape[0], in = a.shape[1], out = b.shape[0];
+        for (int64_t o = 0; o < out; ++o) {
+          for (int64_t i = 0; i < in; ++i) {
+            double sum = 0;
+            for (int64_t j = 0; j < r; ++j) {
+              sum += adapted.Get(u, b.offset + o * r + j) * adapted.Get(u, a.offset + j * in + i);
+            }
+            const int64_t at = w.offset + o * in + i;
+            merged.Set(u, at, merged.Get(u, at) + lora.Scale() * sum);
+          }
+        }
+      }
+    }
+    EXPECT_EQ(adapters, Targets(c) * c.num_layers);
+    const double want = merged.Run(batch, nullptr), got = adapted.Run(batch, nullptr);
+    EXPECT_NEAR(got, want, 1e-12 * std::fabs(want)) << "rslora " << rslora;
+  }
+}
+
+TEST_P(LoraLayers, AdapterGradientsEqualCentralDifferences) {
+  const ModelConfig c = TinyConfig(GetParam());
+  std::unique_ptr<Backend> be =
+      CreateCpuBackend(CpuBackendOptions{CpuBackendOptions::Precision::kF64});
+  const MicroBatch batch = RandomBatch(2, 9, c.vocab_size, 17);
+  ModelLayout layout = BuildLayout(c);
+  ASSERT_TRUE(AddLoraAdapters(Lora(c, 4.0, false), c, &layout).ok());
+  DirectModel model(c, be.get(), batch.tokens.size(), layout);
+  Randomize(&model, 7);
+  std::vector<std::vector<double>> grads;
+  model.Run(batch, &grads);
+  const double h = 1e-5;
+  int checked = 0;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    for (const TensorSlot& t : layout.units[u].tensors) {
+      if (!IsLora(t)) continue;
+      for (int k = 0; k < 4; ++k) {
+        const int64_t i = t.offset + (k * 7919) % t.num_elements;
+        const double w = model.Get(u, i);
+        model.Set(u, i, w + h);
+        const double up = model.Run(batch, nullptr);
+        model.Set(u, i, w - h);
+        const double down = model.Run(batch, nullptr);
+        model.Set(u, i, w);
+        const double numeric = (up - down) / (2 * h);
+        EXPECT_NEAR(grads[u][i], numeric, 1e-7 + 1e-5 * std::fabs(numeric))
+            << t.name << "[" << i - t.offset << "]";
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 4 * 2 * Targets(c) * c.num_layers);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, LoraLayers,
+                         ::testing::Values(Variant::kLlamaTiedGqa, Variant::kQwen2UntiedBias,
+                                           Variant::kQwen3QkNorm, Variant::kQwen3MoeMixedLayers,
+                                           Variant::kGptOssSinksWindow),
+                         [](const auto& info) { return VariantName(info); });
+
+}  // namespace
+}  // namespace megatrain::testing
