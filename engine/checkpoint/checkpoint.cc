@@ -14,6 +14,7 @@
 #include "engine/common/durable_file.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
+#include "engine/model/lora.h"
 #include "engine/model/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -49,6 +50,9 @@ struct PartInfo {
   void* (*base)(const HostStore&, int64_t unit);
   bool block_scales = false;  // one (blocks) tensor per unit, not the model's tensors
   int moment = -1;            // 0 m, 1 v, 2 m's scales, 3 v's (HostStore::ReadMomentBytes)
+  // The model part of a job with LoRA adapters: the adapters alone as PEFT saves them
+  // (adapter_model.safetensors, PEFT's names, f32 from the master), not the frozen base.
+  bool adapters = false;
 };
 
 // A unit's moments in RAM; null pointers when they are on disk or it has none.
@@ -56,7 +60,11 @@ UnitMoments MomentsIn(const HostStore& s, int64_t u) {
   return s.state_elements(u) == 0 || s.moments_on_disk(u) ? UnitMoments{} : s.moments(u);
 }
 
-std::vector<PartInfo> PartsFor(MomentDType moments) {
+void* MasterOf(const HostStore& s, int64_t u) {
+  return s.state_elements(u) > 0 ? s.master(u) : nullptr;
+}
+
+std::vector<PartInfo> PartsFor(MomentDType moments, bool adapters) {
   const bool f32 = moments == MomentDType::kF32, bf16 = moments == MomentDType::kBF16;
   std::vector<PartInfo> parts = {
       // Without a bf16 copy the model is rounded from the master as it is written.
@@ -66,10 +74,7 @@ std::vector<PartInfo> PartsFor(MomentDType moments) {
        }},
       // The optimizer parts cover each unit's state range (HostStore::state_begin); a unit
       // without state has no tensors there.
-      {"optimizer/master", DType::kF32,
-       [](const HostStore& s, int64_t u) -> void* {
-         return s.state_elements(u) > 0 ? s.master(u) : nullptr;
-       }},
+      {"optimizer/master", DType::kF32, MasterOf},
       // Moments kept on disk (the NVMe tier) have no pointer: read through the store.
       {"optimizer/exp_avg", f32 ? DType::kF32 : bf16 ? DType::kBF16 : DType::kI8,
        [](const HostStore& s, int64_t u) -> void* { return MomentsIn(s, u).m; }, false, 0},
@@ -88,13 +93,16 @@ std::vector<PartInfo> PartsFor(MomentDType moments) {
                      },
                      true, 3});
   }
+  if (adapters) parts[0] = PartInfo{"", DType::kF32, MasterOf, false, -1, true};
   return parts;
 }
+
+const char* FilePrefix(const PartInfo& part) { return part.adapters ? "adapter_model" : "model"; }
 
 // The unit's elements in a part: the model's all of them; an optimizer part's its state
 // range (elements, or their blocks' scales).
 int64_t UnitPartElements(const UnitLayout& unit, const PartInfo& part) {
-  if (part.dir.empty()) return unit.num_elements;
+  if (part.dir.empty() && !part.adapters) return unit.num_elements;
   const auto [begin, end] = unit.StateRange();
   return part.block_scales ? (end - begin + kMomentBlock - 1) / kMomentBlock : end - begin;
 }
@@ -110,10 +118,13 @@ std::vector<PartTensor> UnitTensors(const UnitLayout& unit, const PartInfo& part
     out.push_back(PartTensor{unit.name + ".block_scales", {elements}, 0, elements});
     return out;
   }
-  const int64_t begin = part.dir.empty() ? 0 : unit.StateRange().first;
+  const bool whole = part.dir.empty() && !part.adapters;  // the model's every tensor
+  const int64_t begin = whole ? 0 : unit.StateRange().first;
   for (const TensorSlot& t : unit.tensors) {
-    if (!part.dir.empty() && !unit.HasState(t)) continue;
-    out.push_back(PartTensor{t.name, t.shape, t.offset - begin, t.num_elements});
+    if (!whole && !unit.HasState(t)) continue;
+    if (part.adapters && !IsLora(t)) continue;
+    const std::string name = part.adapters ? kPeftPrefix + t.name : t.name;
+    out.push_back(PartTensor{name, t.shape, t.offset - begin, t.num_elements});
   }
   return out;
 }
@@ -152,7 +163,7 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
   w->final_ = (fs::path(root) / name).string();
   w->tmp_ = (fs::path(root) / absl::StrCat(".", name, ".tmp")).string();
   fs::remove_all(w->tmp_, ec);
-  const std::vector<PartInfo> parts = PartsFor(options.moments);
+  const std::vector<PartInfo> parts = PartsFor(options.moments, HasLora(layout));
   for (const PartInfo& part : parts) {
     fs::create_directories(fs::path(w->tmp_) / part.dir, ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", w->tmp_, ": ", ec.message()));
@@ -168,6 +179,10 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
       RETURN_IF_ERROR(FsyncPath((fs::path(w->tmp_) / file).string()));
     }
   }
+  if (!options.adapter_config.empty()) {
+    RETURN_IF_ERROR(WriteFileSynced((fs::path(w->tmp_) / "adapter_config.json").string(),
+                                    options.adapter_config));
+  }
   w->moments_ = options.moments;
   const std::map<std::string, std::string> pt = {{"format", "pt"}};
   for (const PartInfo& part : parts) {
@@ -182,7 +197,8 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(
       }
     }
     ASSIGN_OR_RETURN(p->writer, ShardedSafetensorsWriter::Open(
-                                    (fs::path(w->tmp_) / part.dir).string(), "model", tensors,
+                                    (fs::path(w->tmp_) / part.dir).string(), FilePrefix(part),
+                                    tensors,
                                     part.dir.empty() ? options.max_shard_bytes
                                                      : std::min(options.max_shard_bytes,
                                                                 options.optimizer_shard_bytes),
@@ -273,7 +289,7 @@ absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, 
   const std::vector<PartTensor>& tensors = p.units[unit];
   if (tensors.empty()) return absl::OkStatus();  // a unit without state, in an optimizer part
   const char* base = static_cast<const char*>(p.info.base(store, unit));
-  MT_CHECK(base != nullptr || p.info.dir.empty() || p.info.moment >= 0);
+  MT_CHECK(base != nullptr || (p.info.dir.empty() && !p.info.adapters) || p.info.moment >= 0);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const uint64_t t_begin = static_cast<uint64_t>(tensors[i].offset) * element;
     const uint64_t t_end = t_begin + static_cast<uint64_t>(tensors[i].num_elements) * element;
@@ -420,7 +436,8 @@ absl::Status LoadCheckpoint(const std::string& path, HostStore* store, TrainerSt
   for (int64_t u = 0; u < store->num_units(); ++u) {
     if (store->moments_on_disk(u)) disk_blocks[u].assign(store->moment_block_bytes(u), 0);
   }
-  for (const PartInfo& part : PartsFor(saved)) {
+  for (const PartInfo& part : PartsFor(saved, HasLora(store->layout()))) {
+    if (part.adapters) continue;  // optimizer/master holds them; the base is the model's
     ASSIGN_OR_RETURN(ModelTensorReader reader,
                      ModelTensorReader::OpenFolder((fs::path(path) / part.dir).string()));
     for (int64_t u = 0; u < store->num_units(); ++u) {

@@ -9,6 +9,11 @@
 //       optimizer/exp_avg{,_sq}_scales/ holding "<unit>.block_scales" f32)
 //     trainer_state.json   step, data position, seeds, schedule, last loss
 //
+// A LoRA job's (its layout has adapters, model/lora.h) is a PEFT adapter folder instead of
+// a model: adapter_config.json and adapter_model.safetensors (the adapters, f32, PEFT's
+// names) in place of the model files, which peft loads over the base; the frozen base is
+// the job's model folder's, and a resume reads it from there.
+//
 // A checkpoint is written under ".checkpoint-<step>.tmp", every file fsynced, then
 // renamed and the parent fsynced: a crash never leaves a half checkpoint that looks whole
 // (loaders only ever look at "checkpoint-<digits>" folders).
@@ -53,6 +58,8 @@ struct CheckpointOptions {
   // How the store keeps AdamW's moments (HostStore::moment_dtype()): they are written as
   // kept (bf16; int8 codes with their block scales), so that a resume is exact.
   MomentDType moments = MomentDType::kF32;
+  // A LoRA job's adapter_config.json (PeftAdapterConfigJson, model/lora.h), "" = none.
+  std::string adapter_config;
 };
 
 // A checkpoint being written. Begin() creates ".checkpoint-<step>.tmp" under `root` with

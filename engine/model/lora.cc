@@ -8,7 +8,9 @@
 #include "absl/strings/str_join.h"
 #include "engine/common/check.h"
 #include "engine/common/status.h"
+#include "engine/common/durable_file.h"
 #include "engine/model/freeze.h"
+#include "nlohmann/json.hpp"
 
 namespace megatrain {
 namespace {
@@ -127,12 +129,89 @@ absl::Status AddLoraAdapters(const LoraConfig& lora, const ModelConfig& config,
   return absl::OkStatus();
 }
 
+bool HasLora(const ModelLayout& layout) {
+  for (const UnitLayout& unit : layout.units) {
+    if (unit.lora_rank > 0) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<ModelLayout> TrainingLayout(const ModelConfig& config, const LoraConfig& lora,
                                            const std::vector<std::string>& freeze) {
   ModelLayout layout = BuildLayout(config);
   if (lora.rank > 0) RETURN_IF_ERROR(AddLoraAdapters(lora, config, &layout));
   RETURN_IF_ERROR(FreezeTensors(freeze, &layout));
   return layout;
+}
+
+std::string PeftAdapterConfigJson(const ModelLayout& layout, const LoraConfig& lora,
+                                  const std::string& base_model) {
+  std::vector<std::string> targets;
+  for (int target = 0; target < kNumTargets; ++target) {
+    for (const UnitLayout& unit : layout.units) {
+      if (unit.FindLora(LoraTargetRole(target), TensorRole::kLoraA) == nullptr) continue;
+      targets.push_back(kLoraTargets[target]);
+      break;
+    }
+  }
+  nlohmann::json js = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", base_model},
+      {"r", lora.rank},
+      {"lora_alpha", lora.alpha},
+      {"lora_dropout", 0.0},
+      {"use_rslora", lora.rslora},
+      {"target_modules", targets},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights", lora.init == LoraInit::kGaussian ? nlohmann::json("gaussian")
+                                                             : nlohmann::json(true)},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"rank_pattern", nlohmann::json::object()},
+      {"alpha_pattern", nlohmann::json::object()},
+      {"use_dora", false},
+  };
+  return js.dump(2) + "\n";
+}
+
+absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& folder) {
+  const std::string path = folder + "/adapter_config.json";
+  ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(path));
+  const nlohmann::json js = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  };
+  if (js.is_discarded() || !js.is_object()) return bad("not a JSON object");
+  if (js.value("peft_type", std::string()) != "LORA") return bad("peft_type is not LORA");
+  LoraConfig lora;
+  if (!js.contains("r") || !js["r"].is_number_integer() || js["r"].get<int64_t>() <= 0) {
+    return bad("r must be a positive integer");
+  }
+  lora.rank = js["r"].get<int64_t>();
+  const nlohmann::json alpha = js.value("lora_alpha", nlohmann::json(8));
+  if (!alpha.is_number() || alpha.get<double>() <= 0) return bad("lora_alpha must be positive");
+  lora.alpha = alpha.get<double>();
+  const nlohmann::json rs = js.value("use_rslora", nlohmann::json(false));
+  if (!rs.is_boolean()) return bad("use_rslora must be true or false");
+  lora.rslora = rs.get<bool>();
+  const nlohmann::json targets = js.value("target_modules", nlohmann::json());
+  if (targets.is_string()) {
+    lora.target_modules.push_back(targets.get<std::string>());
+  } else if (targets.is_array()) {
+    for (const nlohmann::json& t : targets) {
+      if (!t.is_string()) return bad("target_modules holds a non-string");
+      lora.target_modules.push_back(t.get<std::string>());
+    }
+  } else {
+    return bad("target_modules must be a list of module names");
+  }
+  const nlohmann::json init = js.value("init_lora_weights", nlohmann::json(true));
+  if (init.is_string() && init.get<std::string>() == "gaussian") lora.init = LoraInit::kGaussian;
+  return lora;
 }
 
 }  // namespace megatrain

@@ -57,6 +57,24 @@ const char* LoraInitName(LoraInit init);
                                                          const LoraConfig& lora,
                                                          const std::vector<std::string>& freeze);
 
+// The prefix PEFT gives module names in adapter files ("base_model.model." + the model's
+// own name).
+constexpr char kPeftPrefix[] = "base_model.model.";
+
+// The layout has LoRA adapters.
+bool HasLora(const ModelLayout& layout);
+
+// adapter_config.json as PEFT writes it for `layout`'s adapters (their targets as laid out:
+// an MoE model's attention alone), so that peft.PeftModel.from_pretrained loads the
+// folder; base_model: the base's folder ("" when drawn from a config).
+std::string PeftAdapterConfigJson(const ModelLayout& layout, const LoraConfig& lora,
+                                  const std::string& base_model);
+
+// A PEFT adapter folder's adapter_config.json: its rank, alpha, rsLoRA and targets
+// ("all-linear" and a single string as PEFT allows). NotFound without the file;
+// InvalidArgument naming the file and the key when it is not a LoRA adapter's.
+[[nodiscard]] absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& folder);
+
 // The tensor is a LoRA adapter's (kLoraA or kLoraB).
 inline bool IsLora(const TensorSlot& t) {
   return t.role == TensorRole::kLoraA || t.role == TensorRole::kLoraB;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "engine/common/status.h"
@@ -164,6 +165,36 @@ void InitLoraAdapters(LoraInit init, uint64_t seed, HostStore* store) {
       store->WriteTensor(u, t, a.data());
     }
   }
+}
+
+absl::Status LoadLoraAdapter(const std::string& folder, const LoraConfig& lora,
+                             HostStore* store) {
+  ASSIGN_OR_RETURN(const LoraConfig saved, ReadPeftAdapterConfig(folder));
+  if (saved.rank != lora.rank) {
+    return absl::InvalidArgumentError(absl::StrCat("lora.adapter ", folder, " has r ", saved.rank,
+                                                   "; lora.rank is ", lora.rank));
+  }
+  ASSIGN_OR_RETURN(ModelTensorReader reader, ModelTensorReader::OpenFolder(folder));
+  const ModelLayout& layout = store->layout();
+  std::set<std::string> adapted;
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    for (const TensorSlot& t : layout.units[u].tensors) {
+      if (!IsLora(t)) continue;
+      const std::string name = kPeftPrefix + t.name;
+      adapted.insert(name);
+      std::vector<float> values(t.num_elements);
+      RETURN_IF_ERROR(Annotate(reader.ReadAsFloat(name, t.shape, values.data()), "lora.adapter"));
+      store->WriteTensor(u, t, values.data());
+    }
+  }
+  for (const std::string& name : reader.names()) {
+    if (adapted.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lora.adapter ", folder, " holds ", name,
+          ", which this job does not adapt (lora.target_modules, or another model)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace megatrain

@@ -33,4 +33,12 @@ void RandomInitWeights(const ModelConfig& config, uint64_t seed, HostStore* stor
 // LoadWeights or RandomInitWeights, which leave the adapters alone).
 void InitLoraAdapters(LoraInit init, uint64_t seed, HostStore* store);
 
+// Sets the store's LoRA adapters from a PEFT adapter folder (adapter_config.json and
+// adapter_model.safetensors, PEFT's names: a checkpoint of a LoRA job is one too). Errors
+// name the folder and what disagrees: its r or targets and `lora`'s, a tensor the layout
+// adapts that the folder lacks (or with another shape), a tensor of the folder the layout
+// does not adapt.
+[[nodiscard]] absl::Status LoadLoraAdapter(const std::string& folder, const LoraConfig& lora,
+                                           HostStore* store);
+
 }  // namespace megatrain

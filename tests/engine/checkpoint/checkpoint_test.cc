@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/dtype.h"
 #include "engine/model/layout.h"
+#include "engine/model/lora.h"
 #include "engine/model/safetensors.h"
 #include "engine/optim/adamw.h"
 #include "engine/store/model_io.h"
@@ -318,6 +319,85 @@ INSTANTIATE_TEST_SUITE_P(TiedAndUntied, CheckpointTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Tied" : "Untied";
                          });
+
+// A LoRA job's checkpoint is a PEFT adapter folder: adapter_config.json and
+// adapter_model.safetensors (the adapters, f32 from the master, PEFT's names), no model
+// files; a resume over the base (drawn again) restores the adapters and their moments,
+// and the folder starts another job's adapters (LoadLoraAdapter).
+TEST(CheckpointLoraTest, AdapterCheckpointIsAPeftFolderThatResumesAndLoads) {
+  TempDir root;
+  const ModelConfig config = TinyConfig(/*tied=*/true);
+  LoraConfig lora;
+  lora.rank = 4;
+  lora.alpha = 8;
+  lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  ModelLayout layout = BuildLayout(config);
+  ASSERT_TRUE(AddLoraAdapters(lora, config, &layout).ok());
+  auto make = [&]() {
+    std::unique_ptr<HostStore> store = std::move(*HostStore::Create(layout, -1, {}));
+    RandomInitWeights(config, 5, store.get());
+    return store;
+  };
+  std::unique_ptr<HostStore> store = make();
+  InitLoraAdapters(LoraInit::kDefault, 9, store.get());
+  std::mt19937_64 gen(1);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  for (int64_t u = 0; u < store->num_units(); ++u) {  // trained: B and the moments not zero
+    for (const TensorSlot& t : layout.units[u].tensors) {
+      if (t.role != TensorRole::kLoraB) continue;
+      std::vector<float> b(t.num_elements);
+      for (float& x : b) x = normal(gen);
+      store->WriteTensor(u, t, b.data());
+    }
+    for (int64_t i = 0; i < store->state_elements(u); ++i) {
+      store->exp_avg(u)[i] = normal(gen);
+      store->exp_avg_sq(u)[i] = std::fabs(normal(gen));
+    }
+  }
+  CheckpointOptions options;
+  options.adapter_config = PeftAdapterConfigJson(layout, lora, "/models/base");
+  absl::StatusOr<std::string> path =
+      SaveCheckpoint(root.path(), config, *store, SampleState(), options);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_FALSE(fs::exists(*path + "/model.safetensors"));
+  absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(*path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->names().size(), 3u * 2 * config.num_layers);
+  const std::string q_a = "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight";
+  ASSERT_TRUE(reader->Has(q_a));
+  EXPECT_EQ(reader->Find(q_a)->dtype, DType::kF32);
+  const nlohmann::json js = nlohmann::json::parse(ReadFile(*path + "/adapter_config.json"));
+  EXPECT_EQ(js["peft_type"], "LORA");
+  EXPECT_EQ(js["r"], 4);
+  EXPECT_EQ(js["target_modules"], nlohmann::json({"q_proj", "v_proj", "down_proj"}));
+  absl::StatusOr<LoraConfig> read = ReadPeftAdapterConfig(*path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->rank, 4);
+  EXPECT_EQ(read->alpha, 8);
+
+  std::unique_ptr<HostStore> resumed = make();  // the base as the job sets it up again
+  TrainerState state;
+  ASSERT_TRUE(LoadCheckpoint(*path, resumed.get(), &state).ok());
+  std::unique_ptr<HostStore> started = make();
+  ASSERT_TRUE(LoadLoraAdapter(*path, lora, started.get()).ok());
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    const int64_t n = store->unit_elements(u);
+    const std::vector<uint16_t> want(store->weights(u), store->weights(u) + n);
+    EXPECT_EQ(std::vector<uint16_t>(resumed->weights(u), resumed->weights(u) + n), want) << u;
+    EXPECT_EQ(std::vector<uint16_t>(started->weights(u), started->weights(u) + n), want) << u;
+    const int64_t k = store->state_elements(u);
+    if (k == 0) continue;
+    EXPECT_EQ(std::vector<float>(resumed->master(u), resumed->master(u) + k),
+              std::vector<float>(store->master(u), store->master(u) + k));
+    EXPECT_EQ(std::vector<float>(resumed->exp_avg_sq(u), resumed->exp_avg_sq(u) + k),
+              std::vector<float>(store->exp_avg_sq(u), store->exp_avg_sq(u) + k));
+  }
+  // An adapter of another rank is refused, naming both.
+  LoraConfig other = lora;
+  other.rank = 8;
+  absl::Status wrong = LoadLoraAdapter(*path, other, started.get());
+  EXPECT_THAT(std::string(wrong.message()), HasSubstr("has r 4; lora.rank is 8"));
+}
 
 TEST(CheckpointShardingTest, SmallMaxShardBytesWritesNumberedShardsAndIndexThatLoad) {
   TempDir root;
