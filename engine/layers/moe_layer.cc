@@ -33,8 +33,9 @@ MoeTensors MoeLayer::BindGrads(void* grads) const {
   MoeTensors g = Bind(grads, backend_->grad_dtype());
   NullFrozenAttentionGrads(unit_, &g.attn);
   g.router = UnlessFrozen(unit_, g.router, {TensorRole::kRouter});
-  g.gate_up = UnlessFrozen(unit_, g.gate_up,
-                           {TensorRole::kExpertGate, TensorRole::kExpertUp, TensorRole::kExpertGateUpT});
+  g.gate_up = UnlessFrozen(
+      unit_, g.gate_up,
+      {TensorRole::kExpertGate, TensorRole::kExpertUp, TensorRole::kExpertGateUpT});
   g.down = UnlessFrozen(unit_, g.down, {TensorRole::kExpertDown, TensorRole::kExpertDownT});
   return g;
 }

@@ -2,6 +2,7 @@
 // format "pt", tokenizer files), the optimizer state and trainer state a resume restores
 // bit for bit, sharding, and the listing / pruning that only trusts complete folders.
 #include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/merge.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -397,6 +398,79 @@ TEST(CheckpointLoraTest, AdapterCheckpointIsAPeftFolderThatResumesAndLoads) {
   other.rank = 8;
   absl::Status wrong = LoadLoraAdapter(*path, other, started.get());
   EXPECT_THAT(std::string(wrong.message()), HasSubstr("has r 4; lora.rank is 8"));
+}
+
+// megatrain merge: each adapted projection of the merged folder is bf16(W + scale B A), the
+// rest the base's bits; the folder loads as a model; an out folder in use is refused, and
+// an adapter of another model names the tensor.
+TEST(CheckpointLoraTest, MergedModelHoldsTheBasePlusTheScaledLowRankProduct) {
+  TempDir root;
+  const ModelConfig config = TinyConfig(/*tied=*/false);
+  std::unique_ptr<HostStore> base = std::move(*HostStore::Create(BuildLayout(config), -1, {}));
+  RandomInitWeights(config, 3, base.get());
+  absl::StatusOr<std::string> base_dir =
+      SaveCheckpoint(root.path() + "/base", config, *base, SampleState(), {});
+  ASSERT_TRUE(base_dir.ok()) << base_dir.status();
+  LoraConfig lora;
+  lora.rank = 2;
+  lora.alpha = 6;
+  lora.rslora = true;
+  lora.target_modules = {"k_proj", "up_proj"};
+  ModelLayout layout = BuildLayout(config);
+  ASSERT_TRUE(AddLoraAdapters(lora, config, &layout).ok());
+  std::unique_ptr<HostStore> adapted = std::move(*HostStore::Create(layout, -1, {}));
+  RandomInitWeights(config, 3, adapted.get());
+  InitLoraAdapters(LoraInit::kGaussian, 4, adapted.get());
+  for (int64_t u = 0; u < adapted->num_units(); ++u) {
+    for (const TensorSlot& t : layout.units[u].tensors) {
+      if (t.role != TensorRole::kLoraB) continue;
+      std::vector<float> b(t.num_elements);
+      for (size_t i = 0; i < b.size(); ++i) b[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
+      adapted->WriteTensor(u, t, b.data());
+    }
+  }
+  CheckpointOptions options;
+  options.adapter_config = PeftAdapterConfigJson(layout, lora, *base_dir);
+  absl::StatusOr<std::string> adapter_dir =
+      SaveCheckpoint(root.path() + "/adapter", config, *adapted, SampleState(), options);
+  ASSERT_TRUE(adapter_dir.ok()) << adapter_dir.status();
+  const std::string out = root.path() + "/merged";
+  ASSERT_TRUE(MergeLoraAdapter(*base_dir, *adapter_dir, out).ok());
+
+  absl::StatusOr<ModelTensorReader> merged = ModelTensorReader::OpenFolder(out);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_TRUE(fs::exists(out + "/config.json"));
+  const UnitLayout& unit = layout.units[layout.DecoderUnit(1)];
+  const int64_t u = layout.DecoderUnit(1);
+  for (TensorRole role : {TensorRole::kK, TensorRole::kUp, TensorRole::kQ}) {
+    const TensorSlot& w = *unit.Find(role);
+    std::vector<uint16_t> got(w.num_elements);
+    ASSERT_TRUE(merged->ReadRaw(w.name, w.shape, DType::kBF16, got.data()).ok()) << w.name;
+    const TensorSlot* a = unit.FindLora(role, TensorRole::kLoraA);
+    for (int64_t o = 0; o < w.shape[0]; o += 5) {
+      for (int64_t i = 0; i < w.shape[1]; i += 3) {
+        double want = Bf16ToFloat(base->weights(u)[w.offset + o * w.shape[1] + i]);
+        if (a != nullptr) {
+          const TensorSlot& b = *unit.FindLora(role, TensorRole::kLoraB);
+          const float* ma = adapted->master(u) + (a->offset - adapted->state_begin(u));
+          const float* mb = adapted->master(u) + (b.offset - adapted->state_begin(u));
+          double sum = 0;
+          for (int64_t j = 0; j < 2; ++j) sum += double(mb[o * 2 + j]) * ma[j * w.shape[1] + i];
+          want += lora.Scale() * sum;
+        }
+        ASSERT_EQ(got[o * w.shape[1] + i], FloatToBf16(static_cast<float>(want)))
+            << w.name << " [" << o << ", " << i << "]";
+      }
+    }
+  }
+  EXPECT_EQ(MergeLoraAdapter(*base_dir, *adapter_dir, out).code(),
+            absl::StatusCode::kAlreadyExists);
+  lora.target_modules = {"k_proj"};  // the adapter holds up_proj's too
+  ModelLayout k_only = BuildLayout(config);
+  ASSERT_TRUE(AddLoraAdapters(lora, config, &k_only).ok());
+  WriteFile(*adapter_dir + "/adapter_config.json", PeftAdapterConfigJson(k_only, lora, ""));
+  absl::Status other = MergeLoraAdapter(*base_dir, *adapter_dir, root.path() + "/other");
+  EXPECT_THAT(std::string(other.message()), HasSubstr("mlp.up_proj.lora_A.weight"));
 }
 
 TEST(CheckpointShardingTest, SmallMaxShardBytesWritesNumberedShardsAndIndexThatLoad) {
