@@ -107,6 +107,24 @@ struct GenerateSpec {
   int64_t max_sequences = 0;           // in flight at once; 0: as many as the device holds
 };
 
+// lora: LoRA adapters (Hu et al. 2021, arXiv 2106.09685) on the decoder layers'
+// projections, named as PEFT's LoraConfig names them; engine/model/lora.h adds them to a
+// model's layout. lora.init, how A is drawn (B starts at zero, so the adapted model starts
+// as the base): PEFT's init_lora_weights True (kaiming-uniform with a = sqrt(5):
+// U(-1/sqrt(in), 1/sqrt(in))) or "gaussian" (N(0, 1/r)).
+enum class LoraInit { kDefault, kGaussian };
+
+struct LoraConfig {
+  int64_t rank = 0;     // 0: no adapters
+  double alpha = 0;     // the scale's numerator
+  bool rslora = false;  // scale alpha / sqrt(rank) (Kalajdzievski 2023), else alpha / rank
+  // PEFT's module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj);
+  // empty: all of them ("all-linear").
+  std::vector<std::string> target_modules;
+  LoraInit init = LoraInit::kDefault;
+  double Scale() const;
+};
+
 // What a job does: train (the default), complete prompts (generate), or complete them and
 // score exact match against each prompt's answer (eval).
 enum class JobKind { kTrain, kGenerate, kEval };
@@ -164,6 +182,9 @@ struct JobSpec {
   // the optimizer never changes them and their gradients count in no norm. They still hold
   // fp32 state and their gradients are still computed.
   std::vector<std::string> freeze;
+  LoraConfig lora;  // lora: adapters (rank 0: none), model/lora.h
+  // lora.adapter: a PEFT adapter folder the adapters start from ("": drawn from lora.init).
+  std::string lora_adapter;
   MomentDType state_dtype = MomentDType::kF32;
   Bf16Copy bf16_copy = Bf16Copy::kAuto;
   // optimizer.nvme_dir / nvme_layers: a local disk for the moments of layers that do not
@@ -214,6 +235,7 @@ const char* SpecName(ScheduleType value);
 const char* SpecName(MomentDType value);
 const char* SpecName(Bf16Copy value);
 const char* SpecName(JobKind value);  // "train" | "generate" | "eval"
+const char* SpecName(LoraInit value);  // "default" | "gaussian"
 // The value of E named `name`: InvalidArgument "<field> must be one of a, b, c; got 'x'"
 // otherwise. Defined for every E that SpecName takes.
 template <typename E>

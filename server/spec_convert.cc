@@ -84,6 +84,20 @@ absl::Status FromTrain(const v1::JobSpec::Train& t, JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// A training job's adapters, defaulted as the YAML's lora section is: alpha 2 * rank, and
+// all-linear is every projection (an empty list).
+absl::Status FromLora(const v1::JobSpec::Lora& l, const std::string& base_dir, JobSpec* spec) {
+  LoraConfig& lora = spec->lora;
+  lora.rank = l.rank();
+  lora.alpha = l.alpha() != 0 ? l.alpha() : 2.0 * static_cast<double>(l.rank());
+  lora.rslora = l.rslora();
+  lora.target_modules.assign(l.target_modules().begin(), l.target_modules().end());
+  if (lora.target_modules == std::vector<std::string>{"all-linear"}) lora.target_modules.clear();
+  RETURN_IF_ERROR(SetEnum("lora.init", l.init(), &lora.init));
+  spec->lora_adapter = ResolveSpecPath(base_dir, l.adapter());
+  return absl::OkStatus();
+}
+
 void FromGenerate(const v1::JobSpec::Generate& m, const std::string& base_dir, JobSpec* spec) {
   GenerateSpec& g = spec->generate;
   g.prompts_path = ResolveSpecPath(base_dir, m.prompts());
@@ -108,7 +122,8 @@ absl::Status FromGenerateJob(const v1::JobSpec& message, const std::string& base
                              JobSpec* spec) {
   const std::pair<const char*, bool> training[] = {{"data", message.has_data()},
                                                    {"eval", message.has_eval()},
-                                                   {"train", message.has_train()}};
+                                                   {"train", message.has_train()},
+                                                   {"lora", message.has_lora()}};
   for (const auto& [section, set] : training) {
     if (set) {
       return absl::InvalidArgumentError(absl::StrCat("a job of kind ", SpecName(spec->kind),
@@ -142,6 +157,7 @@ absl::StatusOr<JobSpec> SpecFromMessage(const v1::JobSpec& message, const std::s
     RETURN_IF_ERROR(FromData(message.data(), base_dir, &spec));
     RETURN_IF_ERROR(FromEval(message.eval(), base_dir, &spec));
     RETURN_IF_ERROR(FromTrain(message.train(), &spec));
+    RETURN_IF_ERROR(FromLora(message.lora(), base_dir, &spec));
   } else {
     RETURN_IF_ERROR(FromGenerateJob(message, base_dir, &spec));
   }
@@ -207,6 +223,7 @@ absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
                                                             {"data.cache_dir", spec.data_cache_dir},
                                                             {"checkpoint.dir", spec.checkpoint_dir}};
   if (spec.tokenizer == TokenizerSource::kFile) paths.push_back({"data.tokenizer", spec.tokenizer_path});
+  if (!spec.lora_adapter.empty()) paths.push_back({"lora.adapter", spec.lora_adapter});
   const GenerateSpec& g = spec.generate;
   if (spec.kind != JobKind::kTrain) {
     paths.push_back({"generate.prompts", g.prompts_path});

@@ -1,5 +1,6 @@
 #include "engine/job/spec.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -19,6 +20,7 @@
 #include "engine/common/status.h"
 #include "engine/data/bpe_text.h"
 #include "engine/data/dataset.h"
+#include "engine/model/lora.h"
 #include "nlohmann/json.hpp"
 #include "yaml-cpp/yaml.h"
 
@@ -254,7 +256,7 @@ absl::Status ParseGenerate(Section& top, const std::string& base_dir, JobSpec* s
                                                    " needs a 'generate' section (its prompts)"));
   }
   if (!top.Get("generate").IsMap()) return top.Error("generate", "must be a mapping");
-  for (const char* training_only : {"data", "eval", "train", "optimizer"}) {
+  for (const char* training_only : {"data", "eval", "train", "optimizer", "lora"}) {
     if (top.Has(training_only)) {
       return absl::InvalidArgumentError(absl::StrCat("a job of kind ", SpecName(spec->kind),
                                                      " has no '", training_only,
@@ -333,6 +335,36 @@ absl::Status ParseOptimizer(Section& top, const std::string& base_dir, JobSpec* 
   spec->nvme_dir = ResolveSpecPath(base_dir, spec->nvme_dir);
   RETURN_IF_ERROR(o.Int("nvme_layers", &spec->nvme_layers));
   return o.CheckNoUnknown();
+}
+
+// A training job's adapters: PEFT's LoraConfig fields, alpha 2 * rank unless given, every
+// projection unless target_modules names some.
+absl::Status ParseLora(Section& top, const std::string& base_dir, JobSpec* spec) {
+  if (!top.Has("lora")) return absl::OkStatus();
+  if (!top.Get("lora").IsMap()) return top.Error("lora", "must be a mapping");
+  Section l(top.Get("lora"), "lora");
+  LoraConfig& lora = spec->lora;
+  if (!l.Has("rank")) {
+    return absl::InvalidArgumentError("lora.rank is required: the adapters' rank r (e.g. 16)");
+  }
+  RETURN_IF_ERROR(l.Int("rank", &lora.rank));
+  if (lora.rank <= 0) return l.Error("rank", absl::StrCat("must be positive, got ", lora.rank));
+  lora.alpha = 2.0 * static_cast<double>(lora.rank);
+  RETURN_IF_ERROR(l.Double("alpha", &lora.alpha));
+  RETURN_IF_ERROR(l.Bool("rslora", &lora.rslora));
+  RETURN_IF_ERROR(l.Strings("target_modules", &lora.target_modules));
+  if (lora.target_modules == std::vector<std::string>{"all-linear"}) lora.target_modules.clear();
+  RETURN_IF_ERROR(l.Enum("init", &lora.init));
+  double dropout = 0;
+  RETURN_IF_ERROR(l.Double("dropout", &dropout));
+  if (dropout != 0) {
+    return l.Error("dropout", absl::StrFormat("is %.10g; only 0 is supported: adapters train "
+                                              "without dropout",
+                                              dropout));
+  }
+  RETURN_IF_ERROR(l.String("adapter", &spec->lora_adapter));
+  spec->lora_adapter = ResolveSpecPath(base_dir, spec->lora_adapter);
+  return l.CheckNoUnknown();
 }
 
 absl::Status ParseCheckpoint(Section& top, const std::string& base_dir, JobSpec* spec) {
@@ -434,6 +466,7 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     RETURN_IF_ERROR(ParseEval(top, base_dir, spec));
     RETURN_IF_ERROR(ParseTrain(top, spec));
     RETURN_IF_ERROR(ParseOptimizer(top, base_dir, spec));
+    RETURN_IF_ERROR(ParseLora(top, base_dir, spec));
   } else {
     RETURN_IF_ERROR(ParseGenerate(top, base_dir, spec));
   }
@@ -532,6 +565,43 @@ absl::Status CheckGenerate(const JobSpec& s) {
   return absl::OkStatus();
 }
 
+// The adapters: a rank with every other lora field, each target once, only when training.
+absl::Status CheckLora(const JobSpec& s) {
+  const LoraConfig& lora = s.lora;
+  const bool given = lora.rank != 0 || lora.alpha != 0 || lora.rslora ||
+                     !lora.target_modules.empty() || lora.init != LoraInit::kDefault ||
+                     !s.lora_adapter.empty();
+  if (!given) return absl::OkStatus();
+  if (s.kind != JobKind::kTrain) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a job of kind ", SpecName(s.kind), " has no 'lora' section (only training jobs do)"));
+  }
+  if (lora.rank <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("lora.rank must be positive, got ", lora.rank,
+                                                   " (it is required with any lora field)"));
+  }
+  if (!(lora.alpha > 0 && lora.alpha <= 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("lora.alpha must be positive (at most 1e6), got %.10g", lora.alpha));
+  }
+  std::set<std::string> seen;
+  for (size_t i = 0; i < lora.target_modules.size(); ++i) {
+    const std::string& name = lora.target_modules[i];
+    const std::string field = absl::StrCat("lora.target_modules[", i, "] '", Printable(name), "'");
+    if (std::find(std::begin(kLoraTargets), std::end(kLoraTargets), name) ==
+        std::end(kLoraTargets)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " is not a projection; choose from ", absl::StrJoin(kLoraTargets, ", "),
+          name == "all-linear" ? " (all-linear stands alone: it means all of them)"
+                               : " (or all-linear)"));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " is named twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The model, data and device the spec names: each given once, and consistent.
 absl::Status CheckSources(const JobSpec& s) {
   if (s.model_path.empty() == s.model_config_json.empty()) {
@@ -544,6 +614,7 @@ absl::Status CheckSources(const JobSpec& s) {
       return absl::InvalidArgumentError("model.config must be a mapping of config.json fields");
     }
   }
+  RETURN_IF_ERROR(CheckLora(s));
   if (s.kind != JobKind::kTrain) return CheckGenerate(s);
   if (s.data_path.empty()) {
     return absl::InvalidArgumentError("data.path is required (a JSONL file)");
@@ -586,6 +657,7 @@ absl::Status CheckUtf8(const JobSpec& s) {
       {"generate.tokenizer", &s.generate.tokenizer},
       {"generate.answer_pattern", &s.generate.answer_pattern},
       {"optimizer.nvme_dir", &s.nvme_dir},
+      {"lora.adapter", &s.lora_adapter},
       {"checkpoint.dir", &s.checkpoint_dir},
       {"backend", &s.backend}};
   for (const auto& [field, value] : strings) {
@@ -596,7 +668,8 @@ absl::Status CheckUtf8(const JobSpec& s) {
   const std::pair<const char*, const std::vector<std::string>*> lists[] = {
       {"generate.prompt", &s.generate.prompts},
       {"generate.stop", &s.generate.stop_strings},
-      {"train.freeze", &s.freeze}};
+      {"train.freeze", &s.freeze},
+      {"lora.target_modules", &s.lora.target_modules}};
   for (const auto& [field, list] : lists) {
     for (const std::string& text : *list) {
       if (!IsValidUtf8(text)) return absl::InvalidArgumentError(absl::StrCat(field, " is not valid UTF-8"));
@@ -677,6 +750,7 @@ MT_SPEC_VALUES(ScheduleType, ScheduleType::kConstant, ScheduleType::kLinear, Sch
 MT_SPEC_VALUES(MomentDType, MomentDType::kF32, MomentDType::kBF16, MomentDType::kInt8)
 MT_SPEC_VALUES(Bf16Copy, Bf16Copy::kAuto, Bf16Copy::kYes, Bf16Copy::kNo)
 MT_SPEC_VALUES(JobKind, JobKind::kTrain, JobKind::kGenerate, JobKind::kEval)
+MT_SPEC_VALUES(LoraInit, LoraInit::kDefault, LoraInit::kGaussian)
 #undef MT_SPEC_VALUES
 
 // auto | device | host, for the enums that offer those three.
@@ -715,6 +789,7 @@ const char* SpecName(JobKind value) {
     default: return "train";
   }
 }
+const char* SpecName(LoraInit value) { return LoraInitName(value); }
 const char* SpecName(Bf16Copy value) {
   return value == Bf16Copy::kYes ? "yes" : value == Bf16Copy::kNo ? "no" : "auto";
 }
@@ -742,6 +817,7 @@ template absl::StatusOr<ScheduleType> ParseSpecName(absl::string_view, absl::str
 template absl::StatusOr<MomentDType> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<Bf16Copy> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<JobKind> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<LoraInit> ParseSpecName(absl::string_view, absl::string_view);
 
 std::string TokenizerText(const JobSpec& spec) {
   return spec.tokenizer == TokenizerSource::kFile ? spec.tokenizer_path : SpecName(spec.tokenizer);
@@ -763,6 +839,15 @@ std::string JobSpec::Fingerprint() const {
                       {"on_bad_line", SpecName(on_bad_line)},
                       {"seq_len", seq_len},         {"data_seed", data_seed},
                       {"rows_per_step", rows_per_step()}};
+  // Only a LoRA job's: the fingerprints of checkpoints without adapters stay as they were.
+  if (lora.rank > 0) {
+    j["lora_rank"] = lora.rank;
+    j["lora_alpha"] = lora.alpha;
+    j["lora_rslora"] = lora.rslora;
+    j["lora_target_modules"] = lora.target_modules;
+    j["lora_init"] = SpecName(lora.init);
+    j["lora_adapter"] = lora_adapter;
+  }
   return j.dump();
 }
 
@@ -777,6 +862,9 @@ std::vector<std::string> FingerprintDifferences(const std::string& there,
       {"chat_date", "data.chat_date"},    {"packing", "data.packing"},
       {"truncation", "data.truncation"},  {"on_bad_line", "data.on_bad_line"},
       {"seq_len", "data.seq_len"},        {"data_seed", "data.seed"},
+      {"lora_rank", "lora.rank"},         {"lora_alpha", "lora.alpha"},
+      {"lora_rslora", "lora.rslora"},     {"lora_target_modules", "lora.target_modules"},
+      {"lora_init", "lora.init"},         {"lora_adapter", "lora.adapter"},
       {"rows_per_step", "sequences per step"}};
   const nlohmann::json a = nlohmann::json::parse(there, nullptr, /*allow_exceptions=*/false);
   const nlohmann::json b = nlohmann::json::parse(here, nullptr, /*allow_exceptions=*/false);
@@ -879,7 +967,22 @@ void EmitStrings(const char* key, const std::vector<std::string>& values, YAML::
   *out << YAML::EndSeq;
 }
 
-// The sections of a training job: data, eval, train, optimizer.
+// A training job's adapters; target_modules empty is all-linear.
+void EmitLora(const JobSpec& s, YAML::Emitter* out) {
+  *out << YAML::Key << "lora" << YAML::Value << YAML::BeginMap;
+  *out << YAML::Key << "rank" << YAML::Value << s.lora.rank;
+  *out << YAML::Key << "alpha" << YAML::Value << s.lora.alpha;
+  *out << YAML::Key << "rslora" << YAML::Value << s.lora.rslora;
+  EmitStrings("target_modules",
+              s.lora.target_modules.empty() ? std::vector<std::string>{"all-linear"}
+                                            : s.lora.target_modules,
+              out);
+  *out << YAML::Key << "init" << YAML::Value << SpecName(s.lora.init);
+  *out << YAML::Key << "adapter" << YAML::Value << YAML::DoubleQuoted << s.lora_adapter;
+  *out << YAML::EndMap;
+}
+
+// The sections of a training job: data, eval, train, optimizer, lora.
 void EmitTraining(const JobSpec& s, YAML::Emitter* out) {
   *out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   *out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.data_path;
@@ -932,6 +1035,7 @@ void EmitTraining(const JobSpec& s, YAML::Emitter* out) {
   *out << YAML::Key << "nvme_dir" << YAML::Value << YAML::DoubleQuoted << s.nvme_dir;
   *out << YAML::Key << "nvme_layers" << YAML::Value << s.nvme_layers;
   *out << YAML::EndMap;
+  if (s.lora.rank > 0) EmitLora(s, out);
 }
 
 

@@ -29,6 +29,11 @@
 //                nvme_dir: "",                # a local disk for the moments of layers
 //                nvme_layers: -1}             # that do not fit in RAM: how many (-1: as
 //                                             # many as the host budget needs)
+//   lora:       {rank,                        # required with the section; kind train only
+//                alpha: 2*rank, rslora: false,
+//                target_modules: all-linear,  # or a list of q_proj .. down_proj
+//                init: default|gaussian, dropout: 0,  # only 0: adapters train without it
+//                adapter: ""}                 # a PEFT adapter folder to start from
 //   checkpoint: {dir, every_steps, keep_last, max_shard_bytes, background}
 //   backend:    auto | cpu | cuda
 //   device_memory_cap_bytes: 0      # the most device memory the job may take; 0 = all free

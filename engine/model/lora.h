@@ -15,25 +15,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/engine.h"  // LoraConfig, LoraInit
 #include "engine/model/config.h"
 #include "engine/model/layout.h"
 
 namespace megatrain {
-
-// How A is drawn (B starts at zero, so the adapted model starts as the base): PEFT's
-// init_lora_weights True (kaiming-uniform with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))) or
-// "gaussian" (N(0, 1/r)).
-enum class LoraInit { kDefault, kGaussian };
-
-struct LoraConfig {
-  int64_t rank = 0;   // 0: no adapters
-  double alpha = 0;   // the scale's numerator
-  bool rslora = false;  // scale alpha / sqrt(rank) (Kalajdzievski 2023), else alpha / rank
-  // PEFT's module names, from kLoraTargets; empty: all of them ("all-linear").
-  std::vector<std::string> target_modules;
-  LoraInit init = LoraInit::kDefault;
-  double Scale() const;
-};
 
 // The projections an adapter can target, in layout order, and the base role of each.
 constexpr const char* kLoraTargets[] = {"q_proj", "k_proj", "v_proj", "o_proj",

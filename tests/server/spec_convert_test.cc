@@ -146,6 +146,70 @@ TEST(SpecFromMessage, AGenerateJobIsTheJobSpecOfTheSameYaml) {
   EXPECT_THAT(with_train.status().message(), HasSubstr("'train' section"));
 }
 
+TEST(SpecFromMessage, LoraIsTheJobSpecOfTheSameYaml) {
+  v1::JobSpec m = Structured();
+  v1::JobSpec::Lora* l = m.mutable_lora();
+  l->set_rank(8);
+  l->set_alpha(12.5);
+  l->set_rslora(true);
+  l->add_target_modules("q_proj");
+  l->add_target_modules("v_proj");
+  l->set_init("gaussian");
+  l->set_adapter("adapters/run1");
+  absl::StatusOr<JobSpec> structured = SpecFromMessage(m, "/base");
+  ASSERT_TRUE(structured.ok()) << structured.status();
+  absl::StatusOr<JobSpec> parsed = ParseJobSpec(
+      std::string(kSameAsYaml) +
+          "lora: {rank: 8, alpha: 12.5, rslora: true, target_modules: [q_proj, v_proj], "
+          "init: gaussian, adapter: adapters/run1}\n",
+      "/base");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(JobSpecToYaml(*structured), JobSpecToYaml(*parsed));
+  EXPECT_EQ(structured->Fingerprint(), parsed->Fingerprint());
+  EXPECT_EQ(structured->lora_adapter, "/base/adapters/run1");
+  EXPECT_EQ(structured->lora.init, LoraInit::kGaussian);
+}
+
+TEST(SpecFromMessage, LoraTakesThePeftDefaultsAsTheYamlDoes) {
+  v1::JobSpec m = Structured();
+  m.mutable_lora()->set_rank(16);
+  absl::StatusOr<JobSpec> structured = SpecFromMessage(m, "/base");
+  ASSERT_TRUE(structured.ok()) << structured.status();
+  EXPECT_EQ(structured->lora.alpha, 32);  // 2 * rank
+  EXPECT_TRUE(structured->lora.target_modules.empty());
+  absl::StatusOr<JobSpec> parsed =
+      ParseJobSpec(std::string(kSameAsYaml) + "lora: {rank: 16}\n", "/base");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(JobSpecToYaml(*structured), JobSpecToYaml(*parsed));
+  absl::StatusOr<JobSpec> none = SpecFromMessage(Structured(), "/base");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->lora.rank, 0);
+}
+
+TEST(SpecFromMessage, BadLoraFieldsAreRefusedAsTheYamlRefusesThem) {
+  v1::JobSpec m = Structured();
+  m.mutable_lora()->set_rank(8);
+  m.mutable_lora()->set_init("x");
+  EXPECT_THAT(std::string(SpecFromMessage(m, "/base").status().message()),
+              HasSubstr("lora.init must be one of default, gaussian; got 'x'"));
+  m = Structured();
+  m.mutable_lora()->set_rank(8);
+  m.mutable_lora()->add_target_modules("foo");
+  EXPECT_THAT(std::string(SpecFromMessage(m, "/base").status().message()),
+              HasSubstr("lora.target_modules[0] 'foo' is not a projection"));
+  m = Structured();
+  m.mutable_lora()->set_adapter("adapters/run1");  // no rank
+  EXPECT_THAT(std::string(SpecFromMessage(m, "/base").status().message()),
+              HasSubstr("lora.rank must be positive, got 0"));
+  m = v1::JobSpec();
+  m.set_kind("generate");
+  m.mutable_model()->set_path("ckpt");
+  m.mutable_generate()->add_prompt("Hi");
+  m.mutable_lora()->set_rank(8);
+  EXPECT_THAT(std::string(SpecFromMessage(m, "/base").status().message()),
+              HasSubstr("'lora' section"));
+}
+
 TEST(SpecFromRequest, TheStructuredSpecNeedsAnAbsoluteBaseDir) {
   v1::SubmitJobRequest request;
   *request.mutable_spec() = Structured();

@@ -323,6 +323,121 @@ TEST(JobSpecTest, FreezePatternsRoundTripAsAListOrOneString) {
   ExpectInvalid(WithTrain("  freeze: {a: 1}\n"), "train.freeze");
 }
 
+// MinimalSpec() with a lora section of `lora_fields` ("rank: 16").
+std::string WithLora(const std::string& lora_fields) {
+  return MinimalSpec() + "lora: {" + lora_fields + "}\n";
+}
+
+TEST(JobSpecTest, LoraSectionParsesEveryFieldAndResolvesTheAdapterPath) {
+  TempDir dir;
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(WithLora("rank: 8, alpha: 4.5, rslora: true, target_modules: [q_proj, v_proj], "
+                            "init: gaussian, dropout: 0, adapter: adapters/run1"),
+                   dir.path());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->lora.rank, 8);
+  EXPECT_EQ(spec->lora.alpha, 4.5);
+  EXPECT_TRUE(spec->lora.rslora);
+  EXPECT_THAT(spec->lora.target_modules, ElementsAre("q_proj", "v_proj"));
+  EXPECT_EQ(spec->lora.init, LoraInit::kGaussian);
+  EXPECT_EQ(spec->lora_adapter, dir.Join("adapters/run1"));
+}
+
+TEST(JobSpecTest, LoraSectionParsesWithPeftDefaults) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(WithLora("rank: 16"), "");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->lora.rank, 16);
+  EXPECT_EQ(spec->lora.alpha, 32);  // 2 * rank
+  EXPECT_FALSE(spec->lora.rslora);
+  EXPECT_THAT(spec->lora.target_modules, IsEmpty());  // all of them
+  EXPECT_EQ(spec->lora.init, LoraInit::kDefault);
+  EXPECT_EQ(spec->lora_adapter, "");
+  absl::StatusOr<JobSpec> all = ParseJobSpec(WithLora("rank: 4, target_modules: all-linear"), "");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_THAT(all->lora.target_modules, IsEmpty());
+}
+
+TEST(JobSpecTest, NoLoraSectionIsNoAdapters) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(MinimalSpec(), "");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->lora.rank, 0);
+  EXPECT_EQ(JobSpecToYaml(*spec).find("\nlora:"), std::string::npos);
+}
+
+TEST(JobSpecTest, LoraWithFreezeIsAllowed) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(WithTrain("  freeze: [lm_head]\nlora: {rank: 4}"), "");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->lora.rank, 4);
+  EXPECT_THAT(spec->freeze, ElementsAre("lm_head"));
+}
+
+TEST(JobSpecTest, BadLoraFieldsAreRefusedNamingTheField) {
+  ExpectInvalid(WithLora("alpha: 16"), "lora.rank is required");
+  ExpectInvalid(WithLora("rank: 0"), "lora.rank must be positive, got 0");
+  ExpectInvalid(WithLora("rank: -4"), "lora.rank must be positive, got -4");
+  ExpectInvalid(WithLora("rank: 1.5"), "lora.rank must be an integer");
+  ExpectInvalid(WithLora("rank: 8, alpha: 0"), "lora.alpha must be positive");
+  ExpectInvalid(WithLora("rank: 8, alpha: -1"), "lora.alpha must be positive");
+  ExpectInvalid(WithLora("rank: 8, rslora: maybe"), "lora.rslora must be true or false");
+  ExpectInvalid(WithLora("rank: 8, init: x"),
+                "lora.init must be one of default, gaussian; got 'x'");
+  ExpectInvalid(WithLora("rank: 8, target_modules: [q_proj, foo]"),
+                "lora.target_modules[1] 'foo' is not a projection; choose from q_proj, k_proj, "
+                "v_proj, o_proj, gate_proj, up_proj, down_proj (or all-linear)");
+  ExpectInvalid(WithLora("rank: 8, target_modules: [v_proj, q_proj, v_proj]"),
+                "lora.target_modules[2] 'v_proj' is named twice");
+  ExpectInvalid(WithLora("rank: 8, target_modules: [q_proj, all-linear]"),
+                "lora.target_modules[1] 'all-linear' is not a projection");
+  ExpectInvalid(WithLora("rank: 8, target_modules: {q: 1}"), "lora.target_modules must be");
+  ExpectInvalid(WithLora("rank: 8, dropout: 0.05"),
+                "lora.dropout is 0.05; only 0 is supported: adapters train without dropout");
+  ExpectInvalid(WithLora("rank: 8, lora_dropout: 0"), "unknown field 'lora.lora_dropout'");
+  ExpectInvalid(MinimalSpec() + "lora: 16\n", "lora must be a mapping");
+}
+
+TEST(JobSpecTest, LoraSectionIsOnlyForTrainingJobs) {
+  ExpectInvalid("kind: generate\nmodel: {path: m}\ngenerate: {prompt: hi}\nlora: {rank: 8}\n",
+                "a job of kind generate has no 'lora' section (only training jobs do)");
+  JobSpec spec;
+  spec.kind = JobKind::kEval;
+  spec.model_path = "/m";
+  spec.generate.prompts_path = "/p.jsonl";
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.lora.rank = 8;
+  spec.lora.alpha = 16;
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()), HasSubstr("'lora' section"));
+}
+
+TEST(JobSpecTest, ValidateJobSpecRefusesLoraFieldsWithoutARank) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(MinimalSpec(), "");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->lora_adapter = "/adapters/run1";
+  EXPECT_THAT(std::string(ValidateJobSpec(*spec).message()),
+              HasSubstr("lora.rank must be positive, got 0"));
+}
+
+TEST(JobSpecTest, LoraSectionRoundTripsThroughYaml) {
+  for (const std::string& fields :
+       {std::string("rank: 16"),
+        std::string("rank: 8, alpha: 12.5, rslora: true, target_modules: [o_proj, q_proj], "
+                    "init: gaussian, adapter: /adapters/run1")}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(WithLora(fields), "");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const std::string yaml = JobSpecToYaml(*spec);
+    absl::StatusOr<JobSpec> again = ParseJobSpec(yaml, "");
+    ASSERT_TRUE(again.ok()) << again.status() << "\n" << yaml;
+    EXPECT_EQ(again->lora.rank, spec->lora.rank);
+    EXPECT_EQ(again->lora.alpha, spec->lora.alpha);
+    EXPECT_EQ(again->lora.rslora, spec->lora.rslora);
+    EXPECT_EQ(again->lora.target_modules, spec->lora.target_modules);
+    EXPECT_EQ(again->lora.init, spec->lora.init);
+    EXPECT_EQ(again->lora_adapter, spec->lora_adapter);
+    EXPECT_EQ(JobSpecToYaml(*again), yaml);
+    EXPECT_EQ(again->Fingerprint(), spec->Fingerprint());
+  }
+}
+
 TEST(JobSpecTest, GenerateJobParsesResolvesItsPathsAndRoundTrips) {
   TempDir dir;
   absl::StatusOr<JobSpec> spec = ParseJobSpec(
@@ -922,6 +1037,30 @@ TEST(JobSpecFingerprintTest, ChangesWithSeqLenButNotWithSteps) {
   EXPECT_NE(base, parse("  seq_len: 128\n", "steps: 10"));
   EXPECT_NE(base, parse("  seq_len: 64\n", "micro_batches: 2"));
   EXPECT_NE(base, parse("  seq_len: 64\n  seed: 9\n", "steps: 10"));
+}
+
+// A checkpoint of other adapters (or of none) is not resumed; a job without them keeps the
+// fingerprint it had before adapters were a field.
+TEST(JobSpecFingerprintTest, ChangesWithTheLoraSetup) {
+  TempDir dir;
+  auto parse = [&](const std::string& lora) {
+    return TinyFingerprint(dir.path(), "", "steps: 10\nlora: {" + lora + "}");
+  };
+  const std::string plain = TinyFingerprint(dir.path(), "", "steps: 10");
+  ASSERT_FALSE(plain.empty());
+  EXPECT_EQ(plain.find("\"lora_"), std::string::npos);
+  const std::string base = parse("rank: 16");
+  ASSERT_FALSE(base.empty());
+  EXPECT_NE(base, plain);
+  EXPECT_EQ(base, parse("rank: 16, alpha: 32"));
+  EXPECT_NE(base, parse("rank: 8"));
+  EXPECT_NE(base, parse("rank: 16, alpha: 16"));
+  EXPECT_NE(base, parse("rank: 16, rslora: true"));
+  EXPECT_NE(base, parse("rank: 16, target_modules: [q_proj]"));
+  EXPECT_NE(base, parse("rank: 16, init: gaussian"));
+  EXPECT_NE(base, parse("rank: 16, adapter: /adapters/run1"));
+  EXPECT_THAT(FingerprintDifferences(base, parse("rank: 8")),
+              ElementsAre("lora.alpha (32.0 there, 16.0 here)", "lora.rank (16 there, 8 here)"));
 }
 
 // A resume refused for another job's checkpoints says which fields differ, as the spec
