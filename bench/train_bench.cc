@@ -206,6 +206,8 @@ int main(int argc, char** argv) {
   bool plan_only = false, no_optimizer = false, calibrate = false, eval = false;
   std::string timeline_path, state_dtype = "fp32", bf16_copy = "auto", nvme_dir;
   int64_t nvme_layers = -1;
+  LoraConfig lora;
+  std::vector<std::string> freeze;
   app.add_option("--backend", backend);
   app.add_option("--state-dtype", state_dtype, "AdamW moments: fp32 | bf16 | int8");
   app.add_option("--nvme-dir", nvme_dir, "the NVMe tier: a folder for layers' moments");
@@ -240,6 +242,11 @@ int main(int argc, char** argv) {
   app.add_flag("--no-optimizer", no_optimizer,
                "discard the gradients (no CPU AdamW): the step's GPU and PCIe alone");
   app.add_option("--max-grad-norm", max_grad_norm, "global-norm clipping (0 = off)");
+  app.add_option("--lora-rank", lora.rank, "LoRA adapters of this rank, the base frozen (0: none)");
+  app.add_option("--lora-alpha", lora.alpha, "LoRA's alpha (default: 2 x rank)");
+  app.add_option("--lora-targets", lora.target_modules,
+                 "PEFT module names (default: every projection; the attention's for MoE)");
+  app.add_option("--freeze", freeze, "train.freeze patterns");
   app.add_option("--micro-batch-rows", micro_rows, "0 = the planner's choice");
   app.add_option("--k", k, "activation checkpoint interval; 0 = the planner's choice");
   app.add_option("--checkpoints", checkpoints, "auto | device | host");
@@ -321,6 +328,17 @@ int main(int argc, char** argv) {
   request.bf16_copy = *copy;
   request.nvme_dir = nvme_dir;
   request.nvme_layers = nvme_dir.empty() ? 0 : nvme_layers;
+  if (lora.rank > 0 && lora.alpha <= 0) lora.alpha = 2.0 * lora.rank;
+  if (lora.rank > 0 && lora.target_modules.empty() && c.is_moe()) {
+    lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  }
+  absl::StatusOr<ModelLayout> trained_layout = TrainingLayout(c, lora, freeze);
+  if (!trained_layout.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(trained_layout.status().message()).c_str());
+    return 2;
+  }
+  request.lora = lora;
+  request.freeze = freeze;
   request.config = c;
   request.seq_len = seq;
   request.rows_per_step = tokens / seq;
@@ -377,7 +395,7 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  const ModelLayout layout = BuildLayout(c);
+  const ModelLayout& layout = *trained_layout;
   StoreOptions store_options;
   store_options.moments = moments;
   store_options.bf16_copy = plan->bf16_copy;
@@ -391,6 +409,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   RandomInitWeights(c, 1, store->get());
+  InitLoraAdapters(LoraInit::kDefault, 1, store->get());
   std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(
       GradSlabsNeeded(layout, max_grad_norm > 0), GradSlabElements(layout)));
   if (!(*be)->PinHostRange((*store)->transfer_base(), (*store)->transfer_bytes()).ok() ||

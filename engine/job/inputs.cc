@@ -15,6 +15,7 @@
 #include "engine/data/line_reader.h"
 #include "engine/job/eval_set.h"
 #include "engine/model/freeze.h"
+#include "engine/model/lora.h"
 #include "engine/model/layout.h"
 #include "engine/model/safetensors.h"
 #include "engine/store/model_io.h"
@@ -230,8 +231,16 @@ absl::Status ValidateJobInputs(const JobSpec& spec) {
   }
   // A generate or eval job's prompts are read whole when it is planned.
   if (spec.kind != JobKind::kTrain) return absl::OkStatus();
-  ModelLayout layout = BuildLayout(config);
-  RETURN_IF_ERROR(FreezeTensors(spec.freeze, &layout));
+  RETURN_IF_ERROR(TrainingLayout(config, spec.lora, spec.freeze).status());
+  if (!spec.lora_adapter.empty()) {  // its config, from the folder's own file
+    absl::StatusOr<LoraConfig> adapter = ReadPeftAdapterConfig(spec.lora_adapter);
+    if (!adapter.ok()) return Annotate(adapter.status(), "lora.adapter");
+    if (adapter->rank != spec.lora.rank) {
+      return absl::InvalidArgumentError(absl::StrCat("lora.adapter ", spec.lora_adapter,
+                                                     " has r ", adapter->rank,
+                                                     "; lora.rank is ", spec.lora.rank));
+    }
+  }
   std::string tokenizer_dir;
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir));
   RETURN_IF_ERROR(CheckFirstLines(spec, "data", *tokenizer, tokenizer_dir, config.vocab_size));

@@ -13,6 +13,7 @@
 #include "engine/job/eval_set.h"
 #include "engine/job/inputs.h"
 #include "engine/model/freeze.h"
+#include "engine/model/lora.h"
 #include "engine/model/layout.h"
 #include "engine/store/model_io.h"
 
@@ -50,6 +51,7 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.nvme_layers = spec.nvme_dir.empty() ? 0 : spec.nvme_layers;
   r.eval_rows = spec.eval.path.empty() ? 0 : (spec.eval.max_rows > 0 ? spec.eval.max_rows : -1);
   r.freeze = spec.freeze;
+  r.lora = spec.lora;
   return r;
 }
 
@@ -81,13 +83,24 @@ absl::StatusOr<std::optional<TrainerState>> ResumeState(const JobSpec& spec,
 }
 
 absl::StatusOr<std::string> DescribeFrozen(const JobSpec& spec, const ModelConfig& config) {
-  if (spec.freeze.empty()) return std::string();
-  ModelLayout layout = BuildLayout(config);
-  RETURN_IF_ERROR(FreezeTensors(spec.freeze, &layout));
+  if (spec.freeze.empty() && spec.lora.rank == 0) return std::string();
+  ASSIGN_OR_RETURN(const ModelLayout layout, TrainingLayout(config, spec.lora, spec.freeze));
+  std::string out;
+  if (spec.lora.rank > 0) {
+    int64_t adapters = 0;
+    for (const UnitLayout& unit : layout.units) {
+      for (const TensorSlot& t : unit.tensors) adapters += IsLora(t) ? t.num_elements : 0;
+    }
+    out = absl::StrFormat(
+        "lora       rank %d, alpha %g (scale %.4g%s): %.2fM adapter parameters trained, %.3f%% "
+        "of the model's\n",
+        spec.lora.rank, spec.lora.alpha, spec.lora.Scale(), spec.lora.rslora ? ", rsLoRA" : "",
+        adapters / 1e6, 100.0 * adapters / static_cast<double>(layout.TotalElements()));
+  }
   int64_t tensors = 0, elements = 0, with_state = 0;
   for (const UnitLayout& unit : layout.units) {
     for (const TensorSlot& t : unit.tensors) {
-      if (t.trainable) continue;
+      if (t.trainable || IsLora(t)) continue;
       ++tensors;
       elements += t.num_elements;
       if (unit.HasState(t)) with_state += t.num_elements;
@@ -98,10 +111,11 @@ absl::StatusOr<std::string> DescribeFrozen(const JobSpec& spec, const ModelConfi
     between = absl::StrFormat(" (%.2fM between trainable tensors of a layer keep an unused fp32 "
                               "state)", with_state / 1e6);
   }
-  return absl::StrFormat(
-      "frozen     %d tensors, %.2fM of %.2fM parameters (train.freeze): bf16 alone, never "
-      "updated, no gradient%s\n",
-      tensors, elements / 1e6, layout.TotalElements() / 1e6, between);
+  return out + absl::StrFormat(
+                   "frozen     %d tensors, %.2fM of %.2fM parameters (%s): bf16 alone, never "
+                   "updated, no gradient%s\n",
+                   tensors, elements / 1e6, layout.TotalElements() / 1e6,
+                   spec.lora.rank > 0 ? "the base of the adapters" : "train.freeze", between);
 }
 
 absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
@@ -195,8 +209,7 @@ absl::Status SetUpStore(const JobSpec& spec, JobParts* p) {
   store_options.moments = spec.state_dtype;
   store_options.bf16_copy = p->plan.bf16_copy;
   store_options.nvme_dir = spec.nvme_dir;
-  ModelLayout layout = BuildLayout(p->config);
-  RETURN_IF_ERROR(FreezeTensors(spec.freeze, &layout));
+  ASSIGN_OR_RETURN(const ModelLayout layout, TrainingLayout(p->config, spec.lora, spec.freeze));
   for (int64_t l = p->config.num_layers - p->plan.nvme_layers; l < p->config.num_layers; ++l) {
     const UnitLayout& unit = layout.units[layout.DecoderUnit(l)];
     const auto [begin, end] = unit.StateRange();
@@ -235,13 +248,27 @@ absl::Status SetUpPipelines(const JobSpec& spec, JobParts* p) {
                             pipeline_options, spec.max_grad_norm > 0);
 }
 
+// The model's weights: the model folder's, else random (model.init_seed).
+absl::Status LoadBase(const JobSpec& spec, const ModelConfig& config, HostStore* store) {
+  if (spec.model_path.empty()) {
+    RandomInitWeights(config, spec.init_seed, store);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(ModelTensorReader reader, ModelTensorReader::OpenFolder(spec.model_path));
+  return LoadWeights(reader, store);
+}
+
 // The weights and the trainer state: from checkpoint.dir's newest checkpoint (`newest`),
-// which must be this job's, else the model folder's, else random (model.init_seed).
+// which must be this job's, else the model folder's, else random (model.init_seed); a
+// LoRA job's adapters from lora.adapter, else drawn (model.init_seed).
 absl::Status Restore(const JobSpec& spec, const std::string& newest, JobParts* p) {
   TrainerState& state = p->state;
   state.data_seed = spec.data_seed;
   state.init_seed = spec.init_seed;
   state.spec_fingerprint = spec.Fingerprint();
+  // A LoRA job's checkpoints hold its adapters alone: the base is the model's, always.
+  const bool adapters = HasLora(p->store->layout());
+  if (newest.empty() || adapters) RETURN_IF_ERROR(LoadBase(spec, p->config, p->store.get()));
   if (!newest.empty()) {
     TrainerState saved;
     RETURN_IF_ERROR(Annotate(LoadCheckpoint(newest, p->store.get(), &saved),
@@ -253,11 +280,10 @@ absl::Status Restore(const JobSpec& spec, const std::string& newest, JobParts* p
     state = saved;
     p->resumed_from_step = saved.step;
     p->last_saved_step = saved.step;
-  } else if (!spec.model_path.empty()) {
-    ASSIGN_OR_RETURN(ModelTensorReader reader, ModelTensorReader::OpenFolder(spec.model_path));
-    RETURN_IF_ERROR(LoadWeights(reader, p->store.get()));
-  } else {
-    RandomInitWeights(p->config, spec.init_seed, p->store.get());
+  } else if (adapters && !spec.lora_adapter.empty()) {
+    RETURN_IF_ERROR(LoadLoraAdapter(spec.lora_adapter, spec.lora, p->store.get()));
+  } else if (adapters) {
+    InitLoraAdapters(spec.lora.init, spec.init_seed, p->store.get());
   }
   state.micro_batch_rows = p->plan.micro_batch_rows;  // what this run's checkpoints record
   state.mlp_tile_tokens = p->plan.mlp_tile_tokens;

@@ -5,6 +5,7 @@
 
 #include "engine/common/status.h"
 #include "engine/job/eval_set.h"
+#include "engine/model/lora.h"
 #include "engine/optim/schedule.h"
 
 namespace megatrain {
@@ -42,6 +43,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec,
   checkpoints.files.max_shard_bytes = static_cast<uint64_t>(spec.max_shard_bytes);
   checkpoints.files.tokenizer_dir = p.tokenizer_dir;
   checkpoints.files.moments = p.store->moment_dtype();
+  if (HasLora(p.store->layout())) {  // its checkpoints are PEFT adapter folders
+    checkpoints.files.adapter_config =
+        PeftAdapterConfigJson(p.store->layout(), spec.lora, spec.model_path);
+  }
   t->checkpoints_ = std::make_unique<JobCheckpoints>(checkpoints, &p.config, p.store.get(),
                                                      p.optimizer.get(), p.last_saved_step);
   return t;

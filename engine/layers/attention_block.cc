@@ -93,11 +93,16 @@ void AttentionBlock::UseScratch(const AttentionActs& scratch, AttentionActs* a) 
   a->lora_dt = scratch.lora_dt;
 }
 
-void AttentionBlock::AddWork(int64_t n, int64_t seq_len, int64_t act_bytes,
-                             LayerWork* work) const {
+void AttentionBlock::AddWork(const UnitLayout& unit, int64_t n, int64_t seq_len,
+                             int64_t act_bytes, LayerWork* work) const {
   const int64_t hd = config_.num_heads * config_.head_dim, C = config_.hidden_size;
-  work->matmuls.push_back({C, qkv_dim_});
-  work->matmuls.push_back({hd, C});
+  MatmulShape qkv{C, qkv_dim_}, o{hd, C};
+  qkv.frozen = !unit.AnyTrainable({TensorRole::kQ, TensorRole::kK, TensorRole::kV});
+  o.frozen = !unit.AnyTrainable({TensorRole::kOProj});
+  work->matmuls.push_back(qkv);
+  work->matmuls.push_back(o);
+  for (int i = 0; i < 3; ++i) AddLoraWork(unit, LoraTargetRole(i), C, QkvWidth(i), work);
+  AddLoraWork(unit, TensorRole::kOProj, hd, C, work);
   // 4 hd FLOPs per visible (query, key) pair: L/2 keys per query on average in a causal
   // document of L tokens, W - W^2/(2L) under a window of W < L.
   const double L = static_cast<double>(std::min(seq_len, n)), W = static_cast<double>(window_);

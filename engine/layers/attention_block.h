@@ -81,8 +81,10 @@ class AttentionBlock {
   void CarveScratch(Carver& c, int64_t n, AttentionActs* a) const;
   void UseScratch(const AttentionActs& scratch, AttentionActs* a) const;
 
-  // The matmuls, attention FLOPs and elementwise bytes of the half, added to `work`.
-  void AddWork(int64_t n, int64_t seq_len, int64_t act_bytes, LayerWork* work) const;
+  // The matmuls, attention FLOPs and elementwise bytes of the half, added to `work`
+  // (`unit`: the layer's layout, for frozen projections and adapters).
+  void AddWork(const UnitLayout& unit, int64_t n, int64_t seq_len, int64_t act_bytes,
+               LayerWork* work) const;
 
   // a.x2 = x + attention(RMSNorm(x)); intermediates to `a`. With a KV cache (generation):
   // the tokens' keys and values are written to it, and a decode batch (batch.kv_length)

@@ -100,11 +100,15 @@ DecoderSaved DecoderLayer::SavedOf(const LayerCall& call) const {
 LayerWork DecoderLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) const {
   const int64_t C = config_.hidden_size, I = config_.intermediate_size;
   LayerWork w;
-  attention_.AddWork(n, seq_len, act_bytes, &w);
+  attention_.AddWork(unit_, n, seq_len, act_bytes, &w);
   // Tiled: GEMMs of a tile's rows each, and gate|up again in every backward (kept or not).
   const int64_t tiles = (n + Tile(n) - 1) / Tile(n);
-  w.matmuls.push_back({C, 2 * I, 1, tiles, /*rebuilt=*/tiles > 1});
-  w.matmuls.push_back({I, C, 1, tiles});
+  w.matmuls.push_back({C, 2 * I, 1, tiles, /*rebuilt=*/tiles > 1,
+                       !unit_.AnyTrainable({TensorRole::kGate, TensorRole::kUp})});
+  w.matmuls.push_back({I, C, 1, tiles, false, !unit_.AnyTrainable({TensorRole::kDown})});
+  AddLoraWork(unit_, TensorRole::kGate, C, I, &w);
+  AddLoraWork(unit_, TensorRole::kUp, C, I, &w);
+  AddLoraWork(unit_, TensorRole::kDown, I, C, &w);
   // Per token: the norm reads x2 and writes h2, SwiGLU reads gate and up and writes a, the
   // residual reads and writes C. Rebuild: the norm and the SwiGLU again.
   w.elementwise_bytes += static_cast<double>(act_bytes) * n * (4 * C + 3 * I);

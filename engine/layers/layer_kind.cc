@@ -56,6 +56,13 @@ void* TensorAt(const UnitLayout& unit, void* base, TensorRole role, DType dtype)
   return off < 0 ? nullptr : Offset(base, off, dtype);
 }
 
+void AddLoraWork(const UnitLayout& unit, TensorRole base, int64_t in, int64_t out,
+                 LayerWork* work) {
+  if (unit.FindLora(base, TensorRole::kLoraA) == nullptr) return;
+  work->matmuls.push_back({in, unit.lora_rank});
+  work->matmuls.push_back({unit.lora_rank, out});
+}
+
 void* UnlessFrozen(const UnitLayout& unit, void* grad, std::initializer_list<TensorRole> roles) {
   return unit.AnyTrainable(roles) ? grad : nullptr;
 }

@@ -70,7 +70,9 @@ struct MatmulShape {
   int64_t rows_per_token = 1;
   int64_t groups = 1;
   bool rebuilt = false;  // a kept layer's Rebuild or Backward runs it again (its forward)
+  bool frozen = false;   // no weight gradient: backward is once (dx), not twice
 };
+
 
 
 // A layer's forward over n tokens, as work the planner times with the machine's rates.
@@ -81,6 +83,10 @@ struct LayerWork {
   double elementwise_bytes = 0;      // norms, RoPE, activation, residuals (backward: 2x)
   double rebuild_bytes = 0;          // a kept layer's rebuild of what it did not keep
 };
+// The matmuls of a LoRA adapter beside a projection (in -> out) of `unit`, when it has
+// one: x A^T (in -> r) and t B^T (r -> out), to add to a kind's work.
+void AddLoraWork(const UnitLayout& unit, TensorRole base, int64_t in, int64_t out,
+                 LayerWork* work);
 
 class LayerKind {
  public:

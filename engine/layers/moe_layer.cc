@@ -107,10 +107,14 @@ MoeActs MoeLayer::ActsOf(const LayerCall& call) const {
 LayerWork MoeLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) const {
   const int64_t C = config_.hidden_size;
   LayerWork w;
-  attention_.AddWork(n, seq_len, act_bytes, &w);
-  w.matmuls.push_back({C, E_});
-  w.matmuls.push_back({C, 2 * I_, k_, E_});
-  w.matmuls.push_back({I_, C, k_, E_});
+  attention_.AddWork(unit_, n, seq_len, act_bytes, &w);
+  const bool experts_frozen =
+      !unit_.AnyTrainable({TensorRole::kExpertGate, TensorRole::kExpertUp,
+                           TensorRole::kExpertGateUpT});
+  w.matmuls.push_back({C, E_, 1, 1, false, !unit_.AnyTrainable({TensorRole::kRouter})});
+  w.matmuls.push_back({C, 2 * I_, k_, E_, false, experts_frozen});
+  w.matmuls.push_back({I_, C, k_, E_, false,
+                       !unit_.AnyTrainable({TensorRole::kExpertDown, TensorRole::kExpertDownT})});
   // Per token: the norm (read x2, write h2), the gather (k rows of C each way), SwiGLU (k
   // times 3I), the combine (k rows read, the residual read and written). Rebuild: the
   // norm, the gather and the SwiGLU again.

@@ -9,7 +9,7 @@
 #include "engine/common/check.h"
 #include "engine/common/status.h"
 #include "engine/layers/layer_kind.h"
-#include "engine/model/freeze.h"
+#include "engine/model/lora.h"
 #include "engine/model/layout.h"
 #include "engine/plan/step_memory.h"
 #include "engine/store/grad_slab_pool.h"
@@ -51,7 +51,7 @@ LayerTimes LayerKernelSeconds(const LayerKind& kind, const MachineProfile& p, in
     const double fwd = flops / rate(false);
     t.forward += fwd;
     if (m.rebuilt) t.rebuild += fwd;
-    t.backward += 2 * flops / rate(true);
+    t.backward += (m.frozen ? 1 : 2) * flops / rate(true);
   }
   const double attn = work.attention_flops;
   const int64_t D = work.attention_head_dim;
@@ -108,9 +108,9 @@ namespace {
 
 // The request's model as the job lays it out: its frozen tensors marked.
 ModelLayout LayoutOf(const PlanRequest& r) {
-  ModelLayout layout = BuildLayout(r.config);
-  MT_CHECK_MSG(FreezeTensors(r.freeze, &layout).ok(), "plan: train.freeze was not checked");
-  return layout;
+  absl::StatusOr<ModelLayout> layout = TrainingLayout(r.config, r.lora, r.freeze);
+  MT_CHECK_MSG(layout.ok(), "plan: train.freeze or lora was not checked");
+  return *std::move(layout);
 }
 
 // What every stage of a prediction reads: the model's and the plan's sizes.
@@ -125,10 +125,44 @@ struct PlanShape {
   int64_t trained = 0;          // of them, those with optimizer state (StateRange): the
                                 // gradients drained and updated
   int64_t store_bytes = 0;      // the host store: bf16 weights where kept, master, moments
+  // Of the matmul parameters a token passes through (MoE: the active ones), the frozen
+  // (no weight gradient: 4 FLOPs a parameter and token, not 6) and the adapters'.
+  double frozen_matmul = 0, adapter_matmul = 0;
   int64_t layer_n = 0, embed_n = 0, head_n = 0;  // the largest layer's, the embedding's, the head's
   int64_t num_ckpt = 0;         // layer-input checkpoints
   int64_t ckpt_bytes = 0;       // one checkpoint, all micro-batches
 };
+
+// The shape's parameter counts: every unit's, those with state and what the store keeps
+// of them, and the frozen and adapter matmul parameters a token passes through.
+void CountParameters(const PlanRequest& r, const ModelLayout& layout, bool bf16_copy,
+                     PlanShape* x) {
+  const ModelConfig& c = r.config;
+  const double active = c.is_moe() ? static_cast<double>(c.moe.experts_per_token) /
+                                         static_cast<double>(c.moe.num_experts)
+                                   : 1.0;
+  for (const UnitLayout& u : layout.units) {
+    for (const TensorSlot& t : u.tensors) {
+      const bool expert = t.expert >= 0 || t.role == TensorRole::kExpertGateUpT ||
+                          t.role == TensorRole::kExpertDownT;
+      const bool matrix = t.shape.size() >= 2 && t.role != TensorRole::kEmbedding;
+      if (IsLora(t)) {
+        x->adapter_matmul += t.num_elements;
+      } else if (matrix && !t.trainable) {
+        x->frozen_matmul += t.num_elements * (expert ? active : 1.0);
+      } else if (t.role == TensorRole::kEmbedding && !t.trainable && c.tie_word_embeddings) {
+        x->frozen_matmul += t.num_elements;  // the tied lm_head
+      }
+    }
+    const auto [begin, end] = u.StateRange();
+    const bool bf16 = bf16_copy || end - begin != u.num_elements;  // HostStore's rule
+    x->total += u.num_elements;
+    x->trained += end - begin;
+    x->store_bytes += static_cast<int64_t>(
+        (bf16 ? 2.0 * u.num_elements : 0.0) +
+        (end - begin) * (4.0 + MomentBytesPerParameter(r.moments)));
+  }
+}
 
 PlanShape ShapeOf(const PlanRequest& r, Backend* backend, const ModelLayout& layout,
                   const Plan& plan) {
@@ -145,14 +179,7 @@ PlanShape ShapeOf(const PlanRequest& r, Backend* backend, const ModelLayout& lay
   x.sharded = x.N > 1 && r.reduce_on_devices;
   x.act = DTypeSize(backend->act_dtype());
   x.gsize = DTypeSize(backend->grad_dtype());
-  for (const UnitLayout& u : layout.units) {
-    const auto [begin, end] = u.StateRange();
-    const bool bf16 = plan.bf16_copy || end - begin != u.num_elements;  // HostStore's rule
-    x.total += u.num_elements;
-    x.trained += end - begin;
-    x.store_bytes += static_cast<int64_t>((bf16 ? 2.0 * u.num_elements : 0.0) +
-                                          (end - begin) * (4.0 + MomentBytesPerParameter(r.moments)));
-  }
+  CountParameters(r, layout, plan.bf16_copy, &x);
   x.layer_n = layout.MaxDecoderElements();
   x.embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
   x.head_n = layout.units[layout.HeadUnit()].num_elements;
@@ -426,7 +453,8 @@ void CountFlops(const PlanRequest& r, const PlanShape& x, Plan* plan) {
     const double W = static_cast<double>(c.AttentionWindow(l));
     span += W > 0 && W < seq ? 2 * (W - W * W / (2 * seq)) : seq;
   }
-  s.model_flops = 6.0 * MatmulParameters(c) * tokens +
+  s.model_flops = (6.0 * MatmulParameters(c) - 2.0 * x.frozen_matmul + 6.0 * x.adapter_matmul) *
+                      tokens +
                   6.0 * span * c.num_heads * c.head_dim * tokens;
   // Hardware: the forward runs (2 + (K-1)/K) times per layer, the head once.
   // A layer's matmul parameters one token passes through (MoE: the active ones).

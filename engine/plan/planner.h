@@ -29,6 +29,7 @@
 #include "engine/common/backend.h"
 #include "engine/engine.h"
 #include "engine/model/config.h"
+#include "engine/model/lora.h"
 #include "engine/plan/machine_profile.h"
 #include "engine/plan/step_memory.h"  // PipelineOptions
 
@@ -44,6 +45,7 @@ struct PlanRequest {
   // train.freeze (freeze.h): those tensors are bf16 alone, with no state, gradient or
   // download. REQUIRES: valid patterns (a job's inputs are checked before it is planned).
   std::vector<std::string> freeze;
+  LoraConfig lora;  // lora: adapters beside a frozen base (rank 0: none), model/lora.h
   int64_t seq_len = 0;
   int64_t rows_per_step = 0;        // sequences per optimizer step
   bool clipping = true;             // global-norm clipping (max_grad_norm > 0)

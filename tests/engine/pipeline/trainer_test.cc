@@ -270,6 +270,74 @@ TEST(Trainer, ResumeWithFrozenTensorsIsBitExact) {
   }
 }
 
+// lora: the adapters train and the base does not change a bit; the plan says so; the
+// checkpoints are PEFT adapter folders and resume exactly in a new process; lora.adapter
+// starts a new job from one.
+TEST(Trainer, LoraJobTrainsItsAdaptersAloneAndResumesExactly) {
+  const std::string dir = TempDir("lora");
+  WriteFile(dir + "/data.jsonl", kText);
+  const std::string lora = "lora: {rank: 4, alpha: 8}\n";
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Make(dir, Spec(dir, 4, "", lora));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_NE((*t)->plan_text().find("lora       rank 4, alpha 8 (scale 2)"), std::string::npos)
+      << (*t)->plan_text();
+  const HostStore& store = (*t)->store();
+  std::vector<std::vector<uint16_t>> before;
+  for (int64_t u = 0; u < store.num_units(); ++u) before.push_back(Bf16Of(store, u));
+  std::vector<double> losses;
+  while (!(*t)->done()) {
+    absl::StatusOr<StepReport> r = (*t)->Step();
+    ASSERT_TRUE(r.ok()) << r.status();
+    losses.push_back(r->loss);
+  }
+  EXPECT_LT(losses.back(), losses.front());
+  ASSERT_TRUE((*t)->SaveCheckpointTo(dir + "/ckpt").ok());  // the updates applied
+  int adapters = 0;
+  for (int64_t u = 0; u < store.num_units(); ++u) {
+    const std::vector<uint16_t> now = Bf16Of(store, u);
+    for (const TensorSlot& slot : store.layout().units[u].tensors) {
+      const bool same = std::equal(now.begin() + slot.offset,
+                                   now.begin() + slot.offset + slot.num_elements,
+                                   before[u].begin() + slot.offset);
+      if (slot.role == TensorRole::kLoraB) ++adapters;
+      if (slot.role == TensorRole::kLoraB || slot.role == TensorRole::kLoraA) {
+        EXPECT_FALSE(same) << slot.name << " did not train";
+      } else {
+        EXPECT_TRUE(same) << slot.name << " is the base";
+      }
+    }
+  }
+  EXPECT_EQ(adapters, 7 * 2);
+
+  WriteFile(dir + "/straight.yaml", Spec(dir, 6, "", lora + "checkpoint: {dir: straight}\n"));
+  WriteFile(dir + "/split.yaml", Spec(dir, 6, "", lora + "checkpoint: {dir: split}\n"));
+  const std::string bin = MEGATRAIN_TRAIN_BIN;
+  ASSERT_EQ(std::system((bin + " " + dir + "/straight.yaml > /dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((bin + " " + dir + "/split.yaml --max-steps 3 > /dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((bin + " " + dir + "/split.yaml > /dev/null").c_str()), 0);
+  // adapter config and tensors, 3 optimizer parts, trainer state, config
+  EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-6", dir + "/split/checkpoint-6"), 6);
+  EXPECT_TRUE(fs::exists(dir + "/split/checkpoint-6/adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/split/checkpoint-6/adapter_config.json"));
+  EXPECT_FALSE(fs::exists(dir + "/split/checkpoint-6/model.safetensors"));
+
+  // A new job from that adapter starts with its weights.
+  absl::StatusOr<std::unique_ptr<Trainer>> next = Make(
+      dir, Spec(dir, 1, "", "lora: {rank: 4, alpha: 8, adapter: straight/checkpoint-6}\n"));
+  ASSERT_TRUE(next.ok()) << next.status();
+  absl::StatusOr<std::unique_ptr<Trainer>> resumed =
+      Make(dir, Spec(dir, 6, "", lora + "checkpoint: {dir: straight}\n"));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  for (int64_t u = 0; u < store.num_units(); ++u) {
+    EXPECT_EQ(Bf16Of((*next)->store(), u), Bf16Of((*resumed)->store(), u)) << "unit " << u;
+  }
+  absl::StatusOr<std::unique_ptr<Trainer>> wrong = Make(
+      dir, Spec(dir, 1, "", "lora: {rank: 8, adapter: straight/checkpoint-6}\n"));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("has r 4; lora.rank is 8"), std::string::npos)
+      << wrong.status();
+}
+
 TEST(Trainer, DataParallelNeedsAnEqualShareForEveryDevice) {
   const std::string dir = TempDir("dp_share");
   WriteFile(dir + "/data.jsonl", kText);
