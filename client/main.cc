@@ -3,11 +3,17 @@
 // Defines the command line with CLI11, builds the Context from the global options and
 // runs one subcommand (commands.h). CLI11 reports bad usage by throwing; those exceptions
 // are caught here, the only place in the client that sees any, and become exit code 2.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "client/commands.h"
@@ -36,6 +42,7 @@ struct CommandLine {
   TokenArgs token;
   AuditArgs audit;
   GenerateArgs generate;  // generate and eval
+  std::vector<std::string> merge;  // BASE ADAPTER OUT
 };
 
 // What the environment says, read once in main(): "" for a variable unset.
@@ -245,7 +252,36 @@ void DefineCommandLine(CLI::App& app, CommandLine& cl) {
   audit->add_option("--user", cl.audit.user, "only this user's calls");
   audit->add_option("--job", cl.audit.job_id, "only calls about this job");
   app.add_subcommand("usage", "fair share: each user's recent GPU hours, jobs and limits");
+  app.add_subcommand("merge",
+                     "merge a LoRA adapter (a PEFT folder: a LoRA job's checkpoint) into its "
+                     "base model, here, as you; runs megatrain-merge")
+      ->add_option("base adapter out", cl.merge, "BASE ADAPTER OUT: the base model folder, the "
+                   "adapter folder, and a new folder for the merged model (bf16)")
+      ->expected(3)
+      ->required();
   app.footer(Footer());
+}
+
+// megatrain-merge beside this binary (an install, a bundle), else in a build tree's
+// engine/tools, else on PATH; exec'd with the arguments. Returns only when it cannot run.
+int RunMerge(const std::vector<std::string>& args) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::string tool = "megatrain-merge";
+  for (const char* rel : {"megatrain-merge", "../engine/tools/megatrain-merge"}) {
+    const std::filesystem::path candidate = self.parent_path() / rel;
+    if (!ec && ::access(candidate.c_str(), X_OK) == 0) {
+      tool = candidate.string();
+      break;
+    }
+  }
+  std::vector<char*> argv = {const_cast<char*>(tool.c_str())};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(tool.c_str(), argv.data());
+  std::fprintf(stderr, "error: megatrain merge runs %s, which cannot run: %s\n", tool.c_str(),
+               std::strerror(errno));
+  return kExitInternal;
 }
 
 int Dispatch(const Context& ctx, const CommandLine& cl) {
@@ -286,6 +322,7 @@ int Run(int argc, char** argv, const Environment& env) {
       cl.token.action = app.get_subcommands().front()->get_subcommands().front()->get_name();
     }
     cl.timeout_given = app.get_option("--timeout")->count() > 0;
+    if (cl.command == "merge") return RunMerge(cl.merge);  // local: no daemon
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? kExitOk : kExitUsage;  // --help and --version exit 0
   } catch (const CLI::Error& e) {
