@@ -39,17 +39,38 @@ float* GradSlabPool::Acquire() {
 static_assert(kGradSlabMaxElements % kMomentBlock == 0 &&
               GradShardElements(kMomentBlock + 1, 3) % kMomentBlock == 0);
 
+namespace {
+// What a unit drains: its state range (frozen tensors outside it have no gradient).
+int64_t Drained(const UnitLayout& u) {
+  const auto [begin, end] = u.StateRange();
+  return end - begin;
+}
+
+int64_t MaxDrainedLayer(const ModelLayout& layout) {
+  int64_t m = 0;
+  for (const UnitLayout& u : layout.units) {
+    if (u.kind == UnitKind::kDecoder) m = std::max(m, Drained(u));
+  }
+  return m;
+}
+}  // namespace
+
 int64_t GradSlabElements(const ModelLayout& layout) {
-  const int64_t layer = (layout.MaxDecoderElements() + kMomentBlock - 1) / kMomentBlock * kMomentBlock;
-  return std::min(layer, kGradSlabMaxElements);
+  // A layer's, or (every layer frozen) the largest unit's, in pieces of at most the cap.
+  int64_t unit = MaxDrainedLayer(layout);
+  if (unit == 0) {
+    for (const UnitLayout& u : layout.units) unit = std::max(unit, Drained(u));
+  }
+  const int64_t elements = (std::max<int64_t>(1, unit) + kMomentBlock - 1) / kMomentBlock;
+  return std::min(elements * kMomentBlock, kGradSlabMaxElements);
 }
 
 int64_t GradSlabsNeeded(const ModelLayout& layout, bool clipping) {
   const int64_t slab = GradSlabElements(layout);
-  if (!clipping) return 2 * ((layout.MaxDecoderElements() + slab - 1) / slab);
+  if (!clipping) return std::max<int64_t>(2, 2 * ((MaxDrainedLayer(layout) + slab - 1) / slab));
   int64_t pieces = 0;
-  for (const UnitLayout& u : layout.units) pieces += (u.num_elements + slab - 1) / slab;
-  return pieces;
+  for (const UnitLayout& u : layout.units) pieces += (Drained(u) + slab - 1) / slab;
+  return std::max<int64_t>(1, pieces);
 }
 
 int64_t GradShardSlabElements(const ModelLayout& layout, int ranks) {
@@ -59,17 +80,19 @@ int64_t GradShardSlabElements(const ModelLayout& layout, int ranks) {
 int64_t GradShardSlabsNeeded(const ModelLayout& layout, bool clipping, int ranks) {
   const int64_t slab = GradShardSlabElements(layout, ranks);
   if (!clipping) {
-    const int64_t layer = layout.MaxDecoderElements();
-    return 2 * ((std::min(layer, GradShardElements(layer, ranks)) + slab - 1) / slab);
+    const int64_t layer = MaxDrainedLayer(layout);
+    const int64_t shard = std::min(layer, GradShardElements(layer, ranks));
+    return std::max<int64_t>(2, 2 * ((shard + slab - 1) / slab));
   }
   // The pieces of this rank's shard of each unit (the same count for every rank, up to
   // the last rank's shorter tail: count the first rank's).
   int64_t pieces = 0;
   for (const UnitLayout& u : layout.units) {
-    const int64_t shard = std::min(u.num_elements, GradShardElements(u.num_elements, ranks));
+    const int64_t n = Drained(u);
+    const int64_t shard = std::min(n, GradShardElements(n, ranks));
     pieces += (shard + slab - 1) / slab;
   }
-  return pieces;
+  return std::max<int64_t>(1, pieces);
 }
 
 int64_t GradSlabPool::IndexOf(const float* slab) const {

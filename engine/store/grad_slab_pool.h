@@ -16,8 +16,9 @@
 
 namespace megatrain {
 
-// The slab size for a model: its largest decoder layer, up to kGradSlabMaxElements (128
-// MiB of f32); larger units go in pieces. Pieces of a large layer overlap: the optimizer
+// The slab size for a model: the most a decoder layer drains (its state range: all of it
+// unless tensors are frozen), up to kGradSlabMaxElements (128 MiB of f32); larger units go
+// in pieces. Pieces of a large layer overlap: the optimizer
 // updates the first while the rest are still being copied out.
 constexpr int64_t kGradSlabMaxElements = int64_t{1} << 25;
 int64_t GradSlabElements(const ModelLayout& layout);
