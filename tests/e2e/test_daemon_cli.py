@@ -1700,5 +1700,69 @@ class GenerateJobTest(DaemonTestCase):
         self.assertLessEqual(len(c["ids"]), 4)
 
 
+class LoraJobTest(DaemonTestCase):
+    """A LoRA job end to end on the CPU: planned with its adapters and frozen base, trained
+    from a model folder, checkpointed as a PEFT adapter folder, merged into its base with
+    `megatrain merge`; bad LoRA requests are refused at submit naming the field."""
+
+    def lora_spec(self, steps=4, **lora):
+        spec = make_spec(steps=steps, checkpoint={"dir": "lora-ckpt"})
+        if not os.path.exists(os.path.join(self.tmp, "base")):
+            write_tiny_model(os.path.join(self.tmp, "base"), MODEL_CONFIG)
+        spec["model"] = {"path": "base"}
+        spec["lora"] = dict({"rank": 4, "alpha": 8}, **lora)
+        return spec
+
+    def test_a_lora_job_trains_checkpoints_a_peft_adapter_and_merges(self):
+        path = self.spec_file(self.lora_spec(), "lora.yaml")
+        plan = self.cli_ok("plan", path).stdout
+        self.assertRegex(plan, r"lora\s+rank 4, alpha 8 \(scale 2\): [\d.]+M adapter parameters")
+        self.assertRegex(plan, r"frozen\s+\d+ tensors.*the base of the adapters")
+
+        job_id = self.submit(self.lora_spec(), name="lora.yaml")
+        self.watch_ok(job_id)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        ckpt = job["last_checkpoint"]
+        self.assertFalse(os.path.exists(os.path.join(ckpt, "model.safetensors")))
+        with open(os.path.join(ckpt, "adapter_config.json")) as f:
+            config = json.load(f)
+        self.assertEqual((config["peft_type"], config["r"], config["lora_alpha"]), ("LORA", 4, 8))
+        header, _ = read_safetensors_header(os.path.join(ckpt, "adapter_model.safetensors"))
+        name = "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"
+        self.assertEqual((header[name]["dtype"], header[name]["shape"]), ("F32", [64, 4]))
+        self.assertEqual(len([t for t in header if t != "__metadata__"]), 2 * 7 * 2)
+
+        self.cli_ok("merge", "base", ckpt, "merged")
+        merged, _ = read_safetensors_header(os.path.join(self.tmp, "merged", "model.safetensors"))
+        self.assertEqual(merged["model.layers.1.mlp.down_proj.weight"]["shape"], [64, 160])
+        self.assertEqual(merged["model.layers.1.mlp.down_proj.weight"]["dtype"], "BF16")
+        self.assertFalse(any("lora" in t for t in merged))
+        r = self.cli("merge", "base", ckpt, "merged")  # the folder is in use now
+        self.assertEqual(r.returncode, EXIT_USAGE, r.stderr)
+        self.assertIn("merged exists", r.stderr)
+
+    def test_bad_lora_requests_are_refused_and_daemon_keeps_serving(self):
+        def refused(spec, code, *words):
+            path = self.spec_file(spec, "bad-lora.yaml")
+            r = self.cli("submit", path)
+            self.assertEqual(r.returncode, code, f"{r.stdout!r} {r.stderr!r}")
+            for w in words:
+                self.assertIn(w, r.stderr)
+
+        refused(self.lora_spec(rank=0), EXIT_USAGE, "lora.rank")
+        refused(self.lora_spec(rank=200), EXIT_USAGE, "lora.rank 200 is larger than")
+        refused(self.lora_spec(target_modules=["q_proj", "qkv"]), EXIT_USAGE,
+                "lora.target_modules[1] 'qkv'")
+        refused(self.lora_spec(dropout=0.1), EXIT_USAGE, "lora.dropout")
+        refused(self.lora_spec(adapter="no-such-adapter"), EXIT_NOT_FOUND, "lora.adapter")
+        moe = self.lora_spec(target_modules=["gate_proj"])
+        moe["model"] = {"config": MOE_CONFIG}
+        refused(moe, EXIT_USAGE, "lora.target_modules[0] 'gate_proj'", "experts")
+        self.assertEqual(self.cli_json("list").get("jobs", []), [])
+        job_id = self.submit(self.lora_spec(steps=1), name="lora.yaml")
+        self.watch_ok(job_id)
+
+
 if __name__ == "__main__":
     unittest.main()
