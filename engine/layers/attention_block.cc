@@ -32,9 +32,26 @@ AttentionTensors BindAttention(const UnitLayout& unit, void* base, DType dtype) 
   return t;
 }
 
-void NullFrozenAttentionGrads(const UnitLayout& unit, AttentionTensors* g) {
-  g->qkv = UnlessFrozen(unit, g->qkv, {TensorRole::kQ, TensorRole::kK, TensorRole::kV});
-  g->o_proj = UnlessFrozen(unit, g->o_proj, {TensorRole::kOProj});
+AttentionTensors BindAttentionGrads(const UnitLayout& unit, const GradViews& g) {
+  AttentionTensors t;
+  t.input_norm = g.Vector(unit.OffsetOf(TensorRole::kInputNorm));
+  t.qkv = UnlessFrozen(unit, g.Matrix(unit.OffsetOfFused({TensorRole::kQ, TensorRole::kK,
+                                                          TensorRole::kV})),
+                       {TensorRole::kQ, TensorRole::kK, TensorRole::kV});
+  t.qkv_bias = g.Vector(
+      unit.OffsetOfFused({TensorRole::kQBias, TensorRole::kKBias, TensorRole::kVBias}));
+  t.q_norm = g.Vector(unit.OffsetOf(TensorRole::kQNorm));
+  t.k_norm = g.Vector(unit.OffsetOf(TensorRole::kKNorm));
+  t.o_proj = UnlessFrozen(unit, g.Matrix(unit.OffsetOf(TensorRole::kOProj)), {TensorRole::kOProj});
+  t.o_bias = g.Vector(unit.OffsetOf(TensorRole::kOBias));
+  t.sinks = g.Vector(unit.OffsetOf(TensorRole::kSinks));
+  for (int i = 0; i < 4; ++i) {
+    const TensorSlot* a = unit.FindLora(LoraTargetRole(i), TensorRole::kLoraA);
+    if (a == nullptr) continue;
+    t.lora_a[i] = g.Matrix(a->offset);
+    t.lora_b[i] = g.Matrix(unit.FindLora(LoraTargetRole(i), TensorRole::kLoraB)->offset);
+  }
+  return t;
 }
 
 AttentionBlock::AttentionBlock(const ModelConfig& config, const UnitLayout& unit,

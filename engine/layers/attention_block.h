@@ -39,8 +39,8 @@ struct AttentionTensors {
 
 // The attention half's views of `unit`'s tensors from `base` (elements of `dtype`).
 AttentionTensors BindAttention(const UnitLayout& unit, void* base, DType dtype);
-// Gradient views: the frozen matrices' set to null (UnlessFrozen, layer_kind.h).
-void NullFrozenAttentionGrads(const UnitLayout& unit, AttentionTensors* grads);
+// The attention half's gradient views (GradViews, layer_kind.h): frozen matrices null.
+AttentionTensors BindAttentionGrads(const UnitLayout& unit, const GradViews& g);
 
 // Intermediates of one micro-batch of n tokens. Saved (Backward cannot rebuild them
 // cheaply): rstd1, q, k, v, rstd_q, rstd_k, o, lse, x2, and qkv with QK-norm (its backward

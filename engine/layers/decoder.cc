@@ -36,12 +36,22 @@ DecoderTensors DecoderLayer::BindWeights(void* slot) const {
   return Bind(slot, backend_->weight_dtype());
 }
 
-DecoderTensors DecoderLayer::BindGrads(void* grads) const {
-  DecoderTensors g = Bind(grads, backend_->grad_dtype());
-  NullFrozenAttentionGrads(unit_, &g.attn);
-  g.gate_up = UnlessFrozen(unit_, g.gate_up, {TensorRole::kGate, TensorRole::kUp});
-  g.down = UnlessFrozen(unit_, g.down, {TensorRole::kDown});
-  return g;
+DecoderTensors DecoderLayer::BindGrads(void* grads, void* discard) const {
+  const GradViews g(unit_, grads, discard, backend_->grad_dtype());
+  DecoderTensors t;
+  t.attn = BindAttentionGrads(unit_, g);
+  t.post_norm = g.Vector(unit_.OffsetOf(TensorRole::kPostNorm));
+  t.gate_up = UnlessFrozen(unit_, g.Matrix(unit_.OffsetOfFused({TensorRole::kGate, TensorRole::kUp})),
+                           {TensorRole::kGate, TensorRole::kUp});
+  t.down = UnlessFrozen(unit_, g.Matrix(unit_.OffsetOf(TensorRole::kDown)), {TensorRole::kDown});
+  for (int i = 0; i < 3; ++i) {
+    const TensorRole role = LoraTargetRole(4 + i);  // gate_proj, up_proj, down_proj
+    const TensorSlot* a = unit_.FindLora(role, TensorRole::kLoraA);
+    if (a == nullptr) continue;
+    t.lora_a[i] = g.Matrix(a->offset);
+    t.lora_b[i] = g.Matrix(unit_.FindLora(role, TensorRole::kLoraB)->offset);
+  }
+  return t;
 }
 
 int64_t DecoderLayer::WorkspaceBytes(int64_t n) const {
@@ -127,7 +137,7 @@ void DecoderLayer::Rebuild(const LayerCall& call, const void* x) const {
 }
 
 void DecoderLayer::Backward(const LayerCall& call, const void* x, void* dres) const {
-  Backward(BindWeights(const_cast<void*>(call.weights)), BindGrads(call.grads), x, dres,
+  Backward(BindWeights(const_cast<void*>(call.weights)), BindGrads(call.grads, call.grad_discard), x, dres,
            SavedOf(call), *call.batch, call.rope_inv_freq, call.stream);
 }
 

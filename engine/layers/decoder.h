@@ -78,7 +78,8 @@ class DecoderLayer final : public LayerKind {
 
   // Views of a weight slot (weight dtype) or gradient buffer (grad dtype).
   DecoderTensors BindWeights(void* slot) const;
-  DecoderTensors BindGrads(void* grads) const;
+  // LayerCall's grads and grad_discard (GradViews): frozen matrices null.
+  DecoderTensors BindGrads(void* grads, void* discard) const;
 
   // Lays the workspace out from `base` (null: only count `bytes`; `saved_bytes`: those of
   // the saved fields, which come first).

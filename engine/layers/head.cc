@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "engine/layers/layer_kind.h"
+
 namespace megatrain {
 
 LossHead::LossHead(const ModelConfig& config, const ModelLayout& layout, Backend* backend,
@@ -11,10 +13,8 @@ LossHead::LossHead(const ModelConfig& config, const ModelLayout& layout, Backend
       final_norm_offset_(layout.units[layout.HeadUnit()].OffsetOf(TensorRole::kFinalNorm)),
       lm_head_offset_(layout.units[layout.HeadUnit()].OffsetOf(TensorRole::kLmHead)),
       embedding_offset_(layout.units[ModelLayout::EmbeddingUnit()].OffsetOf(TensorRole::kEmbedding)),
-      lm_head_frozen_(lm_head_offset_ >= 0
-                          ? !layout.units[layout.HeadUnit()].AnyTrainable({TensorRole::kLmHead})
-                          : !layout.units[ModelLayout::EmbeddingUnit()].AnyTrainable(
-                                {TensorRole::kEmbedding})),
+      head_unit_(layout.units[layout.HeadUnit()]),
+      embedding_unit_(layout.units[ModelLayout::EmbeddingUnit()]),
       backend_(backend),
       chunk_tokens_(chunk_tokens),
       objective_(std::move(objective)) {}
@@ -31,10 +31,16 @@ HeadTensors LossHead::BindWeights(void* head_slot, void* embedding_slot) const {
   return Bind(head_slot, embedding_slot, backend_->weight_dtype());
 }
 
-HeadTensors LossHead::BindGrads(void* head_grads, void* embedding_grads) const {
-  HeadTensors g = Bind(head_grads, embedding_grads, backend_->grad_dtype());
-  if (lm_head_frozen_) g.lm_head = nullptr;
-  return g;
+HeadTensors LossHead::BindGrads(void* head_grads, void* embedding_grads, void* discard) const {
+  const GradViews head(head_unit_, head_grads, discard, backend_->grad_dtype());
+  const GradViews embedding(embedding_unit_, embedding_grads, discard, backend_->grad_dtype());
+  HeadTensors t;
+  t.final_norm = head.Vector(final_norm_offset_);
+  t.lm_head = lm_head_offset_ >= 0
+                  ? UnlessFrozen(head_unit_, head.Matrix(lm_head_offset_), {TensorRole::kLmHead})
+                  : UnlessFrozen(embedding_unit_, embedding.Matrix(embedding_offset_),
+                                 {TensorRole::kEmbedding});
+  return t;
 }
 
 int64_t LossHead::WorkspaceBytes(int64_t n) const {

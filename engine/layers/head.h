@@ -38,7 +38,9 @@ class LossHead {
            int64_t chunk_tokens, std::unique_ptr<const Objective> objective);
 
   HeadTensors BindWeights(void* head_slot, void* embedding_slot) const;
-  HeadTensors BindGrads(void* head_grads, void* embedding_grads) const;
+  // The head's and the embedding's gradient buffers (their state ranges) and the discard
+  // scratch (GradViews, layer_kind.h): a frozen lm_head's view is null.
+  HeadTensors BindGrads(void* head_grads, void* embedding_grads, void* discard) const;
 
   int64_t WorkspaceBytes(int64_t n) const;
 
@@ -62,7 +64,7 @@ class LossHead {
   int64_t final_norm_offset_;
   int64_t lm_head_offset_;  // in the head unit, or -1 when tied
   int64_t embedding_offset_;
-  bool lm_head_frozen_;     // its gradient view is null: never computed
+  UnitLayout head_unit_, embedding_unit_;  // for their gradients' views
   Backend* backend_;
   int64_t chunk_tokens_;
   std::unique_ptr<const Objective> objective_;

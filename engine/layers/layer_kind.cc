@@ -63,6 +63,35 @@ void AddLoraWork(const UnitLayout& unit, TensorRole base, int64_t in, int64_t ou
   work->matmuls.push_back({unit.lora_rank, out});
 }
 
+GradViews::GradViews(const UnitLayout& unit, void* grads, void* discard, DType dtype)
+    : grads_(grads), discard_(discard), dtype_(dtype) {
+  std::tie(begin_, end_) = unit.StateRange();
+}
+
+void* GradViews::At(int64_t offset, bool matrix) const {
+  if (offset < 0) return nullptr;
+  if (offset >= begin_ && offset < end_) return Offset(grads_, offset - begin_, dtype_);
+  return matrix ? nullptr : discard_;
+}
+
+int64_t GradDiscardElements(const ModelLayout& layout) {
+  int64_t most = 0;
+  for (const UnitLayout& unit : layout.units) {
+    int64_t qkv_bias = 0;  // one kernel writes the three biases' gradients together
+    for (const TensorSlot& t : unit.tensors) {
+      if (t.role == TensorRole::kQBias || t.role == TensorRole::kKBias ||
+          t.role == TensorRole::kVBias) {
+        qkv_bias += t.num_elements;
+      } else if (t.shape.size() == 1 || t.role == TensorRole::kExpertGateUpBias ||
+                 t.role == TensorRole::kExpertDownBias) {
+        most = std::max(most, t.num_elements);
+      }
+    }
+    most = std::max(most, qkv_bias);
+  }
+  return most;
+}
+
 void* UnlessFrozen(const UnitLayout& unit, void* grad, std::initializer_list<TensorRole> roles) {
   return unit.AnyTrainable(roles) ? grad : nullptr;
 }

@@ -36,7 +36,12 @@ struct RouterStats {
 // One layer, one micro-batch: where its weights, gradients and intermediates are.
 struct LayerCall {
   const void* weights = nullptr;  // its weight slot (weight dtype)
-  void* grads = nullptr;          // its gradient buffer (grad dtype); Backward only
+  // Backward only: the gradient of the unit's state range (layout.h), grad dtype, from its
+  // start; and a scratch where the gradients of frozen vectors outside that range (norms,
+  // biases: computed with the kernels' other outputs) land and are dropped
+  // (GradDiscardElements).
+  void* grads = nullptr;
+  void* grad_discard = nullptr;
   void* workspace = nullptr;      // the shared workspace, WorkspaceBytes(n)
   // The layer's kept intermediates of this micro-batch, SavedBytes(n), from its forward to
   // its backward; null: they are recomputed into the workspace.
@@ -137,6 +142,28 @@ void* TensorAt(const UnitLayout& unit, void* base, TensorRole role, DType dtype)
 // gate|up; every expert's): `grad`, or null when all of those tensors are frozen, so that
 // the weight gradient is never computed (Backend::LinearBackward takes a null dW).
 void* UnlessFrozen(const UnitLayout& unit, void* grad, std::initializer_list<TensorRole> roles);
+
+// Where a kind binds the gradient of the tensor (or fused group) at `offset` of `unit`,
+// given LayerCall's grads (the state range's) and grad_discard: its place in grads inside
+// the range; outside it, null for a matrix (never computed) and the discard scratch for a
+// vector. offset < 0 (no such tensor): null.
+class GradViews {
+ public:
+  GradViews(const UnitLayout& unit, void* grads, void* discard, DType dtype);
+  void* At(int64_t offset, bool matrix) const;
+  void* Matrix(int64_t offset) const { return At(offset, true); }
+  void* Vector(int64_t offset) const { return At(offset, false); }
+
+ private:
+  int64_t begin_, end_;
+  void* grads_;
+  void* discard_;
+  DType dtype_;
+};
+
+// Elements of the discard scratch the kinds of `layout` need: its largest vector tensor (a
+// layer's q|k|v biases count as one).
+int64_t GradDiscardElements(const ModelLayout& layout);
 
 // RoPE's inverse frequencies of `config` (rope_scaling included), f32 (D/2), for
 // LayerCall::rope_inv_freq.

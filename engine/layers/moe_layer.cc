@@ -29,15 +29,24 @@ MoeTensors MoeLayer::Bind(void* base, DType dtype) const {
   return t;
 }
 
-MoeTensors MoeLayer::BindGrads(void* grads) const {
-  MoeTensors g = Bind(grads, backend_->grad_dtype());
-  NullFrozenAttentionGrads(unit_, &g.attn);
-  g.router = UnlessFrozen(unit_, g.router, {TensorRole::kRouter});
-  g.gate_up = UnlessFrozen(
-      unit_, g.gate_up,
+MoeTensors MoeLayer::BindGrads(void* grads, void* discard) const {
+  const GradViews g(unit_, grads, discard, backend_->grad_dtype());
+  const TensorRole gate_up = in_major_ ? TensorRole::kExpertGateUpT : TensorRole::kExpertGate;
+  const TensorRole down = in_major_ ? TensorRole::kExpertDownT : TensorRole::kExpertDown;
+  MoeTensors t;
+  t.attn = BindAttentionGrads(unit_, g);
+  t.post_norm = g.Vector(unit_.OffsetOf(TensorRole::kPostNorm));
+  t.router = UnlessFrozen(unit_, g.Matrix(unit_.OffsetOf(TensorRole::kRouter)),
+                          {TensorRole::kRouter});
+  t.gate_up = UnlessFrozen(
+      unit_, g.Matrix(unit_.OffsetOf(gate_up)),
       {TensorRole::kExpertGate, TensorRole::kExpertUp, TensorRole::kExpertGateUpT});
-  g.down = UnlessFrozen(unit_, g.down, {TensorRole::kExpertDown, TensorRole::kExpertDownT});
-  return g;
+  t.down = UnlessFrozen(unit_, g.Matrix(unit_.OffsetOf(down)),
+                        {TensorRole::kExpertDown, TensorRole::kExpertDownT});
+  t.router_bias = g.Vector(unit_.OffsetOf(TensorRole::kRouterBias));
+  t.gate_up_bias = g.Vector(unit_.OffsetOf(TensorRole::kExpertGateUpBias));
+  t.down_bias = g.Vector(unit_.OffsetOf(TensorRole::kExpertDownBias));
+  return t;
 }
 
 MoeActs MoeLayer::Carve(void* base, int64_t n, int64_t* bytes, int64_t* saved_bytes) const {
@@ -193,7 +202,7 @@ void MoeLayer::Rebuild(const LayerCall& call, const void* x) const {
 void MoeLayer::Backward(const LayerCall& call, const void* x, void* dres) const {
   Backend& be = *backend_;
   const MoeTensors w = BindWeights(const_cast<void*>(call.weights));
-  const MoeTensors g = BindGrads(call.grads);
+  const MoeTensors g = BindGrads(call.grads, call.grad_discard);
   const MoeActs a = ActsOf(call);
   const DeviceBatch& b = *call.batch;
   const StreamId s = call.stream;

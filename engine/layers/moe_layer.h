@@ -84,7 +84,7 @@ class MoeLayer final : public LayerKind {
 
   MoeTensors BindWeights(void* slot) const { return Bind(slot, backend_->weight_dtype()); }
   // Frozen matrices' views are null (UnlessFrozen): their gradients are never computed.
-  MoeTensors BindGrads(void* grads) const;
+  MoeTensors BindGrads(void* grads, void* discard) const;  // LayerCall's (GradViews)
 
  private:
   MoeTensors Bind(void* base, DType dtype) const;

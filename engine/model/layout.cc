@@ -176,11 +176,30 @@ bool UnitLayout::AnyTrainable(std::initializer_list<TensorRole> roles) const {
   return false;
 }
 
+namespace {
+// The roles whose gradients one kernel writes together (a fused q|k|v or gate|up matrix,
+// their biases, every expert's share of a grouped GEMM): a state range that holds one of
+// them holds all.
+int GradientGroup(TensorRole r) {
+  switch (r) {
+    case TensorRole::kQ: case TensorRole::kK: case TensorRole::kV: return 1;
+    case TensorRole::kQBias: case TensorRole::kKBias: case TensorRole::kVBias: return 2;
+    case TensorRole::kGate: case TensorRole::kUp: return 3;
+    case TensorRole::kExpertGate: case TensorRole::kExpertUp: return 4;
+    default: return 100 + static_cast<int>(r);  // every tensor of the role
+  }
+}
+}  // namespace
+
 std::pair<int64_t, int64_t> UnitLayout::StateRange() const {
   if (AllTrainable()) return {0, num_elements};
+  std::vector<int> groups;
+  for (const TensorSlot& t : tensors) {
+    if (t.trainable) groups.push_back(GradientGroup(t.role));
+  }
   int64_t begin = num_elements, end = 0;
   for (const TensorSlot& t : tensors) {
-    if (!t.trainable) continue;
+    if (std::find(groups.begin(), groups.end(), GradientGroup(t.role)) == groups.end()) continue;
     begin = std::min(begin, t.offset);
     end = std::max(end, t.offset + t.num_elements);
   }

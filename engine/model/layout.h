@@ -96,8 +96,10 @@ struct UnitLayout {
   // True when some tensor of one of `roles` is trainable (false when there is none).
   bool AnyTrainable(std::initializer_list<TensorRole> roles) const;
   // The elements [begin, end) that have optimizer state (fp32 master, moments) and a
-  // gradient drained to the host: from the first trainable tensor's start to the last
-  // one's end; the whole unit when every tensor is trainable, {0, 0} when none is. The
+  // gradient on the device and drained to the host: from the first trainable tensor's
+  // start to the last one's end, widened to whole gradient groups (a fused q|k|v or
+  // gate|up whose one part trains, every expert of a grouped GEMM: one kernel writes their
+  // gradients); the whole unit when every tensor is trainable, {0, 0} when none is. The
   // tensors between them are all inside (frozen ones too, kept but never updated); the
   // others are frozen and bf16 alone.
   std::pair<int64_t, int64_t> StateRange() const;

@@ -141,6 +141,18 @@ absl::StatusOr<ModelLayout> TrainingLayout(const ModelConfig& config, const Lora
   ModelLayout layout = BuildLayout(config);
   if (lora.rank > 0) RETURN_IF_ERROR(AddLoraAdapters(lora, config, &layout));
   RETURN_IF_ERROR(FreezeTensors(freeze, &layout));
+  for (const UnitLayout& unit : layout.units) {  // the adapters are what a LoRA job trains
+    for (const TensorSlot& t : unit.tensors) {
+      if (!IsLora(t) || t.trainable) continue;
+      for (size_t i = 0; i < freeze.size(); ++i) {
+        if (!FreezePatternMatches(freeze[i], t)) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "train.freeze[", i, "] '", freeze[i], "' freezes the LoRA adapter ", t.name,
+            "; with lora the base is frozen already: leave the adapters out, or name the layers "
+            "to adapt in lora.target_modules"));
+      }
+    }
+  }
   return layout;
 }
 

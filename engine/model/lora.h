@@ -38,7 +38,8 @@ const char* LoraInitName(LoraInit init);
                                            ModelLayout* layout);
 
 // A training job's layout: BuildLayout, the adapters of `lora` (when rank > 0), then
-// `freeze` (FreezeTensors). The errors of either, naming its field.
+// `freeze` (FreezeTensors). The errors of either, naming its field; and InvalidArgument
+// naming train.freeze[i] when a pattern freezes an adapter.
 [[nodiscard]] absl::StatusOr<ModelLayout> TrainingLayout(const ModelConfig& config,
                                                          const LoraConfig& lora,
                                                          const std::vector<std::string>& freeze);

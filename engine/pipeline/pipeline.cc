@@ -108,6 +108,7 @@ absl::Status Pipeline::Allocate() {
   RETURN_IF_ERROR(alloc.Allocate(&head_slot_, mem.head_slot, "the head"));
   RETURN_IF_ERROR(alloc.Allocate(&embed_grad_, mem.embedding_grad, "the embedding gradient"));
   RETURN_IF_ERROR(alloc.Allocate(&head_grad_, mem.head_grad, "the head gradient"));
+  RETURN_IF_ERROR(alloc.Allocate(&grad_discard_, mem.grad_discard, "frozen vectors' gradients"));
   for (int i = 0; i < kLayerGradBuffers; ++i) {
     RETURN_IF_ERROR(alloc.Allocate(&layer_grad_[i], mem.layer_grad, "a layer gradient buffer"));
     grad_ready_[i] = Event(be);
@@ -211,6 +212,7 @@ LayerCall Pipeline::CallFor(int64_t layer, int64_t m, void* slot, bool kept, voi
   LayerCall call;
   call.weights = slot;
   call.grads = grads;
+  call.grad_discard = grad_discard_.get();
   call.workspace = layer_ws_.get();
   if (kept && Kept(layer)) {
     const int64_t index = layer - (config_.num_layers - options_.kept_layers);
@@ -319,8 +321,9 @@ void Pipeline::ForwardSweep() {
   be.Record(step_start_.get(), StreamId::kCompute);
   be.StreamWait(StreamId::kCompute, inputs_loaded_.get());
   be.StreamWait(StreamId::kCompute, embed_loaded_.get());
-  be.Zero(embed_grad_.get(), embed_grad_.bytes(), StreamId::kCompute);
-  be.Zero(head_grad_.get(), head_grad_.bytes(), StreamId::kCompute);
+  for (DeviceBuffer* g : {&embed_grad_, &head_grad_}) {
+    if (g->bytes() > 0) be.Zero(g->get(), g->bytes(), StreamId::kCompute);
+  }
   if (config_.is_moe()) {
     be.Zero(router_stats_buf_.get(), router_stats_buf_.bytes(), StreamId::kCompute);
   }
@@ -357,7 +360,8 @@ void Pipeline::Head(double scale, GradSink* sink) {
   const int64_t M = options_.micro_batches, n = options_.tokens_per_micro_batch;
   be.StreamWait(StreamId::kCompute, head_loaded_.get());
   const HeadTensors weights = head_.BindWeights(head_slot_.get(), embed_slot_.get());
-  const HeadTensors grads = head_.BindGrads(head_grad_.get(), embed_grad_.get());
+  const HeadTensors grads =
+      head_.BindGrads(head_grad_.get(), embed_grad_.get(), grad_discard_.get());
   const int64_t stat = DTypeSize(be.stat_dtype());
   const int span = spans_.Begin(StreamId::kCompute, "head");
   for (int64_t m = 0; m < M; ++m) {
@@ -440,7 +444,9 @@ void Pipeline::BackwardSegment(int64_t c, int64_t e, int64_t* grad_turn, GradSin
     const int g = static_cast<int>((*grad_turn)++ % kLayerGradBuffers);
     void* slot = slots_.Use(l);
     be.StreamWait(StreamId::kCompute, grad_free_[g].get());
-    be.Zero(layer_grad_[g].get(), layer_grad_[g].bytes(), StreamId::kCompute);
+    if (layer_grad_[g].bytes() > 0) {
+      be.Zero(layer_grad_[g].get(), layer_grad_[g].bytes(), StreamId::kCompute);
+    }
     const LayerKind& kind = kinds_.ForLayer(l);
     const int span = spans_.Begin(StreamId::kCompute, "bwd " + std::to_string(l));
     for (int64_t m = 0; m < M; ++m) {

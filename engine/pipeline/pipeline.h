@@ -187,7 +187,9 @@ class Pipeline {
   GradientDrain drain_;
   std::unique_ptr<HostCheckpoints> host_checkpoints_;  // checkpoints_on_host only
 
-  DeviceBuffer embed_slot_, head_slot_, embed_grad_, head_grad_;
+  // The gradients of the embedding's and the head's state ranges; the discard scratch of
+  // frozen vectors' gradients (LayerCall::grad_discard).
+  DeviceBuffer embed_slot_, head_slot_, embed_grad_, head_grad_, grad_discard_;
   Event embed_loaded_, head_loaded_;
   bool embed_uploaded_ = false, head_uploaded_ = false;  // their slots hold them
   DeviceBuffer layer_grad_[kLayerGradBuffers];

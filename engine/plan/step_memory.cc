@@ -9,7 +9,7 @@ namespace megatrain {
 
 int64_t StepMemory::TotalBytes() const {
   return weight_slots * weight_slot + embedding_slot + head_slot + embedding_grad + head_grad +
-         kLayerGradBuffers * layer_grad + 2 * checkpoint_staging +
+         kLayerGradBuffers * layer_grad + grad_discard + 2 * checkpoint_staging +
          activation_buffers() * activations +
          scratch_output + layer_workspace + kept_layers * kept_layer + head_workspace +
          token_arrays + losses + rope_frequencies + router_stats;
@@ -56,14 +56,23 @@ StepMemory SizeStepMemory(const ModelConfig& config, const ModelLayout& layout, 
   const int64_t layer_n = layout.MaxDecoderElements();
   const int64_t embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
   const int64_t head_n = layout.units[layout.HeadUnit()].num_elements;
+  auto state = [](const UnitLayout& u) {
+    const auto [begin, end] = u.StateRange();
+    return end - begin;
+  };
+  int64_t layer_state = 0;
+  for (const UnitLayout& u : layout.units) {
+    if (u.kind == UnitKind::kDecoder) layer_state = std::max(layer_state, state(u));
+  }
   StepMemory m;
   m.weight_slots = NumWeightSlots(config, options);
   m.weight_slot = layer_n * wsize;
   m.embedding_slot = embed_n * wsize;
   m.head_slot = head_n * wsize;
-  m.embedding_grad = padded(embed_n) * gsize;
-  m.head_grad = padded(head_n) * gsize;
-  m.layer_grad = padded(layer_n) * gsize;
+  m.embedding_grad = padded(state(layout.units[ModelLayout::EmbeddingUnit()])) * gsize;
+  m.head_grad = padded(state(layout.units[layout.HeadUnit()])) * gsize;
+  m.layer_grad = padded(layer_state) * gsize;
+  m.grad_discard = GradDiscardElements(layout) * gsize;
   m.activations = M * n * act_row;
   // Checkpoints: on the device, the input of every K-th layer and the last layer's output;
   // in host memory, two staging buffers on the device.

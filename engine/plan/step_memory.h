@@ -72,8 +72,11 @@ struct StepMemory {
   int64_t weight_slots = 0;        // decoder weight slots (NumWeightSlots) ...
   int64_t weight_slot = 0;         // ... of the largest decoder layer's weights each
   int64_t embedding_slot = 0, head_slot = 0;
-  int64_t embedding_grad = 0, head_grad = 0;  // padded to whole shards (collective)
-  int64_t layer_grad = 0;          // each of kLayerGradBuffers, padded likewise
+  // Gradients: of each unit's state range alone (layout.h; a frozen unit has none), padded
+  // to whole shards (collective).
+  int64_t embedding_grad = 0, head_grad = 0;
+  int64_t layer_grad = 0;          // each of kLayerGradBuffers, the largest layer's
+  int64_t grad_discard = 0;        // frozen vectors' gradients, dropped (GradDiscardElements)
   int64_t activations = 0;         // one buffer of activations, M x (n, C)
   int64_t device_checkpoints = 0;  // activations buffers: layer-input checkpoints (on device)
   int64_t checkpoint_staging = 0;  // each of two, for checkpoints in host memory (else 0)

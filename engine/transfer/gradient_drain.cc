@@ -24,10 +24,9 @@ void GradientDrain::Drain(int64_t unit, void* device_grad, void* done_event, voi
   if (collective_ != nullptr && n > 0) {
     const int64_t shard = GradShardElements(n, collective_->size());
     // On the D2H stream, ahead of the copies; not a span: the stream's busy time stands
-    // for PCIe, and this waits for the other devices. (The gradient buffer has room for
-    // every rank's shard from the range's start: step_memory.cc.)
-    collective_->ReduceScatter(Offset(device_grad, first, backend_->grad_dtype()), shard,
-                               StreamId::kD2H);
+    // for PCIe, and this waits for the other devices. (The gradient buffer, the state
+    // range's, has room for every rank's shard: step_memory.cc.)
+    collective_->ReduceScatter(device_grad, shard, StreamId::kD2H);
     begin = first + std::min(n, collective_->rank() * shard);
     end = first + std::min(n, begin - first + shard);
   }
@@ -36,8 +35,8 @@ void GradientDrain::Drain(int64_t unit, void* device_grad, void* done_event, voi
     const int64_t count = std::min(piece, end - offset);
     float* slab = slabs_->Acquire();  // returned by the sink once it has read the piece
     Event& ready = slab_ready_[slabs_->IndexOf(slab)];
-    backend_->DownloadGrads(slab, Offset(device_grad, offset, backend_->grad_dtype()), count,
-                            StreamId::kD2H);
+    backend_->DownloadGrads(slab, Offset(device_grad, offset - first, backend_->grad_dtype()),
+                            count, StreamId::kD2H);
     backend_->Record(ready.get(), StreamId::kD2H);
     sink->Submit(unit, slab, ready.get(), offset, count);
   }

@@ -33,7 +33,8 @@ class GradientDrain {
 
   void BeginStep() { d2h_bytes_ = 0; }
   // After `done_event` (the gradient is complete), drains unit's gradient from
-  // `device_grad` and hands its pieces to `sink`; records `free_event` (may be null) when
+  // `device_grad` (its state range's, from the range's start) and hands its pieces to
+  // `sink` (offsets in the unit); records `free_event` (may be null) when
   // the buffer may be written again, and the unit's own event.
   void Drain(int64_t unit, void* device_grad, void* done_event, void* free_event,
              GradSink* sink);

@@ -39,6 +39,7 @@ class DirectModel {
     dres_ = Alloc(max_tokens * row);
     scratch_ = Alloc(max_tokens * row);
     ws_ = Alloc(kinds_.MaxWorkspaceBytes(max_tokens));
+    discard_ = Alloc(GradDiscardElements(layout_) * DTypeSize(be->grad_dtype()));
     if (c.is_moe()) stats_ = Alloc(64 + c.moe.num_experts * DTypeSize(be->stat_dtype()));
     head_ws_ = Alloc(head_.WorkspaceBytes(max_tokens));
     loss_ = Alloc(max_tokens * DTypeSize(be->stat_dtype()));
@@ -89,6 +90,7 @@ class DirectModel {
       LayerCall c;
       c.weights = weights_[1 + l].get();
       c.grads = grads;
+      c.grad_discard = discard_.get();
       c.workspace = ws_.get();
       c.batch = &db;
       c.rope_inv_freq = inv_freq;
@@ -114,10 +116,11 @@ class DirectModel {
       stats.aux_scale = aux_coef * E / (T * T);
     }
     head_.ForwardBackward(head_.BindWeights(weights_[hu].get(), weights_[eu].get()),
-                          head_.BindGrads(grads_[hu].get(), grads_[eu].get()), x_[L].get(),
+                          head_.BindGrads(StateGrad(hu), StateGrad(eu), discard_.get()),
+                          x_[L].get(),
                           dres_.get(), loss_.get(), head_ws_.get(), db, scale, s);
     for (int64_t l = L - 1; l >= 0; --l) {
-      const LayerCall c = call(l, grads_[1 + l].get());
+      const LayerCall c = call(l, StateGrad(1 + l));
       kinds_.ForLayer(l).Forward(c, x_[l].get(), scratch_.get());
       kinds_.ForLayer(l).Backward(c, x_[l].get(), dres_.get());
     }
@@ -157,7 +160,14 @@ class DirectModel {
   LayerKinds kinds_;
   LossHead head_;
   int64_t max_tokens_;
+  // Unit u's gradient where the kinds write it: its state range's, in place in grads_[u]
+  // (every unit's elements, zero outside the range).
+  void* StateGrad(int64_t u) const {
+    return Offset(grads_[u].get(), layout_.units[u].StateRange().first, be_->grad_dtype());
+  }
+
   std::vector<DeviceBuffer> weights_, grads_, x_;
+  DeviceBuffer discard_;
   DeviceBuffer dres_, scratch_, ws_, head_ws_, loss_, ints_, inv_freq_, stats_;
   double last_aux_loss_ = 0;
 };

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "engine/model/lora.h"
+#include "engine/plan/step_memory.h"
 #include "gtest/gtest.h"
 #include "tests/engine/pipeline/direct_model.h"
 
@@ -115,6 +116,50 @@ TEST_P(LoraLayers, AdapterGradientsEqualCentralDifferences) {
     }
   }
   EXPECT_EQ(checked, 4 * 2 * Targets(c) * c.num_layers);
+}
+
+// The device holds the gradients of the adapters alone: a layer's gradient buffers are its
+// adapters' size, the frozen embedding and head have none (on a GPU box this is tens of
+// GB for the largest models).
+TEST(LoraDeviceMemory, GradientBuffersHoldTheAdaptersAlone) {
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  LoraConfig lora;
+  lora.rank = 2;
+  lora.alpha = 4;
+  ModelLayout layout = BuildLayout(c);
+  ASSERT_TRUE(AddLoraAdapters(lora, c, &layout).ok());
+  PipelineOptions o;
+  o.micro_batches = 1;
+  o.tokens_per_micro_batch = 16;
+  o.checkpoint_every = 1;
+  o.loss_chunk_tokens = 8;
+  const LayerKinds kinds = MakeLayerKinds(c, layout, be.get());
+  const LossHead head(c, layout, be.get(), 8, MakeObjective(ObjectiveKind::kNextTokenCrossEntropy,
+                                                            be.get()));
+  const StepMemory m = SizeStepMemory(c, layout, be.get(), o, kinds, head);
+  const auto [begin, end] = layout.units[layout.DecoderUnit(0)].StateRange();
+  EXPECT_EQ(m.layer_grad, (end - begin) * 4);  // f32 gradients on the CPU backend
+  EXPECT_LT(m.layer_grad, layout.MaxDecoderElements() * 4 / 3);
+  EXPECT_EQ(m.embedding_grad, 0);
+  EXPECT_EQ(m.head_grad, 0);
+  EXPECT_EQ(m.grad_discard, GradDiscardElements(layout) * 4);
+}
+
+// With lora, train.freeze may freeze more of the base, never the adapters (their backward
+// needs their gradients): a pattern that names one is refused naming it.
+TEST(LoraLayout, FreezingAnAdapterIsRefusedNamingThePattern) {
+  const ModelConfig c = TinyConfig(Variant::kLlamaTiedGqa);
+  LoraConfig lora;
+  lora.rank = 2;
+  lora.alpha = 4;
+  EXPECT_TRUE(TrainingLayout(c, lora, {"model.norm", "embed_tokens"}).ok());
+  absl::StatusOr<ModelLayout> bad = TrainingLayout(c, lora, {"embed_tokens", "layers.0"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("train.freeze[1] 'layers.0' freezes the LoRA adapter "
+                                        "model.layers.0.self_attn.q_proj.lora_A.weight"),
+            std::string::npos)
+      << bad.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, LoraLayers,
