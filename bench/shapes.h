@@ -29,7 +29,7 @@ inline void Qwen3MoeShape(int64_t hidden, int64_t intermediate, int64_t layers, 
   c->moe.norm_topk_prob = true, c->moe.router_aux_loss_coef = 0.001;
 }
 
-// qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | qwen3-235b-a22b | mixtral-8x7b |
+// qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | llama-3.1-405b | qwen3-30b-a3b | qwen3-235b-a22b | mixtral-8x7b |
 // gpt-oss-120b | gpt-oss-20b | tiny-moe | tiny; false for any other name. Cut a shape's depth with
 // SetNumLayers (GPT-OSS's windows follow the layers).
 inline bool NamedShape(const std::string& name, ModelConfig* c) {
@@ -50,6 +50,11 @@ inline bool NamedShape(const std::string& name, ModelConfig* c) {
     c->architecture = Architecture::kLlama;
     c->hidden_size = 4096, c->intermediate_size = 14336, c->num_layers = 32;
     c->num_heads = 32, c->num_kv_heads = 8, c->vocab_size = 128256;
+    c->rope_theta = 500000, c->rms_norm_eps = 1e-5;
+  } else if (name == "llama-3.1-405b") {
+    c->architecture = Architecture::kLlama;
+    c->hidden_size = 16384, c->intermediate_size = 53248, c->num_layers = 126;
+    c->num_heads = 128, c->num_kv_heads = 8, c->vocab_size = 128256;
     c->rope_theta = 500000, c->rms_norm_eps = 1e-5;
   } else if (name == "qwen3-30b-a3b") {
     Qwen3MoeShape(2048, 6144, 48, 32, 768, c);

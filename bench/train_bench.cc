@@ -216,8 +216,8 @@ int main(int argc, char** argv) {
   app.add_option("--bf16-copy", bf16_copy,
                  "keep the bf16 weights that cross PCIe: yes | no | auto (the planner)");
   app.add_option("--shape", shape,
-                 "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | qwen3-30b-a3b | mixtral-8x7b | "
-                 "gpt-oss-120b | gpt-oss-20b | qwen3-235b-a22b");
+                 "qwen2.5-1.5b | qwen2.5-7b | llama-3.1-8b | llama-3.1-405b | qwen3-30b-a3b | "
+                 "mixtral-8x7b | gpt-oss-120b | gpt-oss-20b | qwen3-235b-a22b");
   app.add_option("--layers", layers, "override the shape's depth");
   app.add_option("--vocab", vocab,
                  "override the shape's vocabulary (so deep cuts of large-vocabulary shapes fit "
