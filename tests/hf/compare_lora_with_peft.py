@@ -1,0 +1,520 @@
+#!/usr/bin/env python3
+"""LoRA and frozen tensors on the CUDA backend against peft + transformers (fp32), on
+4-layer models of full width:
+  qwen2      Qwen2.5-7B's width: hidden 3584, intermediate 18944, 28 heads, 4 KV heads
+  llama3     Llama-3.1-8B's: hidden 4096, intermediate 14336, 32 heads, 8 KV heads, llama3 RoPE
+  qwen3_moe  Qwen3-30B-A3B's: hidden 2048, 32 heads, 4 KV heads, head_dim 128, 128 experts
+             top-8, moe_intermediate 768 (router aux coef 0.001)
+  gpt_oss    GPT-OSS-20B's: hidden 2880, 64 heads of 64, 8 KV heads, 32 experts top-4,
+             sinks, windows of 128 on alternate layers, YaRN, biases (router aux coef 0.9)
+every vocabulary cut to 16384, the MoE ones with their load-balancing loss
+(output_router_logits). No expert count is shrunk: the largest, GPT-OSS, is 3.4 B
+parameters (13.5 GB in fp32), frozen under LoRA, well inside an H200's 140 GB.
+
+Cases (rank 16, alpha 32, adapters drawn by our engine, B zero):
+  dense families: LoRA on all seven projections, and on [q_proj, v_proj];
+  MoE families:   LoRA on the attention, [q_proj, k_proj, v_proj, o_proj];
+  qwen2 also:     a full fine-tune with the embedding frozen (--freeze embed_tokens)
+                  against transformers with embed_tokens.weight.requires_grad_(False).
+
+For each family transformers creates the model (torch.manual_seed(0)), rounds its weights
+to bf16 values and saves them. For each case gpu_reference (our engine, CUDA backend) runs
+with the LoRA options and writes its initial adapter as a PEFT folder (OUT/adapter-0), one
+step's loss and adapter gradients, a 50-step AdamW curve, the trained adapter (a PEFT
+folder, OUT/checkpoint-50) and the logits of its forward. peft loads OUT/adapter-0 over
+the base (PeftModel.from_pretrained(model, path, is_trainable=True), fp32, and the same
+model under bf16 autocast as the yardstick) and the script checks:
+  - step 1: our loss within 1e-4 relative of peft fp32's (MoE: LM loss + coef * aux);
+    every adapter gradient rel L2 <= 3% (MoE: <= 1.5 x transformers' own bf16-autocast-
+    vs-fp32 error of that tensor + 0.01). B is zero at step 1, so A's gradient is exactly
+    zero on both sides: the same check is repeated at the trained adapter (our
+    --lora-adapter OUT/checkpoint-50 --steps 0 against peft loading that folder), where
+    both A and B have gradients;
+  - 50 AdamW steps (torch.optim.AdamW on the adapters alone, same lr, warmup, decay on the
+    matrices, clipping): with d(t) = |L - L_fp32| / L_fp32, mean d_ours <= 1.5 x mean
+    d_bf16_autocast + 0.005, and the mean of our last 10 losses within 2% of fp32's;
+  - our trained adapter folder, loaded by peft over the base, gives our logits (rel L2
+    <= 1%).
+The full fine-tune checks the step-1 loss and every trainable gradient (the embedding has
+none on either side), the curve, the logits of our checkpoint in transformers, and that
+its embedding is the base's bit for bit.
+
+Data: the text set of compare_gpu_with_transformers.py (50 batches of 8 x 512 tokens from
+a bigram chain over 256 ids). Learning rates: MEGATRAIN_LORA_LR (default 1e-3) for the
+adapters, MEGATRAIN_FULL_LR (default 1e-4: the full-width model is wider than that
+script's) for the full fine-tune; warmup 10, weight decay 0.01, clipping 1.0.
+
+One JSON line per case goes to tests/hf/results/cuda-lora.jsonl (a case run again replaces
+its line); a summary is printed; the exit status is 1 when any check fails. Each family's
+work folder (its model, our outputs) is deleted once its cases are done
+(MEGATRAIN_CMP_KEEP=1 keeps them).
+
+Usage: compare_lora_with_peft.py GPU_REFERENCE_BIN WORKDIR [FAMILIES...]
+  FAMILIES: any of qwen2 llama3 qwen3_moe gpt_oss (default: all).
+"""
+import gc
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import traceback
+
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import (AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen2Config,
+                          Qwen3MoeConfig)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_gpu_with_transformers import STEPS, WARMUP, WD, CLIP, make_batches, rel  # noqa: E402
+
+RANK, ALPHA = 16, 32
+LORA_LR = float(os.environ.get("MEGATRAIN_LORA_LR", "1e-3"))
+FULL_LR = float(os.environ.get("MEGATRAIN_FULL_LR", "1e-4"))
+ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cuda-lora.jsonl")
+
+
+def configs():
+    """Each family's config, made when called (a config transformers refuses fails its
+    family alone)."""
+    common = dict(num_hidden_layers=4, vocab_size=16384, tie_word_embeddings=False)
+    return {
+        "qwen2": lambda: Qwen2Config(**common, hidden_size=3584, intermediate_size=18944,
+                             num_attention_heads=28, num_key_value_heads=4,
+                             max_position_embeddings=32768, rms_norm_eps=1e-6,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        "llama3": lambda: LlamaConfig(**common, hidden_size=4096, intermediate_size=14336,
+                              num_attention_heads=32, num_key_value_heads=8,
+                              max_position_embeddings=131072, rms_norm_eps=1e-5,
+                              rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                               "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 8192}),
+        "qwen3_moe": lambda: Qwen3MoeConfig(**common, hidden_size=2048, intermediate_size=6144,
+                                    num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                                    num_experts=128, num_experts_per_tok=8,
+                                    moe_intermediate_size=768, norm_topk_prob=True,
+                                    decoder_sparse_step=1, mlp_only_layers=[],
+                                    max_position_embeddings=40960, rms_norm_eps=1e-6,
+                                    output_router_logits=True, router_aux_loss_coef=0.001,
+                                    rope_parameters={"rope_type": "default",
+                                                     "rope_theta": 1000000.0}),
+        "gpt_oss": lambda: GptOssConfig(**common, hidden_size=2880, intermediate_size=2880,
+                                num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                                num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+                                attention_bias=True, rms_norm_eps=1e-5,
+                                max_position_embeddings=131072,
+                                output_router_logits=True, router_aux_loss_coef=0.9,
+                                rope_parameters={"rope_type": "yarn", "factor": 32.0,
+                                                 "beta_fast": 32.0, "beta_slow": 1.0,
+                                                 "truncate": False, "rope_theta": 150000.0,
+                                                 "original_max_position_embeddings": 4096}),
+    }
+
+
+def is_moe(config):
+    return config.model_type in ("qwen3_moe", "gpt_oss")
+
+
+def cases(family, config):
+    """(case name, LoRA targets or None, freeze patterns) of a family."""
+    if is_moe(config):
+        return [("lora-attn", ATTN, [])]
+    out = [("lora-all", ALL_PROJ, []), ("lora-q_v", ["q_proj", "v_proj"], [])]
+    if family == "qwen2":
+        out.append(("full-freeze-embed_tokens", None, ["embed_tokens"]))
+    return out
+
+
+def free_gpu():
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def make_model(config, path):
+    """The family's base: drawn by transformers, every weight a bf16 value, saved in bf16."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.abs().max() == 0 and n.endswith("gate.weight"):  # a router left at zero
+                p.normal_(0, 0.02)
+            if p.abs().max() == 0 and config.model_type == "gpt_oss" and "bias" in n:
+                p.normal_(0, 0.02)  # biases transformers zeroes: make them matter here
+            p.copy_(p.to(torch.bfloat16).float())
+    model.to(torch.bfloat16)  # exact: halves the disk; both sides read these values
+    model.save_pretrained(path, safe_serialization=True)
+    del model
+    free_gpu()
+
+
+def load_base(path, config):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 attn_implementation="eager").cuda()
+    if is_moe(config) and hasattr(model, "set_experts_implementation"):
+        # The loop over experts with F.linear: bf16 under autocast, as our experts are (a
+        # grouped-GEMM backend may keep fp32 there, which would flatter the yardstick).
+        model.set_experts_implementation("eager")
+    model.train()  # dropout is 0 everywhere; as a model being trained
+    return model
+
+
+def peft_name(n):
+    """PEFT's in-memory name as its adapter files name it ("...lora_A.default.weight" ->
+    "...lora_A.weight"); other names as they are."""
+    return re.sub(r"\.(lora_[AB])\.[^.]+\.weight$", r".\1.weight", n)
+
+
+def trainable(model):
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def step_grads(model, ids, bf16):
+    """Loss, aux loss and the trainable tensors' gradients (f32, by saved name) of one
+    forward and backward on `ids`."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    grads = {peft_name(n): (p.grad.detach().float().clone() if p.grad is not None
+                            else torch.zeros_like(p, dtype=torch.float32))
+             for n, p in trainable(model)}
+    aux = getattr(out, "aux_loss", None)
+    model.zero_grad(set_to_none=True)
+    return out.loss.item(), (aux.item() if aux is not None else None), grads
+
+
+def compare_grads(ours, ref32, ref_bf16, moe):
+    """Every gradient against fp32: rel L2 <= 3%, or (MoE) <= 1.5 x bf16 autocast's + 0.01."""
+    problems = []
+    if set(ours) != set(ref32):
+        problems.append(f"gradient names differ: only ours {sorted(set(ours) - set(ref32))[:4]}, "
+                        f"only the reference's {sorted(set(ref32) - set(ours))[:4]}")
+    rows = []
+    for n, g in ref32.items():
+        if n not in ours:
+            continue
+        err = rel(ours[n].cuda(), g)
+        bf16_err = rel(ref_bf16[n], g)
+        bound = 1.5 * bf16_err + 0.01 if moe else 0.03
+        rows.append((n, err, bf16_err, bound))
+        if not err <= bound:  # NaN fails too
+            problems.append(f"gradient of {n}: rel err {err:.3e} > {bound:.3e} "
+                            f"(bf16 autocast {bf16_err:.3e})")
+    rows.sort(key=lambda r: -r[1] / r[3])
+    errs = sorted(r[1] for r in rows)
+    summary = {"count": len(rows), "max": errs[-1] if errs else None,
+               "median": errs[len(errs) // 2] if errs else None,
+               "max_lora_A": max([r[1] for r in rows if ".lora_A." in r[0]], default=None),
+               "max_lora_B": max([r[1] for r in rows if ".lora_B." in r[0]], default=None),
+               "bf16_autocast_max": max([r[2] for r in rows], default=None),
+               "worst": [[n, e, b, bound] for n, e, b, bound in rows[:3]],
+               "ok": not problems}
+    return summary, problems
+
+
+def lr_at(step, lr):
+    return lr * step / WARMUP if step < WARMUP else lr
+
+
+def train(model, batches, lr, bf16):
+    """STEPS AdamW steps on the trainable tensors, as gpu_reference's BATCHES.json says:
+    decay on all but biases and norms (HF Trainer's rule), global-norm clipping."""
+    named = trainable(model)
+    decay = [p for n, p in named if "bias" not in n and "norm" not in n]
+    no_decay = [p for n, p in named if "bias" in n or "norm" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, foreach=False)
+    losses = []
+    for step in range(STEPS):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, lr)
+        ids = batches[step % len(batches)].cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in named], CLIP)
+        opt.step()
+        losses.append(loss.item())
+    del opt
+    model.zero_grad(set_to_none=True)
+    return losses
+
+
+def curves(model, batches, lr, ours):
+    """fp32 and bf16-autocast curves from the model's present state (restored after each),
+    and the curve criterion for ours."""
+    start = {n: p.detach().clone() for n, p in trainable(model)}
+
+    def restore():
+        with torch.no_grad():
+            for n, p in trainable(model):
+                p.copy_(start[n])
+    hf32 = train(model, batches, lr, bf16=False)
+    restore()
+    hf_bf16 = train(model, batches, lr, bf16=True)
+    restore()
+    del start
+    d_ours = [abs(a - b) / b for a, b in zip(ours, hf32)]
+    d_bf16 = [abs(a - b) / b for a, b in zip(hf_bf16, hf32)]
+    mean_ours = sum(d_ours) / len(d_ours)
+    mean_bf16 = sum(d_bf16) / len(d_bf16)
+    last10_err = abs(sum(ours[-10:]) - sum(hf32[-10:])) / sum(hf32[-10:])
+    ok = (len(ours) == len(hf32) and mean_ours <= 1.5 * mean_bf16 + 0.005
+          and last10_err <= 0.02)
+    stats = {"curve_mean_d_ours": mean_ours, "curve_mean_d_bf16_autocast": mean_bf16,
+             "curve_bound": 1.5 * mean_bf16 + 0.005, "last10_rel_err": last10_err,
+             "curve_max_d_ours": max(d_ours), "curve_ok": ok,
+             "curve_first_last_ours": [ours[0], ours[-1]],
+             "curve_first_last_fp32": [hf32[0], hf32[-1]],
+             "curve_ours": [round(x, 4) for x in ours],
+             "curve_fp32": [round(x, 4) for x in hf32],
+             "curve_bf16_autocast": [round(x, 4) for x in hf_bf16]}
+    problems = [] if ok else [f"curve: mean d_ours {mean_ours:.4f} vs bound "
+                              f"{1.5 * mean_bf16 + 0.005:.4f}; last-10 means differ by "
+                              f"{last10_err:.3%}"]
+    return stats, problems
+
+
+def logits_of(model, ids, vocab):
+    with torch.no_grad():
+        hf32 = model(input_ids=ids).logits.reshape(-1, vocab).float()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            hf_bf16 = model(input_ids=ids).logits.reshape(-1, vocab).float()
+    return hf32, rel(hf_bf16, hf32)
+
+
+def run_ours(bin_path, model_dir, batches_json, out, options):
+    subprocess.run([bin_path, model_dir, batches_json, out, "--backend", "cuda"] + options,
+                   check=True)
+
+
+def loaded_adapter_problems(model, folder):
+    """peft holds exactly the folder's adapters (names and values)."""
+    saved = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    live = {peft_name(n): p for n, p in model.named_parameters() if ".lora_" in n}
+    if set(saved) != set(live):
+        return [f"peft's adapters differ from {folder}'s: only peft's "
+                f"{sorted(set(live) - set(saved))[:4]}, only the folder's "
+                f"{sorted(set(saved) - set(live))[:4]}"]
+    bad = [n for n, t in saved.items()
+           if not torch.equal(live[n].detach().float().cpu(), t.float())]
+    return [f"peft loaded other values than {folder} holds for {bad[:4]}"] if bad else []
+
+
+def lora_case(bin_path, d, config, batches, targets):
+    out = os.path.join(d, "ours-" + "_".join(targets))
+    trained_out = out + "-trained"
+    lora_opts = ["--lora-rank", str(RANK), "--lora-alpha", str(ALPHA),
+                 "--lora-targets", ",".join(targets)]
+    model_dir, batches_json = os.path.join(d, "model"), os.path.join(d, "batches-lora.json")
+    run_ours(bin_path, model_dir, batches_json, out, lora_opts + ["--steps", str(STEPS)])
+    ck = os.path.join(out, f"checkpoint-{STEPS}")
+    run_ours(bin_path, model_dir, batches_json, trained_out,
+             lora_opts + ["--steps", "0", "--lora-adapter", ck])
+    moe, vocab, problems = is_moe(config), config.vocab_size, []
+    ids = batches[0].cuda()
+
+    # Step 1 from our initial adapter.
+    model = PeftModel.from_pretrained(load_base(model_dir, config), os.path.join(out, "adapter-0"),
+                                      is_trainable=True)
+    model.train()
+    problems += loaded_adapter_problems(model, os.path.join(out, "adapter-0"))
+    loss32, aux32, g32 = step_grads(model, ids, bf16=False)
+    _, _, g_bf16 = step_grads(model, ids, bf16=True)
+    ours = json.load(open(os.path.join(out, "step.json")))
+    loss_err = abs(ours["total"] - loss32) / loss32
+    if not loss_err <= 1e-4:
+        problems.append(f"step loss {ours['total']} vs peft {loss32}")
+    grads, grad_problems = compare_grads(load_file(os.path.join(out, "grads.safetensors")),
+                                         g32, g_bf16, moe)
+    problems += grad_problems
+    del g32, g_bf16
+    free_gpu()
+
+    # 50 AdamW steps from the same adapter.
+    our_losses = json.load(open(os.path.join(out, "curve.json")))["losses"]
+    curve, curve_problems = curves(model, batches, LORA_LR, our_losses)
+    problems += curve_problems
+    trainable_params = sum(p.numel() for _, p in trainable(model))
+    del model
+    free_gpu()
+
+    # Our trained adapter in peft: our logits; and both gradients there (A's too).
+    model = PeftModel.from_pretrained(load_base(model_dir, config), ck, is_trainable=True)
+    model.train()
+    problems += loaded_adapter_problems(model, ck)
+    hf_logits, bf16_logit_err = logits_of(model, ids, vocab)
+    our_logits = load_file(os.path.join(out, "logits.safetensors"))["logits"].cuda()
+    logit_err = rel(our_logits, hf_logits)
+    if not logit_err <= 1e-2:
+        problems.append(f"logits of our trained adapter: rel err {logit_err:.3e}")
+    del hf_logits, our_logits
+    tr_loss32, _, tr32 = step_grads(model, ids, bf16=False)
+    _, _, tr_bf16 = step_grads(model, ids, bf16=True)
+    tr_ours = json.load(open(os.path.join(trained_out, "step.json")))
+    trained_grads, tr_problems = compare_grads(
+        load_file(os.path.join(trained_out, "grads.safetensors")), tr32, tr_bf16, moe)
+    problems += [p.replace("gradient of", "trained adapter's gradient of") for p in tr_problems]
+    del model, tr32, tr_bf16
+    free_gpu()
+
+    return {"targets": targets, "rank": RANK, "alpha": ALPHA, "lr": LORA_LR,
+            "trainable_params": trainable_params,
+            "step_loss_ours": ours["total"], "step_loss_peft": loss32,
+            "step_loss_rel_err": loss_err, "step_loss_ok": loss_err <= 1e-4,
+            "aux_loss_ours": ours["aux_loss"] if aux32 is not None else None,
+            "aux_loss_peft": aux32,
+            "grads": grads, "grads_ok": grads["ok"],
+            **curve,
+            "logits_rel_err": logit_err, "logits_bf16_autocast_rel_err": bf16_logit_err,
+            "logits_ok": logit_err <= 1e-2,
+            "trained_adapter_step_loss_ours": tr_ours["total"],
+            "trained_adapter_step_loss_peft": tr_loss32,
+            "trained_adapter_step_loss_rel_err": abs(tr_ours["total"] - tr_loss32) / tr_loss32,
+            "trained_adapter_grads": trained_grads,
+            "trained_adapter_grads_ok": trained_grads["ok"]}, problems
+
+
+def full_case(bin_path, d, config, batches, freeze):
+    out = os.path.join(d, "ours-full")
+    model_dir = os.path.join(d, "model")
+    run_ours(bin_path, model_dir, os.path.join(d, "batches-full.json"), out,
+             ["--steps", str(STEPS), "--freeze", ",".join(freeze)])
+    moe, vocab, problems = is_moe(config), config.vocab_size, []
+    ids = batches[0].cuda()
+
+    model = load_base(model_dir, config)
+    model.model.embed_tokens.weight.requires_grad_(False)
+    loss32, _, g32 = step_grads(model, ids, bf16=False)
+    _, _, g_bf16 = step_grads(model, ids, bf16=True)
+    ours = json.load(open(os.path.join(out, "step.json")))
+    loss_err = abs(ours["total"] - loss32) / loss32
+    if not loss_err <= 1e-4:
+        problems.append(f"step loss {ours['total']} vs transformers {loss32}")
+    our_grads = load_file(os.path.join(out, "grads.safetensors"))
+    grads, grad_problems = compare_grads(our_grads, g32, g_bf16, moe)
+    problems += grad_problems
+    del g32, g_bf16, our_grads
+    free_gpu()
+
+    our_losses = json.load(open(os.path.join(out, "curve.json")))["losses"]
+    curve, curve_problems = curves(model, batches, FULL_LR, our_losses)
+    problems += curve_problems
+    trainable_params = sum(p.numel() for _, p in trainable(model))
+    base_embed = model.model.embed_tokens.weight.detach().clone()
+    del model
+    free_gpu()
+
+    loaded = load_base(os.path.join(out, f"checkpoint-{STEPS}"), config)
+    embed_kept = bool(torch.equal(loaded.model.embed_tokens.weight.detach(), base_embed))
+    if not embed_kept:
+        problems.append("the frozen embedding of our checkpoint differs from the base's")
+    hf_logits, bf16_logit_err = logits_of(loaded, ids, vocab)
+    our_logits = load_file(os.path.join(out, "logits.safetensors"))["logits"].cuda()
+    logit_err = rel(our_logits, hf_logits)
+    if not logit_err <= 1e-2:
+        problems.append(f"logits of our checkpoint: rel err {logit_err:.3e}")
+    del loaded, hf_logits, our_logits, base_embed
+    free_gpu()
+    return {"targets": None, "freeze": freeze, "lr": FULL_LR,
+            "trainable_params": trainable_params,
+            "step_loss_ours": ours["total"], "step_loss_transformers": loss32,
+            "step_loss_rel_err": loss_err, "step_loss_ok": loss_err <= 1e-4,
+            "grads": grads, "grads_ok": grads["ok"], **curve,
+            "frozen_embedding_kept": embed_kept,
+            "logits_rel_err": logit_err, "logits_bf16_autocast_rel_err": bf16_logit_err,
+            "logits_ok": logit_err <= 1e-2}, problems
+
+
+def record(result):
+    """Replaces the case's line in RESULTS (the latest measurement of each case)."""
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    lines = []
+    if os.path.exists(RESULTS):
+        with open(RESULTS) as f:
+            lines = [l for l in f if l.strip() and json.loads(l).get("case") != result["case"]]
+    lines.append(json.dumps(result) + "\n")
+    with open(RESULTS, "w") as f:
+        f.writelines(lines)
+
+
+def check_family(bin_path, work, family, make_config):
+    d = os.path.join(work, family)
+    os.makedirs(d, exist_ok=True)
+    try:
+        config = make_config()
+        make_model(config, os.path.join(d, "model"))
+        batches = make_batches(config.vocab_size, "text")
+        for name, lr in (("batches-lora.json", LORA_LR), ("batches-full.json", FULL_LR)):
+            with open(os.path.join(d, name), "w") as f:
+                json.dump({"rows": [b.tolist() for b in batches], "lr": lr, "warmup": WARMUP,
+                           "weight_decay": WD, "max_grad_norm": CLIP}, f)
+        family_cases, setup_error = cases(family, config), None
+    except Exception as e:  # the family's every case fails; the other families still run
+        traceback.print_exc()
+        family_cases = [("setup", None, None)]
+        setup_error = f"setting up {family}: {type(e).__name__}: {e}"
+        free_gpu()
+    results = []
+    for case, targets, freeze in family_cases:
+        head = {"case": f"{family}/{case}", "family": family}
+        try:
+            if setup_error is not None:
+                body, problems = {}, [setup_error]
+            elif targets is not None:
+                head["tokens_per_step"] = int(batches[0].numel())
+                body, problems = lora_case(bin_path, d, config, batches, targets)
+            else:
+                head["tokens_per_step"] = int(batches[0].numel())
+                body, problems = full_case(bin_path, d, config, batches, freeze)
+        except Exception as e:  # a crash of either side fails the case, not the run
+            traceback.print_exc()
+            body, problems = {}, [f"{type(e).__name__}: {e}"]
+            free_gpu()
+        result = {**head, **body, "problems": problems, "passed": not problems}
+        print(json.dumps(result), flush=True)
+        record(result)
+        results.append(result)
+    if os.environ.get("MEGATRAIN_CMP_KEEP") != "1":
+        shutil.rmtree(d, ignore_errors=True)
+    return results
+
+
+def summary(results):
+    print("\ncase                                  loss    grads   curve   logits  trained-grads")
+    for r in results:
+        def mark(key):
+            return "-" if key not in r else ("ok" if r[key] else "FAIL")
+        print(f"{r['case']:<36}  {mark('step_loss_ok'):<6}  {mark('grads_ok'):<6}  "
+              f"{mark('curve_ok'):<6}  {mark('logits_ok'):<6}  {mark('trained_adapter_grads_ok')}"
+              + ("" if r["passed"] else "   <- " + "; ".join(r["problems"])[:300]))
+    failed = [r["case"] for r in results if not r["passed"]]
+    print(f"\n{len(results) - len(failed)} of {len(results)} cases passed"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return not failed
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    bin_path, work = sys.argv[1], sys.argv[2]
+    all_configs = configs()
+    families = sys.argv[3:] or list(all_configs)
+    unknown = [f for f in families if f not in all_configs]
+    if unknown:
+        sys.exit(f"unknown families {unknown}; choose from {list(all_configs)}")
+    results = []
+    for family in families:
+        results += check_family(bin_path, work, family, all_configs[family])
+    sys.exit(0 if summary(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
