@@ -726,24 +726,29 @@ absl::Status NoPlanFits(const PlanRequest& r, const Plan& smallest, bool cpu) {
         smallest.checkpoints_on_host ? "in host memory" : "on the device",
         GiB(smallest.device_bytes), GiB(r.device_budget_bytes)));
   }
+  // Frozen tensors are 2 bytes a parameter: the moments' dtype and disk help only where the
+  // state is most of it.
+  const double per_parameter = static_cast<double>(smallest.host_store_bytes) /
+                               std::max<double>(1, static_cast<double>(smallest.num_parameters));
+  const bool mostly_state = per_parameter > 4;
   return absl::FailedPreconditionError(absl::StrFormat(
       "the job does not fit in host memory: it needs %s (training state %s for %s parameters "
       "at %.4g bytes each, gradient slabs %s%s), and %s is available; use a smaller model%s%s%s",
       GiB(smallest.host_bytes), GiB(smallest.host_store_bytes), Params(smallest.num_parameters),
-      StoreBytesPerParameter(r.moments, smallest.bf16_copy),
-      GiB(smallest.host_slab_bytes),
+      per_parameter, GiB(smallest.host_slab_bytes),
       smallest.host_checkpoint_bytes > 0
           ? absl::StrCat(", checkpoints ", GiB(smallest.host_checkpoint_bytes))
           : std::string(cpu ? absl::StrCat(", CPU buffers ", GiB(smallest.device_bytes)) : ""),
       GiB(r.host_budget_bytes),
-      r.moments != MomentDType::kInt8
+      r.moments != MomentDType::kInt8 && mostly_state
           ? absl::StrFormat(", or keep AdamW's moments in int8 (optimizer.state_dtype: int8, "
                             "%.4g bytes a parameter)",
                             StoreBytesPerParameter(MomentDType::kInt8, smallest.bf16_copy))
           : std::string(),
-      r.nvme_dir.empty() ? ", or keep the top layers' moments on a local disk "
-                           "(optimizer.nvme_dir)"
-                         : "",
+      !mostly_state ? ", or a box with more memory (a frozen tensor takes 2 bytes a parameter)"
+      : r.nvme_dir.empty() ? ", or keep the top layers' moments on a local disk "
+                             "(optimizer.nvme_dir)"
+                           : "",
       r.clipping ? ", or turn clipping off (train.max_grad_norm: 0 holds two layers' "
                    "gradients instead of every layer's)"
                  : ""));
@@ -882,9 +887,17 @@ void DescribeMemory(const Plan& plan, const PlanRequest& r, const MachineProfile
                         plan.devices > 1 ? " on each" : "", GiB(plan.host_bytes),
                         GiB(r.host_budget_bytes), GiB(plan.host_store_bytes),
                         GiB(plan.host_slab_bytes), GiB(plan.host_checkpoint_bytes));
-  absl::StrAppendFormat(out, "state      %sfp32 master, %s AdamW moments: %.4g bytes a parameter\n",
+  const double trained = StoreBytesPerParameter(r.moments, plan.bf16_copy);
+  const double overall = static_cast<double>(plan.host_store_bytes) /
+                         std::max<double>(1, static_cast<double>(plan.num_parameters));
+  absl::StrAppendFormat(out,
+                        "state      %sfp32 master, %s AdamW moments: %.4g bytes a parameter%s\n",
                         plan.bf16_copy ? "bf16 weights, " : "", MomentDTypeName(r.moments),
-                        StoreBytesPerParameter(r.moments, plan.bf16_copy));
+                        trained,
+                        std::fabs(overall - trained) > 0.01
+                            ? absl::StrFormat(" trained; %.3g over the model (frozen tensors: "
+                                              "bf16 alone)", overall)
+                            : std::string());
   if (plan.nvme_layers > 0) {
     absl::StrAppendFormat(out, "nvme       the moments of the top %d layer(s) on disk in %s: %s "
                                "(%s of RAM buffers), read and written every step: %.2f s "

@@ -281,6 +281,9 @@ TEST(Trainer, LoraJobTrainsItsAdaptersAloneAndResumesExactly) {
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_NE((*t)->plan_text().find("lora       rank 4, alpha 8 (scale 2)"), std::string::npos)
       << (*t)->plan_text();
+  EXPECT_NE((*t)->plan_text().find("over the model (frozen tensors: bf16 alone)"),
+            std::string::npos)
+      << (*t)->plan_text();
   const HostStore& store = (*t)->store();
   std::vector<std::vector<uint16_t>> before;
   for (int64_t u = 0; u < store.num_units(); ++u) before.push_back(Bf16Of(store, u));
