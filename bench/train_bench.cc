@@ -191,6 +191,16 @@ absl::StatusOr<nlohmann::json> EvalRun(Pipeline* pipeline, HostOptimizer* opt, G
                   "the steady training step's median on the same tokens"}};
 }
 
+// Parameters with optimizer state (every unit's state range): what the step trains.
+int64_t TrainedParameters(const ModelLayout& layout) {
+  int64_t n = 0;
+  for (const UnitLayout& u : layout.units) {
+    const auto [begin, end] = u.StateRange();
+    n += end - begin;
+  }
+  return n;
+}
+
 }  // namespace
 }  // namespace megatrain
 
@@ -584,6 +594,9 @@ int main(int argc, char** argv) {
        " (matmul_params: active parameters of MoE layers)"},
       {"tokens_per_step", tokens},
       {"seq_len", seq},
+      {"lora", {{"rank", lora.rank}, {"alpha", lora.alpha}, {"targets", lora.target_modules},
+                {"trained_params", TrainedParameters(layout)}}},
+      {"freeze", freeze},
       {"clipping", max_grad_norm > 0},
       {"optimizer", no_optimizer ? "none (gradients discarded)" : "CPU AdamW"},
       {"optimizer_state_dtype", MomentDTypeName(moments)},
