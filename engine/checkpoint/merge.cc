@@ -2,7 +2,6 @@
 
 #include <filesystem>
 #include <map>
-#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -64,25 +63,6 @@ absl::Status WriteMerged(const ModelLayout& layout, double scale, const ModelTen
   return absl::OkStatus();
 }
 
-// Every tensor of the adapter is one the layout adapts.
-absl::Status CheckAdapterTensors(const ModelLayout& layout, const ModelTensorReader& adapter,
-                                 const std::string& folder) {
-  std::set<std::string> adapted;
-  for (const UnitLayout& unit : layout.units) {
-    for (const TensorSlot& t : unit.tensors) {
-      if (IsLora(t)) adapted.insert(kPeftPrefix + t.name);
-    }
-  }
-  for (const std::string& name : adapter.names()) {
-    if (adapted.count(name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "merge: the adapter ", folder, " holds ", name,
-          ", which its adapter_config.json does not target or the base does not have"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status MergeLoraAdapter(const std::string& base, const std::string& adapter,
@@ -99,7 +79,8 @@ absl::Status MergeLoraAdapter(const std::string& base, const std::string& adapte
                            absl::StrCat("merge: the adapter ", adapter)));
   ASSIGN_OR_RETURN(ModelTensorReader base_reader, ModelTensorReader::OpenFolder(base));
   ASSIGN_OR_RETURN(ModelTensorReader adapter_reader, ModelTensorReader::OpenFolder(adapter));
-  RETURN_IF_ERROR(CheckAdapterTensors(layout, adapter_reader, adapter));
+  RETURN_IF_ERROR(
+      CheckAdapterHoldsOnlyLayouts(layout, adapter_reader, "merge: the adapter", adapter));
 
   const std::string tmp = out + ".tmp";
   fs::remove_all(tmp, ec);

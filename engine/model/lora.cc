@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -154,6 +155,25 @@ absl::StatusOr<ModelLayout> TrainingLayout(const ModelConfig& config, const Lora
     }
   }
   return layout;
+}
+
+absl::Status CheckAdapterHoldsOnlyLayouts(const ModelLayout& layout,
+                                         const ModelTensorReader& adapter,
+                                         const std::string& what, const std::string& folder) {
+  std::set<std::string> adapted;
+  for (const UnitLayout& unit : layout.units) {
+    for (const TensorSlot& t : unit.tensors) {
+      if (IsLora(t)) adapted.insert(kPeftPrefix + t.name);
+    }
+  }
+  for (const std::string& name : adapter.names()) {
+    if (adapted.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", folder, " holds ", name,
+          ", which is not an adapter of this model and lora.target_modules"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string PeftAdapterConfigJson(const ModelLayout& layout, const LoraConfig& lora,

@@ -18,6 +18,7 @@
 #include "engine/engine.h"  // LoraConfig, LoraInit
 #include "engine/model/config.h"
 #include "engine/model/layout.h"
+#include "engine/model/safetensors.h"
 
 namespace megatrain {
 
@@ -61,6 +62,13 @@ std::string PeftAdapterConfigJson(const ModelLayout& layout, const LoraConfig& l
 // ("all-linear" and a single string as PEFT allows). NotFound without the file;
 // InvalidArgument naming the file and the key when it is not a LoRA adapter's.
 [[nodiscard]] absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& folder);
+
+// InvalidArgument "<what> <folder> holds <name>, which ..." when the adapter folder read by
+// `adapter` holds a tensor that is not one of `layout`'s adapters (under PEFT's names).
+[[nodiscard]] absl::Status CheckAdapterHoldsOnlyLayouts(const ModelLayout& layout,
+                                                       const ModelTensorReader& adapter,
+                                                       const std::string& what,
+                                                       const std::string& folder);
 
 // The tensor is a LoRA adapter's (kLoraA or kLoraB).
 inline bool IsLora(const TensorSlot& t) {

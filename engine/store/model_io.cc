@@ -6,7 +6,6 @@
 #include <cstring>
 #include <mutex>
 #include <random>
-#include <set>
 #include <vector>
 
 #include "engine/common/status.h"
@@ -176,22 +175,14 @@ absl::Status LoadLoraAdapter(const std::string& folder, const LoraConfig& lora,
   }
   ASSIGN_OR_RETURN(ModelTensorReader reader, ModelTensorReader::OpenFolder(folder));
   const ModelLayout& layout = store->layout();
-  std::set<std::string> adapted;
+  RETURN_IF_ERROR(CheckAdapterHoldsOnlyLayouts(layout, reader, "lora.adapter", folder));
   for (int64_t u = 0; u < store->num_units(); ++u) {
     for (const TensorSlot& t : layout.units[u].tensors) {
       if (!IsLora(t)) continue;
       const std::string name = kPeftPrefix + t.name;
-      adapted.insert(name);
       std::vector<float> values(t.num_elements);
       RETURN_IF_ERROR(Annotate(reader.ReadAsFloat(name, t.shape, values.data()), "lora.adapter"));
       store->WriteTensor(u, t, values.data());
-    }
-  }
-  for (const std::string& name : reader.names()) {
-    if (adapted.count(name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "lora.adapter ", folder, " holds ", name,
-          ", which this job does not adapt (lora.target_modules, or another model)"));
     }
   }
   return absl::OkStatus();
