@@ -179,8 +179,7 @@ struct JobSpec {
   // output_router_logits).
   double router_aux_loss_coef = -1;
   // train.freeze: patterns of the tensors that stay as they are (engine/model/freeze.h):
-  // the optimizer never changes them and their gradients count in no norm. They still hold
-  // fp32 state and their gradients are still computed.
+  // bf16 alone in host memory, no gradient, no optimizer state (docs/adapters.md).
   std::vector<std::string> freeze;
   LoraConfig lora;  // lora: adapters (rank 0: none), model/lora.h
   // lora.adapter: a PEFT adapter folder the adapters start from ("": drawn from lora.init).
