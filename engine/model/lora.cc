@@ -111,17 +111,18 @@ absl::Status AddLoraAdapters(const LoraConfig& lora, const ModelConfig& config,
     };
     for (int target = 0; target < kNumTargets; ++target) {
       if (!chosen[target]) continue;
-      const TensorSlot* base = unit.Find(LoraTargetRole(target));
-      if (base == nullptr) continue;
-      const int64_t out = base->shape[0], in = base->shape[1];
+      const TensorSlot* found = unit.Find(LoraTargetRole(target));
+      if (found == nullptr) continue;
+      const TensorSlot base = *found;  // a copy: adding tensors moves the unit's
+      const int64_t out = base.shape[0], in = base.shape[1];
       if (lora.rank > std::min(in, out)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("lora.rank ", lora.rank, " is larger than ", base->name,
+            absl::StrCat("lora.rank ", lora.rank, " is larger than ", base.name,
                          "'s smaller side (", std::min(in, out), ")"));
       }
-      const std::string module = base->name.substr(0, base->name.size() - strlen(".weight"));
-      add(TensorRole::kLoraA, base->role, module + ".lora_A.weight", {lora.rank, in});
-      add(TensorRole::kLoraB, base->role, module + ".lora_B.weight", {out, lora.rank});
+      const std::string module = base.name.substr(0, base.name.size() - strlen(".weight"));
+      add(TensorRole::kLoraA, base.role, module + ".lora_A.weight", {lora.rank, in});
+      add(TensorRole::kLoraB, base.role, module + ".lora_B.weight", {out, lora.rank});
     }
     unit.num_elements = cursor;
     unit.lora_rank = lora.rank;
