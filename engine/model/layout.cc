@@ -1,6 +1,7 @@
 #include "engine/model/layout.h"
 
 #include <algorithm>
+#include <array>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/check.h"
@@ -186,20 +187,20 @@ int GradientGroup(TensorRole r) {
     case TensorRole::kQBias: case TensorRole::kKBias: case TensorRole::kVBias: return 2;
     case TensorRole::kGate: case TensorRole::kUp: return 3;
     case TensorRole::kExpertGate: case TensorRole::kExpertUp: return 4;
-    default: return 100 + static_cast<int>(r);  // every tensor of the role
+    default: return 8 + static_cast<int>(r);  // every tensor of the role (< 256)
   }
 }
 }  // namespace
 
 std::pair<int64_t, int64_t> UnitLayout::StateRange() const {
   if (AllTrainable()) return {0, num_elements};
-  std::vector<int> groups;
+  std::array<bool, 256> trained{};  // by gradient group
   for (const TensorSlot& t : tensors) {
-    if (t.trainable) groups.push_back(GradientGroup(t.role));
+    if (t.trainable) trained[GradientGroup(t.role)] = true;
   }
   int64_t begin = num_elements, end = 0;
   for (const TensorSlot& t : tensors) {
-    if (std::find(groups.begin(), groups.end(), GradientGroup(t.role)) == groups.end()) continue;
+    if (!trained[GradientGroup(t.role)]) continue;
     begin = std::min(begin, t.offset);
     end = std::max(end, t.offset + t.num_elements);
   }
