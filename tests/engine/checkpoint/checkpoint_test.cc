@@ -398,6 +398,16 @@ TEST(CheckpointLoraTest, AdapterCheckpointIsAPeftFolderThatResumesAndLoads) {
   other.rank = 8;
   absl::Status wrong = LoadLoraAdapter(*path, other, started.get());
   EXPECT_THAT(std::string(wrong.message()), HasSubstr("has r 4; lora.rank is 8"));
+  // One of another base (wider layers: its tensors' shapes differ) names the tensor.
+  const ModelConfig wider = TinyConfig(/*tied=*/true, /*scale=*/2);
+  ModelLayout wide_layout = BuildLayout(wider);
+  ASSERT_TRUE(AddLoraAdapters(lora, wider, &wide_layout).ok());
+  std::unique_ptr<HostStore> wide = std::move(*HostStore::Create(wide_layout, -1, {}));
+  RandomInitWeights(wider, 5, wide.get());
+  absl::Status base = LoadLoraAdapter(*path, lora, wide.get());
+  EXPECT_FALSE(base.ok());
+  EXPECT_THAT(std::string(base.message()), HasSubstr("lora.adapter"));
+  EXPECT_THAT(std::string(base.message()), HasSubstr("lora_A.weight"));
 }
 
 // megatrain merge: each adapted projection of the merged folder is bf16(W + scale B A), the
