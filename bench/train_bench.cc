@@ -194,10 +194,7 @@ absl::StatusOr<nlohmann::json> EvalRun(Pipeline* pipeline, HostOptimizer* opt, G
 // Parameters with optimizer state (every unit's state range): what the step trains.
 int64_t TrainedParameters(const ModelLayout& layout) {
   int64_t n = 0;
-  for (const UnitLayout& u : layout.units) {
-    const auto [begin, end] = u.StateRange();
-    n += end - begin;
-  }
+  for (const UnitLayout& u : layout.units) n += u.StateElements();
   return n;
 }
 

@@ -211,9 +211,9 @@ absl::Status SetUpStore(const JobSpec& spec, JobParts* p) {
   store_options.nvme_dir = spec.nvme_dir;
   ASSIGN_OR_RETURN(const ModelLayout layout, TrainingLayout(p->config, spec.lora, spec.freeze));
   for (int64_t l = p->config.num_layers - p->plan.nvme_layers; l < p->config.num_layers; ++l) {
-    const UnitLayout& unit = layout.units[layout.DecoderUnit(l)];
-    const auto [begin, end] = unit.StateRange();
-    if (begin < end) store_options.disk_units.push_back(layout.DecoderUnit(l));  // has moments
+    if (layout.units[layout.DecoderUnit(l)].StateElements() > 0) {  // it has moments
+      store_options.disk_units.push_back(layout.DecoderUnit(l));
+    }
   }
   ASSIGN_OR_RETURN(p->store, HostStore::Create(layout, store_nodes, store_options));
   ASSIGN_OR_RETURN(p->slabs,

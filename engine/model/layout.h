@@ -103,6 +103,10 @@ struct UnitLayout {
   // tensors between them are all inside (frozen ones too, kept but never updated); the
   // others are frozen and bf16 alone.
   std::pair<int64_t, int64_t> StateRange() const;
+  int64_t StateElements() const {  // its length
+    const auto [begin, end] = StateRange();
+    return end - begin;
+  }
   // The tensor lies inside StateRange().
   bool HasState(const TensorSlot& t) const;
 };

@@ -154,13 +154,12 @@ void CountParameters(const PlanRequest& r, const ModelLayout& layout, bool bf16_
         x->frozen_matmul += t.num_elements;  // the tied lm_head
       }
     }
-    const auto [begin, end] = u.StateRange();
-    const bool bf16 = bf16_copy || end - begin != u.num_elements;  // HostStore's rule
+    const int64_t state = u.StateElements();
     x->total += u.num_elements;
-    x->trained += end - begin;
+    x->trained += state;
     x->store_bytes += static_cast<int64_t>(
-        (bf16 ? 2.0 * u.num_elements : 0.0) +
-        (end - begin) * (4.0 + MomentBytesPerParameter(r.moments)));
+        (HostStore::KeepsBf16(u, bf16_copy) ? 2.0 * u.num_elements : 0.0) +
+        state * (4.0 + MomentBytesPerParameter(r.moments)));
   }
 }
 

@@ -56,21 +56,17 @@ StepMemory SizeStepMemory(const ModelConfig& config, const ModelLayout& layout, 
   const int64_t layer_n = layout.MaxDecoderElements();
   const int64_t embed_n = layout.units[ModelLayout::EmbeddingUnit()].num_elements;
   const int64_t head_n = layout.units[layout.HeadUnit()].num_elements;
-  auto state = [](const UnitLayout& u) {
-    const auto [begin, end] = u.StateRange();
-    return end - begin;
-  };
   int64_t layer_state = 0;
   for (const UnitLayout& u : layout.units) {
-    if (u.kind == UnitKind::kDecoder) layer_state = std::max(layer_state, state(u));
+    if (u.kind == UnitKind::kDecoder) layer_state = std::max(layer_state, u.StateElements());
   }
   StepMemory m;
   m.weight_slots = NumWeightSlots(config, options);
   m.weight_slot = layer_n * wsize;
   m.embedding_slot = embed_n * wsize;
   m.head_slot = head_n * wsize;
-  m.embedding_grad = padded(state(layout.units[ModelLayout::EmbeddingUnit()])) * gsize;
-  m.head_grad = padded(state(layout.units[layout.HeadUnit()])) * gsize;
+  m.embedding_grad = padded(layout.units[ModelLayout::EmbeddingUnit()].StateElements()) * gsize;
+  m.head_grad = padded(layout.units[layout.HeadUnit()].StateElements()) * gsize;
   m.layer_grad = padded(layer_state) * gsize;
   m.grad_discard = GradDiscardElements(layout) * gsize;
   m.activations = M * n * act_row;

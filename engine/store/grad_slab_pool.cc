@@ -40,16 +40,11 @@ static_assert(kGradSlabMaxElements % kMomentBlock == 0 &&
               GradShardElements(kMomentBlock + 1, 3) % kMomentBlock == 0);
 
 namespace {
-// What a unit drains: its state range (frozen tensors outside it have no gradient).
-int64_t Drained(const UnitLayout& u) {
-  const auto [begin, end] = u.StateRange();
-  return end - begin;
-}
-
+// What a unit drains is its state range (frozen tensors outside it have no gradient).
 int64_t MaxDrainedLayer(const ModelLayout& layout) {
   int64_t m = 0;
   for (const UnitLayout& u : layout.units) {
-    if (u.kind == UnitKind::kDecoder) m = std::max(m, Drained(u));
+    if (u.kind == UnitKind::kDecoder) m = std::max(m, u.StateElements());
   }
   return m;
 }
@@ -59,7 +54,7 @@ int64_t GradSlabElements(const ModelLayout& layout) {
   // A layer's, or (every layer frozen) the largest unit's, in pieces of at most the cap.
   int64_t unit = MaxDrainedLayer(layout);
   if (unit == 0) {
-    for (const UnitLayout& u : layout.units) unit = std::max(unit, Drained(u));
+    for (const UnitLayout& u : layout.units) unit = std::max(unit, u.StateElements());
   }
   const int64_t elements = (std::max<int64_t>(1, unit) + kMomentBlock - 1) / kMomentBlock;
   return std::min(elements * kMomentBlock, kGradSlabMaxElements);
@@ -69,7 +64,7 @@ int64_t GradSlabsNeeded(const ModelLayout& layout, bool clipping) {
   const int64_t slab = GradSlabElements(layout);
   if (!clipping) return std::max<int64_t>(2, 2 * ((MaxDrainedLayer(layout) + slab - 1) / slab));
   int64_t pieces = 0;
-  for (const UnitLayout& u : layout.units) pieces += (Drained(u) + slab - 1) / slab;
+  for (const UnitLayout& u : layout.units) pieces += (u.StateElements() + slab - 1) / slab;
   return std::max<int64_t>(1, pieces);
 }
 
@@ -88,7 +83,7 @@ int64_t GradShardSlabsNeeded(const ModelLayout& layout, bool clipping, int ranks
   // the last rank's shorter tail: count the first rank's).
   int64_t pieces = 0;
   for (const UnitLayout& u : layout.units) {
-    const int64_t n = Drained(u);
+    const int64_t n = u.StateElements();
     const int64_t shard = std::min(n, GradShardElements(n, ranks));
     pieces += (shard + slab - 1) / slab;
   }

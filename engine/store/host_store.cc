@@ -29,7 +29,7 @@ struct UnitKeeps {
 UnitKeeps KeepsOf(const UnitLayout& unit, bool bf16_copy, bool weights_only) {
   if (weights_only) return UnitKeeps{};
   const auto [begin, end] = unit.StateRange();
-  return UnitKeeps{begin, end - begin, bf16_copy || end - begin != unit.num_elements};
+  return UnitKeeps{begin, end - begin, HostStore::KeepsBf16(unit, bf16_copy)};
 }
 
 // A unit's share of the transfer arena: its bf16 weights, or its fp32 master.

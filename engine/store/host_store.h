@@ -115,6 +115,11 @@ class HostStore {
   // without the copy, its fp32 master when the unit has no frozen tensor outside its
   // state) from a page boundary. A weights-only store is this with the copy.
   static size_t TransferArenaBytes(const ModelLayout& layout, bool bf16_copy);
+  // Whether a store keeps `unit`'s bf16 weights: with the copy, and always for a unit with
+  // frozen tensors outside its state range (the only copy of those).
+  static bool KeepsBf16(const UnitLayout& unit, bool bf16_copy) {
+    return bf16_copy || unit.StateElements() != unit.num_elements;
+  }
 
   const ModelLayout& layout() const { return layout_; }
   int64_t num_units() const { return static_cast<int64_t>(layout_.units.size()); }
