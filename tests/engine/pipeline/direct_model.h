@@ -61,6 +61,17 @@ class DirectModel {
     }
   }
 
+  // The loss's central difference in element i of unit u, step h (the weight restored).
+  double CentralDifference(const MicroBatch& b, int64_t u, int64_t i, double h) {
+    const double w = Get(u, i);
+    Set(u, i, w + h);
+    const double up = Run(b, nullptr);
+    Set(u, i, w - h);
+    const double down = Run(b, nullptr);
+    Set(u, i, w);
+    return (up - down) / (2 * h);
+  }
+
   // Mean loss over the batch's targets; the gradients, per unit, when `grads` is set.
   double Run(const MicroBatch& b, std::vector<std::vector<double>>* grads) {
     const int64_t n = static_cast<int64_t>(b.tokens.size());
