@@ -26,8 +26,8 @@ SUITES=(
   "depth        train_bench: the 1.5B width at 28 and 84 layers on one fixed plan"
   "generate     train_bench --eval (the forward-only pass), generate_bench (Qwen2.5-7B resident and streamed, a GPT-OSS-120B cut streamed) and transformers' generate on the 7B work"
   "long         train_bench: Qwen2.5-7B one 128K sequence; 2 layers of one 512K sequence"
-  "lora         train_bench: LoRA r16 beside the full fine-tune on the same shape and tokens (Llama-3.1-8B 4K and 8K, Qwen2.5-7B 4K, GPT-OSS-120B 2 layers), and GPT-OSS-120B cut to 16 layers with LoRA (its floors, host bytes a parameter)"
-  "lora-numerics tests/hf/compare_lora_with_peft.py: LoRA and a frozen embedding against peft + transformers"
+  "lora         train_bench: LoRA r16 beside the full fine-tune on the same shape and tokens (Llama-3.1-8B 4K and 8K, Qwen2.5-7B 4K, GPT-OSS-120B 2 layers), and GPT-OSS-120B cut to 16 layers with LoRA on its attention and experts (its floors, host bytes a parameter)"
+  "lora-numerics tests/hf/compare_lora_with_peft.py: LoRA (attention, MLP, experts) and a frozen embedding against peft + transformers"
   "moe          train_bench: Qwen3-30B-A3B, Mixtral-8x7B and GPT-OSS-120B cuts at 64K and 256K tokens"
   "moe-floors   train_bench --no-optimizer on the MoE cuts: the step without the CPU optimizer"
   "host-bytes   train_bench: Qwen2.5-7B and Llama-3.1-8B with and without the bf16 copy, int8 moments, the auto plan"
@@ -337,18 +337,20 @@ suite() {
             --tokens-per-step 65536 --steps 6 --warmup 2 "${flags[@]}"
         done
       done
+      MOE_LORA=q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,experts.down_proj
       # GPT-OSS-120B: 2 layers both ways (a full fine-tune of more does not fit 125 GiB at
-      # 12 bytes a parameter); 16 of its 36 layers with LoRA (~100 GiB of bf16 base).
+      # 12 bytes a parameter); 16 of its 36 layers with LoRA (~100 GiB of bf16 base). LoRA
+      # on the attention and the experts.
       for how in lora full; do
-        flags=(); [ "$how" = lora ] && flags=(--lora-rank 16)
+        flags=(); [ "$how" = lora ] && flags=(--lora-rank 16 --lora-targets "$MOE_LORA")
         train "gpt-oss-120b_2l_${how}" 420 --shape gpt-oss-120b --layers 2 --seq 4096 \
           --tokens-per-step 262144 --steps 4 --warmup 2 "${flags[@]}"
       done
       train gpt-oss-120b_16l_lora 600 --shape gpt-oss-120b --layers 16 --seq 4096 \
-        --tokens-per-step 262144 --steps 3 --warmup 1 --lora-rank 16
+        --tokens-per-step 262144 --steps 3 --warmup 1 --lora-rank 16 --lora-targets "$MOE_LORA"
       save ;;
     lora-numerics)
-      run compare_lora_with_peft 3600 python3 "$ROOT/tests/hf/compare_lora_with_peft.py" \
+      run compare_lora_with_peft 5400 python3 "$ROOT/tests/hf/compare_lora_with_peft.py" \
         "$(command -v gpu_reference)" "$DIR/compare"
       save ;;
     numerics)

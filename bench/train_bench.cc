@@ -252,7 +252,9 @@ int main(int argc, char** argv) {
   app.add_option("--lora-rank", lora.rank, "LoRA adapters of this rank, the base frozen (0: none)");
   app.add_option("--lora-alpha", lora.alpha, "LoRA's alpha (default: 2 x rank)");
   app.add_option("--lora-targets", lora.target_modules,
-                 "PEFT module names (default: every projection; the attention's for MoE)");
+                 "comma-separated PEFT module names, experts.gate_up_proj and "
+                 "experts.down_proj (default: every projection; the attention's for MoE)")
+      ->delimiter(',');
   app.add_option("--freeze", freeze, "train.freeze patterns");
   app.add_option("--micro-batch-rows", micro_rows, "0 = the planner's choice");
   app.add_option("--k", k, "activation checkpoint interval; 0 = the planner's choice");

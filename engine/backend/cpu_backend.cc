@@ -287,6 +287,24 @@ class CpuBackend final : public Backend {
                                     OC, w_in_major);
     });
   }
+  void GroupedLoraForward(void* y, void* t, const void* x, const void* A, const void* B,
+                          const ExpertOffsets& expert_offsets, int64_t E, int64_t IC, int64_t OC,
+                          int64_t r, double scale, StreamId s) override {
+    const int32_t* offsets = expert_offsets.device;
+    On(s, [=] {
+      ref::GroupedLoraForward<T>(P(y), P(t), P(x), P(A), P(B), offsets, E, IC, OC, r, scale);
+    });
+  }
+  void GroupedLoraBackward(void* dx, void* dA, void* dB, void* t, void* dt, const void* dy,
+                           const void* x, const void* A, const void* B,
+                           const ExpertOffsets& expert_offsets, int64_t E, int64_t IC, int64_t OC,
+                           int64_t r, double scale, StreamId s) override {
+    const int32_t* offsets = expert_offsets.device;
+    On(s, [=] {
+      ref::GroupedLoraBackward<T>(P(dx), P(dA), P(dB), P(t), P(dt), P(dy), P(x), P(A), P(B),
+                                  offsets, E, IC, OC, r, scale);
+    });
+  }
   void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w, int64_t n,
                   int64_t k, int64_t C, StreamId s) override {
     On(s, [=] { ref::MoeCombine<T, T>(P(out), P(ye), slot_of, P(w), n, k, C); });

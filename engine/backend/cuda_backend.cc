@@ -433,27 +433,45 @@ class CudaBackend final : public Backend {
       }
       return;
     }
-    ExpertGemm w;  // dW_e f32 += in_e^T dout_e, as W is laid out: a sum over the expert's rows
-    w.ta = CUBLAS_OP_N;
-    w.tb = CUBLAS_OP_T;
-    w.rows_are_k = true;
-    const int64_t w_expert[3] = {0, 0, OC * IC * kF32};
-    if (w_in_major) {  // dW^T (OC, IC) += dout^T (OC, rows) . in (rows, IC)
-      w.m = OC, w.n = IC, w.lda = OC, w.ldb = IC, w.ldc = OC;
-      const void* w_base[3] = {dout, in, dW};
-      const int64_t w_row[3] = {OC * kBf16, IC * kBf16, 0};
-      SetOperands(&w, w_base, w_expert, w_row);
-    } else {  // dW^T (IC, OC) += in^T (IC, rows) . dout (rows, OC)
-      w.m = IC, w.n = OC, w.lda = IC, w.ldb = OC, w.ldc = IC;
-      const void* w_base[3] = {in, dout, dW};
-      const int64_t w_row[3] = {IC * kBf16, OC * kBf16, 0};
-      SetOperands(&w, w_base, w_expert, w_row);
-    }
-    w.c_type = CUDA_R_32F, w.beta = 1;
-    expert_gemms_->Run(w, rows, E);
+    // dW_e f32 += in_e^T dout_e, as W is laid out
+    expert_gemms_->Run(w_in_major ? SumOverRows(dout, OC, in, IC, dW, 1)   // dW^T (OC, IC)
+                                  : SumOverRows(in, IC, dout, OC, dW, 1),  // dW^T (IC, OC)
+                       rows, E);
     if (dbias != nullptr) {
       cuda::GroupedBiasGrad(F32(dbias), Bf16(dout), offsets.device, E, OC, Stream(s));
     }
+  }
+  // LoraForward's and LoraBackward's GEMMs per expert with rows, as GroupedLinear's
+  // (ExpertGemms); the scale rides on the alphas.
+  void GroupedLoraForward(void* y, void* t, const void* x, const void* A, const void* B,
+                          const ExpertOffsets& offsets, int64_t E, int64_t IC, int64_t OC,
+                          int64_t r, double scale, StreamId s) override {
+    CheckComputeStream(s);
+    const int32_t* rows = RowsOf(offsets, E);
+    // t^T (r, rows) = scale A_e (r, IC) . x^T (IC, rows)
+    expert_gemms_->Run(Scaled(RowsThroughWeight(A, CUBLAS_OP_T, IC, x, IC, t, r), scale, 0), rows,
+                       E);
+    // y^T (OC, rows) += B_e (OC, r) . t^T (r, rows)
+    expert_gemms_->Run(Scaled(RowsThroughWeight(B, CUBLAS_OP_T, r, t, r, y, OC), 1, 1), rows, E);
+  }
+  void GroupedLoraBackward(void* dx, void* dA, void* dB, void* t, void* dt, const void* dy,
+                           const void* x, const void* A, const void* B,
+                           const ExpertOffsets& offsets, int64_t E, int64_t IC, int64_t OC,
+                           int64_t r, double scale, StreamId s) override {
+    CheckComputeStream(s);
+    const int32_t* rows = RowsOf(offsets, E);
+    // t^T (r, rows) = scale A_e (r, IC) . x^T (IC, rows), as GroupedLoraForward made it
+    expert_gemms_->Run(Scaled(RowsThroughWeight(A, CUBLAS_OP_T, IC, x, IC, t, r), scale, 0), rows,
+                       E);
+    // dt^T (r, rows) = B_e^T (r, OC) . dy^T (OC, rows)
+    expert_gemms_->Run(RowsThroughWeight(B, CUBLAS_OP_N, r, dy, OC, dt, r), rows, E);
+    // dB_e^T (r, OC) += t^T (r, rows) . dy (rows, OC), fp32
+    expert_gemms_->Run(SumOverRows(t, r, dy, OC, dB, 1), rows, E);
+    // dA_e^T (IC, r) += scale x^T (IC, rows) . dt (rows, r), fp32
+    expert_gemms_->Run(SumOverRows(x, IC, dt, r, dA, scale), rows, E);
+    // dx^T (IC, rows) += scale A_e^T (IC, r) . dt^T (r, rows)
+    expert_gemms_->Run(Scaled(RowsThroughWeight(A, CUBLAS_OP_N, IC, dt, r, dx, IC), scale, 1), rows,
+                       E);
   }
   void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w, int64_t n,
                   int64_t k, int64_t C, StreamId s) override {
@@ -530,6 +548,25 @@ class CudaBackend final : public Backend {
     const int64_t expert_bytes[3] = {m * k * kBf16, 0, 0}, row_bytes[3] = {0, k * kBf16, m * kBf16};
     SetOperands(&g, base, expert_bytes, row_bytes);
     g.c_type = CUDA_R_16BF, g.beta = 0;
+    return g;
+  }
+  // A weight gradient, a sum over the expert's rows: C_e^T (m, n) f32 += alpha a^T (m, rows)
+  // . b (rows, n), a (rows, m) and b (rows, n) bf16 row-major over the sorted rows, C (E, n, m).
+  static ExpertGemm SumOverRows(const void* a, int64_t m, const void* b, int64_t n, void* C,
+                                double alpha) {
+    ExpertGemm g;
+    g.ta = CUBLAS_OP_N, g.tb = CUBLAS_OP_T;
+    g.m = m, g.n = n, g.rows_are_k = true;
+    g.lda = m, g.ldb = n, g.ldc = m;
+    const void* base[3] = {a, b, C};
+    const int64_t expert_bytes[3] = {0, 0, m * n * kF32}, row_bytes[3] = {m * kBf16, n * kBf16, 0};
+    SetOperands(&g, base, expert_bytes, row_bytes);
+    g.c_type = CUDA_R_32F, g.alpha = static_cast<float>(alpha), g.beta = 1;
+    return g;
+  }
+  // g with C_e = alpha (its product) + beta C_e.
+  static ExpertGemm Scaled(ExpertGemm g, double alpha, float beta) {
+    g.alpha = static_cast<float>(alpha), g.beta = beta;
     return g;
   }
   static void SetOperands(ExpertGemm* g, const void* const base[3], const int64_t expert_bytes[3],

@@ -127,11 +127,10 @@ void ExpertGemms::Run(const ExpertGemm& g, const int32_t* rows, int64_t E) {
 
 cublasStatus_t ExpertGemms::Matmul(const ExpertGemm& g, const Algo& algo, int64_t rows,
                                    void* const p[3]) {
-  const float one = 1.0f;
   cublasLtMatrixLayout_t a, b, c;
   Layouts(g, rows, &a, &b, &c);
   const cublasStatus_t status =
-      cublasLtMatmul(lt_, op_[g.ta == CUBLAS_OP_T][g.tb == CUBLAS_OP_T], &one, p[0], a, p[1], b,
+      cublasLtMatmul(lt_, op_[g.ta == CUBLAS_OP_T][g.tb == CUBLAS_OP_T], &g.alpha, p[0], a, p[1], b,
                      &g.beta, p[2], c, p[2], c, &algo.algo, workspace_, workspace_bytes_, stream_);
   cublasLtMatrixLayoutDestroy(a);
   cublasLtMatrixLayoutDestroy(b);

@@ -26,8 +26,8 @@
 namespace megatrain {
 
 // One matmul per expert over its rows, in cuBLAS's column-major terms: C_e (m, n) =
-// op(A_e) op(B_e) + beta C_e, bf16 A and B, fp32 accumulation. The expert's row count is
-// n, or k when rows_are_k (a weight gradient's sum over the rows). Operand i of expert e
+// alpha op(A_e) op(B_e) + beta C_e, bf16 A and B, fp32 accumulation. The expert's row count
+// is n, or k when rows_are_k (a weight gradient's sum over the rows). Operand i of expert e
 // starts at base[i] + e * expert_bytes[i] + (its first row) * row_bytes[i].
 struct ExpertGemm {
   cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
@@ -38,6 +38,7 @@ struct ExpertGemm {
   int64_t expert_bytes[3] = {};
   int64_t row_bytes[3] = {};
   cudaDataType_t c_type = CUDA_R_16BF;
+  float alpha = 1;  // alpha and beta are no part of the algorithm's choice
   float beta = 0;
 };
 

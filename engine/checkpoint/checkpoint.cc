@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/check.h"
@@ -39,6 +40,9 @@ struct PartTensor {
   std::vector<int64_t> shape;
   int64_t offset = 0;
   int64_t num_elements = 0;
+  // An experts' LoRA B in the adapter file: PEFT's order is not the layout's
+  // (LoraLayoutIndex), so its bytes are gathered; null for every other tensor.
+  std::shared_ptr<const TensorSlot> peft_order;
 };
 
 // The parts of a checkpoint: the model as transformers loads it (bf16), and the optimizer
@@ -115,7 +119,7 @@ std::vector<PartTensor> UnitTensors(const UnitLayout& unit, const PartInfo& part
   const int64_t elements = UnitPartElements(unit, part);
   if (elements == 0) return out;
   if (part.block_scales) {
-    out.push_back(PartTensor{unit.name + ".block_scales", {elements}, 0, elements});
+    out.push_back(PartTensor{unit.name + ".block_scales", {elements}, 0, elements, nullptr});
     return out;
   }
   const bool whole = part.dir.empty() && !part.adapters;  // the model's every tensor
@@ -123,8 +127,15 @@ std::vector<PartTensor> UnitTensors(const UnitLayout& unit, const PartInfo& part
   for (const TensorSlot& t : unit.tensors) {
     if (!whole && !unit.HasState(t)) continue;
     if (part.adapters && !IsLora(t)) continue;
-    const std::string name = part.adapters ? kPeftPrefix + t.name : t.name;
-    out.push_back(PartTensor{name, t.shape, t.offset - begin, t.num_elements});
+    if (part.adapters) {
+      PartTensor p{kPeftPrefix + t.name, PeftShape(t), t.offset - begin, t.num_elements, nullptr};
+      if (LoraExperts(t) > 0 && t.role == TensorRole::kLoraB) {
+        p.peft_order = std::make_shared<const TensorSlot>(t);
+      }
+      out.push_back(std::move(p));
+      continue;
+    }
+    out.push_back(PartTensor{t.name, t.shape, t.offset - begin, t.num_elements, nullptr});
   }
   return out;
 }
@@ -298,7 +309,16 @@ absl::Status CheckpointWriter::WritePiece(const HostStore& store, int64_t unit, 
     const char* bytes = base + b;
     std::vector<uint16_t> rounded;
     std::vector<char> read;
-    if (base == nullptr && p.info.moment >= 0) {  // moments on disk
+    std::vector<float> gathered;
+    if (tensors[i].peft_order != nullptr) {  // an experts' LoRA B, f32 from the master
+      MT_CHECK(element == sizeof(float) && base != nullptr);
+      const float* values = reinterpret_cast<const float*>(base) + tensors[i].offset;
+      for (uint64_t f = (b - t_begin) / element; f < (e - t_begin) / element; ++f) {
+        gathered.push_back(
+            values[LoraLayoutIndex(*tensors[i].peft_order, static_cast<int64_t>(f))]);
+      }
+      bytes = reinterpret_cast<const char*>(gathered.data());
+    } else if (base == nullptr && p.info.moment >= 0) {  // moments on disk
       read.resize(e - b);
       RETURN_IF_ERROR(store.ReadMomentBytes(unit, p.info.moment, b, e - b, read.data()));
       bytes = read.data();

@@ -240,6 +240,19 @@ class Backend {
                                      const void* in, const void* W, const ExpertOffsets& offsets,
                                      int64_t E, int64_t IC, int64_t OC, bool w_in_major,
                                      StreamId s) = 0;
+  // LoRA beside each expert's frozen projection (LoraForward per expert over its rows, the
+  // rows sorted by expert as for GroupedLinear): t act (R,r) = scale xe A_e^T, written;
+  // y act (R,OC) += t B_e^T. A weight (E,r,IC), B weight (E,OC,r), whatever the base
+  // weight's orientation.
+  virtual void GroupedLoraForward(void* y, void* t, const void* x, const void* A, const void* B,
+                                  const ExpertOffsets& offsets, int64_t E, int64_t IC,
+                                  int64_t OC, int64_t r, double scale, StreamId s) = 0;
+  // Its backward (LoraBackward per expert): t, dt act (R,r) scratch; dB grad (E,OC,r) +=;
+  // dA grad (E,r,IC) +=; dx act (R,IC) +=. Experts without rows keep their gradients.
+  virtual void GroupedLoraBackward(void* dx, void* dA, void* dB, void* t, void* dt,
+                                   const void* dy, const void* x, const void* A, const void* B,
+                                   const ExpertOffsets& offsets, int64_t E, int64_t IC,
+                                   int64_t OC, int64_t r, double scale, StreamId s) = 0;
   // out act (n,C) += sum_j w stat (n,k) * ye act (R,C) [slot_of]
   virtual void MoeCombine(void* out, const void* ye, const int32_t* slot_of, const void* w,
                           int64_t n, int64_t k, int64_t C, StreamId s) = 0;

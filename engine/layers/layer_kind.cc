@@ -57,10 +57,10 @@ void* TensorAt(const UnitLayout& unit, void* base, TensorRole role, DType dtype)
 }
 
 void AddLoraWork(const UnitLayout& unit, TensorRole base, int64_t in, int64_t out,
-                 LayerWork* work) {
+                 LayerWork* work, int64_t rows_per_token, int64_t groups) {
   if (unit.FindLora(base, TensorRole::kLoraA) == nullptr) return;
-  work->matmuls.push_back({in, unit.lora_rank});
-  work->matmuls.push_back({unit.lora_rank, out});
+  work->matmuls.push_back({in, unit.lora_rank, rows_per_token, groups});
+  work->matmuls.push_back({unit.lora_rank, out, rows_per_token, groups});
 }
 
 GradViews::GradViews(const UnitLayout& unit, void* grads, void* discard, DType dtype)

@@ -89,9 +89,10 @@ struct LayerWork {
   double rebuild_bytes = 0;          // a kept layer's rebuild of what it did not keep
 };
 // The matmuls of a LoRA adapter beside a projection (in -> out) of `unit`, when it has
-// one: x A^T (in -> r) and t B^T (r -> out), to add to a kind's work.
+// one: x A^T (in -> r) and t B^T (r -> out), to add to a kind's work; an experts' adapter's
+// are grouped as their projection's (rows_per_token, groups).
 void AddLoraWork(const UnitLayout& unit, TensorRole base, int64_t in, int64_t out,
-                 LayerWork* work);
+                 LayerWork* work, int64_t rows_per_token = 1, int64_t groups = 1);
 
 class LayerKind {
  public:

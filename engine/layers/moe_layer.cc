@@ -2,6 +2,7 @@
 
 #include "engine/common/check.h"
 #include "engine/kernels/moe_scratch.h"
+#include "engine/model/lora.h"
 
 namespace megatrain {
 
@@ -13,7 +14,10 @@ MoeLayer::MoeLayer(const ModelConfig& config, const UnitLayout& unit, Backend* b
       E_(config.moe.num_experts),
       k_(config.moe.experts_per_token),
       I_(config.moe.intermediate_size),
-      in_major_(unit.Find(TensorRole::kExpertGateUpT) != nullptr) {}
+      in_major_(unit.Find(TensorRole::kExpertGateUpT) != nullptr),
+      lora_base_{LoraExpertRole(unit, 0), LoraExpertRole(unit, 1)},
+      expert_lora_(unit.FindLora(lora_base_[0], TensorRole::kLoraA) != nullptr ||
+                   unit.FindLora(lora_base_[1], TensorRole::kLoraA) != nullptr) {}
 
 MoeTensors MoeLayer::Bind(void* base, DType dtype) const {
   MoeTensors t;
@@ -26,6 +30,12 @@ MoeTensors MoeLayer::Bind(void* base, DType dtype) const {
   t.router_bias = at(TensorRole::kRouterBias);
   t.gate_up_bias = at(TensorRole::kExpertGateUpBias);
   t.down_bias = at(TensorRole::kExpertDownBias);
+  for (int i = 0; i < 2; ++i) {
+    const TensorSlot* a = unit_.FindLora(lora_base_[i], TensorRole::kLoraA);
+    if (a == nullptr) continue;
+    t.lora_a[i] = Offset(base, a->offset, dtype);
+    t.lora_b[i] = Offset(base, unit_.FindLora(lora_base_[i], TensorRole::kLoraB)->offset, dtype);
+  }
   return t;
 }
 
@@ -46,6 +56,12 @@ MoeTensors MoeLayer::BindGrads(void* grads, void* discard) const {
   t.router_bias = g.Vector(unit_.OffsetOf(TensorRole::kRouterBias));
   t.gate_up_bias = g.Vector(unit_.OffsetOf(TensorRole::kExpertGateUpBias));
   t.down_bias = g.Vector(unit_.OffsetOf(TensorRole::kExpertDownBias));
+  for (int i = 0; i < 2; ++i) {
+    const TensorSlot* a = unit_.FindLora(lora_base_[i], TensorRole::kLoraA);
+    if (a == nullptr) continue;
+    t.lora_a[i] = g.Matrix(a->offset);
+    t.lora_b[i] = g.Matrix(unit_.FindLora(lora_base_[i], TensorRole::kLoraB)->offset);
+  }
   return t;
 }
 
@@ -78,6 +94,8 @@ MoeActs MoeLayer::Carve(void* base, int64_t n, int64_t* bytes, int64_t* saved_by
   a.dgu = c.Take(R * 2 * I_ * act);
   a.dxe = c.Take(R * C * act);
   a.dlogits = c.Take(n * E_ * act);
+  a.lora_t = expert_lora_ ? c.Take(R * unit_.lora_rank * act) : nullptr;
+  a.lora_dt = expert_lora_ ? c.Take(R * unit_.lora_rank * act) : nullptr;
   if (bytes != nullptr) *bytes = c.used();
   return a;
 }
@@ -110,6 +128,8 @@ MoeActs MoeLayer::ActsOf(const LayerCall& call) const {
   a.dgu = scratch.dgu;
   a.dxe = scratch.dxe;
   a.dlogits = scratch.dlogits;
+  a.lora_t = scratch.lora_t;
+  a.lora_dt = scratch.lora_dt;
   return a;
 }
 
@@ -124,6 +144,8 @@ LayerWork MoeLayer::Work(int64_t n, int64_t seq_len, int64_t act_bytes) const {
   w.matmuls.push_back({C, 2 * I_, k_, E_, false, experts_frozen});
   w.matmuls.push_back({I_, C, k_, E_, false,
                        !unit_.AnyTrainable({TensorRole::kExpertDown, TensorRole::kExpertDownT})});
+  AddLoraWork(unit_, lora_base_[0], C, 2 * I_, &w, k_, E_);
+  AddLoraWork(unit_, lora_base_[1], I_, C, &w, k_, E_);
   // Per token: the norm (read x2, write h2), the gather (k rows of C each way), SwiGLU (k
   // times 3I), the combine (k rows read, the residual read and written). Rebuild: the
   // norm, the gather and the SwiGLU again.
@@ -178,11 +200,21 @@ void MoeLayer::Forward(const LayerCall& call, const void* x, void* out) const {
   }
   const ExpertOffsets offsets{a.offsets, call.host_offsets};
   be.Embedding(a.xe, a.row_token, a.h2, R, C, s);                          // xe = h2[rows]
+  const int64_t r = unit_.lora_rank;
+  const double scale = unit_.lora_scale;
   be.GroupedLinear(a.gu, a.xe, w.gate_up, w.gate_up_bias, offsets, E_, C, 2 * I_, in_major_,
                    s);                                                      // gu = xe Wgu^T + b
+  if (w.lora_a[0] != nullptr) {  // gu += scale (xe A^T) B^T
+    be.GroupedLoraForward(a.gu, a.lora_t, a.xe, w.lora_a[0], w.lora_b[0], offsets, E_, C,
+                          2 * I_, r, scale, s);
+  }
   Activation(a, R, s);                                                      // a = silu(g) * u
   be.GroupedLinear(a.ye, a.a, w.down, w.down_bias, offsets, E_, I_, C, in_major_,
                    s);                                                      // ye = a Wd^T + b
+  if (w.lora_a[1] != nullptr) {  // ye += scale (a A^T) B^T
+    be.GroupedLoraForward(a.ye, a.lora_t, a.a, w.lora_a[1], w.lora_b[1], offsets, E_, I_, C, r,
+                          scale, s);
+  }
   be.CopyOnDevice(out, a.attn.x2, n * C * DTypeSize(be.act_dtype()), s);
   be.MoeCombine(out, a.ye, a.slot_of, a.w, n, k_, C, s);                   // out = x2 + sum w ye
 }
@@ -215,11 +247,21 @@ void MoeLayer::Backward(const LayerCall& call, const void* x, void* dres) const 
   const ExpertOffsets offsets{a.offsets, call.host_offsets};
   // experts: dres = dL/dout
   be.MoeCombineBackward(dye, a.dw, dres, a.ye, a.slot_of, a.w, n, k_, C, s);
+  const int64_t r = unit_.lora_rank;
+  const double scale = unit_.lora_scale;
   be.GroupedLinearBackward(a.da, g.down, g.down_bias, dye, a.a, w.down, offsets, E_, I_, C,
                            in_major_, s);
+  if (w.lora_a[1] != nullptr) {  // da += the adapter's share; dA, dB
+    be.GroupedLoraBackward(a.da, g.lora_a[1], g.lora_b[1], a.lora_t, a.lora_dt, dye, a.a,
+                           w.lora_a[1], w.lora_b[1], offsets, E_, I_, C, r, scale, s);
+  }
   ActivationBackward(a, R, s);
   be.GroupedLinearBackward(a.dxe, g.gate_up, g.gate_up_bias, a.dgu, a.xe, w.gate_up, offsets,
                            E_, C, 2 * I_, in_major_, s);
+  if (w.lora_a[0] != nullptr) {
+    be.GroupedLoraBackward(a.dxe, g.lora_a[0], g.lora_b[0], a.lora_t, a.lora_dt, a.dgu, a.xe,
+                           w.lora_a[0], w.lora_b[0], offsets, E_, C, 2 * I_, r, scale, s);
+  }
   be.MoeGatherBackward(dh2, a.dxe, a.slot_of, n, k_, C, s);
   // router: dL/dw through the top-k and the softmax, plus the load-balancing term
   be.MoeRouteBackward(a.dlogits, a.probs, a.idx, a.w, a.dw, aux ? stats->counts : nullptr,

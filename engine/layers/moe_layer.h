@@ -10,6 +10,9 @@
 //   ye  = a Wd_e^T per expert                            (R, C)    grouped GEMM
 //   out = x2 + sum_j w[t,j] ye[row of (t,j)]             (n, C)
 //
+// With LoRA on the experts (lora.h), each expert's adapter adds scale (x A_e^T) B_e^T to
+// its gate|up and down outputs, grouped as the base matmuls (GroupedLoraForward).
+//
 // GPT-OSS: the router and both expert projections add biases, the expert weights are
 // transformers' input-major tensors (gu = xe Wgu_e with gate/up interleaved, ye = a Wd_e),
 // and the activation is the clamped SwiGLU (ClampedSwiGlu). Its top-k-then-softmax router
@@ -41,6 +44,10 @@ struct MoeTensors {
   void* router_bias = nullptr;   // (E) or null
   void* gate_up_bias = nullptr;  // (E, 2I) or null
   void* down_bias = nullptr;     // (E, C) or null
+  // The experts' LoRA adapters (lora.h; null where not adapted), [0] over gate|up, [1]
+  // over down: A (E, r, in), B (E, out, r).
+  void* lora_a[2] = {};
+  void* lora_b[2] = {};
 };
 
 // Intermediates of one micro-batch of n tokens, R = n*k rows. Saved (kept layers): the
@@ -68,6 +75,8 @@ struct MoeActs {
   void* dgu;           // act (R, 2I)
   void* dxe;           // act (R, C); also dye (dead once the down projection's backward ran)
   void* dlogits;       // act (n, E)
+  void* lora_t;        // act (R, r): the experts' adapters' x A^T (null without)
+  void* lora_dt;       // act (R, r): its gradient (null without)
 };
 
 class MoeLayer final : public LayerKind {
@@ -103,6 +112,8 @@ class MoeLayer final : public LayerKind {
   AttentionBlock attention_;
   int64_t E_, k_, I_;
   bool in_major_;  // the experts' weights are input-major (GPT-OSS)
+  TensorRole lora_base_[2];  // the base roles of the experts' adapters (LoraExpertRole)
+  bool expert_lora_;         // some expert projection has an adapter
 };
 
 }  // namespace megatrain

@@ -27,14 +27,26 @@ constexpr const char* kLoraTargets[] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                         "gate_proj", "up_proj", "down_proj"};
 TensorRole LoraTargetRole(int target);  // index into kLoraTargets
 
+// The experts' projections of an MoE layer an adapter can target: one adapter per expert
+// over its fused [gate; up] (GPT-OSS: its interleaved gate_up) and one over its down, as
+// PEFT adapts transformers' 3-D expert parameters (target_parameters "mlp.experts.<name>",
+// lora.ParamWrapper). Expert e's A is (r, in) and B (out, r); the layout holds them as
+// A (E, r, in) and B (E, out, r), each expert's back to back, for the grouped matmuls.
+constexpr const char* kLoraExpertTargets[] = {"experts.gate_up_proj", "experts.down_proj"};
+// The base role an expert target adapts in `unit` (its gate|up or down tensor's role, as
+// the unit lays the experts out), or kEmbedding when the unit has no experts.
+TensorRole LoraExpertRole(const UnitLayout& unit, int target);  // index into kLoraExpertTargets
+
 // "lora.init" names: "default" ("true" too, as PEFT writes it), "gaussian".
 [[nodiscard]] bool ParseLoraInit(const std::string& name, LoraInit* out);
 const char* LoraInitName(LoraInit init);
 
 // Adds the adapters of `lora` (rank > 0) to every decoder layer of `layout` and freezes
 // every other tensor. InvalidArgument naming lora.target_modules[i] when a name is not a
-// projection, or names the experts of an MoE layer (they take no adapters; its attention
-// does), and naming lora.rank when it exceeds a projection's smaller side.
+// projection (kLoraTargets, kLoraExpertTargets or all-linear), names an MLP projection of a
+// model whose MLPs are experts, or the experts of a model without; and naming lora.rank
+// when it exceeds a projection's smaller side. "all-linear" is every kLoraTargets
+// projection the layers have (as PEFT's: not the experts).
 [[nodiscard]] absl::Status AddLoraAdapters(const LoraConfig& lora, const ModelConfig& config,
                                            ModelLayout* layout);
 
@@ -59,7 +71,8 @@ std::string PeftAdapterConfigJson(const ModelLayout& layout, const LoraConfig& l
                                   const std::string& base_model);
 
 // A PEFT adapter folder's adapter_config.json: its rank, alpha, rsLoRA and targets
-// ("all-linear" and a single string as PEFT allows). NotFound without the file;
+// ("all-linear" and a single string as PEFT allows; target_parameters naming experts'
+// gate_up_proj or down_proj become kLoraExpertTargets). NotFound without the file;
 // InvalidArgument naming the file and the key when it is not a LoRA adapter's.
 [[nodiscard]] absl::StatusOr<LoraConfig> ReadPeftAdapterConfig(const std::string& folder);
 
@@ -74,5 +87,22 @@ std::string PeftAdapterConfigJson(const ModelLayout& layout, const LoraConfig& l
 inline bool IsLora(const TensorSlot& t) {
   return t.role == TensorRole::kLoraA || t.role == TensorRole::kLoraB;
 }
+
+// An adapter's rank and input width (A (r, in) or (E, r, in)).
+int64_t LoraRank(const TensorSlot& t);
+// The number of experts of an experts' adapter, 0 for a projection's.
+inline int64_t LoraExperts(const TensorSlot& t) {
+  return IsLora(t) && t.shape.size() == 3 ? t.shape[0] : 0;
+}
+
+// An adapter's tensor in PEFT's file: a projection's as laid out; an experts' as
+// ParamWrapper holds it: A (E*r, in), expert e's rows e*r.. (the layout's order), and
+// B (out, r*E), expert e's rank-j column at j*E + e (the layout's B transposed).
+std::vector<int64_t> PeftShape(const TensorSlot& t);
+// The layout's element (from the tensor's start) at element `f` of PEFT's file.
+int64_t LoraLayoutIndex(const TensorSlot& t, int64_t f);
+// The tensor's `values` (t.num_elements, the layout's order) in PEFT's order, and back.
+std::vector<float> LoraToPeftOrder(const TensorSlot& t, const float* values);
+void LoraFromPeftOrder(const TensorSlot& t, const float* file, float* values);
 
 }  // namespace megatrain

@@ -146,8 +146,8 @@ void CountParameters(const PlanRequest& r, const ModelLayout& layout, bool bf16_
       const bool expert = t.expert >= 0 || t.role == TensorRole::kExpertGateUpT ||
                           t.role == TensorRole::kExpertDownT;
       const bool matrix = t.shape.size() >= 2 && t.role != TensorRole::kEmbedding;
-      if (IsLora(t)) {
-        x->adapter_matmul += t.num_elements;
+      if (IsLora(t)) {  // an experts' adapter: each token's k of them
+        x->adapter_matmul += t.num_elements * (LoraExperts(t) > 0 ? active : 1.0);
       } else if (matrix && !t.trainable) {
         x->frozen_matmul += t.num_elements * (expert ? active : 1.0);
       } else if (t.role == TensorRole::kEmbedding && !t.trainable && c.tie_word_embeddings) {

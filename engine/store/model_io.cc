@@ -149,7 +149,8 @@ void InitLoraAdapters(LoraInit init, uint64_t seed, HostStore* store) {
   for (int64_t u = 0; u < store->num_units(); ++u) {
     for (const TensorSlot& t : layout.units[u].tensors) {
       if (t.role != TensorRole::kLoraA) continue;  // B stays zero
-      const double rank = static_cast<double>(t.shape[0]), in = static_cast<double>(t.shape[1]);
+      const double rank = static_cast<double>(LoraRank(t));
+      const double in = static_cast<double>(t.shape.back());
       std::vector<float> a(t.num_elements);
       std::mt19937_64 gen(Fnv1a(t.name, seed));
       auto uniform = [&] { return ((gen() >> 11) + 0.5) * 0x1.0p-53; };  // (0, 1)
@@ -180,8 +181,10 @@ absl::Status LoadLoraAdapter(const std::string& folder, const LoraConfig& lora,
     for (const TensorSlot& t : layout.units[u].tensors) {
       if (!IsLora(t)) continue;
       const std::string name = kPeftPrefix + t.name;
-      std::vector<float> values(t.num_elements);
-      RETURN_IF_ERROR(Annotate(reader.ReadAsFloat(name, t.shape, values.data()), "lora.adapter"));
+      std::vector<float> file(t.num_elements), values(t.num_elements);
+      RETURN_IF_ERROR(
+          Annotate(reader.ReadAsFloat(name, PeftShape(t), file.data()), "lora.adapter"));
+      LoraFromPeftOrder(t, file.data(), values.data());
       store->WriteTensor(u, t, values.data());
     }
   }

@@ -441,6 +441,45 @@ TEST_F(MoeKernels, GroupedLinearWithBiasAddsAndSumsEachExpertsRows) {
   }
 }
 
+// LoRA beside the experts' projections, rank 8: cuBLASLt per expert against the CPU
+// reference over uneven experts (one row, many, none); the expert without rows keeps its
+// dA and dB bits.
+TEST_F(MoeKernels, GroupedLoraForwardAndBackwardMatchTheReferenceOnEachExpertsRows) {
+  const int64_t E = 5, IC = 96, OC = 160, r = 8, empty = 1;
+  const double scale = 2.0;
+  const std::vector<int32_t> off = {0, 37, 37, 42, 162, 163};
+  const int64_t R = off[E];
+  for (const ExpertMode& mode : kExpertModes) {
+    SCOPED_TRACE(mode.name);
+    IntPair offsets = Int(off);
+    const std::vector<float> dA0 = RandomBf16(E * r * IC, 71), dB0 = RandomBf16(E * OC * r, 72);
+    Pair x = Act(RandomBf16(R * IC, 73)), A = Weight(RandomBf16(E * r * IC, 74, 0.1f)),
+         B = Weight(RandomBf16(E * OC * r, 75, 0.1f)), y = Act(RandomBf16(R * OC, 76)),
+         t = Act(std::vector<float>(R * r)), dt = Act(std::vector<float>(R * r)),
+         dy = Act(RandomBf16(R * OC, 77)), dx = Act(RandomBf16(R * IC, 78)), dA = Grad(dA0),
+         dB = Grad(dB0);
+    Both([&](Backend* b, bool c) {
+      const ExpertOffsets o = OffsetsFor(mode, offsets, off, c);
+      b->GroupedLoraForward(y.P(c), t.P(c), x.P(c), A.P(c), B.P(c), o, E, IC, OC, r, scale, kS);
+      b->GroupedLoraBackward(dx.P(c), dA.P(c), dB.P(c), t.P(c), dt.P(c), dy.P(c), x.P(c), A.P(c),
+                             B.P(c), o, E, IC, OC, r, scale, kS);
+    });
+    EXPECT_LT(y.Err(), 8e-3);
+    EXPECT_LT(t.Err(), 8e-3);
+    EXPECT_LT(dt.Err(), 8e-3);
+    EXPECT_LT(dx.Err(), 8e-3);
+    EXPECT_LT(dA.Err(), 8e-3);
+    EXPECT_LT(dB.Err(), 8e-3);
+    const std::vector<float> got_dA = dA.Gpu(), got_dB = dB.Gpu();
+    EXPECT_TRUE(std::equal(got_dA.begin() + empty * r * IC, got_dA.begin() + (empty + 1) * r * IC,
+                           dA0.begin() + empty * r * IC))
+        << "dA of the expert without rows";
+    EXPECT_TRUE(std::equal(got_dB.begin() + empty * OC * r, got_dB.begin() + (empty + 1) * OC * r,
+                           dB0.begin() + empty * OC * r))
+        << "dB of the expert without rows";
+  }
+}
+
 // ---- determinism ----
 
 // The experts' matmuls and biases over many rows and blocks (GPT-OSS-120B's 128 experts,

@@ -13,7 +13,12 @@ parameters (13.5 GB in fp32), frozen under LoRA, well inside an H200's 140 GB.
 
 Cases (rank 16, alpha 32, adapters drawn by our engine, B zero):
   dense families: LoRA on all seven projections, and on [q_proj, v_proj];
-  MoE families:   LoRA on the attention, [q_proj, k_proj, v_proj, o_proj];
+  MoE families:   LoRA on the attention, [q_proj, k_proj, v_proj, o_proj]; on the attention
+                  and the experts (+ experts.gate_up_proj, experts.down_proj: PEFT's
+                  target_parameters, a ParamWrapper per parameter, the down_proj one
+                  wrapped around the gate_up_proj one, whose adapter is then
+                  "...mlp.experts.base_layer.lora_A.weight"); and on experts.down_proj
+                  alone (its adapter un-nested, "...mlp.experts.lora_A.weight");
   qwen2 also:     a full fine-tune with the embedding frozen (--freeze embed_tokens)
                   against transformers with embed_tokens.weight.requires_grad_(False).
 
@@ -24,15 +29,24 @@ step's loss and adapter gradients, a 50-step AdamW curve, the trained adapter (a
 folder, OUT/checkpoint-50) and the logits of its forward. peft loads OUT/adapter-0 over
 the base (PeftModel.from_pretrained(model, path, is_trainable=True), fp32, and the same
 model under bf16 autocast as the yardstick) and the script checks:
+  - before peft loads a folder: that its adapter_config.json's target_modules /
+    target_parameters are the case's, and that its adapter_model.safetensors holds exactly
+    the tensors (names and shapes) peft creates from that config on this model (built on
+    the meta device); PeftModel.from_pretrained only warns about missing keys, leaving
+    those adapters at peft's own draws, so a mismatch of the tensors ends the case with
+    both lists of names (the layer numbers as N). After loading: peft holds the folder's
+    values (get_peft_model_state_dict), every adapter tensor, the experts' included, is
+    trainable, and nothing else is;
   - step 1: our loss within 1e-4 relative of peft fp32's (MoE: LM loss + coef * aux);
-    every adapter gradient rel L2 <= 3% (MoE: <= 1.5 x transformers' own bf16-autocast-
-    vs-fp32 error of that tensor + 0.01). B is zero at step 1, so A's gradient is exactly
-    zero on both sides: the same check is repeated at the trained adapter (our
-    --lora-adapter OUT/checkpoint-50 --steps 0 against peft loading that folder), where
-    both A and B have gradients;
-  - 50 AdamW steps (torch.optim.AdamW on the adapters alone, same lr, warmup, decay on the
-    matrices, clipping): with d(t) = |L - L_fp32| / L_fp32, mean d_ours <= 1.5 x mean
-    d_bf16_autocast + 0.005, and the mean of our last 10 losses within 2% of fp32's;
+    every adapter gradient, the experts' included, rel L2 <= 3% (MoE: <= 1.5 x
+    transformers' own bf16-autocast-vs-fp32 error of that tensor + 0.01). B is zero at
+    step 1, so A's gradient is exactly zero on both sides: the same check is repeated at
+    the trained adapter (our --lora-adapter OUT/checkpoint-50 --steps 0 against peft
+    loading that folder), where both A and B have gradients;
+  - 50 AdamW steps (torch.optim.AdamW on every trainable tensor of the PeftModel, i.e. the
+    adapters, the experts' included; same lr, warmup, decay on the matrices, clipping):
+    with d(t) = |L - L_fp32| / L_fp32, mean d_ours <= 1.5 x mean d_bf16_autocast + 0.005,
+    and the mean of our last 10 losses within 2% of fp32's;
   - our trained adapter folder, loaded by peft over the base, gives our logits (rel L2
     <= 1%).
 The full fine-tune checks the step-1 loss and every trainable gradient (the embedding has
@@ -62,7 +76,8 @@ import sys
 import traceback
 
 import torch
-from peft import PeftModel
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen2Config,
                           Qwen3MoeConfig)
@@ -75,6 +90,7 @@ LORA_LR = float(os.environ.get("MEGATRAIN_LORA_LR", "1e-3"))
 FULL_LR = float(os.environ.get("MEGATRAIN_FULL_LR", "1e-4"))
 ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
+EXPERTS = ["experts.gate_up_proj", "experts.down_proj"]  # PEFT target_parameters "mlp." + these
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cuda-lora.jsonl")
 
 
@@ -123,7 +139,8 @@ def is_moe(config):
 def cases(family, config):
     """(case name, LoRA targets or None, freeze patterns) of a family."""
     if is_moe(config):
-        return [("lora-attn", ATTN, [])]
+        return [("lora-attn", ATTN, []), ("lora-attn-experts", ATTN + EXPERTS, []),
+                ("lora-experts-down", ["experts.down_proj"], [])]
     out = [("lora-all", ALL_PROJ, []), ("lora-q_v", ["q_proj", "v_proj"], [])]
     if family == "qwen2":
         out.append(("full-freeze-embed_tokens", None, ["embed_tokens"]))
@@ -165,9 +182,23 @@ def load_base(path, config):
 
 
 def peft_name(n):
-    """PEFT's in-memory name as its adapter files name it ("...lora_A.default.weight" ->
-    "...lora_A.weight"); other names as they are."""
+    """PEFT's in-memory name as its adapter files (and our grads.safetensors) name it: the
+    adapter name dropped ("...lora_A.default.weight" -> "...lora_A.weight"), nothing else
+    touched. So the base_layer infix of a nested ParamWrapper's adapter stays, as in the
+    files ("...mlp.experts.base_layer.lora_A.default.weight" ->
+    "...mlp.experts.base_layer.lora_A.weight": the gate_up_proj adapter inside the down_proj
+    wrapper); the other base_layer names PEFT makes are frozen base tensors
+    ("...q_proj.base_layer.weight", "...mlp.experts.base_layer.base_layer.gate_up_proj"),
+    never trainable, so never in the gradient or adapter maps, and pass unchanged."""
     return re.sub(r"\.(lora_[AB])\.[^.]+\.weight$", r".\1.weight", n)
+
+
+def names_brief(names, k=4):
+    """A short view of a set of tensor names for a problem line: the count, and the first k
+    distinct patterns with the layer numbers as N."""
+    names = list(names)
+    patterns = sorted({re.sub(r"\.layers\.\d+\.", ".layers.N.", n) for n in names})
+    return f"{len(names)} {patterns[:k]}" + (" ..." if len(patterns) > k else "")
 
 
 def trainable(model):
@@ -193,8 +224,8 @@ def compare_grads(ours, ref32, ref_bf16, moe):
     """Every gradient against fp32: rel L2 <= 3%, or (MoE) <= 1.5 x bf16 autocast's + 0.01."""
     problems = []
     if set(ours) != set(ref32):
-        problems.append(f"gradient names differ: only ours {sorted(set(ours) - set(ref32))[:4]}, "
-                        f"only the reference's {sorted(set(ref32) - set(ours))[:4]}")
+        problems.append(f"gradient names differ: only ours {names_brief(set(ours) - set(ref32))}, "
+                        f"only the reference's {names_brief(set(ref32) - set(ours))}")
     rows = []
     for n, g in ref32.items():
         if n not in ours:
@@ -212,6 +243,7 @@ def compare_grads(ours, ref32, ref_bf16, moe):
                "median": errs[len(errs) // 2] if errs else None,
                "max_lora_A": max([r[1] for r in rows if ".lora_A." in r[0]], default=None),
                "max_lora_B": max([r[1] for r in rows if ".lora_B." in r[0]], default=None),
+               "max_experts": max([r[1] for r in rows if ".mlp.experts." in r[0]], default=None),
                "bf16_autocast_max": max([r[2] for r in rows], default=None),
                "worst": [[n, e, b, bound] for n, e, b, bound in rows[:3]],
                "ok": not problems}
@@ -295,17 +327,109 @@ def run_ours(bin_path, model_dir, batches_json, out, options):
                    check=True)
 
 
+def config_targets(targets):
+    """What adapter_config.json should name for the case's targets: target_modules (the
+    projections) and target_parameters (the experts', "mlp.experts.down_proj")."""
+    return ({t for t in targets if not t.startswith("experts.")},
+            {"mlp." + t for t in targets if t.startswith("experts.")})
+
+
+def adapter_config_problems(folder, targets):
+    """The targets `folder`'s adapter_config.json names (target_modules, target_parameters)
+    against the case's."""
+    lora_config = LoraConfig.from_pretrained(folder)
+    modules = lora_config.target_modules  # a set, a regex string or None
+    modules = {modules} if isinstance(modules, str) else set(modules or [])
+    parameters = set(getattr(lora_config, "target_parameters", None) or [])
+    want_modules, want_parameters = config_targets(targets)
+    if (modules, parameters) == (want_modules, want_parameters):
+        return []
+    return [f"{folder}/adapter_config.json names target_modules {sorted(modules)}, "
+            f"target_parameters {sorted(parameters)}; the case's are "
+            f"{sorted(want_modules)}, {sorted(want_parameters)}"]
+
+
+def adapter_key_problems(config, folder):
+    """Before peft loads `folder`: its adapter_model.safetensors against the adapter tensors
+    peft creates from its adapter_config.json on this model (names and shapes, as
+    get_peft_model_state_dict names them, i.e. as PEFT saves them). The model and peft's
+    adapters are built on the meta device (no memory, no draws). PeftModel.from_pretrained
+    only warns about the keys it misses (those adapters keep peft's own draws) and ignores
+    unexpected ones, so a naming error would otherwise show as a puzzling gradient or curve
+    failure. Returns (problems, note): the note says why the check could not run, when it
+    could not (loaded_adapter_problems still compares the names after loading)."""
+    with safe_open(os.path.join(folder, "adapter_model.safetensors"), framework="pt") as f:
+        saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    lora_config = LoraConfig.from_pretrained(folder)
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            created = get_peft_model(skeleton, lora_config)
+            made = {k: tuple(v.shape) for k, v in
+                    get_peft_model_state_dict(created, save_embedding_layers=False).items()}
+        del skeleton, created
+    except Exception as e:  # the check's own failure: say so, and let the load go on
+        traceback.print_exc()
+        return [], (f"could not build peft's adapter on the meta device: "
+                    f"{type(e).__name__}: {str(e)[:200]}")
+    gc.collect()
+    problems = []
+    if set(saved) != set(made):
+        problems.append(f"{folder}'s tensors are not those peft creates from its "
+                        f"adapter_config.json: only the folder's "
+                        f"{names_brief(set(saved) - set(made))}; only peft's "
+                        f"{names_brief(set(made) - set(saved))}")
+    shapes = [f"{n}: folder {saved[n]}, peft {made[n]}" for n in sorted(set(saved) & set(made))
+              if saved[n] != made[n]]
+    if shapes:
+        problems.append(f"{folder}'s tensors have other shapes than peft's ({len(shapes)}): "
+                        + "; ".join(shapes[:3]))
+    return problems, None
+
+
 def loaded_adapter_problems(model, folder):
-    """peft holds exactly the folder's adapters (names and values)."""
+    """After PeftModel.from_pretrained(..., is_trainable=True): peft holds exactly the
+    folder's adapters (names and values, by peft's get_peft_model_state_dict), our
+    peft_name maps peft's adapter parameters onto the same names (those our gradients
+    carry), and the trainable tensors are exactly those adapters (the experts' included:
+    the curves train every trainable tensor)."""
     saved = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    state = get_peft_model_state_dict(model, save_embedding_layers=False)
+    problems = []
+    if set(saved) != set(state):
+        problems.append(f"peft's adapters differ from {folder}'s: only peft's "
+                        f"{names_brief(set(state) - set(saved))}, only the folder's "
+                        f"{names_brief(set(saved) - set(state))}")
     live = {peft_name(n): p for n, p in model.named_parameters() if ".lora_" in n}
-    if set(saved) != set(live):
-        return [f"peft's adapters differ from {folder}'s: only peft's "
-                f"{sorted(set(live) - set(saved))[:4]}, only the folder's "
-                f"{sorted(set(saved) - set(live))[:4]}"]
+    if set(live) != set(state):
+        problems.append(f"peft_name maps peft's adapter parameters to other names than "
+                        f"get_peft_model_state_dict's: only peft_name's "
+                        f"{names_brief(set(live) - set(state))}, only peft's "
+                        f"{names_brief(set(state) - set(live))}")
+    frozen = [n for n, p in live.items() if not p.requires_grad]
+    if frozen:
+        problems.append(f"adapters peft left frozen: {names_brief(frozen)}")
+    others = [n for n, _ in trainable(model) if ".lora_" not in n]
+    if others:
+        problems.append(f"trainable tensors besides the adapters: {names_brief(others)}")
     bad = [n for n, t in saved.items()
-           if not torch.equal(live[n].detach().float().cpu(), t.float())]
-    return [f"peft loaded other values than {folder} holds for {bad[:4]}"] if bad else []
+           if n in state and not torch.equal(state[n].detach().float().cpu(), t.float())]
+    if bad:
+        problems.append(f"peft loaded other values than {folder} holds for {names_brief(bad)}")
+    return problems
+
+
+def load_adapter(model_dir, config, folder, targets):
+    """peft over a fresh base with `folder`'s adapter (trainable, in train mode), after the
+    checks of its config and its tensors' names; (the model, or None when the folder's
+    tensors are not those peft makes, the problems, the key check's note)."""
+    problems = adapter_config_problems(folder, targets)
+    key_problems, note = adapter_key_problems(config, folder)
+    if key_problems:
+        return None, problems + key_problems, note
+    model = PeftModel.from_pretrained(load_base(model_dir, config), folder, is_trainable=True)
+    model.train()
+    return model, problems + loaded_adapter_problems(model, folder), note
 
 
 def lora_case(bin_path, d, config, batches, targets):
@@ -318,14 +442,16 @@ def lora_case(bin_path, d, config, batches, targets):
     ck = os.path.join(out, f"checkpoint-{STEPS}")
     run_ours(bin_path, model_dir, batches_json, trained_out,
              lora_opts + ["--steps", "0", "--lora-adapter", ck])
-    moe, vocab, problems = is_moe(config), config.vocab_size, []
+    moe, vocab = is_moe(config), config.vocab_size
     ids = batches[0].cuda()
+    body = {"targets": targets, "rank": RANK, "alpha": ALPHA, "lr": LORA_LR}
 
     # Step 1 from our initial adapter.
-    model = PeftModel.from_pretrained(load_base(model_dir, config), os.path.join(out, "adapter-0"),
-                                      is_trainable=True)
-    model.train()
-    problems += loaded_adapter_problems(model, os.path.join(out, "adapter-0"))
+    model, problems, note = load_adapter(model_dir, config, os.path.join(out, "adapter-0"),
+                                         targets)
+    body["adapter_key_check"] = note or ("ok" if model is not None else "mismatch")
+    if model is None:  # the names are wrong: nothing below would mean anything
+        return body, problems
     loss32, aux32, g32 = step_grads(model, ids, bf16=False)
     _, _, g_bf16 = step_grads(model, ids, bf16=True)
     ours = json.load(open(os.path.join(out, "step.json")))
@@ -342,14 +468,22 @@ def lora_case(bin_path, d, config, batches, targets):
     our_losses = json.load(open(os.path.join(out, "curve.json")))["losses"]
     curve, curve_problems = curves(model, batches, LORA_LR, our_losses)
     problems += curve_problems
-    trainable_params = sum(p.numel() for _, p in trainable(model))
+    body.update({"trainable_params": sum(p.numel() for _, p in trainable(model)),
+                 "step_loss_ours": ours["total"], "step_loss_peft": loss32,
+                 "step_loss_rel_err": loss_err, "step_loss_ok": loss_err <= 1e-4,
+                 "aux_loss_ours": ours["aux_loss"] if aux32 is not None else None,
+                 "aux_loss_peft": aux32,
+                 "grads": grads, "grads_ok": grads["ok"],
+                 **curve})
     del model
     free_gpu()
 
     # Our trained adapter in peft: our logits; and both gradients there (A's too).
-    model = PeftModel.from_pretrained(load_base(model_dir, config), ck, is_trainable=True)
-    model.train()
-    problems += loaded_adapter_problems(model, ck)
+    model, trained_problems, note = load_adapter(model_dir, config, ck, targets)
+    problems += trained_problems
+    body["trained_adapter_key_check"] = note or ("ok" if model is not None else "mismatch")
+    if model is None:
+        return body, problems
     hf_logits, bf16_logit_err = logits_of(model, ids, vocab)
     our_logits = load_file(os.path.join(out, "logits.safetensors"))["logits"].cuda()
     logit_err = rel(our_logits, hf_logits)
@@ -365,21 +499,15 @@ def lora_case(bin_path, d, config, batches, targets):
     del model, tr32, tr_bf16
     free_gpu()
 
-    return {"targets": targets, "rank": RANK, "alpha": ALPHA, "lr": LORA_LR,
-            "trainable_params": trainable_params,
-            "step_loss_ours": ours["total"], "step_loss_peft": loss32,
-            "step_loss_rel_err": loss_err, "step_loss_ok": loss_err <= 1e-4,
-            "aux_loss_ours": ours["aux_loss"] if aux32 is not None else None,
-            "aux_loss_peft": aux32,
-            "grads": grads, "grads_ok": grads["ok"],
-            **curve,
-            "logits_rel_err": logit_err, "logits_bf16_autocast_rel_err": bf16_logit_err,
-            "logits_ok": logit_err <= 1e-2,
-            "trained_adapter_step_loss_ours": tr_ours["total"],
-            "trained_adapter_step_loss_peft": tr_loss32,
-            "trained_adapter_step_loss_rel_err": abs(tr_ours["total"] - tr_loss32) / tr_loss32,
-            "trained_adapter_grads": trained_grads,
-            "trained_adapter_grads_ok": trained_grads["ok"]}, problems
+    body.update({"logits_rel_err": logit_err, "logits_bf16_autocast_rel_err": bf16_logit_err,
+                 "logits_ok": logit_err <= 1e-2,
+                 "trained_adapter_step_loss_ours": tr_ours["total"],
+                 "trained_adapter_step_loss_peft": tr_loss32,
+                 "trained_adapter_step_loss_rel_err":
+                     abs(tr_ours["total"] - tr_loss32) / tr_loss32,
+                 "trained_adapter_grads": trained_grads,
+                 "trained_adapter_grads_ok": trained_grads["ok"]})
+    return body, problems
 
 
 def full_case(bin_path, d, config, batches, freeze):

@@ -145,7 +145,8 @@ absl::Status WriteAdapterFolder(const std::string& dir, const HostStore& store,
         for (int64_t i = 0; i < t.num_elements; ++i) f[i] = Bf16ToFloat(bf16[i]);
         values = f.data();
       }
-      adapters.push_back({kPeftPrefix + t.name, DType::kF32, t.shape, values});
+      if (LoraExperts(t) > 0) values = widened.emplace_back(LoraToPeftOrder(t, values)).data();
+      adapters.push_back({kPeftPrefix + t.name, DType::kF32, PeftShape(t), values});
     }
   }
   return WriteSafetensors(dir + "/adapter_model.safetensors", adapters, {{"format", "pt"}});
@@ -208,6 +209,8 @@ int Main(int argc, char** argv) {
   // The trainable tensors alone: a frozen unit's gradient is empty, and a unit's ends at its
   // state range (zero below it).
   std::vector<TensorToWrite> grads;
+  // The experts' adapters' gradients in PEFT's order (a move keeps each buffer in place).
+  std::vector<std::vector<float>> reordered;
   for (int64_t u = 0; u < store->num_units(); ++u) {
     for (const TensorSlot& t : store->layout().units[u].tensors) {
       if (!t.trainable) continue;
@@ -217,8 +220,10 @@ int Main(int argc, char** argv) {
                      t.name.c_str(), static_cast<long long>(u), static_cast<long long>(have));
         return 1;
       }
-      grads.push_back({IsLora(t) ? kPeftPrefix + t.name : t.name, DType::kF32, t.shape,
-                       sink.grads[u].data() + t.offset});
+      const float* values = sink.grads[u].data() + t.offset;
+      if (LoraExperts(t) > 0) values = reordered.emplace_back(LoraToPeftOrder(t, values)).data();
+      grads.push_back({IsLora(t) ? kPeftPrefix + t.name : t.name, DType::kF32,
+                       IsLora(t) ? PeftShape(t) : t.shape, values});
     }
   }
   (void)WriteSafetensors(out + "/grads.safetensors", grads, {{"format", "pt"}});

@@ -1,7 +1,8 @@
 // LoRA adapters in the layer kinds (model/lora.h), in double precision: the adapted model
 // is the model with merged weights W + scale B A, and the adapters' analytic gradients
 // equal central finite differences, on every projection of the dense families and the
-// attention of the MoE ones.
+// attention and experts of the MoE ones (GPT-OSS's input-major experts included).
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -28,17 +29,52 @@ class LoraLayers : public ::testing::TestWithParam<Variant> {
       }
     }
   }
-  // Every projection; the attention's alone in an MoE model (its experts take none).
+  // Every projection; in an MoE model the attention's and the experts' (a dense MLP layer
+  // of a mixed one: its attention alone).
   static LoraConfig Lora(const ModelConfig& c, double alpha, bool rslora) {
     LoraConfig lora;
     lora.rank = 2;
     lora.alpha = alpha;
     lora.rslora = rslora;
-    if (c.is_moe()) lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    if (c.is_moe()) {
+      lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "experts.gate_up_proj",
+                             "experts.down_proj"};
+    }
     return lora;
   }
-  static int Targets(const ModelConfig& c) { return c.is_moe() ? 4 : 7; }
+  // The adapted projections of the model.
+  static int Targets(const ModelConfig& c) {
+    int n = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l) n += !c.is_moe() ? 7 : c.IsMoeLayer(l) ? 6 : 4;
+    return n;
+  }
 };
+
+// W += scale B A for one adapter of `adapted`, into `merged` (the same base layout): per
+// expert for an experts' adapter, transposed into GPT-OSS's input-major experts.
+void MergeAdapter(const DirectModel& adapted, const UnitLayout& unit, size_t u,
+                  const TensorSlot& a, double scale, DirectModel* merged) {
+  const TensorSlot& b = *unit.FindLora(a.base_role, TensorRole::kLoraB);
+  const TensorSlot& w = *unit.Find(a.base_role);  // an experts' tensor: expert 0's
+  const bool in_major =
+      a.base_role == TensorRole::kExpertGateUpT || a.base_role == TensorRole::kExpertDownT;
+  const int64_t E = std::max<int64_t>(LoraExperts(a), 1);
+  const int64_t r = LoraRank(a), in = a.shape.back(), out = b.shape[b.shape.size() - 2];
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t a0 = a.offset + e * r * in, b0 = b.offset + e * out * r;
+    const int64_t w0 = w.offset + e * out * in;
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t i = 0; i < in; ++i) {
+        double sum = 0;
+        for (int64_t j = 0; j < r; ++j) {
+          sum += adapted.Get(u, b0 + o * r + j) * adapted.Get(u, a0 + j * in + i);
+        }
+        const int64_t at = w0 + (in_major ? i * out + o : o * in + i);
+        merged->Set(u, at, merged->Get(u, at) + scale * sum);
+      }
+    }
+  }
+}
 
 TEST_P(LoraLayers, TheAdaptedModelIsTheModelWithMergedWeights) {
   const ModelConfig c = TinyConfig(GetParam());
@@ -63,22 +99,10 @@ TEST_P(LoraLayers, TheAdaptedModelIsTheModelWithMergedWeights) {
       for (const TensorSlot& a : unit.tensors) {  // W += scale B A
         if (a.role != TensorRole::kLoraA) continue;
         ++adapters;
-        const TensorSlot& b = *unit.FindLora(a.base_role, TensorRole::kLoraB);
-        const TensorSlot& w = *unit.Find(a.base_role);
-        const int64_t r = a.shape[0], in = a.shape[1], out = b.shape[0];
-        for (int64_t o = 0; o < out; ++o) {
-          for (int64_t i = 0; i < in; ++i) {
-            double sum = 0;
-            for (int64_t j = 0; j < r; ++j) {
-              sum += adapted.Get(u, b.offset + o * r + j) * adapted.Get(u, a.offset + j * in + i);
-            }
-            const int64_t at = w.offset + o * in + i;
-            merged.Set(u, at, merged.Get(u, at) + lora.Scale() * sum);
-          }
-        }
+        MergeAdapter(adapted, unit, u, a, lora.Scale(), &merged);
       }
     }
-    EXPECT_EQ(adapters, Targets(c) * c.num_layers);
+    EXPECT_EQ(adapters, Targets(c));
     const double want = merged.Run(batch, nullptr), got = adapted.Run(batch, nullptr);
     EXPECT_NEAR(got, want, 1e-12 * std::fabs(want)) << "rslora " << rslora;
   }
@@ -109,7 +133,7 @@ TEST_P(LoraLayers, AdapterGradientsEqualCentralDifferences) {
       }
     }
   }
-  EXPECT_EQ(checked, 4 * 2 * Targets(c) * c.num_layers);
+  EXPECT_EQ(checked, 4 * 2 * Targets(c));
 }
 
 // The device holds the gradients of the adapters alone: a layer's gradient buffers are its
