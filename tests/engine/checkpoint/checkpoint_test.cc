@@ -483,6 +483,140 @@ TEST(CheckpointLoraTest, MergedModelHoldsTheBasePlusTheScaledLowRankProduct) {
   EXPECT_THAT(std::string(other.message()), HasSubstr("mlp.up_proj.lora_A.weight"));
 }
 
+// LoRA on the experts: the adapter folder holds them as PEFT's ParamWrapper does (A (E*r,
+// in); B (out, r*E), expert e's rank-j column at j*E + e; gate_up_proj's one base_layer
+// down when down_proj is adapted too; target_parameters in the config), a job starts from
+// it exactly, and megatrain merge adds each expert's scale B_e A_e to its weights: Qwen3-MoE's
+// per-expert gate, up and down rows, GPT-OSS's input-major fused tensors transposed.
+class CheckpointExpertLoraTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CheckpointExpertLoraTest, ExpertAdaptersAreSavedAsPeftParamWrappersAndMerge) {
+  const bool gpt_oss = GetParam();
+  TempDir root;
+  ModelConfig config = TinyConfig(/*tied=*/false);
+  config.architecture = gpt_oss ? Architecture::kGptOss : Architecture::kQwen3Moe;
+  config.moe.num_experts = 3;
+  config.moe.experts_per_token = 2;
+  config.moe.intermediate_size = 12;
+  config.moe.gpt_oss_experts = gpt_oss;
+  config.qk_norm = !gpt_oss;  // as config.json implies each
+  config.qkv_bias = config.o_bias = config.attention_sinks = gpt_oss;
+  if (gpt_oss) config.intermediate_size = 12;
+  const int64_t E = 3, I = 12, C = config.hidden_size, r = 2;
+  std::unique_ptr<HostStore> base = std::move(*HostStore::Create(BuildLayout(config), -1, {}));
+  RandomInitWeights(config, 3, base.get());
+  absl::StatusOr<std::string> base_dir =
+      SaveCheckpoint(root.path() + "/base", config, *base, SampleState(), {});
+  ASSERT_TRUE(base_dir.ok()) << base_dir.status();
+  LoraConfig lora;
+  lora.rank = r;
+  lora.alpha = 6;
+  lora.target_modules = {"q_proj", "experts.gate_up_proj", "experts.down_proj"};
+  ModelLayout layout = BuildLayout(config);
+  ASSERT_TRUE(AddLoraAdapters(lora, config, &layout).ok());
+  std::unique_ptr<HostStore> adapted = std::move(*HostStore::Create(layout, -1, {}));
+  RandomInitWeights(config, 3, adapted.get());
+  InitLoraAdapters(LoraInit::kGaussian, 4, adapted.get());
+  for (int64_t u = 0; u < adapted->num_units(); ++u) {
+    for (const TensorSlot& t : layout.units[u].tensors) {
+      if (t.role != TensorRole::kLoraB) continue;
+      std::vector<float> b(t.num_elements);
+      for (size_t i = 0; i < b.size(); ++i) b[i] = 0.01f * static_cast<float>(i % 11) - 0.05f;
+      adapted->WriteTensor(u, t, b.data());
+    }
+  }
+  CheckpointOptions options;
+  options.adapter_config = PeftAdapterConfigJson(layout, lora, *base_dir);
+  absl::StatusOr<std::string> adapter_dir =
+      SaveCheckpoint(root.path() + "/adapter", config, *adapted, SampleState(), options);
+  ASSERT_TRUE(adapter_dir.ok()) << adapter_dir.status();
+  const nlohmann::json js = nlohmann::json::parse(ReadFile(*adapter_dir + "/adapter_config.json"));
+  EXPECT_EQ(js["target_modules"], nlohmann::json({"q_proj"}));
+  EXPECT_EQ(js["target_parameters"],
+            nlohmann::json({"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
+  absl::StatusOr<LoraConfig> read = ReadPeftAdapterConfig(*adapter_dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_THAT(read->target_modules,
+              ElementsAre("q_proj", "experts.gate_up_proj", "experts.down_proj"));
+
+  absl::StatusOr<ModelTensorReader> file = ModelTensorReader::OpenFolder(*adapter_dir);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::string experts = "base_model.model.model.layers.1.mlp.experts.";
+  ASSERT_TRUE(file->Has(experts + "base_layer.lora_A.weight"));  // gate_up_proj's
+  EXPECT_EQ(file->Find(experts + "base_layer.lora_A.weight")->shape,
+            (std::vector<int64_t>{E * r, C}));
+  ASSERT_TRUE(file->Has(experts + "lora_B.weight"));  // down_proj's
+  EXPECT_EQ(file->Find(experts + "lora_B.weight")->shape, (std::vector<int64_t>{C, r * E}));
+  const int64_t u = layout.DecoderUnit(1);
+  const UnitLayout& unit = layout.units[u];
+  const TensorRole down_role = gpt_oss ? TensorRole::kExpertDownT : TensorRole::kExpertDown;
+  const TensorSlot& down_b = *unit.FindLora(down_role, TensorRole::kLoraB);
+  std::vector<float> down_file(down_b.num_elements);
+  ASSERT_TRUE(file->ReadAsFloat(experts + "lora_B.weight", {C, r * E}, down_file.data()).ok());
+  const float* down_master = adapted->master(u) + (down_b.offset - adapted->state_begin(u));
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t o = 0; o < C; o += 7) {
+      for (int64_t j = 0; j < r; ++j) {
+        ASSERT_EQ(down_file[o * r * E + j * E + e], down_master[(e * C + o) * r + j])
+            << "expert " << e << " [" << o << ", " << j << "]";
+      }
+    }
+  }
+  std::unique_ptr<HostStore> started = std::move(*HostStore::Create(layout, -1, {}));
+  RandomInitWeights(config, 3, started.get());
+  ASSERT_TRUE(LoadLoraAdapter(*adapter_dir, lora, started.get()).ok());
+  const int64_t n = adapted->unit_elements(u);
+  EXPECT_EQ(std::vector<uint16_t>(started->weights(u), started->weights(u) + n),
+            std::vector<uint16_t>(adapted->weights(u), adapted->weights(u) + n));
+
+  const std::string out = root.path() + "/merged";
+  const absl::Status merge = MergeLoraAdapter(*base_dir, *adapter_dir, out);
+  ASSERT_TRUE(merge.ok()) << merge;
+  absl::StatusOr<ModelTensorReader> merged = ModelTensorReader::OpenFolder(out);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  // want(e, o, i): expert e's merged weight at output o, input i of target (0 gate_up, 1 down)
+  auto want = [&](int target, int64_t e, int64_t o, int64_t i, double w) {
+    const TensorRole role = LoraExpertRole(unit, target);
+    const TensorSlot& a = *unit.FindLora(role, TensorRole::kLoraA);
+    const TensorSlot& b = *unit.FindLora(role, TensorRole::kLoraB);
+    const int64_t in = a.shape[2], outs = b.shape[1];
+    const float* ma = adapted->master(u) + (a.offset - adapted->state_begin(u)) + e * r * in;
+    const float* mb = adapted->master(u) + (b.offset - adapted->state_begin(u)) + e * outs * r;
+    double sum = 0;
+    for (int64_t j = 0; j < r; ++j) sum += double(mb[o * r + j]) * ma[j * in + i];
+    return FloatToBf16(static_cast<float>(w + lora.Scale() * sum));
+  };
+  for (const TensorSlot& w : unit.tensors) {
+    if (IsLora(w) || (w.expert < 0 && w.role != TensorRole::kExpertGateUpT &&
+                      w.role != TensorRole::kExpertDownT)) {
+      continue;
+    }
+    std::vector<uint16_t> got(w.num_elements);
+    ASSERT_TRUE(merged->ReadRaw(w.name, w.shape, DType::kBF16, got.data()).ok()) << w.name;
+    const uint16_t* before = base->weights(u) + w.offset;
+    for (int64_t x = 0; x < w.num_elements; x += 5) {
+      const double b = Bf16ToFloat(before[x]);
+      uint16_t expect;
+      if (gpt_oss) {  // (E, in, out)
+        const bool gu = w.role == TensorRole::kExpertGateUpT;
+        const int64_t outs = gu ? 2 * I : C, in = gu ? C : I;
+        const int64_t e = x / (in * outs), i = x / outs % in, o = x % outs;
+        expect = want(gu ? 0 : 1, e, o, i, b);
+      } else {  // expert w.expert's gate (rows 0..I of gate_up), up (I..2I) or down (C, I)
+        const int64_t in = w.shape[1], o = x / in, i = x % in;
+        const int target = w.role == TensorRole::kExpertDown ? 1 : 0;
+        expect = want(target, w.expert, o + (w.role == TensorRole::kExpertUp ? I : 0), i, b);
+      }
+      ASSERT_EQ(got[x], expect) << w.name << " element " << x;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Qwen3MoeAndGptOss, CheckpointExpertLoraTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "GptOss" : "Qwen3Moe";
+                         });
+
 TEST(CheckpointShardingTest, SmallMaxShardBytesWritesNumberedShardsAndIndexThatLoad) {
   TempDir root;
   const ModelConfig config = TinyConfig(/*tied=*/false, /*scale=*/2);

@@ -180,6 +180,32 @@ TEST(LoraLayout, FreezingAnAdapterIsRefusedNamingThePattern) {
       << bad.status();
 }
 
+// The experts are adapted by their own names, only where there are experts; an MLP name on
+// a model whose MLPs are all experts points to them; a rank beyond an expert's smaller
+// side names it.
+TEST(LoraLayout, ExpertTargetsAreCheckedAgainstTheModel) {
+  LoraConfig lora;
+  lora.rank = 2;
+  lora.alpha = 4;
+  auto error = [&](Variant v, std::vector<std::string> targets) {
+    lora.target_modules = std::move(targets);
+    ModelLayout layout = BuildLayout(TinyConfig(v));
+    return std::string(AddLoraAdapters(lora, TinyConfig(v), &layout).message());
+  };
+  EXPECT_EQ(error(Variant::kLlamaTiedGqa, {"q_proj", "experts.down_proj"}),
+            "lora.target_modules[1] 'experts.down_proj': llama has no experts");
+  EXPECT_EQ(error(Variant::kMixtralRenormalised, {"up_proj"}),
+            "lora.target_modules[0] 'up_proj': the MLPs of mixtral are experts; adapt them as "
+            "experts.gate_up_proj and experts.down_proj");
+  EXPECT_EQ(error(Variant::kQwen3MoeMixedLayers, {"up_proj", "experts.gate_up_proj"}), "")
+      << "its dense layer 1 has an up_proj";
+  EXPECT_NE(error(Variant::kLlamaTiedGqa, {"experts"}).find("is not a projection; choose from"),
+            std::string::npos);
+  lora.rank = 7;  // > the experts' intermediate size 6
+  EXPECT_EQ(error(Variant::kGptOssSinksWindow, {"experts.down_proj"}),
+            "lora.rank 7 is larger than layer 0's experts.down_proj's smaller side (6)");
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, LoraLayers,
                          ::testing::Values(Variant::kLlamaTiedGqa, Variant::kQwen2UntiedBias,
                                            Variant::kQwen3QkNorm, Variant::kQwen3MoeMixedLayers,
