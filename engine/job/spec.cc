@@ -589,10 +589,13 @@ absl::Status CheckLora(const JobSpec& s) {
     const std::string& name = lora.target_modules[i];
     const std::string field = absl::StrCat("lora.target_modules[", i, "] '", Printable(name), "'");
     if (std::find(std::begin(kLoraTargets), std::end(kLoraTargets), name) ==
-        std::end(kLoraTargets)) {
+            std::end(kLoraTargets) &&
+        std::find(std::begin(kLoraExpertTargets), std::end(kLoraExpertTargets), name) ==
+            std::end(kLoraExpertTargets)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, " is not a projection; choose from ", absl::StrJoin(kLoraTargets, ", "),
-          name == "all-linear" ? " (all-linear stands alone: it means all of them)"
+          field, " is not a projection; choose from ", absl::StrJoin(kLoraTargets, ", "), ", ",
+          absl::StrJoin(kLoraExpertTargets, ", "),
+          name == "all-linear" ? " (all-linear stands alone: it means all but the experts')"
                                : " (or all-linear)"));
     }
     if (!seen.insert(name).second) {

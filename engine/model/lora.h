@@ -6,7 +6,9 @@
 // prefix, which only the adapter files carry). Every other tensor of the model is frozen,
 // as PEFT freezes the base: the units' state ranges (layout.h) are their adapters alone,
 // so a LoRA job holds the base as bf16 and trains, downloads and updates only A and B.
-// The layer kinds add scale * (x A^T) B^T to each adapted projection's output.
+// The layer kinds add scale * (x A^T) B^T to each adapted projection's output. An MoE
+// layer's experts take one adapter per expert over each of their two projections
+// (kLoraExpertTargets), in PEFT's files as its ParamWrapper saves them.
 #pragma once
 
 #include <cstdint>

@@ -357,6 +357,14 @@ TEST(JobSpecTest, LoraSectionParsesWithPeftDefaults) {
   EXPECT_THAT(all->lora.target_modules, IsEmpty());
 }
 
+TEST(JobSpecTest, LoraTargetsNameTheExpertsProjections) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      WithLora("rank: 8, target_modules: [q_proj, experts.gate_up_proj, experts.down_proj]"), "");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_THAT(spec->lora.target_modules,
+              ElementsAre("q_proj", "experts.gate_up_proj", "experts.down_proj"));
+}
+
 TEST(JobSpecTest, NoLoraSectionIsNoAdapters) {
   absl::StatusOr<JobSpec> spec = ParseJobSpec(MinimalSpec(), "");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -384,7 +392,8 @@ TEST(JobSpecTest, BadLoraFieldsAreRefusedNamingTheField) {
                 "lora.init must be one of default, gaussian; got 'x'");
   ExpectInvalid(WithLora("rank: 8, target_modules: [q_proj, foo]"),
                 "lora.target_modules[1] 'foo' is not a projection; choose from q_proj, k_proj, "
-                "v_proj, o_proj, gate_proj, up_proj, down_proj (or all-linear)");
+                "v_proj, o_proj, gate_proj, up_proj, down_proj, experts.gate_up_proj, "
+                "experts.down_proj (or all-linear)");
   ExpectInvalid(WithLora("rank: 8, target_modules: [v_proj, q_proj, v_proj]"),
                 "lora.target_modules[2] 'v_proj' is named twice");
   ExpectInvalid(WithLora("rank: 8, target_modules: [q_proj, all-linear]"),
