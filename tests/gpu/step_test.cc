@@ -47,7 +47,8 @@ struct Trained {
   std::unique_ptr<Pipeline> pipeline;
 };
 
-// `lora`: adapters of that rank on every projection (B drawn too, so that each path counts).
+// `lora`: adapters of that rank on every projection, an MoE model's experts too (B drawn
+// too, so that each path counts).
 Trained Make(const ModelConfig& c, Backend* be, int64_t micro_batches, int64_t tokens, int64_t k,
              int64_t kept_layers = 0, int64_t weight_slots = 0, int64_t mlp_tile = 0,
              int64_t lora = 0) {
@@ -56,6 +57,10 @@ Trained Make(const ModelConfig& c, Backend* be, int64_t micro_batches, int64_t t
   LoraConfig adapters;
   adapters.rank = lora;
   adapters.alpha = 2.0 * lora;
+  if (c.is_moe()) {
+    adapters.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "experts.gate_up_proj",
+                               "experts.down_proj"};
+  }
   if (lora > 0) {
     EXPECT_TRUE(AddLoraAdapters(adapters, c, &layout).ok());
   }
@@ -199,6 +204,27 @@ TEST_F(GpuTest, LoraStepMatchesTheCpuAndDrainsTheAdaptersAlone) {
             gr.store->state_begin(u1) + gr.store->state_elements(u1));
   cpu_->UnpinHostRange(cr.store->transfer_base());
   Unpin(gpu_.get(), gr);
+}
+
+// LoRA on the attention and the experts (Qwen3-MoE with a dense layer; GPT-OSS's
+// input-major experts), kept and streamed layers: the adapters' gradients match the CPU's.
+TEST_F(GpuTest, ExpertLoraStepMatchesTheCpu) {
+  for (const Variant v : {Variant::kQwen3MoeMixedLayers, Variant::kGptOssSinksWindow}) {
+    const ModelConfig c = StepConfig(v, 4);
+    const std::vector<MicroBatch> batches = {RandomBatch(2, 64, c.vocab_size, 3),
+                                             RandomBatch(2, 64, c.vocab_size, 4)};
+    Trained cr = Make(c, cpu_.get(), 2, 128, 1, 0, 0, 0, /*lora=*/8);
+    Trained gr = Make(c, gpu_.get(), 2, 128, 1, /*kept_layers=*/2, 0, 0, /*lora=*/8);
+    RecordingSink cs(cpu_.get(), cr.pool.get(), cr.store->num_units());
+    RecordingSink gs(gpu_.get(), gr.pool.get(), gr.store->num_units());
+    absl::StatusOr<StepResult> cl = cr.pipeline->Step(batches, &cs);
+    absl::StatusOr<StepResult> gl = gr.pipeline->Step(batches, &gs);
+    SCOPED_TRACE(c.is_moe() && c.moe.gpt_oss_experts ? "gpt_oss" : "qwen3_moe");
+    ASSERT_TRUE(cl.ok() && gl.ok());
+    ExpectMatchesCpu(*gl, gs, *cl, cs);
+    cpu_->UnpinHostRange(cr.store->transfer_base());
+    Unpin(gpu_.get(), gr);
+  }
 }
 
 // The planner's memory choices on a roomy GPU: kept activations (no re-forward) and a slot
