@@ -448,9 +448,7 @@ class CudaBackend final : public Backend {
                           int64_t r, double scale, StreamId s) override {
     CheckComputeStream(s);
     const int32_t* rows = RowsOf(offsets, E);
-    // t^T (r, rows) = scale A_e (r, IC) . x^T (IC, rows)
-    expert_gemms_->Run(Scaled(RowsThroughWeight(A, CUBLAS_OP_T, IC, x, IC, t, r), scale, 0), rows,
-                       E);
+    expert_gemms_->Run(LoraDown(A, x, t, IC, r, scale), rows, E);
     // y^T (OC, rows) += B_e (OC, r) . t^T (r, rows)
     expert_gemms_->Run(Scaled(RowsThroughWeight(B, CUBLAS_OP_T, r, t, r, y, OC), 1, 1), rows, E);
   }
@@ -460,9 +458,7 @@ class CudaBackend final : public Backend {
                            int64_t r, double scale, StreamId s) override {
     CheckComputeStream(s);
     const int32_t* rows = RowsOf(offsets, E);
-    // t^T (r, rows) = scale A_e (r, IC) . x^T (IC, rows), as GroupedLoraForward made it
-    expert_gemms_->Run(Scaled(RowsThroughWeight(A, CUBLAS_OP_T, IC, x, IC, t, r), scale, 0), rows,
-                       E);
+    expert_gemms_->Run(LoraDown(A, x, t, IC, r, scale), rows, E);  // as the forward made it
     // dt^T (r, rows) = B_e^T (r, OC) . dy^T (OC, rows)
     expert_gemms_->Run(RowsThroughWeight(B, CUBLAS_OP_N, r, dy, OC, dt, r), rows, E);
     // dB_e^T (r, OC) += t^T (r, rows) . dy (rows, OC), fp32
@@ -563,6 +559,11 @@ class CudaBackend final : public Backend {
     SetOperands(&g, base, expert_bytes, row_bytes);
     g.c_type = CUDA_R_32F, g.alpha = static_cast<float>(alpha), g.beta = 1;
     return g;
+  }
+  // An expert LoRA's down-projection: t^T (r, rows) = scale A_e (r, IC) . x^T (IC, rows).
+  static ExpertGemm LoraDown(const void* A, const void* x, void* t, int64_t IC, int64_t r,
+                             double scale) {
+    return Scaled(RowsThroughWeight(A, CUBLAS_OP_T, IC, x, IC, t, r), scale, 0);
   }
   // g with C_e = alpha (its product) + beta C_e.
   static ExpertGemm Scaled(ExpertGemm g, double alpha, float beta) {

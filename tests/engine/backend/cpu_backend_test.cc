@@ -27,11 +27,12 @@ VecF RandomVec(std::mt19937_64& rng, int64_t n) {
   return v;
 }
 
-// A float tensor in the backend's memory.
+// A float tensor in the backend's memory (the copy done: `v` may go at once).
 DeviceBuffer Upload(Backend* b, const VecF& v) {
   absl::StatusOr<DeviceBuffer> buf = DeviceBuffer::Allocate(b, v.size() * sizeof(float));
   MT_CHECK(buf.ok());
   b->CopyToDevice(buf->get(), v.data(), v.size() * sizeof(float), StreamId::kCompute);
+  b->SyncAll();
   return std::move(*buf);
 }
 

@@ -410,42 +410,67 @@ TEST(CheckpointLoraTest, AdapterCheckpointIsAPeftFolderThatResumesAndLoads) {
   EXPECT_THAT(std::string(base.message()), HasSubstr("lora_A.weight"));
 }
 
+// A base model (drawn, seed 3) saved under root/base, and a LoRA job's adapter checkpoint
+// over it under root/adapter: A drawn (gaussian), B a fixed pattern (not zero, so that the
+// product counts); the stores too, for the expected values. Empty dirs on a failure.
+struct SavedAdapter {
+  std::string base_dir, adapter_dir;
+  ModelLayout layout;
+  std::unique_ptr<HostStore> base, adapted;
+};
+SavedAdapter SaveBaseAndAdapter(const std::string& root, const ModelConfig& config,
+                                const LoraConfig& lora) {
+  SavedAdapter r;
+  r.base = std::move(*HostStore::Create(BuildLayout(config), -1, {}));
+  RandomInitWeights(config, 3, r.base.get());
+  absl::StatusOr<std::string> base_dir =
+      SaveCheckpoint(root + "/base", config, *r.base, SampleState(), {});
+  EXPECT_TRUE(base_dir.ok()) << base_dir.status();
+  r.layout = BuildLayout(config);
+  const absl::Status added = AddLoraAdapters(lora, config, &r.layout);
+  EXPECT_TRUE(added.ok()) << added;
+  if (!base_dir.ok() || !added.ok()) return r;
+  r.base_dir = *base_dir;
+  r.adapted = std::move(*HostStore::Create(r.layout, -1, {}));
+  RandomInitWeights(config, 3, r.adapted.get());
+  InitLoraAdapters(LoraInit::kGaussian, 4, r.adapted.get());
+  for (int64_t u = 0; u < r.adapted->num_units(); ++u) {
+    for (const TensorSlot& t : r.layout.units[u].tensors) {
+      if (t.role != TensorRole::kLoraB) continue;
+      std::vector<float> b(t.num_elements);
+      for (size_t i = 0; i < b.size(); ++i) b[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
+      r.adapted->WriteTensor(u, t, b.data());
+    }
+  }
+  CheckpointOptions options;
+  options.adapter_config = PeftAdapterConfigJson(r.layout, lora, r.base_dir);
+  absl::StatusOr<std::string> adapter_dir =
+      SaveCheckpoint(root + "/adapter", config, *r.adapted, SampleState(), options);
+  EXPECT_TRUE(adapter_dir.ok()) << adapter_dir.status();
+  if (adapter_dir.ok()) r.adapter_dir = *adapter_dir;
+  return r;
+}
+
 // megatrain merge: each adapted projection of the merged folder is bf16(W + scale B A), the
 // rest the base's bits; the folder loads as a model; an out folder in use is refused, and
 // an adapter of another model names the tensor.
 TEST(CheckpointLoraTest, MergedModelHoldsTheBasePlusTheScaledLowRankProduct) {
   TempDir root;
   const ModelConfig config = TinyConfig(/*tied=*/false);
-  std::unique_ptr<HostStore> base = std::move(*HostStore::Create(BuildLayout(config), -1, {}));
-  RandomInitWeights(config, 3, base.get());
-  absl::StatusOr<std::string> base_dir =
-      SaveCheckpoint(root.path() + "/base", config, *base, SampleState(), {});
-  ASSERT_TRUE(base_dir.ok()) << base_dir.status();
   LoraConfig lora;
   lora.rank = 2;
   lora.alpha = 6;
   lora.rslora = true;
   lora.target_modules = {"k_proj", "up_proj"};
-  ModelLayout layout = BuildLayout(config);
-  ASSERT_TRUE(AddLoraAdapters(lora, config, &layout).ok());
-  std::unique_ptr<HostStore> adapted = std::move(*HostStore::Create(layout, -1, {}));
-  RandomInitWeights(config, 3, adapted.get());
-  InitLoraAdapters(LoraInit::kGaussian, 4, adapted.get());
-  for (int64_t u = 0; u < adapted->num_units(); ++u) {
-    for (const TensorSlot& t : layout.units[u].tensors) {
-      if (t.role != TensorRole::kLoraB) continue;
-      std::vector<float> b(t.num_elements);
-      for (size_t i = 0; i < b.size(); ++i) b[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
-      adapted->WriteTensor(u, t, b.data());
-    }
-  }
-  CheckpointOptions options;
-  options.adapter_config = PeftAdapterConfigJson(layout, lora, *base_dir);
-  absl::StatusOr<std::string> adapter_dir =
-      SaveCheckpoint(root.path() + "/adapter", config, *adapted, SampleState(), options);
-  ASSERT_TRUE(adapter_dir.ok()) << adapter_dir.status();
+  SavedAdapter saved = SaveBaseAndAdapter(root.path(), config, lora);
+  ASSERT_FALSE(saved.adapter_dir.empty());
+  const std::string& base_dir = saved.base_dir;
+  const std::string& adapter_dir = saved.adapter_dir;
+  const ModelLayout& layout = saved.layout;
+  const HostStore* base = saved.base.get();
+  const HostStore* adapted = saved.adapted.get();
   const std::string out = root.path() + "/merged";
-  ASSERT_TRUE(MergeLoraAdapter(*base_dir, *adapter_dir, out).ok());
+  ASSERT_TRUE(MergeLoraAdapter(base_dir, adapter_dir, out).ok());
 
   absl::StatusOr<ModelTensorReader> merged = ModelTensorReader::OpenFolder(out);
   ASSERT_TRUE(merged.ok()) << merged.status();
@@ -473,13 +498,13 @@ TEST(CheckpointLoraTest, MergedModelHoldsTheBasePlusTheScaledLowRankProduct) {
       }
     }
   }
-  EXPECT_EQ(MergeLoraAdapter(*base_dir, *adapter_dir, out).code(),
+  EXPECT_EQ(MergeLoraAdapter(base_dir, adapter_dir, out).code(),
             absl::StatusCode::kAlreadyExists);
   lora.target_modules = {"k_proj"};  // the adapter holds up_proj's too
   ModelLayout k_only = BuildLayout(config);
   ASSERT_TRUE(AddLoraAdapters(lora, config, &k_only).ok());
-  WriteFile(*adapter_dir + "/adapter_config.json", PeftAdapterConfigJson(k_only, lora, ""));
-  absl::Status other = MergeLoraAdapter(*base_dir, *adapter_dir, root.path() + "/other");
+  WriteFile(adapter_dir + "/adapter_config.json", PeftAdapterConfigJson(k_only, lora, ""));
+  absl::Status other = MergeLoraAdapter(base_dir, adapter_dir, root.path() + "/other");
   EXPECT_THAT(std::string(other.message()), HasSubstr("mlp.up_proj.lora_A.weight"));
 }
 
@@ -503,43 +528,27 @@ TEST_P(CheckpointExpertLoraTest, ExpertAdaptersAreSavedAsPeftParamWrappersAndMer
   config.qkv_bias = config.o_bias = config.attention_sinks = gpt_oss;
   if (gpt_oss) config.intermediate_size = 12;
   const int64_t E = 3, I = 12, C = config.hidden_size, r = 2;
-  std::unique_ptr<HostStore> base = std::move(*HostStore::Create(BuildLayout(config), -1, {}));
-  RandomInitWeights(config, 3, base.get());
-  absl::StatusOr<std::string> base_dir =
-      SaveCheckpoint(root.path() + "/base", config, *base, SampleState(), {});
-  ASSERT_TRUE(base_dir.ok()) << base_dir.status();
   LoraConfig lora;
   lora.rank = r;
   lora.alpha = 6;
   lora.target_modules = {"q_proj", "experts.gate_up_proj", "experts.down_proj"};
-  ModelLayout layout = BuildLayout(config);
-  ASSERT_TRUE(AddLoraAdapters(lora, config, &layout).ok());
-  std::unique_ptr<HostStore> adapted = std::move(*HostStore::Create(layout, -1, {}));
-  RandomInitWeights(config, 3, adapted.get());
-  InitLoraAdapters(LoraInit::kGaussian, 4, adapted.get());
-  for (int64_t u = 0; u < adapted->num_units(); ++u) {
-    for (const TensorSlot& t : layout.units[u].tensors) {
-      if (t.role != TensorRole::kLoraB) continue;
-      std::vector<float> b(t.num_elements);
-      for (size_t i = 0; i < b.size(); ++i) b[i] = 0.01f * static_cast<float>(i % 11) - 0.05f;
-      adapted->WriteTensor(u, t, b.data());
-    }
-  }
-  CheckpointOptions options;
-  options.adapter_config = PeftAdapterConfigJson(layout, lora, *base_dir);
-  absl::StatusOr<std::string> adapter_dir =
-      SaveCheckpoint(root.path() + "/adapter", config, *adapted, SampleState(), options);
-  ASSERT_TRUE(adapter_dir.ok()) << adapter_dir.status();
-  const nlohmann::json js = nlohmann::json::parse(ReadFile(*adapter_dir + "/adapter_config.json"));
+  SavedAdapter saved = SaveBaseAndAdapter(root.path(), config, lora);
+  ASSERT_FALSE(saved.adapter_dir.empty());
+  const std::string& base_dir = saved.base_dir;
+  const std::string& adapter_dir = saved.adapter_dir;
+  const ModelLayout& layout = saved.layout;
+  const HostStore* base = saved.base.get();
+  const HostStore* adapted = saved.adapted.get();
+  const nlohmann::json js = nlohmann::json::parse(ReadFile(adapter_dir + "/adapter_config.json"));
   EXPECT_EQ(js["target_modules"], nlohmann::json({"q_proj"}));
   EXPECT_EQ(js["target_parameters"],
             nlohmann::json({"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
-  absl::StatusOr<LoraConfig> read = ReadPeftAdapterConfig(*adapter_dir);
+  absl::StatusOr<LoraConfig> read = ReadPeftAdapterConfig(adapter_dir);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_THAT(read->target_modules,
               ElementsAre("q_proj", "experts.gate_up_proj", "experts.down_proj"));
 
-  absl::StatusOr<ModelTensorReader> file = ModelTensorReader::OpenFolder(*adapter_dir);
+  absl::StatusOr<ModelTensorReader> file = ModelTensorReader::OpenFolder(adapter_dir);
   ASSERT_TRUE(file.ok()) << file.status();
   const std::string experts = "base_model.model.model.layers.1.mlp.experts.";
   ASSERT_TRUE(file->Has(experts + "base_layer.lora_A.weight"));  // gate_up_proj's
@@ -564,13 +573,13 @@ TEST_P(CheckpointExpertLoraTest, ExpertAdaptersAreSavedAsPeftParamWrappersAndMer
   }
   std::unique_ptr<HostStore> started = std::move(*HostStore::Create(layout, -1, {}));
   RandomInitWeights(config, 3, started.get());
-  ASSERT_TRUE(LoadLoraAdapter(*adapter_dir, lora, started.get()).ok());
+  ASSERT_TRUE(LoadLoraAdapter(adapter_dir, lora, started.get()).ok());
   const int64_t n = adapted->unit_elements(u);
   EXPECT_EQ(std::vector<uint16_t>(started->weights(u), started->weights(u) + n),
             std::vector<uint16_t>(adapted->weights(u), adapted->weights(u) + n));
 
   const std::string out = root.path() + "/merged";
-  const absl::Status merge = MergeLoraAdapter(*base_dir, *adapter_dir, out);
+  const absl::Status merge = MergeLoraAdapter(base_dir, adapter_dir, out);
   ASSERT_TRUE(merge.ok()) << merge;
   absl::StatusOr<ModelTensorReader> merged = ModelTensorReader::OpenFolder(out);
   ASSERT_TRUE(merged.ok()) << merged.status();
