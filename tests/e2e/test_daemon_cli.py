@@ -1757,11 +1757,29 @@ class LoraJobTest(DaemonTestCase):
         refused(self.lora_spec(dropout=0.1), EXIT_USAGE, "lora.dropout")
         refused(self.lora_spec(adapter="no-such-adapter"), EXIT_NOT_FOUND, "lora.adapter")
         moe = self.lora_spec(target_modules=["gate_proj"])
-        moe["model"] = {"config": MOE_CONFIG}
-        refused(moe, EXIT_USAGE, "lora.target_modules[0] 'gate_proj'", "experts")
+        moe["model"] = {"config": dict(MOE_CONFIG, mlp_only_layers=[])}  # experts alone
+        refused(moe, EXIT_USAGE, "lora.target_modules[0] 'gate_proj'", "experts.gate_up_proj")
+        dense = self.lora_spec(target_modules=["experts.down_proj"])
+        refused(dense, EXIT_USAGE, "lora.target_modules[0] 'experts.down_proj'", "no experts")
         self.assertEqual(self.cli_json("list").get("jobs", []), [])
         job_id = self.submit(self.lora_spec(steps=1), name="lora.yaml")
         self.watch_ok(job_id)
+        experts = self.lora_spec(steps=1, target_modules=["q_proj", "experts.gate_up_proj",
+                                                          "experts.down_proj"])
+        experts["model"] = {"config": MOE_CONFIG}
+        experts["checkpoint"] = {"dir": "experts-ckpt"}
+        experts_id = self.submit(experts, name="experts.yaml")
+        self.watch_ok(experts_id)
+        ckpt = self.status(experts_id)["last_checkpoint"]
+        with open(os.path.join(ckpt, "adapter_config.json")) as f:
+            self.assertEqual(json.load(f)["target_parameters"],
+                             ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+        header, _ = read_safetensors_header(os.path.join(ckpt, "adapter_model.safetensors"))
+        # 4 experts of rank 4: PEFT's (E*r, hidden) A of gate_up_proj, (hidden, r*E) B of down
+        self.assertEqual(header["base_model.model.model.layers.0.mlp.experts.base_layer."
+                                "lora_A.weight"]["shape"], [16, 64])
+        self.assertEqual(header["base_model.model.model.layers.2.mlp.experts.lora_B.weight"]
+                         ["shape"], [64, 16])
 
 
 if __name__ == "__main__":
