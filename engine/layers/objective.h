@@ -17,9 +17,12 @@
 //     token: Chunk() is cross-entropy with a per-row scale, the coefficients read from the
 //     micro-batch at chunk.first_row.
 //   - preference losses (DPO): per-sequence sums of log p(y_t) over completion tokens. A
-//     kForwardOnly pass gives -log p(y_t) per token (the reference model's in a pass of its
-//     own, the policy's before its training pass); the objective turns the sums into one
-//     coefficient per sequence, and the kTrain pass is then the policy-gradient one.
+//     kForwardOnly pass gives -log p(y_t) per token (the reference model's, once, before
+//     training). In the policy's kTrain pass the head sweeps a micro-batch's chunks twice:
+//     the values first (both completions of a pair are in one micro-batch), then
+//     preference_loss.h turns the sums into one coefficient per sequence, and the second
+//     sweep recomputes each chunk's logits and writes the policy-gradient dlogits: an
+//     lm_head forward more, not a whole forward.
 //
 // Thread-compatible; Chunk() enqueues on chunk.stream and returns.
 #pragma once
