@@ -89,10 +89,17 @@ absl::StatusOr<std::vector<ChatMessage>> ShareGptMessages(const json& doc) {
 
 absl::StatusOr<std::vector<ChatMessage>> MessagesField(const json& doc) {
   ASSIGN_OR_RETURN(const json* turns, ArrayField(doc, "messages"));
+  return MessagesFromJson(*turns, "messages");
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ChatMessage>> MessagesFromJson(const json& turns,
+                                                          absl::string_view field) {
   std::vector<ChatMessage> messages;
-  for (size_t i = 0; i < turns->size(); ++i) {
-    const json& turn = (*turns)[i];
-    const std::string where = absl::StrCat("messages[", i, "]");
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const json& turn = turns[i];
+    const std::string where = absl::StrCat(field, "[", i, "]");
     if (!turn.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(where, " is a ", turn.type_name(),
                                                      ", expected an object {role, content}"));
@@ -107,6 +114,8 @@ absl::StatusOr<std::vector<ChatMessage>> MessagesField(const json& doc) {
   }
   return messages;
 }
+
+namespace {
 
 absl::StatusOr<std::vector<ChatMessage>> AlpacaMessages(const json& doc) {
   ASSIGN_OR_RETURN(std::string instruction, StringField(doc, "instruction", false, ""));

@@ -77,6 +77,11 @@ struct DatasetStats {
 [[nodiscard]] absl::Status CheckDatasetTrainable(absl::string_view field, const std::string& path,
                                                  const DatasetStats& stats);
 
+// A JSON array of {"role": "system|user|assistant", "content"} objects; errors name
+// "<field>[i]" and what is wrong with it.
+[[nodiscard]] absl::StatusOr<std::vector<ChatMessage>> MessagesFromJson(
+    const nlohmann::json& turns, absl::string_view field);
+
 // A line of only spaces, tabs and CRs: skipped, not an example.
 bool IsBlankLine(absl::string_view line);
 
