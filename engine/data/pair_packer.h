@@ -1,0 +1,37 @@
+// DPO's micro-batches: both sequences of a pair in the same micro-batch, so that the head
+// has a pair's two log-probability sums together (layers/preference_loss.h).
+//
+// Sequences are laid end to end in rows of seq_len, in order (each pair's chosen, then its
+// rejected), a sequence never split across rows: one that does not fit in the rest of a
+// row starts the next. Each is its own attention segment (positions from 0). A token is a
+// target where the next token is a completion token of the same sequence (TRL's shifted
+// completion mask), and it records which of the micro-batch's sequences it belongs to.
+// Once a pair does not fit in the rows left, the micro-batch ends and the rest is padding.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "engine/data/micro_batch.h"
+#include "engine/data/preference.h"
+
+namespace megatrain {
+
+struct PairBatch {
+  MicroBatch batch;
+  // (rows*seq_len): the index of the sequence a target token belongs to, -1 where there
+  // is no target. Sequence 2k is pair k's chosen, 2k+1 its rejected.
+  std::vector<int32_t> sequence;
+  std::vector<int64_t> pair_index;         // (pairs) each pair's index in the caller's list
+  std::vector<int64_t> completion_tokens;  // (2*pairs) each sequence's target count
+  int64_t pairs() const { return static_cast<int64_t>(pair_index.size()); }
+};
+
+// Packs pairs[first], pairs[first+1], ... into `out` (rows x seq_len) while they fit, and
+// returns how many it took (0 when pairs[first] does not fit in an empty micro-batch).
+// REQUIRES: rows >= 1, seq_len >= 1, first < pairs.size().
+int64_t PackPairs(const std::vector<std::pair<PreferenceSequence, PreferenceSequence>>& pairs,
+                  int64_t first, int64_t rows, int64_t seq_len, int32_t pad_id, PairBatch* out);
+
+}  // namespace megatrain
