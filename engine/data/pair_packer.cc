@@ -38,6 +38,14 @@ void Write(const PreferenceSequence& s, int32_t index, const Cursor& at, int64_t
 
 }  // namespace
 
+std::vector<double> SequenceLogps(const PairBatch& batch, const double* token_values) {
+  std::vector<double> logps(2 * batch.pairs(), 0.0);
+  for (size_t j = 0; j < batch.sequence.size(); ++j) {
+    if (batch.sequence[j] >= 0) logps[batch.sequence[j]] -= token_values[j];
+  }
+  return logps;
+}
+
 int64_t PackPairs(const std::vector<std::pair<PreferenceSequence, PreferenceSequence>>& pairs,
                   int64_t first, int64_t rows, int64_t seq_len, int32_t pad_id, PairBatch* out) {
   MT_CHECK(rows >= 1 && seq_len >= 1 && first >= 0 &&

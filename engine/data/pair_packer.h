@@ -34,4 +34,9 @@ struct PairBatch {
 int64_t PackPairs(const std::vector<std::pair<PreferenceSequence, PreferenceSequence>>& pairs,
                   int64_t first, int64_t rows, int64_t seq_len, int32_t pad_id, PairBatch* out);
 
+// Each of the batch's sequences' log-probability, the sum of log p(target) over its
+// targets, from the micro-batch's per-token -log p(target) (a forward-only pass's values,
+// Pipeline::Evaluate): 2 * pairs() values, each pair's chosen then rejected.
+std::vector<double> SequenceLogps(const PairBatch& batch, const double* token_values);
+
 }  // namespace megatrain

@@ -59,7 +59,8 @@ absl::StatusOr<Whole> Conversational(const json& doc, const std::optional<ChatFo
     return absl::InvalidArgumentError(
         "a conversational pair needs the model family's chat template (data.chat_template)");
   }
-  ASSIGN_OR_RETURN(const std::vector<ChatMessage> prompt, MessagesFromJson(doc["prompt"], "prompt"));
+  ASSIGN_OR_RETURN(const std::vector<ChatMessage> prompt,
+                   MessagesFromJson(doc["prompt"], "prompt"));
   Whole w;
   ASSIGN_OR_RETURN(w.prompt, Rendered(*chat, options, prompt, true, tokenizer));
   for (const char* field : {"chosen", "rejected"}) {
@@ -139,7 +140,8 @@ absl::StatusOr<std::pair<PreferenceSequence, PreferenceSequence>> PreferenceSequ
     s.completion.resize(s.ids.size(), 1);
     const int64_t length = static_cast<int64_t>(s.ids.size());
     if (max_length > 0 && length > max_length) {
-      const int64_t first = truncation == PreferenceTruncation::kKeepStart ? 0 : length - max_length;
+      const int64_t first =
+          truncation == PreferenceTruncation::kKeepStart ? 0 : length - max_length;
       s.ids.assign(s.ids.begin() + first, s.ids.begin() + first + max_length);
       s.completion.assign(s.completion.begin() + first, s.completion.begin() + first + max_length);
     }

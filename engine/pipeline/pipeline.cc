@@ -509,7 +509,8 @@ StepResult Pipeline::FinishStep(GradSink* sink, int64_t num_targets,
   return result;
 }
 
-absl::StatusOr<EvalResult> Pipeline::Evaluate(const std::vector<MicroBatch>& batches) {
+absl::StatusOr<EvalResult> Pipeline::Evaluate(const std::vector<MicroBatch>& batches,
+                                              std::vector<double>* token_values) {
   MT_CHECK(options_.eval_micro_batches > 0);
   backend_->BindThread();
   for (const MicroBatch& b : batches) {
@@ -524,11 +525,12 @@ absl::StatusOr<EvalResult> Pipeline::Evaluate(const std::vector<MicroBatch>& bat
   be.Record(embed_loaded_.get(), StreamId::kH2D);
   h2d_bytes_ += UploadEdgeUnit(layout_->HeadUnit(), head_slot_.get(), &head_uploaded_);
   be.Record(head_loaded_.get(), StreamId::kH2D);
-  const int64_t G = options_.eval_micro_batches;
+  const int64_t G = options_.eval_micro_batches, n = options_.tokens_per_micro_batch;
+  if (token_values != nullptr) token_values->assign(batches.size() * n, 0.0);
   for (int64_t first = 0; first < static_cast<int64_t>(batches.size()); first += G) {
     const int64_t count = std::min<int64_t>(G, static_cast<int64_t>(batches.size()) - first);
     UploadEvalInputs(batches, first, count);
-    EvalPass(count, &result);
+    EvalPass(count, &result, token_values == nullptr ? nullptr : token_values->data() + first * n);
     for (int64_t g = 0; g < count; ++g) result.num_targets += batches[first + g].num_targets();
   }
   result.micro_batches = static_cast<int64_t>(batches.size());
@@ -563,7 +565,7 @@ void* Pipeline::EvalAct(int side, int64_t g) const {
   return MicroBatchRow(*eval_sides_[side][g / M], g % M);
 }
 
-void Pipeline::EvalPass(int64_t count, EvalResult* result) {
+void Pipeline::EvalPass(int64_t count, EvalResult* result, double* token_values) {
   Backend& be = *backend_;
   const int64_t n = options_.tokens_per_micro_batch, L = config_.num_layers;
   be.StreamWait(StreamId::kCompute, inputs_loaded_.get());
@@ -606,7 +608,9 @@ void Pipeline::EvalPass(int64_t count, EvalResult* result) {
   be.EventSync(step_end_.get());  // the next pass reuses the token arrays and the losses
   d2h_bytes_ += loss_bytes;
   for (int64_t i = 0; i < count * n; ++i) {
-    result->loss_sum += ReadStat(&host_losses_[i * stat], be.stat_dtype());
+    const double value = ReadStat(&host_losses_[i * stat], be.stat_dtype());
+    result->loss_sum += value;
+    if (token_values != nullptr) token_values[i] = value;
   }
   ++result->passes;
 }

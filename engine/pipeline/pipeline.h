@@ -116,8 +116,12 @@ class Pipeline {
   // step's micro-batches is StepResult::loss's numerator bit for bit.
   // REQUIRES: options.eval_micro_batches > 0; every update of the last step applied
   // (HostOptimizer::Drain): the pass reads the host's weights as they are. The slots it
-  // loads stay loaded for the next Step().
-  [[nodiscard]] absl::StatusOr<EvalResult> Evaluate(const std::vector<MicroBatch>& batches);
+  // loads stay loaded for the next Step(). token_values, when given, gets every token's
+  // value (batches.size() * tokens_per_micro_batch, micro-batch after micro-batch; 0 where
+  // there is no target): a reference model's log-probabilities, per sequence, for DPO
+  // (pair_packer.h's SequenceLogps).
+  [[nodiscard]] absl::StatusOr<EvalResult> Evaluate(const std::vector<MicroBatch>& batches,
+                                                    std::vector<double>* token_values = nullptr);
   int64_t eval_micro_batches() const { return options_.eval_micro_batches; }
 
   // Device bytes allocated by Create(): StepMemory's TotalBytes() for its options.
@@ -165,7 +169,7 @@ class Pipeline {
   // Evaluate's stages: the token arrays of batches [first, first + count), and one sweep of
   // them through the layers and the head, adding to *result.
   void UploadEvalInputs(const std::vector<MicroBatch>& batches, int64_t first, int64_t count);
-  void EvalPass(int64_t count, EvalResult* result);
+  void EvalPass(int64_t count, EvalResult* result, double* token_values);
   // Micro-batch g of a forward-only pass on side 0 or 1 (eval_sides_).
   void* EvalAct(int side, int64_t g) const;
   // The load-balancing loss of the step's router statistics (on the host after the step).

@@ -10,7 +10,9 @@
 namespace megatrain {
 namespace {
 
-std::vector<int32_t> Bytes(const std::string& s) { return std::vector<int32_t>(s.begin(), s.end()); }
+std::vector<int32_t> Bytes(const std::string& s) {
+  return std::vector<int32_t>(s.begin(), s.end());
+}
 
 TEST(PreferencePair, StandardPairIsBosPromptThenCompletionWithEos) {
   ByteTokenizer tok;
@@ -68,7 +70,8 @@ TEST(PreferencePair, SequencesAreCutAsTrlsCollatorCutsThem) {
 TEST(PreferencePair, BadLinesAreRefusedNamingTheProblem) {
   ByteTokenizer tok;
   auto error = [&](const std::string& line) {
-    return std::string(PreferencePairFromLine(line, ChatFormat::kQwen25, {}, tok).status().message());
+    return std::string(
+        PreferencePairFromLine(line, ChatFormat::kQwen25, {}, tok).status().message());
   };
   EXPECT_EQ(error("[1]"), "expected a JSON object {prompt, chosen, rejected}");
   EXPECT_EQ(error(R"({"prompt": "a", "chosen": "b"})"), "field 'rejected' missing");

@@ -1,10 +1,12 @@
 // The forward-only pass (Pipeline::Evaluate): the loss a training step computes, bit for
 // bit, on the weights the host holds; nothing it leaves behind changes the next step.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "engine/data/pair_packer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/store/model_io.h"
 #include "gtest/gtest.h"
@@ -156,6 +158,49 @@ TEST(Evaluate, MoreMicroBatchesThanAPassHoldsGoInSeveralPassesOfTheSameLosses) {
   const int64_t embed_head =
       2 * (store.unit_elements(0) + store.unit_elements(store.layout().HeadUnit()));
   EXPECT_EQ(b.h2d_bytes, (3 + 6 * 2) * layer_bytes + token_bytes + embed_head);
+}
+
+// DPO's reference pass: per-token values from Evaluate, summed per sequence
+// (SequenceLogps), give a pair's log-probabilities whatever it is packed with (sequences
+// are segments of their own), and the values sum to the pass's loss.
+TEST(Evaluate, PairLogpsDoNotDependOnWhatThePairIsPackedWith) {
+  const ModelConfig c = TinyConfig(Variant::kLlamaTiedGqa);
+  Shape shape;
+  shape.micro_batches = 1;
+  shape.tokens = 20;  // 2 rows of 10
+  EvalHarness h(c, shape);
+  auto seq = [](std::vector<int32_t> ids, int prompt) {
+    PreferenceSequence s{ids, std::vector<uint8_t>(ids.size(), 1)};
+    std::fill(s.completion.begin(), s.completion.begin() + prompt, 0);
+    return s;
+  };
+  const std::vector<std::pair<PreferenceSequence, PreferenceSequence>> pairs = {
+      {seq({3, 7, 1, 12}, 2), seq({3, 7, 9}, 2)},
+      {seq({5, 2, 2, 8, 14}, 1), seq({5, 11, 4, 6}, 1)}};
+  PairBatch alone, together;
+  ASSERT_EQ(PackPairs({pairs[0]}, 0, 2, 10, 0, &alone), 1);
+  ASSERT_EQ(PackPairs(pairs, 0, 2, 10, 0, &together), 2);
+  std::vector<double> values;
+  absl::StatusOr<EvalResult> r = h.pipeline->Evaluate({alone.batch, together.batch}, &values);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(values.size(), 40u);
+  double sum = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    sum += values[i];
+    const MicroBatch& b = i < 20 ? alone.batch : together.batch;
+    if (b.targets[i % 20] == kIgnoreIndex) {
+      EXPECT_EQ(values[i], 0.0) << i;
+    }
+  }
+  EXPECT_EQ(sum, r->loss_sum);
+  const std::vector<double> a = SequenceLogps(alone, values.data());
+  const std::vector<double> t = SequenceLogps(together, values.data() + 20);
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(t.size(), 4u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_LT(a[k], 0.0);
+    EXPECT_NEAR(t[k], a[k], 1e-5 * std::fabs(a[k])) << "sequence " << k;
+  }
 }
 
 TEST(Evaluate, PipelineRefusesMoreEvalMicroBatchesThanItsActivationsHold) {
