@@ -49,6 +49,11 @@ model under bf16 autocast as the yardstick) and the script checks:
     and the mean of our last 10 losses within 2% of fp32's;
   - our trained adapter folder, loaded by peft over the base, gives our logits (rel L2
     <= 1%).
+Every gradient check also reports, never checks, a second bf16 yardstick: the same model
+under bf16 autocast with its attention switched to attn_implementation="sdpa" (PyTorch's
+flash kernel, else its memory-efficient one; none for GPT-OSS, whose sinks sdpa lacks), a
+flash-style bf16 attention like ours where the eager one keeps the softmax and its backward
+in fp32, to tell what bf16 attention itself costs from a fault of ours.
 The full fine-tune checks the step-1 loss and every trainable gradient (the embedding has
 none on either side), the curve, the logits of our checkpoint in transformers, and that
 its embedding is the base's bit for bit.
@@ -59,9 +64,10 @@ adapters, MEGATRAIN_FULL_LR (default 1e-4: the full-width model is wider than th
 script's) for the full fine-tune; warmup 10, weight decay 0.01, clipping 1.0.
 
 One JSON line per case goes to tests/hf/results/cuda-lora.jsonl (a case run again replaces
-its line); a summary is printed; the exit status is 1 when any check fails. Each family's
-work folder (its model, our outputs) is deleted once its cases are done
-(MEGATRAIN_CMP_KEEP=1 keeps them).
+its line; a LoRA case's carries every adapter gradient's rel errors [ours, eager bf16, sdpa
+bf16] in grad_errors and trained_adapter_grad_errors); a summary is printed; the exit status
+is 1 when any check fails. Each family's work folder (its model, our outputs) is deleted
+once its cases are done (MEGATRAIN_CMP_KEEP=1 keeps them).
 
 Usage: compare_lora_with_peft.py GPU_REFERENCE_BIN WORKDIR [FAMILIES...]
   FAMILIES: any of qwen2 llama3 qwen3_moe gpt_oss (default: all).
@@ -76,6 +82,7 @@ import sys
 import traceback
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -220,8 +227,58 @@ def step_grads(model, ids, bf16):
     return out.loss.item(), (aux.item() if aux is not None else None), grads
 
 
-def compare_grads(ours, ref32, ref_bf16, moe):
-    """Every gradient against fp32: rel L2 <= 3%, or (MoE) <= 1.5 x bf16 autocast's + 0.01."""
+def set_attention(model, implementation):
+    """Switches the transformers model (under peft, or bare) to another attention
+    implementation in place (transformers 5's set_attn_implementation; the attention layers
+    and the mask read config._attn_implementation at each forward). Raises where the model
+    has no such implementation (GPT-OSS has no sdpa) or transformers left it unchanged (it
+    only warns when a model cannot switch)."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    base.set_attn_implementation(implementation)
+    if base.config._attn_implementation != implementation:
+        raise RuntimeError(f"attention implementation is {base.config._attn_implementation!r} "
+                           f"after set_attn_implementation({implementation!r})")
+
+
+def sdpa_step_grads(model, ids):
+    """The second bf16 yardstick: step_grads under bf16 autocast with the model's attention
+    switched to sdpa, PyTorch's flash backend forced (a flash-style bf16 attention, as ours
+    is), the memory-efficient one where flash refuses (a mask); eager again afterwards.
+    (gradients, the backend used), or (None, why not): reported, never checked."""
+    try:
+        set_attention(model, "sdpa")
+    except Exception as e:
+        return None, f"unavailable: {type(e).__name__}: {str(e)[:160]}"
+    try:
+        why = []
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
+                              ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            try:
+                with sdpa_kernel(backend):
+                    return step_grads(model, ids, bf16=True)[2], name
+            except RuntimeError as e:  # no kernel of that backend for these inputs
+                why.append(f"{name}: {str(e)[:100]}")
+                model.zero_grad(set_to_none=True)
+                free_gpu()
+        return None, "failed: " + "; ".join(why)
+    finally:
+        set_attention(model, "eager")
+
+
+def short_name(n):
+    return n.removeprefix("base_model.model.model.")
+
+
+def digits(x):
+    """x to 4 significant digits (None stays None), for the per-tensor dumps."""
+    return None if x is None else float(f"{x:.4g}")
+
+
+def compare_grads(ours, ref32, ref_bf16, moe, ref_sdpa=None, sdpa_note=None):
+    """Every gradient against fp32: rel L2 <= 3%, or (MoE) <= 1.5 x bf16 autocast's + 0.01.
+    The sdpa yardstick's errors (ref_sdpa; None where it did not run, sdpa_note saying why
+    or which backend) are reported beside, never checked. Returns the summary, the problems
+    and each tensor's [ours, eager bf16, sdpa bf16] errors by short name (model order)."""
     problems = []
     if set(ours) != set(ref32):
         problems.append(f"gradient names differ: only ours {names_brief(set(ours) - set(ref32))}, "
@@ -232,11 +289,13 @@ def compare_grads(ours, ref32, ref_bf16, moe):
             continue
         err = rel(ours[n].cuda(), g)
         bf16_err = rel(ref_bf16[n], g)
+        sdpa_err = rel(ref_sdpa[n], g) if ref_sdpa is not None and n in ref_sdpa else None
         bound = 1.5 * bf16_err + 0.01 if moe else 0.03
-        rows.append((n, err, bf16_err, bound))
+        rows.append((n, err, bf16_err, bound, sdpa_err))
         if not err <= bound:  # NaN fails too
             problems.append(f"gradient of {n}: rel err {err:.3e} > {bound:.3e} "
                             f"(bf16 autocast {bf16_err:.3e})")
+    errors = {short_name(n): [digits(e), digits(b), digits(s)] for n, e, b, _, s in rows}
     rows.sort(key=lambda r: -r[1] / r[3])
     errs = sorted(r[1] for r in rows)
     summary = {"count": len(rows), "max": errs[-1] if errs else None,
@@ -245,9 +304,11 @@ def compare_grads(ours, ref32, ref_bf16, moe):
                "max_lora_B": max([r[1] for r in rows if ".lora_B." in r[0]], default=None),
                "max_experts": max([r[1] for r in rows if ".mlp.experts." in r[0]], default=None),
                "bf16_autocast_max": max([r[2] for r in rows], default=None),
-               "worst": [[n, e, b, bound] for n, e, b, bound in rows[:3]],
+               "sdpa_bf16_max": max([r[4] for r in rows if r[4] is not None], default=None),
+               "sdpa_bf16_attention": sdpa_note,
+               "worst": [[n, e, b, bound, s] for n, e, b, bound, s in rows[:3]],
                "ok": not problems}
-    return summary, problems
+    return summary, problems, errors
 
 
 def lr_at(step, lr):
@@ -454,14 +515,15 @@ def lora_case(bin_path, d, config, batches, targets):
         return body, problems
     loss32, aux32, g32 = step_grads(model, ids, bf16=False)
     _, _, g_bf16 = step_grads(model, ids, bf16=True)
+    g_sdpa, sdpa_note = sdpa_step_grads(model, ids)
     ours = json.load(open(os.path.join(out, "step.json")))
     loss_err = abs(ours["total"] - loss32) / loss32
     if not loss_err <= 1e-4:
         problems.append(f"step loss {ours['total']} vs peft {loss32}")
-    grads, grad_problems = compare_grads(load_file(os.path.join(out, "grads.safetensors")),
-                                         g32, g_bf16, moe)
+    grads, grad_problems, grad_errors = compare_grads(
+        load_file(os.path.join(out, "grads.safetensors")), g32, g_bf16, moe, g_sdpa, sdpa_note)
     problems += grad_problems
-    del g32, g_bf16
+    del g32, g_bf16, g_sdpa
     free_gpu()
 
     # 50 AdamW steps from the same adapter.
@@ -473,7 +535,7 @@ def lora_case(bin_path, d, config, batches, targets):
                  "step_loss_rel_err": loss_err, "step_loss_ok": loss_err <= 1e-4,
                  "aux_loss_ours": ours["aux_loss"] if aux32 is not None else None,
                  "aux_loss_peft": aux32,
-                 "grads": grads, "grads_ok": grads["ok"],
+                 "grads": grads, "grads_ok": grads["ok"], "grad_errors": grad_errors,
                  **curve})
     del model
     free_gpu()
@@ -492,11 +554,13 @@ def lora_case(bin_path, d, config, batches, targets):
     del hf_logits, our_logits
     tr_loss32, _, tr32 = step_grads(model, ids, bf16=False)
     _, _, tr_bf16 = step_grads(model, ids, bf16=True)
+    tr_sdpa, tr_sdpa_note = sdpa_step_grads(model, ids)
     tr_ours = json.load(open(os.path.join(trained_out, "step.json")))
-    trained_grads, tr_problems = compare_grads(
-        load_file(os.path.join(trained_out, "grads.safetensors")), tr32, tr_bf16, moe)
+    trained_grads, tr_problems, trained_grad_errors = compare_grads(
+        load_file(os.path.join(trained_out, "grads.safetensors")), tr32, tr_bf16, moe,
+        tr_sdpa, tr_sdpa_note)
     problems += [p.replace("gradient of", "trained adapter's gradient of") for p in tr_problems]
-    del model, tr32, tr_bf16
+    del model, tr32, tr_bf16, tr_sdpa
     free_gpu()
 
     body.update({"logits_rel_err": logit_err, "logits_bf16_autocast_rel_err": bf16_logit_err,
@@ -506,7 +570,8 @@ def lora_case(bin_path, d, config, batches, targets):
                  "trained_adapter_step_loss_rel_err":
                      abs(tr_ours["total"] - tr_loss32) / tr_loss32,
                  "trained_adapter_grads": trained_grads,
-                 "trained_adapter_grads_ok": trained_grads["ok"]})
+                 "trained_adapter_grads_ok": trained_grads["ok"],
+                 "trained_adapter_grad_errors": trained_grad_errors})
     return body, problems
 
 
@@ -522,14 +587,15 @@ def full_case(bin_path, d, config, batches, freeze):
     model.model.embed_tokens.weight.requires_grad_(False)
     loss32, _, g32 = step_grads(model, ids, bf16=False)
     _, _, g_bf16 = step_grads(model, ids, bf16=True)
+    g_sdpa, sdpa_note = sdpa_step_grads(model, ids)
     ours = json.load(open(os.path.join(out, "step.json")))
     loss_err = abs(ours["total"] - loss32) / loss32
     if not loss_err <= 1e-4:
         problems.append(f"step loss {ours['total']} vs transformers {loss32}")
     our_grads = load_file(os.path.join(out, "grads.safetensors"))
-    grads, grad_problems = compare_grads(our_grads, g32, g_bf16, moe)
+    grads, grad_problems, _ = compare_grads(our_grads, g32, g_bf16, moe, g_sdpa, sdpa_note)
     problems += grad_problems
-    del g32, g_bf16, our_grads
+    del g32, g_bf16, g_sdpa, our_grads
     free_gpu()
 
     our_losses = json.load(open(os.path.join(out, "curve.json")))["losses"]
@@ -615,6 +681,19 @@ def check_family(bin_path, work, family, make_config):
     return results
 
 
+def grads_line(label, grads):
+    """Ours, eager bf16's and sdpa bf16's errors at the worst tensor of a gradient check."""
+    if not isinstance(grads, dict) or not grads.get("worst"):
+        return None
+    worst = grads["worst"][0]
+    sdpa = worst[4] if len(worst) > 4 else None
+
+    def fmt(x):
+        return "n/a" if x is None else f"{x:.3e}"
+    return (f"{label}: ours {fmt(worst[1])} vs eager-bf16 {fmt(worst[2])} vs sdpa-bf16 "
+            f"{fmt(sdpa)} (worst tensor {short_name(worst[0])})")
+
+
 def summary(results):
     print("\ncase                                  loss    grads   curve   logits  trained-grads")
     for r in results:
@@ -623,6 +702,17 @@ def summary(results):
         print(f"{r['case']:<36}  {mark('step_loss_ok'):<6}  {mark('grads_ok'):<6}  "
               f"{mark('curve_ok'):<6}  {mark('logits_ok'):<6}  {mark('trained_adapter_grads_ok')}"
               + ("" if r["passed"] else "   <- " + "; ".join(r["problems"])[:300]))
+        grad_checks = (("grads", "grads"), ("trained_adapter_grads", "trained-adapter grads"))
+        failed_checks = [k for k in ("step_loss_ok", "grads_ok", "curve_ok", "logits_ok",
+                                     "trained_adapter_grads_ok") if k in r and not r[k]]
+        if (not r["passed"] and failed_checks
+                and set(failed_checks) <= {key + "_ok" for key, _ in grad_checks}
+                and all(p.startswith(("gradient", "trained adapter's gradient"))
+                        for p in r["problems"])):  # a case failing on gradients alone
+            for key, label in grad_checks:
+                line = grads_line(label, r.get(key)) if not r.get(key + "_ok", True) else None
+                if line:
+                    print("    " + line)
     failed = [r["case"] for r in results if not r["passed"]]
     print(f"\n{len(results) - len(failed)} of {len(results)} cases passed"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
