@@ -246,8 +246,11 @@ class CpuBackend final : public Backend {
     On(s, [=] { ref::ClampedSwiGluBackward<T>(P(dgu), P(dout), P(gu), N, I, alpha, limit); });
   }
   void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets,
-                    int64_t N, int64_t V, double scale, StreamId s) override {
-    On(s, [=] { ref::CrossEntropy<T>(P(dlogits), P(loss), P(logits), targets, N, V, scale); });
+                    int64_t N, int64_t V, double scale, const void* row_scale,
+                    StreamId s) override {
+    On(s, [=] {
+      ref::CrossEntropy<T>(P(dlogits), P(loss), P(logits), targets, N, V, scale, P(row_scale));
+    });
   }
   void GreedyPick(int32_t* ids, float* logprobs, const void* logits, int64_t B, int64_t V,
                   StreamId s) override {

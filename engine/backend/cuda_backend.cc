@@ -375,9 +375,10 @@ class CudaBackend final : public Backend {
                                 static_cast<float>(limit), Stream(s));
   }
   void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets,
-                    int64_t N, int64_t V, double scale, StreamId s) override {
-    cuda::CrossEntropy(Bf16(dlogits), F32(loss), Bf16(logits), targets, N, V, static_cast<float>(scale),
-                       Stream(s));
+                    int64_t N, int64_t V, double scale, const void* row_scale,
+                    StreamId s) override {
+    cuda::CrossEntropy(Bf16(dlogits), F32(loss), Bf16(logits), targets, N, V,
+                       static_cast<float>(scale), F32(row_scale), Stream(s));
   }
   void GreedyPick(int32_t* ids, float* logprobs, const void* logits, int64_t B, int64_t V,
                   StreamId s) override {

@@ -57,7 +57,7 @@ class ForwardingBackend : public Backend {
   void SwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I, StreamId s) override { inner_->SwiGluBackward(dgu, dout, gu, N, I, s); }
   void ClampedSwiGlu(void* out, const void* gu, int64_t N, int64_t I, double alpha, double limit, StreamId s) override { inner_->ClampedSwiGlu(out, gu, N, I, alpha, limit, s); }
   void ClampedSwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N, int64_t I, double alpha, double limit, StreamId s) override { inner_->ClampedSwiGluBackward(dgu, dout, gu, N, I, alpha, limit, s); }
-  void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets, int64_t N, int64_t V, double scale, StreamId s) override { inner_->CrossEntropy(dlogits, loss, logits, targets, N, V, scale, s); }
+  void CrossEntropy(void* dlogits, void* loss, const void* logits, const int32_t* targets, int64_t N, int64_t V, double scale, const void* row_scale, StreamId s) override { inner_->CrossEntropy(dlogits, loss, logits, targets, N, V, scale, row_scale, s); }
   void GreedyPick(int32_t* ids, float* logprobs, const void* logits, int64_t B, int64_t V, StreamId s) override { inner_->GreedyPick(ids, logprobs, logits, B, V, s); }
   void MoeRoute(void* probs, int32_t* idx, void* w, const void* logits, int64_t n, int64_t E, int64_t k, bool renorm, StreamId s) override { inner_->MoeRoute(probs, idx, w, logits, n, E, k, renorm, s); }
   void MoeSort(int32_t* offsets, int32_t* slot_of, int32_t* row_token, int32_t* scratch, const int32_t* idx, int64_t n, int64_t E, int64_t k, StreamId s) override { inner_->MoeSort(offsets, slot_of, row_token, scratch, idx, n, E, k, s); }

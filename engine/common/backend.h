@@ -197,10 +197,12 @@ class Backend {
                              double limit, StreamId s) = 0;
   virtual void ClampedSwiGluBackward(void* dgu, const void* dout, const void* gu, int64_t N,
                                      int64_t I, double alpha, double limit, StreamId s) = 0;
-  // logits act (N,V) -> loss stat (N); dlogits act (may alias logits) = scale*(p - onehot)
+  // logits act (N,V) -> loss stat (N); dlogits act (may alias logits) = scale*(p - onehot),
+  // each row's times row_scale stat (N) [row] when given (a coefficient per token, on the
+  // device: DPO's per sequence, GRPO's advantages), else null
   virtual void CrossEntropy(void* dlogits, void* loss, const void* logits,
                             const int32_t* targets, int64_t N, int64_t V, double scale,
-                            StreamId s) = 0;
+                            const void* row_scale, StreamId s) = 0;
   // Greedy decoding on the device (kernels/reference/greedy_pick.h): for each row b of
   // logits act (B,V), ids int32 (B) [b] = the lowest index of the row's maximum and
   // logprobs f32 (B) [b] = logits[b][id] - logsumexp(row), from the row's values as float

@@ -343,7 +343,29 @@ TEST_F(Kernels, CrossEntropyInPlaceWithIgnoredRows) {
   Both([&](Backend* b, bool c) {
     auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
     b->CrossEntropy(P(logits), P(loss), P(logits), static_cast<int32_t*>(c ? t.c.get() : t.g.get()),
-                    N, V, 1.0 / 30, StreamId::kCompute);
+                    N, V, 1.0 / 30, nullptr, StreamId::kCompute);
+  });
+  EXPECT_LT(loss.Err(), 1e-4);
+  EXPECT_LT(logits.Err(), 1e-2);  // now dlogits
+}
+
+// A coefficient per row (DPO's per sequence, GRPO's advantages), of either sign, scales
+// each row's gradient; the loss is the same as without.
+TEST_F(Kernels, CrossEntropyScalesEachRowsGradientByItsCoefficient) {
+  const int64_t N = 37, V = 5003;
+  std::vector<int32_t> targets(N);
+  std::vector<float> coef(N);
+  for (int64_t i = 0; i < N; ++i) {
+    targets[i] = i % 5 == 0 ? -100 : static_cast<int32_t>((i * 131) % V);
+    coef[i] = static_cast<float>((i % 7) - 3) * 0.25f;  // 0 on some rows
+  }
+  Ints t = Int(targets);
+  Pair logits = Act(RandomBf16(N * V, 19, 3.0f)), loss = Stat(N);
+  Pair scales(cpu_.get(), gpu_.get(), cpu_->stat_dtype(), gpu_->stat_dtype(), coef);
+  Both([&](Backend* b, bool c) {
+    auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
+    b->CrossEntropy(P(logits), P(loss), P(logits), static_cast<int32_t*>(c ? t.c.get() : t.g.get()),
+                    N, V, 1.0 / 30, P(scales), StreamId::kCompute);
   });
   EXPECT_LT(loss.Err(), 1e-4);
   EXPECT_LT(logits.Err(), 1e-2);  // now dlogits

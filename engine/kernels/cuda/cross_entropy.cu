@@ -1,5 +1,6 @@
 // Fused softmax cross-entropy: per row, loss = logsumexp(x) - x[target] and
-// dlogits = scale * (softmax(x) - onehot(target)), written over the logits when they alias.
+// dlogits = scale * (softmax(x) - onehot(target)), written over the logits when they alias;
+// each row's times row_scale[row] when given.
 //
 // One block per row (V up to 256K). The first pass keeps an online (max, sum of exp) per
 // thread, so the row is read twice in all (statistics, then gradient) rather than three
@@ -57,7 +58,7 @@ __device__ __forceinline__ MaxSum BlockMerge(MaxSum v, MaxSum* scratch) {
 template <int kWidth>
 __global__ void __launch_bounds__(kMaxThreads)
     CrossEntropyKernel(bf16* dlogits, float* loss, const bf16* logits, const int32_t* targets,
-                       int64_t N, int64_t V, float scale) {
+                       int64_t N, int64_t V, float scale, const float* row_scale) {
   __shared__ MaxSum scratch[32];
   const int64_t vecs = V / kWidth;
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
@@ -93,13 +94,14 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float lse = acc.m + logf(acc.s);
     if (threadIdx.x == 0) loss[row] = lse - x_target;
     if (dx == nullptr) continue;
+    const float coef = row_scale != nullptr ? scale * row_scale[row] : scale;
     for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
       float xv[kWidth];
       Load<kWidth>(x + v * kWidth, xv);  // same thread, same elements: read before written
 #pragma unroll
       for (int i = 0; i < kWidth; ++i) {
         const float p = exp2f((xv[i] - lse) * kLog2e);
-        xv[i] = scale * (v * kWidth + i == t ? p - 1.0f : p);
+        xv[i] = coef * (v * kWidth + i == t ? p - 1.0f : p);
       }
       Store<kWidth>(dx + v * kWidth, xv);
     }
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 }  // namespace
 
 void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t* targets, int64_t N,
-                  int64_t V, float scale, cudaStream_t stream) {
+                  int64_t V, float scale, const float* row_scale, cudaStream_t stream) {
   if (N <= 0 || V <= 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(N, 1 << 30));
   const bool vec = V % 8 == 0 && Aligned16(logits) && (dlogits == nullptr || Aligned16(dlogits));
@@ -119,10 +121,12 @@ void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t*
       std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, (vecs / 8 + 31) / 32 * 32)));
   if (vec) {
     CrossEntropyKernel<8>
-        <<<blocks, threads, 0, stream>>>(dlogits, loss, logits, targets, N, V, scale);
+        <<<blocks, threads, 0, stream>>>(dlogits, loss, logits, targets, N, V, scale,
+                                                  row_scale);
   } else {
     CrossEntropyKernel<1>
-        <<<blocks, threads, 0, stream>>>(dlogits, loss, logits, targets, N, V, scale);
+        <<<blocks, threads, 0, stream>>>(dlogits, loss, logits, targets, N, V, scale,
+                                                  row_scale);
   }
   MT_CUDA_LAUNCH_CHECK();
 }

@@ -139,9 +139,11 @@ void ClampedSwiGlu(bf16* out, const bf16* gu, int64_t N, int64_t I, float alpha,
 void ClampedSwiGluBackward(bf16* dgu, const bf16* dout, const bf16* gu, int64_t N, int64_t I,
                            float alpha, float limit, cudaStream_t stream);
 
-// cross_entropy.cu: loss f32 (N); dlogits bf16 (may alias logits).
+// cross_entropy.cu: loss f32 (N); dlogits bf16 (may alias logits) = scale * row_scale[row]
+// (row_scale f32 (N), or null: 1) * (softmax - onehot).
 void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t* targets,
-                  int64_t N, int64_t V, float scale, cudaStream_t stream);
+                  int64_t N, int64_t V, float scale, const float* row_scale,
+                  cudaStream_t stream);
 
 // greedy_pick.cu: ids int32 (B) = each row's lowest index of its maximum, logprobs f32 (B) =
 // logits[b][id] - logsumexp(logits (B,V) bf16 [b]) (fp32 sums); -1 and NaN for a row with a

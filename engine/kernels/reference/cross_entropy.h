@@ -19,11 +19,12 @@ namespace megatrain::ref {
 constexpr int32_t kIgnoreIndex = -100;
 
 // logits (N, V), targets (N) in [0, V) or kIgnoreIndex -> loss (N) = logsumexp(logits_i) -
-// logits_i[target] (0 when ignored), dlogits (N, V) = scale * (softmax(logits_i) -
-// onehot(target)) (0 when ignored). dlogits may alias logits, or be null for loss only.
+// logits_i[target] (0 when ignored), dlogits (N, V) = scale * row_scale[i] (1 when
+// row_scale is null) * (softmax(logits_i) - onehot(target)) (0 when ignored). dlogits may
+// alias logits, or be null for loss only.
 template <typename T>
 void CrossEntropy(T* dlogits, T* loss, const T* logits, const int32_t* targets, int64_t N,
-                  int64_t V, double scale) {
+                  int64_t V, double scale, const T* row_scale = nullptr) {
   MT_CHECK(V > 0);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
@@ -44,9 +45,10 @@ void CrossEntropy(T* dlogits, T* loss, const T* logits, const int32_t* targets, 
     const double lse = max_logit + std::log(sum);
     loss[i] = static_cast<T>(lse - static_cast<double>(x[t]));
     if (dx == nullptr) continue;
+    const double row = row_scale != nullptr ? scale * static_cast<double>(row_scale[i]) : scale;
     for (int64_t c = 0; c < V; ++c) {
       const double p = std::exp(static_cast<double>(x[c]) - lse);  // x[c] read before dx[c]
-      dx[c] = static_cast<T>(scale * (c == t ? p - 1.0 : p));
+      dx[c] = static_cast<T>(row * (c == t ? p - 1.0 : p));
     }
   }
 }

@@ -101,7 +101,7 @@ TEST_F(HeadTest, CrossEntropyThroughTheSeamRunsTheFusedOpsBitForBit) {
     const int64_t rows = std::min(kChunkTokens, n - r);
     be.Linear(logits.data(), &hf[r * C], lm_head_.data(), nullptr, rows, C, V, false, s);
     be.CrossEntropy(logits.data(), &direct.loss[r], logits.data(), targets_.data() + r, rows, V,
-                    kScale, s);
+                    kScale, nullptr, s);
     be.LinearBackward(&dhf[r * C], false, direct.lm_head_grad.data(), nullptr, logits.data(),
                       &hf[r * C], lm_head_.data(), rows, C, V, s);
   }

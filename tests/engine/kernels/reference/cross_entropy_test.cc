@@ -112,6 +112,26 @@ TEST(CrossEntropyTest, InPlaceOverLogitsMatchesSeparateOutput) {
   EXPECT_TRUE(testutil::BitIdentical(loss_in_place, separate.loss));
 }
 
+// A coefficient per row scales that row's gradient (0 zeroes it, a negative one flips it)
+// and leaves the loss as it is.
+TEST(CrossEntropyTest, RowScalesMultiplyEachRowsGradient) {
+  std::mt19937_64 rng(75);
+  const auto targets = Targets();
+  const Vec logits = testutil::RandomVec(rng, kN * kV, -3.0, 3.0);
+  const auto plain = RunCrossEntropy(logits, targets, kN, kV);
+  Vec row_scale(kN), dlogits(kN * kV), loss(kN);
+  for (int64_t i = 0; i < kN; ++i) row_scale[i] = 0.5 * static_cast<double>(i % 5) - 1.0;
+  CrossEntropy<double>(dlogits.data(), loss.data(), logits.data(), targets.data(), kN, kV, kScale,
+                       row_scale.data());
+  EXPECT_TRUE(testutil::BitIdentical(loss, plain.loss));
+  for (int64_t i = 0; i < kN; ++i) {
+    for (int64_t c = 0; c < kV; ++c) {
+      EXPECT_NEAR(dlogits[i * kV + c], row_scale[i] * plain.dlogits[i * kV + c], 1e-15)
+          << "row " << i << ", column " << c;
+    }
+  }
+}
+
 TEST(CrossEntropyTest, NullDlogitsComputesLossOnly) {
   std::mt19937_64 rng(74);
   const auto targets = Targets();
