@@ -161,18 +161,25 @@ def hf_train(model, batches, bf16_autocast=False):
     return losses
 
 
-def check(bin_path, work, name, config, data):
-    d = os.path.join(work, f"{name}-{data}")
-    os.makedirs(d, exist_ok=True)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+def make_bf16_exact(model, config):
+    """Readies a freshly drawn model for a comparison: routers (and GPT-OSS's biases) that
+    transformers leaves at zero drawn, so that they matter, and every weight rounded to a
+    bf16 value, so that both sides read one model."""
     with torch.no_grad():
         for n, p in model.named_parameters():
             if p.abs().max() == 0 and n.endswith("gate.weight"):  # a router left at zero
                 p.normal_(0, 0.02)
             if p.abs().max() == 0 and config.model_type == "gpt_oss" and "bias" in n:
                 p.normal_(0, 0.02)  # biases transformers zeroes: make them matter here
-            p.copy_(p.to(torch.bfloat16).float())  # bf16-exact: both sides see one model
+            p.copy_(p.to(torch.bfloat16).float())
+
+
+def check(bin_path, work, name, config, data):
+    d = os.path.join(work, f"{name}-{data}")
+    os.makedirs(d, exist_ok=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+    make_bf16_exact(model, config)
     model.save_pretrained(os.path.join(d, "model"), safe_serialization=True)
     batches = make_batches(config.vocab_size, data)
     with open(os.path.join(d, "batches.json"), "w") as f:

@@ -90,7 +90,8 @@ from transformers import (AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen2
                           Qwen3MoeConfig)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_gpu_with_transformers import STEPS, WARMUP, WD, CLIP, make_batches, rel  # noqa: E402
+from compare_gpu_with_transformers import (  # noqa: E402
+    STEPS, WARMUP, WD, CLIP, make_batches, make_bf16_exact, rel)
 
 RANK, ALPHA = 16, 32
 LORA_LR = float(os.environ.get("MEGATRAIN_LORA_LR", "1e-3"))
@@ -164,13 +165,7 @@ def make_model(config, path):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if p.abs().max() == 0 and n.endswith("gate.weight"):  # a router left at zero
-                p.normal_(0, 0.02)
-            if p.abs().max() == 0 and config.model_type == "gpt_oss" and "bias" in n:
-                p.normal_(0, 0.02)  # biases transformers zeroes: make them matter here
-            p.copy_(p.to(torch.bfloat16).float())
+    make_bf16_exact(model, config)
     model.to(torch.bfloat16)  # exact: halves the disk; both sides read these values
     model.save_pretrained(path, safe_serialization=True)
     del model
@@ -309,6 +304,21 @@ def compare_grads(ours, ref32, ref_bf16, moe, ref_sdpa=None, sdpa_note=None):
                "worst": [[n, e, b, bound, s] for n, e, b, bound, s in rows[:3]],
                "ok": not problems}
     return summary, problems, errors
+
+
+def step_check(model, ids, out, moe):
+    """One step of `model` on ids against ours in `out` (step.json, grads.safetensors): its
+    fp32 gradients, with the eager and sdpa bf16 autocast yardsticks beside (compare_grads).
+    (our step.json, fp32 loss, fp32 aux loss, gradient summary, per-tensor errors, problems)."""
+    loss32, aux32, g32 = step_grads(model, ids, bf16=False)
+    _, _, g_bf16 = step_grads(model, ids, bf16=True)
+    g_sdpa, sdpa_note = sdpa_step_grads(model, ids)
+    ours = json.load(open(os.path.join(out, "step.json")))
+    grads, problems, errors = compare_grads(load_file(os.path.join(out, "grads.safetensors")),
+                                            g32, g_bf16, moe, g_sdpa, sdpa_note)
+    del g32, g_bf16, g_sdpa
+    free_gpu()
+    return ours, loss32, aux32, grads, errors, problems
 
 
 def lr_at(step, lr):
@@ -513,18 +523,11 @@ def lora_case(bin_path, d, config, batches, targets):
     body["adapter_key_check"] = note or ("ok" if model is not None else "mismatch")
     if model is None:  # the names are wrong: nothing below would mean anything
         return body, problems
-    loss32, aux32, g32 = step_grads(model, ids, bf16=False)
-    _, _, g_bf16 = step_grads(model, ids, bf16=True)
-    g_sdpa, sdpa_note = sdpa_step_grads(model, ids)
-    ours = json.load(open(os.path.join(out, "step.json")))
+    ours, loss32, aux32, grads, grad_errors, grad_problems = step_check(model, ids, out, moe)
     loss_err = abs(ours["total"] - loss32) / loss32
     if not loss_err <= 1e-4:
         problems.append(f"step loss {ours['total']} vs peft {loss32}")
-    grads, grad_problems, grad_errors = compare_grads(
-        load_file(os.path.join(out, "grads.safetensors")), g32, g_bf16, moe, g_sdpa, sdpa_note)
     problems += grad_problems
-    del g32, g_bf16, g_sdpa
-    free_gpu()
 
     # 50 AdamW steps from the same adapter.
     our_losses = json.load(open(os.path.join(out, "curve.json")))["losses"]
@@ -552,15 +555,10 @@ def lora_case(bin_path, d, config, batches, targets):
     if not logit_err <= 1e-2:
         problems.append(f"logits of our trained adapter: rel err {logit_err:.3e}")
     del hf_logits, our_logits
-    tr_loss32, _, tr32 = step_grads(model, ids, bf16=False)
-    _, _, tr_bf16 = step_grads(model, ids, bf16=True)
-    tr_sdpa, tr_sdpa_note = sdpa_step_grads(model, ids)
-    tr_ours = json.load(open(os.path.join(trained_out, "step.json")))
-    trained_grads, tr_problems, trained_grad_errors = compare_grads(
-        load_file(os.path.join(trained_out, "grads.safetensors")), tr32, tr_bf16, moe,
-        tr_sdpa, tr_sdpa_note)
+    tr_ours, tr_loss32, _, trained_grads, trained_grad_errors, tr_problems = step_check(
+        model, ids, trained_out, moe)
     problems += [p.replace("gradient of", "trained adapter's gradient of") for p in tr_problems]
-    del model, tr32, tr_bf16, tr_sdpa
+    del model
     free_gpu()
 
     body.update({"logits_rel_err": logit_err, "logits_bf16_autocast_rel_err": bf16_logit_err,
@@ -585,18 +583,11 @@ def full_case(bin_path, d, config, batches, freeze):
 
     model = load_base(model_dir, config)
     model.model.embed_tokens.weight.requires_grad_(False)
-    loss32, _, g32 = step_grads(model, ids, bf16=False)
-    _, _, g_bf16 = step_grads(model, ids, bf16=True)
-    g_sdpa, sdpa_note = sdpa_step_grads(model, ids)
-    ours = json.load(open(os.path.join(out, "step.json")))
+    ours, loss32, _, grads, _, grad_problems = step_check(model, ids, out, moe)
     loss_err = abs(ours["total"] - loss32) / loss32
     if not loss_err <= 1e-4:
         problems.append(f"step loss {ours['total']} vs transformers {loss32}")
-    our_grads = load_file(os.path.join(out, "grads.safetensors"))
-    grads, grad_problems, _ = compare_grads(our_grads, g32, g_bf16, moe, g_sdpa, sdpa_note)
     problems += grad_problems
-    del g32, g_bf16, g_sdpa, our_grads
-    free_gpu()
 
     our_losses = json.load(open(os.path.join(out, "curve.json")))["losses"]
     curve, curve_problems = curves(model, batches, FULL_LR, our_losses)
