@@ -464,11 +464,7 @@ TEST(CheckpointLoraTest, MergedModelHoldsTheBasePlusTheScaledLowRankProduct) {
   lora.target_modules = {"k_proj", "up_proj"};
   SavedAdapter saved = SaveBaseAndAdapter(root.path(), config, lora);
   ASSERT_FALSE(saved.adapter_dir.empty());
-  const std::string& base_dir = saved.base_dir;
-  const std::string& adapter_dir = saved.adapter_dir;
-  const ModelLayout& layout = saved.layout;
-  const HostStore* base = saved.base.get();
-  const HostStore* adapted = saved.adapted.get();
+  const auto& [base_dir, adapter_dir, layout, base, adapted] = saved;
   const std::string out = root.path() + "/merged";
   ASSERT_TRUE(MergeLoraAdapter(base_dir, adapter_dir, out).ok());
 
@@ -534,11 +530,7 @@ TEST_P(CheckpointExpertLoraTest, ExpertAdaptersAreSavedAsPeftParamWrappersAndMer
   lora.target_modules = {"q_proj", "experts.gate_up_proj", "experts.down_proj"};
   SavedAdapter saved = SaveBaseAndAdapter(root.path(), config, lora);
   ASSERT_FALSE(saved.adapter_dir.empty());
-  const std::string& base_dir = saved.base_dir;
-  const std::string& adapter_dir = saved.adapter_dir;
-  const ModelLayout& layout = saved.layout;
-  const HostStore* base = saved.base.get();
-  const HostStore* adapted = saved.adapted.get();
+  const auto& [base_dir, adapter_dir, layout, base, adapted] = saved;
   const nlohmann::json js = nlohmann::json::parse(ReadFile(adapter_dir + "/adapter_config.json"));
   EXPECT_EQ(js["target_modules"], nlohmann::json({"q_proj"}));
   EXPECT_EQ(js["target_parameters"],
@@ -589,8 +581,9 @@ TEST_P(CheckpointExpertLoraTest, ExpertAdaptersAreSavedAsPeftParamWrappersAndMer
     const TensorSlot& a = *unit.FindLora(role, TensorRole::kLoraA);
     const TensorSlot& b = *unit.FindLora(role, TensorRole::kLoraB);
     const int64_t in = a.shape[2], outs = b.shape[1];
-    const float* ma = adapted->master(u) + (a.offset - adapted->state_begin(u)) + e * r * in;
-    const float* mb = adapted->master(u) + (b.offset - adapted->state_begin(u)) + e * outs * r;
+    const HostStore& store = *saved.adapted;  // (a lambda captures no structured binding)
+    const float* ma = store.master(u) + (a.offset - store.state_begin(u)) + e * r * in;
+    const float* mb = store.master(u) + (b.offset - store.state_begin(u)) + e * outs * r;
     double sum = 0;
     for (int64_t j = 0; j < r; ++j) sum += double(mb[o * r + j]) * ma[j * in + i];
     return FloatToBf16(static_cast<float>(w + lora.Scale() * sum));
