@@ -306,19 +306,25 @@ def compare_grads(ours, ref32, ref_bf16, moe, ref_sdpa=None, sdpa_note=None):
     return summary, problems, errors
 
 
-def step_check(model, ids, out, moe):
+def step_check(model, ids, out, moe, who=None):
     """One step of `model` on ids against ours in `out` (step.json, grads.safetensors): its
-    fp32 gradients, with the eager and sdpa bf16 autocast yardsticks beside (compare_grads).
-    (our step.json, fp32 loss, fp32 aux loss, gradient summary, per-tensor errors, problems)."""
+    fp32 gradients, with the eager and sdpa bf16 autocast yardsticks beside (compare_grads),
+    and, when `who` names the reference, our loss within 1e-4 of its fp32 loss.
+    (our step.json, fp32 loss, fp32 aux loss, our loss's rel err, gradient summary,
+    per-tensor errors, problems)."""
     loss32, aux32, g32 = step_grads(model, ids, bf16=False)
     _, _, g_bf16 = step_grads(model, ids, bf16=True)
     g_sdpa, sdpa_note = sdpa_step_grads(model, ids)
     ours = json.load(open(os.path.join(out, "step.json")))
-    grads, problems, errors = compare_grads(load_file(os.path.join(out, "grads.safetensors")),
-                                            g32, g_bf16, moe, g_sdpa, sdpa_note)
+    loss_err = abs(ours["total"] - loss32) / loss32
+    problems = []
+    if who is not None and not loss_err <= 1e-4:
+        problems.append(f"step loss {ours['total']} vs {who} {loss32}")
+    grads, grad_problems, errors = compare_grads(
+        load_file(os.path.join(out, "grads.safetensors")), g32, g_bf16, moe, g_sdpa, sdpa_note)
     del g32, g_bf16, g_sdpa
     free_gpu()
-    return ours, loss32, aux32, grads, errors, problems
+    return ours, loss32, aux32, loss_err, grads, errors, problems + grad_problems
 
 
 def lr_at(step, lr):
@@ -523,11 +529,9 @@ def lora_case(bin_path, d, config, batches, targets):
     body["adapter_key_check"] = note or ("ok" if model is not None else "mismatch")
     if model is None:  # the names are wrong: nothing below would mean anything
         return body, problems
-    ours, loss32, aux32, grads, grad_errors, grad_problems = step_check(model, ids, out, moe)
-    loss_err = abs(ours["total"] - loss32) / loss32
-    if not loss_err <= 1e-4:
-        problems.append(f"step loss {ours['total']} vs peft {loss32}")
-    problems += grad_problems
+    ours, loss32, aux32, loss_err, grads, grad_errors, step_problems = step_check(
+        model, ids, out, moe, "peft")
+    problems += step_problems
 
     # 50 AdamW steps from the same adapter.
     our_losses = json.load(open(os.path.join(out, "curve.json")))["losses"]
@@ -555,8 +559,8 @@ def lora_case(bin_path, d, config, batches, targets):
     if not logit_err <= 1e-2:
         problems.append(f"logits of our trained adapter: rel err {logit_err:.3e}")
     del hf_logits, our_logits
-    tr_ours, tr_loss32, _, trained_grads, trained_grad_errors, tr_problems = step_check(
-        model, ids, trained_out, moe)
+    tr_ours, tr_loss32, _, tr_loss_err, trained_grads, trained_grad_errors, tr_problems = \
+        step_check(model, ids, trained_out, moe)
     problems += [p.replace("gradient of", "trained adapter's gradient of") for p in tr_problems]
     del model
     free_gpu()
@@ -565,8 +569,7 @@ def lora_case(bin_path, d, config, batches, targets):
                  "logits_ok": logit_err <= 1e-2,
                  "trained_adapter_step_loss_ours": tr_ours["total"],
                  "trained_adapter_step_loss_peft": tr_loss32,
-                 "trained_adapter_step_loss_rel_err":
-                     abs(tr_ours["total"] - tr_loss32) / tr_loss32,
+                 "trained_adapter_step_loss_rel_err": tr_loss_err,
                  "trained_adapter_grads": trained_grads,
                  "trained_adapter_grads_ok": trained_grads["ok"],
                  "trained_adapter_grad_errors": trained_grad_errors})
@@ -583,11 +586,9 @@ def full_case(bin_path, d, config, batches, freeze):
 
     model = load_base(model_dir, config)
     model.model.embed_tokens.weight.requires_grad_(False)
-    ours, loss32, _, grads, _, grad_problems = step_check(model, ids, out, moe)
-    loss_err = abs(ours["total"] - loss32) / loss32
-    if not loss_err <= 1e-4:
-        problems.append(f"step loss {ours['total']} vs transformers {loss32}")
-    problems += grad_problems
+    ours, loss32, _, loss_err, grads, _, step_problems = step_check(
+        model, ids, out, moe, "transformers")
+    problems += step_problems
 
     our_losses = json.load(open(os.path.join(out, "curve.json")))["losses"]
     curve, curve_problems = curves(model, batches, FULL_LR, our_losses)
