@@ -304,14 +304,19 @@ float* HostStore::exp_avg_sq(int64_t unit) const {
 }
 
 void HostStore::WriteTensor(int64_t unit, const TensorSlot& t, const float* values) {
+  WriteTensorRange(unit, t, 0, t.num_elements, values);
+}
+
+void HostStore::WriteTensorRange(int64_t unit, const TensorSlot& t, int64_t first, int64_t count,
+                                 const float* values) {
+  MT_CHECK(first >= 0 && count >= 0 && first + count <= t.num_elements);
   const int64_t begin = state_begin(unit), end = begin + state_elements(unit);
   if (t.offset >= begin && t.offset + t.num_elements <= end) {
-    std::memcpy(master(unit) + (t.offset - state_begin(unit)), values,
-                t.num_elements * sizeof(float));
+    std::memcpy(master(unit) + (t.offset - begin) + first, values, count * sizeof(float));
   }
   if (!has_bf16(unit)) return;
-  uint16_t* w = weights(unit) + t.offset;
-  for (int64_t i = 0; i < t.num_elements; ++i) w[i] = FloatToBf16(values[i]);
+  uint16_t* w = weights(unit) + t.offset + first;
+  for (int64_t i = 0; i < count; ++i) w[i] = FloatToBf16(values[i]);
 }
 
 void HostStore::RefreshWeightsFromMaster(int64_t unit) {

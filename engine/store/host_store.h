@@ -172,6 +172,9 @@ class HostStore {
   // Sets tensor `t` of `unit` to `values` (f32, t.num_elements): its master where it has
   // state, and its bf16 weights (rounded) where the unit keeps them.
   void WriteTensor(int64_t unit, const TensorSlot& t, const float* values);
+  // The same for the tensor's elements [first, first + count) (values holds count floats).
+  void WriteTensorRange(int64_t unit, const TensorSlot& t, int64_t first, int64_t count,
+                        const float* values);
   // Rewrites the unit's bf16 weights over its state range from its fp32 master (round to
   // nearest even); nothing to do when it keeps no bf16 weights or has no state.
   void RefreshWeightsFromMaster(int64_t unit);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -994,6 +995,46 @@ TEST(LoadWeightsTest, WeightsOnlyStoreHoldsTheFullStoresBf16WeightsAndNothingEls
   ASSERT_TRUE(WriteAndLoad(model, dir.path(), full.get()).ok());
   ASSERT_TRUE(WriteAndLoad(model, dir.path(), lean->get()).ok());
   same_weights();
+}
+
+// The process's resident bytes (VmRSS) and, when `peak`, its high-water mark (VmHWM).
+int64_t ResidentBytes(bool peak) {
+  std::ifstream status("/proc/self/status");
+  const std::string key = peak ? "VmHWM:" : "VmRSS:";
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;  // kB
+  }
+  return -1;
+}
+
+// Drawing a model whose units keep bf16 alone (a generation job's, a LoRA job's frozen base)
+// holds no fp32 copy of a unit beside the store: a layer of GPT-OSS-120B is 13 GB of fp32,
+// and every thread drawing one at once ran a 125 GiB box out of memory.
+TEST(RandomInitWeightsTest, WeightsOnlyStoreNeedsNoFp32CopyOfAUnit) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's shadow memory and quarantine are resident too";
+#endif
+  ModelConfig c = TinyLlama();
+  c.hidden_size = 512;
+  c.num_heads = c.num_kv_heads = 4;
+  c.head_dim = 128;
+  c.intermediate_size = 5120;  // a layer: 9.4M elements, 38 MB of fp32
+  StoreOptions options;
+  options.weights_only = true;
+  absl::StatusOr<std::unique_ptr<HostStore>> store =
+      HostStore::Create(BuildLayout(c), -1, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::ofstream reset("/proc/self/clear_refs");
+  reset << "5";  // the high-water mark restarts from what is resident now
+  reset.close();
+  if (!reset || ResidentBytes(true) > ResidentBytes(false) + (int64_t{4} << 20)) {
+    GTEST_SKIP() << "this kernel does not let a process reset its peak resident memory";
+  }
+  const int64_t before = ResidentBytes(false);
+  RandomInitWeights(c, 9, store->get());
+  const int64_t grown = ResidentBytes(true) - before;
+  EXPECT_LE(grown, static_cast<int64_t>((*store)->transfer_bytes()) + (int64_t{8} << 20))
+      << "the store's bf16 weights are " << (*store)->transfer_bytes() << " bytes";
 }
 
 ModelConfig TinyGptOss() {
