@@ -23,6 +23,7 @@
 #include "engine/kernels/reference/linear.h"
 #include "engine/kernels/reference/lora.h"
 #include "engine/kernels/reference/moe.h"
+#include "engine/kernels/reference/preference.h"
 #include "engine/kernels/reference/qkv_prepare.h"
 #include "engine/kernels/reference/rmsnorm.h"
 #include "engine/kernels/reference/swiglu.h"
@@ -250,6 +251,15 @@ class CpuBackend final : public Backend {
                     StreamId s) override {
     On(s, [=] {
       ref::CrossEntropy<T>(P(dlogits), P(loss), P(logits), targets, N, V, scale, P(row_scale));
+    });
+  }
+  void PreferenceRowScale(void* row_scale, const void* values, const int32_t* sequence,
+                          const double* info, int64_t N, int64_t S, PreferenceLoss kind,
+                          double beta, double label_smoothing, StreamId s) override {
+    MT_CHECK(S <= kMaxPreferenceSequences);
+    On(s, [=] {
+      ref::PreferenceRowScale<T>(P(row_scale), P(values), sequence, info, N, S, kind, beta,
+                                 label_smoothing);
     });
   }
   void GreedyPick(int32_t* ids, float* logprobs, const void* logits, int64_t B, int64_t V,

@@ -380,6 +380,13 @@ class CudaBackend final : public Backend {
     cuda::CrossEntropy(Bf16(dlogits), F32(loss), Bf16(logits), targets, N, V,
                        static_cast<float>(scale), F32(row_scale), Stream(s));
   }
+  void PreferenceRowScale(void* row_scale, const void* values, const int32_t* sequence,
+                          const double* info, int64_t N, int64_t S, PreferenceLoss kind,
+                          double beta, double label_smoothing, StreamId s) override {
+    MT_CHECK(S % 2 == 0 && S <= kMaxPreferenceSequences);
+    cuda::PreferenceRowScale(F32(row_scale), F32(values), sequence, info, N, S, kind, beta,
+                             label_smoothing, Stream(s));
+  }
   void GreedyPick(int32_t* ids, float* logprobs, const void* logits, int64_t B, int64_t V,
                   StreamId s) override {
     cuda::GreedyPick(ids, logprobs, Bf16(logits), B, V, Stream(s));

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/common/dtype.h"
+#include "engine/common/preference_math.h"
 
 namespace megatrain {
 
@@ -203,6 +204,14 @@ class Backend {
   virtual void CrossEntropy(void* dlogits, void* loss, const void* logits,
                             const int32_t* targets, int64_t N, int64_t V, double scale,
                             const void* row_scale, StreamId s) = 0;
+  // DPO's coefficient per token for CrossEntropy's row_scale (kernels/reference/
+  // preference.h): row_scale stat (N) from values stat (N), each token's -log p(target);
+  // sequence int32 (N), each token's sequence in the micro-batch (2k: pair k's chosen, 2k+1
+  // its rejected; -1: none); info f64 (S, kPrefFields) per sequence. All device buffers.
+  // Deterministic. REQUIRES: S even, S <= kMaxPreferenceSequences.
+  virtual void PreferenceRowScale(void* row_scale, const void* values, const int32_t* sequence,
+                                  const double* info, int64_t N, int64_t S, PreferenceLoss kind,
+                                  double beta, double label_smoothing, StreamId s) = 0;
   // Greedy decoding on the device (kernels/reference/greedy_pick.h): for each row b of
   // logits act (B,V), ids int32 (B) [b] = the lowest index of the row's maximum and
   // logprobs f32 (B) [b] = logits[b][id] - logsumexp(row), from the row's values as float

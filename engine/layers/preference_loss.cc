@@ -8,44 +8,10 @@
 namespace megatrain {
 namespace {
 
-// log sigmoid(x) = -softplus(-x), without overflow for any finite x.
-double LogSigmoid(double x) { return -(std::max(-x, 0.0) + std::log1p(std::exp(-std::fabs(x)))); }
-
-double Sigmoid(double x) {
-  return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x));
-}
-
-// One pair's loss and its derivatives by pi_c and pi_r.
-struct PairLoss {
-  double loss, d_chosen, d_rejected;
-};
-
-PairLoss Pair(const PreferenceOptions& o, const PairLogps& p) {
-  const double chosen_ratio = p.chosen - p.ref_chosen;
-  const double rejected_ratio = p.rejected - p.ref_rejected;
-  const double delta = chosen_ratio - rejected_ratio;
-  const double beta = o.beta;
-  switch (o.loss) {
-    case PreferenceLoss::kSigmoid: {
-      const double eps = o.label_smoothing, x = beta * delta;
-      const double loss = -(1 - eps) * LogSigmoid(x) - eps * LogSigmoid(-x);
-      const double d = beta * (-(1 - eps) * Sigmoid(-x) + eps * Sigmoid(x));  // dL/ddelta
-      return {loss, d, -d};
-    }
-    case PreferenceLoss::kIpo: {
-      const double nc = std::max<double>(static_cast<double>(p.chosen_tokens), 1.0);
-      const double nr = std::max<double>(static_cast<double>(p.rejected_tokens), 1.0);
-      const double gap = chosen_ratio / nc - rejected_ratio / nr - 1.0 / (2.0 * beta);
-      return {gap * gap, 2.0 * gap / nc, -2.0 * gap / nr};
-    }
-    case PreferenceLoss::kHinge: {
-      const double margin = 1.0 - beta * delta;
-      const double d = margin > 0 ? -beta : 0.0;
-      return {std::max(margin, 0.0), d, -d};
-    }
-  }
-  MT_CHECK_MSG(false, "unknown preference loss %d", static_cast<int>(o.loss));
-  return {};
+PairLossTerms Pair(const PreferenceOptions& o, const PairLogps& p) {
+  return PreferencePairTerms(o.loss, o.beta, o.label_smoothing, p.chosen - p.ref_chosen,
+                             p.rejected - p.ref_rejected, static_cast<double>(p.chosen_tokens),
+                             static_cast<double>(p.rejected_tokens));
 }
 
 }  // namespace
@@ -82,7 +48,7 @@ PreferenceStep ComputePreferenceStep(const PreferenceOptions& options,
   int64_t chosen_tokens = 0;
   double chosen_logps = 0;
   for (const PairLogps& p : pairs) {
-    const PairLoss l = Pair(options, p);
+    const PairLossTerms l = Pair(options, p);
     m.loss += l.loss / n;
     step.chosen_coef.push_back(l.d_chosen / n);
     step.rejected_coef.push_back(l.d_rejected / n);

@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-namespace megatrain {
+#include "engine/common/preference_math.h"  // PreferenceLoss, the pair's arithmetic
 
-enum class PreferenceLoss { kSigmoid, kIpo, kHinge };
+namespace megatrain {
 
 // "sigmoid", "ipo", "hinge" (TRL's loss_type names).
 [[nodiscard]] bool ParsePreferenceLoss(const std::string& name, PreferenceLoss* out);

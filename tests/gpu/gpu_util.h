@@ -44,6 +44,14 @@ inline DeviceBuffer UploadInts(Backend* be, const std::vector<int32_t>& v) {
   return std::move(*b);
 }
 
+inline DeviceBuffer UploadDoubles(Backend* be, const std::vector<double>& v) {
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(be, v.size() * 8 + 16);
+  MT_CHECK(b.ok());
+  be->CopyToDevice(b->get(), v.data(), v.size() * 8, StreamId::kCompute);
+  be->SyncAll();
+  return std::move(*b);
+}
+
 inline std::vector<float> Download(Backend* be, DType t, const DeviceBuffer& b, size_t n) {
   std::vector<char> raw(n * DTypeSize(t));
   be->SyncAll();

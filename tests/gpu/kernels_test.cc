@@ -1,5 +1,6 @@
 // Every CUDA op against the CPU backend on fresh random inputs, within bf16 tolerances.
 // Inputs are bf16-exact, so the two differ only by the GPU's bf16 intermediate rounding.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -369,6 +370,40 @@ TEST_F(Kernels, CrossEntropyScalesEachRowsGradientByItsCoefficient) {
   });
   EXPECT_LT(loss.Err(), 1e-4);
   EXPECT_LT(logits.Err(), 1e-2);  // now dlogits
+}
+
+// DPO's per-token coefficients: each sequence's sum over its (scattered) tokens, its
+// pair's loss terms, every loss kind; the CUDA kernel against the reference.
+TEST_F(Kernels, PreferenceRowScaleMatchesTheReferenceForEveryLoss) {
+  const int64_t N = 3001, S = 6;  // three pairs, sequences interleaved with padding
+  std::vector<int32_t> sequence(N);
+  std::vector<float> values(N);
+  for (int64_t i = 0; i < N; ++i) {
+    sequence[i] = i % 11 == 0 ? -1 : static_cast<int32_t>((i * 7 / 13) % S);
+    values[i] = 0.5f + static_cast<float>((i * 37) % 101) / 40.0f;  // -log p > 0
+  }
+  std::vector<double> info(S * kPrefFields);
+  for (int64_t s = 0; s < S; ++s) {
+    double* f = &info[s * kPrefFields];
+    f[kPrefRefLogp] = -1200.0 - 30.0 * s;
+    f[kPrefTokens] = static_cast<double>(std::count(sequence.begin(), sequence.end(), s));
+    f[kPrefPairWeight] = 1.0 / 3;
+    f[kPrefNllWeight] = s % 2 == 0 ? 0.25 / 1500 : 0.0;
+  }
+  Ints seq = Int(sequence);
+  DeviceBuffer ic = UploadDoubles(cpu_.get(), info), ig = UploadDoubles(gpu_.get(), info);
+  Pair v(cpu_.get(), gpu_.get(), cpu_->stat_dtype(), gpu_->stat_dtype(), values);
+  for (const PreferenceLoss kind :
+       {PreferenceLoss::kSigmoid, PreferenceLoss::kIpo, PreferenceLoss::kHinge}) {
+    Pair scale = Stat(N);
+    Both([&](Backend* b, bool c) {
+      auto P = [c](Pair& p) { return c ? p.c.get() : p.g.get(); };
+      b->PreferenceRowScale(P(scale), P(v), static_cast<int32_t*>(c ? seq.c.get() : seq.g.get()),
+                            static_cast<const double*>(c ? ic.get() : ig.get()), N, S, kind, 0.1,
+                            kind == PreferenceLoss::kSigmoid ? 0.1 : 0.0, StreamId::kCompute);
+    });
+    EXPECT_LT(scale.Err(), 1e-6) << static_cast<int>(kind);
+  }
 }
 
 struct AttnShape {

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "engine/common/preference_math.h"
+
 namespace megatrain::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -144,6 +146,13 @@ void ClampedSwiGluBackward(bf16* dgu, const bf16* dout, const bf16* gu, int64_t 
 void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t* targets,
                   int64_t N, int64_t V, float scale, const float* row_scale,
                   cudaStream_t stream);
+
+// preference.cu: DPO's row_scale f32 (N) for CrossEntropy from values f32 (N) (each token's
+// -log p), sequence int32 (N) and info f64 (S, kPrefFields) (kernels/reference/preference.h);
+// one block, deterministic. REQUIRES: S <= kMaxPreferenceSequences, S even.
+void PreferenceRowScale(float* row_scale, const float* values, const int32_t* sequence,
+                        const double* info, int64_t N, int64_t S, PreferenceLoss kind,
+                        double beta, double label_smoothing, cudaStream_t stream);
 
 // greedy_pick.cu: ids int32 (B) = each row's lowest index of its maximum, logprobs f32 (B) =
 // logits[b][id] - logsumexp(logits (B,V) bf16 [b]) (fp32 sums); -1 and NaN for a row with a

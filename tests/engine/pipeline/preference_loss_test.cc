@@ -4,7 +4,10 @@
 #include "engine/layers/preference_loss.h"
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
+
+#include "engine/kernels/reference/preference.h"
 
 #include "gtest/gtest.h"
 
@@ -78,6 +81,52 @@ TEST(PreferenceLoss, CoefficientsAreTheStepLossDerivativesByEachSequencesLogp) {
             << PreferenceLossName(c.loss) << " smoothing " << c.smoothing << " rpo " << c.rpo
             << " pair " << k << (chosen ? " chosen" : " rejected");
       }
+    }
+  }
+}
+
+// The device op's reference: from a micro-batch's per-token -log p (both pairs' tokens
+// interleaved with padding, and a pair's tokens not adjacent), each token's row_scale is
+// minus the step's derivative by its log-probability: the coefficients of
+// ComputePreferenceStep over the same sums.
+TEST(PreferenceLoss, RowScaleIsMinusEachTokensCoefficientFromTheSequencesSums) {
+  const std::vector<PairLogps> pairs = TwoPairs();
+  // Token i of sequence s carries -log p = -(pi_s) / length_s, so each sum is pi_s.
+  const std::vector<int32_t> sequence = {-1, 0, 0, 1, 0, 1, 1, -1, 2, 3, 2, 3, 0, 1, -1};
+  std::vector<double> pi(4), length(4, 0.0);
+  for (int k = 0; k < 2; ++k) pi[2 * k] = pairs[k].chosen, pi[2 * k + 1] = pairs[k].rejected;
+  for (const int32_t s : sequence) length[s < 0 ? 0 : s] += s < 0 ? 0 : 1;
+  std::vector<double> values(sequence.size(), 7.0);  // padding's values are never read
+  for (size_t i = 0; i < sequence.size(); ++i) {
+    if (sequence[i] >= 0) values[i] = -pi[sequence[i]] / length[sequence[i]];
+  }
+  for (const PreferenceLoss loss :
+       {PreferenceLoss::kSigmoid, PreferenceLoss::kIpo, PreferenceLoss::kHinge}) {
+    PreferenceOptions o;
+    o.loss = loss, o.beta = 0.3, o.label_smoothing = loss == PreferenceLoss::kSigmoid ? 0.1 : 0;
+    o.rpo_alpha = 0.5;
+    const PreferenceStep step = ComputePreferenceStep(o, pairs);
+    std::vector<double> info(4 * kPrefFields);
+    for (int k = 0; k < 2; ++k) {
+      double* c = &info[2 * k * kPrefFields];
+      double* r = c + kPrefFields;
+      c[kPrefRefLogp] = pairs[k].ref_chosen, r[kPrefRefLogp] = pairs[k].ref_rejected;
+      c[kPrefTokens] = static_cast<double>(pairs[k].chosen_tokens);
+      r[kPrefTokens] = static_cast<double>(pairs[k].rejected_tokens);
+      c[kPrefPairWeight] = r[kPrefPairWeight] = 1.0 / 2;
+      c[kPrefNllWeight] = -step.rpo_token_coef;  // rpo_alpha / the step's chosen tokens
+      r[kPrefNllWeight] = 0;
+    }
+    std::vector<double> row_scale(sequence.size(), 99.0);
+    ref::PreferenceRowScale<double>(row_scale.data(), values.data(), sequence.data(),
+                                    info.data(), static_cast<int64_t>(sequence.size()), 4, o.loss,
+                                    o.beta, o.label_smoothing);
+    for (size_t i = 0; i < sequence.size(); ++i) {
+      const int32_t s = sequence[i];
+      const double want = s < 0        ? 0.0
+                          : s % 2 == 0 ? -(step.chosen_coef[s / 2] + step.rpo_token_coef)
+                                       : -step.rejected_coef[s / 2];
+      EXPECT_NEAR(row_scale[i], want, 1e-13) << PreferenceLossName(loss) << " token " << i;
     }
   }
 }
