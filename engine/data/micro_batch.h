@@ -22,6 +22,12 @@ struct MicroBatch {
   std::vector<int32_t> doc_start;  // (rows*seq_len) flat index of the first token of this
                                    //   token's segment; always in the same row
   std::vector<int32_t> positions;  // (rows*seq_len) RoPE position = flat index - doc_start
+  // A preference step's (DPO; empty otherwise): each token's sequence in the micro-batch
+  // (2k: pair k's chosen, 2k+1 its rejected; -1: no target), and each sequence's
+  // kPrefFields doubles (common/preference_math.h: reference log-probability, token count,
+  // pair weight, NLL weight).
+  std::vector<int32_t> sequence;
+  std::vector<double> sequence_info;
 
   // The number of targets that are not kIgnoreIndex: the loss's token count.
   int64_t num_targets() const {

@@ -1,6 +1,7 @@
 #include "engine/data/pair_packer.h"
 
 #include "engine/common/check.h"
+#include "engine/common/preference_math.h"
 
 namespace megatrain {
 namespace {
@@ -37,6 +38,22 @@ void Write(const PreferenceSequence& s, int32_t index, const Cursor& at, int64_t
 }
 
 }  // namespace
+
+void AttachSequences(const std::vector<double>& ref_logps, double pair_weight,
+                     double chosen_nll_weight, PairBatch* batch) {
+  const int64_t S = 2 * batch->pairs();
+  MT_CHECK(static_cast<int64_t>(ref_logps.size()) == S);
+  MicroBatch& b = batch->batch;
+  b.sequence = batch->sequence;
+  b.sequence_info.assign(S * kPrefFields, 0.0);
+  for (int64_t s = 0; s < S; ++s) {
+    double* f = &b.sequence_info[s * kPrefFields];
+    f[kPrefRefLogp] = ref_logps[s];
+    f[kPrefTokens] = static_cast<double>(batch->completion_tokens[s]);
+    f[kPrefPairWeight] = pair_weight;
+    f[kPrefNllWeight] = s % 2 == 0 ? chosen_nll_weight : 0.0;
+  }
+}
 
 std::vector<double> SequenceLogps(const PairBatch& batch, const double* token_values) {
   std::vector<double> logps(2 * batch.pairs(), 0.0);

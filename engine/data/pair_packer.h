@@ -34,6 +34,15 @@ struct PairBatch {
 int64_t PackPairs(const std::vector<std::pair<PreferenceSequence, PreferenceSequence>>& pairs,
                   int64_t first, int64_t rows, int64_t seq_len, int32_t pad_id, PairBatch* out);
 
+// Makes batch->batch a preference step's micro-batch (MicroBatch::sequence, sequence_info):
+// each sequence's reference log-probability (ref_logps: 2 * pairs(), each pair's chosen then
+// rejected; zeros when reference-free), its completion's token count, its pair's weight in
+// the step's mean (pair_weight: 1 / the step's pairs) and each of its tokens' NLL weight
+// (chosen_nll_weight on a chosen completion's: RPO's rpo_alpha / the step's chosen tokens;
+// 0 on a rejected one's).
+void AttachSequences(const std::vector<double>& ref_logps, double pair_weight,
+                     double chosen_nll_weight, PairBatch* batch);
+
 // Each of the batch's sequences' log-probability, the sum of log p(target) over its
 // targets, from the micro-batch's per-token -log p(target) (a forward-only pass's values,
 // Pipeline::Evaluate): 2 * pairs() values, each pair's chosen then rejected.

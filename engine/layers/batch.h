@@ -20,6 +20,12 @@ struct DeviceBatch {
   // of its slot's cache (its own included) instead of to the batch.
   const int32_t* seq_slot = nullptr;   // (n)
   const int32_t* kv_length = nullptr;  // (n) decode only
+  // A preference objective's training pass (preference_objective.h): each token's sequence
+  // in the micro-batch (2k: pair k's chosen, 2k+1 its rejected; -1: no target) and each
+  // sequence's kPrefFields doubles (common/preference_math.h); null otherwise.
+  const int32_t* sequence = nullptr;      // (n)
+  const double* sequence_info = nullptr;  // (num_sequences, kPrefFields)
+  int64_t num_sequences = 0;
 };
 
 // One layer's KV cache in generation: the keys and values of every sequence slot, after

@@ -50,6 +50,7 @@ int64_t LossHead::WorkspaceBytes(int64_t n) const {
   c.Take(n * config_.hidden_size * act);                              // dhf
   c.Take(n * DTypeSize(backend_->stat_dtype()));                      // rstd
   c.Take(std::min(n, chunk_tokens_) * config_.vocab_size * act);      // logits chunk
+  if (objective_->SequenceLevel()) c.Take(n * DTypeSize(backend_->stat_dtype()));  // row_scale
   return c.used();
 }
 
@@ -64,14 +65,28 @@ void LossHead::ForwardBackward(const HeadTensors& w, const HeadTensors& g, const
   void* dhf = c.Take(n * C * DTypeSize(act));
   void* rstd = c.Take(n * DTypeSize(be.stat_dtype()));
   void* logits = c.Take(std::min(n, chunk_tokens_) * V * DTypeSize(act));
+  const bool two_sweeps = objective_->SequenceLevel();
+  void* row_scale = two_sweeps ? c.Take(n * DTypeSize(be.stat_dtype())) : nullptr;
 
   be.RmsNorm(hf, rstd, x, w.final_norm, n, C, config_.rms_norm_eps, s);  // hf = norm(x)
+  if (two_sweeps) {  // the values first, then each row's coefficient from them
+    for (int64_t r = 0; r < n; r += chunk_tokens_) {
+      const int64_t rows = std::min(chunk_tokens_, n - r);
+      be.Linear(logits, Offset(hf, r * C, act), w.lm_head, nullptr, rows, C, V, false, s);
+      objective_->Chunk(LogitsChunk{logits, Offset(loss, r, be.stat_dtype()), &b, r, rows, V,
+                                    scale, nullptr, s},
+                        HeadPass::kForwardOnly);
+    }
+    objective_->Coefficients(row_scale, loss, b, s);
+  }
   for (int64_t r = 0; r < n; r += chunk_tokens_) {
     const int64_t rows = std::min(chunk_tokens_, n - r);
     const void* hf_r = Offset(hf, r * C, act);
     be.Linear(logits, hf_r, w.lm_head, nullptr, rows, C, V, false, s);  // logits = hf Wlm^T
     objective_->Chunk(LogitsChunk{logits, Offset(loss, r, be.stat_dtype()), &b, r, rows, V,
-                                  scale, s},
+                                  scale, two_sweeps ? Offset(row_scale, r, be.stat_dtype())
+                                                    : nullptr,
+                                  s},
                       HeadPass::kTrain);                                // loss, dlogits in place
     be.LinearBackward(Offset(dhf, r * C, act), false, g.lm_head, nullptr, logits, hf_r,
                       w.lm_head, rows, C, V, s);                        // dhf, dWlm
@@ -97,7 +112,7 @@ void LossHead::Forward(const HeadTensors& w, const void* x, void* values, void* 
     be.Linear(logits, Offset(hf, r * C, act), w.lm_head, nullptr, rows, C, V, false,
               s);                                                       // logits = hf Wlm^T
     objective_->Chunk(LogitsChunk{logits, Offset(values, r, be.stat_dtype()), &b, r, rows, V,
-                                  0.0, s},
+                                  0.0, nullptr, s},
                       HeadPass::kForwardOnly);                          // values
   }
 }

@@ -9,6 +9,9 @@
 //
 // What the objective computes is its business (objective.h; next-token cross-entropy:
 // loss_r = logsumexp(logits) - logits[target], dlogits = scale * (softmax - onehot)).
+// An objective whose loss is over whole sequences (SequenceLevel(): DPO) gets two sweeps:
+// every chunk's values first, then its Coefficients() (one per row), then the loop above
+// with each row's dlogits scaled by its coefficient (the lm_head forward runs twice).
 // Forward() is the same pass without the backward: values only. Tied embeddings: Wlm is
 // the embedding table and its gradient accumulates into the embedding's gradient buffer.
 #pragma once

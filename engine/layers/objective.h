@@ -11,18 +11,18 @@
 //   kForwardOnly  the per-token values alone: no dlogits, no backward, nothing written but
 //                 the values (evaluation; a reference model's log-probabilities)
 //
-// Today's one objective is next-token cross-entropy (cross_entropy_objective.h). Where the
-// next ones fit:
-//   - policy-gradient losses (GRPO): loss = sum_t c_t * -log p(y_t) with a coefficient per
-//     token: Chunk() is cross-entropy with a per-row scale, the coefficients read from the
-//     micro-batch at chunk.first_row.
-//   - preference losses (DPO): per-sequence sums of log p(y_t) over completion tokens. A
-//     kForwardOnly pass gives -log p(y_t) per token (the reference model's, once, before
-//     training). In the policy's kTrain pass the head sweeps a micro-batch's chunks twice:
-//     the values first (both completions of a pair are in one micro-batch), then
-//     preference_loss.h turns the sums into one coefficient per sequence, and the second
-//     sweep recomputes each chunk's logits and writes the policy-gradient dlogits: an
+// The objectives:
+//   - next-token cross-entropy (cross_entropy_objective.h): SFT, continued pretraining.
+//   - preference losses (DPO; preference_objective.h): per-sequence sums of log p(y_t)
+//     over completion tokens. A kForwardOnly pass gives -log p(y_t) per token (the
+//     reference model's, once, before training). In the policy's kTrain pass the head
+//     sweeps a micro-batch's chunks twice (SequenceLevel()): the values first (both
+//     completions of a pair are in one micro-batch), then Coefficients() turns the sums
+//     into one coefficient per sequence on the device, and the second sweep recomputes each
+//     chunk's logits and writes the dlogits, each row scaled by its coefficient: an
 //     lm_head forward more, not a whole forward.
+// Where the next fits: policy-gradient losses (GRPO), loss = sum_t c_t * -log p(y_t) with a
+// coefficient per token: cross-entropy with the row_scale read from the micro-batch.
 //
 // Thread-compatible; Chunk() enqueues on chunk.stream and returns.
 #pragma once
@@ -31,14 +31,24 @@
 #include <memory>
 
 #include "engine/common/backend.h"
+#include "engine/common/preference_math.h"
 #include "engine/layers/batch.h"
 
 namespace megatrain {
 
-// The objectives the head can run. A job's is fixed for its life (today: always
-// next-token cross-entropy).
+// The objectives the head can run. A job's is fixed for its life.
 enum class ObjectiveKind {
   kNextTokenCrossEntropy,  // SFT, continued pretraining: mean -log p(target) over targets
+  kPreference,             // DPO and its variants over pairs of completions
+};
+
+// An objective and its parameters.
+struct ObjectiveOptions {
+  ObjectiveKind kind = ObjectiveKind::kNextTokenCrossEntropy;
+  // kPreference (layers/preference_loss.h): the pair loss, its beta and label smoothing.
+  PreferenceLoss preference_loss = PreferenceLoss::kSigmoid;
+  double beta = 0.1;
+  double label_smoothing = 0;
 };
 
 enum class HeadPass {
@@ -57,6 +67,9 @@ struct LogitsChunk {
   // d(step loss) / d(a token's loss term): 1 / the step's targets for a mean over the
   // step (kTrain only).
   double scale = 0;
+  // kTrain of a SequenceLevel() objective: the chunk's rows' coefficients stat (rows), what
+  // Coefficients() wrote; else null.
+  const void* row_scale = nullptr;
   StreamId stream = StreamId::kCompute;
 };
 
@@ -67,9 +80,20 @@ class Objective {
   // Writes chunk.values and, for kTrain, dlogits over chunk.logits.
   // REQUIRES: chunk.logits hold this chunk's logits (the head's lm_head forward).
   virtual void Chunk(const LogitsChunk& chunk, HeadPass pass) const = 0;
+  // Whether a training pass needs the whole micro-batch's values before any dlogits (a loss
+  // over sequences): the head then runs the chunks twice, Coefficients() between.
+  virtual bool SequenceLevel() const { return false; }
+  // Between the sweeps: row_scale stat (n) from values stat (n), the micro-batch's
+  // per-token values of the first sweep. Enqueues on s.
+  virtual void Coefficients(void* row_scale, const void* values, const DeviceBatch& batch,
+                            StreamId s) const {
+    (void)row_scale, (void)values, (void)batch, (void)s;
+  }
 };
 
-// The objective of `kind`, running its ops on `backend` (which outlives it).
+// The objective `options` name, running its ops on `backend` (which outlives it).
+std::unique_ptr<Objective> MakeObjective(const ObjectiveOptions& options, Backend* backend);
+// The same with the kind's default parameters.
 std::unique_ptr<Objective> MakeObjective(ObjectiveKind kind, Backend* backend);
 
 }  // namespace megatrain

@@ -31,6 +31,27 @@ absl::Status CheckShape(const MicroBatch& b, int64_t n, const char* what) {
       absl::StrCat(what, " of ", b.tokens.size(), " tokens; the plan has ", n));
 }
 
+// A preference step's micro-batch: a sequence index per token, in [-1, S), and S even
+// (pairs) within the device's room, each with its kPrefFields.
+absl::Status CheckSequences(const MicroBatch& b, int64_t n) {
+  const int64_t S = static_cast<int64_t>(b.sequence_info.size()) / kPrefFields;
+  if (static_cast<int64_t>(b.sequence.size()) != n ||
+      static_cast<int64_t>(b.sequence_info.size()) != S * kPrefFields || S % 2 != 0 ||
+      S > kMaxPreferenceSequences) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a preference micro-batch needs ", n, " sequence indices and an even number (at most ",
+        kMaxPreferenceSequences, ") of sequences of ", kPrefFields, " values; it has ",
+        b.sequence.size(), " and ", b.sequence_info.size(), " values"));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (b.sequence[i] < -1 || b.sequence[i] >= S) {
+      return absl::InvalidArgumentError(absl::StrCat("token ", i, " of a preference micro-batch "
+                                                     "names sequence ", b.sequence[i], " of ", S));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Pipeline::Pipeline(const ModelConfig& config, const ModelLayout& layout, HostStore* store,
@@ -42,9 +63,8 @@ Pipeline::Pipeline(const ModelConfig& config, const ModelLayout& layout, HostSto
       backend_(backend),
       options_(options),
       kinds_(MakeLayerKinds(config, layout, backend, options.mlp_tile_tokens)),
-      // Every training job's objective, for now (layers/objective.h).
       head_(config, layout, backend, options.loss_chunk_tokens,
-            MakeObjective(ObjectiveKind::kNextTokenCrossEntropy, backend)),
+            MakeObjective(options.objective, backend)),
       act_row_bytes_(config.hidden_size * DTypeSize(backend->act_dtype())),
       spans_(backend, options.record_timeline),
       slots_(backend, store, layout, NumWeightSlots(config, options), &spans_),
@@ -137,6 +157,7 @@ absl::Status Pipeline::Allocate() {
   RETURN_IF_ERROR(alloc.Allocate(&head_ws_, mem.head_workspace, "the loss workspace"));
   RETURN_IF_ERROR(alloc.Allocate(&batch_ints_, mem.token_arrays, "token arrays"));
   RETURN_IF_ERROR(alloc.Allocate(&losses_, mem.losses, "per-token losses"));
+  RETURN_IF_ERROR(alloc.Allocate(&preference_buf_, mem.preference_arrays, "pair sequences"));
   RETURN_IF_ERROR(alloc.Allocate(&inv_freq_, mem.rope_frequencies, "RoPE frequencies"));
   const int64_t E = config_.moe.num_experts;
   if (E > 0) {
@@ -263,8 +284,10 @@ absl::StatusOr<int64_t> Pipeline::CheckBatches(const std::vector<MicroBatch>& ba
         absl::StrCat("step got ", batches.size(), " micro-batches, the plan has ", M));
   }
   int64_t num_targets = 0;
+  const bool pairs = options_.objective.kind == ObjectiveKind::kPreference;
   for (const MicroBatch& b : batches) {
     RETURN_IF_ERROR(CheckShape(b, n, "micro-batch"));
+    if (pairs) RETURN_IF_ERROR(CheckSequences(b, n));
     num_targets += b.num_targets();
   }
   return num_targets;
@@ -294,6 +317,7 @@ void Pipeline::UploadInputs(const std::vector<MicroBatch>& batches, GradSink* si
     be.CopyToDevice(base + 4 * n, order, n * 4, StreamId::kH2D);
     batches_[m] = DeviceBatch{n, base, base + n, base + 2 * n, base + 3 * n, base + 4 * n};
     h2d_bytes_ += kBatchArrays * 4 * n;
+    if (preference_buf_.bytes() > 0) UploadSequences(m, b);
   }
   be.Record(inputs_loaded_.get(), StreamId::kH2D);
   const int64_t embed_unit = ModelLayout::EmbeddingUnit();
@@ -305,6 +329,20 @@ void Pipeline::UploadInputs(const std::vector<MicroBatch>& batches, GradSink* si
   sink->AwaitUnit(head_unit);
   h2d_bytes_ += UploadEdgeUnit(head_unit, head_slot_.get(), &head_uploaded_);
   be.Record(head_loaded_.get(), StreamId::kH2D);
+}
+
+void Pipeline::UploadSequences(int64_t m, const MicroBatch& b) {
+  Backend& be = *backend_;
+  const int64_t n = options_.tokens_per_micro_batch;
+  const int64_t info_bytes = kMaxPreferenceSequences * kPrefFields * int64_t{sizeof(double)};
+  char* base = static_cast<char*>(preference_buf_.get()) + m * (info_bytes + n * 4);
+  const int64_t bytes = static_cast<int64_t>(b.sequence_info.size() * sizeof(double));
+  be.CopyToDevice(base, b.sequence_info.data(), bytes, StreamId::kH2D);  // 8-byte aligned
+  be.CopyToDevice(base + info_bytes, b.sequence.data(), n * 4, StreamId::kH2D);
+  batches_[m].sequence_info = reinterpret_cast<const double*>(base);
+  batches_[m].sequence = reinterpret_cast<const int32_t*>(base + info_bytes);
+  batches_[m].num_sequences = static_cast<int64_t>(b.sequence_info.size()) / kPrefFields;
+  h2d_bytes_ += bytes + n * 4;
 }
 
 int64_t Pipeline::UploadEdgeUnit(int64_t unit, void* slot, bool* loaded) {
@@ -494,6 +532,12 @@ StepResult Pipeline::FinishStep(GradSink* sink, int64_t num_targets,
   }
   result.num_targets = num_targets;
   result.loss = num_targets > 0 ? loss_sum / num_targets : 0.0;
+  if (options_.objective.kind == ObjectiveKind::kPreference) {
+    result.token_values.resize(M * n);
+    for (int64_t i = 0; i < M * n; ++i) {
+      result.token_values[i] = ReadStat(&host_losses_[i * stat], be.stat_dtype());
+    }
+  }
   if (config_.is_moe()) {
     result.aux_loss = AuxLoss();
     result.aux_loss_coef = aux_coef_;

@@ -52,6 +52,9 @@ namespace megatrain {
 
 struct StepResult {
   double loss = 0;            // the LM loss: mean over the step's unmasked tokens
+  // A preference objective's step: every token's -log p(target) (M x n, micro-batch by
+  // micro-batch), for the pair metrics; empty otherwise.
+  std::vector<double> token_values;
   // MoE models: the load-balancing loss over the step's MoE layers and tokens, unweighted
   // (transformers' aux_loss), and its weight in the loss that was differentiated.
   double aux_loss = 0;
@@ -140,6 +143,8 @@ class Pipeline {
   void UploadInputs(const std::vector<MicroBatch>& batches, GradSink* sink);
   // The embedding or head unit into its own slot: whole the first time, then what the
   // optimizer changes (its state range; nothing for a frozen unit). Returns the bytes.
+  // Micro-batch m's sequence indices and info (a preference objective's) to the device.
+  void UploadSequences(int64_t m, const MicroBatch& b);
   int64_t UploadEdgeUnit(int64_t unit, void* slot, bool* loaded);
   void ForwardSweep();  // embedding, then layer by layer for every micro-batch
   void Head(double scale, GradSink* sink);  // loss forward + backward, per micro-batch
@@ -216,6 +221,8 @@ class Pipeline {
   std::vector<int32_t> token_order_;      // M x (n): the host side of the TokenOrder copies
   std::vector<DeviceBatch> batches_;      // this step's, on the device
   DeviceBuffer losses_;                   // M x (n) stat
+  // A preference objective's: per micro-batch, its sequences' info, then their indices.
+  DeviceBuffer preference_buf_;
   DeviceBuffer inv_freq_;                 // (D/2) f32
   // MoE: the step's router statistics (counts (E) int32, then prob_sum (E) stat), what the
   // layers see of them, and their host copy.

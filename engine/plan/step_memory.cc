@@ -12,7 +12,7 @@ int64_t StepMemory::TotalBytes() const {
          kLayerGradBuffers * layer_grad + grad_discard + 2 * checkpoint_staging +
          activation_buffers() * activations +
          scratch_output + layer_workspace + kept_layers * kept_layer + head_workspace +
-         token_arrays + losses + rope_frequencies + router_stats;
+         token_arrays + losses + preference_arrays + rope_frequencies + router_stats;
 }
 
 int64_t NumWeightSlots(const ModelConfig& config, const PipelineOptions& options) {
@@ -82,6 +82,11 @@ StepMemory SizeStepMemory(const ModelConfig& config, const ModelLayout& layout, 
   const int64_t batches = std::max(M, options.eval_micro_batches);
   m.token_arrays = batches * StepMemory::kBatchArrays * n * static_cast<int64_t>(sizeof(int32_t));
   m.losses = batches * n * stat;
+  if (options.objective.kind == ObjectiveKind::kPreference) {
+    m.preference_arrays =
+        M * (n * static_cast<int64_t>(sizeof(int32_t)) +
+             kMaxPreferenceSequences * kPrefFields * static_cast<int64_t>(sizeof(double)));
+  }
   m.rope_frequencies = config.head_dim / 2 * static_cast<int64_t>(sizeof(float));
   const int64_t E = config.moe.num_experts;
   if (E > 0) {
@@ -95,7 +100,7 @@ int64_t StepDeviceBytes(const ModelConfig& config, const ModelLayout& layout, Ba
                         const PipelineOptions& options) {
   const LayerKinds kinds = MakeLayerKinds(config, layout, backend, options.mlp_tile_tokens);
   const LossHead head(config, layout, backend, options.loss_chunk_tokens,
-                      MakeObjective(ObjectiveKind::kNextTokenCrossEntropy, backend));
+                      MakeObjective(options.objective, backend));
   return SizeStepMemory(config, layout, backend, options, kinds, head).TotalBytes();
 }
 

@@ -54,6 +54,9 @@ struct PipelineOptions {
   // MoE models: the load-balancing loss's weight in the loss; < 0: what config.json says
   // (router_aux_loss_coef when output_router_logits is true, else 0, as transformers).
   double router_aux_loss_coef = -1;
+  // What the loss head computes (layers/objective.h); a preference objective's micro-batches
+  // carry their sequences (preference_arrays).
+  ObjectiveOptions objective;
   // Evaluation (Pipeline::Evaluate): micro-batches a forward-only pass takes through each
   // layer at once, in the step's activation buffers (at most EvalCapacity); the token
   // arrays and per-token losses are sized for them. 0: the job evaluates nothing.
@@ -90,6 +93,9 @@ struct StepMemory {
   int64_t head_workspace = 0;      // the loss head's
   int64_t token_arrays = 0;        // max(M, eval micro-batches) x kBatchArrays x (n) int32
   int64_t losses = 0;              // max(M, eval micro-batches) x (n) stat
+  // A preference objective's: M x ((n) int32 sequence indices + kMaxPreferenceSequences x
+  // kPrefFields f64); 0 otherwise.
+  int64_t preference_arrays = 0;
   int64_t rope_frequencies = 0;    // (D/2) f32
   int64_t router_counts = 0;       // MoE: (E) int32, padded to 64 bytes: prob_sum follows
   int64_t router_stats = 0;        // MoE: router_counts + (E) stat; 0 for dense models

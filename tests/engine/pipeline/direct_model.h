@@ -21,14 +21,15 @@ class DirectModel {
  public:
   DirectModel(const ModelConfig& c, Backend* be, int64_t max_tokens)
       : DirectModel(c, be, max_tokens, BuildLayout(c)) {}
-  // Over `layout` (BuildLayout's, with adapters or frozen tensors).
-  DirectModel(const ModelConfig& c, Backend* be, int64_t max_tokens, ModelLayout layout)
+  // Over `layout` (BuildLayout's, with adapters or frozen tensors), the head computing
+  // `objective` (a preference one reads the micro-batch's sequences).
+  DirectModel(const ModelConfig& c, Backend* be, int64_t max_tokens, ModelLayout layout,
+              const ObjectiveOptions& objective = {})
       : config_(c),
         layout_(std::move(layout)),
         be_(be),
         kinds_(MakeLayerKinds(c, layout_, be)),
-        head_(c, layout_, be, /*chunk_tokens=*/5,
-              MakeObjective(ObjectiveKind::kNextTokenCrossEntropy, be)),
+        head_(c, layout_, be, /*chunk_tokens=*/5, MakeObjective(objective, be)),
         max_tokens_(max_tokens) {
     for (const UnitLayout& u : layout_.units) {
       weights_.push_back(Alloc(u.num_elements * DTypeSize(be->weight_dtype())));
@@ -84,6 +85,11 @@ class DirectModel {
     std::memcpy(ints + 3 * n, b.positions.data(), n * 4);
     TokenOrder(b.tokens.data(), n, ints + 4 * n);
     DeviceBatch db{n, ints, ints + n, ints + 2 * n, ints + 3 * n, ints + 4 * n};
+    if (!b.sequence.empty()) {  // a CPU backend's "device" memory is the host's
+      db.sequence = b.sequence.data();
+      db.sequence_info = b.sequence_info.data();
+      db.num_sequences = static_cast<int64_t>(b.sequence_info.size()) / kPrefFields;
+    }
     const double scale = 1.0 / b.num_targets();
     const float* inv_freq = static_cast<const float*>(inv_freq_.get());
     for (DeviceBuffer& g : grads_) be_->Zero(g.get(), g.bytes(), s);
@@ -140,7 +146,11 @@ class DirectModel {
     be_->SyncAll();
 
     double sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += Read(loss_.get(), i, be_->stat_dtype());
+    last_values_.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      last_values_[i] = Read(loss_.get(), i, be_->stat_dtype());
+      sum += last_values_[i];
+    }
     if (grads != nullptr) {
       grads->assign(layout_.units.size(), {});
       for (size_t u = 0; u < layout_.units.size(); ++u) {
@@ -154,6 +164,8 @@ class DirectModel {
   }
   // The load-balancing loss of the last Run (MoE models), unweighted.
   double last_aux_loss() const { return last_aux_loss_; }
+  // The head's per-token values of the last Run (-log p(target); 0 where none).
+  const std::vector<double>& last_token_values() const { return last_values_; }
 
  private:
   static double Read(const void* p, int64_t i, DType t) {
@@ -181,6 +193,7 @@ class DirectModel {
   DeviceBuffer discard_;
   DeviceBuffer dres_, scratch_, ws_, head_ws_, loss_, ints_, inv_freq_, stats_;
   double last_aux_loss_ = 0;
+  std::vector<double> last_values_;
 };
 
 }  // namespace megatrain::testing

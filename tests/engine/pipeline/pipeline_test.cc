@@ -11,6 +11,7 @@
 #include "engine/store/model_io.h"
 #include "engine/transfer/weight_slots.h"
 #include "tests/engine/pipeline/direct_model.h"
+#include "tests/engine/pipeline/preference_batch.h"
 #include "tests/engine/pipeline/recording_sink.h"
 #include "tests/engine/pipeline/sgd_sink.h"
 #include "engine/backend/forwarding_backend.h"
@@ -101,6 +102,97 @@ TEST(Pipeline, GradientsMatchTheLayersRunDirectlyInDouble) {
       }
     }
   }
+}
+
+// A DPO step through the pipeline (two micro-batches of two pairs each, checkpoints every
+// second layer, the head's chunks across pairs) gives the gradients of the layers run
+// directly on each micro-batch, summed, and every token's value (the pair metrics' input).
+TEST(Pipeline, PreferenceStepMatchesTheLayersRunDirectlyOnEachMicroBatch) {
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
+  RandomInitWeights(c, 11, store.get());
+  int64_t max_unit = 0;
+  for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
+  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(2, max_unit));
+  PipelineOptions o;
+  o.micro_batches = 2;
+  o.tokens_per_micro_batch = 24;
+  o.checkpoint_every = 2;
+  o.loss_chunk_tokens = 7;
+  o.objective.kind = ObjectiveKind::kPreference;
+  o.objective.preference_loss = PreferenceLoss::kSigmoid;
+  o.objective.beta = 0.2;
+  o.objective.label_smoothing = 0.1;
+  absl::StatusOr<std::unique_ptr<Pipeline>> p =
+      Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
+  ASSERT_TRUE(p.ok()) << p.status();
+
+  std::vector<PairBatch> pairs = {TwoPackedPairs(c.vocab_size, 0),
+                                  TwoPackedPairs(c.vocab_size, 17)};
+  const double chosen_tokens = static_cast<double>(ChosenTokens(pairs[0]) + ChosenTokens(pairs[1]));
+  AttachSequences({-9.5, -7.0, -11.0, -12.5}, 0.25, 0.4 / chosen_tokens, &pairs[0]);
+  AttachSequences({-8.0, -9.0, -10.0, -6.5}, 0.25, 0.4 / chosen_tokens, &pairs[1]);
+  RecordingSink sink(be.get(), pool.get(), store->num_units());
+  absl::StatusOr<StepResult> r = (*p)->Step({pairs[0].batch, pairs[1].batch}, &sink);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->token_values.size(), 48u);
+
+  std::unique_ptr<Backend> f64 =
+      CreateCpuBackend(CpuBackendOptions{CpuBackendOptions::Precision::kF64});
+  DirectModel direct(c, f64.get(), 24, BuildLayout(c), o.objective);
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    for (int64_t i = 0; i < store->unit_elements(u); ++i) {
+      direct.Set(u, i, Bf16ToFloat(store->weights(u)[i]));  // what the device saw
+    }
+  }
+  std::vector<std::vector<double>> want(store->num_units());
+  for (int m = 0; m < 2; ++m) {
+    std::vector<std::vector<double>> grads;
+    direct.Run(pairs[m].batch, &grads);
+    for (int64_t i = 0; i < 24; ++i) {
+      EXPECT_NEAR(r->token_values[m * 24 + i], direct.last_token_values()[i], 1e-5)
+          << "micro-batch " << m << " token " << i;
+    }
+    for (int64_t u = 0; u < store->num_units(); ++u) {
+      want[u].resize(grads[u].size());
+      for (size_t i = 0; i < grads[u].size(); ++i) want[u][i] += grads[u][i];
+    }
+  }
+  for (int64_t u = 0; u < store->num_units(); ++u) {
+    const double scale = MaxAbs(sink.grads[u]);
+    ASSERT_GT(scale, 0) << "unit " << u << " got no gradient";
+    for (int64_t i = 0; i < store->unit_elements(u); ++i) {
+      ASSERT_NEAR(sink.grads[u][i], want[u][i], 1e-4 * scale) << "unit " << u << " element " << i;
+    }
+  }
+}
+
+// A preference step's micro-batch must carry its sequences: one without them, or naming a
+// sequence it lacks, is refused before anything runs.
+TEST(Pipeline, PreferenceStepRefusesMicroBatchesWithoutTheirSequences) {
+  const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
+  RandomInitWeights(c, 11, store.get());
+  int64_t max_unit = 0;
+  for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
+  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(2, max_unit));
+  PipelineOptions o;
+  o.tokens_per_micro_batch = 24;
+  o.objective.kind = ObjectiveKind::kPreference;
+  absl::StatusOr<std::unique_ptr<Pipeline>> p =
+      Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  PairBatch b = TwoPackedPairs(c.vocab_size, 0);
+  RecordingSink sink(be.get(), pool.get(), store->num_units());
+  absl::StatusOr<StepResult> r = (*p)->Step({b.batch}, &sink);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  AttachSequences({0, 0, 0, 0}, 0.5, 0, &b);
+  b.batch.sequence[5] = 4;  // pairs 0 and 1 only: sequences 0..3
+  r = (*p)->Step({b.batch}, &sink);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("names sequence 4"), std::string::npos) << r.status();
 }
 
 bool IsMatrix(TensorRole r) {
