@@ -27,6 +27,7 @@ SUITES=(
   "generate     train_bench --eval (the forward-only pass), generate_bench (Qwen2.5-7B resident and streamed, a GPT-OSS-120B cut streamed) and transformers' generate on the 7B work"
   "long         train_bench: Qwen2.5-7B one 128K sequence; 2 layers of one 512K sequence"
   "lora         train_bench: LoRA r16 beside the full fine-tune on the same shape and tokens (Llama-3.1-8B 4K and 8K, Qwen2.5-7B 4K, GPT-OSS-120B 2 layers), and GPT-OSS-120B cut to 16 layers with LoRA on its attention and experts (its floors, host bytes a parameter)"
+  "dpo          train_bench: Qwen2.5-7B DPO steps (a 4K-token pair a row) beside SFT steps on the same shape, and the forward-only pass (the reference's)"
   "lora-numerics tests/hf/compare_lora_with_peft.py: LoRA (attention, MLP, experts) and a frozen embedding against peft + transformers"
   "moe          train_bench: Qwen3-30B-A3B, Mixtral-8x7B and GPT-OSS-120B cuts at 64K and 256K tokens"
   "moe-floors   train_bench --no-optimizer on the MoE cuts: the step without the CPU optimizer"
@@ -348,6 +349,13 @@ suite() {
       done
       train gpt-oss-120b_16l_lora 600 --shape gpt-oss-120b --layers 16 --seq 4096 \
         --tokens-per-step 262144 --steps 3 --warmup 1 --lora-rank 16 --lora-targets "$MOE_LORA"
+      save ;;
+    dpo)
+      profile
+      train qwen2.5-7b_64k_sft 400 --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536 \
+        --steps 5 --warmup 2 --eval
+      train qwen2.5-7b_64k_dpo 400 --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536 \
+        --steps 5 --warmup 2 --dpo
       save ;;
     lora-numerics)
       run compare_lora_with_peft 5400 python3 "$ROOT/tests/hf/compare_lora_with_peft.py" \

@@ -7,7 +7,7 @@
 //               [--layers N] [--device-memory-gib 24] [--max-grad-norm 0]
 //               [--micro-batch-rows R] [--k K] [--checkpoints auto|device|host]
 //               [--kept-layers N] [--weight-slots S] [--mlp-tile T]
-//               [--no-optimizer] [--eval] [--timeline PATH] [--steps 8] [--warmup 3]
+//               [--no-optimizer] [--eval] [--dpo] [--timeline PATH] [--steps 8] [--warmup 3]
 //               [--profile PATH] [--backend cuda|cpu]
 //
 // Shapes are the published configs with random init. The plan (micro-batch, K, where
@@ -30,6 +30,7 @@
 #include "engine/backend/planning_backend.h"
 #include "engine/common/engine_settings.h"
 #include "engine/common/status.h"
+#include "engine/data/pair_packer.h"
 #include "engine/optim/host_optimizer.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/plan/planner.h"
@@ -53,6 +54,37 @@ MicroBatch Batch(int64_t rows, int64_t seq, int64_t vocab, uint64_t seed) {
     b.positions.push_back(static_cast<int32_t>(i % seq));
   }
   return b;
+}
+
+// --dpo: micro-batches of preference pairs, one pair a row: a prompt of seq / 8 tokens and
+// two completions filling the row's halves (PackPairs), with reference log-probabilities
+// and the step's weights attached (AttachSequences, RPO off).
+std::vector<MicroBatch> PairBatches(int64_t micro_batches, int64_t rows, int64_t seq,
+                                    int64_t vocab) {
+  std::mt19937_64 gen(7);
+  std::vector<std::pair<PreferenceSequence, PreferenceSequence>> pairs;
+  const int64_t half = seq / 2, prompt = seq / 8;
+  for (int64_t k = 0; k < micro_batches * rows; ++k) {
+    PreferenceSequence chosen, rejected;
+    for (int64_t j = 0; j < half; ++j) {
+      const bool completion = j >= prompt;
+      chosen.ids.push_back(static_cast<int32_t>(gen() % vocab));
+      rejected.ids.push_back(completion ? static_cast<int32_t>(gen() % vocab) : chosen.ids[j]);
+      chosen.completion.push_back(completion);
+      rejected.completion.push_back(completion);
+    }
+    pairs.emplace_back(std::move(chosen), std::move(rejected));
+  }
+  std::vector<MicroBatch> batches;
+  int64_t first = 0;
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    PairBatch b;
+    first += PackPairs(pairs, first, rows, seq, 0, &b);
+    std::vector<double> ref(2 * b.pairs(), -static_cast<double>(half - prompt) * 11.9);
+    AttachSequences(ref, 1.0 / static_cast<double>(pairs.size()), 0.0, &b);
+    batches.push_back(std::move(b.batch));
+  }
+  return batches;
 }
 
 // --no-optimizer: takes each gradient once it has landed and hands its slab back, updating
@@ -210,7 +242,7 @@ int main(int argc, char** argv) {
   int64_t layers = 0, vocab = 0, seq = 4096, tokens = 65536, steps = 8, warmup = 3;
   int64_t micro_rows = 0, k = 0, kept = -1, slots = -1, mlp_tile = -1;
   double device_gib = 0, max_grad_norm = 0, host_gib = 0;
-  bool plan_only = false, no_optimizer = false, calibrate = false, eval = false;
+  bool plan_only = false, no_optimizer = false, calibrate = false, eval = false, dpo = false;
   std::string timeline_path, state_dtype = "fp32", bf16_copy = "auto", nvme_dir;
   int64_t nvme_layers = -1;
   LoraConfig lora;
@@ -246,6 +278,8 @@ int main(int argc, char** argv) {
                  "write the last step's stream spans here (JSON: stream, label, start/end ms)");
   app.add_flag("--eval", eval,
                "also time the forward-only evaluation pass over the step's micro-batches");
+  app.add_flag("--dpo", dpo,
+               "DPO steps (sigmoid, beta 0.1): a pair a row, the head's two sweeps");
   app.add_flag("--no-optimizer", no_optimizer,
                "discard the gradients (no CPU AdamW): the step's GPU and PCIe alone");
   app.add_option("--max-grad-norm", max_grad_norm, "global-norm clipping (0 = off)");
@@ -428,6 +462,7 @@ int main(int argc, char** argv) {
   }
   PipelineOptions po = PipelineOptionsOf(*plan, seq);
   po.record_timeline = true;
+  if (dpo) po.objective.kind = ObjectiveKind::kPreference;
   absl::StatusOr<std::unique_ptr<Pipeline>> p =
       Pipeline::Create(c, store->get(), pool.get(), be->get(), po);
   if (!p.ok()) {
@@ -442,9 +477,10 @@ int main(int argc, char** argv) {
   DiscardingSink discard(be->get(), pool.get());
   GradSink* sink = no_optimizer ? static_cast<GradSink*>(&discard) : &opt;
   std::vector<MicroBatch> batches;
-  for (int64_t m = 0; m < plan->micro_batches; ++m) {
+  for (int64_t m = 0; m < plan->micro_batches && !dpo; ++m) {
     batches.push_back(Batch(plan->micro_batch_rows, seq, c.vocab_size, m));
   }
+  if (dpo) batches = PairBatches(plan->micro_batches, plan->micro_batch_rows, seq, c.vocab_size);
 
   const double model_flops = plan->step.model_flops, hardware_flops = plan->step.hardware_flops;
   nlohmann::json steps_json = nlohmann::json::array();
@@ -598,6 +634,7 @@ int main(int argc, char** argv) {
       {"freeze", freeze},
       {"clipping", max_grad_norm > 0},
       {"optimizer", no_optimizer ? "none (gradients discarded)" : "CPU AdamW"},
+      {"objective", dpo ? "DPO (sigmoid): a pair of 2 x seq/2 tokens a row" : "next-token"},
       {"optimizer_state_dtype", MomentDTypeName(moments)},
       {"bf16_copy", plan->bf16_copy},
       {"nvme", {{"layers", plan->nvme_layers},
