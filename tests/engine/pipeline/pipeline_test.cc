@@ -28,11 +28,6 @@ struct Harness {
     be = backend != nullptr ? std::move(backend) : CreateCpuBackend(CpuBackendOptions{});
     ModelLayout layout = BuildLayout(c);
     EXPECT_TRUE(FreezeTensors(freeze, &layout).ok());
-    store = std::move(*HostStore::Create(layout));
-    RandomInitWeights(c, 11, store.get());
-    int64_t max_unit = 0;
-    for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
-    pool = std::move(*GradSlabPool::Create(2, slab_elements > 0 ? slab_elements : max_unit));
     PipelineOptions o;
     o.micro_batches = micro_batches;
     o.tokens_per_micro_batch = tokens;
@@ -42,11 +37,25 @@ struct Harness {
     o.weight_slots = weight_slots;
     o.kept_layers = kept_layers;
     o.mlp_tile_tokens = mlp_tile;
+    Build(c, layout, o, slab_elements);
+  }
+  // A pipeline of `o` over c's randomly drawn store, on the f32 CPU backend.
+  Harness(const ModelConfig& c, const PipelineOptions& o) {
+    be = CreateCpuBackend(CpuBackendOptions{});
+    Build(c, BuildLayout(c), o, 0);
+  }
+  void Build(const ModelConfig& c, const ModelLayout& layout, const PipelineOptions& o,
+             int64_t slab_elements) {
+    store = std::move(*HostStore::Create(layout));
+    RandomInitWeights(c, 11, store.get());
+    int64_t max_unit = 0;
+    for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
+    pool = std::move(*GradSlabPool::Create(2, slab_elements > 0 ? slab_elements : max_unit));
     options = o;
     absl::StatusOr<std::unique_ptr<Pipeline>> p =
         Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
     EXPECT_TRUE(p.ok()) << p.status();
-    pipeline = std::move(*p);
+    if (p.ok()) pipeline = *std::move(p);
   }
   StepResult Run(const std::vector<MicroBatch>& batches, RecordingSink* sink) {
     absl::StatusOr<StepResult> r = pipeline->Step(batches, sink);
@@ -109,12 +118,6 @@ TEST(Pipeline, GradientsMatchTheLayersRunDirectlyInDouble) {
 // directly on each micro-batch, summed, and every token's value (the pair metrics' input).
 TEST(Pipeline, PreferenceStepMatchesTheLayersRunDirectlyOnEachMicroBatch) {
   const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
-  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
-  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
-  RandomInitWeights(c, 11, store.get());
-  int64_t max_unit = 0;
-  for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
-  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(2, max_unit));
   PipelineOptions o;
   o.micro_batches = 2;
   o.tokens_per_micro_batch = 24;
@@ -124,17 +127,20 @@ TEST(Pipeline, PreferenceStepMatchesTheLayersRunDirectlyOnEachMicroBatch) {
   o.objective.preference_loss = PreferenceLoss::kSigmoid;
   o.objective.beta = 0.2;
   o.objective.label_smoothing = 0.1;
-  absl::StatusOr<std::unique_ptr<Pipeline>> p =
-      Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  Harness h(c, o);
+  ASSERT_NE(h.pipeline, nullptr);
+  Backend* be = h.be.get();
+  HostStore* store = h.store.get();
+  GradSlabPool* pool = h.pool.get();
+  Pipeline* p = h.pipeline.get();
 
   std::vector<PairBatch> pairs = {TwoPackedPairs(c.vocab_size, 0),
                                   TwoPackedPairs(c.vocab_size, 17)};
   const double chosen_tokens = static_cast<double>(ChosenTokens(pairs[0]) + ChosenTokens(pairs[1]));
   AttachSequences({-9.5, -7.0, -11.0, -12.5}, 0.25, 0.4 / chosen_tokens, &pairs[0]);
   AttachSequences({-8.0, -9.0, -10.0, -6.5}, 0.25, 0.4 / chosen_tokens, &pairs[1]);
-  RecordingSink sink(be.get(), pool.get(), store->num_units());
-  absl::StatusOr<StepResult> r = (*p)->Step({pairs[0].batch, pairs[1].batch}, &sink);
+  RecordingSink sink(be, pool, store->num_units());
+  absl::StatusOr<StepResult> r = p->Step({pairs[0].batch, pairs[1].batch}, &sink);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->token_values.size(), 48u);
 
@@ -172,25 +178,22 @@ TEST(Pipeline, PreferenceStepMatchesTheLayersRunDirectlyOnEachMicroBatch) {
 // sequence it lacks, is refused before anything runs.
 TEST(Pipeline, PreferenceStepRefusesMicroBatchesWithoutTheirSequences) {
   const ModelConfig c = TinyConfig(Variant::kQwen2UntiedBias);
-  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
-  std::unique_ptr<HostStore> store = std::move(*HostStore::Create(BuildLayout(c)));
-  RandomInitWeights(c, 11, store.get());
-  int64_t max_unit = 0;
-  for (const UnitLayout& u : store->layout().units) max_unit = std::max(max_unit, u.num_elements);
-  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(2, max_unit));
   PipelineOptions o;
   o.tokens_per_micro_batch = 24;
   o.objective.kind = ObjectiveKind::kPreference;
-  absl::StatusOr<std::unique_ptr<Pipeline>> p =
-      Pipeline::Create(c, store.get(), pool.get(), be.get(), o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  Harness h(c, o);
+  ASSERT_NE(h.pipeline, nullptr);
+  Backend* be = h.be.get();
+  HostStore* store = h.store.get();
+  GradSlabPool* pool = h.pool.get();
+  Pipeline* p = h.pipeline.get();
   PairBatch b = TwoPackedPairs(c.vocab_size, 0);
-  RecordingSink sink(be.get(), pool.get(), store->num_units());
-  absl::StatusOr<StepResult> r = (*p)->Step({b.batch}, &sink);
+  RecordingSink sink(be, pool, store->num_units());
+  absl::StatusOr<StepResult> r = p->Step({b.batch}, &sink);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   AttachSequences({0, 0, 0, 0}, 0.5, 0, &b);
   b.batch.sequence[5] = 4;  // pairs 0 and 1 only: sequences 0..3
-  r = (*p)->Step({b.batch}, &sink);
+  r = p->Step({b.batch}, &sink);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("names sequence 4"), std::string::npos) << r.status();
 }
