@@ -125,6 +125,12 @@ struct LoraConfig {
   double Scale() const;
 };
 
+// dpo.loss: DPO's sigmoid loss (with label smoothing: conservative DPO), IPO, or the hinge
+// (SLiC), as TRL names them (engine/layers/preference_loss.h).
+enum class DpoLoss { kSigmoid, kIpo, kHinge };
+// dpo.truncation: a sequence over dpo.max_length keeps its first tokens or its last.
+enum class DpoTruncation { kKeepStart, kKeepEnd };
+
 // What a job does: train (the default), complete prompts (generate), or complete them and
 // score exact match against each prompt's answer (eval).
 enum class JobKind { kTrain, kGenerate, kEval };
@@ -181,6 +187,20 @@ struct JobSpec {
   // train.freeze: patterns of the tensors that stay as they are (engine/model/freeze.h):
   // bf16 alone in host memory, no gradient, no optimizer state (docs/adapters.md).
   std::vector<std::string> freeze;
+  // dpo: a preference job (direct preference optimization and its variants): data.path
+  // holds {prompt, chosen, rejected} pairs (TRL's layout, engine/data/preference.h); the
+  // reference's log-probabilities come from one forward-only pass with the starting
+  // weights, kept in checkpoint.dir (engine/job/preference_pass.h).
+  struct Dpo {
+    bool enabled = false;
+    double beta = 0.1;              // the KL penalty's weight (IPO: its tau)
+    DpoLoss loss = DpoLoss::kSigmoid;
+    double label_smoothing = 0;     // sigmoid only, in [0, 0.5)
+    double rpo_alpha = 0;           // the chosen completions' NLL beside (RPO; 0: none)
+    bool reference_free = false;    // no reference: its log-probabilities are 0
+    int64_t max_length = 0;         // each sequence's tokens at most; 0: data.seq_len
+    DpoTruncation truncation = DpoTruncation::kKeepStart;
+  } dpo;
   LoraConfig lora;  // lora: adapters (rank 0: none), model/lora.h
   // lora.adapter: a PEFT adapter folder the adapters start from ("": drawn from lora.init).
   std::string lora_adapter;
@@ -235,6 +255,8 @@ const char* SpecName(MomentDType value);
 const char* SpecName(Bf16Copy value);
 const char* SpecName(JobKind value);  // "train" | "generate" | "eval"
 const char* SpecName(LoraInit value);  // "default" | "gaussian"
+const char* SpecName(DpoLoss value);   // "sigmoid" | "ipo" | "hinge"
+const char* SpecName(DpoTruncation value);  // "keep_start" | "keep_end"
 // The value of E named `name`: InvalidArgument "<field> must be one of a, b, c; got 'x'"
 // otherwise. Defined for every E that SpecName takes.
 template <typename E>
@@ -360,7 +382,16 @@ struct EvalReport {
 struct StepReport {
   int64_t step = 0;          // steps completed, this one included
   int64_t total_steps = 0;
-  double loss = 0;           // the LM loss
+  double loss = 0;           // the LM loss; a DPO job's: its preference loss (RPO's included)
+  // A DPO job's step, as TRL names it: rewards/chosen, rewards/rejected (beta times each
+  // completion's log-ratio to the reference, the step's mean), rewards/accuracies (the share
+  // of pairs whose chosen reward is higher), rewards/margins, logps/chosen, logps/rejected.
+  bool has_preference = false;
+  struct Preference {
+    double rewards_chosen = 0, rewards_rejected = 0, rewards_accuracies = 0;
+    double rewards_margins = 0, logps_chosen = 0, logps_rejected = 0;
+    int64_t pairs = 0;       // in the step
+  } preference;
   // MoE models: the load-balancing loss (unweighted) and its weight in the trained loss.
   bool has_aux_loss = false;
   double aux_loss = 0;

@@ -9,9 +9,11 @@
 #include "engine/backend/devices.h"
 #include "engine/backend/factory.h"
 #include "engine/common/status.h"
+#include "engine/data/preference_set.h"
 #include "engine/data/tokenizer.h"
 #include "engine/job/eval_set.h"
 #include "engine/job/inputs.h"
+#include "engine/job/preference_pass.h"
 #include "engine/model/freeze.h"
 #include "engine/model/lora.h"
 #include "engine/model/layout.h"
@@ -50,6 +52,8 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.nvme_dir = spec.nvme_dir;
   r.nvme_layers = spec.nvme_dir.empty() ? 0 : spec.nvme_layers;
   r.eval_rows = spec.eval.path.empty() ? 0 : (spec.eval.max_rows > 0 ? spec.eval.max_rows : -1);
+  // A DPO job's reference pass: as many micro-batches at once as fit.
+  if (spec.dpo.enabled && !spec.dpo.reference_free) r.eval_rows = -1;
   r.freeze = spec.freeze;
   r.lora = spec.lora;
   return r;
@@ -149,9 +153,46 @@ absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
 
 namespace {
 
+// A DPO job's pairs (data.path, TRL's layout), tokenized with the data's tokenizer and chat
+// template, each sequence cut to dpo.max_length (data.seq_len when 0).
+absl::Status SetUpPairs(const JobSpec& spec, const Tokenizer& tokenizer, JobParts* p) {
+  JobSpec chat_spec = spec;  // the chat template's resolution, as for a chat format
+  chat_spec.data_format = DataFormat::kMessages;
+  ASSIGN_OR_RETURN(const DatasetOptions data,
+                   JobDatasetOptions(chat_spec, p->tokenizer_dir, p->config.vocab_size));
+  PreferenceSetOptions o;
+  o.path = spec.data_path;
+  o.chat = data.chat;
+  o.chat_options = data.chat_options;
+  o.max_length = spec.dpo.max_length > 0 ? spec.dpo.max_length : spec.seq_len;
+  o.truncation = spec.dpo.truncation == DpoTruncation::kKeepEnd ? PreferenceTruncation::kKeepEnd
+                                                                 : PreferenceTruncation::kKeepStart;
+  o.skip_bad_lines = spec.on_bad_line == OnBadLine::kSkip;
+  ASSIGN_OR_RETURN(PreferenceSet set, LoadPreferenceSet(o, tokenizer));
+  p->dataset_stats = set.stats;
+  p->pairs = set.pairs;
+  p->pairs_fingerprint = set.fingerprint;
+  p->pair_pad_id = JobPackOptions(spec, tokenizer, p->config.vocab_size).pad_id;
+  p->pair_stream =
+      std::make_unique<PairStream>(set.pairs, spec.seq_len, spec.data_seed, p->pair_pad_id);
+  return absl::OkStatus();
+}
+
 absl::Status SetUpData(const JobSpec& spec, JobParts* p) {
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &p->tokenizer_dir));
   const int64_t vocab = p->config.vocab_size;
+  if (spec.dpo.enabled) {
+    if (spec.devices > 1 || !spec.eval.path.empty()) {
+      return absl::InvalidArgumentError(
+          "dpo: a preference job runs on one device (train.devices: 1) and without eval.path");
+    }
+    if (vocab < tokenizer->vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.tokenizer: the ", tokenizer->name(), " tokenizer has ", tokenizer->vocab_size(),
+          " ids; the model's vocab_size is ", vocab));
+    }
+    return SetUpPairs(spec, *tokenizer, p);
+  }
   // Pre-tokenized ids are checked against the model's vocabulary, not the tokenizer's.
   if (spec.data_format != DataFormat::kTokens && vocab < tokenizer->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -172,6 +213,24 @@ absl::Status SetUpData(const JobSpec& spec, JobParts* p) {
   return absl::OkStatus();
 }
 
+// A DPO job's pairs each fit a micro-batch of `rows` rows: with one row, a pair's two
+// sequences share it.
+absl::Status CheckPairsFit(const JobSpec& spec, const std::vector<SequencePair>& pairs,
+                           int64_t rows) {
+  if (rows >= 2) return absl::OkStatus();  // each sequence is at most data.seq_len
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    const size_t tokens = pairs[k].first.ids.size() + pairs[k].second.ids.size();
+    if (static_cast<int64_t>(tokens) > spec.seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dpo: pair ", k + 1, " of ", spec.data_path, " is ", tokens, " tokens, more than one row "
+          "of data.seq_len (", spec.seq_len, ") holds, and the plan has one row a micro-batch: "
+          "set train.micro_batch_rows to 2 or more, or dpo.max_length to at most ",
+          spec.seq_len / 2));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The plan: micro-batch, checkpoints, weight slots (engine/plan/planner.h), for this
 // device's share of the step when there are several. resume: the trainer state of the
 // checkpoint the job resumes from (ResumeState), whose split of a step the plan keeps when
@@ -187,7 +246,8 @@ absl::Status SetUpPlan(const JobSpec& spec, const std::optional<TrainerState>& r
                                              &request, &resume_note));
   p->plan_text = DescribePlan(p->plan, request, p->profile) + resume_note + frozen +
                  p->replicas->DescribeReduction();
-  return absl::OkStatus();
+  return p->pairs != nullptr ? CheckPairsFit(spec, *p->pairs, p->plan.micro_batch_rows)
+                             : absl::OkStatus();
 }
 
 // The host store, and the gradient slabs of the first device; what crosses PCIe (the
@@ -232,6 +292,14 @@ absl::Status SetUpPipelines(const JobSpec& spec, JobParts* p) {
   PipelineOptions pipeline_options = PipelineOptionsOf(plan, spec.seq_len);
   pipeline_options.record_timeline = true;  // per-stream busy time for the metrics
   pipeline_options.router_aux_loss_coef = spec.router_aux_loss_coef;
+  if (spec.dpo.enabled) {
+    const PreferenceOptions dpo = PreferenceOptionsOf(spec.dpo);
+    ObjectiveOptions& o = pipeline_options.objective;
+    o.kind = ObjectiveKind::kPreference;
+    o.preference_loss = dpo.loss;
+    o.beta = dpo.beta;
+    o.label_smoothing = dpo.label_smoothing;
+  }
   pipeline_options.collective = p->replicas->collective(0);
   ASSIGN_OR_RETURN(p->pipeline, Pipeline::Create(p->config, p->store.get(), p->slabs.get(),
                                                  p->backend.get(), pipeline_options));
@@ -276,7 +344,9 @@ absl::Status Restore(const JobSpec& spec, const std::string& newest, JobParts* p
     if (saved.spec_fingerprint != state.spec_fingerprint) {
       return AnotherJobsCheckpoints(spec, saved.spec_fingerprint);
     }
-    RETURN_IF_ERROR(Annotate(p->packer->Seek(saved.data), "resuming the data position"));
+    RETURN_IF_ERROR(Annotate(p->packer != nullptr ? p->packer->Seek(saved.data)
+                                                  : p->pair_stream->Seek(saved.data),
+                             "resuming the data position"));
     state = saved;
     p->resumed_from_step = saved.step;
     p->last_saved_step = saved.step;

@@ -16,6 +16,7 @@
 #include "engine/common/backend.h"
 #include "engine/data/dataset.h"
 #include "engine/data/packer.h"
+#include "engine/data/pair_stream.h"
 #include "engine/job/replicas.h"
 #include "engine/job/spec.h"
 #include "engine/model/config.h"
@@ -44,7 +45,13 @@ struct JobParts {
   std::unique_ptr<GradSlabPool> slabs;  // the first device's: the optimizer's
   std::unique_ptr<Pipeline> pipeline;   // the first device's
   std::unique_ptr<HostOptimizer> optimizer;
-  std::unique_ptr<Packer> packer;
+  std::unique_ptr<Packer> packer;       // a training job's data (null for a DPO job)
+  // A DPO job's (JobSpec::dpo; null otherwise): its pairs in training order, and what the
+  // reference cache is tied to (the pairs' fingerprint).
+  std::unique_ptr<PairStream> pair_stream;
+  std::shared_ptr<const std::vector<SequencePair>> pairs;
+  uint64_t pairs_fingerprint = 0;
+  int32_t pair_pad_id = 0;  // the input id of a pair micro-batch's padding
   Plan plan;
   std::string plan_text;     // the plan in words, with the resume, NUMA and reduce notes
   MachineProfile profile;    // what the plan was made with

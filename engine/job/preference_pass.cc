@@ -3,10 +3,33 @@
 #include <algorithm>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "engine/common/check.h"
 #include "engine/common/status.h"
+#include "nlohmann/json.hpp"
 
 namespace megatrain {
+
+PreferenceOptions PreferenceOptionsOf(const JobSpec::Dpo& dpo) {
+  PreferenceOptions o;
+  o.beta = dpo.beta;
+  o.loss = dpo.loss == DpoLoss::kIpo     ? PreferenceLoss::kIpo
+           : dpo.loss == DpoLoss::kHinge ? PreferenceLoss::kHinge
+                                         : PreferenceLoss::kSigmoid;
+  o.label_smoothing = dpo.label_smoothing;
+  o.rpo_alpha = dpo.rpo_alpha;
+  return o;
+}
+
+std::string ReferenceFingerprint(const JobSpec& spec, uint64_t pairs_fingerprint) {
+  const nlohmann::json j = {{"model_path", spec.model_path},
+                            {"model_config", spec.model_config_json},
+                            {"init_seed", spec.init_seed},
+                            {"lora_adapter", spec.lora_adapter},
+                            {"seq_len", spec.seq_len},
+                            {"pairs", absl::StrCat(absl::Hex(pairs_fingerprint))}};
+  return j.dump();
+}
 
 absl::Status RunReferencePass(Pipeline* pipeline, const std::vector<SequencePair>& pairs,
                               int64_t rows, int64_t seq_len, int32_t pad_id,

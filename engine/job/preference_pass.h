@@ -9,15 +9,24 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "engine/data/pair_stream.h"
+#include "engine/engine.h"
 #include "engine/job/reference_logps.h"
 #include "engine/layers/preference_loss.h"
 #include "engine/pipeline/pipeline.h"
 
 namespace megatrain {
+
+// The losses' options a job's dpo section names.
+PreferenceOptions PreferenceOptionsOf(const JobSpec::Dpo& dpo);
+
+// What a job's reference values are tied to: the starting weights (the model folder, or
+// its config and init seed; a LoRA job's starting adapter) and the pairs as cut.
+std::string ReferenceFingerprint(const JobSpec& spec, uint64_t pairs_fingerprint);
 
 // Runs the reference pass from cache->done() on: packs the pairs (in dataset order) into
 // micro-batches of rows x seq_len, evaluates them on `pipeline` a group of

@@ -754,6 +754,8 @@ MT_SPEC_VALUES(MomentDType, MomentDType::kF32, MomentDType::kBF16, MomentDType::
 MT_SPEC_VALUES(Bf16Copy, Bf16Copy::kAuto, Bf16Copy::kYes, Bf16Copy::kNo)
 MT_SPEC_VALUES(JobKind, JobKind::kTrain, JobKind::kGenerate, JobKind::kEval)
 MT_SPEC_VALUES(LoraInit, LoraInit::kDefault, LoraInit::kGaussian)
+MT_SPEC_VALUES(DpoLoss, DpoLoss::kSigmoid, DpoLoss::kIpo, DpoLoss::kHinge)
+MT_SPEC_VALUES(DpoTruncation, DpoTruncation::kKeepStart, DpoTruncation::kKeepEnd)
 #undef MT_SPEC_VALUES
 
 // auto | device | host, for the enums that offer those three.
@@ -793,6 +795,13 @@ const char* SpecName(JobKind value) {
   }
 }
 const char* SpecName(LoraInit value) { return LoraInitName(value); }
+const char* SpecName(DpoLoss value) {
+  constexpr const char* kNames[] = {"sigmoid", "ipo", "hinge"};
+  return kNames[static_cast<int>(value)];
+}
+const char* SpecName(DpoTruncation value) {
+  return value == DpoTruncation::kKeepEnd ? "keep_end" : "keep_start";
+}
 const char* SpecName(Bf16Copy value) {
   return value == Bf16Copy::kYes ? "yes" : value == Bf16Copy::kNo ? "no" : "auto";
 }
@@ -821,6 +830,8 @@ template absl::StatusOr<MomentDType> ParseSpecName(absl::string_view, absl::stri
 template absl::StatusOr<Bf16Copy> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<JobKind> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<LoraInit> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<DpoLoss> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<DpoTruncation> ParseSpecName(absl::string_view, absl::string_view);
 
 std::string TokenizerText(const JobSpec& spec) {
   return spec.tokenizer == TokenizerSource::kFile ? spec.tokenizer_path : SpecName(spec.tokenizer);
@@ -851,6 +862,15 @@ std::string JobSpec::Fingerprint() const {
     j["lora_init"] = SpecName(lora.init);
     j["lora_adapter"] = lora_adapter;
   }
+  if (dpo.enabled) {  // what decides a preference job's steps and its reference
+    j["dpo_beta"] = dpo.beta;
+    j["dpo_loss"] = SpecName(dpo.loss);
+    j["dpo_label_smoothing"] = dpo.label_smoothing;
+    j["dpo_rpo_alpha"] = dpo.rpo_alpha;
+    j["dpo_reference_free"] = dpo.reference_free;
+    j["dpo_max_length"] = dpo.max_length;
+    j["dpo_truncation"] = SpecName(dpo.truncation);
+  }
   return j.dump();
 }
 
@@ -868,6 +888,10 @@ std::vector<std::string> FingerprintDifferences(const std::string& there,
       {"lora_rank", "lora.rank"},         {"lora_alpha", "lora.alpha"},
       {"lora_rslora", "lora.rslora"},     {"lora_target_modules", "lora.target_modules"},
       {"lora_init", "lora.init"},         {"lora_adapter", "lora.adapter"},
+      {"dpo_beta", "dpo.beta"},           {"dpo_loss", "dpo.loss"},
+      {"dpo_label_smoothing", "dpo.label_smoothing"}, {"dpo_rpo_alpha", "dpo.rpo_alpha"},
+      {"dpo_reference_free", "dpo.reference_free"},   {"dpo_max_length", "dpo.max_length"},
+      {"dpo_truncation", "dpo.truncation"},
       {"rows_per_step", "sequences per step"}};
   const nlohmann::json a = nlohmann::json::parse(there, nullptr, /*allow_exceptions=*/false);
   const nlohmann::json b = nlohmann::json::parse(here, nullptr, /*allow_exceptions=*/false);

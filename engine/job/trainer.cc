@@ -1,10 +1,15 @@
 #include "engine/job/trainer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "engine/common/status.h"
 #include "engine/job/eval_set.h"
+#include "engine/job/inputs.h"
+#include "engine/job/preference_pass.h"
 #include "engine/model/lora.h"
 #include "engine/optim/schedule.h"
 
@@ -49,7 +54,38 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec,
   }
   t->checkpoints_ = std::make_unique<JobCheckpoints>(checkpoints, &p.config, p.store.get(),
                                                      p.optimizer.get(), p.last_saved_step);
+  if (spec.dpo.enabled && !spec.dpo.reference_free) {
+    const std::string folder = JobDataCacheDir(spec);
+    std::error_code error;
+    std::filesystem::create_directories(folder, error);
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dpo: cannot create ", folder, " for the reference's values: ",
+                       error.message()));
+    }
+    const std::string path = (std::filesystem::path(folder) / "reference_logps.json").string();
+    ASSIGN_OR_RETURN(ReferenceLogps ref,
+                     ReferenceLogps::Open(path, ReferenceFingerprint(spec, p.pairs_fingerprint),
+                                          static_cast<int64_t>(p.pairs->size())));
+    t->reference_ = std::make_unique<ReferenceLogps>(std::move(ref));
+  }
   return t;
+}
+
+absl::Status Trainer::EnsureReference() {
+  if (reference_ == nullptr || reference_->complete()) return absl::OkStatus();
+  if (state_.step > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dpo: the reference log-probabilities (", JobDataCacheDir(spec_),
+        "/reference_logps.json) are incomplete after ", state_.step,
+        " steps; they come from the starting weights: restore the file, or start the job "
+        "afresh"));
+  }
+  JobParts& p = *parts_;
+  return RunReferencePass(p.pipeline.get(), *p.pairs, p.plan.micro_batch_rows, spec_.seq_len,
+                          p.pair_pad_id,
+                          std::max<int64_t>(1, p.pipeline->eval_micro_batches()),
+                          reference_.get());
 }
 
 absl::StatusOr<StepReport> Trainer::Step() {
@@ -59,15 +95,29 @@ absl::StatusOr<StepReport> Trainer::Step() {
   if (state_.step == 0 && EvaluatesAfter(spec_, 0)) {  // the starting point
     ASSIGN_OR_RETURN(evals.emplace_back(), Evaluate());
   }
+  RETURN_IF_ERROR(EnsureReference());
   CheckpointOutcomes checkpoints;
   const double checkpoint_wait = checkpoints_->BeforeStep(step, &checkpoints);
   double lr = 0;
   absl::StatusOr<StepResult> result = RunStep(step, &lr);
   if (!result.ok()) return result.status();
   state_.step = step;
-  state_.data = parts_->packer->position();
-  state_.last_loss = result->loss;
+  state_.data = parts_->packer != nullptr ? parts_->packer->position()
+                                          : parts_->pair_stream->position();
   StepReport report = reporter_->Report(*result, step, lr, checkpoint_wait);
+  if (spec_.dpo.enabled) {
+    const PreferenceStep dpo = PreferenceStepMetrics(pair_step_, result->token_values,
+                                                     reference_.get(),
+                                                     PreferenceOptionsOf(spec_.dpo));
+    const PreferenceMetrics& m = dpo.metrics;
+    report.loss = m.loss;
+    report.has_preference = true;
+    report.preference = StepReport::Preference{m.rewards_chosen,     m.rewards_rejected,
+                                               m.rewards_accuracies, m.rewards_margins,
+                                               m.logps_chosen,       m.logps_rejected,
+                                               m.pairs};
+  }
+  state_.last_loss = report.loss;
   RETURN_IF_ERROR(checkpoints_->AfterStep(state_, &checkpoints));
   report.checkpoint_paths = std::move(checkpoints.paths);
   report.checkpoint_error = std::move(checkpoints.error);
@@ -100,9 +150,14 @@ absl::StatusOr<EvalReport> Trainer::Evaluate() {
 
 absl::StatusOr<StepResult> Trainer::RunStep(int64_t step, double* lr) {
   JobParts& p = *parts_;
-  // In data order: the first device's share, then the next's (as one device would).
-  for (MicroBatch& b : batches_) p.packer->Next(p.plan.micro_batch_rows, &b);
-  p.replicas->NextBatches(p.packer.get(), p.plan.micro_batch_rows);
+  if (p.pair_stream != nullptr) {  // a DPO job (one device): the step's pairs
+    pair_step_ = p.pair_stream->NextStep(p.plan.micro_batches, p.plan.micro_batch_rows);
+    batches_ = PreferenceStepBatches(&pair_step_, reference_.get(), PreferenceOptionsOf(spec_.dpo));
+  } else {
+    // In data order: the first device's share, then the next's (as one device would).
+    for (MicroBatch& b : batches_) p.packer->Next(p.plan.micro_batch_rows, &b);
+    p.replicas->NextBatches(p.packer.get(), p.plan.micro_batch_rows);
+  }
   // An NVMe tier's I/O error in the last step's updates (they run on into this one).
   if (absl::Status s = p.optimizer->status(); !s.ok()) {
     step_failed_ = true;

@@ -25,6 +25,7 @@
 #include "engine/job/background_checkpoint.h"
 #include "engine/job/job_checkpoints.h"
 #include "engine/job/job_setup.h"
+#include "engine/job/reference_logps.h"
 #include "engine/job/spec.h"
 #include "engine/job/step_reporter.h"
 #include "engine/model/config.h"
@@ -115,9 +116,16 @@ class Trainer {
   // optimizer's step, the pipelines. `*lr`: the step's learning rate.
   [[nodiscard]] absl::StatusOr<StepResult> RunStep(int64_t step, double* lr);
 
+  // A DPO job's reference values before its first step: the cache file's, computed by the
+  // reference pass where it is not complete (FailedPrecondition once steps have run).
+  [[nodiscard]] absl::Status EnsureReference();
+
   JobSpec spec_;
   std::unique_ptr<JobParts> parts_;
   std::vector<MicroBatch> batches_;  // the first device's share of a step
+  // A DPO job's: the step's pairs, and the reference's values (null: reference-free).
+  std::vector<PairBatch> pair_step_;
+  std::unique_ptr<ReferenceLogps> reference_;
   std::vector<MicroBatch> eval_batches_;  // the eval set (eval_set.h)
   TrainerState state_;
   bool step_failed_ = false;  // a step returned an error (its updates may be half done)

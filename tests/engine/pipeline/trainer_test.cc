@@ -786,3 +786,107 @@ TEST(Trainer, CheckpointFolderOfAnotherJobIsRefused) {
 
 }  // namespace
 }  // namespace megatrain
+
+namespace megatrain {
+namespace {
+
+// Pairs a tiny model can learn to tell apart: the chosen answer counts on, the rejected
+// one repeats the question's last digit.
+std::string PreferencePairs() {
+  std::string out;
+  for (int k = 0; k < 8; ++k) {
+    const std::string q = "count: " + std::to_string(k) + std::to_string(k + 1) + " ";
+    out += "{\"prompt\": \"" + q + "\", \"chosen\": \"" + std::to_string((k + 2) % 10) +
+           std::to_string((k + 3) % 10) + "\", \"rejected\": \"" + std::to_string((k + 1) % 10) +
+           std::to_string((k + 1) % 10) + "\"}\n";
+  }
+  return out;
+}
+
+// A DPO job (JobSpec::dpo, sigmoid, beta 0.1) over PreferencePairs.
+absl::StatusOr<std::unique_ptr<Trainer>> MakeDpo(const std::string& dir, int steps,
+                                                 const std::string& checkpoint = "") {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(Spec(dir, steps, "", checkpoint), dir);
+  if (!spec.ok()) return spec.status();
+  spec->dpo.enabled = true;
+  spec->schedule.lr = 5e-3;
+  return Trainer::Create(*spec);
+}
+
+// The first step, on the reference's own weights, has every reward 0 and the sigmoid loss
+// ln 2; the job then learns the chosen answers (its rewards/accuracies reach 1), and the
+// reference pass's values are kept in the data cache.
+TEST(Trainer, PreferenceJobStartsAtLn2AndLearnsTheChosenAnswers) {
+  const std::string dir = TempDir("dpo");
+  WriteFile(dir + "/data.jsonl", PreferencePairs());
+  absl::StatusOr<std::unique_ptr<Trainer>> t = MakeDpo(dir, 16, "checkpoint: {dir: out}\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<StepReport> reports;
+  while (!(*t)->done()) {
+    absl::StatusOr<StepReport> r = (*t)->Step();
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_preference);
+    reports.push_back(*r);
+  }
+  EXPECT_NEAR(reports[0].loss, std::log(2.0), 1e-6);
+  EXPECT_NEAR(reports[0].preference.rewards_margins, 0.0, 1e-6);
+  EXPECT_GT(reports[0].preference.pairs, 0);
+  EXPECT_LT(reports.back().loss, 0.6);
+  EXPECT_GE(reports.back().preference.rewards_accuracies, 0.9);
+  EXPECT_GT(reports.back().preference.rewards_margins, 0.0);
+  EXPECT_TRUE(fs::exists(dir + "/out/data-cache/reference_logps.json"));
+}
+
+// A DPO job stopped and started again resumes its pairs' order and keeps its reference
+// values (the file is not written again): its checkpoint is the bits of one that ran on.
+// Without the reference file once steps have run, it refuses to go on rather than take the
+// trained weights for the reference.
+TEST(Trainer, PreferenceJobResumesExactlyAndKeepsItsReference) {
+  const std::string dir = TempDir("dpo_resume");
+  WriteFile(dir + "/data.jsonl", PreferencePairs());
+  auto run = [&](int steps, const std::string& out) {
+    absl::StatusOr<std::unique_ptr<Trainer>> t =
+        MakeDpo(dir, steps, "checkpoint: {dir: " + out + ", every_steps: 3}\n");
+    ASSERT_TRUE(t.ok()) << t.status();
+    while (!(*t)->done()) ASSERT_TRUE((*t)->Step().ok());
+  };
+  run(6, "straight");
+  run(3, "split");
+  const std::string ref = dir + "/split/data-cache/reference_logps.json";
+  const std::string saved = ReadFile(ref);
+  const fs::file_time_type written = fs::last_write_time(ref);
+  run(6, "split");
+  EXPECT_EQ(fs::last_write_time(ref), written);
+  EXPECT_EQ(ReadFile(ref), saved);
+  EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-6", dir + "/split/checkpoint-6"), 6);
+
+  fs::remove(ref);
+  absl::StatusOr<std::unique_ptr<Trainer>> t =
+      MakeDpo(dir, 9, "checkpoint: {dir: split, every_steps: 3}\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<StepReport> r = (*t)->Step();
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("reference_logps.json"), std::string::npos) << r.status();
+}
+
+// A pair whose two sequences cannot share the plan's one row is refused before any step,
+// naming it and the two ways out.
+TEST(Trainer, PreferencePairsLongerThanTheMicroBatchAreRefused) {
+  const std::string dir = TempDir("dpo_long");
+  WriteFile(dir + "/data.jsonl",
+            "{\"prompt\": \"a prompt of some twenty\", \"chosen\": \"yes\", "
+            "\"rejected\": \"no\"}\n");
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(Spec(dir, 2), dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->dpo.enabled = true;
+  spec->micro_batch_rows = 1;
+  spec->micro_batches = 4;
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(*spec);
+  ASSERT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("pair 1 of"), std::string::npos) << t.status();
+  EXPECT_NE(t.status().message().find("dpo.max_length to at most 16"), std::string::npos)
+      << t.status();
+}
+
+}  // namespace
+}  // namespace megatrain
