@@ -213,8 +213,14 @@ std::string FormatProgressLine(const v1::Progress& p, bool scored) {
       p.has_eval_loss() && std::isfinite(p.eval_loss())
           ? absl::StrFormat("  eval %.4f@%d", p.eval_loss(), p.eval_step())
           : "";
-  return absl::StrCat("step ", FormatStep(p), "  loss ", FormatLoss(p), aux, eval, "  ", rate,
-                      " tok/s  ETA ", eta);
+  // A DPO job: the share of pairs it ranks right and the reward margin.
+  const std::string dpo =
+      p.has_preference() ? absl::StrFormat("  acc %.2f  margin %.3f",
+                                           p.preference().rewards_accuracies(),
+                                           p.preference().rewards_margins())
+                         : "";
+  return absl::StrCat("step ", FormatStep(p), "  loss ", FormatLoss(p), aux, dpo, eval, "  ",
+                      rate, " tok/s  ETA ", eta);
 }
 
 std::string FormatProgressBar(const v1::Progress& p, int width, bool scored) {

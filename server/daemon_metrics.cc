@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,11 @@ namespace {
 using T = MetricsRegistry::Type;
 
 const char* kStreamNames[kNumStreams] = {"compute", "h2d", "d2h"};
+
+// A DPO job's step metrics, TRL's names with '_' for '/' (StepReport::Preference's order).
+constexpr const char* kPreferenceGauges[] = {"rewards_chosen",     "rewards_rejected",
+                                             "rewards_accuracies", "rewards_margins",
+                                             "logps_chosen",       "logps_rejected"};
 
 std::string StateName(v1::JobState s) {
   std::string name = v1::JobState_Name(s);
@@ -85,6 +91,10 @@ DaemonMetrics::DaemonMetrics(MetricsRegistry* registry, JobStore* store,
   r.Declare("megatrain_loss", T::kGauge, "Training loss of the last step (the LM loss).");
   r.Declare("megatrain_aux_loss", T::kGauge,
             "MoE models: the load-balancing loss of the last step (unweighted).");
+  for (const char* name : kPreferenceGauges) {
+    r.Declare(absl::StrCat("megatrain_dpo_", name), T::kGauge,
+              absl::StrCat("DPO jobs: TRL's ", name, " of the last step (its pairs' mean)."));
+  }
   r.Declare("megatrain_eval_loss", T::kGauge,
             "Mean loss of the last evaluation of the job's eval set (forward only).");
   r.Declare("megatrain_eval_perplexity", T::kGauge, "exp(megatrain_eval_loss).");
@@ -230,6 +240,14 @@ void DaemonMetrics::StepDone(const v1::Job& job, const StepReport& report) {
   if (options_.peak_tflops > 0) r.Set("megatrain_mfu_ratio", l, report.model_tflops / options_.peak_tflops);
   r.Set("megatrain_loss", l, report.loss);
   if (report.has_aux_loss) r.Set("megatrain_aux_loss", l, report.aux_loss);
+  if (report.has_preference) {
+    const StepReport::Preference& m = report.preference;
+    const double values[] = {m.rewards_chosen,  m.rewards_rejected, m.rewards_accuracies,
+                             m.rewards_margins, m.logps_chosen,     m.logps_rejected};
+    for (size_t i = 0; i < std::size(values); ++i) {
+      r.Set(absl::StrCat("megatrain_dpo_", kPreferenceGauges[i]), l, values[i]);
+    }
+  }
   if (!report.evals.empty()) {
     const EvalReport& e = report.evals.back();
     r.Set("megatrain_eval_loss", l, e.loss);

@@ -407,6 +407,14 @@ StepReport ReportFromReply(const internal::StepReply& r) {
   report.has_aux_loss = r.has_aux_loss();
   report.aux_loss = r.aux_loss();
   report.aux_loss_coef = r.aux_loss_coef();
+  if (r.has_preference()) {
+    const v1::Preference& p = r.preference();
+    report.has_preference = true;
+    report.preference = StepReport::Preference{p.rewards_chosen(),     p.rewards_rejected(),
+                                               p.rewards_accuracies(), p.rewards_margins(),
+                                               p.logps_chosen(),       p.logps_rejected(),
+                                               p.pairs()};
+  }
   report.lr = r.lr();
   report.grad_norm = r.grad_norm();
   report.tokens = r.tokens();
@@ -738,6 +746,17 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
   progress->set_total_steps(report.total_steps);
   progress->set_loss(report.loss);
   if (report.has_aux_loss) progress->set_aux_loss(report.aux_loss);
+  if (report.has_preference) {
+    const StepReport::Preference& m = report.preference;
+    v1::Preference* p = progress->mutable_preference();
+    p->set_rewards_chosen(m.rewards_chosen);
+    p->set_rewards_rejected(m.rewards_rejected);
+    p->set_rewards_accuracies(m.rewards_accuracies);
+    p->set_rewards_margins(m.rewards_margins);
+    p->set_logps_chosen(m.logps_chosen);
+    p->set_logps_rejected(m.logps_rejected);
+    p->set_pairs(m.pairs);
+  }
   progress->set_learning_rate(report.lr);
   progress->set_grad_norm(report.grad_norm);
   progress->set_tokens_per_second(report.tokens_per_second);
@@ -755,9 +774,15 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
         report.has_aux_loss ? absl::StrFormat(" aux_loss %.4f (x%g)", report.aux_loss,
                                               report.aux_loss_coef)
                             : "";
-    Log(job.id(), absl::StrFormat("step %d/%d loss %.4f%s lr %.3e grad_norm %.3f %.0f tok/s",
-                                  report.step, report.total_steps, report.loss, aux, report.lr,
-                                  report.grad_norm, report.tokens_per_second));
+    const std::string dpo =
+        report.has_preference
+            ? absl::StrFormat(" rewards/accuracies %.3f rewards/margins %.4f",
+                              report.preference.rewards_accuracies,
+                              report.preference.rewards_margins)
+            : "";
+    Log(job.id(), absl::StrFormat("step %d/%d loss %.4f%s%s lr %.3e grad_norm %.3f %.0f tok/s",
+                                  report.step, report.total_steps, report.loss, aux, dpo,
+                                  report.lr, report.grad_norm, report.tokens_per_second));
   }
   for (const EvalReport& e : report.evals) {
     Log(job.id(), absl::StrFormat("eval at step %d: loss %.4f perplexity %.3f (%d targets, "

@@ -46,7 +46,7 @@ absl::StatusOr<PreferenceSet> LoadPreferenceSet(const PreferenceSetOptions& opti
   DatasetStats& stats = set.stats;
   uint64_t fingerprint = 1469598103934665603ull;
   std::string line;
-  while (true) {
+  while (options.max_lines <= 0 || stats.lines < options.max_lines) {
     ASSIGN_OR_RETURN(const bool more, reader.Next(&line));
     if (!more) break;
     if (IsBlankLine(line)) continue;

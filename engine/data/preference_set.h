@@ -30,6 +30,7 @@ struct PreferenceSetOptions {
   PreferenceTruncation truncation = PreferenceTruncation::kKeepStart;
   bool skip_bad_lines = false;
   int64_t max_line_bytes = kMaxLineBytes;
+  int64_t max_lines = 0;  // read at most this many non-blank lines (0: the whole file)
 };
 
 struct PreferenceSet {

@@ -123,6 +123,24 @@ std::string JobDataCacheDir(const JobSpec& spec) {
   return (tmp / absl::StrCat("megatrain-data-cache-", ::getuid())).string();
 }
 
+absl::StatusOr<PreferenceSetOptions> JobPreferenceSetOptions(const JobSpec& spec,
+                                                             const std::string& tokenizer_dir,
+                                                             int64_t model_vocab_size) {
+  JobSpec chat_spec = spec;  // the chat template's resolution, as for a chat format
+  chat_spec.data_format = DataFormat::kMessages;
+  ASSIGN_OR_RETURN(const DatasetOptions data,
+                   JobDatasetOptions(chat_spec, tokenizer_dir, model_vocab_size));
+  PreferenceSetOptions o;
+  o.path = spec.data_path;
+  o.chat = data.chat;
+  o.chat_options = data.chat_options;
+  o.max_length = spec.dpo.max_length > 0 ? spec.dpo.max_length : spec.seq_len;
+  o.truncation = spec.dpo.truncation == DpoTruncation::kKeepEnd ? PreferenceTruncation::kKeepEnd
+                                                                 : PreferenceTruncation::kKeepStart;
+  o.skip_bad_lines = spec.on_bad_line == OnBadLine::kSkip;
+  return o;
+}
+
 PackOptions JobPackOptions(const JobSpec& spec, const Tokenizer& tokenizer,
                            int64_t model_vocab_size) {
   PackOptions p;
@@ -243,6 +261,12 @@ absl::Status ValidateJobInputs(const JobSpec& spec) {
   }
   std::string tokenizer_dir;
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &tokenizer_dir));
+  if (spec.dpo.enabled) {  // the first pairs, as the job will read them
+    ASSIGN_OR_RETURN(PreferenceSetOptions pairs,
+                     JobPreferenceSetOptions(spec, tokenizer_dir, config.vocab_size));
+    pairs.max_lines = kLinesCheckedAtSubmit;
+    return LoadPreferenceSet(pairs, *tokenizer).status();
+  }
   RETURN_IF_ERROR(CheckFirstLines(spec, "data", *tokenizer, tokenizer_dir, config.vocab_size));
   if (spec.eval.path.empty()) return absl::OkStatus();
   return CheckFirstLines(EvalDataSpec(spec), "eval", *tokenizer, tokenizer_dir,

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "engine/data/dataset.h"
 #include "engine/data/packer.h"
+#include "engine/data/preference_set.h"
 #include "engine/data/tokenizer.h"
 #include "engine/job/spec.h"
 #include "engine/model/config.h"
@@ -33,6 +34,11 @@ TokenizerSource ResolvedTokenizer(const JobSpec& spec);
 [[nodiscard]] absl::StatusOr<DatasetOptions> JobDatasetOptions(const JobSpec& spec,
                                                                const std::string& tokenizer_dir,
                                                                int64_t model_vocab_size);
+// A DPO job's data settings (JobSpec::dpo): data.path's pairs through the data's chat
+// template (resolved as for a chat format), each sequence cut to dpo.max_length
+// (data.seq_len when 0), bad lines as data.on_bad_line says.
+[[nodiscard]] absl::StatusOr<PreferenceSetOptions> JobPreferenceSetOptions(
+    const JobSpec& spec, const std::string& tokenizer_dir, int64_t model_vocab_size);
 // Where the job's tokenized dataset is cached (data.cache_dir or its default).
 std::string JobDataCacheDir(const JobSpec& spec);
 // Packing settings of the spec for this tokenizer (padding id: eos when the model has

@@ -153,21 +153,10 @@ absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
 
 namespace {
 
-// A DPO job's pairs (data.path, TRL's layout), tokenized with the data's tokenizer and chat
-// template, each sequence cut to dpo.max_length (data.seq_len when 0).
+// A DPO job's pairs (data.path, TRL's layout; JobPreferenceSetOptions).
 absl::Status SetUpPairs(const JobSpec& spec, const Tokenizer& tokenizer, JobParts* p) {
-  JobSpec chat_spec = spec;  // the chat template's resolution, as for a chat format
-  chat_spec.data_format = DataFormat::kMessages;
-  ASSIGN_OR_RETURN(const DatasetOptions data,
-                   JobDatasetOptions(chat_spec, p->tokenizer_dir, p->config.vocab_size));
-  PreferenceSetOptions o;
-  o.path = spec.data_path;
-  o.chat = data.chat;
-  o.chat_options = data.chat_options;
-  o.max_length = spec.dpo.max_length > 0 ? spec.dpo.max_length : spec.seq_len;
-  o.truncation = spec.dpo.truncation == DpoTruncation::kKeepEnd ? PreferenceTruncation::kKeepEnd
-                                                                 : PreferenceTruncation::kKeepStart;
-  o.skip_bad_lines = spec.on_bad_line == OnBadLine::kSkip;
+  ASSIGN_OR_RETURN(const PreferenceSetOptions o,
+                   JobPreferenceSetOptions(spec, p->tokenizer_dir, p->config.vocab_size));
   ASSIGN_OR_RETURN(PreferenceSet set, LoadPreferenceSet(o, tokenizer));
   p->dataset_stats = set.stats;
   p->pairs = set.pairs;
@@ -182,10 +171,6 @@ absl::Status SetUpData(const JobSpec& spec, JobParts* p) {
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &p->tokenizer_dir));
   const int64_t vocab = p->config.vocab_size;
   if (spec.dpo.enabled) {
-    if (spec.devices > 1 || !spec.eval.path.empty()) {
-      return absl::InvalidArgumentError(
-          "dpo: a preference job runs on one device (train.devices: 1) and without eval.path");
-    }
     if (vocab < tokenizer->vocab_size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "data.tokenizer: the ", tokenizer->name(), " tokenizer has ", tokenizer->vocab_size(),

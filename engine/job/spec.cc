@@ -256,7 +256,7 @@ absl::Status ParseGenerate(Section& top, const std::string& base_dir, JobSpec* s
                                                    " needs a 'generate' section (its prompts)"));
   }
   if (!top.Get("generate").IsMap()) return top.Error("generate", "must be a mapping");
-  for (const char* training_only : {"data", "eval", "train", "optimizer", "lora"}) {
+  for (const char* training_only : {"data", "eval", "train", "optimizer", "lora", "dpo"}) {
     if (top.Has(training_only)) {
       return absl::InvalidArgumentError(absl::StrCat("a job of kind ", SpecName(spec->kind),
                                                      " has no '", training_only,
@@ -367,6 +367,23 @@ absl::Status ParseLora(Section& top, const std::string& base_dir, JobSpec* spec)
   return l.CheckNoUnknown();
 }
 
+// A preference job: the section's presence makes one (every field has a default).
+absl::Status ParseDpo(Section& top, JobSpec* spec) {
+  if (!top.Has("dpo")) return absl::OkStatus();
+  if (!top.Get("dpo").IsMap()) return top.Error("dpo", "must be a mapping");
+  Section d(top.Get("dpo"), "dpo");
+  JobSpec::Dpo& dpo = spec->dpo;
+  dpo.enabled = true;
+  RETURN_IF_ERROR(d.Double("beta", &dpo.beta));
+  RETURN_IF_ERROR(d.Enum("loss", &dpo.loss));
+  RETURN_IF_ERROR(d.Double("label_smoothing", &dpo.label_smoothing));
+  RETURN_IF_ERROR(d.Double("rpo_alpha", &dpo.rpo_alpha));
+  RETURN_IF_ERROR(d.Bool("reference_free", &dpo.reference_free));
+  RETURN_IF_ERROR(d.Int("max_length", &dpo.max_length));
+  RETURN_IF_ERROR(d.Enum("truncation", &dpo.truncation));
+  return d.CheckNoUnknown();
+}
+
 absl::Status ParseCheckpoint(Section& top, const std::string& base_dir, JobSpec* spec) {
   if (top.Has("checkpoint")) {
     if (!top.Get("checkpoint").IsMap()) return top.Error("checkpoint", "must be a mapping");
@@ -467,6 +484,7 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     RETURN_IF_ERROR(ParseTrain(top, spec));
     RETURN_IF_ERROR(ParseOptimizer(top, base_dir, spec));
     RETURN_IF_ERROR(ParseLora(top, base_dir, spec));
+    RETURN_IF_ERROR(ParseDpo(top, spec));
   } else {
     RETURN_IF_ERROR(ParseGenerate(top, base_dir, spec));
   }
@@ -605,6 +623,44 @@ absl::Status CheckLora(const JobSpec& s) {
   return absl::OkStatus();
 }
 
+// A preference job's settings, and what it cannot be combined with.
+absl::Status CheckDpo(const JobSpec& s) {
+  const JobSpec::Dpo& d = s.dpo;
+  if (!d.enabled) return absl::OkStatus();
+  if (s.kind != JobKind::kTrain) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a job of kind ", SpecName(s.kind), " has no 'dpo' section (only training jobs do)"));
+  }
+  if (!(d.beta > 0 && d.beta <= 1e3)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("dpo.beta must be in (0, 1000], got %.10g", d.beta));
+  }
+  if (!(d.label_smoothing >= 0 && d.label_smoothing < 0.5)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "dpo.label_smoothing must be in [0, 0.5), got %.10g", d.label_smoothing));
+  }
+  if (d.label_smoothing > 0 && d.loss != DpoLoss::kSigmoid) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dpo.label_smoothing belongs to the sigmoid loss; dpo.loss is ", SpecName(d.loss)));
+  }
+  RETURN_IF_ERROR(InRange("dpo.rpo_alpha", d.rpo_alpha, 0, 1e3));
+  if (d.max_length < 0 || d.max_length > s.seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dpo.max_length must be in [0, data.seq_len = ", s.seq_len, "] (0: data.seq_len), got ",
+        d.max_length));
+  }
+  if (s.data_format != DataFormat::kText) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.format is ", SpecName(s.data_format), "; a dpo job reads data.path as "
+        "{prompt, chosen, rejected} pairs: leave data.format out"));
+  }
+  if (s.devices > 1 || !s.eval.path.empty()) {
+    return absl::InvalidArgumentError(
+        "a dpo job runs on one device (train.devices: 1) and without eval.path");
+  }
+  return absl::OkStatus();
+}
+
 // The model, data and device the spec names: each given once, and consistent.
 absl::Status CheckSources(const JobSpec& s) {
   if (s.model_path.empty() == s.model_config_json.empty()) {
@@ -618,6 +674,7 @@ absl::Status CheckSources(const JobSpec& s) {
     }
   }
   RETURN_IF_ERROR(CheckLora(s));
+  RETURN_IF_ERROR(CheckDpo(s));
   if (s.kind != JobKind::kTrain) return CheckGenerate(s);
   if (s.data_path.empty()) {
     return absl::InvalidArgumentError("data.path is required (a JSONL file)");
@@ -1009,7 +1066,20 @@ void EmitLora(const JobSpec& s, YAML::Emitter* out) {
   *out << YAML::EndMap;
 }
 
-// The sections of a training job: data, eval, train, optimizer, lora.
+// A preference job's section, every field.
+void EmitDpo(const JobSpec::Dpo& d, YAML::Emitter* out) {
+  *out << YAML::Key << "dpo" << YAML::Value << YAML::BeginMap;
+  *out << YAML::Key << "beta" << YAML::Value << d.beta;
+  *out << YAML::Key << "loss" << YAML::Value << SpecName(d.loss);
+  *out << YAML::Key << "label_smoothing" << YAML::Value << d.label_smoothing;
+  *out << YAML::Key << "rpo_alpha" << YAML::Value << d.rpo_alpha;
+  *out << YAML::Key << "reference_free" << YAML::Value << d.reference_free;
+  *out << YAML::Key << "max_length" << YAML::Value << d.max_length;
+  *out << YAML::Key << "truncation" << YAML::Value << SpecName(d.truncation);
+  *out << YAML::EndMap;
+}
+
+// The sections of a training job: data, eval, train, optimizer, lora, dpo.
 void EmitTraining(const JobSpec& s, YAML::Emitter* out) {
   *out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   *out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << s.data_path;
@@ -1063,6 +1133,7 @@ void EmitTraining(const JobSpec& s, YAML::Emitter* out) {
   *out << YAML::Key << "nvme_layers" << YAML::Value << s.nvme_layers;
   *out << YAML::EndMap;
   if (s.lora.rank > 0) EmitLora(s, out);
+  if (s.dpo.enabled) EmitDpo(s.dpo, out);
 }
 
 

@@ -34,6 +34,11 @@
 //                target_modules: all-linear,  # or a list of q_proj .. down_proj
 //                init: default|gaussian, dropout: 0,  # only 0: adapters train without it
 //                adapter: ""}                 # a PEFT adapter folder to start from
+//   dpo:        {beta: 0.1, loss: sigmoid|ipo|hinge,  # a preference job (kind train):
+//                label_smoothing: 0, rpo_alpha: 0,     # data.path holds {prompt, chosen,
+//                reference_free: false,                # rejected} pairs (docs/dpo.md)
+//                max_length: 0,                        # a sequence's tokens; 0: seq_len
+//                truncation: keep_start|keep_end}
 //   checkpoint: {dir, every_steps, keep_last, max_shard_bytes, background}
 //   backend:    auto | cpu | cuda
 //   device_memory_cap_bytes: 0      # the most device memory the job may take; 0 = all free

@@ -26,7 +26,13 @@ void PrintReport(const megatrain::StepReport& r, int64_t log_every) {
                 e.perplexity, static_cast<long long>(e.targets), e.seconds, e.tokens_per_second);
   }
   if (r.step % log_every == 0 || r.step == 1 || r.step == r.total_steps) {
-    const std::string aux = r.has_aux_loss ? "  aux_loss " + std::to_string(r.aux_loss) : std::string();
+    std::string aux = r.has_aux_loss ? "  aux_loss " + std::to_string(r.aux_loss) : std::string();
+    if (r.has_preference) {  // a DPO job: TRL's step metrics
+      char dpo[160];
+      std::snprintf(dpo, sizeof(dpo), "  rewards/accuracies %.3f  rewards/margins %.4f",
+                    r.preference.rewards_accuracies, r.preference.rewards_margins);
+      aux += dpo;
+    }
     std::printf("step %5lld/%lld  loss %.4f%s  lr %.3e  grad_norm %.3f  %.0f tok/s  %.3f TFLOP/s\n",
                 static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
                 aux.c_str(), r.lr, r.grad_norm, r.tokens_per_second, r.model_tflops);

@@ -1782,5 +1782,89 @@ class LoraJobTest(DaemonTestCase):
                          ["shape"], [64, 16])
 
 
+def write_pairs(path, pairs=8, bad_line=None):
+    """Preference pairs a tiny model learns to tell apart: the chosen answer counts on, the
+    rejected one repeats the question's last digit. bad_line, when given, is written
+    second."""
+    lines = []
+    for k in range(pairs):
+        q = f"count: {k}{k + 1} "
+        lines.append(json.dumps({"prompt": q, "chosen": f"{(k + 2) % 10}{(k + 3) % 10}",
+                                 "rejected": f"{(k + 1) % 10}{(k + 1) % 10}"}))
+    if bad_line is not None:
+        lines.insert(1, bad_line)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+class DpoJobTest(DaemonTestCase):
+    """A DPO job end to end on the CPU: its reference pass and steps, TRL's metrics in the
+    status and the logs, a kill -9 resume that keeps the reference values and ends as an
+    uninterrupted run; bad pairs refused at submit naming the line."""
+
+    def dpo_spec(self, steps, name="dpo", every=4):
+        spec = make_spec(steps=steps, name=name, data="pairs.jsonl",
+                         checkpoint={"dir": f"{name}-ckpt", "every_steps": every})
+        spec["train"]["lr"] = 5.0e-3
+        spec["dpo"] = {"beta": 0.1}
+        return spec
+
+    def test_a_dpo_job_learns_reports_trls_metrics_and_resumes_after_kill9(self):
+        write_pairs(os.path.join(self.tmp, "pairs.jsonl"))
+        job_id = self.submit(self.dpo_spec(12), name="dpo.yaml")
+        self.watch_ok(job_id)
+        job = self.status(job_id)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        pref = job["progress"]["preference"]
+        self.assertGreaterEqual(float(pref["rewards_accuracies"]), 0.9)
+        self.assertGreater(float(pref["rewards_margins"]), 0)
+        texts = self.log_texts(job_id)
+        self.assertTrue(any("rewards/accuracies" in t for t in texts), texts)
+        self.assertTrue(os.path.exists(os.path.join(job["checkpoint_dir"], "data-cache",
+                                                    "reference_logps.json")))
+
+        steps = 40
+        spec = self.dpo_spec(steps, name="crashy", every=10)
+        crashy = self.submit(spec, name="crashy.yaml")
+        self.wait_running_at(crashy, 15)
+        ref = os.path.join(self.status(crashy)["checkpoint_dir"], "data-cache",
+                           "reference_logps.json")
+        with open(ref) as f:
+            values = f.read()
+        written = os.stat(ref).st_mtime_ns
+        self.daemon.kill9()
+        self.daemon.start()
+        self.watch_ok(crashy)
+        job = self.status(crashy)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        resumed = resumed_step(self.log_texts(crashy))
+        self.assertIsNotNone(resumed)
+        self.assertGreaterEqual(resumed, 10)
+        self.assertEqual(os.stat(ref).st_mtime_ns, written)  # reused, not computed again
+        with open(ref) as f:
+            self.assertEqual(f.read(), values)
+        self.run_local(dict(spec, checkpoint={"every_steps": 10, "dir": "ref"}), "ref.yaml")
+        self.assert_same_checkpoint(job["last_checkpoint"],
+                                    os.path.join(self.tmp, "ref", f"checkpoint-{steps}"))
+
+    def test_bad_pairs_are_refused_at_submit_naming_the_line(self):
+        def refused(bad_line, *words):
+            write_pairs(os.path.join(self.tmp, "pairs.jsonl"), bad_line=bad_line)
+            r = self.cli("submit", self.spec_file(self.dpo_spec(2), "bad-dpo.yaml"))
+            self.assertEqual(r.returncode, EXIT_USAGE, f"{r.stdout!r} {r.stderr!r}")
+            for w in ("pairs.jsonl:2",) + words:
+                self.assertIn(w, r.stderr)
+
+        refused(json.dumps({"prompt": "a", "chosen": "b"}), "rejected")
+        refused(json.dumps({"prompt": "a", "chosen": "same", "rejected": "same"}), "same")
+        refused("not json")
+        spec = self.dpo_spec(2)
+        spec["dpo"]["loss"] = "kto"
+        r = self.cli("submit", self.spec_file(spec, "bad-loss.yaml"))
+        self.assertEqual(r.returncode, EXIT_USAGE, r.stderr)
+        self.assertIn("dpo.loss", r.stderr)
+        write_pairs(os.path.join(self.tmp, "pairs.jsonl"))
+        self.watch_ok(self.submit(self.dpo_spec(2), name="dpo.yaml"))
+
 if __name__ == "__main__":
     unittest.main()

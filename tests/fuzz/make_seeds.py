@@ -55,6 +55,10 @@ for name, c in configs.items():
 put("job_spec", "minimal", "model:\n  config: {architectures: [LlamaForCausalLM], hidden_size: 32,"
     " intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 4,"
     " num_key_value_heads: 2, vocab_size: 300}\ndata:\n  path: train.jsonl\n")
+put("job_spec", "dpo", "model:\n  config: {architectures: [LlamaForCausalLM], hidden_size: 32,"
+    " intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 4,"
+    " num_key_value_heads: 2, vocab_size: 300}\ndata:\n  path: pairs.jsonl\n"
+    "dpo: {beta: 0.1, loss: ipo, rpo_alpha: 0.5, max_length: 128, truncation: keep_end}\n")
 put("job_spec", "full", """name: my-run
 model:
   path: /models/Llama-3.1-8B

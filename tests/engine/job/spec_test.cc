@@ -1101,3 +1101,60 @@ TEST(JobSpecFingerprintTest, DifferencesNameTheSpecFields) {
 
 }  // namespace
 }  // namespace megatrain
+
+namespace megatrain {
+namespace {
+
+std::string WithDpo(const std::string& fields) {
+  return MinimalSpec() + "dpo: {" + fields + "}\n";
+}
+
+TEST(JobSpecTest, DpoSectionParsesEveryFieldRoundTripsAndEntersTheFingerprint) {
+  absl::StatusOr<JobSpec> plain = ParseJobSpec(MinimalSpec(), "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->dpo.enabled);
+  EXPECT_EQ(JobSpecToYaml(*plain).find("\ndpo:"), std::string::npos);
+  absl::StatusOr<JobSpec> defaults = ParseJobSpec(WithDpo(""), "");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_TRUE(defaults->dpo.enabled);
+  EXPECT_EQ(defaults->dpo.beta, 0.1);
+  EXPECT_EQ(defaults->dpo.loss, DpoLoss::kSigmoid);
+  EXPECT_NE(defaults->Fingerprint(), plain->Fingerprint());
+
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      WithDpo("beta: 0.3, loss: ipo, rpo_alpha: 0.5, reference_free: true, max_length: 128, "
+              "truncation: keep_end"),
+      "");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->dpo.beta, 0.3);
+  EXPECT_EQ(spec->dpo.loss, DpoLoss::kIpo);
+  EXPECT_EQ(spec->dpo.rpo_alpha, 0.5);
+  EXPECT_TRUE(spec->dpo.reference_free);
+  EXPECT_EQ(spec->dpo.max_length, 128);
+  EXPECT_EQ(spec->dpo.truncation, DpoTruncation::kKeepEnd);
+  const std::string yaml = JobSpecToYaml(*spec);
+  absl::StatusOr<JobSpec> again = ParseJobSpec(yaml, "");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << yaml;
+  EXPECT_EQ(JobSpecToYaml(*again), yaml);
+  EXPECT_EQ(again->Fingerprint(), spec->Fingerprint());
+  EXPECT_THAT(FingerprintDifferences(defaults->Fingerprint(), spec->Fingerprint()),
+              ::testing::Contains(HasSubstr("dpo.beta")));
+}
+
+TEST(JobSpecTest, DpoSettingsOutOfRangeOrMisplacedAreRefusedNamingTheField) {
+  ExpectInvalid(WithDpo("beta: 0"), "dpo.beta");
+  ExpectInvalid(WithDpo("loss: kto"), "dpo.loss");
+  ExpectInvalid(WithDpo("label_smoothing: 0.5"), "dpo.label_smoothing");
+  ExpectInvalid(WithDpo("loss: hinge, label_smoothing: 0.1"), "dpo.label_smoothing");
+  ExpectInvalid(WithDpo("rpo_alpha: -1"), "dpo.rpo_alpha");
+  ExpectInvalid(WithDpo("max_length: 100000"), "dpo.max_length");
+  ExpectInvalid(WithDpo("reference: other"), "dpo.reference");
+  ExpectInvalid(MinimalSpec() + "dpo: 3\n", "dpo");
+  ExpectInvalid(WithDpo("") + "eval: {path: held.jsonl}\n", "eval.path");
+  ExpectInvalid(std::string("model:\n  config:") + kTinyConfigYaml +
+                    "data: {path: train.jsonl, format: alpaca}\ndpo: {}\n",
+                "data.format");
+}
+
+}  // namespace
+}  // namespace megatrain
