@@ -183,17 +183,13 @@ TEST(Pipeline, PreferenceStepRefusesMicroBatchesWithoutTheirSequences) {
   o.objective.kind = ObjectiveKind::kPreference;
   Harness h(c, o);
   ASSERT_NE(h.pipeline, nullptr);
-  Backend* be = h.be.get();
-  HostStore* store = h.store.get();
-  GradSlabPool* pool = h.pool.get();
-  Pipeline* p = h.pipeline.get();
   PairBatch b = TwoPackedPairs(c.vocab_size, 0);
-  RecordingSink sink(be, pool, store->num_units());
-  absl::StatusOr<StepResult> r = p->Step({b.batch}, &sink);
+  RecordingSink sink(h.be.get(), h.pool.get(), h.store->num_units());
+  absl::StatusOr<StepResult> r = h.pipeline->Step({b.batch}, &sink);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   AttachSequences({0, 0, 0, 0}, 0.5, 0, &b);
   b.batch.sequence[5] = 4;  // pairs 0 and 1 only: sequences 0..3
-  r = p->Step({b.batch}, &sink);
+  r = h.pipeline->Step({b.batch}, &sink);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("names sequence 4"), std::string::npos) << r.status();
 }
