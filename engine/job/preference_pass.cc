@@ -31,6 +31,15 @@ std::string ReferenceFingerprint(const JobSpec& spec, uint64_t pairs_fingerprint
   return j.dump();
 }
 
+std::string ReferenceFileName(const std::string& fingerprint) {
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char c : fingerprint) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return absl::StrCat("reference_logps-", absl::Hex(h, absl::kZeroPad16), ".json");
+}
+
 absl::Status RunReferencePass(Pipeline* pipeline, const std::vector<SequencePair>& pairs,
                               int64_t rows, int64_t seq_len, int32_t pad_id,
                               int64_t micro_batches_at_once, ReferenceLogps* cache,

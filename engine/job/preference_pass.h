@@ -27,6 +27,10 @@ PreferenceOptions PreferenceOptionsOf(const JobSpec::Dpo& dpo);
 // What a job's reference values are tied to: the starting weights (the model folder, or
 // its config and init seed; a LoRA job's starting adapter) and the pairs as cut.
 std::string ReferenceFingerprint(const JobSpec& spec, uint64_t pairs_fingerprint);
+// The file in the job's data cache holding them: reference_logps-<16 hex digits of the
+// fingerprint's FNV-1a>.json, so that jobs sharing a cache folder (the temporary one of
+// jobs without checkpoint.dir) keep theirs apart.
+std::string ReferenceFileName(const std::string& fingerprint);
 
 // Runs the reference pass from cache->done() on: packs the pairs (in dataset order) into
 // micro-batches of rows x seq_len, evaluates them on `pipeline` a group of

@@ -63,9 +63,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec,
           absl::StrCat("dpo: cannot create ", folder, " for the reference's values: ",
                        error.message()));
     }
-    const std::string path = (std::filesystem::path(folder) / "reference_logps.json").string();
+    const std::string fingerprint = ReferenceFingerprint(spec, p.pairs_fingerprint);
+    t->reference_path_ = (std::filesystem::path(folder) / ReferenceFileName(fingerprint)).string();
     ASSIGN_OR_RETURN(ReferenceLogps ref,
-                     ReferenceLogps::Open(path, ReferenceFingerprint(spec, p.pairs_fingerprint),
+                     ReferenceLogps::Open(t->reference_path_, fingerprint,
                                           static_cast<int64_t>(p.pairs->size())));
     t->reference_ = std::make_unique<ReferenceLogps>(std::move(ref));
   }
@@ -76,8 +77,8 @@ absl::Status Trainer::EnsureReference() {
   if (reference_ == nullptr || reference_->complete()) return absl::OkStatus();
   if (state_.step > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "dpo: the reference log-probabilities (", JobDataCacheDir(spec_),
-        "/reference_logps.json) are incomplete after ", state_.step,
+        "dpo: the reference log-probabilities (", reference_path_, ") are incomplete after ",
+        state_.step,
         " steps; they come from the starting weights: restore the file, or start the job "
         "afresh"));
   }

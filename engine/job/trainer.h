@@ -126,6 +126,7 @@ class Trainer {
   // A DPO job's: the step's pairs, and the reference's values (null: reference-free).
   std::vector<PairBatch> pair_step_;
   std::unique_ptr<ReferenceLogps> reference_;
+  std::string reference_path_;  // its file
   std::vector<MicroBatch> eval_batches_;  // the eval set (eval_set.h)
   TrainerState state_;
   bool step_failed_ = false;  // a step returned an error (its updates may be half done)

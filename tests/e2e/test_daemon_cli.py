@@ -1820,15 +1820,15 @@ class DpoJobTest(DaemonTestCase):
         self.assertGreater(float(pref["rewards_margins"]), 0)
         texts = self.log_texts(job_id)
         self.assertTrue(any("rewards/accuracies" in t for t in texts), texts)
-        self.assertTrue(os.path.exists(os.path.join(job["checkpoint_dir"], "data-cache",
-                                                    "reference_logps.json")))
+        self.assertTrue(glob.glob(os.path.join(job["checkpoint_dir"], "data-cache",
+                                               "reference_logps-*.json")))
 
         steps = 40
         spec = self.dpo_spec(steps, name="crashy", every=10)
         crashy = self.submit(spec, name="crashy.yaml")
         self.wait_running_at(crashy, 15)
-        ref = os.path.join(self.status(crashy)["checkpoint_dir"], "data-cache",
-                           "reference_logps.json")
+        [ref] = glob.glob(os.path.join(self.status(crashy)["checkpoint_dir"], "data-cache",
+                                       "reference_logps-*.json"))
         with open(ref) as f:
             values = f.read()
         written = os.stat(ref).st_mtime_ns
