@@ -27,7 +27,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = lane; i < N; i += 32) {
       if (sequence[i] == s) sum -= static_cast<double>(values[i]);
     }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    for (int offset = 16; offset > 0; offset /= 2) {
+      sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    }
     if (lane == 0) logp[s] = sum;
   }
   __syncthreads();

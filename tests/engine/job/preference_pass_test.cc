@@ -106,7 +106,8 @@ TEST(PreferencePass, TheFirstStepOnTheReferencesWeightsHasEveryRewardZero) {
   ObjectiveOptions objective;
   objective.kind = ObjectiveKind::kPreference;
   Job job{objective};
-  const auto pairs = std::make_shared<const std::vector<SequencePair>>(Pairs(job.config.vocab_size));
+  const auto pairs =
+      std::make_shared<const std::vector<SequencePair>>(Pairs(job.config.vocab_size));
   TempDir dir;
   ReferenceLogps ref = *ReferenceLogps::Open(dir.Join("ref.json"), "f", 9);
   ASSERT_TRUE(RunReferencePass(job.pipeline.get(), *pairs, kRows, kSeqLen, 0, 2, &ref).ok());
