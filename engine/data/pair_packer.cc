@@ -81,7 +81,9 @@ int64_t PackPairs(const std::vector<std::pair<PreferenceSequence, PreferenceSequ
   out->completion_tokens.clear();
   Cursor at;
   int64_t taken = 0;
-  for (int64_t p = first; p < static_cast<int64_t>(pairs.size()); ++p) {
+  // At most the sequences a preference step's micro-batch carries (PreferenceRowScale's).
+  for (int64_t p = first;
+       p < static_cast<int64_t>(pairs.size()) && 2 * taken < kMaxPreferenceSequences; ++p) {
     const auto& [chosen, rejected] = pairs[p];
     Cursor c = at;
     if (!Place(static_cast<int64_t>(chosen.ids.size()), rows, seq_len, &c)) break;

@@ -6,7 +6,9 @@
 // row starts the next. Each is its own attention segment (positions from 0). A token is a
 // target where the next token is a completion token of the same sequence (TRL's shifted
 // completion mask), and it records which of the micro-batch's sequences it belongs to.
-// Once a pair does not fit in the rows left, the micro-batch ends and the rest is padding.
+// Once a pair does not fit in the rows left, or the micro-batch holds
+// kMaxPreferenceSequences / 2 pairs (common/preference_math.h), the micro-batch ends and the
+// rest is padding.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,7 @@
 // target; a pair that does not fit ends the micro-batch.
 #include "engine/data/pair_packer.h"
 
+#include "engine/common/preference_math.h"
 #include "gtest/gtest.h"
 
 namespace megatrain {
@@ -47,6 +48,17 @@ TEST(PairPacker, APairThatCannotFitAnEmptyMicroBatchIsNotTaken) {
   EXPECT_EQ(PackPairs(pairs, 0, 1, 6, 0, &out), 0);  // 8 tokens, a sequence a row: 2 rows
   EXPECT_EQ(PackPairs(pairs, 0, 1, 8, 0, &out), 1);
   EXPECT_EQ(PackPairs(pairs, 0, 4, 3, 0, &out), 0);  // a sequence longer than a row
+}
+
+// Short pairs in a long micro-batch: it ends at the sequences a preference step's
+// micro-batch may carry, the rest of its rows padding.
+TEST(PairPacker, AMicroBatchHoldsAtMostTheSequencesAStepCarries) {
+  const std::vector<std::pair<PreferenceSequence, PreferenceSequence>> pairs(
+      kMaxPreferenceSequences, {Seq({1, 2}, {0, 1}), Seq({1, 3}, {0, 1})});
+  PairBatch out;
+  const int64_t rows = 8, seq_len = 2 * kMaxPreferenceSequences;  // room for every pair
+  EXPECT_EQ(PackPairs(pairs, 0, rows, seq_len, 0, &out), kMaxPreferenceSequences / 2);
+  EXPECT_EQ(out.completion_tokens.size(), static_cast<size_t>(kMaxPreferenceSequences));
 }
 
 }  // namespace
