@@ -98,6 +98,19 @@ absl::Status FromLora(const v1::JobSpec::Lora& l, const std::string& base_dir, J
   return absl::OkStatus();
 }
 
+// A preference job, defaulted as the YAML's dpo section is.
+absl::Status FromDpo(const v1::JobSpec::Dpo& d, JobSpec* spec) {
+  JobSpec::Dpo& dpo = spec->dpo;
+  dpo.enabled = true;
+  if (d.has_beta()) dpo.beta = d.beta();
+  RETURN_IF_ERROR(SetEnum("dpo.loss", d.loss(), &dpo.loss));
+  dpo.label_smoothing = d.label_smoothing();
+  dpo.rpo_alpha = d.rpo_alpha();
+  dpo.reference_free = d.reference_free();
+  dpo.max_length = d.max_length();
+  return SetEnum("dpo.truncation", d.truncation(), &dpo.truncation);
+}
+
 void FromGenerate(const v1::JobSpec::Generate& m, const std::string& base_dir, JobSpec* spec) {
   GenerateSpec& g = spec->generate;
   g.prompts_path = ResolveSpecPath(base_dir, m.prompts());
@@ -123,7 +136,8 @@ absl::Status FromGenerateJob(const v1::JobSpec& message, const std::string& base
   const std::pair<const char*, bool> training[] = {{"data", message.has_data()},
                                                    {"eval", message.has_eval()},
                                                    {"train", message.has_train()},
-                                                   {"lora", message.has_lora()}};
+                                                   {"lora", message.has_lora()},
+                                                   {"dpo", message.has_dpo()}};
   for (const auto& [section, set] : training) {
     if (set) {
       return absl::InvalidArgumentError(absl::StrCat("a job of kind ", SpecName(spec->kind),
@@ -158,6 +172,7 @@ absl::StatusOr<JobSpec> SpecFromMessage(const v1::JobSpec& message, const std::s
     RETURN_IF_ERROR(FromEval(message.eval(), base_dir, &spec));
     RETURN_IF_ERROR(FromTrain(message.train(), &spec));
     RETURN_IF_ERROR(FromLora(message.lora(), base_dir, &spec));
+    if (message.has_dpo()) RETURN_IF_ERROR(FromDpo(message.dpo(), &spec));
   } else {
     RETURN_IF_ERROR(FromGenerateJob(message, base_dir, &spec));
   }

@@ -186,6 +186,39 @@ TEST(SpecFromMessage, LoraTakesThePeftDefaultsAsTheYamlDoes) {
   EXPECT_EQ(none->lora.rank, 0);
 }
 
+TEST(SpecFromMessage, DpoIsTheJobSpecOfTheSameYamlWithItsDefaults) {
+  v1::JobSpec m = Structured();
+  m.mutable_data()->set_format("");  // a dpo job's data are pairs
+  std::string same = kSameAsYaml;
+  same.replace(same.find("format: sharegpt, "), std::string("format: sharegpt, ").size(), "");
+  m.mutable_dpo();  // the section alone: every default
+  absl::StatusOr<JobSpec> defaults = SpecFromMessage(m, "/base");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  absl::StatusOr<JobSpec> parsed = ParseJobSpec(same + "dpo: {}\n", "/base");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(JobSpecToYaml(*defaults), JobSpecToYaml(*parsed));
+  EXPECT_EQ(defaults->dpo.beta, 0.1);
+
+  v1::JobSpec::Dpo* d = m.mutable_dpo();
+  d->set_beta(0.3);
+  d->set_loss("ipo");
+  d->set_rpo_alpha(0.5);
+  d->set_max_length(16);
+  d->set_truncation("keep_end");
+  absl::StatusOr<JobSpec> structured = SpecFromMessage(m, "/base");
+  ASSERT_TRUE(structured.ok()) << structured.status();
+  parsed = ParseJobSpec(same +
+                            "dpo: {beta: 0.3, loss: ipo, rpo_alpha: 0.5, max_length: 16, "
+                            "truncation: keep_end}\n",
+                        "/base");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(JobSpecToYaml(*structured), JobSpecToYaml(*parsed));
+  EXPECT_EQ(structured->Fingerprint(), parsed->Fingerprint());
+  d->set_loss("kto");
+  EXPECT_THAT(std::string(SpecFromMessage(m, "/base").status().message()),
+              HasSubstr("dpo.loss must be one of sigmoid, ipo, hinge; got 'kto'"));
+}
+
 TEST(SpecFromMessage, BadLoraFieldsAreRefusedAsTheYamlRefusesThem) {
   v1::JobSpec m = Structured();
   m.mutable_lora()->set_rank(8);
