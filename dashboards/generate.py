@@ -10,6 +10,8 @@ import json
 import os
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
+# The panels of DPO jobs' metrics begin so (tests/e2e/test_metrics.py runs a DPO job for them).
+DPO_PANEL_PREFIX = "Preference (DPO): "
 
 
 def variable(name, label, query):
@@ -129,6 +131,15 @@ def job():
          [(f"megatrain_device_memory_used_bytes{j}", "job {{job}} device"),
           (f"megatrain_device_memory_peak_bytes{j}", "job {{job}} device peak"),
           (f"megatrain_host_store_bytes{j}", "job {{job}} host {{kind}}")], "bytes"),
+        # DPO jobs alone (docs/dpo.md): TRL's step metrics.
+        (DPO_PANEL_PREFIX + "rewards",
+         [(f"megatrain_dpo_rewards_accuracies{j}", "job {{job}} rewards/accuracies"),
+          (f"megatrain_dpo_rewards_margins{j}", "job {{job}} rewards/margins"),
+          (f"megatrain_dpo_rewards_chosen{j}", "job {{job}} rewards/chosen"),
+          (f"megatrain_dpo_rewards_rejected{j}", "job {{job}} rewards/rejected")], "short"),
+        (DPO_PANEL_PREFIX + "log-probabilities",
+         [(f"megatrain_dpo_logps_chosen{j}", "job {{job}} logps/chosen"),
+          (f"megatrain_dpo_logps_rejected{j}", "job {{job}} logps/rejected")], "short"),
     ]
     panels = [panel(i + 1, t, e, unit, 12 * (i % 2), 8 * (i // 2)) for i, (t, e, unit) in enumerate(layout)]
     return dashboard("megatrain-job", "megatrain: one job", panels)

@@ -30,6 +30,7 @@ ROOT = os.path.abspath(os.path.join(_HERE, "..", ".."))
 DASHBOARDS = sorted(glob.glob(os.path.join(ROOT, "dashboards", "*.json")))
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
+DPO_PANELS = "Preference (DPO): "  # dashboards/generate.py's DPO_PANEL_PREFIX
 
 
 def free_port():
@@ -131,15 +132,8 @@ class MetricsTest(e2e.DaemonTestCase):
         self.assertEqual(check.returncode, 0, f"promtool check metrics:\n{check.stdout}"
                                               f"{check.stderr}\n{text}")
 
-        empty = []
-        exprs = dashboard_exprs()
-        for board, title, expr in exprs:
-            r = self.query(base, expr)
-            self.assertEqual(r["status"], "success", f"{board} / {title}: {expr}: {r}")
-            if not r["data"]["result"]:
-                empty.append(f"{board} / {title}: {expr}")
-        self.assertEqual(empty, [], "dashboard expressions without data:\n" + "\n".join(empty))
-        print(f"\n{len(exprs)} dashboard expressions, all with data")
+        exprs = [e for e in dashboard_exprs() if not e[1].startswith(DPO_PANELS)]
+        self.assert_data(base, exprs)
 
         # The job's series go when it stops; the box's stay.
         self.cli_ok("cancel", job)
@@ -151,6 +145,33 @@ class MetricsTest(e2e.DaemonTestCase):
             time.sleep(0.2)
         self.assertNotIn(f'job="{job}"', text)
         self.assertIn('megatrain_jobs{state="cancelled"} 1', text)
+
+        # A DPO job for the panels of its metrics.
+        e2e.write_pairs(os.path.join(self.tmp, "pairs.jsonl"))
+        dpo = e2e.make_spec(steps=100000, name="dpo", data="pairs.jsonl",
+                            checkpoint={"dir": "dpo-ckpt"})
+        dpo["dpo"] = {"beta": 0.1}
+        e2e.write_spec(os.path.join(self.tmp, "dpo.yaml"), dpo)
+        dpo_job = self.cli_json("submit", "dpo.yaml")["id"]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            r = self.query(base, f'megatrain_dpo_rewards_margins{{job="{dpo_job}"}}')
+            if r["data"]["result"]:
+                break
+            time.sleep(0.5)
+        self.assert_data(base, [e for e in dashboard_exprs() if e[1].startswith(DPO_PANELS)])
+        self.cli_ok("cancel", dpo_job)
+
+    def assert_data(self, base, exprs):
+        """Every (board, title, expr) of exprs answers with data."""
+        empty = []
+        for board, title, expr in exprs:
+            r = self.query(base, expr)
+            self.assertEqual(r["status"], "success", f"{board} / {title}: {expr}: {r}")
+            if not r["data"]["result"]:
+                empty.append(f"{board} / {title}: {expr}")
+        self.assertEqual(empty, [], "dashboard expressions without data:\n" + "\n".join(empty))
+        print(f"\n{len(exprs)} dashboard expressions, all with data")
 
     def test_deploy_scrape_config_is_valid(self):
         r = subprocess.run([PROMTOOL, "check", "config",
