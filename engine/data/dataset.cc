@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/common/fnv1a.h"
 #include "engine/common/printable.h"
 #include "engine/common/status.h"
 #include "engine/data/line_reader.h"
@@ -226,15 +227,6 @@ json FileIdentity(const std::string& path) {
               {"bytes", static_cast<int64_t>(st.st_size)},
               {"mtime_ns", static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
                                static_cast<int64_t>(st.st_mtim.tv_nsec)}};
-}
-
-uint64_t Fnv1a64(absl::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
 }
 
 struct LineResult {
@@ -620,7 +612,7 @@ absl::StatusOr<std::shared_ptr<const TokenDocs>> OpenOrBuildTokenStore(
     const DatasetOptions& options, const Tokenizer& tokenizer, const std::string& cache_dir,
     DatasetStats* stats) {
   const json source = DatasetSource(options, tokenizer);
-  const std::string key = absl::StrFormat("%016x", Fnv1a64(source.dump()));
+  const std::string key = absl::StrFormat("%016x", Fnv1a(source.dump()));
   const std::string dir = (fs::path(cache_dir) / ("tokens-" + key)).string();
   absl::StatusOr<std::shared_ptr<const TokenDocs>> docs = TokenDocs::Open(dir);
   if (docs.ok()) {

@@ -4,25 +4,18 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/fnv1a.h"
 #include "engine/common/status.h"
 #include "engine/data/line_reader.h"
 
 namespace megatrain {
 namespace {
 
-void Hash(uint64_t* h, const void* data, size_t bytes) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) {
-    *h ^= p[i];
-    *h *= 1099511628211ull;
-  }
-}
-
 void HashSequence(uint64_t* h, const PreferenceSequence& s) {
   const uint64_t n = s.ids.size();
-  Hash(h, &n, sizeof(n));
-  Hash(h, s.ids.data(), s.ids.size() * sizeof(int32_t));
-  Hash(h, s.completion.data(), s.completion.size());
+  *h = Fnv1a(&n, sizeof(n), *h);
+  *h = Fnv1a(s.ids.data(), s.ids.size() * sizeof(int32_t), *h);
+  *h = Fnv1a(s.completion.data(), s.completion.size(), *h);
 }
 
 // One line's two sequences, or its problem.
@@ -44,7 +37,7 @@ absl::StatusOr<PreferenceSet> LoadPreferenceSet(const PreferenceSetOptions& opti
   auto pairs = std::make_shared<std::vector<SequencePair>>();
   PreferenceSet set;
   DatasetStats& stats = set.stats;
-  uint64_t fingerprint = 1469598103934665603ull;
+  uint64_t fingerprint = kFnv1aOffset;
   std::string line;
   while (options.max_lines <= 0 || stats.lines < options.max_lines) {
     ASSIGN_OR_RETURN(const bool more, reader.Next(&line));

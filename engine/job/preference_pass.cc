@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/check.h"
+#include "engine/common/fnv1a.h"
 #include "engine/common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -32,12 +33,8 @@ std::string ReferenceFingerprint(const JobSpec& spec, uint64_t pairs_fingerprint
 }
 
 std::string ReferenceFileName(const std::string& fingerprint) {
-  uint64_t h = 1469598103934665603ull;
-  for (const unsigned char c : fingerprint) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return absl::StrCat("reference_logps-", absl::Hex(h, absl::kZeroPad16), ".json");
+  return absl::StrCat("reference_logps-", absl::Hex(Fnv1a(fingerprint), absl::kZeroPad16),
+                      ".json");
 }
 
 absl::Status RunReferencePass(Pipeline* pipeline, const std::vector<SequencePair>& pairs,

@@ -12,19 +12,17 @@
 #include <random>
 #include <vector>
 
+#include "engine/common/fnv1a.h"
 #include "engine/common/status.h"
 #include "engine/model/mxfp4.h"
 
 namespace megatrain {
 namespace {
 
-uint64_t Fnv1a(const std::string& s, uint64_t seed) {
-  uint64_t h = 1469598103934665603ull ^ seed;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+// A tensor's generator seed: its name hashed by FNV-1a from this basis mixed with `seed`
+// (a basis of its own, not FNV's: every random init so far drew from these seeds).
+uint64_t NameSeed(const std::string& name, uint64_t seed) {
+  return Fnv1a(name, 1469598103934665603ull ^ seed);
 }
 
 bool IsNorm(TensorRole r) {
@@ -171,7 +169,7 @@ namespace {
 template <typename Emit>
 void DrawTensor(const TensorSlot& t, double range, uint64_t seed, float* buf, int64_t chunk,
                 Emit emit) {
-  std::mt19937_64 gen(Fnv1a(t.name, seed));
+  std::mt19937_64 gen(NameSeed(t.name, seed));
   for (int64_t first = 0; first < t.num_elements; first += chunk) {
     const int64_t n = std::min(chunk, t.num_elements - first);
     if (IsNorm(t.role) || IsBias(t.role)) {
@@ -224,7 +222,7 @@ void InitLoraAdapters(LoraInit init, uint64_t seed, HostStore* store) {
       const double rank = static_cast<double>(LoraRank(t));
       const double in = static_cast<double>(t.shape.back());
       std::vector<float> a(t.num_elements);
-      std::mt19937_64 gen(Fnv1a(t.name, seed));
+      std::mt19937_64 gen(NameSeed(t.name, seed));
       auto uniform = [&] { return ((gen() >> 11) + 0.5) * 0x1.0p-53; };  // (0, 1)
       for (int64_t i = 0; i < t.num_elements; ++i) {
         if (init == LoraInit::kGaussian) {  // N(0, 1/r): Box-Muller, one value a draw pair
