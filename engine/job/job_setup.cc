@@ -170,20 +170,14 @@ absl::Status SetUpPairs(const JobSpec& spec, const Tokenizer& tokenizer, JobPart
 absl::Status SetUpData(const JobSpec& spec, JobParts* p) {
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadJobTokenizer(spec, &p->tokenizer_dir));
   const int64_t vocab = p->config.vocab_size;
-  if (spec.dpo.enabled) {
-    if (vocab < tokenizer->vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.tokenizer: the ", tokenizer->name(), " tokenizer has ", tokenizer->vocab_size(),
-          " ids; the model's vocab_size is ", vocab));
-    }
-    return SetUpPairs(spec, *tokenizer, p);
-  }
-  // Pre-tokenized ids are checked against the model's vocabulary, not the tokenizer's.
+  // Pre-tokenized ids are checked against the model's vocabulary, not the tokenizer's (a
+  // DPO job's data are text: ValidateJobSpec).
   if (spec.data_format != DataFormat::kTokens && vocab < tokenizer->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.tokenizer: the ", tokenizer->name(), " tokenizer has ", tokenizer->vocab_size(),
         " ids; the model's vocab_size is ", vocab));
   }
+  if (spec.dpo.enabled) return SetUpPairs(spec, *tokenizer, p);
   ASSIGN_OR_RETURN(DatasetOptions data, JobDatasetOptions(spec, p->tokenizer_dir, vocab));
   ASSIGN_OR_RETURN(std::shared_ptr<const TokenDocs> docs,
                    OpenOrBuildTokenStore(data, *tokenizer, JobDataCacheDir(spec),
