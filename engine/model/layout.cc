@@ -11,6 +11,23 @@ namespace {
 
 constexpr int64_t kGroupAlign = 64;
 
+}  // namespace
+
+TensorSlot MakeSlot(TensorRole role, std::string name, std::vector<int64_t> shape,
+                    int64_t offset, bool weight_decay) {
+  TensorSlot t;
+  t.role = role;
+  t.name = std::move(name);
+  t.shape = std::move(shape);
+  t.num_elements = 1;
+  for (int64_t d : t.shape) t.num_elements *= d;
+  t.offset = offset;
+  t.weight_decay = weight_decay;
+  return t;
+}
+
+namespace {
+
 class UnitBuilder {
  public:
   UnitBuilder(UnitKind kind, int64_t layer, std::string name) {
@@ -22,14 +39,7 @@ class UnitBuilder {
   void Align() { cursor_ = (cursor_ + kGroupAlign - 1) / kGroupAlign * kGroupAlign; }
   void Add(TensorRole role, std::string name, std::vector<int64_t> shape, bool decay,
            int64_t expert = -1) {
-    TensorSlot t;
-    t.role = role;
-    t.name = std::move(name);
-    t.shape = std::move(shape);
-    t.num_elements = 1;
-    for (int64_t d : t.shape) t.num_elements *= d;
-    t.offset = cursor_;
-    t.weight_decay = decay;
+    TensorSlot t = MakeSlot(role, std::move(name), std::move(shape), cursor_, decay);
     t.expert = expert;
     cursor_ += t.num_elements;
     unit_.tensors.push_back(std::move(t));

@@ -67,6 +67,10 @@ struct TensorSlot {
   bool trainable = true;
 };
 
+// A tensor of `shape` (its element count their product) at `offset` of its unit.
+TensorSlot MakeSlot(TensorRole role, std::string name, std::vector<int64_t> shape,
+                    int64_t offset, bool weight_decay);
+
 enum class UnitKind { kEmbedding, kDecoder, kHead };
 
 struct UnitLayout {

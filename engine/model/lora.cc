@@ -136,15 +136,9 @@ class AdapterAppender {
  public:
   explicit AdapterAppender(UnitLayout* unit) : unit_(unit), cursor_(unit->num_elements) {}
   void Add(TensorRole role, TensorRole base, std::string name, std::vector<int64_t> shape) {
-    TensorSlot t;
-    t.role = role;
+    // Matrices decay (the HF Trainer's rule, as for any).
+    TensorSlot t = MakeSlot(role, std::move(name), std::move(shape), cursor_, true);
     t.base_role = base;
-    t.name = std::move(name);
-    t.shape = std::move(shape);
-    t.num_elements = 1;
-    for (int64_t d : t.shape) t.num_elements *= d;
-    t.offset = cursor_;
-    t.weight_decay = true;  // matrices decay (the HF Trainer's rule, as for any)
     cursor_ = (cursor_ + t.num_elements + kAlign - 1) / kAlign * kAlign;
     unit_->tensors.push_back(std::move(t));
   }
