@@ -118,6 +118,22 @@ void ExpectMatchesCpu(const StepResult& gpu, const RecordingSink& gpu_sink, cons
   }
 }
 
+// One step of `batches` through the CPU's pipeline and then the GPU's, each sink
+// recording its gradients.
+struct StepPair {
+  std::unique_ptr<RecordingSink> cpu_sink, gpu_sink;
+  absl::StatusOr<StepResult> cpu, gpu;
+};
+StepPair StepBoth(Backend* cpu, const Trained& cr, Backend* gpu, const Trained& gr,
+                  const std::vector<MicroBatch>& batches) {
+  StepPair s;
+  s.cpu_sink = std::make_unique<RecordingSink>(cpu, cr.pool.get(), cr.store->num_units());
+  s.cpu = cr.pipeline->Step(batches, s.cpu_sink.get());
+  s.gpu_sink = std::make_unique<RecordingSink>(gpu, gr.pool.get(), gr.store->num_units());
+  s.gpu = gr.pipeline->Step(batches, s.gpu_sink.get());
+  return s;
+}
+
 // Qwen2 (q/k/v biases, untied) of 4 layers, two micro-batches of 2 x 64 tokens, and the
 // CPU's step over them with a checkpoint every layer: what the GPU's memory choices must
 // give.
@@ -146,12 +162,9 @@ TEST_P(Step, GpuStepMatchesCpuLossGradientsAndUpdate) {
                                      RandomBatch(2, 64, c.vocab_size, 2)};
   Trained cr = Make(c, cpu_.get(), 2, 128, 2);
   Trained gr = Make(c, gpu_.get(), 2, 128, 2);
-  RecordingSink cs(cpu_.get(), cr.pool.get(), cr.store->num_units());
-  RecordingSink gs(gpu_.get(), gr.pool.get(), gr.store->num_units());
-  absl::StatusOr<StepResult> cl = cr.pipeline->Step(batches, &cs);
-  absl::StatusOr<StepResult> gl = gr.pipeline->Step(batches, &gs);
-  ASSERT_TRUE(cl.ok() && gl.ok());
-  ExpectMatchesCpu(*gl, gs, *cl, cs);
+  const StepPair s = StepBoth(cpu_.get(), cr, gpu_.get(), gr, batches);
+  ASSERT_TRUE(s.cpu.ok() && s.gpu.ok());
+  ExpectMatchesCpu(*s.gpu, *s.gpu_sink, *s.cpu, *s.cpu_sink);
   // One AdamW step from the same weights with each backend's gradients.
   HostOptimizerOptions oo;
   oo.weight_decay = 0.1;
@@ -199,15 +212,12 @@ TEST_F(GpuTest, LoraStepMatchesTheCpuAndDrainsTheAdaptersAlone) {
                                              RandomBatch(2, 64, c.vocab_size, 4)};
     Trained cr = Make(c, cpu_.get(), 2, 128, 1, 0, 0, 0, /*lora=*/8);
     Trained gr = Make(c, gpu_.get(), 2, 128, 1, /*kept_layers=*/2, 0, 0, /*lora=*/8);
-    RecordingSink cs(cpu_.get(), cr.pool.get(), cr.store->num_units());
-    RecordingSink gs(gpu_.get(), gr.pool.get(), gr.store->num_units());
-    absl::StatusOr<StepResult> cl = cr.pipeline->Step(batches, &cs);
-    absl::StatusOr<StepResult> gl = gr.pipeline->Step(batches, &gs);
-    ASSERT_TRUE(cl.ok() && gl.ok());
-    ExpectMatchesCpu(*gl, gs, *cl, cs);
-    EXPECT_TRUE(gs.grads[0].empty());  // the embedding: frozen
+    const StepPair s = StepBoth(cpu_.get(), cr, gpu_.get(), gr, batches);
+    ASSERT_TRUE(s.cpu.ok() && s.gpu.ok());
+    ExpectMatchesCpu(*s.gpu, *s.gpu_sink, *s.cpu, *s.cpu_sink);
+    EXPECT_TRUE(s.gpu_sink->grads[0].empty());  // the embedding: frozen
     const int64_t u1 = gr.store->layout().DecoderUnit(1);
-    EXPECT_EQ(static_cast<int64_t>(gs.grads[u1].size()),
+    EXPECT_EQ(static_cast<int64_t>(s.gpu_sink->grads[u1].size()),
               gr.store->state_begin(u1) + gr.store->state_elements(u1));
     cpu_->UnpinHostRange(cr.store->transfer_base());
     Unpin(gpu_.get(), gr);
@@ -267,19 +277,16 @@ TEST_F(GpuTest, PreferenceStepMatchesTheCpuAndRepeatsBitForBit) {
     objective.label_smoothing = loss == PreferenceLoss::kSigmoid ? 0.1 : 0.0;
     Trained cr = Make(c, cpu_.get(), 2, 128, 1, 0, 0, 0, 0, objective);
     Trained gr = Make(c, gpu_.get(), 2, 128, 1, 0, 0, 0, 0, objective);
-    RecordingSink cs(cpu_.get(), cr.pool.get(), cr.store->num_units());
-    absl::StatusOr<StepResult> cl = cr.pipeline->Step(batches, &cs);
-    RecordingSink gs(gpu_.get(), gr.pool.get(), gr.store->num_units());
-    absl::StatusOr<StepResult> gl = gr.pipeline->Step(batches, &gs);
-    ASSERT_TRUE(cl.ok() && gl.ok());
-    ExpectMatchesCpu(*gl, gs, *cl, cs);
-    const std::vector<float> gv(gl->token_values.begin(), gl->token_values.end());
-    const std::vector<float> cv(cl->token_values.begin(), cl->token_values.end());
+    const StepPair s = StepBoth(cpu_.get(), cr, gpu_.get(), gr, batches);
+    ASSERT_TRUE(s.cpu.ok() && s.gpu.ok());
+    ExpectMatchesCpu(*s.gpu, *s.gpu_sink, *s.cpu, *s.cpu_sink);
+    const std::vector<float> gv(s.gpu->token_values.begin(), s.gpu->token_values.end());
+    const std::vector<float> cv(s.cpu->token_values.begin(), s.cpu->token_values.end());
     EXPECT_LT(RelErr(gv, cv), 5e-3);
     RecordingSink again(gpu_.get(), gr.pool.get(), gr.store->num_units());
     ASSERT_TRUE(gr.pipeline->Step(batches, &again).ok());
-    for (size_t u = 0; u < gs.grads.size(); ++u) {
-      EXPECT_TRUE(gs.grads[u] == again.grads[u]) << "unit " << u << " differs run to run";
+    for (size_t u = 0; u < again.grads.size(); ++u) {
+      EXPECT_TRUE(s.gpu_sink->grads[u] == again.grads[u]) << "unit " << u << " differs run to run";
     }
     cpu_->UnpinHostRange(cr.store->transfer_base());
     Unpin(gpu_.get(), gr);
