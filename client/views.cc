@@ -38,6 +38,21 @@ std::string Indented(const std::string& text) {
   return out;
 }
 
+// The last evaluation: its loss and perplexity, a DPO job's loss and pairs' metrics.
+std::string LastEvalStats(const v1::Progress& p) {
+  if (!p.has_eval_loss()) return "";
+  if (p.has_eval_preference()) {
+    const v1::Preference& e = p.eval_preference();
+    return absl::StrFormat("step %d: loss %.4f, rewards/accuracies %.3f, rewards/margins %.4f, "
+                           "rewards/chosen %.4f, rewards/rejected %.4f (%d pairs)",
+                           p.eval_step(), p.eval_loss(), e.rewards_accuracies(),
+                           e.rewards_margins(), e.rewards_chosen(), e.rewards_rejected(),
+                           e.pairs());
+  }
+  return absl::StrFormat("step %d: loss %.4f, perplexity %.3f", p.eval_step(), p.eval_loss(),
+                         p.eval_perplexity());
+}
+
 }  // namespace
 
 std::string FormatJobTable(const std::vector<v1::Job>& jobs, int64_t now_unix_ms) {
@@ -68,10 +83,7 @@ std::string FormatJobStatus(const v1::Job& job, int64_t now_unix_ms, absl::TimeZ
       {"device", job.device()},
       {"progress", FormatProgressLine(p, ScoresAnswers(job))},
       {"last step", LastStepStats(p)},
-      {"last eval", p.has_eval_loss() ? absl::StrFormat("step %d: loss %.4f, perplexity %.3f",
-                                                        p.eval_step(), p.eval_loss(),
-                                                        p.eval_perplexity())
-                                      : ""},
+      {"last eval", LastEvalStats(p)},
       {"host memory", job.host_bytes_estimate() > 0 ? FormatGiB(job.host_bytes_estimate()) : ""},
       {"checkpoint_dir", job.checkpoint_dir()},
       {"last_checkpoint", job.last_checkpoint()},

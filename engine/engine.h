@@ -190,7 +190,8 @@ struct JobSpec {
   // dpo: a preference job (direct preference optimization and its variants): data.path
   // holds {prompt, chosen, rejected} pairs (TRL's layout, engine/data/preference.h); the
   // reference's log-probabilities come from one forward-only pass with the starting
-  // weights, kept in checkpoint.dir (engine/job/preference_pass.h).
+  // weights (or dpo.reference's), kept in checkpoint.dir (engine/job/preference_pass.h).
+  // With eval.path, the eval set is pairs too, evaluated with the same metrics.
   struct Dpo {
     bool enabled = false;
     double beta = 0.1;              // the KL penalty's weight (IPO: its tau)
@@ -200,6 +201,13 @@ struct JobSpec {
     bool reference_free = false;    // no reference: its log-probabilities are 0
     int64_t max_length = 0;         // each sequence's tokens at most; 0: data.seq_len
     DpoTruncation truncation = DpoTruncation::kKeepStart;
+    // TRL's cuts before max_length's: the prompt keeps its last max_prompt_length tokens,
+    // each completion its first max_completion_length (0: uncut).
+    int64_t max_prompt_length = 0;
+    int64_t max_completion_length = 0;
+    // A model folder (a checkpoint of ours is one) whose weights are the reference, in
+    // place of the starting weights; "" = the starting weights.
+    std::string reference;
   } dpo;
   LoraConfig lora;  // lora: adapters (rank 0: none), model/lora.h
   // lora.adapter: a PEFT adapter folder the adapters start from ("": drawn from lora.init).
@@ -368,11 +376,25 @@ class Planner {
 
 // ---- Running a job ----------------------------------------------------------------
 
+// A DPO job's metrics over a set of pairs, as TRL names them: rewards/chosen,
+// rewards/rejected (beta times each completion's log-ratio to the reference, the mean over
+// the pairs), rewards/accuracies (the share of pairs whose chosen reward is higher),
+// rewards/margins, logps/chosen, logps/rejected.
+struct PreferenceReport {
+  double rewards_chosen = 0, rewards_rejected = 0, rewards_accuracies = 0;
+  double rewards_margins = 0, logps_chosen = 0, logps_rejected = 0;
+  int64_t pairs = 0;
+};
+
 // An evaluation of the spec's eval set (forward only), on the weights after `step` steps.
 struct EvalReport {
   int64_t step = 0;          // steps trained (0: before the first)
-  double loss = 0;           // mean -log p(target) over the set's targets
-  double perplexity = 0;     // exp(loss)
+  // mean -log p(target) over the set's targets; a DPO job's: its preference loss over the
+  // set's pairs (RPO's included), with the pairs' metrics in `preference`
+  double loss = 0;
+  double perplexity = 0;     // exp(loss) (a DPO job's: 0)
+  bool has_preference = false;
+  PreferenceReport preference;
   int64_t targets = 0;       // tokens with a target
   int64_t tokens = 0;        // tokens evaluated, padding included
   double seconds = 0;
@@ -383,15 +405,10 @@ struct StepReport {
   int64_t step = 0;          // steps completed, this one included
   int64_t total_steps = 0;
   double loss = 0;           // the LM loss; a DPO job's: its preference loss (RPO's included)
-  // A DPO job's step, as TRL names it: rewards/chosen, rewards/rejected (beta times each
-  // completion's log-ratio to the reference, the step's mean), rewards/accuracies (the share
-  // of pairs whose chosen reward is higher), rewards/margins, logps/chosen, logps/rejected.
+  // A DPO job's step: its pairs' metrics.
   bool has_preference = false;
-  struct Preference {
-    double rewards_chosen = 0, rewards_rejected = 0, rewards_accuracies = 0;
-    double rewards_margins = 0, logps_chosen = 0, logps_rejected = 0;
-    int64_t pairs = 0;       // in the step
-  } preference;
+  using Preference = PreferenceReport;
+  PreferenceReport preference;
   // MoE models: the load-balancing loss (unweighted) and its weight in the trained loss.
   bool has_aux_loss = false;
   double aux_loss = 0;

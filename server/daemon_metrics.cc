@@ -19,6 +19,16 @@ constexpr const char* kPreferenceGauges[] = {"rewards_chosen",     "rewards_reje
                                              "rewards_accuracies", "rewards_margins",
                                              "logps_chosen",       "logps_rejected"};
 
+// The gauges `prefix` + kPreferenceGauges of the job labelled `l`.
+void SetPreferenceGauges(const std::string& prefix, const PreferenceReport& m,
+                         const MetricLabels& l, MetricsRegistry* r) {
+  const double values[] = {m.rewards_chosen,  m.rewards_rejected, m.rewards_accuracies,
+                           m.rewards_margins, m.logps_chosen,     m.logps_rejected};
+  for (size_t i = 0; i < std::size(values); ++i) {
+    r->Set(absl::StrCat(prefix, kPreferenceGauges[i]), l, values[i]);
+  }
+}
+
 std::string StateName(v1::JobState s) {
   std::string name = v1::JobState_Name(s);
   const std::string prefix = "JOB_STATE_";
@@ -94,6 +104,9 @@ DaemonMetrics::DaemonMetrics(MetricsRegistry* registry, JobStore* store,
   for (const char* name : kPreferenceGauges) {
     r.Declare(absl::StrCat("megatrain_dpo_", name), T::kGauge,
               absl::StrCat("DPO jobs: TRL's ", name, " of the last step (its pairs' mean)."));
+    r.Declare(absl::StrCat("megatrain_eval_dpo_", name), T::kGauge,
+              absl::StrCat("DPO jobs: TRL's ", name,
+                           " of the last evaluation (the eval pairs' mean)."));
   }
   r.Declare("megatrain_eval_loss", T::kGauge,
             "Mean loss of the last evaluation of the job's eval set (forward only).");
@@ -240,16 +253,10 @@ void DaemonMetrics::StepDone(const v1::Job& job, const StepReport& report) {
   if (options_.peak_tflops > 0) r.Set("megatrain_mfu_ratio", l, report.model_tflops / options_.peak_tflops);
   r.Set("megatrain_loss", l, report.loss);
   if (report.has_aux_loss) r.Set("megatrain_aux_loss", l, report.aux_loss);
-  if (report.has_preference) {
-    const StepReport::Preference& m = report.preference;
-    const double values[] = {m.rewards_chosen,  m.rewards_rejected, m.rewards_accuracies,
-                             m.rewards_margins, m.logps_chosen,     m.logps_rejected};
-    for (size_t i = 0; i < std::size(values); ++i) {
-      r.Set(absl::StrCat("megatrain_dpo_", kPreferenceGauges[i]), l, values[i]);
-    }
-  }
+  if (report.has_preference) SetPreferenceGauges("megatrain_dpo_", report.preference, l, &r);
   if (!report.evals.empty()) {
     const EvalReport& e = report.evals.back();
+    if (e.has_preference) SetPreferenceGauges("megatrain_eval_dpo_", e.preference, l, &r);
     r.Set("megatrain_eval_loss", l, e.loss);
     r.Set("megatrain_eval_perplexity", l, e.perplexity);
     r.Set("megatrain_eval_step", l, static_cast<double>(e.step));

@@ -403,18 +403,14 @@ StepReport ReportFromReply(const internal::StepReply& r) {
     eval.tokens = e.tokens();
     eval.seconds = e.seconds();
     eval.tokens_per_second = e.tokens_per_second();
+    eval.has_preference = e.has_preference();
+    if (e.has_preference()) eval.preference = PreferenceFromMessage(e.preference());
   }
   report.has_aux_loss = r.has_aux_loss();
   report.aux_loss = r.aux_loss();
   report.aux_loss_coef = r.aux_loss_coef();
-  if (r.has_preference()) {
-    const v1::Preference& p = r.preference();
-    report.has_preference = true;
-    report.preference = StepReport::Preference{p.rewards_chosen(),     p.rewards_rejected(),
-                                               p.rewards_accuracies(), p.rewards_margins(),
-                                               p.logps_chosen(),       p.logps_rejected(),
-                                               p.pairs()};
-  }
+  report.has_preference = r.has_preference();
+  if (r.has_preference()) report.preference = PreferenceFromMessage(r.preference());
   report.lr = r.lr();
   report.grad_norm = r.grad_norm();
   report.tokens = r.tokens();
@@ -746,17 +742,7 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
   progress->set_total_steps(report.total_steps);
   progress->set_loss(report.loss);
   if (report.has_aux_loss) progress->set_aux_loss(report.aux_loss);
-  if (report.has_preference) {
-    const StepReport::Preference& m = report.preference;
-    v1::Preference* p = progress->mutable_preference();
-    p->set_rewards_chosen(m.rewards_chosen);
-    p->set_rewards_rejected(m.rewards_rejected);
-    p->set_rewards_accuracies(m.rewards_accuracies);
-    p->set_rewards_margins(m.rewards_margins);
-    p->set_logps_chosen(m.logps_chosen);
-    p->set_logps_rejected(m.logps_rejected);
-    p->set_pairs(m.pairs);
-  }
+  if (report.has_preference) PreferenceToMessage(report.preference, progress->mutable_preference());
   progress->set_learning_rate(report.lr);
   progress->set_grad_norm(report.grad_norm);
   progress->set_tokens_per_second(report.tokens_per_second);
@@ -767,6 +753,9 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
     progress->set_eval_loss(report.evals.back().loss);
     progress->set_eval_perplexity(report.evals.back().perplexity);
     progress->set_eval_step(report.evals.back().step);
+    if (report.evals.back().has_preference) {
+      PreferenceToMessage(report.evals.back().preference, progress->mutable_eval_preference());
+    }
   }
   RecordProgress(job);
   if (report.step == 1 || report.step % 10 == 0 || report.step == report.total_steps) {
@@ -785,6 +774,14 @@ void JobRunner::RecordStep(RunningJob& run, const StepReport& report) {
                                   report.lr, report.grad_norm, report.tokens_per_second));
   }
   for (const EvalReport& e : report.evals) {
+    if (e.has_preference) {  // a DPO job's eval pairs
+      Log(job.id(), absl::StrFormat("eval at step %d: loss %.4f rewards/accuracies %.3f "
+                                    "rewards/margins %.4f (%d pairs, %.2f s)",
+                                    e.step, e.loss, e.preference.rewards_accuracies,
+                                    e.preference.rewards_margins, e.preference.pairs,
+                                    e.seconds));
+      continue;
+    }
     Log(job.id(), absl::StrFormat("eval at step %d: loss %.4f perplexity %.3f (%d targets, "
                                   "%.2f s)",
                                   e.step, e.loss, e.perplexity, e.targets, e.seconds));

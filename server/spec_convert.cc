@@ -99,7 +99,7 @@ absl::Status FromLora(const v1::JobSpec::Lora& l, const std::string& base_dir, J
 }
 
 // A preference job, defaulted as the YAML's dpo section is.
-absl::Status FromDpo(const v1::JobSpec::Dpo& d, JobSpec* spec) {
+absl::Status FromDpo(const v1::JobSpec::Dpo& d, const std::string& base_dir, JobSpec* spec) {
   JobSpec::Dpo& dpo = spec->dpo;
   dpo.enabled = true;
   if (d.has_beta()) dpo.beta = d.beta();
@@ -108,6 +108,9 @@ absl::Status FromDpo(const v1::JobSpec::Dpo& d, JobSpec* spec) {
   dpo.rpo_alpha = d.rpo_alpha();
   dpo.reference_free = d.reference_free();
   dpo.max_length = d.max_length();
+  dpo.max_prompt_length = d.max_prompt_length();
+  dpo.max_completion_length = d.max_completion_length();
+  dpo.reference = ResolveSpecPath(base_dir, d.reference());
   return SetEnum("dpo.truncation", d.truncation(), &dpo.truncation);
 }
 
@@ -172,7 +175,7 @@ absl::StatusOr<JobSpec> SpecFromMessage(const v1::JobSpec& message, const std::s
     RETURN_IF_ERROR(FromEval(message.eval(), base_dir, &spec));
     RETURN_IF_ERROR(FromTrain(message.train(), &spec));
     RETURN_IF_ERROR(FromLora(message.lora(), base_dir, &spec));
-    if (message.has_dpo()) RETURN_IF_ERROR(FromDpo(message.dpo(), &spec));
+    if (message.has_dpo()) RETURN_IF_ERROR(FromDpo(message.dpo(), base_dir, &spec));
   } else {
     RETURN_IF_ERROR(FromGenerateJob(message, base_dir, &spec));
   }
@@ -231,6 +234,23 @@ v1::JobPlan JobPlanMessage(const PlanSummary& plan) {
   return out;
 }
 
+void PreferenceToMessage(const PreferenceReport& report, v1::Preference* out) {
+  out->set_rewards_chosen(report.rewards_chosen);
+  out->set_rewards_rejected(report.rewards_rejected);
+  out->set_rewards_accuracies(report.rewards_accuracies);
+  out->set_rewards_margins(report.rewards_margins);
+  out->set_logps_chosen(report.logps_chosen);
+  out->set_logps_rejected(report.logps_rejected);
+  out->set_pairs(report.pairs);
+}
+
+PreferenceReport PreferenceFromMessage(const v1::Preference& message) {
+  return PreferenceReport{message.rewards_chosen(),     message.rewards_rejected(),
+                          message.rewards_accuracies(), message.rewards_margins(),
+                          message.logps_chosen(),       message.logps_rejected(),
+                          message.pairs()};
+}
+
 absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
                            const std::string& own_dir) {
   std::vector<std::pair<const char*, std::string>> paths = {{"model.path", spec.model_path},
@@ -239,6 +259,7 @@ absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots,
                                                             {"checkpoint.dir", spec.checkpoint_dir}};
   if (spec.tokenizer == TokenizerSource::kFile) paths.push_back({"data.tokenizer", spec.tokenizer_path});
   if (!spec.lora_adapter.empty()) paths.push_back({"lora.adapter", spec.lora_adapter});
+  if (!spec.dpo.reference.empty()) paths.push_back({"dpo.reference", spec.dpo.reference});
   const GenerateSpec& g = spec.generate;
   if (spec.kind != JobKind::kTrain) {
     paths.push_back({"generate.prompts", g.prompts_path});

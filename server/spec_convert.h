@@ -2,7 +2,7 @@
 // SubmitJobRequest's spec (YAML text, through the parser the local runner uses, or the
 // structured message, field by field) becomes the engine's JobSpec, validated by the one
 // stage both share (ValidateJobSpec), so both name fields the same way in their errors; a
-// plan's summary becomes the API's JobPlan.
+// plan's summary becomes the API's JobPlan, a DPO job's metrics its Preference.
 #pragma once
 
 #include <string>
@@ -30,5 +30,9 @@ absl::Status CheckJobFiles(const JobSpec& spec, const FileRoots& roots, const st
 
 // A plan's summary as the API's JobPlan message.
 v1::JobPlan JobPlanMessage(const PlanSummary& plan);
+
+// A DPO job's metrics, to the API's message and back.
+void PreferenceToMessage(const PreferenceReport& report, v1::Preference* out);
+PreferenceReport PreferenceFromMessage(const v1::Preference& message);
 
 }  // namespace megatrain::server

@@ -244,20 +244,12 @@ class Worker {
       eval->set_tokens(e.tokens);
       eval->set_seconds(e.seconds);
       eval->set_tokens_per_second(e.tokens_per_second);
+      if (e.has_preference) PreferenceToMessage(e.preference, eval->mutable_preference());
     }
     out->set_has_aux_loss(r.has_aux_loss);
     out->set_aux_loss(r.aux_loss);
     out->set_aux_loss_coef(r.aux_loss_coef);
-    if (r.has_preference) {
-      v1::Preference* p = out->mutable_preference();
-      p->set_rewards_chosen(r.preference.rewards_chosen);
-      p->set_rewards_rejected(r.preference.rewards_rejected);
-      p->set_rewards_accuracies(r.preference.rewards_accuracies);
-      p->set_rewards_margins(r.preference.rewards_margins);
-      p->set_logps_chosen(r.preference.logps_chosen);
-      p->set_logps_rejected(r.preference.logps_rejected);
-      p->set_pairs(r.preference.pairs);
-    }
+    if (r.has_preference) PreferenceToMessage(r.preference, out->mutable_preference());
     out->set_lr(r.lr);
     out->set_grad_norm(r.grad_norm);
     out->set_tokens(r.tokens);

@@ -125,23 +125,36 @@ absl::StatusOr<PreferencePair> PreferencePairFromLine(absl::string_view line,
 }
 
 absl::StatusOr<std::pair<PreferenceSequence, PreferenceSequence>> PreferenceSequences(
-    const PreferencePair& pair, int64_t max_length, PreferenceTruncation truncation) {
-  const int64_t prompt = static_cast<int64_t>(pair.prompt.size());
-  if (max_length > 0 && truncation == PreferenceTruncation::kKeepStart && prompt >= max_length) {
+    const PreferencePair& pair, const PreferenceCut& cut) {
+  // The tokenizer's cuts: the prompt's end, each completion's start.
+  const auto kept_prompt = [&] {
+    const int64_t n = static_cast<int64_t>(pair.prompt.size());
+    const int64_t from = cut.max_prompt_length > 0 ? std::max<int64_t>(0, n - cut.max_prompt_length)
+                                                   : 0;
+    return std::vector<int32_t>(pair.prompt.begin() + from, pair.prompt.end());
+  }();
+  const int64_t prompt = static_cast<int64_t>(kept_prompt.size());
+  const int64_t max_length = cut.max_length;
+  if (max_length > 0 && cut.truncation == PreferenceTruncation::kKeepStart &&
+      prompt >= max_length) {
     return absl::InvalidArgumentError(
         absl::StrCat("the prompt is ", prompt, " tokens, and max_length ", max_length,
                      " keeps no completion token after it (truncation keep_start)"));
   }
   auto sequence = [&](const std::vector<int32_t>& completion) {
+    const int64_t kept = cut.max_completion_length > 0
+                             ? std::min<int64_t>(cut.max_completion_length,
+                                                 static_cast<int64_t>(completion.size()))
+                             : static_cast<int64_t>(completion.size());
     PreferenceSequence s;
-    s.ids = pair.prompt;
-    s.ids.insert(s.ids.end(), completion.begin(), completion.end());
-    s.completion.assign(pair.prompt.size(), 0);
+    s.ids = kept_prompt;
+    s.ids.insert(s.ids.end(), completion.begin(), completion.begin() + kept);
+    s.completion.assign(kept_prompt.size(), 0);
     s.completion.resize(s.ids.size(), 1);
     const int64_t length = static_cast<int64_t>(s.ids.size());
-    if (max_length > 0 && length > max_length) {
+    if (max_length > 0 && length > max_length) {  // the collator's cut
       const int64_t first =
-          truncation == PreferenceTruncation::kKeepStart ? 0 : length - max_length;
+          cut.truncation == PreferenceTruncation::kKeepStart ? 0 : length - max_length;
       s.ids.assign(s.ids.begin() + first, s.ids.begin() + first + max_length);
       s.completion.assign(s.completion.begin() + first, s.completion.begin() + first + max_length);
     }

@@ -15,8 +15,10 @@
 // When the whole does not start with the prompt's ids (a merge across the boundary), the
 // split is still at the prompt's length, as in TRL, and the pair says so (a warning).
 //
-// A pair's two training sequences are prompt + completion, each cut to max_length as
-// TRL's collator cuts it: keep_start keeps the first max_length tokens, keep_end the last.
+// A pair's two training sequences are prompt + completion, cut as TRL cuts them: first the
+// prompt to its last max_prompt_length tokens and each completion to its first
+// max_completion_length (the tokenizer's step), then the whole to max_length (the
+// collator's): keep_start keeps the first max_length tokens, keep_end the last.
 // Only completion tokens are trained.
 #pragma once
 
@@ -55,11 +57,18 @@ struct PreferenceSequence {
   std::vector<uint8_t> completion;
 };
 
-// The pair's chosen and rejected sequences, each prompt + completion cut to max_length
-// (0: uncut). InvalidArgument when keep_start leaves a sequence no completion token (the
-// prompt alone fills max_length: TRL drops such pairs).
+// How a pair's sequences are cut (each length 0: uncut).
+struct PreferenceCut {
+  int64_t max_length = 0;             // a whole sequence's tokens
+  int64_t max_prompt_length = 0;      // the prompt's, its last kept
+  int64_t max_completion_length = 0;  // each completion's, its first kept
+  PreferenceTruncation truncation = PreferenceTruncation::kKeepStart;  // max_length's
+};
+
+// The pair's chosen and rejected sequences, prompt + completion cut by `cut`.
+// InvalidArgument when keep_start leaves a sequence no completion token (the prompt alone
+// fills max_length: TRL drops such pairs).
 [[nodiscard]] absl::StatusOr<std::pair<PreferenceSequence, PreferenceSequence>>
-PreferenceSequences(const PreferencePair& pair, int64_t max_length,
-                    PreferenceTruncation truncation);
+PreferenceSequences(const PreferencePair& pair, const PreferenceCut& cut);
 
 }  // namespace megatrain

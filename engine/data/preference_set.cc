@@ -24,7 +24,7 @@ absl::StatusOr<SequencePair> PairOf(const std::string& line, const PreferenceSet
   ASSIGN_OR_RETURN(const PreferencePair pair,
                    PreferencePairFromLine(line, o.chat, o.chat_options, tokenizer));
   *prefix_mismatch = pair.prefix_mismatch;
-  return PreferenceSequences(pair, o.max_length, o.truncation);
+  return PreferenceSequences(pair, o.cut);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // or conversational), read whole, each line tokenized and cut into its two training
 // sequences (PreferenceSequences). A bad line stops the load naming path:line and the
 // problem, or is left out and counted (skip_bad_lines): a malformed line, a missing or
-// mismatched field, chosen equal to rejected, a prompt that fills max_length. Pairs whose
+// mismatched field, chosen equal to rejected, a prompt that fills cut.max_length. Pairs whose
 // whole did not start with the prompt's ids are counted (TRL warns about them).
 #pragma once
 
@@ -26,8 +26,7 @@ struct PreferenceSetOptions {
   std::string field = "data.path";  // the spec's field naming `path`, for errors
   std::optional<ChatFormat> chat;   // conversational pairs need one
   ChatOptions chat_options;
-  int64_t max_length = 0;           // each sequence's tokens at most (0: uncut)
-  PreferenceTruncation truncation = PreferenceTruncation::kKeepStart;
+  PreferenceCut cut;                // each sequence's cutting
   bool skip_bad_lines = false;
   int64_t max_line_bytes = kMaxLineBytes;
   int64_t max_lines = 0;  // read at most this many non-blank lines (0: the whole file)

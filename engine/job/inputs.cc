@@ -134,9 +134,12 @@ absl::StatusOr<PreferenceSetOptions> JobPreferenceSetOptions(const JobSpec& spec
   o.path = spec.data_path;
   o.chat = data.chat;
   o.chat_options = data.chat_options;
-  o.max_length = spec.dpo.max_length > 0 ? spec.dpo.max_length : spec.seq_len;
-  o.truncation = spec.dpo.truncation == DpoTruncation::kKeepEnd ? PreferenceTruncation::kKeepEnd
-                                                                 : PreferenceTruncation::kKeepStart;
+  o.cut.max_length = spec.dpo.max_length > 0 ? spec.dpo.max_length : spec.seq_len;
+  o.cut.max_prompt_length = spec.dpo.max_prompt_length;
+  o.cut.max_completion_length = spec.dpo.max_completion_length;
+  o.cut.truncation = spec.dpo.truncation == DpoTruncation::kKeepEnd
+                         ? PreferenceTruncation::kKeepEnd
+                         : PreferenceTruncation::kKeepStart;
   o.skip_bad_lines = spec.on_bad_line == OnBadLine::kSkip;
   return o;
 }
@@ -239,13 +242,16 @@ absl::Status CheckJobFolders(const JobSpec& spec) {
 absl::Status ValidateJobInputs(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckJobFolders(spec));
   ASSIGN_OR_RETURN(const ModelConfig config, ResolveModelConfig(spec));
-  if (!spec.model_path.empty()) {
-    absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(spec.model_path);
-    if (!reader.ok()) return Annotate(reader.status(), "model.path");
-    // Every tensor config.json implies, with its shape (headers only): a folder that does
-    // not match is refused now, not after the job has waited for its turn.
+  // Every tensor config.json implies, with its shape (headers only): a folder that does
+  // not match is refused now, not after the job has waited for its turn. A DPO job's
+  // reference model holds the same tensors as the model.
+  for (const auto& [field, path] : {std::pair{"model.path", &spec.model_path},
+                                    std::pair{"dpo.reference", &spec.dpo.reference}}) {
+    if (path->empty()) continue;
+    absl::StatusOr<ModelTensorReader> reader = ModelTensorReader::OpenFolder(*path);
+    if (!reader.ok()) return Annotate(reader.status(), field);
     absl::Status tensors = CheckModelTensors(*reader, BuildLayout(config));
-    if (!tensors.ok()) return Annotate(tensors, "model.path");
+    if (!tensors.ok()) return Annotate(tensors, field);
   }
   // A generate or eval job's prompts are read whole when it is planned.
   if (spec.kind != JobKind::kTrain) return absl::OkStatus();

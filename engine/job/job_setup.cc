@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/backend/devices.h"
 #include "engine/backend/factory.h"
+#include "engine/common/check.h"
 #include "engine/common/status.h"
 #include "engine/data/preference_set.h"
 #include "engine/data/tokenizer.h"
@@ -164,6 +165,15 @@ absl::Status SetUpPairs(const JobSpec& spec, const Tokenizer& tokenizer, JobPart
   p->pair_pad_id = JobPackOptions(spec, tokenizer, p->config.vocab_size).pad_id;
   p->pair_stream =
       std::make_unique<PairStream>(set.pairs, spec.seq_len, spec.data_seed, p->pair_pad_id);
+  if (spec.eval.path.empty()) return absl::OkStatus();
+  PreferenceSetOptions e = o;  // cut and templated as data's; its first max_rows pairs
+  e.path = spec.eval.path;
+  e.field = "eval.path";
+  e.max_lines = spec.eval.max_rows;
+  ASSIGN_OR_RETURN(PreferenceSet eval, LoadPreferenceSet(e, tokenizer));
+  p->eval_stats = eval.stats;
+  p->eval_pairs = eval.pairs;
+  p->eval_pairs_fingerprint = eval.fingerprint;
   return absl::OkStatus();
 }
 
@@ -305,6 +315,23 @@ absl::Status LoadBase(const JobSpec& spec, const ModelConfig& config, HostStore*
   return LoadWeights(reader, store);
 }
 
+// The weights `Restore` starts from (the checkpoint `newest`'s state in *saved).
+absl::Status LoadWeightsFrom(const JobSpec& spec, const std::string& newest, JobParts* p,
+                             TrainerState* saved) {
+  // A LoRA job's checkpoints hold its adapters alone: the base is the model's, always.
+  const bool adapters = HasLora(p->store->layout());
+  if (newest.empty() || adapters) RETURN_IF_ERROR(LoadBase(spec, p->config, p->store.get()));
+  if (!newest.empty()) {
+    return Annotate(LoadCheckpoint(newest, p->store.get(), saved),
+                    absl::StrCat("resuming from ", newest));
+  }
+  if (adapters && !spec.lora_adapter.empty()) {
+    return LoadLoraAdapter(spec.lora_adapter, spec.lora, p->store.get());
+  }
+  if (adapters) InitLoraAdapters(spec.lora.init, spec.init_seed, p->store.get());
+  return absl::OkStatus();
+}
+
 // The weights and the trainer state: from checkpoint.dir's newest checkpoint (`newest`),
 // which must be this job's, else the model folder's, else random (model.init_seed); a
 // LoRA job's adapters from lora.adapter, else drawn (model.init_seed).
@@ -313,13 +340,10 @@ absl::Status Restore(const JobSpec& spec, const std::string& newest, JobParts* p
   state.data_seed = spec.data_seed;
   state.init_seed = spec.init_seed;
   state.spec_fingerprint = spec.Fingerprint();
-  // A LoRA job's checkpoints hold its adapters alone: the base is the model's, always.
-  const bool adapters = HasLora(p->store->layout());
-  if (newest.empty() || adapters) RETURN_IF_ERROR(LoadBase(spec, p->config, p->store.get()));
+  TrainerState saved;
+  RETURN_IF_ERROR(LoadWeightsFrom(spec, newest, p, &saved));
+  p->restored_from = newest;
   if (!newest.empty()) {
-    TrainerState saved;
-    RETURN_IF_ERROR(Annotate(LoadCheckpoint(newest, p->store.get(), &saved),
-                             absl::StrCat("resuming from ", newest)));
     if (saved.spec_fingerprint != state.spec_fingerprint) {
       return AnotherJobsCheckpoints(spec, saved.spec_fingerprint);
     }
@@ -329,10 +353,6 @@ absl::Status Restore(const JobSpec& spec, const std::string& newest, JobParts* p
     state = saved;
     p->resumed_from_step = saved.step;
     p->last_saved_step = saved.step;
-  } else if (adapters && !spec.lora_adapter.empty()) {
-    RETURN_IF_ERROR(LoadLoraAdapter(spec.lora_adapter, spec.lora, p->store.get()));
-  } else if (adapters) {
-    InitLoraAdapters(spec.lora.init, spec.init_seed, p->store.get());
   }
   state.micro_batch_rows = p->plan.micro_batch_rows;  // what this run's checkpoints record
   state.mlp_tile_tokens = p->plan.mlp_tile_tokens;
@@ -341,6 +361,19 @@ absl::Status Restore(const JobSpec& spec, const std::string& newest, JobParts* p
 }
 
 }  // namespace
+
+absl::Status LoadStartWeights(const JobSpec& spec, JobParts* p) {
+  TrainerState saved;
+  return LoadWeightsFrom(spec, p->restored_from, p, &saved);
+}
+
+absl::Status LoadReferenceWeights(const JobSpec& spec, JobParts* p) {
+  MT_CHECK(!spec.dpo.reference.empty());
+  ASSIGN_OR_RETURN(ModelTensorReader reader, ModelTensorReader::OpenFolder(spec.dpo.reference));
+  RETURN_IF_ERROR(Annotate(LoadWeights(reader, p->store.get()), "dpo.reference"));
+  ZeroLoraAdapters(p->store.get());  // the reference is the model alone
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<JobParts>> SetUpJob(const JobSpec& spec,
                                                    const MachineProfile* profile) {

@@ -52,6 +52,9 @@ struct JobParts {
   std::shared_ptr<const std::vector<SequencePair>> pairs;
   uint64_t pairs_fingerprint = 0;
   int32_t pair_pad_id = 0;  // the input id of a pair micro-batch's padding
+  // Its eval set's pairs (eval.path; null without one) and their fingerprint.
+  std::shared_ptr<const std::vector<SequencePair>> eval_pairs;
+  uint64_t eval_pairs_fingerprint = 0;
   Plan plan;
   std::string plan_text;     // the plan in words, with the resume, NUMA and reduce notes
   MachineProfile profile;    // what the plan was made with
@@ -68,6 +71,7 @@ struct JobParts {
   // The state the job starts from: the checkpoint's it resumed from, else step 0's.
   TrainerState state;
   int64_t resumed_from_step = 0;
+  std::string restored_from;     // the checkpoint folder its weights came from ("": none)
   int64_t last_saved_step = -1;  // the checkpoint resumed from (-1: none)
 };
 
@@ -75,6 +79,15 @@ struct JobParts {
 // planner; null = LoadMachineProfile()'s for the job's backend.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<JobParts>> SetUpJob(const JobSpec& spec,
                                                                  const MachineProfile* profile);
+
+// Loads the weights the job started from again (what SetUpJob loaded: the checkpoint it
+// resumed from, else the model's or random, with a LoRA job's adapters), the moments with
+// them. For a DPO job whose reference pass ran on dpo.reference's weights.
+[[nodiscard]] absl::Status LoadStartWeights(const JobSpec& spec, JobParts* p);
+// Loads dpo.reference's weights in place of the job's (a LoRA job's adapters zeroed: the
+// reference is the model alone); the moments are zeroed. Errors name dpo.reference.
+// REQUIRES: spec.dpo.reference set.
+[[nodiscard]] absl::Status LoadReferenceWeights(const JobSpec& spec, JobParts* p);
 
 // The trainer state of the checkpoint `spec` resumes from: its checkpoint.dir's newest
 // (none without one). FailedPrecondition when that is another job's (another Fingerprint:

@@ -23,12 +23,18 @@ PreferenceOptions PreferenceOptionsOf(const JobSpec::Dpo& dpo) {
 }
 
 std::string ReferenceFingerprint(const JobSpec& spec, uint64_t pairs_fingerprint) {
-  const nlohmann::json j = {{"model_path", spec.model_path},
-                            {"model_config", spec.model_config_json},
-                            {"init_seed", spec.init_seed},
-                            {"lora_adapter", spec.lora_adapter},
-                            {"seq_len", spec.seq_len},
-                            {"pairs", absl::StrCat(absl::Hex(pairs_fingerprint))}};
+  const nlohmann::json pairs = {{"seq_len", spec.seq_len},
+                                {"pairs", absl::StrCat(absl::Hex(pairs_fingerprint))}};
+  if (!spec.dpo.reference.empty()) {  // the named model's weights, the adapters' none
+    nlohmann::json j = {{"reference", spec.dpo.reference}};
+    j.update(pairs);
+    return j.dump();
+  }
+  nlohmann::json j = {{"model_path", spec.model_path},
+                      {"model_config", spec.model_config_json},
+                      {"init_seed", spec.init_seed},
+                      {"lora_adapter", spec.lora_adapter}};
+  j.update(pairs);
   return j.dump();
 }
 
@@ -93,6 +99,24 @@ std::vector<MicroBatch> PreferenceStepBatches(std::vector<PairBatch>* step,
     batches.push_back(b.batch);
   }
   return batches;
+}
+
+PreferenceMetrics PairSetMetrics(const std::vector<SequencePair>& pairs,
+                                 const ReferenceLogps& policy, const ReferenceLogps* ref,
+                                 const PreferenceOptions& options) {
+  MT_CHECK(policy.complete() && policy.num_pairs() == static_cast<int64_t>(pairs.size()));
+  const auto completion_tokens = [](const PreferenceSequence& s) {
+    return static_cast<int64_t>(std::count(s.completion.begin(), s.completion.end(), 1));
+  };
+  std::vector<PairLogps> values(pairs.size());
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    PairLogps& v = values[k];
+    std::tie(v.chosen, v.rejected) = policy.Get(static_cast<int64_t>(k));
+    if (ref != nullptr) std::tie(v.ref_chosen, v.ref_rejected) = ref->Get(static_cast<int64_t>(k));
+    v.chosen_tokens = completion_tokens(pairs[k].first);
+    v.rejected_tokens = completion_tokens(pairs[k].second);
+  }
+  return ComputePreferenceStep(options, values).metrics;
 }
 
 PreferenceStep PreferenceStepMetrics(const std::vector<PairBatch>& step,

@@ -24,8 +24,9 @@ namespace megatrain {
 // The losses' options a job's dpo section names.
 PreferenceOptions PreferenceOptionsOf(const JobSpec::Dpo& dpo);
 
-// What a job's reference values are tied to: the starting weights (the model folder, or
-// its config and init seed; a LoRA job's starting adapter) and the pairs as cut.
+// What a job's reference values are tied to: the reference's weights (dpo.reference's
+// folder, else the starting weights: the model folder, or its config and init seed; a LoRA
+// job's starting adapter) and the pairs as cut.
 std::string ReferenceFingerprint(const JobSpec& spec, uint64_t pairs_fingerprint);
 // The file in the job's data cache holding them: reference_logps-<16 hex digits of the
 // fingerprint's FNV-1a>.json, so that jobs sharing a cache folder (the temporary one of
@@ -48,6 +49,12 @@ std::string ReferenceFileName(const std::string& fingerprint);
 std::vector<MicroBatch> PreferenceStepBatches(std::vector<PairBatch>* step,
                                               const ReferenceLogps* ref,
                                               const PreferenceOptions& options);
+
+// The loss and metrics of a whole set of pairs (an eval set): `policy` their values under
+// the weights evaluated (complete), `ref` the reference's (complete; null: reference-free).
+PreferenceMetrics PairSetMetrics(const std::vector<SequencePair>& pairs,
+                                 const ReferenceLogps& policy, const ReferenceLogps* ref,
+                                 const PreferenceOptions& options);
 
 // The step's loss and metrics from its per-token values (StepResult::token_values, the
 // micro-batches' in order).

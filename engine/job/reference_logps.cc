@@ -54,6 +54,12 @@ absl::StatusOr<ReferenceLogps> ReferenceLogps::Open(const std::string& path,
   return r;
 }
 
+ReferenceLogps ReferenceLogps::InMemory(int64_t num_pairs) {
+  ReferenceLogps r;
+  r.num_pairs_ = num_pairs;
+  return r;
+}
+
 void ReferenceLogps::Append(double chosen, double rejected) {
   MT_CHECK(!complete());
   chosen_.push_back(chosen);
@@ -66,6 +72,7 @@ std::pair<double, double> ReferenceLogps::Get(int64_t k) const {
 }
 
 absl::Status ReferenceLogps::Save() const {
+  if (path_.empty()) return absl::OkStatus();  // InMemory
   const nlohmann::json js = {{"fingerprint", fingerprint_},
                              {"pairs", num_pairs_},
                              {"chosen", chosen_},

@@ -31,6 +31,9 @@ class ReferenceLogps {
                                                            const std::string& fingerprint,
                                                            int64_t num_pairs);
 
+  // Values held in memory alone (Save() writes nothing): a pass of the current weights.
+  static ReferenceLogps InMemory(int64_t num_pairs);
+
   int64_t num_pairs() const { return num_pairs_; }
   int64_t done() const { return static_cast<int64_t>(chosen_.size()); }  // pairs [0, done)
   bool complete() const { return done() == num_pairs_; }
@@ -38,7 +41,7 @@ class ReferenceLogps {
   void Append(double chosen, double rejected);
   // Pair k's (chosen, rejected). REQUIRES: k < done().
   std::pair<double, double> Get(int64_t k) const;
-  // Writes the file durably (a temporary file renamed over it).
+  // Writes the file durably (a temporary file renamed over it); nothing when InMemory.
   [[nodiscard]] absl::Status Save() const;
 
  private:

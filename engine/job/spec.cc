@@ -368,7 +368,7 @@ absl::Status ParseLora(Section& top, const std::string& base_dir, JobSpec* spec)
 }
 
 // A preference job: the section's presence makes one (every field has a default).
-absl::Status ParseDpo(Section& top, JobSpec* spec) {
+absl::Status ParseDpo(Section& top, const std::string& base_dir, JobSpec* spec) {
   if (!top.Has("dpo")) return absl::OkStatus();
   if (!top.Get("dpo").IsMap()) return top.Error("dpo", "must be a mapping");
   Section d(top.Get("dpo"), "dpo");
@@ -381,6 +381,10 @@ absl::Status ParseDpo(Section& top, JobSpec* spec) {
   RETURN_IF_ERROR(d.Bool("reference_free", &dpo.reference_free));
   RETURN_IF_ERROR(d.Int("max_length", &dpo.max_length));
   RETURN_IF_ERROR(d.Enum("truncation", &dpo.truncation));
+  RETURN_IF_ERROR(d.Int("max_prompt_length", &dpo.max_prompt_length));
+  RETURN_IF_ERROR(d.Int("max_completion_length", &dpo.max_completion_length));
+  RETURN_IF_ERROR(d.String("reference", &dpo.reference));
+  dpo.reference = ResolveSpecPath(base_dir, dpo.reference);
   return d.CheckNoUnknown();
 }
 
@@ -484,7 +488,7 @@ absl::Status ParseSections(const YAML::Node& root, const std::string& base_dir, 
     RETURN_IF_ERROR(ParseTrain(top, spec));
     RETURN_IF_ERROR(ParseOptimizer(top, base_dir, spec));
     RETURN_IF_ERROR(ParseLora(top, base_dir, spec));
-    RETURN_IF_ERROR(ParseDpo(top, spec));
+    RETURN_IF_ERROR(ParseDpo(top, base_dir, spec));
   } else {
     RETURN_IF_ERROR(ParseGenerate(top, base_dir, spec));
   }
@@ -654,9 +658,25 @@ absl::Status CheckDpo(const JobSpec& s) {
         "data.format is ", SpecName(s.data_format), "; a dpo job reads data.path as "
         "{prompt, chosen, rejected} pairs: leave data.format out"));
   }
-  if (s.devices > 1 || !s.eval.path.empty()) {
+  for (const auto& [field, value] : {std::pair{"dpo.max_prompt_length", d.max_prompt_length},
+                                     std::pair{"dpo.max_completion_length",
+                                               d.max_completion_length}}) {
+    if (value < 0 || value > s.seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " must be in [0, data.seq_len = ",
+                                                     s.seq_len, "] (0: uncut), got ", value));
+    }
+  }
+  if (d.reference_free && !d.reference.empty()) {
     return absl::InvalidArgumentError(
-        "a dpo job runs on one device (train.devices: 1) and without eval.path");
+        "dpo.reference names a reference model and dpo.reference_free has none: give one");
+  }
+  if (s.devices > 1) {
+    return absl::InvalidArgumentError("a dpo job runs on one device (train.devices: 1)");
+  }
+  if (!s.eval.path.empty() && s.eval.format != DataFormat::kText) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval.format is ", SpecName(s.eval.format), "; a dpo job's eval.path holds pairs as "
+        "data.path does: leave eval.format out"));
   }
   return absl::OkStatus();
 }
@@ -718,6 +738,7 @@ absl::Status CheckUtf8(const JobSpec& s) {
       {"generate.answer_pattern", &s.generate.answer_pattern},
       {"optimizer.nvme_dir", &s.nvme_dir},
       {"lora.adapter", &s.lora_adapter},
+      {"dpo.reference", &s.dpo.reference},
       {"checkpoint.dir", &s.checkpoint_dir},
       {"backend", &s.backend}};
   for (const auto& [field, value] : strings) {
@@ -927,6 +948,10 @@ std::string JobSpec::Fingerprint() const {
     j["dpo_reference_free"] = dpo.reference_free;
     j["dpo_max_length"] = dpo.max_length;
     j["dpo_truncation"] = SpecName(dpo.truncation);
+    // Set only: a job saved before these existed keeps its fingerprint.
+    if (dpo.max_prompt_length > 0) j["dpo_max_prompt_length"] = dpo.max_prompt_length;
+    if (dpo.max_completion_length > 0) j["dpo_max_completion_length"] = dpo.max_completion_length;
+    if (!dpo.reference.empty()) j["dpo_reference"] = dpo.reference;
   }
   return j.dump();
 }
@@ -949,6 +974,9 @@ std::vector<std::string> FingerprintDifferences(const std::string& there,
       {"dpo_label_smoothing", "dpo.label_smoothing"}, {"dpo_rpo_alpha", "dpo.rpo_alpha"},
       {"dpo_reference_free", "dpo.reference_free"},   {"dpo_max_length", "dpo.max_length"},
       {"dpo_truncation", "dpo.truncation"},
+      {"dpo_max_prompt_length", "dpo.max_prompt_length"},
+      {"dpo_max_completion_length", "dpo.max_completion_length"},
+      {"dpo_reference", "dpo.reference"},
       {"rows_per_step", "sequences per step"}};
   const nlohmann::json a = nlohmann::json::parse(there, nullptr, /*allow_exceptions=*/false);
   const nlohmann::json b = nlohmann::json::parse(here, nullptr, /*allow_exceptions=*/false);
@@ -1076,6 +1104,9 @@ void EmitDpo(const JobSpec::Dpo& d, YAML::Emitter* out) {
   *out << YAML::Key << "reference_free" << YAML::Value << d.reference_free;
   *out << YAML::Key << "max_length" << YAML::Value << d.max_length;
   *out << YAML::Key << "truncation" << YAML::Value << SpecName(d.truncation);
+  *out << YAML::Key << "max_prompt_length" << YAML::Value << d.max_prompt_length;
+  *out << YAML::Key << "max_completion_length" << YAML::Value << d.max_completion_length;
+  *out << YAML::Key << "reference" << YAML::Value << YAML::DoubleQuoted << d.reference;
   *out << YAML::EndMap;
 }
 

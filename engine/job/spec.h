@@ -38,7 +38,10 @@
 //                label_smoothing: 0, rpo_alpha: 0,     # data.path holds {prompt, chosen,
 //                reference_free: false,                # rejected} pairs (docs/dpo.md)
 //                max_length: 0,                        # a sequence's tokens; 0: seq_len
-//                truncation: keep_start|keep_end}
+//                truncation: keep_start|keep_end,      # max_length's cut
+//                max_prompt_length: 0,                 # the prompt's last tokens kept
+//                max_completion_length: 0,             # a completion's first tokens kept
+//                reference: ""}                        # a model folder as the reference
 //   checkpoint: {dir, every_steps, keep_last, max_shard_bytes, background}
 //   backend:    auto | cpu | cuda
 //   device_memory_cap_bytes: 0      # the most device memory the job may take; 0 = all free

@@ -1,6 +1,7 @@
 #include "engine/job/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <utility>
@@ -54,49 +55,25 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec,
   }
   t->checkpoints_ = std::make_unique<JobCheckpoints>(checkpoints, &p.config, p.store.get(),
                                                      p.optimizer.get(), p.last_saved_step);
-  if (spec.dpo.enabled && !spec.dpo.reference_free) {
-    const std::string folder = JobDataCacheDir(spec);
-    std::error_code error;
-    std::filesystem::create_directories(folder, error);
-    if (error) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("dpo: cannot create ", folder, " for the reference's values: ",
-                       error.message()));
-    }
-    const std::string fingerprint = ReferenceFingerprint(spec, p.pairs_fingerprint);
-    t->reference_path_ = (std::filesystem::path(folder) / ReferenceFileName(fingerprint)).string();
-    ASSIGN_OR_RETURN(ReferenceLogps ref,
-                     ReferenceLogps::Open(t->reference_path_, fingerprint,
-                                          static_cast<int64_t>(p.pairs->size())));
-    t->reference_ = std::make_unique<ReferenceLogps>(std::move(ref));
+  if (spec.dpo.enabled) {
+    ASSIGN_OR_RETURN(t->references_, PreferenceReferences::Open(spec, p));
   }
   return t;
 }
 
 absl::Status Trainer::EnsureReference() {
-  if (reference_ == nullptr || reference_->complete()) return absl::OkStatus();
-  if (state_.step > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dpo: the reference log-probabilities (", reference_path_, ") are incomplete after ",
-        state_.step,
-        " steps; they come from the starting weights: restore the file, or start the job "
-        "afresh"));
-  }
-  JobParts& p = *parts_;
-  return RunReferencePass(p.pipeline.get(), *p.pairs, p.plan.micro_batch_rows, spec_.seq_len,
-                          p.pair_pad_id,
-                          std::max<int64_t>(1, p.pipeline->eval_micro_batches()),
-                          reference_.get());
+  if (references_ == nullptr) return absl::OkStatus();
+  return references_->Ensure(spec_, state_.step - parts_->state.step, parts_.get());
 }
 
 absl::StatusOr<StepReport> Trainer::Step() {
   if (done()) return absl::FailedPreconditionError("the job has already run all its steps");
   const int64_t step = state_.step + 1;
   std::vector<EvalReport> evals;
+  RETURN_IF_ERROR(EnsureReference());
   if (state_.step == 0 && EvaluatesAfter(spec_, 0)) {  // the starting point
     ASSIGN_OR_RETURN(evals.emplace_back(), Evaluate());
   }
-  RETURN_IF_ERROR(EnsureReference());
   CheckpointOutcomes checkpoints;
   const double checkpoint_wait = checkpoints_->BeforeStep(step, &checkpoints);
   double lr = 0;
@@ -108,7 +85,7 @@ absl::StatusOr<StepReport> Trainer::Step() {
   StepReport report = reporter_->Report(*result, step, lr, checkpoint_wait);
   if (spec_.dpo.enabled) {
     const PreferenceStep dpo = PreferenceStepMetrics(pair_step_, result->token_values,
-                                                     reference_.get(),
+                                                     references_->train(),
                                                      PreferenceOptionsOf(spec_.dpo));
     const PreferenceMetrics& m = dpo.metrics;
     report.loss = m.loss;
@@ -131,12 +108,13 @@ absl::StatusOr<StepReport> Trainer::Step() {
 }
 
 absl::StatusOr<EvalReport> Trainer::Evaluate() {
-  if (eval_batches_.empty()) {
+  JobParts& p = *parts_;
+  if (eval_batches_.empty() && p.eval_pairs == nullptr) {
     return absl::FailedPreconditionError("the job has no eval set (eval.path)");
   }
-  JobParts& p = *parts_;
   p.optimizer->Drain();  // the weights after the last step, every update applied
   RETURN_IF_ERROR(p.optimizer->status());
+  if (p.eval_pairs != nullptr) return EvaluatePairs();
   ASSIGN_OR_RETURN(const EvalResult r, p.pipeline->Evaluate(eval_batches_));
   EvalReport report;
   report.step = state_.step;
@@ -149,11 +127,42 @@ absl::StatusOr<EvalReport> Trainer::Evaluate() {
   return report;
 }
 
+absl::StatusOr<EvalReport> Trainer::EvaluatePairs() {
+  RETURN_IF_ERROR(EnsureReference());
+  JobParts& p = *parts_;
+  const auto start = std::chrono::steady_clock::now();
+  ReferenceLogps policy = ReferenceLogps::InMemory(static_cast<int64_t>(p.eval_pairs->size()));
+  RETURN_IF_ERROR(RunReferencePass(p.pipeline.get(), *p.eval_pairs, p.plan.micro_batch_rows,
+                                   spec_.seq_len, p.pair_pad_id,
+                                   std::max<int64_t>(1, p.pipeline->eval_micro_batches()),
+                                   &policy));
+  const PreferenceMetrics m = PairSetMetrics(*p.eval_pairs, policy, references_->eval(),
+                                             PreferenceOptionsOf(spec_.dpo));
+  EvalReport report;
+  report.step = state_.step;
+  report.loss = m.loss;
+  report.has_preference = true;
+  report.preference = PreferenceReport{m.rewards_chosen,  m.rewards_rejected, m.rewards_accuracies,
+                                       m.rewards_margins, m.logps_chosen,     m.logps_rejected,
+                                       m.pairs};
+  for (const SequencePair& pair : *p.eval_pairs) {
+    report.targets += static_cast<int64_t>(
+        std::count(pair.first.completion.begin(), pair.first.completion.end(), 1) +
+        std::count(pair.second.completion.begin(), pair.second.completion.end(), 1));
+    report.tokens += static_cast<int64_t>(pair.first.ids.size() + pair.second.ids.size());
+  }
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.tokens_per_second = report.seconds > 0 ? report.tokens / report.seconds : 0;
+  return report;
+}
+
 absl::StatusOr<StepResult> Trainer::RunStep(int64_t step, double* lr) {
   JobParts& p = *parts_;
   if (p.pair_stream != nullptr) {  // a DPO job (one device): the step's pairs
     pair_step_ = p.pair_stream->NextStep(p.plan.micro_batches, p.plan.micro_batch_rows);
-    batches_ = PreferenceStepBatches(&pair_step_, reference_.get(), PreferenceOptionsOf(spec_.dpo));
+    batches_ = PreferenceStepBatches(&pair_step_, references_->train(),
+                                     PreferenceOptionsOf(spec_.dpo));
   } else {
     // In data order: the first device's share, then the next's (as one device would).
     for (MicroBatch& b : batches_) p.packer->Next(p.plan.micro_batch_rows, &b);

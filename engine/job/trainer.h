@@ -25,7 +25,7 @@
 #include "engine/job/background_checkpoint.h"
 #include "engine/job/job_checkpoints.h"
 #include "engine/job/job_setup.h"
-#include "engine/job/reference_logps.h"
+#include "engine/job/preference_references.h"
 #include "engine/job/spec.h"
 #include "engine/job/step_reporter.h"
 #include "engine/model/config.h"
@@ -99,6 +99,10 @@ class Trainer {
   [[nodiscard]] absl::StatusOr<EvalReport> Evaluate();
   // The eval set as the plan packs it (empty without one), and what tokenizing it found.
   const std::vector<MicroBatch>& eval_batches() const { return eval_batches_; }
+  // A DPO job's eval pairs (0 without an eval set).
+  int64_t eval_pairs() const {
+    return parts_->eval_pairs != nullptr ? static_cast<int64_t>(parts_->eval_pairs->size()) : 0;
+  }
   const DatasetStats& eval_stats() const { return parts_->eval_stats; }
   std::string backend_name() const { return parts_->backend->name(); }
   const HostStore& store() const { return *parts_->store; }
@@ -116,17 +120,18 @@ class Trainer {
   // optimizer's step, the pipelines. `*lr`: the step's learning rate.
   [[nodiscard]] absl::StatusOr<StepResult> RunStep(int64_t step, double* lr);
 
-  // A DPO job's reference values before its first step: the cache file's, computed by the
-  // reference pass where it is not complete (FailedPrecondition once steps have run).
+  // A DPO job's reference values (PreferenceReferences::Ensure): before its first step, and
+  // before an evaluation of its eval pairs.
   [[nodiscard]] absl::Status EnsureReference();
+  // A DPO job's evaluation: its eval pairs' metrics under the current weights.
+  [[nodiscard]] absl::StatusOr<EvalReport> EvaluatePairs();
 
   JobSpec spec_;
   std::unique_ptr<JobParts> parts_;
   std::vector<MicroBatch> batches_;  // the first device's share of a step
-  // A DPO job's: the step's pairs, and the reference's values (null: reference-free).
+  // A DPO job's: the step's pairs, and the reference's values.
   std::vector<PairBatch> pair_step_;
-  std::unique_ptr<ReferenceLogps> reference_;
-  std::string reference_path_;  // its file
+  std::unique_ptr<PreferenceReferences> references_;
   std::vector<MicroBatch> eval_batches_;  // the eval set (eval_set.h)
   TrainerState state_;
   bool step_failed_ = false;  // a step returned an error (its updates may be half done)

@@ -29,6 +29,9 @@ class TrainerJob final : public TrainingJob {
       d.eval_summary = absl::StrCat("eval set: ", absl::StripPrefix(t.eval_stats().Summary(), "dataset: "), "; ",
                                     t.eval_batches().size(), " micro-batch(es) of ",
                                     t.plan().micro_batch_rows, " x ", t.spec().seq_len);
+    } else if (t.eval_pairs() > 0) {  // a DPO job's
+      d.eval_summary = absl::StrCat("eval set: ", absl::StripPrefix(t.eval_stats().Summary(), "dataset: "), "; ",
+                                    t.eval_pairs(), " preference pairs");
     }
     d.architecture = ArchitectureClassName(t.config().architecture);
     d.num_parameters = t.num_parameters();

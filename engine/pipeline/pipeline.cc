@@ -345,6 +345,11 @@ void Pipeline::UploadSequences(int64_t m, const MicroBatch& b) {
   h2d_bytes_ += bytes + n * 4;
 }
 
+void Pipeline::WeightsReplaced() {
+  slots_.Forget();
+  embed_uploaded_ = head_uploaded_ = false;
+}
+
 int64_t Pipeline::UploadEdgeUnit(int64_t unit, void* slot, bool* loaded) {
   const bool state_only = *loaded;
   *loaded = true;

@@ -126,6 +126,10 @@ class Pipeline {
   [[nodiscard]] absl::StatusOr<EvalResult> Evaluate(const std::vector<MicroBatch>& batches,
                                                     std::vector<double>* token_values = nullptr);
   int64_t eval_micro_batches() const { return options_.eval_micro_batches; }
+  // The host's weights were replaced outside a step (a DPO job's reference weights loaded
+  // for its reference pass, then its own): nothing on the device holds them, so the next
+  // pass uploads every unit whole.
+  void WeightsReplaced();
 
   // Device bytes allocated by Create(): StepMemory's TotalBytes() for its options.
   int64_t device_bytes() const { return device_bytes_; }

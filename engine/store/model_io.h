@@ -33,6 +33,9 @@ void RandomInitWeights(const ModelConfig& config, uint64_t seed, HostStore* stor
 // LoadWeights or RandomInitWeights, which leave the adapters alone).
 void InitLoraAdapters(LoraInit init, uint64_t seed, HostStore* store);
 
+// Zeroes every LoRA adapter's B: the adapted model then computes as its base.
+void ZeroLoraAdapters(HostStore* store);
+
 // Sets the store's LoRA adapters from a PEFT adapter folder (adapter_config.json and
 // adapter_model.safetensors, PEFT's names: a checkpoint of a LoRA job is one too). Errors
 // name the folder and what disagrees: its r or targets and `lora`'s, a tensor the layout

@@ -21,6 +21,14 @@ namespace {
 // A step's line (every `log_every` steps, the first and the last) and its evaluations.
 void PrintReport(const megatrain::StepReport& r, int64_t log_every) {
   for (const megatrain::EvalReport& e : r.evals) {
+    if (e.has_preference) {  // a DPO job's eval pairs
+      std::printf("eval  %5lld/%lld  loss %.4f  rewards/accuracies %.3f  rewards/margins %.4f  "
+                  "(%lld pairs, %.3f s)\n",
+                  static_cast<long long>(e.step), static_cast<long long>(r.total_steps), e.loss,
+                  e.preference.rewards_accuracies, e.preference.rewards_margins,
+                  static_cast<long long>(e.preference.pairs), e.seconds);
+      continue;
+    }
     std::printf("eval  %5lld/%lld  loss %.4f  perplexity %.3f  (%lld targets, %.3f s, %.0f tok/s)\n",
                 static_cast<long long>(e.step), static_cast<long long>(r.total_steps), e.loss,
                 e.perplexity, static_cast<long long>(e.targets), e.seconds, e.tokens_per_second);

@@ -205,11 +205,16 @@ TEST(SpecFromMessage, DpoIsTheJobSpecOfTheSameYamlWithItsDefaults) {
   d->set_rpo_alpha(0.5);
   d->set_max_length(16);
   d->set_truncation("keep_end");
+  d->set_max_prompt_length(6);
+  d->set_max_completion_length(8);
+  d->set_reference("sft");
   absl::StatusOr<JobSpec> structured = SpecFromMessage(m, "/base");
   ASSERT_TRUE(structured.ok()) << structured.status();
+  EXPECT_EQ(structured->dpo.reference, "/base/sft");
   parsed = ParseJobSpec(same +
                             "dpo: {beta: 0.3, loss: ipo, rpo_alpha: 0.5, max_length: 16, "
-                            "truncation: keep_end}\n",
+                            "truncation: keep_end, max_prompt_length: 6, "
+                            "max_completion_length: 8, reference: sft}\n",
                         "/base");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(JobSpecToYaml(*structured), JobSpecToYaml(*parsed));

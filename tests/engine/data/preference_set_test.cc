@@ -37,12 +37,12 @@ TEST(PreferenceSet, EveryPairIsTokenizedCutAndFingerprinted) {
   EXPECT_EQ(chosen.ids.size(), 1 + 4 + 2u);  // bos, "2+2=", "4", eos
   EXPECT_EQ(set->stats.trained_tokens, 2 + 2 + 6 + 5);  // completions and their eos
 
-  o.max_length = 24;  // the second pair's chosen cut (26 tokens): another fingerprint
+  o.cut.max_length = 24;  // the second pair's chosen cut (26 tokens): another fingerprint
   absl::StatusOr<PreferenceSet> cut = LoadPreferenceSet(o, tok);
   ASSERT_TRUE(cut.ok()) << cut.status();
   EXPECT_EQ((*cut->pairs)[1].first.ids.size(), 24u);
   EXPECT_NE(cut->fingerprint, set->fingerprint);
-  o.max_length = 0;
+  o.cut.max_length = 0;
   EXPECT_EQ(LoadPreferenceSet(o, tok)->fingerprint, set->fingerprint);
 }
 

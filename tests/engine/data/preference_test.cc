@@ -43,28 +43,58 @@ TEST(PreferencePair, ConversationalPairRendersThePromptWithTheGenerationPrompt) 
   EXPECT_EQ(p->rejected, Bytes("go away<|im_end|>\n"));
 }
 
+PreferenceCut Cut(int64_t max_length, PreferenceTruncation truncation) {
+  PreferenceCut cut;
+  cut.max_length = max_length;
+  cut.truncation = truncation;
+  return cut;
+}
+
 TEST(PreferencePair, SequencesAreCutAsTrlsCollatorCutsThem) {
   PreferencePair pair;
   pair.prompt = {1, 2, 3};
   pair.chosen = {4, 5, 6, 7};
   pair.rejected = {8};
-  auto both = PreferenceSequences(pair, 5, PreferenceTruncation::kKeepStart);
+  auto both = PreferenceSequences(pair, Cut(5, PreferenceTruncation::kKeepStart));
   ASSERT_TRUE(both.ok()) << both.status();
   EXPECT_EQ(both->first.ids, (std::vector<int32_t>{1, 2, 3, 4, 5}));
   EXPECT_EQ(both->first.completion, (std::vector<uint8_t>{0, 0, 0, 1, 1}));
   EXPECT_EQ(both->second.ids, (std::vector<int32_t>{1, 2, 3, 8}));
   EXPECT_EQ(both->second.completion, (std::vector<uint8_t>{0, 0, 0, 1}));
-  both = PreferenceSequences(pair, 5, PreferenceTruncation::kKeepEnd);
+  both = PreferenceSequences(pair, Cut(5, PreferenceTruncation::kKeepEnd));
   ASSERT_TRUE(both.ok()) << both.status();
   EXPECT_EQ(both->first.ids, (std::vector<int32_t>{3, 4, 5, 6, 7}));
   EXPECT_EQ(both->first.completion, (std::vector<uint8_t>{0, 1, 1, 1, 1}));
-  both = PreferenceSequences(pair, 0, PreferenceTruncation::kKeepStart);  // uncut
+  both = PreferenceSequences(pair, Cut(0, PreferenceTruncation::kKeepStart));  // uncut
   ASSERT_TRUE(both.ok());
   EXPECT_EQ(both->first.ids.size(), 7u);
-  EXPECT_EQ(PreferenceSequences(pair, 3, PreferenceTruncation::kKeepStart).status().message(),
+  EXPECT_EQ(PreferenceSequences(pair, Cut(3, PreferenceTruncation::kKeepStart)).status().message(),
             "the prompt is 3 tokens, and max_length 3 keeps no completion token after it "
             "(truncation keep_start)");
-  EXPECT_TRUE(PreferenceSequences(pair, 3, PreferenceTruncation::kKeepEnd).ok());
+  EXPECT_TRUE(PreferenceSequences(pair, Cut(3, PreferenceTruncation::kKeepEnd)).ok());
+}
+
+// TRL's tokenizer step: the prompt keeps its end, each completion its start; then the
+// collator's max_length over the whole.
+TEST(PreferencePair, ThePromptKeepsItsEndAndTheCompletionsTheirStartBeforeMaxLength) {
+  PreferencePair pair;
+  pair.prompt = {1, 2, 3, 4};
+  pair.chosen = {5, 6, 7};
+  pair.rejected = {8};
+  PreferenceCut cut;
+  cut.max_prompt_length = 2;
+  cut.max_completion_length = 2;
+  auto both = PreferenceSequences(pair, cut);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->first.ids, (std::vector<int32_t>{3, 4, 5, 6}));
+  EXPECT_EQ(both->first.completion, (std::vector<uint8_t>{0, 0, 1, 1}));
+  EXPECT_EQ(both->second.ids, (std::vector<int32_t>{3, 4, 8}));
+  cut.max_length = 3;  // after the prompt's cut it leaves a completion token: accepted
+  both = PreferenceSequences(pair, cut);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->first.ids, (std::vector<int32_t>{3, 4, 5}));
+  cut.max_prompt_length = 0;  // the whole prompt fills max_length
+  EXPECT_FALSE(PreferenceSequences(pair, cut).ok());
 }
 
 TEST(PreferencePair, BadLinesAreRefusedNamingTheProblem) {

@@ -29,6 +29,7 @@ namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::IsSupersetOf;
 
 using ::megatrain::testing::TempDir;
 
@@ -1139,6 +1140,24 @@ TEST(JobSpecTest, DpoSectionParsesEveryFieldRoundTripsAndEntersTheFingerprint) {
   EXPECT_EQ(again->Fingerprint(), spec->Fingerprint());
   EXPECT_THAT(FingerprintDifferences(defaults->Fingerprint(), spec->Fingerprint()),
               ::testing::Contains(HasSubstr("dpo.beta")));
+
+  // TRL's prompt and completion cuts, and a named reference (resolved against the spec's
+  // folder): each enters the fingerprint.
+  absl::StatusOr<JobSpec> cut = ParseJobSpec(
+      WithDpo("max_prompt_length: 12, max_completion_length: 20, reference: sft/checkpoint-9"),
+      "/lab");
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->dpo.max_prompt_length, 12);
+  EXPECT_EQ(cut->dpo.max_completion_length, 20);
+  EXPECT_EQ(cut->dpo.reference, "/lab/sft/checkpoint-9");
+  const std::string cut_yaml = JobSpecToYaml(*cut);
+  absl::StatusOr<JobSpec> cut_again = ParseJobSpec(cut_yaml, "/elsewhere");
+  ASSERT_TRUE(cut_again.ok()) << cut_again.status() << "\n" << cut_yaml;
+  EXPECT_EQ(cut_again->Fingerprint(), cut->Fingerprint());
+  EXPECT_THAT(FingerprintDifferences(defaults->Fingerprint(), cut->Fingerprint()),
+              IsSupersetOf({HasSubstr("dpo.max_prompt_length"),
+                                       HasSubstr("dpo.max_completion_length"),
+                                       HasSubstr("dpo.reference")}));
 }
 
 TEST(JobSpecTest, DpoSettingsOutOfRangeOrMisplacedAreRefusedNamingTheField) {
@@ -1148,9 +1167,12 @@ TEST(JobSpecTest, DpoSettingsOutOfRangeOrMisplacedAreRefusedNamingTheField) {
   ExpectInvalid(WithDpo("loss: hinge, label_smoothing: 0.1"), "dpo.label_smoothing");
   ExpectInvalid(WithDpo("rpo_alpha: -1"), "dpo.rpo_alpha");
   ExpectInvalid(WithDpo("max_length: 100000"), "dpo.max_length");
-  ExpectInvalid(WithDpo("reference: other"), "dpo.reference");
+  ExpectInvalid(WithDpo("reference: sft, reference_free: true"), "dpo.reference");
+  ExpectInvalid(WithDpo("max_prompt_length: -1"), "dpo.max_prompt_length");
+  ExpectInvalid(WithDpo("max_completion_length: 100000"), "dpo.max_completion_length");
+  ExpectInvalid(WithDpo("referenc: sft"), "referenc");
   ExpectInvalid(MinimalSpec() + "dpo: 3\n", "dpo");
-  ExpectInvalid(WithDpo("") + "eval: {path: held.jsonl}\n", "eval.path");
+  ExpectInvalid(WithDpo("") + "eval: {path: held.jsonl, format: alpaca}\n", "eval.format");
   ExpectInvalid(std::string("model:\n  config:") + kTinyConfigYaml +
                     "data: {path: train.jsonl, format: alpaca}\ndpo: {}\n",
                 "data.format");

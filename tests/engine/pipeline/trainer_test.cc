@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -878,6 +879,131 @@ TEST(Trainer, PreferenceJobResumesExactlyAndKeepsItsReference) {
   absl::StatusOr<StepReport> r = (*t)->Step();
   ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find(ref), std::string::npos) << r.status();
+}
+
+// A DPO job's variant of MakeDpo: `edit` changes its spec first.
+absl::StatusOr<std::unique_ptr<Trainer>> MakeDpoWith(const std::string& dir, int steps,
+                                                     const std::string& checkpoint,
+                                                     const std::function<void(JobSpec*)>& edit) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(Spec(dir, steps, "", checkpoint), dir);
+  if (!spec.ok()) return spec.status();
+  spec->dpo.enabled = true;
+  spec->schedule.lr = 5e-3;
+  edit(&*spec);
+  return Trainer::Create(*spec);
+}
+
+std::vector<StepReport> RunAll(Trainer* t) {
+  std::vector<StepReport> reports;
+  while (!t->done()) {
+    absl::StatusOr<StepReport> r = t->Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) break;
+    reports.push_back(*r);
+  }
+  return reports;
+}
+
+// A DPO job's eval set is pairs: evaluated before the first step (on the reference's own
+// weights: every reward 0, the sigmoid loss ln 2) and after the steps named, with the
+// step's metrics over all its pairs, against their own reference values (a second file);
+// evaluating changes nothing of the training.
+TEST(Trainer, PreferenceJobEvaluatesItsEvalPairsWithTheStepsMetrics) {
+  const std::string dir = TempDir("dpo_eval");
+  WriteFile(dir + "/data.jsonl", PreferencePairs());
+  WriteFile(dir + "/eval.jsonl", PreferencePairs());
+  absl::StatusOr<std::unique_ptr<Trainer>> t =
+      MakeDpoWith(dir, 16, "checkpoint: {dir: out}\n", [&](JobSpec* s) {
+        s->eval.path = dir + "/eval.jsonl";
+        s->eval.every_steps = 8;
+        s->eval.max_rows = 6;
+      });
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->eval_pairs(), 6);
+  const std::vector<StepReport> reports = RunAll(t->get());
+  ASSERT_EQ(reports.size(), 16u);
+  std::vector<EvalReport> evals;
+  for (const StepReport& r : reports) evals.insert(evals.end(), r.evals.begin(), r.evals.end());
+  ASSERT_EQ(evals.size(), 3u);  // steps 0, 8 and 16
+  EXPECT_EQ(evals[0].step, 0);
+  EXPECT_EQ(evals[2].step, 16);
+  for (const EvalReport& e : evals) {
+    EXPECT_TRUE(e.has_preference);
+    EXPECT_EQ(e.preference.pairs, 6);
+  }
+  EXPECT_NEAR(evals[0].loss, std::log(2.0), 1e-6);
+  EXPECT_NEAR(evals[0].preference.rewards_margins, 0.0, 1e-9);
+  EXPECT_LT(evals[0].preference.logps_chosen, 0.0);
+  EXPECT_LT(evals[2].loss, 0.6);
+  EXPECT_GE(evals[2].preference.rewards_accuracies, 0.8);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir + "/out/data-cache")) {
+    files += e.path().filename().string().rfind("reference_logps-", 0) == 0;
+  }
+  EXPECT_EQ(files, 2);
+
+  absl::StatusOr<std::unique_ptr<Trainer>> plain =
+      MakeDpo(dir, 16, "checkpoint: {dir: plain}\n");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::vector<StepReport> without = RunAll(plain->get());
+  ASSERT_EQ(without.size(), reports.size());
+  for (size_t k = 0; k < reports.size(); ++k) EXPECT_EQ(without[k].loss, reports[k].loss) << k;
+}
+
+// dpo.reference names a model folder (here a checkpoint of a job that trained on): the
+// reference values are its log-probabilities, while the policy starts from the job's own
+// weights, loaded back after the reference pass. A job whose file is lost after steps
+// computes it again from the named folder and goes on as if it had never been lost.
+TEST(Trainer, PreferenceJobTakesANamedModelAsItsReference) {
+  const std::string dir = TempDir("dpo_named");
+  WriteFile(dir + "/data.jsonl", PreferencePairs());
+  {  // the reference: the starting weights after 6 DPO steps
+    absl::StatusOr<std::unique_ptr<Trainer>> t = MakeDpo(dir, 6, "checkpoint: {dir: ref}\n");
+    ASSERT_TRUE(t.ok()) << t.status();
+    RunAll(t->get());
+  }
+  const std::string reference = dir + "/ref/checkpoint-6";
+  ASSERT_TRUE(fs::exists(reference + "/config.json"));
+  auto first_step = [&](const std::function<void(JobSpec*)>& edit, const std::string& out) {
+    absl::StatusOr<std::unique_ptr<Trainer>> t =
+        MakeDpoWith(dir, 1, "checkpoint: {dir: " + out + "}\n", edit);
+    EXPECT_TRUE(t.ok()) << t.status();
+    absl::StatusOr<StepReport> r = (*t)->Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->preference;
+  };
+  const StepReport::Preference named =
+      first_step([&](JobSpec* s) { s->dpo.reference = reference; }, "named");
+  const StepReport::Preference own = first_step([](JobSpec*) {}, "own");
+  const StepReport::Preference of_reference = first_step(
+      [&](JobSpec* s) {
+        s->model_config_json.clear();
+        s->model_path = reference;
+      },
+      "of_reference");
+  // The policy is the job's own start; the reference the named folder's weights.
+  EXPECT_NEAR(named.logps_chosen, own.logps_chosen, 1e-9);
+  EXPECT_NEAR(named.logps_rejected, own.logps_rejected, 1e-9);
+  EXPECT_NEAR(named.rewards_chosen, 0.1 * (own.logps_chosen - of_reference.logps_chosen), 1e-6);
+  EXPECT_NEAR(named.rewards_rejected, 0.1 * (own.logps_rejected - of_reference.logps_rejected),
+              1e-6);
+  EXPECT_GT(std::abs(named.rewards_margins), 1e-3);
+
+  auto run = [&](int steps, const std::string& out) {
+    absl::StatusOr<std::unique_ptr<Trainer>> t =
+        MakeDpoWith(dir, steps, "checkpoint: {dir: " + out + ", every_steps: 3}\n",
+                    [&](JobSpec* s) { s->dpo.reference = reference; });
+    ASSERT_TRUE(t.ok()) << t.status();
+    RunAll(t->get());
+  };
+  run(6, "straight");
+  run(3, "split");
+  const std::string ref = ReferenceFile(dir + "/split/data-cache");
+  ASSERT_NE(ref, "");
+  fs::remove(ref);
+  run(6, "split");
+  EXPECT_NE(ReferenceFile(dir + "/split/data-cache"), "");
+  EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-6", dir + "/split/checkpoint-6"), 6);
 }
 
 // A pair whose two sequences cannot share the plan's one row is refused before any step,
