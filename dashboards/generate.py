@@ -140,6 +140,11 @@ def job():
         (DPO_PANEL_PREFIX + "log-probabilities",
          [(f"megatrain_dpo_logps_chosen{j}", "job {{job}} logps/chosen"),
           (f"megatrain_dpo_logps_rejected{j}", "job {{job}} logps/rejected")], "short"),
+        # ... and on their eval pairs (an eval set), at each evaluation.
+        (DPO_PANEL_PREFIX + "eval pairs",
+         [(f"megatrain_eval_dpo_rewards_accuracies{j}", "job {{job}} eval rewards/accuracies"),
+          (f"megatrain_eval_dpo_rewards_margins{j}", "job {{job}} eval rewards/margins"),
+          (f"megatrain_eval_loss{j}", "job {{job}} eval loss")], "short"),
     ]
     panels = [panel(i + 1, t, e, unit, 12 * (i % 2), 8 * (i // 2)) for i, (t, e, unit) in enumerate(layout)]
     return dashboard("megatrain-job", "megatrain: one job", panels)

@@ -1811,7 +1811,9 @@ class DpoJobTest(DaemonTestCase):
 
     def test_a_dpo_job_learns_reports_trls_metrics_and_resumes_after_kill9(self):
         write_pairs(os.path.join(self.tmp, "pairs.jsonl"))
-        job_id = self.submit(self.dpo_spec(12), name="dpo.yaml")
+        spec = self.dpo_spec(12)
+        spec["eval"] = {"path": "pairs.jsonl", "every_steps": 6, "max_rows": 4}
+        job_id = self.submit(spec, name="dpo.yaml")
         self.watch_ok(job_id)
         job = self.status(job_id)
         self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
@@ -1820,6 +1822,13 @@ class DpoJobTest(DaemonTestCase):
         self.assertGreater(float(pref["rewards_margins"]), 0)
         texts = self.log_texts(job_id)
         self.assertTrue(any("rewards/accuracies" in t for t in texts), texts)
+        # The eval pairs: at the start on the reference's own weights (loss ln 2), and last.
+        self.assertTrue(any(t.startswith("eval at step 0: loss 0.6931 rewards/accuracies 0.000")
+                            for t in texts), texts)
+        self.assertEqual(int(job["progress"]["eval_step"]), 12)
+        self.assertEqual(int(job["progress"]["eval_preference"]["pairs"]), 4)
+        shown = self.cli_ok("status", str(job_id)).stdout
+        self.assertRegex(shown, r"last eval\s+step 12: loss [0-9.]+, rewards/accuracies")
         self.assertTrue(glob.glob(os.path.join(job["checkpoint_dir"], "data-cache",
                                                "reference_logps-*.json")))
 

@@ -151,6 +151,7 @@ class MetricsTest(e2e.DaemonTestCase):
         dpo = e2e.make_spec(steps=100000, name="dpo", data="pairs.jsonl",
                             checkpoint={"dir": "dpo-ckpt"})
         dpo["dpo"] = {"beta": 0.1}
+        dpo["eval"] = {"path": "pairs.jsonl"}  # evaluated before the first step
         e2e.write_spec(os.path.join(self.tmp, "dpo.yaml"), dpo)
         dpo_job = self.cli_json("submit", "dpo.yaml")["id"]
         deadline = time.monotonic() + 120
