@@ -11,10 +11,23 @@
 
 namespace megatrain {
 
+namespace {
+
+// Clipping with compact_held: room for every unit's state range (else none).
+std::unique_ptr<HeldGradients> MakeHeldGradients(const HostStore& store,
+                                                 const HostOptimizerOptions& options) {
+  if (!options.compact_held || options.max_grad_norm <= 0) return nullptr;
+  std::vector<int64_t> elements(store.num_units());
+  for (int64_t u = 0; u < store.num_units(); ++u) elements[u] = store.state_elements(u);
+  return std::make_unique<HeldGradients>(std::move(elements));
+}
+
+}  // namespace
+
 HostOptimizer::HostOptimizer(HostStore* store, GradSlabPool* pool, Backend* backend,
                              const HostOptimizerOptions& options)
     : store_(store), pool_(pool), backend_(backend), options_(options),
-      worker_([this] { Loop(); }) {}
+      held_gradients_(MakeHeldGradients(*store, options)), worker_([this] { Loop(); }) {}
 
 HostOptimizer::~HostOptimizer() {
   Drain();
@@ -229,11 +242,18 @@ void HostOptimizer::ApplyHeld(std::vector<Item>* held, float coef) {
       AwaitCapture(h);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    Update(h, h.slab, coef);
+    if (h.compact) {
+      if (static_cast<int64_t>(held_scratch_.size()) < h.count) held_scratch_.resize(h.count);
+      held_gradients_->Load(h.unit, h.offset - store_->state_begin(h.unit), h.count,
+                            held_scratch_.data());
+      Update(h, held_scratch_.data(), coef);
+    } else {
+      Update(h, h.slab, coef);
+      ReleaseSlab(h.slab);
+    }
     busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - t0).count();
     AddSpan(h, /*update=*/true, t0, t0);
-    ReleaseSlab(h.slab);
     MutexLock done(&mu_);
     PieceDone(h);
   }
@@ -246,8 +266,15 @@ void HostOptimizer::Consume(const Item& item, bool clipping) {
   backend_->EventSync(item.ready);
   const auto t0 = std::chrono::steady_clock::now();
   double ss = 0;
+  Item held = item;
   if (clipping) {
     ss = TrainableSquares(item);
+    if (held_gradients_ != nullptr) {  // kept in 16 bits: the slab goes back at once
+      held_gradients_->Store(item.unit, item.offset - store_->state_begin(item.unit), item.count,
+                             item.slab);
+      ReleaseSlab(item.slab);
+      held.compact = true;
+    }
   } else {
     ss = Update(item, item.slab, 1.0f);
     ReleaseSlab(item.slab);
@@ -261,7 +288,7 @@ void HostOptimizer::Consume(const Item& item, bool clipping) {
     --norms_pending_;
   }
   if (clipping) {
-    held_.push_back(item);
+    held_.push_back(held);
   } else {
     PieceDone(item);
   }

@@ -10,7 +10,8 @@
 // (The norm adds the pieces' sums of squares in (unit, offset) order, whichever thread
 // summed each: the same bits whatever the order they were read in.)
 // With global-norm clipping every gradient must be seen first: the norm accumulates as
-// they land, they wait in their slabs, and after Finish() the worker applies the updates
+// they land, they wait in their slabs (or, compact_held, in 16 bits: HeldGradients), and
+// after Finish() the worker applies the updates
 // in forward order while the next step's forward runs: the pipeline waits (AwaitUnit)
 // only for the unit it is about to upload. Weight decay applies to matrices only, and
 // frozen tensors are left as they are, their gradients in no norm (TensorSlot).
@@ -31,6 +32,7 @@
 #include "engine/common/backend.h"
 #include "engine/common/mutex.h"
 #include "engine/optim/adamw.h"
+#include "engine/optim/held_gradients.h"
 #include "engine/transfer/grad_sink.h"
 #include "engine/store/grad_slab_pool.h"
 #include "engine/store/host_store.h"
@@ -41,6 +43,10 @@ struct HostOptimizerOptions {
   AdamWHyper hyper;
   double weight_decay = 0.0;
   double max_grad_norm = 0.0;  // <= 0: no clipping
+  // Clipping: the gradients waiting for the norm are kept in 16 bits (held_gradients.h) and
+  // their slabs returned at once, so the slabs cycle as without clipping; else they wait
+  // in their fp32 slabs (every piece of the step needs one).
+  bool compact_held = false;
   int numa_node = -1;          // run the optimizer (and its OpenMP team) on this node's cores
   // Keep a span per piece of work (TakeSpans): for benchmarks' timelines. Costs a little.
   bool record_spans = false;
@@ -109,6 +115,7 @@ class HostOptimizer final : public GradSink {
   struct Item {
     int64_t unit = 0;
     float* slab = nullptr;  // null: apply the held updates (clipping), scaled by coef
+    bool compact = false;   // held in held_gradients_, its slab returned
     int64_t offset = 0;     // the piece of the unit the slab holds
     int64_t count = 0;
     bool norm_counted = false;   // its squares summed apart from its update (at Finish())
@@ -188,6 +195,10 @@ class HostOptimizer final : public GradSink {
   // any update.
   bool squares_asked_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Item> held_ ABSL_GUARDED_BY(mu_);  // clipping: waiting for the norm
+  // compact_held: their 16-bit values, and the fp32 piece an update reads them back into
+  // (the worker thread's alone).
+  std::unique_ptr<HeldGradients> held_gradients_;
+  std::vector<float> held_scratch_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Per unit: the last step whose pieces have begun to land in the store, and how many of
   // its elements have (the unit is at that step when all have). Set at the first

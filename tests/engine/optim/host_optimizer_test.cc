@@ -16,6 +16,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "engine/optim/held_gradients.h"
 #include "engine/optim/schedule.h"
 #include "engine/store/model_io.h"
 #include "tests/engine/pipeline/tiny_model.h"
@@ -78,19 +79,25 @@ void SubmitUnit(HostOptimizer& opt, GradSlabPool& pool, Backend& be, std::vector
   }
 }
 
-void RunSteps(double max_grad_norm) {
+// compact: the held gradients in 16 bits (HostOptimizerOptions::compact_held), with two
+// slabs (they cycle) and pieces of 300 elements (blocks of kHeldBlock, the last partial):
+// the reference then reads each piece's gradient as EncodeHeld and DecodeHeld leave it,
+// while the norm stays the exact gradient's.
+void RunSteps(double max_grad_norm, bool compact = false) {
   std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
   std::unique_ptr<HostStore> store = TinyStore();
   const int64_t units = store->num_units();
   // Gradients arrive in pieces of 37 elements, across tensor boundaries, as a unit larger
   // than a slab does from the pipeline.
-  constexpr int64_t kPiece = 37;
+  const int64_t kPiece = compact ? 300 : 37;
   const int64_t pieces = CountPieces(*store, kPiece);
-  std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(pieces, kPiece));
+  std::unique_ptr<GradSlabPool> pool =
+      std::move(*GradSlabPool::Create(compact ? 2 : pieces, kPiece));
   HostOptimizerOptions o;
   o.hyper = AdamWHyper{0.9, 0.95, 1e-8};
   o.weight_decay = 0.1;
   o.max_grad_norm = max_grad_norm;
+  o.compact_held = compact;
   HostOptimizer opt(store.get(), pool.get(), be.get(), o);
   ScheduleOptions sched{ScheduleType::kCosine, 1e-2, 2, 5, 0.0};
 
@@ -117,6 +124,14 @@ void RunSteps(double max_grad_norm) {
       }
       for (float x : g) ss += double(x) * x;
       SubmitUnit(opt, *pool, *be, events, u, g, kPiece);
+      for (int64_t offset = 0; compact && offset < static_cast<int64_t>(g.size());
+           offset += kPiece) {  // what the update reads
+        const int64_t n = std::min<int64_t>(kPiece, g.size() - offset);
+        std::vector<int16_t> q(n);
+        std::vector<float> scales((n + kHeldBlock - 1) / kHeldBlock);
+        EncodeHeld(g.data() + offset, n, q.data(), scales.data());
+        DecodeHeld(q.data(), scales.data(), n, g.data() + offset);
+      }
     }
     const double norm = opt.Finish();
     opt.Drain();
@@ -156,6 +171,13 @@ TEST(HostOptimizer, AdamWWithClippingAndWarmupMatchesClosedForm) { RunSteps(1.0)
 
 TEST(HostOptimizer, AdamWWithoutClippingUpdatesAsGradientsLandAndMatchesClosedForm) {
   RunSteps(0.0);
+}
+
+// Clipping with the gradients held in 16 bits: the slabs go back as each piece lands (two
+// of them serve the whole step), the norm is the exact gradient's, and the update reads the
+// 16-bit values.
+TEST(HostOptimizer, ClippingWithCompactHeldGradientsCyclesTwoSlabsAndNormsExactly) {
+  RunSteps(1.0, /*compact=*/true);
 }
 
 // The tiny store with a slab and an event for each of its pieces of kPiece elements: a whole
