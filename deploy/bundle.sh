@@ -15,7 +15,7 @@ BINARIES=(
   server/megatraind client/megatrain engine/tools/megatrain-train engine/tools/megatrain-generate
   engine/tools/megatrain-merge
   tests/gpu/gpu_test tests/engine/backend/pci_numa_test tests/hf/export_reference
-  tests/hf/gpu_reference bench/daemon_load
+  tests/hf/gpu_reference tests/hf/dpo_reference bench/daemon_load
   bench/train_bench bench/generate_bench bench/machine_bench bench/checkpoint_bench
 )
 rm -rf "$OUT"
