@@ -244,6 +244,7 @@ int main(int argc, char** argv) {
   double device_gib = 0, max_grad_norm = 0, host_gib = 0;
   bool plan_only = false, no_optimizer = false, calibrate = false, eval = false, dpo = false;
   std::string timeline_path, state_dtype = "fp32", bf16_copy = "auto", nvme_dir;
+  std::string clip_store = "auto";
   int64_t nvme_layers = -1;
   LoraConfig lora;
   std::vector<std::string> freeze;
@@ -283,6 +284,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-optimizer", no_optimizer,
                "discard the gradients (no CPU AdamW): the step's GPU and PCIe alone");
   app.add_option("--max-grad-norm", max_grad_norm, "global-norm clipping (0 = off)");
+  app.add_option("--clip-store", clip_store,
+                 "clipping's waiting gradients: auto | fp32 | fp16 (optimizer.clip_store)");
   app.add_option("--lora-rank", lora.rank, "LoRA adapters of this rank, the base frozen (0: none)");
   app.add_option("--lora-alpha", lora.alpha, "LoRA's alpha (default: 2 x rank)");
   app.add_option("--lora-targets", lora.target_modules,
@@ -362,13 +365,15 @@ int main(int argc, char** argv) {
   const absl::StatusOr<Bf16Copy> copy = ParseSpecName<Bf16Copy>("--bf16-copy", bf16_copy);
   const absl::StatusOr<ActivationPlacement> placement =
       ParseSpecName<ActivationPlacement>("--checkpoints", checkpoints);
-  for (const absl::Status& s : {copy.status(), placement.status()}) {
+  const absl::StatusOr<ClipStore> held = ParseSpecName<ClipStore>("--clip-store", clip_store);
+  for (const absl::Status& s : {copy.status(), placement.status(), held.status()}) {
     if (!s.ok()) {
       std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
       return 2;
     }
   }
   request.bf16_copy = *copy;
+  request.clip_store = *held;
   request.nvme_dir = nvme_dir;
   request.nvme_layers = nvme_dir.empty() ? 0 : nvme_layers;
   if (lora.rank > 0 && lora.alpha <= 0) lora.alpha = 2.0 * lora.rank;
@@ -420,6 +425,9 @@ int main(int argc, char** argv) {
       {"predicted_device_gib", plan->device_bytes / double(1ll << 30)},
       {"predicted_host_gib", plan->host_bytes / double(1ll << 30)},
       {"bf16_copy", plan->bf16_copy},
+      {"clip_store", plan->compact_held ? "fp16" : max_grad_norm > 0 ? "fp32" : "none"},
+      {"predicted_host_bytes_per_parameter",
+       static_cast<double>(plan->host_bytes) / std::max<int64_t>(1, plan->num_parameters)},
       {"nvme_layers", plan->nvme_layers},
       {"predicted_disk_seconds", plan->step.disk_seconds}};
   if (plan_only) {
@@ -454,7 +462,8 @@ int main(int argc, char** argv) {
   RandomInitWeights(c, 1, store->get());
   InitLoraAdapters(LoraInit::kDefault, 1, store->get());
   std::unique_ptr<GradSlabPool> pool = std::move(*GradSlabPool::Create(
-      GradSlabsNeeded(layout, max_grad_norm > 0), GradSlabElements(layout)));
+      GradSlabsNeeded(layout, max_grad_norm > 0 && !plan->compact_held),
+      GradSlabElements(layout)));
   if (!(*be)->PinHostRange((*store)->transfer_base(), (*store)->transfer_bytes()).ok() ||
       !(*be)->PinHostRange(pool->base(), pool->bytes()).ok()) {
     std::fprintf(stderr, "cannot pin host memory\n");
@@ -471,6 +480,7 @@ int main(int argc, char** argv) {
   }
   HostOptimizerOptions oo;
   oo.max_grad_norm = max_grad_norm;
+  oo.compact_held = plan->compact_held;
   oo.weight_decay = 0.01;
   oo.record_spans = true;  // the pieces' rates below, and the timeline's optimizer spans
   HostOptimizer opt(store->get(), pool.get(), be->get(), oo);

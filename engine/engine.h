@@ -62,6 +62,11 @@ enum class MomentDType { kF32, kBF16, kInt8 };
 // optimizer.bf16_copy: keep the bf16 weights that cross PCIe (2 B/param more), or stream
 // the master; auto: the planner's choice. The same bf16 values reach the kernels either way.
 enum class Bf16Copy { kAuto, kYes, kNo };
+// optimizer.clip_store: where clipping's gradients wait for the global norm: fp32 (exact;
+// every slab of the step held, 4 bytes a parameter), fp16 (halves under a power-of-two
+// scale per block of 128, 2.03 bytes a parameter: engine/optim/held_gradients.h), or auto
+// (fp32 unless the job then does not fit the host memory).
+enum class ClipStore { kAuto, kFp32, kFp16 };
 
 // The learning-rate schedule (optim/schedule.h computes it).
 struct ScheduleOptions {
@@ -214,6 +219,7 @@ struct JobSpec {
   std::string lora_adapter;
   MomentDType state_dtype = MomentDType::kF32;
   Bf16Copy bf16_copy = Bf16Copy::kAuto;
+  ClipStore clip_store = ClipStore::kAuto;
   // optimizer.nvme_dir / nvme_layers: a local disk for the moments of layers that do not
   // fit in RAM, and how many (-1: as many as the host budget needs). "" = none.
   std::string nvme_dir;
@@ -261,6 +267,7 @@ const char* SpecName(ActivationPlacement value);
 const char* SpecName(ScheduleType value);
 const char* SpecName(MomentDType value);
 const char* SpecName(Bf16Copy value);
+const char* SpecName(ClipStore value);  // "auto" | "fp32" | "fp16"
 const char* SpecName(JobKind value);  // "train" | "generate" | "eval"
 const char* SpecName(LoraInit value);  // "default" | "gaussian"
 const char* SpecName(DpoLoss value);   // "sigmoid" | "ipo" | "hinge"

@@ -37,6 +37,7 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.seq_len = spec.seq_len;
   r.rows_per_step = spec.rows_per_step();
   r.clipping = spec.max_grad_norm > 0;
+  r.clip_store = spec.clip_store;
   r.router_aux_loss_coef = spec.router_aux_loss_coef;
   r.loss_chunk_tokens = spec.loss_chunk_tokens;
   r.micro_batch_rows = spec.micro_batch_rows > 0
@@ -239,6 +240,12 @@ absl::Status SetUpPlan(const JobSpec& spec, const std::optional<TrainerState>& r
                              : absl::OkStatus();
 }
 
+// Whether clipping holds every piece of a step in its slab (else the slabs cycle: without
+// clipping, or with its gradients held in 16 bits).
+bool HoldsSlabs(const JobSpec& spec, const Plan& plan) {
+  return spec.max_grad_norm > 0 && !plan.compact_held;
+}
+
 // The host store, and the gradient slabs of the first device; what crosses PCIe (the
 // bf16 weights and the slabs) is page-locked once, here.
 absl::Status SetUpStore(const JobSpec& spec, JobParts* p) {
@@ -266,7 +273,7 @@ absl::Status SetUpStore(const JobSpec& spec, JobParts* p) {
   }
   ASSIGN_OR_RETURN(p->store, HostStore::Create(layout, store_nodes, store_options));
   ASSIGN_OR_RETURN(p->slabs,
-                   p->replicas->MakeSlabs(p->store->layout(), spec.max_grad_norm > 0, 0));
+                   p->replicas->MakeSlabs(p->store->layout(), HoldsSlabs(spec, p->plan), 0));
   RETURN_IF_ERROR(p->backend->PinHostRange(p->store->transfer_base(), p->store->transfer_bytes()));
   p->pinned.push_back(p->store->transfer_base());
   RETURN_IF_ERROR(p->backend->PinHostRange(p->slabs->base(), p->slabs->bytes()));
@@ -298,11 +305,12 @@ absl::Status SetUpPipelines(const JobSpec& spec, JobParts* p) {
   optimizer_options.hyper.eps = spec.eps;
   optimizer_options.weight_decay = spec.weight_decay;
   optimizer_options.max_grad_norm = spec.max_grad_norm;
+  optimizer_options.compact_held = plan.compact_held;
   optimizer_options.numa_node = p->optimizer_numa_node;
   p->optimizer = std::make_unique<HostOptimizer>(p->store.get(), p->slabs.get(),
                                                  p->backend.get(), optimizer_options);
   return p->replicas->Build(p->config, p->store.get(), p->optimizer.get(), p->slabs.get(),
-                            pipeline_options, spec.max_grad_norm > 0);
+                            pipeline_options, HoldsSlabs(spec, plan));
 }
 
 // The model's weights: the model folder's, else random (model.init_seed).

@@ -331,6 +331,7 @@ absl::Status ParseOptimizer(Section& top, const std::string& base_dir, JobSpec* 
   Section o(top.Get("optimizer"), "optimizer");
   RETURN_IF_ERROR(o.Enum("state_dtype", &spec->state_dtype));
   RETURN_IF_ERROR(o.Enum("bf16_copy", &spec->bf16_copy));
+  RETURN_IF_ERROR(o.Enum("clip_store", &spec->clip_store));
   RETURN_IF_ERROR(o.String("nvme_dir", &spec->nvme_dir));
   spec->nvme_dir = ResolveSpecPath(base_dir, spec->nvme_dir);
   RETURN_IF_ERROR(o.Int("nvme_layers", &spec->nvme_layers));
@@ -830,6 +831,7 @@ MT_SPEC_VALUES(ActivationPlacement, ActivationPlacement::kAuto, ActivationPlacem
 MT_SPEC_VALUES(ScheduleType, ScheduleType::kConstant, ScheduleType::kLinear, ScheduleType::kCosine)
 MT_SPEC_VALUES(MomentDType, MomentDType::kF32, MomentDType::kBF16, MomentDType::kInt8)
 MT_SPEC_VALUES(Bf16Copy, Bf16Copy::kAuto, Bf16Copy::kYes, Bf16Copy::kNo)
+MT_SPEC_VALUES(ClipStore, ClipStore::kAuto, ClipStore::kFp32, ClipStore::kFp16)
 MT_SPEC_VALUES(JobKind, JobKind::kTrain, JobKind::kGenerate, JobKind::kEval)
 MT_SPEC_VALUES(LoraInit, LoraInit::kDefault, LoraInit::kGaussian)
 MT_SPEC_VALUES(DpoLoss, DpoLoss::kSigmoid, DpoLoss::kIpo, DpoLoss::kHinge)
@@ -883,6 +885,9 @@ const char* SpecName(DpoTruncation value) {
 const char* SpecName(Bf16Copy value) {
   return value == Bf16Copy::kYes ? "yes" : value == Bf16Copy::kNo ? "no" : "auto";
 }
+const char* SpecName(ClipStore value) {
+  return value == ClipStore::kFp32 ? "fp32" : value == ClipStore::kFp16 ? "fp16" : "auto";
+}
 
 template <typename E>
 absl::StatusOr<E> ParseSpecName(absl::string_view field, absl::string_view name) {
@@ -906,6 +911,7 @@ template absl::StatusOr<ActivationPlacement> ParseSpecName(absl::string_view, ab
 template absl::StatusOr<ScheduleType> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<MomentDType> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<Bf16Copy> ParseSpecName(absl::string_view, absl::string_view);
+template absl::StatusOr<ClipStore> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<JobKind> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<LoraInit> ParseSpecName(absl::string_view, absl::string_view);
 template absl::StatusOr<DpoLoss> ParseSpecName(absl::string_view, absl::string_view);
@@ -1160,6 +1166,7 @@ void EmitTraining(const JobSpec& s, YAML::Emitter* out) {
   *out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   *out << YAML::Key << "state_dtype" << YAML::Value << SpecName(s.state_dtype);
   *out << YAML::Key << "bf16_copy" << YAML::Value << YAML::DoubleQuoted << SpecName(s.bf16_copy);
+  *out << YAML::Key << "clip_store" << YAML::Value << SpecName(s.clip_store);
   *out << YAML::Key << "nvme_dir" << YAML::Value << YAML::DoubleQuoted << s.nvme_dir;
   *out << YAML::Key << "nvme_layers" << YAML::Value << s.nvme_layers;
   *out << YAML::EndMap;

@@ -23,6 +23,7 @@
 //                activation_checkpoints: auto|device|host}
 //   optimizer:  {state_dtype: fp32|bf16|int8,   # how AdamW's moments are kept (the master
 //                                             # is fp32 always): 12, 8 or 6 B/param of state
+//                clip_store: auto|fp32|fp16, # clipping's gradients waiting for the norm
 //                bf16_copy: yes|no|auto,      # keep the bf16 weights that cross PCIe (2
 //                                             # B/param more), or stream the master; auto:
 //                                             # the planner's choice

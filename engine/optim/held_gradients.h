@@ -1,8 +1,12 @@
 // Gradients held while they wait for the global norm (clipping), in 16 bits: each block of
-// kHeldBlock elements of a piece keeps its largest magnitude as a float and every element
-// as a signed 16-bit multiple of it / 32767 (round to nearest). An element then carries an
-// absolute error of at most its block's largest magnitude / 65534: 2.03 bytes an element
-// instead of fp32's 4, so clipping costs host memory of about half a gradient.
+// kHeldBlock elements of a piece is scaled by a power of two that brings its largest
+// magnitude into [2^14, 2^15), and each element is kept as an IEEE half (fp16, rounded to
+// nearest even). The scaling is exact, so an element keeps 11 significant bits: a relative
+// error of at most 2^-11, down to 2^-28 of its block's largest (below that, fp16's
+// subnormals: an absolute error of at most 2^-40 of it). AdamW normalises each element by
+// its own history, so a relative error per element matters, not one relative to the block.
+// 2.03 bytes an element instead of fp32's 4: clipping costs host memory of about half a
+// gradient.
 //
 // The norm itself is summed from the exact fp32 gradient before it is stored here; only the
 // update reads the 16-bit values back (host_optimizer.h). Deterministic: the encoding of a
@@ -22,9 +26,10 @@ namespace megatrain {
 constexpr int64_t kHeldBlock = 128;
 
 // One piece's encoding, and back (REQUIRES: n >= 0; q has n, scales (n + kHeldBlock - 1) /
-// kHeldBlock elements). A block whose largest magnitude is not finite decodes as NaN.
-void EncodeHeld(const float* x, int64_t n, int16_t* q, float* scales);
-void DecodeHeld(const int16_t* q, const float* scales, int64_t n, float* x);
+// kHeldBlock elements: each block's power of two). A block holding a NaN or an infinity
+// decodes as NaN; an all-zero block as zeros.
+void EncodeHeld(const float* x, int64_t n, uint16_t* q, float* scales);
+void DecodeHeld(const uint16_t* q, const float* scales, int64_t n, float* x);
 
 class HeldGradients {
  public:
@@ -43,7 +48,7 @@ class HeldGradients {
 
  private:
   struct Unit {
-    std::unique_ptr<int16_t[]> values;          // the state range's elements
+    std::unique_ptr<uint16_t[]> values;            // the state range's elements
     std::map<int64_t, std::vector<float>> scales;  // per piece (by offset): its blocks'
   };
   std::vector<int64_t> state_elements_;

@@ -11,6 +11,7 @@
 #include "engine/layers/layer_kind.h"
 #include "engine/model/lora.h"
 #include "engine/model/layout.h"
+#include "engine/optim/held_gradients.h"
 #include "engine/plan/step_memory.h"
 #include "engine/store/grad_slab_pool.h"
 
@@ -231,17 +232,24 @@ void FitEvaluation(const PlanRequest& r, Backend* backend, Plan* plan) {
 void SizeHostMemory(const PlanRequest& r, const ModelLayout& layout, const PlanShape& x,
                     Plan* plan) {
   plan->host_store_bytes = x.store_bytes;
+  // Clipping holds every piece in its slab, unless the pieces wait in 16 bits.
+  const bool holds_slabs = r.clipping && !plan->compact_held;
   if (x.sharded) {  // every device its shard: together as much as one device's
     const int ranks = static_cast<int>(x.N);
     plan->host_slab_bytes = 4 * x.N * GradShardSlabElements(layout, ranks) *
-                            GradShardSlabsNeeded(layout, r.clipping, ranks);
+                            GradShardSlabsNeeded(layout, holds_slabs, ranks);
   } else {  // added on the host: the others cycle two layers' worth each
     plan->host_slab_bytes =
         4 * GradSlabElements(layout) *
-        (GradSlabsNeeded(layout, r.clipping) + (x.N - 1) * GradSlabsNeeded(layout, false));
+        (GradSlabsNeeded(layout, holds_slabs) + (x.N - 1) * GradSlabsNeeded(layout, false));
   }
+  plan->host_held_bytes =
+      r.clipping && plan->compact_held
+          ? static_cast<int64_t>(HeldGradients::BytesPerElement() * x.trained) +
+                4 * GradSlabElements(layout)
+          : 0;
   plan->host_checkpoint_bytes = plan->checkpoints_on_host ? (x.num_ckpt + 1) * x.ckpt_bytes : 0;
-  plan->host_bytes = plan->host_store_bytes + plan->host_slab_bytes +
+  plan->host_bytes = plan->host_store_bytes + plan->host_slab_bytes + plan->host_held_bytes +
                      x.N * plan->host_checkpoint_bytes + (x.cpu ? x.N * plan->device_bytes : 0);
 }
 
@@ -385,8 +393,13 @@ OptimizerTimes PredictOptimizer(const PlanRequest& r, const MachineProfile& p, c
             (1.0 + (x.N - 1) * (s.h2d_bytes + s.d2h_bytes) /
                        (AdamWBytesPerParameter(r.moments, plan->bf16_copy) *
                         std::max<int64_t>(1, x.trained)));
-  t.norm = r.clipping ? 4.0 * x.trained / (1e9 * std::max(1e-6, p.host_gbps)) : 0;
-  s.optimizer_seconds = x.trained / t.adamw + t.norm;
+  // Clipping reads every gradient for the norm as it lands; held in 16 bits, it also writes
+  // them so (2 bytes), and each update first reads them back into an fp32 piece (2 + 4).
+  const double host_rate = 1e9 * std::max(1e-6, p.host_gbps);
+  const bool compact = r.clipping && plan->compact_held;
+  t.norm = r.clipping ? (compact ? 6.0 : 4.0) * x.trained / host_rate : 0;
+  const double unpack = compact ? 6.0 * x.trained / host_rate : 0;
+  s.optimizer_seconds = x.trained / t.adamw + t.norm + unpack;
   // Its layers' moments are read and written once a step, in the optimizer's order, ahead
   // of it: the optimizer goes no faster than the disk (profile rate, else 2 GB/s each way).
   // Reads and writes run together (machine_bench measures the rate so), and the first
@@ -396,7 +409,7 @@ OptimizerTimes PredictOptimizer(const PlanRequest& r, const MachineProfile& p, c
       plan->nvme_layers > 0 ? static_cast<double>(plan->disk_bytes) / plan->nvme_layers : 0;
   s.disk_seconds = (plan->disk_bytes + disk_layer) / (1e9 * disk_gbps);
   s.optimizer_seconds = std::max(s.optimizer_seconds, s.disk_seconds);
-  t.updates = std::max(x.trained / t.adamw, s.disk_seconds);  // every unit's
+  t.updates = std::max(x.trained / t.adamw + unpack, s.disk_seconds);  // every unit's
   return t;
 }
 
@@ -627,11 +640,13 @@ struct PlanChoices {
   std::vector<bool> places;           // checkpoints in host memory?
   std::vector<int64_t> slot_choices;  // weight slots (0: the fewest)
   std::vector<bool> copies;           // the bf16 copy kept?
+  bool compact_held = false;          // clipping's gradients in 16 bits
 };
 
 PlanChoices ChoicesFor(const PlanRequest& r, int64_t share, bool cpu) {
   const ModelConfig& c = r.config;
   PlanChoices choices;
+  choices.compact_held = r.clipping && r.clip_store == ClipStore::kFp16;
   if (r.micro_batch_rows > 0) {
     choices.rows = {r.micro_batch_rows};
   } else {  // the divisors of share, in order
@@ -688,6 +703,7 @@ PlanSearch SearchPlans(const PlanRequest& r, const MachineProfile& profile, Back
             for (bool copy : choices.copies) {
               Plan plan;
               plan.bf16_copy = copy;
+              plan.compact_held = choices.compact_held;
               plan.micro_batch_rows = mb;
               plan.micro_batches = share / mb;
               plan.devices = devices;
@@ -732,9 +748,9 @@ absl::Status NoPlanFits(const PlanRequest& r, const Plan& smallest, bool cpu) {
   const bool mostly_state = per_parameter > 4;
   return absl::FailedPreconditionError(absl::StrFormat(
       "the job does not fit in host memory: it needs %s (training state %s for %s parameters "
-      "at %.4g bytes each, gradient slabs %s%s), and %s is available; use a smaller model%s%s%s",
+      "at %.4g bytes each, gradients %s%s), and %s is available; use a smaller model%s%s%s",
       GiB(smallest.host_bytes), GiB(smallest.host_store_bytes), Params(smallest.num_parameters),
-      per_parameter, GiB(smallest.host_slab_bytes),
+      per_parameter, GiB(smallest.host_slab_bytes + smallest.host_held_bytes),
       smallest.host_checkpoint_bytes > 0
           ? absl::StrCat(", checkpoints ", GiB(smallest.host_checkpoint_bytes))
           : std::string(cpu ? absl::StrCat(", CPU buffers ", GiB(smallest.device_bytes)) : ""),
@@ -748,9 +764,11 @@ absl::Status NoPlanFits(const PlanRequest& r, const Plan& smallest, bool cpu) {
       : r.nvme_dir.empty() ? ", or keep the top layers' moments on a local disk "
                              "(optimizer.nvme_dir)"
                            : "",
-      r.clipping ? ", or turn clipping off (train.max_grad_norm: 0 holds two layers' "
-                   "gradients instead of every layer's)"
-                 : ""));
+      !r.clipping ? ""
+      : smallest.compact_held
+          ? ", or turn clipping off (train.max_grad_norm: 0 holds no gradient for the norm)"
+          : ", or keep clipping's gradients in 16 bits (optimizer.clip_store: fp16, 2 bytes "
+            "a parameter instead of 4), or turn clipping off (train.max_grad_norm: 0)"));
 }
 
 }  // namespace
@@ -778,8 +796,12 @@ absl::StatusOr<Plan> MakePlan(const PlanRequest& r, const MachineProfile& profil
   const int64_t share = r.rows_per_step / devices;  // each device's sequences
   const bool cpu = backend->kind() == BackendKind::kCpu;
   RETURN_IF_ERROR(CheckStepCanFit(r, backend, share * r.seq_len));
-  const PlanChoices choices = ChoicesFor(r, share, cpu);
+  PlanChoices choices = ChoicesFor(r, share, cpu);
   PlanSearch search = SearchPlans(r, profile, backend, choices, share, devices, cpu);
+  if (!search.have_best && r.clipping && r.clip_store == ClipStore::kAuto) {
+    choices.compact_held = true;  // exact clipping does not fit: its gradients in 16 bits
+    search = SearchPlans(r, profile, backend, choices, share, devices, cpu);
+  }
   if (!search.have_best) return NoPlanFits(r, search.smallest, cpu);
   Plan& best = search.best;
   if (choices.copies.size() == 2) {  // what the other choice would cost, for the plan's reason
@@ -881,11 +903,14 @@ void DescribeMemory(const Plan& plan, const PlanRequest& r, const MachineProfile
                           plan.mlp_tile_tokens);
   }
   absl::StrAppendFormat(out, "           device %s of %s%s; host %s of %s (training state %s, "
-                             "gradient slabs %s, checkpoints %s)\n",
+                             "gradients %s, checkpoints %s): %.4g bytes a parameter\n",
                         GiB(plan.device_bytes), GiB(r.device_budget_bytes),
                         plan.devices > 1 ? " on each" : "", GiB(plan.host_bytes),
                         GiB(r.host_budget_bytes), GiB(plan.host_store_bytes),
-                        GiB(plan.host_slab_bytes), GiB(plan.host_checkpoint_bytes));
+                        GiB(plan.host_slab_bytes + plan.host_held_bytes),
+                        GiB(plan.host_checkpoint_bytes),
+                        static_cast<double>(plan.host_bytes) /
+                            std::max<double>(1, static_cast<double>(plan.num_parameters)));
   const double trained = StoreBytesPerParameter(r.moments, plan.bf16_copy);
   const double overall = static_cast<double>(plan.host_store_bytes) /
                          std::max<double>(1, static_cast<double>(plan.num_parameters));
@@ -942,7 +967,11 @@ void DescribeStep(const Plan& plan, const PlanRequest& r, const MachineProfile& 
   if (r.clipping) {
     absl::StrAppendFormat(out, "clipping   on: updates wait for the global norm and run during "
                                "the next forward (train.max_grad_norm: 0 overlaps them with "
-                               "backward)\n");
+                               "backward); the waiting gradients %s\n",
+                          plan.compact_held
+                              ? absl::StrCat("in 16 bits, ", GiB(plan.host_held_bytes),
+                                             " (optimizer.clip_store: fp16)")
+                              : absl::StrCat("in fp32 slabs, ", GiB(plan.host_slab_bytes)));
   }
 }
 

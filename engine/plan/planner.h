@@ -49,6 +49,9 @@ struct PlanRequest {
   int64_t seq_len = 0;
   int64_t rows_per_step = 0;        // sequences per optimizer step
   bool clipping = true;             // global-norm clipping (max_grad_norm > 0)
+  // Where its gradients wait for the norm (optimizer.clip_store): auto takes fp32 unless no
+  // plan then fits the host budget.
+  ClipStore clip_store = ClipStore::kAuto;
   double router_aux_loss_coef = -1;  // MoE: train.router_aux_loss_coef; < 0: the config's
   int64_t loss_chunk_tokens = 4096;
   // Fixed by the user; 0 = the planner chooses.
@@ -119,6 +122,9 @@ struct Plan {
   int64_t loss_chunk_tokens = 4096;
   int64_t mlp_tile_tokens = 0;   // dense layers' MLP over tiles of this many tokens (0: not)
   bool bf16_copy = true;         // the store keeps the bf16 weights (else the master streams)
+  // Clipping's waiting gradients in 16 bits (HostOptimizerOptions::compact_held): the slabs
+  // cycle as without clipping, and host_held_bytes hold the step's gradients.
+  bool compact_held = false;
   int64_t nvme_layers = 0;       // top decoder layers whose moments are on disk
   int64_t host_disk_buffer_bytes = 0;  // the RAM those layers' moments cycle through
   int64_t disk_bytes = 0;        // the scratch file
@@ -130,6 +136,8 @@ struct Plan {
   int64_t device_bytes = 0;      // allocated by the pipeline, on each device
   int64_t host_bytes = 0;        // store + gradient slabs + host checkpoints (+ CPU buffers)
   int64_t host_store_bytes = 0, host_slab_bytes = 0, host_checkpoint_bytes = 0;
+  int64_t host_held_bytes = 0;   // compact_held: the 16-bit gradients and the fp32 piece read
+
   int64_t num_parameters = 0;
   // The best plan's step with the other bf16_copy choice (0: not considered).
   double other_copy_step_seconds = 0;

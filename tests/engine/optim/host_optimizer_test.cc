@@ -127,7 +127,7 @@ void RunSteps(double max_grad_norm, bool compact = false) {
       for (int64_t offset = 0; compact && offset < static_cast<int64_t>(g.size());
            offset += kPiece) {  // what the update reads
         const int64_t n = std::min<int64_t>(kPiece, g.size() - offset);
-        std::vector<int16_t> q(n);
+        std::vector<uint16_t> q(n);
         std::vector<float> scales((n + kHeldBlock - 1) / kHeldBlock);
         EncodeHeld(g.data() + offset, n, q.data(), scales.data());
         DecodeHeld(q.data(), scales.data(), n, g.data() + offset);
