@@ -1828,7 +1828,7 @@ class DpoJobTest(DaemonTestCase):
         self.assertEqual(int(job["progress"]["eval_step"]), 12)
         self.assertEqual(int(job["progress"]["eval_preference"]["pairs"]), 4)
         shown = self.cli_ok("status", str(job_id)).stdout
-        self.assertRegex(shown, r"last eval\s+step 12: loss [0-9.]+, rewards/accuracies")
+        self.assertRegex(shown, r"last eval:\s+step 12: loss [0-9.]+, rewards/accuracies")
         self.assertTrue(glob.glob(os.path.join(job["checkpoint_dir"], "data-cache",
                                                "reference_logps-*.json")))
 
