@@ -350,6 +350,7 @@ absl::StatusOr<std::string> CheckpointWriter::Commit(const TrainerState& state) 
   if (state.micro_batch_rows > 0) {
     js["plan"] = {{"micro_batch_rows", state.micro_batch_rows},
                   {"mlp_tile_tokens", state.mlp_tile_tokens}};
+    if (!state.clip_store.empty()) js["plan"]["clip_store"] = state.clip_store;
   }
   RETURN_IF_ERROR(WriteFileSynced((fs::path(tmp_) / "trainer_state.json").string(), js.dump(2)));
   RETURN_IF_ERROR(FsyncPath((fs::path(tmp_) / "optimizer").string()));
@@ -413,6 +414,12 @@ absl::StatusOr<TrainerState> TrainerStateFromJson(const std::string& path,
             path, "/trainer_state.json: plan.micro_batch_rows must be positive and "
             "plan.mlp_tile_tokens not negative, got ", state.micro_batch_rows, " and ",
             state.mlp_tile_tokens));
+      }
+      state.clip_store = plan.value("clip_store", "");
+      if (!state.clip_store.empty() && state.clip_store != "fp32" && state.clip_store != "fp16") {
+        return absl::DataLossError(absl::StrCat(
+            path, "/trainer_state.json: plan.clip_store must be fp32 or fp16, got '",
+            Printable(state.clip_store), "'"));
       }
     }
   } catch (const nlohmann::json::exception& e) {

@@ -46,6 +46,10 @@ struct TrainerState {
   // checkpoint written before they were).
   int64_t micro_batch_rows = 0;
   int64_t mlp_tile_tokens = -1;
+  // Where clipping's gradients waited (optimizer.clip_store as planned: "fp32" or "fp16";
+  // "": no clipping, or not recorded): a resume whose spec leaves it to the planner keeps
+  // it, as the updates read its values.
+  std::string clip_store;
 };
 
 struct CheckpointOptions {

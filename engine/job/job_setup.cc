@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -129,24 +130,33 @@ absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
                                       const MachineProfile& profile, Backend* backend,
                                       PlanRequest* request, std::string* note) {
   note->clear();
+  PlanRequest as_saved = *request;
+  std::vector<std::string> kept_choices;
   if (resume.has_value() && resume->micro_batch_rows > 0 && spec.micro_batch_rows == 0 &&
       spec.micro_batches == 0) {
-    PlanRequest as_saved = *request;
     as_saved.micro_batch_rows = resume->micro_batch_rows;
     as_saved.mlp_tile_tokens = resume->mlp_tile_tokens;
-    const std::string split = absl::StrCat(
+    kept_choices.push_back(absl::StrCat(
         "micro-batches of ", resume->micro_batch_rows, " sequences",
         resume->mlp_tile_tokens > 0
             ? absl::StrCat(", MLP tiles of ", resume->mlp_tile_tokens, " tokens")
-            : "");
+            : ""));
+  }
+  if (resume.has_value() && !resume->clip_store.empty() && request->clipping &&
+      spec.clip_store == ClipStore::kAuto) {
+    as_saved.clip_store = resume->clip_store == "fp16" ? ClipStore::kFp16 : ClipStore::kFp32;
+    kept_choices.push_back(absl::StrCat("clipping's gradients in ", resume->clip_store));
+  }
+  if (!kept_choices.empty()) {
+    const std::string choices = absl::StrJoin(kept_choices, ", ");
     absl::StatusOr<Plan> kept = MakePlan(as_saved, profile, backend);
     if (kept.ok()) {
       *request = as_saved;
-      *note = absl::StrCat("resume     ", split, ", as the checkpoint's steps ran: the steps "
+      *note = absl::StrCat("resume     ", choices, ", as the checkpoint's steps ran: the steps "
                            "repeat an uninterrupted run's bits\n");
       return kept;
     }
-    *note = absl::StrCat("resume     the checkpoint's ", split, " do not fit here (",
+    *note = absl::StrCat("resume     the checkpoint's ", choices, " do not fit here (",
                          kept.status().message(), "): planned anew, so the steps from here "
                          "differ in their last bits from an uninterrupted run's\n");
   }
@@ -364,6 +374,7 @@ absl::Status Restore(const JobSpec& spec, const std::string& newest, JobParts* p
   }
   state.micro_batch_rows = p->plan.micro_batch_rows;  // what this run's checkpoints record
   state.mlp_tile_tokens = p->plan.mlp_tile_tokens;
+  state.clip_store = spec.max_grad_norm <= 0 ? "" : p->plan.compact_held ? "fp16" : "fp32";
   p->optimizer->Restored(state.step);
   return absl::OkStatus();
 }

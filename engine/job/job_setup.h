@@ -104,8 +104,9 @@ struct JobParts {
 
 // The plan of `*request` for `spec`, keeping a resumed job's split of a step and MLP tile
 // (TrainerState::micro_batch_rows, mlp_tile_tokens: they decide a step's bits) when the spec
-// leaves the split to the planner and it still fits; *request then asks for them. `*note` is
-// a line for the plan's text saying which ("" without a split to keep).
+// leaves the split to the planner, and its clipping store (TrainerState::clip_store) when
+// the spec's is auto, if they still fit; *request then asks for them. `*note` is a line for
+// the plan's text saying which ("" without anything to keep).
 [[nodiscard]] absl::StatusOr<Plan> PlanKeepingSplit(const JobSpec& spec,
                                                     const std::optional<TrainerState>& resume,
                                                     const MachineProfile& profile,

@@ -162,6 +162,39 @@ TEST(Trainer, ClippingWithItsGradientsIn16BitsTrainsAsTheExactStore) {
   EXPECT_NEAR(two.loss[0], compact.loss[0], 1e-6 * compact.loss[0]);
 }
 
+// The store clipping's gradients waited in is part of a checkpoint's plan: a resume whose
+// spec leaves it to the planner (auto, which here would take fp32) keeps fp16, as the steps
+// before ran, and says so.
+TEST(Trainer, ResumeKeepsTheCheckpointsClipStore) {
+  const std::string dir = TempDir("resume_clip_store");
+  WriteFile(dir + "/data.jsonl", kText);
+  auto make = [&](const std::string& store, int steps) {
+    return Make(dir, Spec(dir, steps, "",
+                          "optimizer: {clip_store: " + store + "}\n"
+                          "checkpoint: {dir: out, every_steps: 2, background: false}\n"));
+  };
+  {
+    absl::StatusOr<std::unique_ptr<Trainer>> first = make("fp16", 2);
+    ASSERT_TRUE(first.ok()) << first.status();
+    while (!(*first)->done()) ASSERT_TRUE((*first)->Step().ok());
+  }
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      Spec(dir, 4, "", "checkpoint: {dir: out, every_steps: 2, background: false}\n"), dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::optional<TrainerState>> state = ResumeState(*spec);
+  ASSERT_TRUE(state.ok() && state->has_value()) << state.status();
+  EXPECT_EQ((*state)->clip_store, "fp16");
+  absl::StatusOr<std::unique_ptr<Trainer>> resumed = make("auto", 4);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_TRUE((*resumed)->plan().compact_held);
+  EXPECT_NE((*resumed)->plan_text().find("clipping's gradients in fp16, as the checkpoint's"),
+            std::string::npos)
+      << (*resumed)->plan_text();
+  absl::StatusOr<std::unique_ptr<Trainer>> fresh = Make(dir, Spec(dir, 4));  // no checkpoint
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_FALSE((*fresh)->plan().compact_held);
+}
+
 // Data parallelism on the CPU backend's simulated devices: the same global batch split
 // over two or four devices gives the one-device losses and gradient norms, step after step
 // (the updates in between included), with and without clipping, whether the devices
