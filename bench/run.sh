@@ -28,6 +28,8 @@ SUITES=(
   "long         train_bench: Qwen2.5-7B one 128K sequence; 2 layers of one 512K sequence"
   "lora         train_bench: LoRA r16 beside the full fine-tune on the same shape and tokens (Llama-3.1-8B 4K and 8K, Qwen2.5-7B 4K, GPT-OSS-120B 2 layers), and GPT-OSS-120B cut to 16 layers with LoRA on its attention and experts (its floors, host bytes a parameter)"
   "dpo          train_bench: Qwen2.5-7B DPO steps (a 4K-token pair a row) beside SFT steps on the same shape, and the forward-only pass (the reference's)"
+  "dpo-numerics tests/hf/compare_dpo_with_torch.py: DPO (sigmoid, IPO) on qwen2, llama3, qwen3_moe against a PyTorch reference from the paper"
+  "clip         train_bench: clipped steps (fp32 and fp16 clip stores) beside unclipped ones: Qwen2.5-7B 4K 64K, Llama-3.1-8B 8K 128K, Qwen2.5-1.5B 64K, a GPT-OSS-120B layer at 256K"
   "lora-numerics tests/hf/compare_lora_with_peft.py: LoRA (attention, MLP, experts) and a frozen embedding against peft + transformers"
   "moe          train_bench: Qwen3-30B-A3B, Mixtral-8x7B and GPT-OSS-120B cuts at 64K and 256K tokens"
   "moe-floors   train_bench --no-optimizer on the MoE cuts: the step without the CPU optimizer"
@@ -356,6 +358,30 @@ suite() {
         --steps 5 --warmup 2 --eval
       train qwen2.5-7b_64k_dpo 400 --shape qwen2.5-7b --seq 4096 --tokens-per-step 65536 \
         --steps 5 --warmup 2 --dpo
+      save ;;
+    dpo-numerics)
+      run compare_dpo_with_torch 5400 python3 "$ROOT/tests/hf/compare_dpo_with_torch.py" \
+        "$(dirname "$(command -v dpo_reference)")" "$DIR/compare"
+      save ;;
+    clip)
+      profile
+      # Each shape unclipped, then clipped with each store (a store that does not fit this
+      # box is refused by the planner: its run records the refusal).
+      for shape_seq_tokens in "qwen2.5-7b 4096 65536" "llama-3.1-8b 8192 131072" \
+                              "qwen2.5-1.5b 4096 65536"; do
+        read -r shape seq tokens <<< "$shape_seq_tokens"
+        train "${shape}_${seq}_noclip" 400 --shape "$shape" --seq "$seq" \
+          --tokens-per-step "$tokens" --steps 5 --warmup 2 --max-grad-norm 0
+        for store in fp32 fp16; do
+          train "${shape}_${seq}_clip_${store}" 400 --shape "$shape" --seq "$seq" \
+            --tokens-per-step "$tokens" --steps 5 --warmup 2 --max-grad-norm 1 \
+            --clip-store "$store"
+        done
+      done
+      for norm in 0 1; do
+        train "gpt-oss-120b_1l_256k_clip${norm}" 420 --shape gpt-oss-120b --layers 1 \
+          --seq 4096 --tokens-per-step 262144 --steps 4 --warmup 2 --max-grad-norm "$norm"
+      done
       save ;;
     lora-numerics)
       run compare_lora_with_peft 5400 python3 "$ROOT/tests/hf/compare_lora_with_peft.py" \
