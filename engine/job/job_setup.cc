@@ -389,9 +389,8 @@ absl::Status LoadStartWeights(const JobSpec& spec, JobParts* p) {
 absl::Status LoadReferenceWeights(const JobSpec& spec, JobParts* p) {
   MT_CHECK(!spec.dpo.reference.empty());
   ASSIGN_OR_RETURN(ModelTensorReader reader, ModelTensorReader::OpenFolder(spec.dpo.reference));
-  RETURN_IF_ERROR(Annotate(LoadWeights(reader, p->store.get()), "dpo.reference"));
-  ZeroLoraAdapters(p->store.get());  // the reference is the model alone
-  return absl::OkStatus();
+  // LoadWeights leaves every adapter zero: the reference is the model alone.
+  return Annotate(LoadWeights(reader, p->store.get()), "dpo.reference");
 }
 
 absl::StatusOr<std::unique_ptr<JobParts>> SetUpJob(const JobSpec& spec,

@@ -237,17 +237,6 @@ void InitLoraAdapters(LoraInit init, uint64_t seed, HostStore* store) {
   }
 }
 
-void ZeroLoraAdapters(HostStore* store) {
-  const ModelLayout& layout = store->layout();
-  for (int64_t u = 0; u < store->num_units(); ++u) {
-    for (const TensorSlot& t : layout.units[u].tensors) {
-      if (t.role != TensorRole::kLoraB) continue;
-      const std::vector<float> zero(t.num_elements, 0.0f);
-      store->WriteTensor(u, t, zero.data());
-    }
-  }
-}
-
 absl::Status LoadLoraAdapter(const std::string& folder, const LoraConfig& lora,
                              HostStore* store) {
   ASSIGN_OR_RETURN(const LoraConfig saved, ReadPeftAdapterConfig(folder));

@@ -13,7 +13,7 @@ namespace megatrain {
 
 // Reads every tensor the layout names straight into the units' fp32 master (bf16, f16 or
 // f32 on disk; GPT-OSS's experts also as MXFP4 `_blocks` / `_scales`, dequantized), zeroes
-// m and v, and derives the bf16 weights. A missing tensor or a shape that disagrees with
+// m and v and every LoRA adapter, and derives the bf16 weights. A missing tensor or a shape that disagrees with
 // config.json is an error naming the tensor and the file. lm_head.weight is ignored when
 // the config ties embeddings.
 [[nodiscard]] absl::Status LoadWeights(const ModelTensorReader& reader, HostStore* store);
@@ -30,11 +30,9 @@ void RandomInitWeights(const ModelConfig& config, uint64_t seed, HostStore* stor
 
 // Draws every LoRA adapter's A (lora.h: LoraInit) into the store, deterministic in `seed`
 // (a generator per tensor, seeded from seed and its name); B is left as it is (zero after
-// LoadWeights or RandomInitWeights, which leave the adapters alone).
+// LoadWeights or RandomInitWeights, which zero every adapter).
 void InitLoraAdapters(LoraInit init, uint64_t seed, HostStore* store);
 
-// Zeroes every LoRA adapter's B: the adapted model then computes as its base.
-void ZeroLoraAdapters(HostStore* store);
 
 // Sets the store's LoRA adapters from a PEFT adapter folder (adapter_config.json and
 // adapter_model.safetensors, PEFT's names: a checkpoint of a LoRA job is one too). Errors

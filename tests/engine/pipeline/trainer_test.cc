@@ -1094,6 +1094,76 @@ TEST(Trainer, PreferenceJobTakesANamedModelAsItsReference) {
   EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-6", dir + "/split/checkpoint-6"), 6);
 }
 
+// A DPO job training LoRA adapters alone: it starts at ln 2 (B is zero: the policy is the
+// reference), learns the chosen answers, and checkpoints its adapters. Named, the reference
+// is that model alone (its adapters count for nothing in the reference pass), and the
+// job's own drawn adapters come back after it.
+TEST(Trainer, PreferenceJobTrainsLoraAdaptersAndTakesANamedReference) {
+  const std::string dir = TempDir("dpo_lora");
+  WriteFile(dir + "/data.jsonl", PreferencePairs());
+  {  // a reference to name: the starting weights after 4 full DPO steps
+    absl::StatusOr<std::unique_ptr<Trainer>> t = MakeDpo(dir, 4, "checkpoint: {dir: ref}\n");
+    ASSERT_TRUE(t.ok()) << t.status();
+    RunAll(t->get());
+  }
+  absl::StatusOr<std::unique_ptr<Trainer>> t =
+      MakeDpoWith(dir, 24, "lora: {rank: 4}\ncheckpoint: {dir: lora}\n",
+                  [](JobSpec* s) { s->schedule.lr = 2e-2; });
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::vector<StepReport> reports = RunAll(t->get());
+  ASSERT_EQ(reports.size(), 24u);
+  EXPECT_NEAR(reports[0].loss, std::log(2.0), 1e-6);
+  EXPECT_GE(reports.back().preference.rewards_accuracies, 0.9);
+  EXPECT_LT(reports.back().loss, reports[0].loss);
+  EXPECT_TRUE(fs::exists(dir + "/lora/checkpoint-24/adapter_model.safetensors"));
+
+  auto first = [&](const std::function<void(JobSpec*)>& edit, const std::string& out) {
+    absl::StatusOr<std::unique_ptr<Trainer>> one =
+        MakeDpoWith(dir, 1, "lora: {rank: 4}\ncheckpoint: {dir: " + out + "}\n", edit);
+    EXPECT_TRUE(one.ok()) << one.status();
+    absl::StatusOr<StepReport> r = (*one)->Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->preference;
+  };
+  const std::string reference = dir + "/ref/checkpoint-4";
+  const StepReport::Preference named =
+      first([&](JobSpec* s) { s->dpo.reference = reference; }, "named");
+  const StepReport::Preference own = first([](JobSpec*) {}, "own");
+  const StepReport::Preference of_reference = first(
+      [&](JobSpec* s) {
+        s->model_config_json.clear();
+        s->model_path = reference;
+      },
+      "of_reference");
+  EXPECT_NEAR(named.logps_chosen, own.logps_chosen, 1e-9);
+  EXPECT_NEAR(named.rewards_chosen, 0.1 * (own.logps_chosen - of_reference.logps_chosen), 1e-6);
+  EXPECT_NEAR(named.rewards_rejected, 0.1 * (own.logps_rejected - of_reference.logps_rejected),
+              1e-6);
+
+  // Lost after 3 steps (the adapters trained), the file is computed again from the named
+  // model alone, to the same values, and the job goes on as one that never lost it.
+  auto run = [&](int steps, const std::string& out) {
+    absl::StatusOr<std::unique_ptr<Trainer>> job = MakeDpoWith(
+        dir, steps, "lora: {rank: 4}\ncheckpoint: {dir: " + out + ", every_steps: 3}\n",
+        [&](JobSpec* s) {
+          s->schedule.lr = 2e-2;
+          s->dpo.reference = reference;
+        });
+    ASSERT_TRUE(job.ok()) << job.status();
+    RunAll(job->get());
+  };
+  run(6, "named_straight");
+  run(3, "named_split");
+  const std::string file = ReferenceFile(dir + "/named_split/data-cache");
+  ASSERT_NE(file, "");
+  const std::string values = ReadFile(file);
+  fs::remove(file);
+  run(6, "named_split");
+  EXPECT_EQ(ReadFile(file), values);
+  EXPECT_GE(ExpectSameFiles(dir + "/named_straight/checkpoint-6",
+                            dir + "/named_split/checkpoint-6"), 2);
+}
+
 // A pair whose two sequences cannot share the plan's one row is refused before any step,
 // naming it and the two ways out.
 TEST(Trainer, PreferencePairsLongerThanTheMicroBatchAreRefused) {
