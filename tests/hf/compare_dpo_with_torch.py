@@ -107,7 +107,6 @@ Usage: compare_dpo_with_torch.py BIN_DIR WORKDIR [FAMILIES...]
   engine's metrics equal to step_metrics' from its own per-pair values, with a reference
   model of its own too, and a rising accuracy).
 """
-import gc
 import json
 import math
 import os
@@ -124,9 +123,11 @@ try:  # --self-test runs without torch
     import torch.nn.functional as F
     from safetensors.torch import load_file
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3MoeConfig
+    from transformers import AutoModelForCausalLM
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import hf_models  # noqa: E402
+    from hf_models import free_gpu, is_moe  # noqa: E402
     from compare_gpu_with_transformers import (  # noqa: E402
         make_batches, make_bf16_exact, our_tensor, rel)
 except ImportError:
@@ -334,44 +335,9 @@ def accuracy_check(curve_steps):
 # The torch side.
 
 def configs():
-    """compare_lora_with_peft.py's configs of these families (that script imports peft,
-    which the GPU machine lacks), made when called."""
-    common = dict(num_hidden_layers=4, vocab_size=16384, tie_word_embeddings=False)
-    return {
-        "qwen2": lambda: Qwen2Config(**common, hidden_size=3584, intermediate_size=18944,
-                                     num_attention_heads=28, num_key_value_heads=4,
-                                     max_position_embeddings=32768, rms_norm_eps=1e-6,
-                                     rope_parameters={"rope_type": "default",
-                                                      "rope_theta": 1000000.0}),
-        "llama3": lambda: LlamaConfig(**common, hidden_size=4096, intermediate_size=14336,
-                                      num_attention_heads=32, num_key_value_heads=8,
-                                      max_position_embeddings=131072, rms_norm_eps=1e-5,
-                                      rope_parameters={"rope_type": "llama3",
-                                                       "rope_theta": 500000.0, "factor": 8.0,
-                                                       "low_freq_factor": 1.0,
-                                                       "high_freq_factor": 4.0,
-                                                       "original_max_position_embeddings":
-                                                           8192}),
-        "qwen3_moe": lambda: Qwen3MoeConfig(**common, hidden_size=2048, intermediate_size=6144,
-                                            num_attention_heads=32, num_key_value_heads=4,
-                                            head_dim=128, num_experts=128,
-                                            num_experts_per_tok=8, moe_intermediate_size=768,
-                                            norm_topk_prob=True, decoder_sparse_step=1,
-                                            mlp_only_layers=[], max_position_embeddings=40960,
-                                            rms_norm_eps=1e-6, output_router_logits=True,
-                                            router_aux_loss_coef=0.001,
-                                            rope_parameters={"rope_type": "default",
-                                                             "rope_theta": 1000000.0}),
-    }
-
-
-def is_moe(config):
-    return config.model_type == "qwen3_moe"
-
-
-def free_gpu():
-    gc.collect()
-    torch.cuda.empty_cache()
+    """The families compared (hf_models.py's), made when called."""
+    return {k: v for k, v in hf_models.full_width_configs().items()
+            if k in ("qwen2", "llama3", "qwen3_moe")}
 
 
 def text_chain(vocab):
@@ -754,15 +720,7 @@ def loss_case(bin_dir, d, config, policy, pairs, loss):
 
 
 def record(result):
-    """Replaces the case's line in RESULTS (the latest measurement of each case)."""
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    lines = []
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
-            lines = [l for l in f if l.strip() and json.loads(l).get("case") != result["case"]]
-    lines.append(json.dumps(result) + "\n")
-    with open(RESULTS, "w") as f:
-        f.writelines(lines)
+    hf_models.record(RESULTS, result)
 
 
 def check_family(bin_dir, work, family, make_config):

@@ -88,10 +88,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors import safe_open
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen2Config,
-                          Qwen3MoeConfig)
+from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_models  # noqa: E402
+from hf_models import free_gpu, is_moe  # noqa: E402
 from compare_gpu_with_transformers import (  # noqa: E402
     STEPS, WARMUP, WD, CLIP, make_batches, make_bf16_exact, rel)
 
@@ -104,48 +105,6 @@ EXPERTS = ["experts.gate_up_proj", "experts.down_proj"]  # PEFT target_parameter
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cuda-lora.jsonl")
 
 
-def configs():
-    """Each family's config, made when called (a config transformers refuses fails its
-    family alone)."""
-    common = dict(num_hidden_layers=4, vocab_size=16384, tie_word_embeddings=False)
-    return {
-        "qwen2": lambda: Qwen2Config(**common, hidden_size=3584, intermediate_size=18944,
-                             num_attention_heads=28, num_key_value_heads=4,
-                             max_position_embeddings=32768, rms_norm_eps=1e-6,
-                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
-        "llama3": lambda: LlamaConfig(**common, hidden_size=4096, intermediate_size=14336,
-                              num_attention_heads=32, num_key_value_heads=8,
-                              max_position_embeddings=131072, rms_norm_eps=1e-5,
-                              rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
-                                               "factor": 8.0, "low_freq_factor": 1.0,
-                                               "high_freq_factor": 4.0,
-                                               "original_max_position_embeddings": 8192}),
-        "qwen3_moe": lambda: Qwen3MoeConfig(**common, hidden_size=2048, intermediate_size=6144,
-                                    num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-                                    num_experts=128, num_experts_per_tok=8,
-                                    moe_intermediate_size=768, norm_topk_prob=True,
-                                    decoder_sparse_step=1, mlp_only_layers=[],
-                                    max_position_embeddings=40960, rms_norm_eps=1e-6,
-                                    output_router_logits=True, router_aux_loss_coef=0.001,
-                                    rope_parameters={"rope_type": "default",
-                                                     "rope_theta": 1000000.0}),
-        "gpt_oss": lambda: GptOssConfig(**common, hidden_size=2880, intermediate_size=2880,
-                                num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-                                num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
-                                attention_bias=True, rms_norm_eps=1e-5,
-                                max_position_embeddings=131072,
-                                output_router_logits=True, router_aux_loss_coef=0.9,
-                                rope_parameters={"rope_type": "yarn", "factor": 32.0,
-                                                 "beta_fast": 32.0, "beta_slow": 1.0,
-                                                 "truncate": False, "rope_theta": 150000.0,
-                                                 "original_max_position_embeddings": 4096}),
-    }
-
-
-def is_moe(config):
-    return config.model_type in ("qwen3_moe", "gpt_oss")
-
-
 def cases(family, config):
     """(case name, LoRA targets or None, freeze patterns) of a family."""
     if is_moe(config):
@@ -155,11 +114,6 @@ def cases(family, config):
     if family == "qwen2":
         out.append(("full-freeze-embed_tokens", None, ["embed_tokens"]))
     return out
-
-
-def free_gpu():
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def make_model(config, path):
@@ -623,15 +577,7 @@ def full_case(bin_path, d, config, batches, freeze):
 
 
 def record(result):
-    """Replaces the case's line in RESULTS (the latest measurement of each case)."""
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    lines = []
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
-            lines = [l for l in f if l.strip() and json.loads(l).get("case") != result["case"]]
-    lines.append(json.dumps(result) + "\n")
-    with open(RESULTS, "w") as f:
-        f.writelines(lines)
+    hf_models.record(RESULTS, result)
 
 
 def check_family(bin_path, work, family, make_config):
@@ -718,7 +664,7 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     bin_path, work = sys.argv[1], sys.argv[2]
-    all_configs = configs()
+    all_configs = hf_models.full_width_configs()
     families = sys.argv[3:] or list(all_configs)
     unknown = [f for f in families if f not in all_configs]
     if unknown:
