@@ -118,6 +118,10 @@ import sys
 import tempfile
 import traceback
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_models  # noqa: E402
+from hf_models import curve_check, free_gpu, is_moe  # noqa: E402
+
 try:  # --self-test runs without torch
     import torch
     import torch.nn.functional as F
@@ -126,8 +130,6 @@ try:  # --self-test runs without torch
     from transformers import AutoModelForCausalLM
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import hf_models  # noqa: E402
-    from hf_models import free_gpu, is_moe  # noqa: E402
     from compare_gpu_with_transformers import (  # noqa: E402
         make_batches, make_bf16_exact, our_tensor, rel)
 except ImportError:
@@ -277,30 +279,6 @@ def metric_errors(ours, ref):
 def metric_problems(errors, tol=1e-4):
     return [f"step 1 {key}: rel err {e:.3e} > {tol:g}" for key, e in errors.items()
             if not e <= tol]
-
-
-def curve_check(ours, fp32, bf16):
-    """The curve criterion on the DPO losses (stats, problems)."""
-    if not (len(ours) == len(fp32) == len(bf16)) or not ours:
-        return {"curve_ok": False}, [f"curve lengths differ: ours {len(ours)}, fp32 "
-                                     f"{len(fp32)}, bf16 {len(bf16)}"]
-    d_ours = [abs(a - b) / b for a, b in zip(ours, fp32)]
-    d_bf16 = [abs(a - b) / b for a, b in zip(bf16, fp32)]
-    mean_ours, mean_bf16 = sum(d_ours) / len(d_ours), sum(d_bf16) / len(d_bf16)
-    last10 = abs(sum(ours[-10:]) - sum(fp32[-10:])) / sum(fp32[-10:])
-    ok = mean_ours <= 1.5 * mean_bf16 + 0.005 and last10 <= 0.02
-    stats = {"curve_mean_d_ours": mean_ours, "curve_mean_d_bf16_autocast": mean_bf16,
-             "curve_bound": 1.5 * mean_bf16 + 0.005, "last10_rel_err": last10,
-             "curve_max_d_ours": max(d_ours), "curve_ok": ok,
-             "curve_first_last_ours": [ours[0], ours[-1]],
-             "curve_first_last_fp32": [fp32[0], fp32[-1]],
-             "curve_ours": [round(x, 5) for x in ours],
-             "curve_fp32": [round(x, 5) for x in fp32],
-             "curve_bf16_autocast": [round(x, 5) for x in bf16]}
-    problems = [] if ok else [f"curve: mean d_ours {mean_ours:.4f} vs bound "
-                              f"{1.5 * mean_bf16 + 0.005:.4f}; last-10 means differ by "
-                              f"{last10:.3%}"]
-    return stats, problems
 
 
 def rel_l2(a, b):

@@ -327,25 +327,7 @@ def curves(model, batches, lr, ours):
     hf_bf16 = train(model, batches, lr, bf16=True)
     restore()
     del start
-    d_ours = [abs(a - b) / b for a, b in zip(ours, hf32)]
-    d_bf16 = [abs(a - b) / b for a, b in zip(hf_bf16, hf32)]
-    mean_ours = sum(d_ours) / len(d_ours)
-    mean_bf16 = sum(d_bf16) / len(d_bf16)
-    last10_err = abs(sum(ours[-10:]) - sum(hf32[-10:])) / sum(hf32[-10:])
-    ok = (len(ours) == len(hf32) and mean_ours <= 1.5 * mean_bf16 + 0.005
-          and last10_err <= 0.02)
-    stats = {"curve_mean_d_ours": mean_ours, "curve_mean_d_bf16_autocast": mean_bf16,
-             "curve_bound": 1.5 * mean_bf16 + 0.005, "last10_rel_err": last10_err,
-             "curve_max_d_ours": max(d_ours), "curve_ok": ok,
-             "curve_first_last_ours": [ours[0], ours[-1]],
-             "curve_first_last_fp32": [hf32[0], hf32[-1]],
-             "curve_ours": [round(x, 4) for x in ours],
-             "curve_fp32": [round(x, 4) for x in hf32],
-             "curve_bf16_autocast": [round(x, 4) for x in hf_bf16]}
-    problems = [] if ok else [f"curve: mean d_ours {mean_ours:.4f} vs bound "
-                              f"{1.5 * mean_bf16 + 0.005:.4f}; last-10 means differ by "
-                              f"{last10_err:.3%}"]
-    return stats, problems
+    return hf_models.curve_check(ours, hf32, hf_bf16)
 
 
 def logits_of(model, ids, vocab):

@@ -1,18 +1,17 @@
 """What the numerics comparisons against transformers share: the 4-layer models of full
 width (every vocabulary cut to 16384; see compare_lora_with_peft.py's docstring), and the
 results file's bookkeeping. Imported by compare_lora_with_peft.py and
-compare_dpo_with_torch.py, where torch and transformers are."""
+compare_dpo_with_torch.py (torch and transformers are imported where used: the latter's
+self-test runs without them)."""
 import gc
 import json
 import os
-
-import torch
-from transformers import GptOssConfig, LlamaConfig, Qwen2Config, Qwen3MoeConfig
 
 
 def full_width_configs():
     """Each family's 4-layer config of full width, made when called (a config transformers
     refuses fails its family alone)."""
+    from transformers import GptOssConfig, LlamaConfig, Qwen2Config, Qwen3MoeConfig
     common = dict(num_hidden_layers=4, vocab_size=16384, tie_word_embeddings=False)
     return {
         "qwen2": lambda: Qwen2Config(**common, hidden_size=3584, intermediate_size=18944,
@@ -53,6 +52,7 @@ def is_moe(config):
 
 
 def free_gpu():
+    import torch
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -68,3 +68,30 @@ def record(path, result):
     lines.append(json.dumps(result) + "\n")
     with open(path, "w") as f:
         f.writelines(lines)
+
+
+def curve_check(ours, fp32, bf16):
+    """The curve criterion on two 50-step loss curves against fp32's, `ours` and the
+    reference's under bf16 autocast: with d(t) = |L - L_fp32| / L_fp32, mean d of ours <=
+    1.5 x mean d of bf16 + 0.005, and the last 10 steps' mean within 2% of fp32's. Returns
+    (stats, problems)."""
+    if not (len(ours) == len(fp32) == len(bf16)) or not ours:
+        return {"curve_ok": False}, [f"curve lengths differ: ours {len(ours)}, fp32 "
+                                     f"{len(fp32)}, bf16 {len(bf16)}"]
+    d_ours = [abs(a - b) / b for a, b in zip(ours, fp32)]
+    d_bf16 = [abs(a - b) / b for a, b in zip(bf16, fp32)]
+    mean_ours, mean_bf16 = sum(d_ours) / len(d_ours), sum(d_bf16) / len(d_bf16)
+    last10 = abs(sum(ours[-10:]) - sum(fp32[-10:])) / sum(fp32[-10:])
+    ok = mean_ours <= 1.5 * mean_bf16 + 0.005 and last10 <= 0.02
+    stats = {"curve_mean_d_ours": mean_ours, "curve_mean_d_bf16_autocast": mean_bf16,
+             "curve_bound": 1.5 * mean_bf16 + 0.005, "last10_rel_err": last10,
+             "curve_max_d_ours": max(d_ours), "curve_ok": ok,
+             "curve_first_last_ours": [ours[0], ours[-1]],
+             "curve_first_last_fp32": [fp32[0], fp32[-1]],
+             "curve_ours": [round(x, 5) for x in ours],
+             "curve_fp32": [round(x, 5) for x in fp32],
+             "curve_bf16_autocast": [round(x, 5) for x in bf16]}
+    problems = [] if ok else [f"curve: mean d_ours {mean_ours:.4f} vs bound "
+                              f"{1.5 * mean_bf16 + 0.005:.4f}; last-10 means differ by "
+                              f"{last10:.3%}"]
+    return stats, problems
