@@ -129,7 +129,6 @@ try:  # --self-test runs without torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import AutoModelForCausalLM
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from compare_gpu_with_transformers import (  # noqa: E402
         make_batches, make_bf16_exact, our_tensor, rel)
 except ImportError:
