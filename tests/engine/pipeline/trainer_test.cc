@@ -1038,6 +1038,37 @@ TEST(Trainer, PreferenceJobEvaluatesItsEvalPairsWithTheStepsMetrics) {
   for (size_t k = 0; k < reports.size(); ++k) EXPECT_EQ(without[k].loss, reports[k].loss) << k;
 }
 
+// The first step of three DPO jobs in `dir` (`sections`: more of their spec) from the same
+// start: one naming `reference` as its reference, one without, and one whose model is
+// `reference` itself. The first's rewards are beta times the second's log-probabilities
+// less the third's (the policy the job's own start, the reference the folder's weights).
+void ExpectNamedReferenceRewards(const std::string& dir, const std::string& sections,
+                                 const std::string& reference) {
+  auto first = [&](const std::function<void(JobSpec*)>& edit, const std::string& out) {
+    absl::StatusOr<std::unique_ptr<Trainer>> t =
+        MakeDpoWith(dir, 1, sections + "checkpoint: {dir: " + out + "}\n", edit);
+    EXPECT_TRUE(t.ok()) << t.status();
+    absl::StatusOr<StepReport> r = (*t)->Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->preference;
+  };
+  const StepReport::Preference named =
+      first([&](JobSpec* s) { s->dpo.reference = reference; }, "named");
+  const StepReport::Preference own = first([](JobSpec*) {}, "own");
+  const StepReport::Preference of_reference = first(
+      [&](JobSpec* s) {
+        s->model_config_json.clear();
+        s->model_path = reference;
+      },
+      "of_reference");
+  EXPECT_NEAR(named.logps_chosen, own.logps_chosen, 1e-9);
+  EXPECT_NEAR(named.logps_rejected, own.logps_rejected, 1e-9);
+  EXPECT_NEAR(named.rewards_chosen, 0.1 * (own.logps_chosen - of_reference.logps_chosen), 1e-6);
+  EXPECT_NEAR(named.rewards_rejected, 0.1 * (own.logps_rejected - of_reference.logps_rejected),
+              1e-6);
+  EXPECT_GT(std::abs(named.rewards_margins), 1e-3);
+}
+
 // dpo.reference names a model folder (here a checkpoint of a job that trained on): the
 // reference values are its log-probabilities, while the policy starts from the job's own
 // weights, loaded back after the reference pass. A job whose file is lost after steps
@@ -1052,30 +1083,7 @@ TEST(Trainer, PreferenceJobTakesANamedModelAsItsReference) {
   }
   const std::string reference = dir + "/ref/checkpoint-6";
   ASSERT_TRUE(fs::exists(reference + "/config.json"));
-  auto first_step = [&](const std::function<void(JobSpec*)>& edit, const std::string& out) {
-    absl::StatusOr<std::unique_ptr<Trainer>> t =
-        MakeDpoWith(dir, 1, "checkpoint: {dir: " + out + "}\n", edit);
-    EXPECT_TRUE(t.ok()) << t.status();
-    absl::StatusOr<StepReport> r = (*t)->Step();
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r->preference;
-  };
-  const StepReport::Preference named =
-      first_step([&](JobSpec* s) { s->dpo.reference = reference; }, "named");
-  const StepReport::Preference own = first_step([](JobSpec*) {}, "own");
-  const StepReport::Preference of_reference = first_step(
-      [&](JobSpec* s) {
-        s->model_config_json.clear();
-        s->model_path = reference;
-      },
-      "of_reference");
-  // The policy is the job's own start; the reference the named folder's weights.
-  EXPECT_NEAR(named.logps_chosen, own.logps_chosen, 1e-9);
-  EXPECT_NEAR(named.logps_rejected, own.logps_rejected, 1e-9);
-  EXPECT_NEAR(named.rewards_chosen, 0.1 * (own.logps_chosen - of_reference.logps_chosen), 1e-6);
-  EXPECT_NEAR(named.rewards_rejected, 0.1 * (own.logps_rejected - of_reference.logps_rejected),
-              1e-6);
-  EXPECT_GT(std::abs(named.rewards_margins), 1e-3);
+  ExpectNamedReferenceRewards(dir, "", reference);
 
   auto run = [&](int steps, const std::string& out) {
     absl::StatusOr<std::unique_ptr<Trainer>> t =
@@ -1117,28 +1125,8 @@ TEST(Trainer, PreferenceJobTrainsLoraAdaptersAndTakesANamedReference) {
   EXPECT_LT(reports.back().loss, reports[0].loss);
   EXPECT_TRUE(fs::exists(dir + "/lora/checkpoint-24/adapter_model.safetensors"));
 
-  auto first = [&](const std::function<void(JobSpec*)>& edit, const std::string& out) {
-    absl::StatusOr<std::unique_ptr<Trainer>> one =
-        MakeDpoWith(dir, 1, "lora: {rank: 4}\ncheckpoint: {dir: " + out + "}\n", edit);
-    EXPECT_TRUE(one.ok()) << one.status();
-    absl::StatusOr<StepReport> r = (*one)->Step();
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r->preference;
-  };
   const std::string reference = dir + "/ref/checkpoint-4";
-  const StepReport::Preference named =
-      first([&](JobSpec* s) { s->dpo.reference = reference; }, "named");
-  const StepReport::Preference own = first([](JobSpec*) {}, "own");
-  const StepReport::Preference of_reference = first(
-      [&](JobSpec* s) {
-        s->model_config_json.clear();
-        s->model_path = reference;
-      },
-      "of_reference");
-  EXPECT_NEAR(named.logps_chosen, own.logps_chosen, 1e-9);
-  EXPECT_NEAR(named.rewards_chosen, 0.1 * (own.logps_chosen - of_reference.logps_chosen), 1e-6);
-  EXPECT_NEAR(named.rewards_rejected, 0.1 * (own.logps_rejected - of_reference.logps_rejected),
-              1e-6);
+  ExpectNamedReferenceRewards(dir, "lora: {rank: 4}\n", reference);
 
   // Lost after 3 steps (the adapters trained), the file is computed again from the named
   // model alone, to the same values, and the job goes on as one that never lost it.
