@@ -980,16 +980,8 @@ def main():
         sys.exit(__doc__)
     if torch is None:
         sys.exit("torch, transformers and safetensors are needed (or run --self-test)")
-    bin_dir, work = sys.argv[1], sys.argv[2]
-    all_configs = configs()
-    families = sys.argv[3:] or list(all_configs)
-    unknown = [f for f in families if f not in all_configs]
-    if unknown:
-        sys.exit(f"unknown families {unknown}; choose from {list(all_configs)}")
-    results = []
-    for family in families:
-        results += check_family(bin_dir, work, family, all_configs[family])
-    sys.exit(0 if summary(results) else 1)
+    hf_models.run_families(sys.argv[1], sys.argv[2], sys.argv[3:], configs(), check_family,
+                           summary)
 
 
 if __name__ == "__main__":

@@ -645,16 +645,8 @@ def summary(results):
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    bin_path, work = sys.argv[1], sys.argv[2]
-    all_configs = hf_models.full_width_configs()
-    families = sys.argv[3:] or list(all_configs)
-    unknown = [f for f in families if f not in all_configs]
-    if unknown:
-        sys.exit(f"unknown families {unknown}; choose from {list(all_configs)}")
-    results = []
-    for family in families:
-        results += check_family(bin_path, work, family, all_configs[family])
-    sys.exit(0 if summary(results) else 1)
+    hf_models.run_families(sys.argv[1], sys.argv[2], sys.argv[3:],
+                           hf_models.full_width_configs(), check_family, summary)
 
 
 if __name__ == "__main__":

@@ -95,3 +95,18 @@ def curve_check(ours, fp32, bf16):
                               f"{1.5 * mean_bf16 + 0.005:.4f}; last-10 means differ by "
                               f"{last10:.3%}"]
     return stats, problems
+
+
+def run_families(bin_path, work, families, all_configs, check_family, summary):
+    """Checks each of `families` (all of all_configs' when empty) with check_family(bin_path,
+    work, family, make_config), prints summary(results), and exits 0 when it says they
+    passed, 1 otherwise (an unknown family: its name and the choices)."""
+    import sys
+    families = families or list(all_configs)
+    unknown = [f for f in families if f not in all_configs]
+    if unknown:
+        sys.exit(f"unknown families {unknown}; choose from {list(all_configs)}")
+    results = []
+    for family in families:
+        results += check_family(bin_path, work, family, all_configs[family])
+    sys.exit(0 if summary(results) else 1)
