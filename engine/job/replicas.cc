@@ -1,11 +1,13 @@
 #include "engine/job/replicas.h"
 
 #include <algorithm>
+#include <iterator>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/backend/devices.h"
+#include "engine/common/check.h"
 #include "engine/common/status.h"
 #include "engine/plan/rates.h"
 
@@ -128,6 +130,17 @@ void Replicas::NextBatches(Packer* packer, int64_t rows_per_micro_batch) {
   }
 }
 
+void Replicas::TakeBatches(std::vector<MicroBatch> rest) {
+  if (replicas_.empty()) return;
+  MT_CHECK(rest.size() % replicas_.size() == 0);
+  const size_t share = rest.size() / replicas_.size();
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    std::vector<MicroBatch>& mine = replicas_[i].batches;
+    mine.assign(std::make_move_iterator(rest.begin() + i * share),
+                std::make_move_iterator(rest.begin() + (i + 1) * share));
+  }
+}
+
 absl::StatusOr<StepResult> Replicas::Step(Pipeline* first, const std::vector<MicroBatch>& batches,
                                           HostOptimizer* optimizer) {
   if (replicas_.empty()) return first->Step(batches, optimizer);
@@ -158,6 +171,8 @@ absl::StatusOr<StepResult> Replicas::Step(Pipeline* first, const std::vector<Mic
     total.seconds = std::max(total.seconds, r->seconds);
     total.h2d_bytes += r->h2d_bytes;
     total.d2h_bytes += r->d2h_bytes;
+    total.token_values.insert(total.token_values.end(), r->token_values.begin(),
+                              r->token_values.end());
   }
   total.loss = total.num_targets > 0 ? loss_sum / total.num_targets : 0.0;
   total.aux_loss /= static_cast<double>(results.size() + 1);

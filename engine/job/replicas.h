@@ -79,8 +79,13 @@ class Replicas {
   // Each replica's share of the next step, from `packer` after the first device's (the
   // data order one device would see).
   void NextBatches(Packer* packer, int64_t rows_per_micro_batch);
+  // The same from micro-batches made for the whole step (a DPO job's pairs): `rest`, what
+  // follows the first device's, in equal shares, replica after replica.
+  // REQUIRES: rest.size() a multiple of size().
+  void TakeBatches(std::vector<MicroBatch> rest);
   // The step on every device: the first's (`first` over `batches`) on this thread, each
-  // replica's on its own; their results added up (the loss averaged over all targets).
+  // replica's on its own; their results added up (the loss averaged over all targets;
+  // token_values, a DPO step's, the first's then each replica's).
   // One device: first->Step(batches, optimizer).
   [[nodiscard]] absl::StatusOr<StepResult> Step(Pipeline* first,
                                                 const std::vector<MicroBatch>& batches,

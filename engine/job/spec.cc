@@ -671,9 +671,6 @@ absl::Status CheckDpo(const JobSpec& s) {
     return absl::InvalidArgumentError(
         "dpo.reference names a reference model and dpo.reference_free has none: give one");
   }
-  if (s.devices > 1) {
-    return absl::InvalidArgumentError("a dpo job runs on one device (train.devices: 1)");
-  }
   if (!s.eval.path.empty() && s.eval.format != DataFormat::kText) {
     return absl::InvalidArgumentError(absl::StrCat(
         "eval.format is ", SpecName(s.eval.format), "; a dpo job's eval.path holds pairs as "

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -159,10 +160,15 @@ absl::StatusOr<EvalReport> Trainer::EvaluatePairs() {
 
 absl::StatusOr<StepResult> Trainer::RunStep(int64_t step, double* lr) {
   JobParts& p = *parts_;
-  if (p.pair_stream != nullptr) {  // a DPO job (one device): the step's pairs
-    pair_step_ = p.pair_stream->NextStep(p.plan.micro_batches, p.plan.micro_batch_rows);
-    batches_ = PreferenceStepBatches(&pair_step_, references_->train(),
-                                     PreferenceOptionsOf(spec_.dpo));
+  if (p.pair_stream != nullptr) {  // a DPO job: the step's pairs, over every device
+    const int64_t M = p.plan.micro_batches, devices = 1 + p.replicas->size();
+    pair_step_ = p.pair_stream->NextStep(M * devices, p.plan.micro_batch_rows);
+    std::vector<MicroBatch> all = PreferenceStepBatches(&pair_step_, references_->train(),
+                                                        PreferenceOptionsOf(spec_.dpo));
+    p.replicas->TakeBatches(std::vector<MicroBatch>(std::make_move_iterator(all.begin() + M),
+                                                    std::make_move_iterator(all.end())));
+    all.resize(M);
+    batches_ = std::move(all);
   } else {
     // In data order: the first device's share, then the next's (as one device would).
     for (MicroBatch& b : batches_) p.packer->Next(p.plan.micro_batch_rows, &b);

@@ -1152,6 +1152,47 @@ TEST(Trainer, PreferenceJobTrainsLoraAdaptersAndTakesANamedReference) {
                             dir + "/named_split/checkpoint-6"), 2);
 }
 
+// A DPO job over two devices (the CPU backend's simulated ones), each reduction: the step's
+// micro-batches of pairs split between them, the reference pass and evaluation on the
+// first, and the one-device job's losses, metrics and gradient norms step after step.
+TEST(Trainer, PreferenceJobOverTwoDevicesMatchesOneDevice) {
+  const std::string dir = TempDir("dpo_dp");
+  WriteFile(dir + "/data.jsonl", PreferencePairs());
+  auto make = [&](const std::string& out, int devices, GradientReduce reduce) {
+    return MakeDpoWith(dir, 8, "checkpoint: {dir: " + out + "}\n", [&](JobSpec* s) {
+      s->micro_batches = 4;  // of 2 rows a step in all: each device's share of them
+      s->devices = devices;
+      s->gradient_reduce = reduce;
+      s->eval.path = dir + "/data.jsonl";
+    });
+  };
+  absl::StatusOr<std::unique_ptr<Trainer>> one = make("one", 1, GradientReduce::kAuto);
+  absl::StatusOr<std::unique_ptr<Trainer>> host = make("host", 2, GradientReduce::kHost);
+  absl::StatusOr<std::unique_ptr<Trainer>> two = make("two", 2, GradientReduce::kDevice);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ((*two)->plan().micro_batches, 2);
+  while (!(*one)->done()) {
+    absl::StatusOr<StepReport> a = (*one)->Step();
+    ASSERT_TRUE(a.ok()) << a.status();
+    for (Trainer* t : {host->get(), two->get()}) {
+      absl::StatusOr<StepReport> b = t->Step();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(b->preference.pairs, a->preference.pairs) << "step " << a->step;
+      EXPECT_NEAR(b->loss, a->loss, 1e-5 * a->loss) << "step " << a->step;
+      EXPECT_NEAR(b->preference.rewards_margins, a->preference.rewards_margins,
+                  1e-4 * std::abs(a->preference.rewards_margins) + 1e-9)
+          << "step " << a->step;
+      EXPECT_NEAR(b->grad_norm, a->grad_norm, 1e-4 * a->grad_norm) << "step " << a->step;
+      ASSERT_EQ(b->evals.size(), a->evals.size());
+      if (!a->evals.empty()) {
+        EXPECT_NEAR(b->evals.back().loss, a->evals.back().loss, 1e-5 * a->evals.back().loss);
+      }
+    }
+  }
+}
+
 // A pair whose two sequences cannot share the plan's one row is refused before any step,
 // naming it and the two ways out.
 TEST(Trainer, PreferencePairsLongerThanTheMicroBatchAreRefused) {
