@@ -55,8 +55,11 @@ PlanRequest JobPlanRequest(const JobSpec& spec, const ModelConfig& config,
   r.nvme_dir = spec.nvme_dir;
   r.nvme_layers = spec.nvme_dir.empty() ? 0 : spec.nvme_layers;
   r.eval_rows = spec.eval.path.empty() ? 0 : (spec.eval.max_rows > 0 ? spec.eval.max_rows : -1);
-  // A DPO job's reference pass: as many micro-batches at once as fit.
-  if (spec.dpo.enabled && !spec.dpo.reference_free) r.eval_rows = -1;
+  // A DPO job's reference pass and its eval pairs (max_rows counts pairs, not rows): as many
+  // micro-batches at once as fit.
+  if (spec.dpo.enabled && (!spec.dpo.reference_free || !spec.eval.path.empty())) {
+    r.eval_rows = -1;
+  }
   r.freeze = spec.freeze;
   r.lora = spec.lora;
   return r;
