@@ -977,11 +977,62 @@ void DescribeStep(const Plan& plan, const PlanRequest& r, const MachineProfile& 
 
 }  // namespace
 
+namespace {
+
+// Where layer l's tensors live between its forward and its backward, in words: its input,
+// its intermediates, its bf16 weights and its AdamW moments.
+std::string LayerPlacement(const Plan& plan, int64_t L, int64_t l) {
+  const int64_t K = std::max<int64_t>(1, plan.checkpoint_every);
+  const std::string input =
+      l % K != 0 ? "recomputed from the kept one below"
+                 : absl::StrCat("kept (", plan.checkpoints_on_host ? "host" : "device", ")");
+  const std::string intermediates =
+      l >= L - plan.kept_layers
+          ? (plan.mlp_tile_tokens > 0 ? "attention's kept, MLP's recomputed" : "kept")
+          : "recomputed";
+  const std::string weights = plan.weight_slots >= L ? "resident" : "streamed";
+  const std::string moments = l >= L - plan.nvme_layers ? "NVMe" : "RAM";
+  return absl::StrFormat("%-34s %-35s %-9s %s", input, intermediates, weights, moments);
+}
+
+// The decoder layers' placements (`megatrain plan`), runs of layers alike on one line each.
+// A run of checkpoint intervals alike shows each position in the interval once: "1,3..27".
+void DescribePlacement(const Plan& plan, const PlanRequest& r, std::string* out) {
+  const int64_t L = r.config.num_layers;
+  const int64_t K = std::max<int64_t>(1, plan.checkpoint_every);
+  absl::StrAppendFormat(out, "placement  %-10s %-34s %-35s %-9s %s\n", "layers", "input",
+                        "intermediates", "weights", "moments");
+  auto interval = [&](int64_t start) {  // its layers' placements, one a line
+    std::string text;
+    for (int64_t l = start; l < std::min(L, start + K); ++l) {
+      absl::StrAppend(&text, LayerPlacement(plan, L, l), "\n");
+    }
+    return text;
+  };
+  for (int64_t first = 0; first < L;) {
+    const std::string pattern = interval(first);
+    int64_t end = std::min(L, first + K);  // the run: whole intervals alike
+    while (end + K <= L && interval(end) == pattern) end += K;
+    for (int64_t l = first; l < std::min(L, first + K); ++l) {
+      const int64_t last = end - K + (l - first);
+      const std::string layers =
+          last <= l ? absl::StrCat(l)
+          : K == 1  ? absl::StrCat(l, "-", last)
+                    : absl::StrCat(l, ",", l + K, "..", last);
+      absl::StrAppendFormat(out, "           %-10s %s\n", layers, LayerPlacement(plan, L, l));
+    }
+    first = end;
+  }
+}
+
+}  // namespace
+
 std::string DescribePlan(const Plan& plan, const PlanRequest& r, const MachineProfile& profile) {
   std::string out;
   DescribeModel(plan, r, &out);
   DescribeMachineAndBatch(plan, r, profile, &out);
   DescribeMemory(plan, r, profile, &out);
+  DescribePlacement(plan, r, &out);
   DescribeStep(plan, r, profile, &out);
   return out;
 }

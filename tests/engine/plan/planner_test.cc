@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "engine/backend/factory.h"
 #include "engine/common/collective.h"
@@ -540,6 +541,37 @@ TEST(Planner, DescribesThePlanInWords) {
   for (const char* want : {"65536 tokens per step", "predicted", "bound      GPU compute",
                            "device", "host", "7.62 B parameters",
                            "CPU AdamW 4.58 G params/s (x 0.70 in a step)"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
+// The plan's placement table: each decoder layer's input, intermediates, weights and
+// moments, runs of layers alike on one line (a run of checkpoint intervals by position).
+TEST(Planner, PlacementSaysWhereEachLayersTensorsLive) {
+  PlanningBackend be;
+  PlanRequest r = Request(Qwen7B(), 65536, 130);
+  r.checkpoint_every = 2;
+  r.kept_layers = 0;
+  r.weight_slots = 2;
+  absl::StatusOr<Plan> plan = MakePlan(r, H200Like(), &be);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Plan p = *plan;
+  p.kept_layers = 3;  // as if the planner kept the top three
+  p.nvme_layers = 1;
+  const std::string text = DescribePlan(p, r, H200Like());
+  const std::string where = p.checkpoints_on_host ? "host" : "device";
+  auto line = [](const std::string& layers, const std::string& input,
+                 const std::string& intermediates, const std::string& moments) {
+    return absl::StrFormat("           %-10s %-34s %-35s %-9s %s\n", layers, input,
+                           intermediates, "streamed", moments);
+  };
+  for (const std::string& want :
+       {line("0,2..22", "kept (" + where + ")", "recomputed", "RAM"),
+        line("1,3..23", "recomputed from the kept one below", "recomputed", "RAM"),
+        line("24", "kept (" + where + ")", "recomputed", "RAM"),
+        line("25", "recomputed from the kept one below", "kept", "RAM"),
+        line("26", "kept (" + where + ")", "kept", "RAM"),
+        line("27", "recomputed from the kept one below", "kept", "NVMe")}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
 }
