@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/backend/cpu_stream.h"
 #include "engine/common/check.h"
+#include "engine/kernels/reference/adamw.h"
 #include "engine/kernels/reference/attention.h"
 #include "engine/kernels/reference/clamped_swiglu.h"
 #include "engine/kernels/reference/cross_entropy.h"
@@ -265,6 +266,14 @@ class CpuBackend final : public Backend {
   void GreedyPick(int32_t* ids, float* logprobs, const void* logits, int64_t B, int64_t V,
                   StreamId s) override {
     On(s, [=] { ref::GreedyPick<T>(ids, logprobs, P(logits), B, V); });
+  }
+  void AdamW(void* master, void* m, void* v, void* bf16_out, const void* grad, int64_t n,
+             const AdamWScalars& scalars, float grad_scale, StreamId s) override {
+    On(s, [=] {
+      ref::AdamW(static_cast<float*>(master), static_cast<float*>(m), static_cast<float*>(v),
+                 static_cast<uint16_t*>(bf16_out), static_cast<const float*>(grad), n, scalars,
+                 grad_scale);
+    });
   }
 
   void MoeRoute(void* probs, int32_t* idx, void* w, const void* logits, int64_t n, int64_t E,

@@ -387,6 +387,11 @@ class CudaBackend final : public Backend {
     cuda::PreferenceRowScale(F32(row_scale), F32(values), sequence, info, N, S, kind, beta,
                              label_smoothing, Stream(s));
   }
+  void AdamW(void* master, void* m, void* v, void* bf16_out, const void* grad, int64_t n,
+             const AdamWScalars& scalars, float grad_scale, StreamId s) override {
+    cuda::AdamW(F32(master), F32(m), F32(v), static_cast<uint16_t*>(bf16_out), F32(grad), n,
+                scalars, grad_scale, Stream(s));
+  }
   void GreedyPick(int32_t* ids, float* logprobs, const void* logits, int64_t B, int64_t V,
                   StreamId s) override {
     cuda::GreedyPick(ids, logprobs, Bf16(logits), B, V, Stream(s));

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/common/dtype.h"
+#include "engine/common/adamw_math.h"
 #include "engine/common/preference_math.h"
 
 namespace megatrain {
@@ -212,6 +213,13 @@ class Backend {
   virtual void PreferenceRowScale(void* row_scale, const void* values, const int32_t* sequence,
                                   const double* info, int64_t N, int64_t S, PreferenceLoss kind,
                                   double beta, double label_smoothing, StreamId s) = 0;
+  // AdamW on n elements of device buffers (common/adamw_math.h): master, m, v f32 (n)
+  // updated in place from grad f32 (n) times grad_scale (the clip coefficient); bf16_out
+  // (n) the new master's bf16 bits, or null. The same bits as the host optimizer's
+  // AdamWUpdate with the step's scalars (MakeAdamWScalars). REQUIRES: the buffers do not
+  // overlap.
+  virtual void AdamW(void* master, void* m, void* v, void* bf16_out, const void* grad,
+                     int64_t n, const AdamWScalars& scalars, float grad_scale, StreamId s) = 0;
   // Greedy decoding on the device (kernels/reference/greedy_pick.h): for each row b of
   // logits act (B,V), ids int32 (B) [b] = the lowest index of the row's maximum and
   // logprobs f32 (B) [b] = logits[b][id] - logsumexp(row), from the row's values as float

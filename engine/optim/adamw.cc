@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/common/adamw_math.h"
 #include "engine/common/check.h"
 #include "engine/common/dtype.h"
 
@@ -18,16 +19,8 @@ namespace {
 // balance across cores on a layer of a few million parameters.
 constexpr int64_t kChunk = 1 << 14;
 
-// FloatToBf16 without a branch, so the loop below stays vectorised; same bits.
-inline uint16_t RoundToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
-// The loop over [begin, end). kLerpSmall selects torch.lerp's branch for weight < 0.5.
+// The loop over [begin, end): AdamWElement's operations (common/adamw_math.h) written out,
+// the scalars as plain values. kLerpSmall selects torch.lerp's branch for weight < 0.5.
 // Compiled for AVX-512, AVX2 and the x86-64 baseline, picked at load time: the ops are
 // IEEE adds, multiplies, divides and square roots (no contraction: -ffp-contract=off),
 // so every width gives the same bits, and the wide ones run at memory bandwidth.
@@ -57,7 +50,7 @@ void AdamWChunk(float* __restrict master, float* __restrict m, float* __restrict
   }
   if (bf16_out != nullptr) {
 #pragma omp simd
-    for (int64_t i = begin; i < end; ++i) bf16_out[i] = RoundToBf16(master[i]);
+    for (int64_t i = begin; i < end; ++i) bf16_out[i] = AdamWRoundToBf16(master[i]);
   }
 }
 
@@ -70,32 +63,11 @@ double ChunkSumOfSquares(const float* __restrict g, int64_t begin, int64_t end) 
   return sum;
 }
 
-// The scalars of one step, computed in double as torch/optim/adam.py does; each becomes a
-// float where it meets an fp32 tensor.
-struct StepScalars {
-  float decay, lerp_w, one_minus_lerp_w, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
-  bool lerp_small;
-};
-
-StepScalars MakeScalars(int64_t step, double lr, double weight_decay, const AdamWHyper& hyper) {
-  const double bias_correction1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
-  const double step_size = lr / bias_correction1;
-  const double lerp_weight = 1.0 - hyper.beta1;
-  StepScalars s;
-  s.decay = static_cast<float>(1.0 - lr * weight_decay);
-  s.lerp_w = static_cast<float>(lerp_weight);
-  s.one_minus_lerp_w = 1.0f - s.lerp_w;  // torch.lerp computes 1 - weight in fp32
-  s.beta2 = static_cast<float>(hyper.beta2);
-  s.one_minus_beta2 = static_cast<float>(1.0 - hyper.beta2);
-  s.bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  s.eps = static_cast<float>(hyper.eps);
-  s.neg_step_size = static_cast<float>(-step_size);
-  s.lerp_small = std::abs(s.lerp_w) < 0.5f;
-  return s;
+AdamWScalars MakeScalars(int64_t step, double lr, double weight_decay, const AdamWHyper& hyper) {
+  return MakeAdamWScalars(step, lr, weight_decay, hyper.beta1, hyper.beta2, hyper.eps);
 }
 
-void Chunk(const StepScalars& s, float* master, float* m, float* v, uint16_t* bf16_out,
+void Chunk(const AdamWScalars& s, float* master, float* m, float* v, uint16_t* bf16_out,
            const float* grad, int64_t begin, int64_t end, float grad_scale) {
   if (s.lerp_small) {
     AdamWChunk<true>(master, m, v, bf16_out, grad, begin, end, grad_scale, s.decay, s.lerp_w,
@@ -258,7 +230,7 @@ void AdamWUpdate(float* master, float* m, float* v, uint16_t* bf16_out, const fl
   MT_CHECK(step >= 1);
   if (n == 0) return;
   MT_CHECK(master != nullptr && m != nullptr && v != nullptr && grad != nullptr);
-  const StepScalars sc = MakeScalars(step, lr, weight_decay, hyper);
+  const AdamWScalars sc = MakeScalars(step, lr, weight_decay, hyper);
   const int64_t num_chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partials(grad_sum_squares != nullptr ? num_chunks : 0);
   // Dynamic: a core that is busy with something else (a CUDA driver thread, the pipeline)
@@ -282,8 +254,8 @@ void AdamWUpdateRanges(float* master, float* m, float* v, uint16_t* bf16_out, co
                        double lr, double weight_decay, float grad_scale, const AdamWHyper& hyper,
                        double* grad_sum_squares) {
   MT_CHECK(step >= 1);
-  const StepScalars decayed = MakeScalars(step, lr, weight_decay, hyper);
-  const StepScalars plain = MakeScalars(step, lr, 0.0, hyper);
+  const AdamWScalars decayed = MakeScalars(step, lr, weight_decay, hyper);
+  const AdamWScalars plain = MakeScalars(step, lr, 0.0, hyper);
   // AdamWUpdate's chunks of each range (from the range's first element), all in one loop.
   struct Piece {
     size_t range;
@@ -350,8 +322,8 @@ void AdamWUpdateQuantized(float* master, const UnitMoments& moments, uint16_t* b
                static_cast<long long>(begin), static_cast<long long>(end),
                static_cast<long long>(unit_elements));
   if (begin == end) return;
-  const StepScalars with_decay = MakeScalars(step, lr, weight_decay, hyper);
-  const StepScalars no_decay = MakeScalars(step, lr, 0.0, hyper);
+  const AdamWScalars with_decay = MakeScalars(step, lr, weight_decay, hyper);
+  const AdamWScalars no_decay = MakeScalars(step, lr, 0.0, hyper);
   const uint32_t key_m = Mix32(key ^ 0x1b873593u), key_v = Mix32(key ^ 0xcc9e2d51u);
   const int64_t blocks = (end - begin + kMomentBlock - 1) / kMomentBlock;
   std::vector<double> partials(grad_sum_squares != nullptr ? blocks : 0);

@@ -8,6 +8,7 @@
 #include "engine/common/engine_settings.h"
 #include "engine/layers/batch.h"
 #include "gtest/gtest.h"
+#include "tests/engine/optim/backend_adamw_check.h"
 #include "tests/gpu/gpu_util.h"
 #if MEGATRAIN_TEST_CUDA_OPS
 #include "engine/kernels/cuda/ops.h"
@@ -404,6 +405,12 @@ TEST_F(Kernels, PreferenceRowScaleMatchesTheReferenceForEveryLoss) {
     });
     EXPECT_LT(scale.Err(), 1e-6) << static_cast<int>(kind);
   }
+}
+
+// The CUDA AdamW (its own IEEE-rounded build) is the host optimizer's, bit for bit: what a
+// device-side update of the first layers under clipping must be.
+TEST_F(Kernels, AdamWIsTheHostOptimizersBits) {
+  testing::ExpectBackendAdamWIsTheHostOptimizers(gpu_.get());
 }
 
 struct AttnShape {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "engine/common/adamw_math.h"
 #include "engine/common/preference_math.h"
 
 namespace megatrain::cuda {
@@ -153,6 +154,11 @@ void CrossEntropy(bf16* dlogits, float* loss, const bf16* logits, const int32_t*
 void PreferenceRowScale(float* row_scale, const float* values, const int32_t* sequence,
                         const double* info, int64_t N, int64_t S, PreferenceLoss kind,
                         double beta, double label_smoothing, cudaStream_t stream);
+
+// adamw.cu: AdamW on n fp32 elements (common/adamw_math.h), IEEE rounding throughout (the
+// file is built without fast math): the host optimizer's bits. bf16_out may be null.
+void AdamW(float* master, float* m, float* v, uint16_t* bf16_out, const float* grad, int64_t n,
+           const AdamWScalars& scalars, float grad_scale, cudaStream_t stream);
 
 // greedy_pick.cu: ids int32 (B) = each row's lowest index of its maximum, logprobs f32 (B) =
 // logits[b][id] - logsumexp(logits (B,V) bf16 [b]) (fp32 sums); -1 and NaN for a row with a

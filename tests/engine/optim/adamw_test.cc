@@ -7,10 +7,12 @@
 #include <random>
 #include <vector>
 
+#include "engine/backend/cpu_backend.h"
 #include "engine/common/dtype.h"
 #include "engine/optim/clip.h"
 #include "engine/optim/schedule.h"
 #include "gtest/gtest.h"
+#include "tests/engine/optim/backend_adamw_check.h"
 #include "tests/engine/optim/normal_values.h"
 
 namespace megatrain {
@@ -232,6 +234,13 @@ TEST(AdamWTest, RangesInOnePassGiveTheBitsOfACallPerRange) {
 
 TEST(AdamWTest, EmptyTensorIsANoOp) {
   AdamWUpdate(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 1, 1e-3, 0.1, 1.0f, AdamWHyper());
+}
+
+// The CPU backend's AdamW (Backend::AdamW, common/adamw_math.h element by element) is the
+// host optimizer's vectorised AdamWUpdate, bit for bit: the formula written twice stays one.
+TEST(AdamWTest, TheCpuBackendsAdamWIsTheHostOptimizersBits) {
+  std::unique_ptr<Backend> be = CreateCpuBackend(CpuBackendOptions{});
+  testing::ExpectBackendAdamWIsTheHostOptimizers(be.get());
 }
 
 }  // namespace
