@@ -37,6 +37,7 @@ inline void ExpectBackendAdamWIsTheHostOptimizers(Backend* be) {
     be->CopyToDevice(dp.get(), master.data(), 4 * n, StreamId::kCompute);
     be->CopyToDevice(dm.get(), m.data(), 4 * n, StreamId::kCompute);
     be->CopyToDevice(dv.get(), v.data(), 4 * n, StreamId::kCompute);
+    be->SyncAll();  // the copies read the host arrays the host's update then changes
     std::vector<uint16_t> bf16(n);
     for (int64_t step = 1; step <= 4; ++step) {
       std::vector<float> g(n);
@@ -52,6 +53,7 @@ inline void ExpectBackendAdamWIsTheHostOptimizers(Backend* be) {
       be->AdamW(dp.get(), dm.get(), dv.get(), db.get(), dg.get(), n,
                 MakeAdamWScalars(step, lr, wd, hyper.beta1, hyper.beta2, hyper.eps), scale,
                 StreamId::kCompute);
+      be->SyncAll();  // g's copy is done before g goes
       AdamWUpdate(master.data(), m.data(), v.data(), bf16.data(), g.data(), n, step, lr, wd,
                   scale, hyper);
     }
