@@ -415,11 +415,11 @@ OptimizerTimes PredictOptimizer(const PlanRequest& r, const MachineProfile& p, c
 
 // The step's seconds: overlap, phase by phase (pipeline.h). Forward streams weights in
 // under compute; the head; backward streams gradients out (and re-uploads evicted layers)
-// under compute; the optimizer's updates overlap as clipping allows.
-double OverlapStep(const PlanRequest& r, const PlanShape& x, const Plan& plan,
-                   const ComputeTimes& compute, const Transfers& io,
-                   const OptimizerTimes& optimizer) {
-  const StepPrediction& s = plan.step;
+// under compute; the optimizer's updates overlap as clipping allows (step->clip_wait_seconds:
+// how long they hold up the next forward).
+double OverlapStep(const PlanRequest& r, const PlanShape& x, const ComputeTimes& compute,
+                   const Transfers& io, const OptimizerTimes& optimizer, StepPrediction* step) {
+  StepPrediction& s = *step;
   const ModelLayerTimes& lt = compute.layers;
   const double fill = io.w_layer * (1.0 + io.weight_extra) / io.h2d_rate;
   const double t_fwd =
@@ -434,8 +434,9 @@ double OverlapStep(const PlanRequest& r, const PlanShape& x, const Plan& plan,
   const double head_d2h = x.cpu ? 0 : 4.0 * x.head_n / io.d2h_rate;
   if (r.clipping) {
     // Updates wait for the norm, then run in forward order under the next forward.
-    return std::max(t_fwd, optimizer.updates + lt.bottom.forward * x.M) + s.head_seconds +
-           std::max(t_bwd, optimizer.norm);
+    const double forward = std::max(t_fwd, optimizer.updates + lt.bottom.forward * x.M);
+    s.clip_wait_seconds = forward - t_fwd;
+    return forward + s.head_seconds + std::max(t_bwd, optimizer.norm);
   }
   // Each unit is updated as its gradient lands; the next step needs the embedding and
   // layer 0, which land last, and uploads the embedding once it is updated.
@@ -479,9 +480,14 @@ void CountFlops(const PlanRequest& r, const PlanShape& x, Plan* plan) {
                      plan->kept_layers * layer_fwd + 6.0 * tokens * x.C * x.V;
 }
 
-// What bounds the step: the largest of its compute, PCIe and optimizer floors.
+// What bounds the step: the largest of its compute, PCIe and optimizer floors; with
+// clipping, the updates after the norm when the next forward waits for them 5% of the step
+// or more.
 std::string NameBound(const MachineProfile& p, const PlanShape& x,
                       const OptimizerTimes& optimizer, const StepPrediction& s) {
+  if (s.clip_wait_seconds >= 0.05 * s.seconds) {
+    return "clipping (the next forward waits for the updates after the norm)";
+  }
   const double floors[] = {s.compute_seconds, s.pcie_seconds, s.optimizer_seconds};
   const int which = static_cast<int>(std::max_element(floors, floors + 3) - floors);
   if (which == 0) return x.cpu ? "CPU compute" : "GPU compute";
@@ -510,7 +516,7 @@ void PredictPlan(const PlanRequest& r, const MachineProfile& p, Backend* backend
   const ComputeTimes compute = PredictCompute(r, p, backend, layout, x, plan);
   const Transfers transfers = PredictTransfers(r, p, x, plan);
   const OptimizerTimes optimizer = PredictOptimizer(r, p, x, plan);
-  plan->step.seconds = OverlapStep(r, x, *plan, compute, transfers, optimizer);
+  plan->step.seconds = OverlapStep(r, x, compute, transfers, optimizer, &plan->step);
   CountFlops(r, x, plan);
   plan->step.bound = NameBound(p, x, optimizer, plan->step);
 }

@@ -107,6 +107,9 @@ struct StepPrediction {
   int64_t h2d_bytes = 0, d2h_bytes = 0;  // per device
   double model_flops = 0;        // 6 N T + 6 L s d T
   double hardware_flops = 0;     // what the kernels execute, recomputation included
+  // Clipping: how long the next forward waits for the updates that run after the norm (0
+  // when they keep ahead of it).
+  double clip_wait_seconds = 0;
   std::string bound;             // "GPU compute" | "PCIe" | "CPU optimizer" | ...
 };
 

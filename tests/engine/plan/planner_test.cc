@@ -383,6 +383,28 @@ TEST(Planner, ClippingKeepsItsGradientsIn16BitsWhereFp32DoesNotFit) {
   EXPECT_GT(asked->step.optimizer_seconds, roomy->step.optimizer_seconds);
 }
 
+// With clipping the updates wait for the norm and then race the next forward, which needs
+// layer 0 first: the plan counts how long the forward waits for them and, where that is 5%
+// of the step or more, names it as what bounds the step.
+TEST(Planner, ClippingsWaitForTheUpdatesIsPredictedAndNamed) {
+  PlanningBackend be;
+  PlanRequest r = Request(Qwen7B(), 65536, 130, 200);
+  absl::StatusOr<Plan> free_running = MakePlan(r, H200Like(), &be);
+  r.clipping = true;
+  absl::StatusOr<Plan> clipped = MakePlan(r, H200Like(), &be);
+  ASSERT_TRUE(free_running.ok() && clipped.ok());
+  EXPECT_EQ(free_running->step.clip_wait_seconds, 0);
+  EXPECT_GT(clipped->step.clip_wait_seconds, 0);
+  EXPECT_GT(clipped->step.seconds, free_running->step.seconds);
+  std::printf("7B 64K: unclipped %.3f s, clipped %.3f s (the forward waits %.3f s), bound %s\n",
+              free_running->step.seconds, clipped->step.seconds,
+              clipped->step.clip_wait_seconds, clipped->step.bound.c_str());
+  const bool named = clipped->step.bound.find("clipping") != std::string::npos;
+  EXPECT_TRUE(named) << clipped->step.bound;  // 0.69 s of 7.05 on this profile
+  EXPECT_EQ(named, clipped->step.clip_wait_seconds >= 0.05 * clipped->step.seconds)
+      << clipped->step.bound;
+}
+
 TEST(Planner, RefusesWithTheNumbersWhenTheDeviceIsTooSmall) {
   PlanningBackend be;
   absl::StatusOr<Plan> plan = MakePlan(Request(Qwen7B(), 65536, 1), H200Like(), &be);
