@@ -1069,6 +1069,30 @@ void ExpectNamedReferenceRewards(const std::string& dir, const std::string& sect
   EXPECT_GT(std::abs(named.rewards_margins), 1e-3);
 }
 
+// A DPO job (`sections`, `edit`: its spec beyond MakeDpoWith's) naming a reference, run 6
+// steps straight and, apart, 3 steps, its reference file removed, then on to 6: the file is
+// computed again to the same values, and the checkpoints are the straight run's.
+void ExpectALostReferenceIsComputedAgain(const std::string& dir, const std::string& sections,
+                                         const std::function<void(JobSpec*)>& edit,
+                                         int min_files) {
+  auto run = [&](int steps, const std::string& out) {
+    absl::StatusOr<std::unique_ptr<Trainer>> t = MakeDpoWith(
+        dir, steps, sections + "checkpoint: {dir: " + out + ", every_steps: 3}\n", edit);
+    ASSERT_TRUE(t.ok()) << t.status();
+    RunAll(t->get());
+  };
+  run(6, "lost_straight");
+  run(3, "lost_split");
+  const std::string file = ReferenceFile(dir + "/lost_split/data-cache");
+  ASSERT_NE(file, "");
+  const std::string values = ReadFile(file);
+  fs::remove(file);
+  run(6, "lost_split");
+  EXPECT_EQ(ReadFile(file), values);
+  EXPECT_GE(ExpectSameFiles(dir + "/lost_straight/checkpoint-6", dir + "/lost_split/checkpoint-6"),
+            min_files);
+}
+
 // dpo.reference names a model folder (here a checkpoint of a job that trained on): the
 // reference values are its log-probabilities, while the policy starts from the job's own
 // weights, loaded back after the reference pass. A job whose file is lost after steps
@@ -1085,21 +1109,8 @@ TEST(Trainer, PreferenceJobTakesANamedModelAsItsReference) {
   ASSERT_TRUE(fs::exists(reference + "/config.json"));
   ExpectNamedReferenceRewards(dir, "", reference);
 
-  auto run = [&](int steps, const std::string& out) {
-    absl::StatusOr<std::unique_ptr<Trainer>> t =
-        MakeDpoWith(dir, steps, "checkpoint: {dir: " + out + ", every_steps: 3}\n",
-                    [&](JobSpec* s) { s->dpo.reference = reference; });
-    ASSERT_TRUE(t.ok()) << t.status();
-    RunAll(t->get());
-  };
-  run(6, "straight");
-  run(3, "split");
-  const std::string ref = ReferenceFile(dir + "/split/data-cache");
-  ASSERT_NE(ref, "");
-  fs::remove(ref);
-  run(6, "split");
-  EXPECT_NE(ReferenceFile(dir + "/split/data-cache"), "");
-  EXPECT_GE(ExpectSameFiles(dir + "/straight/checkpoint-6", dir + "/split/checkpoint-6"), 6);
+  ExpectALostReferenceIsComputedAgain(
+      dir, "", [&](JobSpec* s) { s->dpo.reference = reference; }, 6);
 }
 
 // A DPO job training LoRA adapters alone: it starts at ln 2 (B is zero: the policy is the
@@ -1130,26 +1141,12 @@ TEST(Trainer, PreferenceJobTrainsLoraAdaptersAndTakesANamedReference) {
 
   // Lost after 3 steps (the adapters trained), the file is computed again from the named
   // model alone, to the same values, and the job goes on as one that never lost it.
-  auto run = [&](int steps, const std::string& out) {
-    absl::StatusOr<std::unique_ptr<Trainer>> job = MakeDpoWith(
-        dir, steps, "lora: {rank: 4}\ncheckpoint: {dir: " + out + ", every_steps: 3}\n",
-        [&](JobSpec* s) {
-          s->schedule.lr = 2e-2;
-          s->dpo.reference = reference;
-        });
-    ASSERT_TRUE(job.ok()) << job.status();
-    RunAll(job->get());
-  };
-  run(6, "named_straight");
-  run(3, "named_split");
-  const std::string file = ReferenceFile(dir + "/named_split/data-cache");
-  ASSERT_NE(file, "");
-  const std::string values = ReadFile(file);
-  fs::remove(file);
-  run(6, "named_split");
-  EXPECT_EQ(ReadFile(file), values);
-  EXPECT_GE(ExpectSameFiles(dir + "/named_straight/checkpoint-6",
-                            dir + "/named_split/checkpoint-6"), 2);
+  ExpectALostReferenceIsComputedAgain(dir, "lora: {rank: 4}\n",
+                                      [&](JobSpec* s) {
+                                        s->schedule.lr = 2e-2;
+                                        s->dpo.reference = reference;
+                                      },
+                                      2);
 }
 
 // A DPO job over two devices (the CPU backend's simulated ones), each reduction: the step's
